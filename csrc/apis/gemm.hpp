@@ -1,0 +1,80 @@
+#pragma once
+// pybind entry points of the dense GEMM family. kernels/gemm.py validates tensors (dtypes,
+// shapes, contiguity, devices) and passes raw integers; the checks here guard what the kernel
+// relies on. fp8_gemm_nt_code generates a kernel's source without a GPU (precompile CLI).
+#include <cstdint>
+
+#include <pybind11/pybind11.h>
+
+#include "apis/dtypes.hpp"
+#include "launchers/sm90_fp8_gemm.hpp"
+
+namespace moe_apis::gemm {
+
+namespace detail {
+
+inline moe_launchers::sm90_fp8_gemm::Residual residual_type(int c_dtype) {
+  using moe_launchers::sm90_fp8_gemm::Residual;
+  if (c_dtype < 0) return Residual::kNone;
+  const DType dtype = static_cast<DType>(c_dtype);
+  MOE_HOST_ASSERT(dtype == DType::kBFloat16 || dtype == DType::kFloat32,
+                  "fp8_gemm_nt: c must be bfloat16 or float32, got dtype code " << c_dtype);
+  return dtype == DType::kBFloat16 ? Residual::kBFloat16 : Residual::kFloat32;
+}
+
+inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c, int m) {
+  pybind11::dict d;
+  d["block_m"] = c.block_m;
+  d["block_n"] = c.block_n;
+  d["num_stages"] = c.num_stages;
+  d["group_n"] = c.group_n;
+  d["smem_bytes"] = c.smem_bytes;
+  d["num_tiles"] = c.num_tiles(m);
+  d["grid"] = std::min(c.num_tiles(m), c.num_sms);
+  d["m_compiled"] = c.m_compiled;
+  return d;
+}
+
+}  // namespace detail
+
+inline void fp8_gemm_nt(std::uint64_t a, long long lda, std::uint64_t sfa, long long sfa_stride_m,
+                        long long sfa_stride_k, std::uint64_t b, long long ldb, std::uint64_t sfb,
+                        long long sfb_stride_n, long long sfb_stride_k, std::uint64_t d, long long ldd,
+                        std::uint64_t c, int c_dtype, long long ldc, int m, int n, int k, bool compile_m,
+                        int device, std::uint64_t stream) {
+  namespace L = moe_launchers::sm90_fp8_gemm;
+  const auto config =
+      L::get_config(m, n, k, moe_jit::get_num_sms(device), compile_m, detail::residual_type(c_dtype));
+  L::launch(config, L::Args{a, sfa, b, sfb, d, c, lda, ldb, ldd, ldc, sfa_stride_m, sfa_stride_k, sfb_stride_n,
+                            sfb_stride_k, m, device, stream});
+}
+
+inline void register_apis(pybind11::module_& m) {
+  namespace L = moe_launchers::sm90_fp8_gemm;
+  m.def("fp8_gemm_nt", &fp8_gemm_nt, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "D[M,N] (bf16) = (A*SFA) @ (B*SFB)^T (+ C) on the current stream; raw pointers and strides in elements",
+        pybind11::arg("a"), pybind11::arg("lda"), pybind11::arg("sfa"), pybind11::arg("sfa_stride_m"),
+        pybind11::arg("sfa_stride_k"), pybind11::arg("b"), pybind11::arg("ldb"), pybind11::arg("sfb"),
+        pybind11::arg("sfb_stride_n"), pybind11::arg("sfb_stride_k"), pybind11::arg("d"), pybind11::arg("ldd"),
+        pybind11::arg("c"), pybind11::arg("c_dtype"), pybind11::arg("ldc"), pybind11::arg("m"), pybind11::arg("n"),
+        pybind11::arg("k"), pybind11::arg("compile_m"), pybind11::arg("device"), pybind11::arg("stream"));
+  m.def(
+      "fp8_gemm_nt_config",
+      [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype) {
+        return detail::config_dict(L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype)), m_);
+      },
+      "the heuristic's choice for a shape (no GPU needed)", pybind11::arg("m"), pybind11::arg("n"),
+      pybind11::arg("k"), pybind11::arg("num_sms"), pybind11::arg("compile_m") = false,
+      pybind11::arg("c_dtype") = -1);
+  m.def(
+      "fp8_gemm_nt_code",
+      [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype) {
+        const auto g = L::generate(L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype)));
+        return pybind11::make_tuple(g.name, g.code);
+      },
+      "(name, code) of the kernel a shape gets (no GPU needed)", pybind11::arg("m"), pybind11::arg("n"),
+      pybind11::arg("k"), pybind11::arg("num_sms"), pybind11::arg("compile_m") = false,
+      pybind11::arg("c_dtype") = -1);
+}
+
+}  // namespace moe_apis::gemm

@@ -1,0 +1,51 @@
+#pragma once
+// Epilogue: FP32 accumulators (wgmma fragment layout, see scale_promotion.cuh) -> optional
+// residual C added in FP32 -> BF16 tile in shared memory, row-major [block_m][kBlockN], which one
+// thread then stores with TMA (the TMA unit clips rows and columns outside D).
+
+#include <cuda_bf16.h>
+#include <moe_kernels/common/sm90_ptx.cuh>
+
+namespace moe_kernels {
+
+enum class ResidualType : int { kNone = 0, kBFloat16 = 1, kFloat32 = 2 };
+
+template <ResidualType kType>
+__device__ __forceinline__ float load_residual(const void* c, uint64_t offset) {
+  if constexpr (kType == ResidualType::kBFloat16) {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(c)[offset]);
+  } else {
+    return static_cast<const float*>(c)[offset];
+  }
+}
+
+// Writes one warpgroup's 64 x kBlockN fragment; `tile_row0` is this thread's first row in the
+// tile, (global_row0, global_col0) the tile's origin in D, for the residual's bounds and address.
+template <uint32_t kBlockN, ResidualType kResidual>
+__device__ __forceinline__ void store_fragment_to_smem(__nv_bfloat16* smem_d, const float* final_acc,
+                                                       uint32_t tile_row0, uint32_t lane, const void* c,
+                                                       uint32_t ldc, uint32_t global_row0, uint32_t global_col0,
+                                                       uint32_t m, uint32_t n) {
+#pragma unroll
+  for (uint32_t j = 0; j < kBlockN / 8; ++j) {
+    const uint32_t col = j * 8 + (lane % 4) * 2;
+#pragma unroll
+    for (uint32_t half = 0; half < 2; ++half) {
+      const uint32_t row = tile_row0 + half * 8;
+      float v0 = final_acc[j * 4 + half * 2 + 0];
+      float v1 = final_acc[j * 4 + half * 2 + 1];
+      if constexpr (kResidual != ResidualType::kNone) {
+        const uint32_t grow = global_row0 + row, gcol = global_col0 + col;
+        // n is a multiple of 8, so both columns of the pair are inside D or both outside.
+        if (grow < m && gcol < n) {
+          const uint64_t offset = uint64_t(grow) * ldc + gcol;
+          v0 += load_residual<kResidual>(c, offset);
+          v1 += load_residual<kResidual>(c, offset + 1);
+        }
+      }
+      *reinterpret_cast<__nv_bfloat162*>(smem_d + row * kBlockN + col) = __floats2bfloat162_rn(v0, v1);
+    }
+  }
+}
+
+}  // namespace moe_kernels

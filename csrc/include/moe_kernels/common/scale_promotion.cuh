@@ -1,0 +1,33 @@
+#pragma once
+// FP32 promotion of FP8 wgmma partial sums (DeepSeek-V3's fix for the tensor cores' limited
+// accumulation precision): every 128-deep K block is accumulated by wgmma into `acc`, then
+// added to `final_acc` on CUDA cores with its scales, row scale (1x128 activations) times
+// column scale (128x128 weight blocks).
+//
+// Accumulator fragment of a 64 x kN wgmma: thread (warp w, lane l) of the warpgroup holds rows
+// w*16 + l/4 and w*16 + l/4 + 8, columns j*8 + (l%4)*2 + {0, 1} for j in [0, kN/8), at indices
+// j*4 + {0, 1} (first row) and j*4 + {2, 3} (second row).
+
+#include <moe_kernels/common/sm90_ptx.cuh>
+
+namespace moe_kernels {
+
+// Columns [0, split_col) of the tile take the first weight scale, the rest the second: a tile
+// whose N range crosses a 128-column scale block needs two (the heuristic never allows three).
+template <uint32_t kN>
+__device__ __forceinline__ void promote_fp8_accum(float* final_acc, const float* acc, float sa0, float sa1,
+                                                  float sb0, float sb1, uint32_t split_col) {
+  const float s00 = sa0 * sb0, s01 = sa0 * sb1, s10 = sa1 * sb0, s11 = sa1 * sb1;
+#pragma unroll
+  for (uint32_t j = 0; j < kN / 8; ++j) {
+    const bool first = j * 8 < split_col;
+    const float scale0 = first ? s00 : s01;
+    const float scale1 = first ? s10 : s11;
+    final_acc[j * 4 + 0] = fmaf(acc[j * 4 + 0], scale0, final_acc[j * 4 + 0]);
+    final_acc[j * 4 + 1] = fmaf(acc[j * 4 + 1], scale0, final_acc[j * 4 + 1]);
+    final_acc[j * 4 + 2] = fmaf(acc[j * 4 + 2], scale1, final_acc[j * 4 + 2]);
+    final_acc[j * 4 + 3] = fmaf(acc[j * 4 + 3], scale1, final_acc[j * 4 + 3]);
+  }
+}
+
+}  // namespace moe_kernels

@@ -1,0 +1,53 @@
+#pragma once
+// FP8 (E4M3 x E4M3 -> FP32) warpgroup MMA of shape 64 x kN x 32 with both operands in shared
+// memory, for every kN that is a multiple of 8 up to 256. The instruction atoms come from CuTe;
+// this wraps their per-register signature so kernels pass an accumulator array.
+
+#include <cuda/std/utility>
+// The non-power-of-two N shapes live in the extended header, opt-in.
+#ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#endif
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <moe_kernels/common/sm90_ptx.cuh>
+
+namespace moe_kernels::sm90 {
+
+template <uint32_t kN>
+struct Fp8WgmmaAtom;
+
+#define MOE_FP8_WGMMA_ATOM(N)                                                \
+  template <>                                                                \
+  struct Fp8WgmmaAtom<N> {                                                   \
+    using type = cute::SM90::GMMA::MMA_64x##N##x32_F32E4M3E4M3_SS_TN<>;      \
+  };
+MOE_FP8_WGMMA_ATOM(8) MOE_FP8_WGMMA_ATOM(16) MOE_FP8_WGMMA_ATOM(24) MOE_FP8_WGMMA_ATOM(32)
+MOE_FP8_WGMMA_ATOM(40) MOE_FP8_WGMMA_ATOM(48) MOE_FP8_WGMMA_ATOM(56) MOE_FP8_WGMMA_ATOM(64)
+MOE_FP8_WGMMA_ATOM(72) MOE_FP8_WGMMA_ATOM(80) MOE_FP8_WGMMA_ATOM(88) MOE_FP8_WGMMA_ATOM(96)
+MOE_FP8_WGMMA_ATOM(104) MOE_FP8_WGMMA_ATOM(112) MOE_FP8_WGMMA_ATOM(120) MOE_FP8_WGMMA_ATOM(128)
+MOE_FP8_WGMMA_ATOM(136) MOE_FP8_WGMMA_ATOM(144) MOE_FP8_WGMMA_ATOM(152) MOE_FP8_WGMMA_ATOM(160)
+MOE_FP8_WGMMA_ATOM(168) MOE_FP8_WGMMA_ATOM(176) MOE_FP8_WGMMA_ATOM(184) MOE_FP8_WGMMA_ATOM(192)
+MOE_FP8_WGMMA_ATOM(200) MOE_FP8_WGMMA_ATOM(208) MOE_FP8_WGMMA_ATOM(216) MOE_FP8_WGMMA_ATOM(224)
+MOE_FP8_WGMMA_ATOM(232) MOE_FP8_WGMMA_ATOM(240) MOE_FP8_WGMMA_ATOM(248) MOE_FP8_WGMMA_ATOM(256)
+#undef MOE_FP8_WGMMA_ATOM
+
+template <uint32_t kN>
+struct Fp8Wgmma {
+  static constexpr uint32_t kM = 64;
+  static constexpr uint32_t kK = 32;
+  static constexpr uint32_t kNumAccum = kN / 2;  // FP32 accumulators per thread
+
+  template <int... kI>
+  __device__ __forceinline__ static void issue(uint64_t desc_a, uint64_t desc_b, float* d, bool accumulate,
+                                               cuda::std::integer_sequence<int, kI...>) {
+    Fp8WgmmaAtom<kN>::type::fma(desc_a, desc_b, d[kI]...,
+                                accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+  }
+
+  // d (+)= A[64 x 32] * B[kN x 32]^T; descriptors point at the K-slice in shared memory.
+  __device__ __forceinline__ static void mma(uint64_t desc_a, uint64_t desc_b, float* d, bool accumulate) {
+    issue(desc_a, desc_b, d, accumulate, cuda::std::make_integer_sequence<int, kNumAccum>{});
+  }
+};
+
+}  // namespace moe_kernels::sm90

@@ -1,0 +1,184 @@
+#pragma once
+// Dense FP8 GEMM, D[M, N] (bf16) = (A[M, K] * SFA) @ (B[N, K] * SFB)^T (+ C), for SM90.
+// A: E4M3 K-major with one FP32 scale per 1x128 (token x K block); B: E4M3 K-major with one FP32
+// scale per 128x128 block. Scales are read with any strides, so neither layout needs a transpose.
+//
+// Roles (one CTA per SM, persistent over tiles):
+//   warpgroups [0, kNumMathWG): math — 4 x wgmma 64xBNx32 per 128-deep K block, then FP32
+//                               promotion with the block's scales, then the epilogue;
+//   last warpgroup, warp 0:     TMA producer for the A and B tiles;
+//   last warpgroup, warp 1:     scale producer — cp.async gathers of the tile's 1x128 A scales and
+//                               two B scales into the stage, completing on the same mbarrier.
+
+#include <cuda_bf16.h>
+#include <moe_kernels/common/epilogue.cuh>
+#include <moe_kernels/common/pipeline.cuh>
+#include <moe_kernels/common/scale_promotion.cuh>
+#include <moe_kernels/common/scheduler.cuh>
+#include <moe_kernels/common/sm90_ptx.cuh>
+#include <moe_kernels/common/sm90_wgmma.cuh>
+
+namespace moe_kernels {
+
+template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kNumStages>
+struct Fp8GemmSmem {
+  static constexpr uint32_t kBlockK = 128;
+  static constexpr uint32_t kD = kBlockM * kBlockN * 2;
+  static constexpr uint32_t kA = kBlockM * kBlockK;
+  static constexpr uint32_t kB = kBlockN * kBlockK;
+  static constexpr uint32_t kSfFloats = kBlockM + 4;  // A scales, then the two B scales (16-byte padded)
+  static constexpr uint32_t kOffsetA = kD;
+  static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kA;
+  static constexpr uint32_t kOffsetSf = kOffsetB + kNumStages * kB;
+  static constexpr uint32_t kOffsetBarriers = kOffsetSf + kNumStages * kSfFloats * 4;
+  static constexpr uint32_t kTotal = kOffsetBarriers + 2 * kNumStages * 8;
+  // 128-byte swizzled TMA tiles need 1024-byte aligned stage buffers.
+  static_assert(kD % 1024 == 0 && kA % 1024 == 0 && kB % 1024 == 0, "stage buffers must stay 1024-byte aligned");
+};
+
+template <uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
+          uint32_t kNumStages, uint32_t kGroupN, int kResidual>
+__global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
+    sm90_fp8_gemm_nt(uint32_t shape_m, const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
+                     const float* __restrict__ sfb, uint32_t sfb_stride_n, uint32_t sfb_stride_k, const void* c,
+                     uint32_t ldc, const __grid_constant__ TmaDescriptor map_a,
+                     const __grid_constant__ TmaDescriptor map_b, const __grid_constant__ TmaDescriptor map_d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages>;
+  using Wgmma = sm90::Fp8Wgmma<kBlockN>;
+  constexpr uint32_t kBlockK = Smem::kBlockK;
+  constexpr uint32_t kNumMathWG = kBlockM / 64;
+  constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
+  constexpr uint32_t kNumKBlocks = kShapeK / kBlockK;
+  constexpr uint32_t kNumSfbRows = (kShapeN + 127) / 128;
+  // Register budgets: the producers need few; the math warpgroups hold two accumulator sets.
+  constexpr uint32_t kProducerRegisters = 40;
+  constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 240 : 232;
+  static_assert(kShapeK % kBlockK == 0, "K must be a multiple of 128");
+  static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
+  static_assert(kBlockM == 64 || kBlockM == 128, "block M is 64 or 128");
+  // A tile may straddle at most two 128-column scale blocks of B: tiles start at multiples of
+  // gcd(kBlockN, 128) inside a scale block, so the last start plus kBlockN must stay within 256.
+  static_assert(kBlockN % 8 == 0 && kBlockN <= 256, "block N is a multiple of 8 up to 256");
+  static_assert(kBlockN <= 128 || 128 - sm90::gcd_u32(kBlockN, 128) + kBlockN <= 256,
+                "block N would straddle three scale blocks of B");
+  constexpr auto kResidualType = static_cast<ResidualType>(kResidual);
+
+  const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  auto* smem_d = reinterpret_cast<__nv_bfloat16*>(smem);
+  auto* smem_sf = reinterpret_cast<float*>(smem + Smem::kOffsetSf);
+  auto* barriers = reinterpret_cast<uint64_t*>(smem + Smem::kOffsetBarriers);
+  const StageRing<kNumStages> ring{barriers, barriers + kNumStages};
+
+  const uint32_t warp = threadIdx.x / 32;
+  const uint32_t lane = sm90::lane_id();
+  if (threadIdx.x == kNumMathThreads) {
+    sm90::tma_prefetch_descriptor(&map_a);
+    sm90::tma_prefetch_descriptor(&map_b);
+    sm90::tma_prefetch_descriptor(&map_d);
+    // Full: one expect-tx arrival for the A/B tiles plus one cp.async arrival per scale lane.
+    ring.init(1 + 32, kNumMathWG * 4);
+  }
+  __syncthreads();
+
+  TileScheduler<kBlockM, kBlockN, kGroupN> scheduler(m, kShapeN);
+  PipelineState<kNumStages> pipe;
+  uint32_t m_block, n_block;
+
+  if (threadIdx.x >= kNumMathThreads) {
+    sm90::setmaxnreg_dec<kProducerRegisters>();
+    const uint32_t producer_warp = warp - kNumMathWG * 4;
+    if (producer_warp == 0 && lane == 0) {
+      while (scheduler.next(m_block, n_block)) {
+        for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
+          ring.producer_acquire(pipe);
+          uint64_t* full = ring.full + pipe.stage;
+          sm90::mbarrier_arrive_expect_tx(full, Smem::kA + Smem::kB);
+          sm90::tma_load_2d(smem + Smem::kOffsetA + pipe.stage * Smem::kA, &map_a, full, kb * kBlockK,
+                            m_block * kBlockM);
+          sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, &map_b, full, kb * kBlockK,
+                            n_block * kBlockN);
+        }
+      }
+    } else if (producer_warp == 1) {
+      while (scheduler.next(m_block, n_block)) {
+        const uint32_t sfb_row = n_block * kBlockN / 128;
+        for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
+          ring.producer_acquire(pipe);
+          float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
+#pragma unroll
+          for (uint32_t i = 0; i < kBlockM / 32; ++i) {
+            const uint32_t row = m_block * kBlockM + i * 32 + lane;
+            const bool valid = row < m;
+            const float* src = valid ? sfa + uint64_t(row) * sfa_stride_m + uint64_t(kb) * sfa_stride_k : sfa;
+            sm90::cp_async_4(sf + i * 32 + lane, src, valid ? 4 : 0);
+          }
+          if (lane < 2) {
+            const bool valid = sfb_row + lane < kNumSfbRows;
+            const float* src =
+                valid ? sfb + uint64_t(sfb_row + lane) * sfb_stride_n + uint64_t(kb) * sfb_stride_k : sfb;
+            sm90::cp_async_4(sf + kBlockM + lane, src, valid ? 4 : 0);
+          }
+          sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
+        }
+      }
+    }
+    return;
+  }
+
+  sm90::setmaxnreg_inc<kMathRegisters>();
+  const uint32_t math_wg = threadIdx.x / 128;
+  const uint32_t tile_row0 = math_wg * 64 + (warp % 4) * 16 + lane / 4;
+  float acc[Wgmma::kNumAccum];
+  float final_acc[Wgmma::kNumAccum];
+
+  while (scheduler.next(m_block, n_block)) {
+    const uint32_t split_col = 128 - (n_block * kBlockN) % 128;
+#pragma unroll
+    for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
+
+    for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
+      ring.consumer_wait(pipe);
+      const uint8_t* tile_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + math_wg * 64 * kBlockK;
+      const uint8_t* tile_b = smem + Smem::kOffsetB + pipe.stage * Smem::kB;
+      const uint64_t desc_a = sm90::make_sw128_kmajor_desc(tile_a);
+      const uint64_t desc_b = sm90::make_sw128_kmajor_desc(tile_b);
+#pragma unroll
+      for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (uint32_t k = 0; k < kBlockK / Wgmma::kK; ++k) {
+        // Each 32-deep K slice starts 32 bytes further along the 128-byte swizzled rows.
+        Wgmma::mma(desc_a + k * 2, desc_b + k * 2, acc, k > 0);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+#pragma unroll
+      for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+
+      const float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
+      const float sa0 = sf[tile_row0], sa1 = sf[tile_row0 + 8];
+      const float sb0 = sf[kBlockM], sb1 = sf[kBlockM + 1];
+      __syncwarp();
+      if (lane == 0) ring.consumer_release(pipe);
+      promote_fp8_accum<kBlockN>(final_acc, acc, sa0, sa1, sb0, sb1, split_col);
+    }
+
+    // Epilogue: the previous tile's TMA store must have finished reading shared memory.
+    if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
+    sm90::named_barrier_sync(1, kNumMathThreads);
+    store_fragment_to_smem<kBlockN, kResidualType>(smem_d, final_acc, tile_row0, lane, c, ldc, m_block * kBlockM,
+                                                   n_block * kBlockN, m, kShapeN);
+    sm90::fence_proxy_async_shared();
+    sm90::named_barrier_sync(1, kNumMathThreads);
+    if (threadIdx.x == 0) {
+      sm90::tma_store_2d(&map_d, smem_d, n_block * kBlockN, m_block * kBlockM);
+      sm90::tma_store_commit();
+    }
+  }
+  if (threadIdx.x == 0) sm90::tma_store_wait_all<0>();
+#endif
+}
+
+}  // namespace moe_kernels

@@ -1,0 +1,46 @@
+#pragma once
+// Compile-or-load of generated CUDA translation units into cubins, with a disk cache shared by all
+// processes and an in-memory cache per process.
+//
+// Disk layout: <cache_dir>/<name>/<key>/{kernel.cu, kernel.cubin[, kernel.ptx, kernel.sass]}.
+// A compile writes into <cache_dir>/tmp/<unique> and renames that folder into place, so a reader
+// never sees a half-written cubin; the loser of a rename race uses the winner's files. A failed
+// compile leaves its source in <cache_dir>/failed/<name>/<key>/.
+#include <memory>
+#include <string>
+
+namespace moe_jit {
+
+struct CompiledKernel {
+  std::string name;         // family name, the cache sub-folder
+  std::string arch;         // "sm_90a"
+  std::string key;          // 32 hex digits: hash of everything that determines the cubin
+  std::string compiler;     // "nvrtc 13.0" or nvcc's version line
+  std::string cubin;        // the ELF image
+  std::string cubin_path;
+  std::string source_path;
+  bool from_cache = false;  // loaded from the disk cache rather than compiled by this process
+  double compile_seconds = 0.0;  // time to compile it, or to load it from disk
+};
+
+// Compile-or-load. `name` is a short family name ([A-Za-z0-9_.-], at most 96 characters) used for
+// the cache folder; `code` is the whole generated translation unit, which must define exactly one
+// __global__ function (one explicit template instantiation); `arch` is "sm_90a", "sm_100a",
+// "sm_89", ... Thread-safe; concurrent builds of one kernel compile it once. Memory cache keyed by
+// (name, arch, code): a hit does no disk access and no hashing of headers. Raises JitError.
+std::shared_ptr<const CompiledKernel> build(const std::string& name, const std::string& code,
+                                            const std::string& arch);
+
+struct BuildOutcome {
+  std::shared_ptr<const CompiledKernel> kernel;
+  bool memory_hit = false;  // served from this process's memory cache (or a concurrent build)
+  double seconds = 0.0;     // wall time of this call
+};
+// build() that also says how the kernel was obtained (for Python and the tests).
+BuildOutcome build_with_outcome(const std::string& name, const std::string& code,
+                                const std::string& arch);
+
+// True for "sm_<digits>" with an optional "a" or "f" suffix.
+bool is_valid_arch(const std::string& arch);
+
+}  // namespace moe_jit

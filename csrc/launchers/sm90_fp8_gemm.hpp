@@ -1,0 +1,168 @@
+#pragma once
+// Dense FP8 GEMM family (impls/sm90_fp8_gemm.cuh): heuristic, code generation, TMA descriptors
+// and launch.
+#include <algorithm>
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "jit/compiler.hpp"
+#include "jit/device_runtime.hpp"
+#include "jit/driver.hpp"
+#include "jit/exception.hpp"
+#include "jit/kernel_runtime.hpp"
+
+namespace moe_launchers::sm90_fp8_gemm {
+
+constexpr int kBlockK = 128;
+constexpr int kMaxBlockN = 192;       // two FP32 accumulator sets of kBlockN/2 registers fit 232
+constexpr int kMaxStages = 32;
+constexpr int kGroupN = 8;            // n-blocks per scheduler band (L2 reuse)
+constexpr int kSmemLimit = 232448;    // SM90 opt-in shared memory per block
+// A wgmma's fixed cost, in columns of N: the A operand is re-read for every instruction, so a
+// tile costs about (block_n + kTileOverheadN) units of time.
+constexpr int kTileOverheadN = 32;
+
+enum class Residual : int { kNone = 0, kBFloat16 = 1, kFloat32 = 2 };
+
+struct Config {
+  int m_compiled;  // 0: M is a runtime argument
+  int n, k;
+  int block_m, block_n, num_stages, group_n;
+  Residual residual;
+  int num_sms;     // persistent grid size upper bound
+  int smem_bytes;
+
+  int num_tiles(int m) const { return ((m + block_m - 1) / block_m) * ((n + block_n - 1) / block_n); }
+};
+
+inline int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
+
+// A tile's columns may cover at most two 128-wide scale blocks of B.
+inline bool block_n_fits_scales(int block_n) {
+  return block_n <= 128 || 128 - gcd(block_n, 128) + block_n <= 256;
+}
+
+inline int smem_bytes(int block_m, int block_n, int stages) {
+  const int d = block_m * block_n * 2;
+  const int stage = block_m * kBlockK + block_n * kBlockK + (block_m + 4) * 4;
+  return d + stages * stage + 2 * stages * 8;
+}
+
+inline void check_shape(int m, int n, int k) {
+  MOE_HOST_ASSERT(m >= 1, "fp8_gemm_nt: M must be >= 1, got " << m);
+  MOE_HOST_ASSERT(n >= 8 && n % 8 == 0, "fp8_gemm_nt: N must be a positive multiple of 8, got " << n);
+  MOE_HOST_ASSERT(k >= kBlockK && k % kBlockK == 0, "fp8_gemm_nt: K must be a positive multiple of 128, got " << k);
+}
+
+// Analytic choice: fewest waves of tiles weighted by a tile's cost, then the larger block N.
+inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual) {
+  check_shape(m, n, k);
+  MOE_HOST_ASSERT(num_sms >= 1, "fp8_gemm_nt: num_sms must be >= 1, got " << num_sms);
+  Config cfg{};
+  cfg.m_compiled = compile_m ? m : 0;
+  cfg.n = n;
+  cfg.k = k;
+  cfg.block_m = m <= 64 ? 64 : 128;
+  cfg.group_n = kGroupN;
+  cfg.residual = residual;
+  cfg.num_sms = num_sms;
+
+  long long best_score = -1;
+  for (int bn = 8; bn <= kMaxBlockN; bn += 8) {
+    if (!block_n_fits_scales(bn)) continue;
+    const long long tiles = static_cast<long long>((m + cfg.block_m - 1) / cfg.block_m) * ((n + bn - 1) / bn);
+    const long long waves = (tiles + num_sms - 1) / num_sms;
+    const long long score = waves * (bn + kTileOverheadN);
+    if (best_score < 0 || score < best_score || (score == best_score && bn > cfg.block_n)) {
+      best_score = score;
+      cfg.block_n = bn;
+    }
+  }
+  const int fixed = smem_bytes(cfg.block_m, cfg.block_n, 0);
+  const int per_stage = smem_bytes(cfg.block_m, cfg.block_n, 1) - fixed;
+  cfg.num_stages = std::min(kMaxStages, (kSmemLimit - fixed) / per_stage);
+  MOE_HOST_ASSERT(cfg.num_stages >= 2, "fp8_gemm_nt: no pipeline fits shared memory for block "
+                                           << cfg.block_m << "x" << cfg.block_n);
+  cfg.smem_bytes = smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages);
+  return cfg;
+}
+
+struct GeneratedKernel {
+  std::string name;
+  std::string code;
+};
+
+inline GeneratedKernel generate(const Config& c) {
+  std::ostringstream os;
+  // Taking the address instantiates the kernel; an explicit instantiation directive would have
+  // to repeat the __grid_constant__ parameter list.
+  os << "#include <moe_kernels/impls/sm90_fp8_gemm.cuh>\n"
+     << "static __device__ void* moe_instantiate() {\n"
+     << "  return reinterpret_cast<void*>(&moe_kernels::sm90_fp8_gemm_nt<" << c.m_compiled << ", " << c.n << ", "
+     << c.k << ", " << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", " << c.group_n << ", "
+     << static_cast<int>(c.residual) << ">);\n"
+     << "}\n";
+  return {"sm90_fp8_gemm_nt", os.str()};
+}
+
+// 2-D row-major tensor [outer, inner] with a row stride in elements.
+inline moe_jit::driver::CUtensorMap make_tma_2d(std::uint64_t ptr, moe_jit::driver::CUtensorMapDataType dtype,
+                                               int elem_bytes, std::uint64_t inner, std::uint64_t outer,
+                                               std::uint64_t row_stride, std::uint32_t box_inner,
+                                               std::uint32_t box_outer,
+                                               moe_jit::driver::CUtensorMapSwizzle swizzle, const char* what) {
+  using namespace moe_jit::driver;
+  MOE_HOST_ASSERT(ptr % 16 == 0, "fp8_gemm_nt: " << what << " must be 16-byte aligned");
+  MOE_HOST_ASSERT((row_stride * elem_bytes) % 16 == 0,
+                  "fp8_gemm_nt: the row stride of " << what << " must be a multiple of 16 bytes, got "
+                                                    << row_stride * elem_bytes);
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {inner, outer};
+  const cuuint64_t strides[1] = {row_stride * elem_bytes};
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  MOE_CU_CHECK(api().cuTensorMapEncodeTiled(&map, dtype, 2, reinterpret_cast<void*>(ptr), dims, strides, box,
+                                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  return map;
+}
+
+struct Args {
+  std::uint64_t a, sfa, b, sfb, d, c;
+  long long lda, ldb, ldd, ldc;
+  long long sfa_stride_m, sfa_stride_k, sfb_stride_n, sfb_stride_k;
+  int m;
+  int device;
+  std::uint64_t stream;
+};
+
+inline void launch(const Config& c, const Args& a) {
+  using namespace moe_jit::driver;
+  const GeneratedKernel gen = generate(c);
+  const std::string arch = moe_jit::device_arch(a.device);
+  MOE_HOST_ASSERT(arch == "sm_90a", "fp8_gemm_nt: this kernel needs an SM90 GPU (H100/H200), the device is " << arch);
+  const auto kernel = moe_jit::build(gen.name, gen.code, arch);
+
+  const CUtensorMap map_a = make_tma_2d(a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, a.m, a.lda, kBlockK, c.block_m,
+                                        CU_TENSOR_MAP_SWIZZLE_128B, "A");
+  const CUtensorMap map_b = make_tma_2d(a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, c.n, a.ldb, kBlockK, c.block_n,
+                                        CU_TENSOR_MAP_SWIZZLE_128B, "B");
+  const CUtensorMap map_d = make_tma_2d(a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, c.block_n,
+                                        c.block_m, CU_TENSOR_MAP_SWIZZLE_NONE, "D");
+
+  moe_jit::LaunchConfig cfg;
+  cfg.grid_x = static_cast<unsigned>(std::min(c.num_tiles(a.m), c.num_sms));
+  cfg.block_x = static_cast<unsigned>((c.block_m / 64 + 1) * 128);
+  cfg.smem_bytes = static_cast<unsigned>(c.smem_bytes);
+  cfg.stream = a.stream;
+  cfg.device = a.device;
+  moe_jit::launch(*kernel, cfg, static_cast<std::uint32_t>(a.m), reinterpret_cast<const float*>(a.sfa),
+                  static_cast<std::uint32_t>(a.sfa_stride_m), static_cast<std::uint32_t>(a.sfa_stride_k),
+                  reinterpret_cast<const float*>(a.sfb), static_cast<std::uint32_t>(a.sfb_stride_n),
+                  static_cast<std::uint32_t>(a.sfb_stride_k), reinterpret_cast<const void*>(a.c),
+                  static_cast<std::uint32_t>(a.ldc), map_a, map_b, map_d);
+}
+
+}  // namespace moe_launchers::sm90_fp8_gemm

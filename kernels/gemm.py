@@ -1,0 +1,136 @@
+"""Dense GEMMs with DeepGEMM's signatures.
+
+``fp8_gemm_nt((A, SFA), (B, SFB), D, C=None)`` computes ``D = (A * SFA) @ (B * SFB)^T (+ C)``:
+
+* ``A`` [M, K] float8_e4m3fn, K-major (last dim contiguous; the row stride may exceed K, a
+  multiple of 16 bytes); ``SFA`` [M, ceil(K/128)] float32, one scale per 1x128, any strides (the
+  K-major layout of ``per_token_cast_to_fp8`` and DeepGEMM's MN-major TMA-aligned layout both
+  work without a transpose);
+* ``B`` [N, K] float8_e4m3fn, K-major; ``SFB`` [ceil(N/128), ceil(K/128)] float32, one scale per
+  128x128 block, any strides;
+* ``D`` [M, N] bfloat16, last dim contiguous, written in place; ``C`` optional [M, N] bfloat16 or
+  float32 added before rounding.
+
+M >= 0, N a multiple of 8 (16-byte rows of D), K a multiple of 128. UE8M0 (power-of-two) scales
+are ordinary float32 values here. CUDA tensors run the SM90 JIT kernel on the current stream; CPU
+tensors run :func:`kernels.reference.gemm.fp8_gemm_nt`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _descriptors
+from .reference import gemm as reference
+
+_BLOCK = 128
+
+
+def _native():
+    from .jit import native_module
+
+    return native_module()
+
+
+def _fail(kind: type[Exception], message: str):
+    raise kind(f"fp8_gemm_nt: {message}")
+
+
+def _check_operand(name: str, t: object, rows: int | None, cols: int | None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        _fail(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float8_e4m3fn:
+        _fail(TypeError, f"{name} must be float8_e4m3fn, got {t.dtype}")
+    if t.dim() != 2:
+        _fail(ValueError, f"{name} must be 2-D, got shape {tuple(t.shape)}")
+    if (rows is not None and t.shape[0] != rows) or (cols is not None and t.shape[1] != cols):
+        _fail(ValueError, f"{name} must have shape [{rows}, {cols}], got {tuple(t.shape)}")
+    if t.stride(1) != 1 or t.stride(0) % 16 != 0 or t.stride(0) < t.shape[1]:
+        _fail(ValueError, f"{name} must be K-major (stride 1 along K, a row stride that is a multiple "
+                          f"of 16 elements), got strides {t.stride()}")
+    return t
+
+
+def _check_scales(name: str, sf: object, shape: tuple[int, int]) -> torch.Tensor:
+    if not isinstance(sf, torch.Tensor):
+        _fail(TypeError, f"{name} must be a torch.Tensor, got {type(sf).__name__}")
+    if sf.dtype != torch.float32:
+        _fail(TypeError, f"{name} must be float32 (UE8M0 scales as float32 powers of two), got {sf.dtype}")
+    if tuple(sf.shape) != shape:
+        _fail(ValueError, f"{name} must have shape {list(shape)}, got {list(sf.shape)}")
+    if min(sf.stride()) < 0:
+        _fail(ValueError, f"{name} must have non-negative strides, got {sf.stride()}")
+    return sf
+
+
+def _unpack(name: str, pair: object) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        _fail(TypeError, f"{name} must be a (tensor, scales) pair, got {type(pair).__name__}")
+    return pair[0], pair[1]
+
+
+def _check_recipe(recipe: object) -> None:
+    if recipe is not None and tuple(recipe) != (1, _BLOCK, _BLOCK):
+        _fail(NotImplementedError, f"recipe {recipe!r} is not supported; only (1, 128, 128) "
+                                   "(1x128 activation scales, 128x128 weight scales)")
+
+
+def _check_compiled_dims(compiled_dims: object) -> bool:
+    if not isinstance(compiled_dims, str) or not set(compiled_dims) <= set("mnk"):
+        _fail(ValueError, f"compiled_dims must be a string of 'm', 'n', 'k', got {compiled_dims!r}")
+    return "m" in compiled_dims
+
+
+def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], d: torch.Tensor,
+                c: torch.Tensor | None = None, recipe=None, compiled_dims: str = "nk",
+                disable_ue8m0_cast: bool = False) -> None:
+    """``D = (A * SFA) @ (B * SFB)^T (+ C)`` in place; see the module docstring for layouts.
+
+    ``compiled_dims`` containing ``"m"`` also compiles M into the kernel (N and K always are).
+    ``disable_ue8m0_cast`` is accepted for DeepGEMM compatibility: SM90 kernels read float32
+    scales as they are, so there is no cast to disable.
+    """
+    a_t, sfa = _unpack("a", a)
+    b_t, sfb = _unpack("b", b)
+    _check_recipe(recipe)
+    compile_m = _check_compiled_dims(compiled_dims)
+    a_t = _check_operand("a[0] (A)", a_t, None, None)
+    m, k = a_t.shape
+    b_t = _check_operand("b[0] (B)", b_t, None, k)
+    n = b_t.shape[0]
+    if k % _BLOCK != 0 or k == 0:
+        _fail(ValueError, f"K must be a positive multiple of 128, got {k}")
+    if n % 8 != 0 or n == 0:
+        _fail(ValueError, f"N must be a positive multiple of 8, got {n}")
+    kb = k // _BLOCK
+    sfa = _check_scales("a[1] (SFA)", sfa, (m, kb))
+    sfb = _check_scales("b[1] (SFB)", sfb, ((n + _BLOCK - 1) // _BLOCK, kb))
+    if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or tuple(d.shape) != (m, n):
+        _fail(ValueError, f"d must be a bfloat16 tensor of shape [{m}, {n}], got "
+                          f"{getattr(d, 'dtype', type(d).__name__)} {tuple(getattr(d, 'shape', ()))}")
+    if d.stride(1) != 1 or d.stride(0) % 8 != 0 or d.stride(0) < n:
+        _fail(ValueError, f"d must be row-major with a row stride that is a multiple of 8, got strides {d.stride()}")
+    if c is not None:
+        if not isinstance(c, torch.Tensor) or c.dtype not in (torch.bfloat16, torch.float32) \
+                or tuple(c.shape) != (m, n) or c.stride(1) != 1:
+            _fail(ValueError, f"c must be None or a row-major bfloat16/float32 tensor of shape [{m}, {n}], got "
+                              f"{getattr(c, 'dtype', type(c).__name__)} {tuple(getattr(c, 'shape', ()))}")
+    tensors = [a_t, sfa, b_t, sfb, d] + ([c] if c is not None else [])
+    device = d.device
+    if any(t.device != device for t in tensors):
+        _fail(ValueError, "all tensors must be on one device, got "
+                          f"{sorted({str(t.device) for t in tensors})}")
+    if device.type == "cpu":
+        d.copy_(reference.fp8_gemm_nt((a_t, sfa), (b_t, sfb), c))
+        return
+    if device.type != "cuda":
+        _fail(ValueError, f"tensors must be on a CPU or CUDA device, got {device}")
+    if m == 0:
+        return
+    _native().fp8_gemm_nt(
+        a_t.data_ptr(), a_t.stride(0), sfa.data_ptr(), sfa.stride(0), sfa.stride(1),
+        b_t.data_ptr(), b_t.stride(0), sfb.data_ptr(), sfb.stride(0), sfb.stride(1),
+        d.data_ptr(), d.stride(0),
+        c.data_ptr() if c is not None else 0, _descriptors.DTYPE_CODES[c.dtype] if c is not None else -1,
+        c.stride(0) if c is not None else 0,
+        m, n, k, compile_m, device.index, _descriptors.current_stream(device))

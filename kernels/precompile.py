@@ -1,0 +1,180 @@
+"""Compile kernels ahead of time, without a GPU, so a server pays no JIT time on its first request.
+
+    python -m kernels.precompile --arch sm_90a --cache-dir DIR [--family NAME ...] [--model deepseek-v3]
+
+A family is named by its public function (``per_token_cast_to_fp8``, ``fp8_gemm_nt``, ...). The
+model preset gives the shapes: every kernel a MoE layer of that model and its dense projections
+need, for every M the GEMM heuristic distinguishes (1 to ``--max-m`` tokens). Compilation runs
+on a thread pool (the compiler releases the GIL); one line per kernel is printed with its cubin.
+Also callable from Python: :func:`precompile`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+_DTYPE_BF16 = 1  # csrc/apis/dtypes.hpp
+
+
+@dataclass(frozen=True)
+class ModelShapes:
+    """The shapes of one model's MoE layer and dense projections that kernels are compiled for."""
+
+    name: str
+    hidden: int
+    moe_intermediate: int
+    dense_nk: tuple[tuple[int, int], ...]  # (N, K) of the dense FP8 projections
+    max_m: int = 16384
+
+    @property
+    def gemm_ks(self) -> tuple[int, ...]:
+        """Every K of a GEMM: the row lengths of the activations and weights that get quantized."""
+        return tuple(sorted({self.hidden, self.moe_intermediate, *(k for _, k in self.dense_nk)}))
+
+
+MODELS = {
+    "deepseek-v3": ModelShapes(
+        name="deepseek-v3", hidden=7168, moe_intermediate=2048,
+        dense_nk=((2112, 7168), (576, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168),
+                  (7168, 2048))),
+}
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    family: str
+    label: str  # the parameters, for the report
+    name: str
+    code: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class PrecompileResult:
+    source: KernelSource
+    cubin_path: str
+    from_cache: bool
+    seconds: float
+
+
+def _native():
+    from .jit import native_module
+
+    return native_module()
+
+
+def _quant_per_token(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
+    out = []
+    for n in model.gemm_ks:
+        for ue8m0 in (False, True):
+            name, code = _native().per_token_cast_to_fp8_code(_DTYPE_BF16, n, 128, ue8m0, arch)
+            out.append(KernelSource("per_token_cast_to_fp8", f"bf16 n={n} gran_k=128 ue8m0={ue8m0}", name, code))
+    return out
+
+
+def _quant_per_block(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
+    out = []
+    for k in model.gemm_ks:
+        for ue8m0 in (False, True):
+            name, code = _native().per_block_cast_to_fp8_code(_DTYPE_BF16, k, ue8m0, arch)
+            out.append(KernelSource("per_block_cast_to_fp8", f"bf16 k={k} ue8m0={ue8m0}", name, code))
+    return out
+
+
+def _gemm_ms(max_m: int) -> list[int]:
+    """One M per distinct heuristic input: the config depends on M only through its block count."""
+    return [64] + list(range(128, max_m + 128, 128))
+
+
+def _fp8_gemm_nt(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
+    out = []
+    for n, k in model.dense_nk:
+        for m in _gemm_ms(model.max_m):
+            name, code = _native().fp8_gemm_nt_code(m, n, k, num_sms, False, -1)
+            out.append(KernelSource("fp8_gemm_nt", f"n={n} k={k} m<={m}", name, code))
+    return out
+
+
+FAMILIES: dict[str, Callable[[ModelShapes, str, int], list[KernelSource]]] = {
+    "per_token_cast_to_fp8": _quant_per_token,
+    "per_block_cast_to_fp8": _quant_per_block,
+    "fp8_gemm_nt": _fp8_gemm_nt,
+}
+
+
+def collect_sources(families: list[str] | None = None, model: str = "deepseek-v3", arch: str = "sm_90a",
+                    num_sms: int = 132, max_m: int | None = None) -> list[KernelSource]:
+    """The distinct kernel sources the families need for the model (deduplicated by code)."""
+    if model not in MODELS:
+        raise ValueError(f"model={model!r}: expected one of {sorted(MODELS)}")
+    chosen = families or list(FAMILIES)
+    unknown = [f for f in chosen if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"family {unknown}: expected names from {sorted(FAMILIES)}")
+    shapes = MODELS[model]
+    if max_m is not None:
+        shapes = ModelShapes(shapes.name, shapes.hidden, shapes.moe_intermediate, shapes.dense_nk, max_m)
+    seen, sources = set(), []
+    for family in chosen:
+        for src in FAMILIES[family](shapes, arch, num_sms):
+            if (src.name, src.code) not in seen:
+                seen.add((src.name, src.code))
+                sources.append(src)
+    return sources
+
+
+def precompile(families: list[str] | None = None, model: str = "deepseek-v3", arch: str = "sm_90a",
+               num_sms: int = 132, jobs: int | None = None, cache_dir: str | None = None,
+               max_m: int | None = None,
+               on_result: Callable[[PrecompileResult], None] | None = None) -> list[PrecompileResult]:
+    """Compile (or find in the cache) every kernel of ``families`` for ``model`` on ``arch``."""
+    from . import jit
+
+    if cache_dir is not None:
+        os.environ["MOE_JIT_CACHE_DIR"] = str(cache_dir)
+        jit.configure()
+    sources = collect_sources(families, model, arch, num_sms, max_m)
+
+    def build(src: KernelSource) -> PrecompileResult:
+        start = time.perf_counter()
+        res = jit.build(src.name, src.code, arch)
+        result = PrecompileResult(src, res.cubin_path, res.from_cache, time.perf_counter() - start)
+        if on_result is not None:
+            on_result(result)
+        return result
+
+    with ThreadPoolExecutor(max_workers=jobs or max(1, os.cpu_count() or 1)) as pool:
+        return list(pool.map(build, sources))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernels.precompile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default="sm_90a", help="target architecture (default sm_90a)")
+    parser.add_argument("--cache-dir", default=None, help="cache folder (default: MOE_JIT_CACHE_DIR or ~/.cache)")
+    parser.add_argument("--family", action="append", choices=sorted(FAMILIES), help="repeatable; default: all")
+    parser.add_argument("--model", default="deepseek-v3", choices=sorted(MODELS))
+    parser.add_argument("--num-sms", type=int, default=132, help="SM count of the target GPU (H100/H200: 132)")
+    parser.add_argument("--max-m", type=int, default=None, help="largest token count to plan GEMMs for")
+    parser.add_argument("--jobs", type=int, default=None, help="parallel compilations (default: CPU count)")
+    args = parser.parse_args(argv)
+
+    def report(r: PrecompileResult) -> None:
+        state = "cached" if r.from_cache else "compiled"
+        print(f"{r.source.family:<24} {r.source.label:<36} {state:<8} {r.seconds:6.2f}s {r.cubin_path}", flush=True)
+
+    start = time.perf_counter()
+    results = precompile(args.family, args.model, args.arch, args.num_sms, args.jobs, args.cache_dir, args.max_m,
+                         on_result=report)
+    compiled = sum(not r.from_cache for r in results)
+    print(f"{len(results)} kernels ({compiled} compiled, {len(results) - compiled} cached) "
+          f"in {time.perf_counter() - start:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""FP8 E4M3 quantization of activations (per token, 1 x gran_k groups) and weights (128 x 128).
+
+CPU tensors run the pure-torch references in :mod:`kernels.reference.quant`; CUDA tensors run the
+JIT-compiled kernels on ``torch.cuda.current_stream()``, which reproduce the references bit for bit
+(see that module for the rounding of every step). Outputs are newly allocated.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _C, _descriptors, jit
+from .reference import quant as reference
+
+_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_GRAN_KS = (32, 64, 128)
+_BLOCK = 128
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _check_input(fn: str, x: object, dims: tuple[int, ...]) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _INPUT_DTYPES:
+        raise TypeError(f"{fn}: x must be bfloat16, float16 or float32, got {x.dtype}")
+    if x.dim() not in dims:
+        expected = " or ".join(f"{d}-D" for d in dims)
+        raise ValueError(f"{fn}: x must be {expected}, got shape {tuple(x.shape)}")
+    if x.shape[-1] == 0:
+        raise ValueError(f"{fn}: the last dim of x must be >= 1, got shape {tuple(x.shape)}")
+    if x.stride(-1) != 1 and x.shape[-1] != 1:
+        raise ValueError(f"{fn}: the last dim of x must be contiguous (stride 1), got strides "
+                         f"{x.stride()} for shape {tuple(x.shape)}")
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{fn}: x must be on a CPU or CUDA device, got {x.device}")
+    return x
+
+
+def _check_flag(fn: str, name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{fn}: {name} must be a bool, got {value!r}")
+    return value
+
+
+def _native():
+    jit.ensure_configured()
+    return _C
+
+
+def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
+    """Round positive float32 values up to a power of two, exactly; any shape, any device."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"ceil_to_ue8m0: x must be a torch.Tensor, got {type(x).__name__}")
+    return reference.ceil_to_ue8m0(x)
+
+
+def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False,
+                          gran_k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize each row of ``x`` to E4M3 with one float32 scale per ``1 x gran_k`` group.
+
+    ``x``: [m, n] bfloat16 / float16 / float32, last dim contiguous (the row stride may exceed
+    n), m >= 0, n >= 1; ``gran_k`` in {32, 64, 128}. Returns ``(x_fp8 [m, n] float8_e4m3fn,
+    sf [m, ceil(n / gran_k)] float32)``, both contiguous. A last partial group is padded with
+    zeros for its amax; ``use_ue8m0`` rounds the scales up to powers of two.
+    """
+    fn = "per_token_cast_to_fp8"
+    x = _check_input(fn, x, (2,))
+    use_ue8m0 = _check_flag(fn, "use_ue8m0", use_ue8m0)
+    if isinstance(gran_k, bool) or gran_k not in _GRAN_KS:
+        raise ValueError(f"{fn}: gran_k must be one of {_GRAN_KS}, got {gran_k!r}")
+    m, n = x.shape
+    if m == 0:
+        return (torch.empty((0, n), dtype=torch.float8_e4m3fn, device=x.device),
+                torch.empty((0, _ceil_div(n, gran_k)), dtype=torch.float32, device=x.device))
+    if x.device.type == "cpu":
+        return reference.per_token_cast_to_fp8(x, use_ue8m0, gran_k)
+
+    out = torch.empty((m, n), dtype=torch.float8_e4m3fn, device=x.device)
+    sf = torch.empty((m, _ceil_div(n, gran_k)), dtype=torch.float32, device=x.device)
+    # Positional: pybind's keyword matching costs ~2 us per call. Order: x, x_dtype, m, n,
+    # x_row_stride, out, sf, gran_k, use_ue8m0, device, stream.
+    _native().per_token_cast_to_fp8(
+        x.data_ptr(), _descriptors.dtype_code(x, "x"), m, n, x.stride(0), out.data_ptr(),
+        sf.data_ptr(), gran_k, use_ue8m0, x.device.index, _descriptors.current_stream(x.device))
+    return out, sf
+
+
+def per_block_cast_to_fp8(x: torch.Tensor,
+                          use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` to E4M3 with one float32 scale per 128 x 128 tile (weights).
+
+    ``x``: [n, k] or [g, n, k] bfloat16 / float16 / float32, last dim contiguous, k >= 1.
+    Returns ``(x_fp8, sf)``: ``x_fp8`` float8_e4m3fn of the shape of ``x`` and ``sf`` float32
+    [(g,) ceil(n / 128), ceil(k / 128)], both contiguous. Partial edge tiles are padded with
+    zeros for their amax; ``use_ue8m0`` rounds the scales up to powers of two.
+    """
+    fn = "per_block_cast_to_fp8"
+    x = _check_input(fn, x, (2, 3))
+    use_ue8m0 = _check_flag(fn, "use_ue8m0", use_ue8m0)
+    if x.device.type == "cpu":
+        return reference.per_block_cast_to_fp8(x, use_ue8m0, _BLOCK)
+
+    xb = x if x.dim() == 3 else x.unsqueeze(0)
+    g, n, k = xb.shape
+    out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    sf_shape = (*x.shape[:-2], _ceil_div(n, _BLOCK), _ceil_div(k, _BLOCK))
+    sf = torch.empty(sf_shape, dtype=torch.float32, device=x.device)
+    if out.numel() == 0:
+        return out, sf
+    # Order: x, x_dtype, batch, n, k, x_batch_stride, x_row_stride, out, sf, use_ue8m0, device,
+    # stream.
+    _native().per_block_cast_to_fp8(
+        xb.data_ptr(), _descriptors.dtype_code(x, "x"), g, n, k, xb.stride(0), xb.stride(1),
+        out.data_ptr(), sf.data_ptr(), use_ue8m0, x.device.index,
+        _descriptors.current_stream(x.device))
+    return out, sf

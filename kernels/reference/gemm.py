@@ -1,0 +1,44 @@
+"""Pure-torch references of the GEMM kernels (CPU path and test oracle).
+
+Scale conventions (DeepSeek-V3): A [M, K] E4M3 with one float32 scale per 1x128 (token x K
+block), B [N, K] E4M3 with one float32 scale per 128x128 block. The reference dequantizes both
+operands, multiplies in float32 (or ``accum_dtype``) and rounds once to the output dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def dequantize_a(a: torch.Tensor, sfa: torch.Tensor, block_k: int = 128) -> torch.Tensor:
+    """[M, K] E4M3 x [M, ceil(K/128)] float32 -> [M, K] float32."""
+    k = a.shape[-1]
+    return a.float() * sfa.float().repeat_interleave(block_k, dim=-1)[..., :k]
+
+
+def dequantize_b(b: torch.Tensor, sfb: torch.Tensor, block: int = 128) -> torch.Tensor:
+    """[(G,) N, K] E4M3 x [(G,) ceil(N/128), ceil(K/128)] float32 -> [(G,) N, K] float32."""
+    n, k = b.shape[-2:]
+    sf = sfb.float().repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)
+    return b.float() * sf[..., :n, :k]
+
+
+def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
+                c: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                accum_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(A * SFA) @ (B * SFB)^T (+ C)`` -> [M, N] ``out_dtype``."""
+    lhs = dequantize_a(*a).to(accum_dtype)
+    rhs = dequantize_b(*b).to(accum_dtype)
+    out = lhs @ rhs.t()
+    if c is not None:
+        out = out + c.to(accum_dtype)
+    return out.to(out_dtype)
+
+
+def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None,
+                 accum_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``A @ B^T (+ C)`` for bf16 A [M, K] and B [N, K] -> [M, N] bf16."""
+    out = a.to(accum_dtype) @ b.to(accum_dtype).t()
+    if c is not None:
+        out = out + c.to(accum_dtype)
+    return out.to(torch.bfloat16)

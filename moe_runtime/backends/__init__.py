@@ -1,0 +1,52 @@
+"""MoE backends: ``reference`` (pure torch), ``staged`` (separate GPU kernels), ``fused`` (one kernel).
+
+A backend module exposes ``is_supported(problem) -> (bool, reason)`` and
+``create(problem, experts, group) -> (DispatchCombine, Experts)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+from moe_runtime.backends.base import (CombineHandle, DispatchCombine, DispatchResult, Experts, LocalExperts,
+                                       MoEProblem)
+
+__all__ = ["CombineHandle", "DispatchCombine", "DispatchResult", "Experts", "LocalExperts", "MoEProblem",
+           "kBackendNames", "resolve_backend", "create_backend"]
+
+kBackendNames = ("reference", "staged", "fused", "auto")
+_kModules = {"reference": "moe_runtime.backends.reference", "staged": "moe_runtime.backends.staged"}
+
+
+def _available(name: str) -> bool:
+    return importlib.util.find_spec(_kModules[name]) is not None
+
+
+def resolve_backend(name: str, problem: MoEProblem) -> str:
+    """Turn a user's backend name into the one that will run, or raise.
+
+    ``"auto"``: ``"staged"`` on CUDA when its module exists and supports ``problem``, else
+    ``"reference"``. ``"fused"`` and an unavailable ``"staged"`` raise NotImplementedError.
+    """
+    if name not in kBackendNames:
+        raise ValueError(f"backend must be one of {kBackendNames}, got {name!r}")
+    if name == "fused":
+        raise NotImplementedError("the fused Mega MoE kernel is not implemented yet; use backend='reference' "
+                                  "(or 'auto')")
+    if name == "staged" and not _available("staged"):
+        raise NotImplementedError("the staged backend needs the GPU grouped GEMM kernels (issue 4); "
+                                  "use backend='reference'")
+    if name == "auto":
+        if problem.device.type == "cuda" and _available("staged"):
+            module = importlib.import_module(_kModules["staged"])
+            if module.is_supported(problem)[0]:
+                return "staged"
+        return "reference"
+    return name
+
+
+def create_backend(name: str, problem: MoEProblem, experts: LocalExperts, group):
+    """``(DispatchCombine, Experts)`` of the resolved backend ``name`` for ``problem``."""
+    module = importlib.import_module(_kModules[name])
+    return module.create(problem, experts, group)

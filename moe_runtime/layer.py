@@ -1,0 +1,214 @@
+"""``MegaMoELayer``: router + routed experts (+ optional shared experts) as one ``nn.Module``.
+
+Under expert parallelism every rank of ``ep_group`` holds ``num_experts / ep_size`` experts and
+its own tokens; ``forward`` is collective over the group, so every rank must call it for every
+step, with zero tokens when it has none.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from kernels.reference.quant import dequantize_per_token
+from moe_runtime.backends import LocalExperts, MoEProblem, create_backend, resolve_backend
+from moe_runtime.backends.reference import expert_mlp, quantize_activations
+from moe_runtime.dist import expert_placement, group_rank, group_size
+from moe_runtime.quant_weights import ExpertWeight, kWeightFormats, quantize_expert_weight
+from moe_runtime.router import RouterConfig, route, router_logits
+
+# Quantized tensors are kept as integer bit views so that ``module.to(dtype)`` / ``.half()`` (which
+# cast every floating buffer) cannot turn FP8 codes or float32 scales into another dtype.
+_kStorageViews = {torch.float8_e4m3fn: torch.uint8, torch.float32: torch.int32}
+
+
+def _check_int(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+class MegaMoELayer(nn.Module):
+    """A MoE block: ``[..., H] -> [..., H]``, the input dtype preserved.
+
+    ``weights``: ``"bf16"``, ``"fp8"`` or ``"fp4"`` (quantized in :meth:`load_weights`).
+    ``backend``: ``"reference"``, ``"staged"``, ``"fused"`` or ``"auto"``. ``ep_group``: the
+    expert-parallel process group (``None``: the world when initialised, else one process).
+    ``num_max_tokens_per_rank``: the most tokens one rank may pass to one ``forward``.
+    ``dtype``: the dtype of bf16 weights, of the router weight, and of each expert's output.
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, *,
+                 router: RouterConfig | None = None, shared_intermediate_size: int = 0,
+                 shared_expert_gate: bool = False, weights: str = "fp8", backend: str = "auto",
+                 ep_group=None, num_max_tokens_per_rank: int = 4096, dtype: torch.dtype = torch.bfloat16,
+                 device=None):
+        super().__init__()
+        self.hidden_size = _check_int(hidden_size, "hidden_size", 1)
+        self.intermediate_size = _check_int(intermediate_size, "intermediate_size", 1)
+        self.num_experts = _check_int(num_experts, "num_experts", 1)
+        self.top_k = _check_int(top_k, "top_k", 1)
+        self.shared_intermediate_size = _check_int(shared_intermediate_size, "shared_intermediate_size", 0)
+        self.num_max_tokens_per_rank = _check_int(num_max_tokens_per_rank, "num_max_tokens_per_rank", 1)
+        if weights not in kWeightFormats:
+            raise ValueError(f"weights must be one of {kWeightFormats}, got {weights!r}")
+        if shared_expert_gate and not shared_intermediate_size:
+            raise ValueError("shared_expert_gate=True needs shared experts (shared_intermediate_size > 0)")
+        if weights == "fp4" and (hidden_size % 2 or intermediate_size % 2 or shared_intermediate_size % 2):
+            raise ValueError(f"weights='fp4' packs two values per byte: hidden_size={hidden_size}, "
+                             f"intermediate_size={intermediate_size} and shared_intermediate_size="
+                             f"{shared_intermediate_size} must be even")
+        self.router_config = router if router is not None else RouterConfig()
+        self.router_config.validate(num_experts, top_k)
+        self.weights = weights
+        self.dtype = dtype
+        self.shared_expert_gate = bool(shared_expert_gate)
+        self.ep_group = ep_group
+        self.placement = expert_placement(num_experts, group_size(ep_group), group_rank(ep_group))
+        self._default_device = torch.device(device) if device is not None else torch.get_default_device()
+        self.backend_name = resolve_backend(backend, self._problem(self._default_device))
+        self._backend_cache: tuple | None = None
+        self.loaded = False
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.placement.num_local_experts
+
+    @property
+    def device(self) -> torch.device:
+        return self.router_weight.device if self.loaded else self._default_device
+
+    def _problem(self, device: torch.device) -> MoEProblem:
+        return MoEProblem(self.hidden_size, self.intermediate_size, self.num_experts, self.top_k, self.weights,
+                          self.dtype, device, self.placement.ep_size, self.num_max_tokens_per_rank,
+                          use_fp8_dispatch=self.weights != "bf16")
+
+    def _store(self, prefix: str, weight: ExpertWeight) -> None:
+        data = weight.data
+        self.register_buffer(f"{prefix}_data", data.view(_kStorageViews.get(data.dtype, data.dtype)))
+        self.register_buffer(f"{prefix}_sf", None if weight.sf is None else weight.sf.view(torch.int32))
+        setattr(self, f"_{prefix}_meta", (weight.format, weight.shape, data.dtype))
+
+    def _restore(self, prefix: str) -> ExpertWeight:
+        fmt, shape, dtype = getattr(self, f"_{prefix}_meta")
+        data = getattr(self, f"{prefix}_data")
+        sf = getattr(self, f"{prefix}_sf")
+        data = data.view(dtype) if data.dtype in _kStorageViews.values() else data
+        return ExpertWeight(fmt, data, None if sf is None else sf.view(torch.float32), shape)
+
+    def _expect(self, tensor, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor of shape {shape}, got {type(tensor).__name__}")
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
+        if not tensor.is_floating_point():
+            raise TypeError(f"{name} must be a float tensor, got {tensor.dtype}")
+        return tensor
+
+    def _local_slice(self, tensor, name: str, rows: int, cols: int) -> torch.Tensor:
+        """Full-E tensors are cut to this rank's experts; E_local tensors are taken as they are."""
+        e, e_local = self.num_experts, self.num_local_experts
+        if isinstance(tensor, torch.Tensor) and tensor.dim() == 3 and tensor.shape[0] == e:
+            tensor = tensor[self.placement.first_expert: self.placement.first_expert + e_local]
+        return self._expect(tensor, name, (e_local, rows, cols))
+
+    def load_weights(self, *, router_weight, gate_up, down, score_bias=None, shared_gate_up=None,
+                     shared_down=None, shared_gate=None, device=None) -> "MegaMoELayer":
+        """Load (and quantize per ``weights``) the block's weights; returns ``self``.
+
+        ``router_weight`` [E, H]; ``gate_up`` [E or E_local, 2I, H] (rows [0, I) gate, [I, 2I) up);
+        ``down`` [E or E_local, H, I]; ``score_bias`` [E] (needed iff ``router.use_score_bias``);
+        ``shared_gate_up`` [2Is, H] and ``shared_down`` [H, Is] (needed iff
+        ``shared_intermediate_size``); ``shared_gate`` [1, H] (needed iff ``shared_expert_gate``).
+        ``device``: where the weights live (default: the construction device).
+        """
+        h, i, e, s = self.hidden_size, self.intermediate_size, self.num_experts, self.shared_intermediate_size
+        device = torch.device(device) if device is not None else self._default_device
+        self.register_buffer("router_weight", self._expect(router_weight, "router_weight", (e, h))
+                             .to(device=device, dtype=self.dtype))
+        if self.router_config.use_score_bias:
+            if score_bias is None:
+                raise ValueError("router.use_score_bias=True needs score_bias [E]")
+            bias = self._expect(score_bias, "score_bias", (e,)).to(device=device, dtype=torch.float32)
+        elif score_bias is not None:
+            raise ValueError("score_bias was given but router.use_score_bias is False")
+        else:
+            bias = None
+        self.register_buffer("score_bias", bias)
+        w13 = self._local_slice(gate_up, "gate_up", 2 * i, h).to(device)
+        w2 = self._local_slice(down, "down", h, i).to(device)
+        self._store("w13", quantize_expert_weight(w13, self.weights, self.dtype))
+        self._store("w2", quantize_expert_weight(w2, self.weights, self.dtype))
+        if (shared_gate_up is None) != (s == 0) or (shared_down is None) != (s == 0):
+            raise ValueError(f"shared_gate_up and shared_down are needed iff shared_intermediate_size > 0 "
+                             f"(it is {s})")
+        if s:
+            sw13 = self._expect(shared_gate_up, "shared_gate_up", (2 * s, h)).to(device)
+            sw2 = self._expect(shared_down, "shared_down", (h, s)).to(device)
+            self._store("shared_w13", quantize_expert_weight(sw13.unsqueeze(0), self.weights, self.dtype))
+            self._store("shared_w2", quantize_expert_weight(sw2.unsqueeze(0), self.weights, self.dtype))
+        if (shared_gate is None) == self.shared_expert_gate:
+            raise ValueError(f"shared_gate [1, H] is needed iff shared_expert_gate=True (it is {self.shared_expert_gate})")
+        self.register_buffer("shared_gate_weight", None if shared_gate is None else
+                             self._expect(shared_gate, "shared_gate", (1, h)).to(device=device, dtype=self.dtype))
+        self._backend_cache = None
+        self.loaded = True
+        return self
+
+    def _backend(self, device: torch.device):
+        # Rebuilt when the weight tensors change (load_weights, module.to(...)).
+        key = (device, *(t.data_ptr() for t in (self.w13_data, self.w2_data)))
+        if self._backend_cache is None or self._backend_cache[0] != key:
+            experts = LocalExperts(self._restore("w13"), self._restore("w2"), self.placement.first_expert)
+            pair = create_backend(self.backend_name, self._problem(device), experts, self.ep_group)
+            self._backend_cache = (key, pair)
+        return self._backend_cache[1]
+
+    def _shared_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 [T, H]: the shared experts (same numerics as a routed expert with weight 1)."""
+        w13, w2 = self._restore("shared_w13"), self._restore("shared_w2")
+        if self.weights == "bf16":
+            rows = x.float()
+        else:
+            rows = dequantize_per_token(*quantize_activations(x), gran_k=128)
+        ones = torch.ones(x.shape[0], dtype=torch.float32, device=x.device)
+        y = expert_mlp(rows, ones, w13.dequantize(0), w2.dequantize(0), self.weights, self.dtype)
+        y = y.to(self.dtype).float()
+        if self.shared_gate_weight is not None:
+            gate = torch.nn.functional.linear(x.float(), self.shared_gate_weight.float()).sigmoid()
+            y = y * gate
+        return y
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if not self.loaded:
+            raise RuntimeError("MegaMoELayer.forward before load_weights()")
+        if not isinstance(hidden_states, torch.Tensor) or not hidden_states.is_floating_point():
+            raise TypeError(f"hidden_states must be a float tensor, got {getattr(hidden_states, 'dtype', None)}")
+        if hidden_states.dim() == 0 or hidden_states.shape[-1] != self.hidden_size:
+            raise ValueError(f"hidden_states must be [..., hidden_size={self.hidden_size}], "
+                             f"got shape {tuple(hidden_states.shape)}")
+        device = self.router_weight.device
+        if hidden_states.device != device:
+            raise ValueError(f"hidden_states is on {hidden_states.device} but the layer's weights are on {device}")
+        shape, out_dtype = hidden_states.shape, hidden_states.dtype
+        x = hidden_states.reshape(-1, self.hidden_size)
+        if x.shape[0] > self.num_max_tokens_per_rank:
+            raise ValueError(f"{x.shape[0]} tokens on this rank exceed num_max_tokens_per_rank="
+                             f"{self.num_max_tokens_per_rank}: split the batch or build the layer with a "
+                             "larger capacity")
+        routing = route(router_logits(x, self.router_weight, self.router_config), self.top_k, self.router_config,
+                        self.score_bias)
+        dispatch_combine, experts = self._backend(device)
+        dispatched = dispatch_combine.dispatch(x, routing.topk_idx, routing.topk_weights)
+        shared = self.shared_intermediate_size > 0
+        if shared:
+            dispatched.handle.out_dtype = torch.float32
+        y = dispatch_combine.combine(experts.apply(dispatched), dispatched.handle)
+        if shared:
+            y = y + self._shared_forward(x)
+        return y.to(out_dtype).reshape(shape)
+
+    def extra_repr(self) -> str:
+        return (f"hidden={self.hidden_size}, intermediate={self.intermediate_size}, experts={self.num_experts} "
+                f"({self.num_local_experts} local), top_k={self.top_k}, shared={self.shared_intermediate_size}, "
+                f"weights={self.weights}, backend={self.backend_name}")

@@ -1,0 +1,114 @@
+"""Top-k routing: softmax or sigmoid scores, optional DeepSeek-V3 grouped top-k and score bias.
+
+Semantics, per token, from router logits ``z`` [E] (float32):
+
+1. ``s = softmax(z)`` or ``s = sigmoid(z)`` (``scoring_func``), in float32.
+2. Choice scores ``c = s + bias`` when ``use_score_bias`` (DeepSeek-V3's
+   ``e_score_correction_bias``), else ``c = s``. The bias only steers the choice.
+3. Grouped top-k (``n_group`` set): the experts form ``n_group`` contiguous groups; a group's score
+   is the sum of its two largest ``c``; the ``topk_group`` best groups are kept and the other
+   experts' ``c`` become ``-inf``.
+4. ``topk_idx`` = the ``top_k`` largest ``c`` (``torch.topk``, largest first).
+5. ``topk_weights = s[topk_idx]`` (unbiased), divided by their sum (+1e-20) when
+   ``norm_topk_prob``, times ``routed_scaling_factor``.
+
+Mixtral is softmax + ``norm_topk_prob=True``; Qwen2-MoE softmax + ``norm_topk_prob=False``;
+Qwen3-MoE softmax with its config's flag; DeepSeek-V3 sigmoid + bias + grouped top-k + scaling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+kScoringFuncs = ("softmax", "sigmoid")
+kNormEps = 1e-20
+
+
+@dataclass
+class RouterConfig:
+    """How router logits become top-k expert ids and weights (module docstring).
+
+    ``logits_dtype``: the dtype the router GEMM runs in. ``None`` means float32; set the model's
+    dtype to reproduce models whose gate is an ``nn.Linear`` in that dtype (Mixtral, Qwen-MoE),
+    since a different rounding of the logits can change which experts win.
+    """
+
+    scoring_func: str = "softmax"
+    norm_topk_prob: bool = True
+    n_group: int | None = None
+    topk_group: int | None = None
+    routed_scaling_factor: float = 1.0
+    use_score_bias: bool = False
+    logits_dtype: torch.dtype | None = None
+
+    def validate(self, num_experts: int, top_k: int) -> None:
+        """Raise ValueError when this config cannot route ``top_k`` of ``num_experts``."""
+        if self.scoring_func not in kScoringFuncs:
+            raise ValueError(f"scoring_func must be one of {kScoringFuncs}, got {self.scoring_func!r}")
+        if not isinstance(top_k, int) or not 0 < top_k <= num_experts:
+            raise ValueError(f"top_k must be an int in [1, num_experts={num_experts}], got {top_k!r}")
+        if (self.n_group is None) != (self.topk_group is None):
+            raise ValueError(f"n_group and topk_group go together, got n_group={self.n_group}, "
+                             f"topk_group={self.topk_group}")
+        if self.n_group is not None:
+            if self.n_group <= 0 or num_experts % self.n_group != 0:
+                raise ValueError(f"n_group must divide num_experts={num_experts}, got {self.n_group}")
+            per_group = num_experts // self.n_group
+            if per_group < 2:
+                raise ValueError(f"grouped top-k scores a group by its two best experts: n_group={self.n_group} "
+                                 f"leaves {per_group} expert per group")
+            if not 0 < self.topk_group <= self.n_group:
+                raise ValueError(f"topk_group must be in [1, n_group={self.n_group}], got {self.topk_group}")
+            if top_k > self.topk_group * per_group:
+                raise ValueError(f"top_k={top_k} exceeds the {self.topk_group * per_group} experts of the "
+                                 f"topk_group={self.topk_group} kept groups")
+        if not self.routed_scaling_factor > 0:
+            raise ValueError(f"routed_scaling_factor must be > 0, got {self.routed_scaling_factor}")
+
+
+@dataclass
+class RoutingResult:
+    """``topk_idx`` int64 [T, k] (global expert ids) and ``topk_weights`` float32 [T, k]."""
+
+    topk_idx: torch.Tensor
+    topk_weights: torch.Tensor
+
+
+def router_logits(x: torch.Tensor, weight: torch.Tensor, config: RouterConfig) -> torch.Tensor:
+    """``x`` [T, H] @ ``weight`` [E, H]^T in ``config.logits_dtype`` (default float32) -> float32 [T, E]."""
+    dtype = config.logits_dtype or torch.float32
+    return torch.nn.functional.linear(x.to(dtype), weight.to(dtype)).float()
+
+
+def route(logits: torch.Tensor, top_k: int, config: RouterConfig | None = None,
+          score_bias: torch.Tensor | None = None) -> RoutingResult:
+    """Route tokens from router logits [T, E] (any float dtype; computed in float32)."""
+    config = config or RouterConfig()
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [T, E], got shape {tuple(logits.shape)}")
+    num_tokens, num_experts = logits.shape
+    config.validate(num_experts, top_k)
+    logits = logits.float()
+    scores = logits.softmax(dim=-1) if config.scoring_func == "softmax" else logits.sigmoid()
+    choice = scores
+    if config.use_score_bias:
+        if score_bias is None:
+            raise ValueError("RouterConfig.use_score_bias=True needs score_bias [E]")
+        if tuple(score_bias.shape) != (num_experts,):
+            raise ValueError(f"score_bias must be [{num_experts}], got {tuple(score_bias.shape)}")
+        choice = scores + score_bias.to(device=scores.device, dtype=torch.float32)
+    if config.n_group is not None and num_tokens > 0:
+        grouped = choice.view(num_tokens, config.n_group, -1)
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        kept = group_scores.topk(config.topk_group, dim=-1).indices
+        mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+        choice = grouped.masked_fill(~mask.unsqueeze(-1), float("-inf")).view(num_tokens, num_experts)
+    topk_idx = choice.topk(top_k, dim=-1).indices
+    weights = scores.gather(1, topk_idx)
+    if config.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + kNormEps)
+    if config.routed_scaling_factor != 1.0:
+        weights = weights * config.routed_scaling_factor
+    return RoutingResult(topk_idx.to(torch.int64), weights.to(torch.float32).contiguous())

@@ -1,0 +1,168 @@
+"""fp8_gemm_nt: reference semantics and argument checks (CPU), code generation compiled for
+sm_90a with NVRTC (CPU, CI), and the JIT kernel against a float64 reference (GPU)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+import kernels
+from kernels.reference.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+from kernels.testing import calc_diff
+
+DEEPSEEK_NK = [(2112, 7168), (576, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+GPU_MS = [1, 7, 64, 128, 129, 1000, 4096, 8191]
+H200_SMS = 132
+
+
+def make_operands(m: int, n: int, k: int, device: str, ue8m0: bool = False):
+    a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, k, device=device, dtype=torch.bfloat16)
+    a_fp8 = per_token_cast_to_fp8(a, use_ue8m0=ue8m0)
+    b_fp8 = per_block_cast_to_fp8(b, use_ue8m0=ue8m0)
+    return a_fp8, b_fp8
+
+
+def reference_f64(a_fp8, b_fp8, c=None) -> torch.Tensor:
+    a = kernels.reference.gemm.dequantize_a(*a_fp8).double()
+    b = kernels.reference.gemm.dequantize_b(*b_fp8).double()
+    out = a @ b.t()
+    return out if c is None else out + c.double()
+
+
+# ---- CPU -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m,n,k", [(1, 8, 128), (37, 136, 384), (130, 264, 256)])
+def test_cpu_matches_float64(m, n, k, seed):
+    a_fp8, b_fp8 = make_operands(m, n, k, "cpu")
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-4
+
+
+def test_cpu_residual_and_mn_major_scales(seed):
+    m, n, k = 70, 256, 512
+    a_fp8, b_fp8 = make_operands(m, n, k, "cpu")
+    sfa_mn = a_fp8[1].t().contiguous().t()  # same values, MN-major strides
+    c = torch.randn(m, n, dtype=torch.float32)
+    d = torch.empty(m, n, dtype=torch.bfloat16)
+    kernels.fp8_gemm_nt((a_fp8[0], sfa_mn), b_fp8, d, c=c)
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8, c)) < 1e-4
+
+
+def _bad_call(**overrides):
+    m, n, k = 8, 16, 128
+    a = (torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, 1))
+    b = (torch.zeros(n, k, dtype=torch.float8_e4m3fn), torch.ones(1, 1))
+    args = dict(a=a, b=b, d=torch.empty(m, n, dtype=torch.bfloat16))
+    args.update(overrides)
+    kernels.fp8_gemm_nt(**args)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (dict(a=(torch.zeros(8, 128, dtype=torch.bfloat16), torch.ones(8, 1))), "a\\[0\\] \\(A\\) must be float8_e4m3fn"),
+    (dict(a=(torch.zeros(8, 100, dtype=torch.float8_e4m3fn), torch.ones(8, 1))), "a\\[0\\] \\(A\\) must be K-major"),
+    (dict(b=(torch.zeros(16, 256, dtype=torch.float8_e4m3fn), torch.ones(1, 2))), "b\\[0\\] \\(B\\) must have shape"),
+    (dict(b=(torch.zeros(12, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1)),
+          d=torch.empty(8, 12, dtype=torch.bfloat16)), "N must be a positive multiple of 8"),
+    (dict(a=(torch.zeros(8, 128, dtype=torch.float8_e4m3fn), torch.ones(8, 2))), "SFA\\) must have shape \\[8, 1\\]"),
+    (dict(b=(torch.zeros(16, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1, dtype=torch.float16))),
+     "SFB\\) must be float32"),
+    (dict(d=torch.empty(8, 16, dtype=torch.float32)), "d must be a bfloat16 tensor of shape \\[8, 16\\]"),
+    (dict(d=torch.empty(16, 8, dtype=torch.bfloat16).t()), "d must be row-major"),
+    (dict(recipe=(1, 1, 128)), "recipe"),
+    (dict(compiled_dims="nkx"), "compiled_dims"),
+    (dict(c=torch.empty(8, 16, dtype=torch.float16)), "c must be None or"),
+    (dict(a=torch.zeros(8, 128)), "a must be a \\(tensor, scales\\) pair"),
+])
+def test_bad_arguments(overrides, match):
+    with pytest.raises((TypeError, ValueError, NotImplementedError), match=match):
+        _bad_call(**overrides)
+
+
+def test_k_not_multiple_of_128():
+    a = (torch.zeros(8, 96, dtype=torch.float8_e4m3fn), torch.ones(8, 1))
+    b = (torch.zeros(16, 96, dtype=torch.float8_e4m3fn), torch.ones(1, 1))
+    with pytest.raises(ValueError, match="K must be a positive multiple of 128"):
+        kernels.fp8_gemm_nt(a, b, torch.empty(8, 16, dtype=torch.bfloat16))
+
+
+# ---- heuristic and compile-only (CPU, NVRTC for sm_90a) -----------------------------------------
+
+@pytest.mark.parametrize("m", [1, 64, 128, 4096])
+@pytest.mark.parametrize("n,k", DEEPSEEK_NK)
+def test_heuristic_is_valid(m, n, k):
+    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert cfg["block_n"] % 8 == 0 and cfg["block_n"] <= 192
+    assert cfg["smem_bytes"] <= 232448 and cfg["num_stages"] >= 2
+    assert 1 <= cfg["grid"] <= H200_SMS
+    if m <= 128:  # memory-bound: the weights must be spread over (nearly) every SM
+        assert cfg["grid"] >= min(cfg["num_tiles"], 0.8 * H200_SMS) or cfg["num_tiles"] < H200_SMS
+
+
+@pytest.mark.parametrize("m,n,k,c_dtype", [(64, 2112, 7168, -1), (4096, 7168, 2048, -1), (129, 576, 7168, 1),
+                                           (8191, 32768, 512, 0)])
+def test_compiles_for_sm90a(m, n, k, c_dtype):
+    name, code = kernels.jit.native_module().fp8_gemm_nt_code(m, n, k, H200_SMS, False, c_dtype)
+    first = kernels.jit.build(name, code, "sm_90a")
+    assert first.cubin_path.endswith(".cubin")
+    again = kernels.jit.build(name, code, "sm_90a")
+    assert again.from_cache and again.key == first.key
+
+
+# ---- GPU ---------------------------------------------------------------------------------------
+
+def _warm_cache(shapes) -> None:
+    """Compile the grid's kernels in parallel before the tests time out on serial JIT."""
+    native = kernels.jit.native_module()
+    sms = kernels.get_num_sms()
+    sources = {native.fp8_gemm_nt_code(m, n, k, sms, False, -1) for m, n, k in shapes}
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda src: kernels.jit.build(src[0], src[1], "sm_90a"), sources))
+
+
+@pytest.fixture(scope="module")
+def warm_gemm_cache():
+    if torch.cuda.is_available():
+        _warm_cache([(m, n, k) for m in GPU_MS for n, k in DEEPSEEK_NK])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", DEEPSEEK_NK)
+@pytest.mark.parametrize("m", GPU_MS)
+def test_gpu_matches_float64(m, n, k, warm_gemm_cache, seed):
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+    torch.cuda.synchronize()
+    assert torch.isfinite(d).all(), "output not fully written"
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m,n,k", [(77, 576, 7168), (300, 2112, 1536)])
+def test_gpu_residual_ue8m0_mn_major(m, n, k, c_dtype, seed):
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda", ue8m0=True)
+    sfa_mn = a_fp8[1].t().contiguous().t()
+    c = torch.randn(m, n, device="cuda", dtype=c_dtype)
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernels.fp8_gemm_nt((a_fp8[0], sfa_mn), b_fp8, d, c=c)
+    torch.cuda.synchronize()
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8, c)) < 1e-3
+
+
+@pytest.mark.gpu
+def test_gpu_strided_rows_and_compiled_m(seed):
+    m, n, k = 100, 264, 640
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    a_wide = torch.empty(m, k + 128, dtype=torch.float8_e4m3fn, device="cuda")
+    a_wide[:, :k] = a_fp8[0]
+    d_wide = torch.full((m, n + 64), float("nan"), dtype=torch.bfloat16, device="cuda")
+    d = d_wide[:, :n]
+    kernels.fp8_gemm_nt((a_wide[:, :k], a_fp8[1]), b_fp8, d, compiled_dims="mnk")
+    torch.cuda.synchronize()
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+    assert torch.isnan(d_wide[:, n:]).all(), "wrote outside D"

@@ -1,0 +1,176 @@
+"""replace_moe_blocks on tiny random transformers models built from configs (no downloads).
+
+Each logits test also checks that dropping the MoE output moves the logits far more than the
+tolerance, so a wrong conversion cannot hide behind the residual stream.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+transformers = pytest.importorskip("transformers")
+
+from kernels.testing.numeric import calc_diff  # noqa: E402
+from moe_runtime.integrations import MegaMoEBlock, find_moe_blocks, replace_moe_blocks  # noqa: E402
+from moe_runtime.integrations.hf import read_block_spec  # noqa: E402
+
+from hf_models import kCommon, kFamilies, randomize_moe, tiny_config, tiny_model  # noqa: E402
+
+kRepo = Path(__file__).resolve().parents[2]
+kTolerance = {"bf16": 1e-4, "fp8": 1e-2}
+
+
+class _Zero(nn.Module):
+    def forward(self, hidden_states):
+        return torch.zeros_like(hidden_states)
+
+
+def _logits_without_moe(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    stripped = copy.deepcopy(model)
+    for name, _ in find_moe_blocks(stripped):
+        parent, _, child = name.rpartition(".")
+        setattr(stripped.get_submodule(parent), child, _Zero())
+    return stripped(ids).logits
+
+
+# bf16 weights in a float32 model: the only difference from the original is the bf16 rounding of
+# the expert weights. A bf16 model would also round every intermediate product differently from
+# transformers' loop (and the routing weight is applied before the down projection), which sits
+# near the 1e-4 bound; the FP8 cases use bf16 models, as served.
+@pytest.mark.parametrize("family", kFamilies)
+@pytest.mark.parametrize("weights,dtype", [("bf16", torch.float32), ("fp8", torch.bfloat16)])
+def test_replace_keeps_logits(seed, family, weights, dtype):
+    model = tiny_model(family, dtype, seed)
+    ids = torch.randint(0, kCommon["vocab_size"], (4, 24), generator=torch.Generator().manual_seed(seed))
+    num_blocks = len(find_moe_blocks(model))
+    assert num_blocks >= 1
+    with torch.no_grad():
+        expected = model(ids).logits
+        replaced = replace_moe_blocks(copy.deepcopy(model), backend="reference", weights=weights)
+        got = replaced(ids).logits
+        baseline = _logits_without_moe(model, ids)
+    assert find_moe_blocks(replaced) == []
+    assert sum(isinstance(m, MegaMoEBlock) for m in replaced.modules()) == num_blocks
+    assert got.dtype == expected.dtype
+    diff = calc_diff(got, expected)
+    assert diff < kTolerance[weights], f"{family} weights={weights}: calc_diff {diff:.3e}"
+    assert calc_diff(baseline, expected) > 10 * kTolerance[weights], "the MoE blocks barely move the logits"
+
+
+@pytest.mark.parametrize("family", kFamilies)
+def test_block_outputs_match(seed, family):
+    model = tiny_model(family, torch.float32, seed)
+    name, block = find_moe_blocks(model)[0]
+    x = torch.randn(3, 7, kCommon["hidden_size"], generator=torch.Generator().manual_seed(seed + 1))
+    with torch.no_grad():
+        expected = block(x)
+        replaced = replace_moe_blocks(copy.deepcopy(model), backend="reference", weights="bf16")
+        got = replaced.get_submodule(name)(x)
+    assert got.shape == expected.shape
+    assert calc_diff(got, expected) < 1e-4
+
+
+@pytest.mark.parametrize("family,expected", [
+    ("mixtral", dict(scoring_func="softmax", norm_topk_prob=True, shared_intermediate_size=0)),
+    ("qwen2_moe", dict(scoring_func="softmax", norm_topk_prob=False, shared_intermediate_size=96,
+                       shared_expert_gate=True)),
+    ("qwen3_moe", dict(scoring_func="softmax", norm_topk_prob=True, shared_intermediate_size=0)),
+    ("deepseek_v3", dict(scoring_func="sigmoid", norm_topk_prob=True, n_group=4, topk_group=2,
+                         routed_scaling_factor=2.5, use_score_bias=True, shared_intermediate_size=64)),
+])
+def test_block_spec(family, expected):
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config(family))
+    spec = read_block_spec(find_moe_blocks(model)[0][1], model.config)
+    experts, top_k = (16, 4) if family == "deepseek_v3" else (8, 2)
+    assert (spec.family, spec.hidden_size, spec.num_experts, spec.top_k) == (family, 128, experts, top_k)
+    assert spec.intermediate_size == (192 if family == "mixtral" else 64)
+    for key, value in expected.items():
+        assert getattr(spec, key) == value, key
+
+
+class MixtralBlockSparseTop2MLP(nn.Module):
+    """transformers 4's per-expert Mixtral MLP (w1 gate, w3 up, w2 down)."""
+
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(hidden, inter, bias=False), nn.Linear(hidden, inter, bias=False)
+        self.w2 = nn.Linear(inter, hidden, bias=False)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x):
+        return self.w2(self.act_fn(self.w1(x)) * self.w3(x))
+
+
+class MixtralSparseMoeBlock(nn.Module):
+    """transformers 4's Mixtral block: nn.Linear gate, ModuleList experts, (hidden, logits) output."""
+
+    def __init__(self, hidden: int = 64, inter: int = 96, num_experts: int = 4, top_k: int = 2):
+        super().__init__()
+        self.top_k, self.num_experts = top_k, num_experts
+        self.gate = nn.Linear(hidden, num_experts, bias=False)
+        self.experts = nn.ModuleList(MixtralBlockSparseTop2MLP(hidden, inter) for _ in range(num_experts))
+
+    def forward(self, hidden_states):
+        b, s, h = hidden_states.shape
+        x = hidden_states.view(-1, h)
+        logits = self.gate(x)
+        weights, chosen = torch.softmax(logits, dim=1, dtype=torch.float).topk(self.top_k, dim=-1)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(x)
+        for slot in range(self.top_k):
+            for e in range(self.num_experts):
+                rows = chosen[:, slot] == e
+                out[rows] += self.experts[e](x[rows]) * weights[rows, slot, None]
+        return out.view(b, s, h), logits
+
+
+def test_transformers4_layout_and_tuple_output(seed):
+    torch.manual_seed(seed)
+    model = nn.Sequential(MixtralSparseMoeBlock())
+    randomize_moe(model, torch.Generator().manual_seed(seed))
+    x = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        expected_out, expected_logits = model[0](x)
+        replace_moe_blocks(model, backend="reference", weights="bf16")
+        got = model[0](x)
+    assert isinstance(model[0], MegaMoEBlock) and isinstance(got, tuple) and len(got) == 2
+    assert calc_diff(got[0], expected_out) < 1e-4
+    torch.testing.assert_close(got[1], expected_logits)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="no supported MoE block"):
+        replace_moe_blocks(nn.Sequential(nn.Linear(4, 4)))
+    block = MixtralSparseMoeBlock()
+    for expert in block.experts:
+        expert.act_fn = nn.GELU()
+    with pytest.raises(NotImplementedError, match="silu"):
+        replace_moe_blocks(nn.Sequential(block))
+    with torch.device("meta"):
+        meta = nn.Sequential(MixtralSparseMoeBlock())
+    with pytest.raises(ValueError, match="meta"):
+        replace_moe_blocks(meta)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v3"])
+def test_expert_parallel_matches_single_process(tmp_path, family):
+    """Two gloo ranks, each keeping half the experts, reproduce the single-process logits."""
+    env = dict(os.environ, PYTHONPATH=str(kRepo), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(Path(__file__).with_name("hf_ep_worker.py")), family, str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for rank in range(2):
+        result = (tmp_path / f"rank{rank}.txt").read_text().split()
+        local_experts, num_experts, diff = int(result[0]), int(result[1]), float(result[2])
+        assert local_experts * 2 == num_experts
+        assert diff < 1e-4, f"rank {rank}: calc_diff {diff:.3e}"

@@ -1,0 +1,208 @@
+"""MegaMoELayer with the reference backend: against a float64 per-token loop, capacity, shapes, errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.reference.fp4 import cast_back_from_fp4, per_token_cast_to_fp4
+from kernels.reference.quant import dequantize_per_block, dequantize_per_token, per_block_cast_to_fp8, \
+    per_token_cast_to_fp8
+from moe_runtime import MegaMoELayer, RouterConfig
+from moe_runtime.dist import ExpertPlacement
+from moe_runtime.router import route, router_logits
+
+H, I, E, S = 256, 128, 8, 64
+
+_kRouters = {
+    "mixtral": (RouterConfig(), 2),
+    "qwen2": (RouterConfig(norm_topk_prob=False), 3),
+    "deepseek": (RouterConfig(scoring_func="sigmoid", n_group=4, topk_group=2, use_score_bias=True,
+                              routed_scaling_factor=2.5), 3),
+}
+
+
+def _weights(seed, shared=False, gate=False):
+    g = torch.Generator().manual_seed(seed)
+    w = dict(router_weight=torch.randn(E, H, generator=g),
+             gate_up=(torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).to(torch.bfloat16),
+             down=(torch.randn(E, H, I, generator=g) / I ** 0.5).to(torch.bfloat16),
+             score_bias=torch.randn(E, generator=g) * 0.05)
+    if shared:
+        w["shared_gate_up"] = (torch.randn(2 * S, H, generator=g) / H ** 0.5).to(torch.bfloat16)
+        w["shared_down"] = (torch.randn(H, S, generator=g) / S ** 0.5).to(torch.bfloat16)
+    if gate:
+        w["shared_gate"] = torch.randn(1, H, generator=g).to(torch.bfloat16)
+    return w
+
+
+def _layer(fmt, router="mixtral", shared=False, gate=False, seed=0, **kwargs):
+    cfg, top_k = _kRouters[router]
+    layer = MegaMoELayer(H, I, E, top_k, router=cfg, weights=fmt, backend="reference",
+                         shared_intermediate_size=S if shared else 0, shared_expert_gate=gate, **kwargs)
+    w = _weights(seed, shared, gate)
+    if not cfg.use_score_bias:
+        w.pop("score_bias")
+    return layer.load_weights(**w), w
+
+
+def _dequant64(w, fmt):
+    if fmt == "bf16":
+        return w.double()
+    if fmt == "fp8":
+        return dequantize_per_block(*per_block_cast_to_fp8(w.unsqueeze(0) if w.dim() == 2 else w)).double()
+    return cast_back_from_fp4(*per_token_cast_to_fp4(w)).double()
+
+
+def _round_act(v64, fmt, dtype):
+    """The L2 input rounding of the contract, applied to a float64 row."""
+    if fmt == "bf16":
+        return v64.to(dtype).double()
+    return dequantize_per_token(*per_token_cast_to_fp8(v64.float().unsqueeze(0)))[0].double()
+
+
+def _expert64(xq, w, w13, w2, fmt, dtype):
+    h = w13 @ xq
+    act = F.silu(h[: w13.shape[0] // 2]) * h[w13.shape[0] // 2:] * w
+    return (w2 @ _round_act(act, fmt, dtype)).to(dtype).double()
+
+
+def _naive(layer, w, x, fmt):
+    """Per-token, per-slot float64 loop from the numerics contract."""
+    cfg = layer.router_config
+    routing = route(router_logits(x, w["router_weight"].to(layer.dtype), cfg), layer.top_k, cfg,
+                    w.get("score_bias"))
+    w13, w2 = _dequant64(w["gate_up"], fmt), _dequant64(w["down"], fmt)
+    if "shared_gate_up" in w:
+        sw13, sw2 = _dequant64(w["shared_gate_up"], fmt), _dequant64(w["shared_down"], fmt)
+        sw13, sw2 = sw13.reshape(2 * S, H), sw2.reshape(H, S)
+    out = torch.empty(x.shape, dtype=x.dtype)
+    for t in range(x.shape[0]):
+        xq = x[t].double() if fmt == "bf16" else _round_act(x[t].double(), "fp8", layer.dtype)
+        acc = torch.zeros(H, dtype=torch.float64)
+        for j in range(layer.top_k):
+            e = int(routing.topk_idx[t, j])
+            acc += _expert64(xq, float(routing.topk_weights[t, j]), w13[e], w2[e], fmt, layer.dtype)
+        if "shared_gate_up" in w:
+            y = _expert64(xq, 1.0, sw13, sw2, fmt, layer.dtype)
+            if "shared_gate" in w:
+                y = y * torch.sigmoid(w["shared_gate"][0].double() @ x[t].double())
+            acc += y
+        out[t] = acc.to(x.dtype)
+    return out
+
+
+@pytest.mark.parametrize("fmt,limit", [("bf16", 1e-6), ("fp8", 2e-6), ("fp4", 2e-6)])
+@pytest.mark.parametrize("router,shared,gate", [("mixtral", False, False), ("qwen2", True, True),
+                                                ("deepseek", True, False)])
+def test_matches_float64_loop(fmt, limit, router, shared, gate, calc_diff):
+    layer, w = _layer(fmt, router, shared, gate, seed=len(router))
+    x = torch.randn(24, H, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    y = layer(x)
+    assert y.dtype == torch.bfloat16 and y.shape == x.shape
+    ref = _naive(layer, w, x, fmt)
+    assert calc_diff(y, ref) < limit
+    # The check can fail: a wrong top-k weight is far outside the limit.
+    assert calc_diff(y, ref * 1.05) > limit
+
+
+def test_quantized_formats_differ_from_bf16(calc_diff):
+    x = torch.randn(16, H, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    ybf16 = _layer("bf16")[0](x)
+    for fmt, (low, high) in {"fp8": (1e-6, 1e-2), "fp4": (1e-4, 5e-2)}.items():
+        assert low < calc_diff(_layer(fmt)[0](x), ybf16) < high
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_variable_batch_sizes_and_shapes(fmt, calc_diff):
+    layer, _ = _layer(fmt, "deepseek", shared=True)
+    x = torch.randn(2, 9, H, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    whole = layer(x)
+    assert whole.shape == (2, 9, H)
+    flat = x.reshape(18, H)
+    parts = torch.cat([layer(flat[:1]), layer(flat[1:6]), layer(flat[6:])])
+    assert calc_diff(parts, whole.reshape(18, H)) < 1e-6
+    assert layer(torch.empty(0, H, dtype=torch.bfloat16)).shape == (0, H)
+    assert layer(torch.empty(3, 0, H, dtype=torch.bfloat16)).shape == (3, 0, H)
+    y32 = layer(flat.float())
+    assert y32.dtype == torch.float32 and calc_diff(y32, whole.reshape(18, H)) < 1e-4
+
+
+def test_capacity_error_names_both_numbers():
+    layer, _ = _layer("bf16", num_max_tokens_per_rank=16)
+    layer(torch.randn(16, H, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"17 tokens .* num_max_tokens_per_rank=16"):
+        layer(torch.randn(17, H, dtype=torch.bfloat16))
+
+
+def test_cast_of_the_module_keeps_quantized_codes(calc_diff):
+    layer, _ = _layer("fp8")
+    x = torch.randn(8, H, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+    before = layer(x)
+    layer.half()
+    assert layer.w13_data.dtype == torch.uint8 and layer.w13_sf.dtype == torch.int32
+    assert calc_diff(layer(x.half()), before) < 1e-4
+
+
+def test_full_and_local_expert_tensors_load_the_same():
+    full, w = _layer("fp8")
+    local = MegaMoELayer(H, I, E, 2, weights="fp8", backend="reference")
+    full.placement = local.placement = ExpertPlacement(E, 2, 1)
+    full.load_weights(router_weight=w["router_weight"], gate_up=w["gate_up"], down=w["down"])
+    local.load_weights(router_weight=w["router_weight"], gate_up=w["gate_up"][4:], down=w["down"][4:])
+    assert full.w13_data.shape[0] == 4
+    assert torch.equal(full.w13_data, local.w13_data) and torch.equal(full.w2_sf, local.w2_sf)
+    with pytest.raises(ValueError, match=r"gate_up must have shape \(4, 256, 256\)"):
+        local.load_weights(router_weight=w["router_weight"], gate_up=w["gate_up"][:3], down=w["down"][4:])
+
+
+def test_backend_selection():
+    assert MegaMoELayer(H, I, E, 2, backend="auto").backend_name == "reference"
+    with pytest.raises(NotImplementedError, match="fused Mega MoE kernel is not implemented yet"):
+        MegaMoELayer(H, I, E, 2, backend="fused")
+    with pytest.raises(NotImplementedError, match="issue 4"):
+        MegaMoELayer(H, I, E, 2, backend="staged")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        MegaMoELayer(H, I, E, 2, backend="triton")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(weights="int4"), "weights must be one of"),
+    (dict(top_k=9), "top_k"),
+    (dict(hidden_size=0), "hidden_size"),
+    (dict(num_max_tokens_per_rank=0), "num_max_tokens_per_rank"),
+    (dict(shared_expert_gate=True), "shared_expert_gate"),
+    (dict(weights="fp4", hidden_size=255), "even"),
+])
+def test_construction_errors(kwargs, match):
+    args = dict(hidden_size=H, intermediate_size=I, num_experts=E, top_k=2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        MegaMoELayer(args.pop("hidden_size"), args.pop("intermediate_size"), args.pop("num_experts"),
+                     args.pop("top_k"), **args)
+
+
+def test_load_and_forward_errors():
+    w = _weights(0, shared=True, gate=True)
+    layer = MegaMoELayer(H, I, E, 2, weights="bf16")
+    with pytest.raises(RuntimeError, match="before load_weights"):
+        layer(torch.randn(2, H))
+    with pytest.raises(ValueError, match=r"router_weight must have shape \(8, 256\)"):
+        layer.load_weights(router_weight=w["router_weight"][:4], gate_up=w["gate_up"], down=w["down"])
+    with pytest.raises(ValueError, match="score_bias was given"):
+        layer.load_weights(router_weight=w["router_weight"], gate_up=w["gate_up"], down=w["down"],
+                           score_bias=w["score_bias"])
+    with pytest.raises(ValueError, match="shared_gate_up and shared_down"):
+        layer.load_weights(router_weight=w["router_weight"], gate_up=w["gate_up"], down=w["down"],
+                           shared_gate_up=w["shared_gate_up"], shared_down=w["shared_down"])
+    with pytest.raises(TypeError, match="gate_up must be a float tensor"):
+        layer.load_weights(router_weight=w["router_weight"], gate_up=w["gate_up"].to(torch.int32), down=w["down"])
+    biased = MegaMoELayer(H, I, E, 2, router=RouterConfig(use_score_bias=True))
+    with pytest.raises(ValueError, match="needs score_bias"):
+        biased.load_weights(router_weight=w["router_weight"], gate_up=w["gate_up"], down=w["down"])
+    layer.load_weights(router_weight=w["router_weight"], gate_up=w["gate_up"], down=w["down"])
+    with pytest.raises(ValueError, match=r"hidden_size=256"):
+        layer(torch.randn(2, H + 1))
+    with pytest.raises(TypeError, match="float tensor"):
+        layer(torch.ones(2, H, dtype=torch.int64))
+    with pytest.raises(ValueError, match="is on meta"):
+        layer(torch.randn(2, H, device="meta"))
