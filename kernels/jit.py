@@ -196,7 +196,10 @@ def cuda_include_dirs() -> list[Path]:
     headers = next((d for d in [*pip_includes, *toolkit] if (d / "cuda_fp16.h").is_file()), None)
     cccl_candidates = [d / "cccl" for d in [*pip_includes, *toolkit]] + toolkit
     cccl = next((d for d in cccl_candidates if (d / "cuda" / "std").is_dir()), None)
-    return [d for d in (headers, cccl) if d is not None]
+    # CUTLASS built for CUDA 13 includes <cccl/cuda/std/...>, so the folder holding cccl/ is
+    # needed too when it is not the headers' folder (the toolkit's, beside a pip runtime).
+    cccl_parent = cccl.parent if cccl is not None and cccl.name == "cccl" else None
+    return list(dict.fromkeys(d for d in (headers, cccl, cccl_parent) if d is not None))
 
 
 def find_nvcc() -> str:
@@ -319,9 +322,9 @@ def _check_name(name: object) -> None:
 
 
 def _check_arch(arch: object) -> None:
-    digits = arch[3:].rstrip("af") if isinstance(arch, str) else ""
-    if not (isinstance(arch, str) and arch.startswith("sm_") and digits.isdigit() and 2 <= len(digits) <= 3
-            and len(arch) - 3 - len(digits) <= 1):
+    body = arch[3:] if isinstance(arch, str) and arch.startswith("sm_") else ""
+    digits = body[:-1] if body[-1:] in ("a", "f") else body
+    if not (digits.isascii() and digits.isdigit() and 2 <= len(digits) <= 3):
         raise ValueError(f"arch={arch!r}: expected 'sm_<digits>' with an optional 'a'/'f' suffix, "
                          "e.g. 'sm_90a'")
 

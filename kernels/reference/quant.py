@@ -55,7 +55,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False, gran_k: int 
     view = padded.view(m, num_groups, gran_k)
     sf = _scale_from_amax(view.abs().amax(dim=2), use_ue8m0)
     x_fp8 = (view * (1.0 / sf).unsqueeze(2)).to(torch.float8_e4m3fn)
-    return x_fp8.view(m, -1)[:, :n].contiguous(), sf
+    return x_fp8.view(m, num_groups * gran_k)[:, :n].contiguous(), sf
 
 
 def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False, block: int = 128):

@@ -1,0 +1,68 @@
+"""Host cost of one call, broken down (GPU machine).
+
+    python bench/bench_host_overhead.py
+
+Wall time per call on the host (perf_counter over many calls, no synchronisation between them)
+of each public function and of its pieces (argument checks, output allocation, stream lookup,
+the _C entry point), next to torch's own launch cost for scale. The events-around-one-call
+figure of the other benchmarks adds the GPU's launch latency to this.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+import kernels
+from kernels import _descriptors
+from kernels.jit import native_module
+
+
+def host_us(fn, iters: int = 2000) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / iters * 1e6
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("bench_host_overhead: needs a CUDA device", file=sys.stderr)
+        return 1
+    x = torch.randn(64, 7168, device="cuda", dtype=torch.bfloat16)
+    a = kernels.per_token_cast_to_fp8(x)
+    b = kernels.per_block_cast_to_fp8(torch.randn(2112, 7168, device="cuda", dtype=torch.bfloat16))
+    d = torch.empty(64, 2112, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(64, 7168, dtype=torch.float8_e4m3fn, device="cuda")
+    sf = torch.empty(64, 56, dtype=torch.float32, device="cuda")
+    native = native_module()
+    dev = x.device
+    stream = _descriptors.current_stream(dev)
+    rows = [
+        ("torch: x.add_(0) (launch cost for scale)", lambda: x.add_(0)),
+        ("torch: torch.empty(64, 7168, fp8)", lambda: torch.empty(64, 7168, dtype=torch.float8_e4m3fn, device=dev)),
+        ("torch: current stream handle", lambda: _descriptors.current_stream(dev)),
+        ("torch: 5 x data_ptr()", lambda: (x.data_ptr(), x.data_ptr(), x.data_ptr(), x.data_ptr(), x.data_ptr())),
+        ("_C.per_token_cast_to_fp8 (raw)", lambda: native.per_token_cast_to_fp8(
+            x.data_ptr(), 1, 64, 7168, 7168, out.data_ptr(), sf.data_ptr(), 128, False, 0, stream)),
+        ("kernels.per_token_cast_to_fp8", lambda: kernels.per_token_cast_to_fp8(x)),
+        ("_C.fp8_gemm_nt (raw)", lambda: native.fp8_gemm_nt(
+            a[0].data_ptr(), 7168, a[1].data_ptr(), 56, 1, b[0].data_ptr(), 7168, b[1].data_ptr(), 56, 1,
+            d.data_ptr(), 2112, 0, -1, 0, 64, 2112, 7168, False, 0, stream)),
+        ("kernels.fp8_gemm_nt", lambda: kernels.fp8_gemm_nt(a, b, d)),
+    ]
+    print(f"{'call':<48} {'host us/call':>12}")
+    for label, fn in rows:
+        print(f"{label:<48} {host_us(fn):>12.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
