@@ -25,7 +25,8 @@ from kernels import precompile
 _CHILD = r"""
 import json, os, sys, time
 from kernels import jit, precompile
-srcs = precompile.collect_sources(json.loads(sys.argv[1]), max_m=int(sys.argv[2]))[: int(sys.argv[3])]
+srcs = [s for f in json.loads(sys.argv[1])
+        for s in precompile.collect_sources([f], max_m=int(sys.argv[2]))[: int(sys.argv[3])]]
 jit.ensure_configured()
 out = []
 for s in srcs:
@@ -44,12 +45,12 @@ def run_child(families, max_m, limit, cache_dir) -> list:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--family", action="append", default=None)
-    parser.add_argument("--limit", type=int, default=6, help="kernels per run")
+    parser.add_argument("--limit", type=int, default=2, help="kernels per family")
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--max-m", type=int, default=256)
     args = parser.parse_args()
     families = args.family or list(precompile.FAMILIES)
-    sources = precompile.collect_sources(families, max_m=args.max_m)[: args.limit]
+    sources = [s for f in families for s in precompile.collect_sources([f], max_m=args.max_m)[: args.limit]]
     with tempfile.TemporaryDirectory() as tmp:
         cold = run_child(families, args.max_m, args.limit, Path(tmp) / "a")
         warm = run_child(families, args.max_m, args.limit, Path(tmp) / "a")

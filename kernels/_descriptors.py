@@ -28,6 +28,13 @@ def dtype_code(t: torch.Tensor, name: str) -> int:
         raise TypeError(f"{name}: dtype {t.dtype} is not supported by the kernel layer") from None
 
 
+# torch's raw getter costs ~0.2 us against ~5 us for torch.cuda.current_stream(...).cuda_stream;
+# CPU-only builds of torch lack it.
+_raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def current_stream(device: torch.device) -> int:
-    """The CUstream of torch's current stream on ``device``, as an integer."""
+    """The CUstream of torch's current stream on ``device`` (a tensor's device), as an integer."""
+    if _raw_current_stream is not None:
+        return _raw_current_stream(device.index)
     return torch.cuda.current_stream(device).cuda_stream

@@ -81,19 +81,12 @@ def _check_compiled_dims(compiled_dims: object) -> bool:
     return "m" in compiled_dims
 
 
-def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], d: torch.Tensor,
-                c: torch.Tensor | None = None, recipe=None, compiled_dims: str = "nk",
-                disable_ue8m0_cast: bool = False) -> None:
-    """``D = (A * SFA) @ (B * SFB)^T (+ C)`` in place; see the module docstring for layouts.
-
-    ``compiled_dims`` containing ``"m"`` also compiles M into the kernel (N and K always are).
-    ``disable_ue8m0_cast`` is accepted for DeepGEMM compatibility: SM90 kernels read float32
-    scales as they are, so there is no cast to disable.
-    """
+def _validate(a, b, d, c, recipe, compiled_dims) -> None:
+    """The full checks with a message per failure; only run when the fast path refuses."""
     a_t, sfa = _unpack("a", a)
     b_t, sfb = _unpack("b", b)
     _check_recipe(recipe)
-    compile_m = _check_compiled_dims(compiled_dims)
+    _check_compiled_dims(compiled_dims)
     a_t = _check_operand("a[0] (A)", a_t, None, None)
     m, k = a_t.shape
     b_t = _check_operand("b[0] (B)", b_t, None, k)
@@ -103,8 +96,8 @@ def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, tor
     if n % 8 != 0 or n == 0:
         _fail(ValueError, f"N must be a positive multiple of 8, got {n}")
     kb = k // _BLOCK
-    sfa = _check_scales("a[1] (SFA)", sfa, (m, kb))
-    sfb = _check_scales("b[1] (SFB)", sfb, ((n + _BLOCK - 1) // _BLOCK, kb))
+    _check_scales("a[1] (SFA)", sfa, (m, kb))
+    _check_scales("b[1] (SFB)", sfb, ((n + _BLOCK - 1) // _BLOCK, kb))
     if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or tuple(d.shape) != (m, n):
         _fail(ValueError, f"d must be a bfloat16 tensor of shape [{m}, {n}], got "
                           f"{getattr(d, 'dtype', type(d).__name__)} {tuple(getattr(d, 'shape', ()))}")
@@ -116,21 +109,76 @@ def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, tor
             _fail(ValueError, f"c must be None or a row-major bfloat16/float32 tensor of shape [{m}, {n}], got "
                               f"{getattr(c, 'dtype', type(c).__name__)} {tuple(getattr(c, 'shape', ()))}")
     tensors = [a_t, sfa, b_t, sfb, d] + ([c] if c is not None else [])
-    device = d.device
-    if any(t.device != device for t in tensors):
-        _fail(ValueError, "all tensors must be on one device, got "
-                          f"{sorted({str(t.device) for t in tensors})}")
-    if device.type == "cpu":
-        d.copy_(reference.fp8_gemm_nt((a_t, sfa), (b_t, sfb), c))
+    devices = sorted({str(t.device) for t in tensors})
+    if len(devices) != 1:
+        _fail(ValueError, f"all tensors must be on one device, got {devices}")
+    if tensors[0].device.type not in ("cpu", "cuda"):
+        _fail(ValueError, f"tensors must be on a CPU or CUDA device, got {devices[0]}")
+
+
+_COMPILED_DIMS = {"".join(p): "m" in p for p in ("nk", "kn", "mnk", "mkn", "nmk", "nkm", "kmn", "knm")}
+_FP8, _F32, _BF16 = torch.float8_e4m3fn, torch.float32, torch.bfloat16
+
+
+def _launch_args(a, b, d, c, recipe, compiled_dims):
+    """Everything the kernel call needs, or None when any check fails (then ``_validate`` says
+    which). Kept to plain attribute reads: this runs on every call, ahead of a microsecond-scale
+    kernel."""
+    if recipe is not None or compiled_dims not in _COMPILED_DIMS or not isinstance(a, (tuple, list)) \
+            or not isinstance(b, (tuple, list)) or len(a) != 2 or len(b) != 2:
+        return None
+    a_t, sfa = a
+    b_t, sfb = b
+    if a_t.dtype is not _FP8 or b_t.dtype is not _FP8 or sfa.dtype is not _F32 or sfb.dtype is not _F32 \
+            or d.dtype is not _BF16 or a_t.dim() != 2 or b_t.dim() != 2 or d.dim() != 2:
+        return None
+    m, k = a_t.shape
+    n = b_t.shape[0]
+    kb = k // _BLOCK
+    lda, a_inner = a_t.stride()
+    ldb, b_inner = b_t.stride()
+    ldd, d_inner = d.stride()
+    sfa_sm, sfa_sk = sfa.stride() if sfa.dim() == 2 else (-1, -1)
+    sfb_sn, sfb_sk = sfb.stride() if sfb.dim() == 2 else (-1, -1)
+    if k == 0 or k % _BLOCK or n == 0 or n % 8 or b_t.shape[1] != k or d.shape != (m, n) \
+            or sfa.shape != (m, kb) or sfb.shape != ((n + _BLOCK - 1) // _BLOCK, kb) \
+            or a_inner != 1 or lda % 16 or lda < k or b_inner != 1 or ldb % 16 or ldb < k \
+            or d_inner != 1 or ldd % 8 or ldd < n or min(sfa_sm, sfa_sk, sfb_sn, sfb_sk) < 0:
+        return None
+    device = d.get_device()
+    if a_t.get_device() != device or b_t.get_device() != device or sfa.get_device() != device \
+            or sfb.get_device() != device:
+        return None
+    c_ptr, c_code, ldc = 0, -1, 0
+    if c is not None:
+        if c.dtype not in (_BF16, _F32) or c.shape != (m, n) or c.stride(1) != 1 \
+                or c.get_device() != device:
+            return None
+        c_ptr, c_code, ldc = c.data_ptr(), _descriptors.DTYPE_CODES[c.dtype], c.stride(0)
+    return (a_t.data_ptr(), lda, sfa.data_ptr(), sfa_sm, sfa_sk, b_t.data_ptr(), ldb, sfb.data_ptr(), sfb_sn,
+            sfb_sk, d.data_ptr(), ldd, c_ptr, c_code, ldc, m, n, k, _COMPILED_DIMS[compiled_dims], device)
+
+
+def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], d: torch.Tensor,
+                c: torch.Tensor | None = None, recipe=None, compiled_dims: str = "nk",
+                disable_ue8m0_cast: bool = False) -> None:
+    """``D = (A * SFA) @ (B * SFB)^T (+ C)`` in place; see the module docstring for layouts.
+
+    ``compiled_dims`` containing ``"m"`` also compiles M into the kernel (N and K always are).
+    ``disable_ue8m0_cast`` is accepted for DeepGEMM compatibility: SM90 kernels read float32
+    scales as they are, so there is no cast to disable.
+    """
+    args = _launch_args(a, b, d, c, recipe, compiled_dims) if isinstance(d, torch.Tensor) else None
+    if args is None:
+        _validate(a, b, d, c, recipe, compiled_dims)
+        if d.get_device() >= 0:  # _validate accepted what the fast path did not: a gap between them
+            raise RuntimeError("fp8_gemm_nt: the fast argument check refused arguments the full check accepts; "
+                               "please report this with the tensors' shapes, strides and dtypes")
+    if d.get_device() < 0:
+        if d.device.type != "cpu":
+            _fail(ValueError, f"tensors must be on a CPU or CUDA device, got {d.device}")
+        d.copy_(reference.fp8_gemm_nt(a, b, c))
         return
-    if device.type != "cuda":
-        _fail(ValueError, f"tensors must be on a CPU or CUDA device, got {device}")
-    if m == 0:
+    if args[15] == 0:  # m == 0: nothing to compute
         return
-    _native().fp8_gemm_nt(
-        a_t.data_ptr(), a_t.stride(0), sfa.data_ptr(), sfa.stride(0), sfa.stride(1),
-        b_t.data_ptr(), b_t.stride(0), sfb.data_ptr(), sfb.stride(0), sfb.stride(1),
-        d.data_ptr(), d.stride(0),
-        c.data_ptr() if c is not None else 0, _descriptors.DTYPE_CODES[c.dtype] if c is not None else -1,
-        c.stride(0) if c is not None else 0,
-        m, n, k, compile_m, device.index, _descriptors.current_stream(device))
+    _native().fp8_gemm_nt(*args, _descriptors.current_stream(d.device))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -53,7 +54,8 @@ def _start_long_run(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path
                             env=_env(), stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=kRepo,
                             start_new_session=True)
     deadline = time.monotonic() + 60
-    while "requests" not in log.read_text():
+    # Wait for a progress line with at least one finished request, so the stop is mid-serving.
+    while not re.search(r"requests [1-9]\d*/", log.read_text()):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise AssertionError(f"serving never started:\n{log.read_text()[-3000:]}")
