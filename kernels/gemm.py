@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _descriptors
+from . import _checks, _descriptors
 from .reference import gemm as reference
 
 _BLOCK = 128
@@ -32,41 +32,11 @@ def _native():
     return native_module()
 
 
+_FN = "fp8_gemm_nt"
+
+
 def _fail(kind: type[Exception], message: str):
-    raise kind(f"fp8_gemm_nt: {message}")
-
-
-def _check_operand(name: str, t: object, rows: int | None, cols: int | None) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        _fail(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.float8_e4m3fn:
-        _fail(TypeError, f"{name} must be float8_e4m3fn, got {t.dtype}")
-    if t.dim() != 2:
-        _fail(ValueError, f"{name} must be 2-D, got shape {tuple(t.shape)}")
-    if (rows is not None and t.shape[0] != rows) or (cols is not None and t.shape[1] != cols):
-        _fail(ValueError, f"{name} must have shape [{rows}, {cols}], got {tuple(t.shape)}")
-    if t.stride(1) != 1 or t.stride(0) % 16 != 0 or t.stride(0) < t.shape[1]:
-        _fail(ValueError, f"{name} must be K-major (stride 1 along K, a row stride that is a multiple "
-                          f"of 16 elements), got strides {t.stride()}")
-    return t
-
-
-def _check_scales(name: str, sf: object, shape: tuple[int, int]) -> torch.Tensor:
-    if not isinstance(sf, torch.Tensor):
-        _fail(TypeError, f"{name} must be a torch.Tensor, got {type(sf).__name__}")
-    if sf.dtype != torch.float32:
-        _fail(TypeError, f"{name} must be float32 (UE8M0 scales as float32 powers of two), got {sf.dtype}")
-    if tuple(sf.shape) != shape:
-        _fail(ValueError, f"{name} must have shape {list(shape)}, got {list(sf.shape)}")
-    if min(sf.stride()) < 0:
-        _fail(ValueError, f"{name} must have non-negative strides, got {sf.stride()}")
-    return sf
-
-
-def _unpack(name: str, pair: object) -> tuple[torch.Tensor, torch.Tensor]:
-    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-        _fail(TypeError, f"{name} must be a (tensor, scales) pair, got {type(pair).__name__}")
-    return pair[0], pair[1]
+    _checks.fail(_FN, kind, message)
 
 
 def _check_recipe(recipe: object) -> None:
@@ -83,37 +53,25 @@ def _check_compiled_dims(compiled_dims: object) -> bool:
 
 def _validate(a, b, d, c, recipe, compiled_dims) -> None:
     """The full checks with a message per failure; only run when the fast path refuses."""
-    a_t, sfa = _unpack("a", a)
-    b_t, sfb = _unpack("b", b)
+    a_t, sfa = _checks.unpack(_FN, "a", a)
+    b_t, sfb = _checks.unpack(_FN, "b", b)
     _check_recipe(recipe)
     _check_compiled_dims(compiled_dims)
-    a_t = _check_operand("a[0] (A)", a_t, None, None)
+    a_t = _checks.check_fp8_operand(_FN, "a[0] (A)", a_t, (None, None))
     m, k = a_t.shape
-    b_t = _check_operand("b[0] (B)", b_t, None, k)
+    b_t = _checks.check_fp8_operand(_FN, "b[0] (B)", b_t, (None, k))
     n = b_t.shape[0]
-    if k % _BLOCK != 0 or k == 0:
-        _fail(ValueError, f"K must be a positive multiple of 128, got {k}")
-    if n % 8 != 0 or n == 0:
-        _fail(ValueError, f"N must be a positive multiple of 8, got {n}")
+    _checks.check_nk(_FN, n, k)
     kb = k // _BLOCK
-    _check_scales("a[1] (SFA)", sfa, (m, kb))
-    _check_scales("b[1] (SFB)", sfb, ((n + _BLOCK - 1) // _BLOCK, kb))
-    if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or tuple(d.shape) != (m, n):
-        _fail(ValueError, f"d must be a bfloat16 tensor of shape [{m}, {n}], got "
-                          f"{getattr(d, 'dtype', type(d).__name__)} {tuple(getattr(d, 'shape', ()))}")
-    if d.stride(1) != 1 or d.stride(0) % 8 != 0 or d.stride(0) < n:
-        _fail(ValueError, f"d must be row-major with a row stride that is a multiple of 8, got strides {d.stride()}")
+    _checks.check_scales(_FN, "a[1] (SFA)", sfa, (m, kb))
+    _checks.check_scales(_FN, "b[1] (SFB)", sfb, ((n + _BLOCK - 1) // _BLOCK, kb))
+    _checks.check_output(_FN, d, (m, n))
     if c is not None:
         if not isinstance(c, torch.Tensor) or c.dtype not in (torch.bfloat16, torch.float32) \
                 or tuple(c.shape) != (m, n) or c.stride(1) != 1:
             _fail(ValueError, f"c must be None or a row-major bfloat16/float32 tensor of shape [{m}, {n}], got "
                               f"{getattr(c, 'dtype', type(c).__name__)} {tuple(getattr(c, 'shape', ()))}")
-    tensors = [a_t, sfa, b_t, sfb, d] + ([c] if c is not None else [])
-    devices = sorted({str(t.device) for t in tensors})
-    if len(devices) != 1:
-        _fail(ValueError, f"all tensors must be on one device, got {devices}")
-    if tensors[0].device.type not in ("cpu", "cuda"):
-        _fail(ValueError, f"tensors must be on a CPU or CUDA device, got {devices[0]}")
+    _checks.check_same_device(_FN, [a_t, sfa, b_t, sfb, d] + ([c] if c is not None else []))
 
 
 _COMPILED_DIMS = {"".join(p): "m" in p for p in ("nk", "kn", "mnk", "mkn", "nmk", "nkm", "kmn", "knm")}

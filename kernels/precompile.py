@@ -12,6 +12,7 @@ Also callable from Python: :func:`precompile`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -30,7 +31,22 @@ class ModelShapes:
     hidden: int
     moe_intermediate: int
     dense_nk: tuple[tuple[int, int], ...]  # (N, K) of the dense FP8 projections
+    num_experts: int
+    max_ep: int  # expert-parallel sizes 1, 2, 4, ... up to this
     max_m: int = 16384
+
+    @property
+    def expert_nk(self) -> tuple[tuple[int, int], ...]:
+        """(N, K) of the two expert GEMMs: fused gate/up, then down."""
+        return ((2 * self.moe_intermediate, self.hidden), (self.hidden, self.moe_intermediate))
+
+    @property
+    def local_experts(self) -> tuple[int, ...]:
+        sizes, ep = [], 1
+        while ep <= self.max_ep:
+            sizes.append(self.num_experts // ep)
+            ep *= 2
+        return tuple(sizes)
 
     @property
     def gemm_ks(self) -> tuple[int, ...]:
@@ -42,7 +58,8 @@ MODELS = {
     "deepseek-v3": ModelShapes(
         name="deepseek-v3", hidden=7168, moe_intermediate=2048,
         dense_nk=((2112, 7168), (576, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168),
-                  (7168, 2048))),
+                  (7168, 2048)),
+        num_experts=256, max_ep=8),
 }
 
 
@@ -100,10 +117,36 @@ def _fp8_gemm_nt(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSour
     return out
 
 
+def _grouped_contiguous(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
+    out = []
+    for n, k in model.expert_nk:
+        for groups in model.local_experts:
+            for m in _gemm_ms(model.max_m):
+                name, code = _native().fp8_gemm_nt_code(m, n, k, num_sms, False, -1, 1, groups)
+                out.append(KernelSource("m_grouped_fp8_gemm_nt_contiguous", f"n={n} k={k} m<={m}", name, code))
+    return out
+
+
+_DECODE_EXPECTED_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def _grouped_masked(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
+    out = []
+    for n, k in model.expert_nk:
+        for groups in model.local_experts:
+            for expected_m in _DECODE_EXPECTED_M:
+                name, code = _native().fp8_gemm_nt_code(expected_m, n, k, num_sms, False, -1, 2, groups)
+                out.append(KernelSource("m_grouped_fp8_gemm_nt_masked",
+                                        f"n={n} k={k} G={groups} expected_m={expected_m}", name, code))
+    return out
+
+
 FAMILIES: dict[str, Callable[[ModelShapes, str, int], list[KernelSource]]] = {
     "per_token_cast_to_fp8": _quant_per_token,
     "per_block_cast_to_fp8": _quant_per_block,
     "fp8_gemm_nt": _fp8_gemm_nt,
+    "m_grouped_fp8_gemm_nt_contiguous": _grouped_contiguous,
+    "m_grouped_fp8_gemm_nt_masked": _grouped_masked,
 }
 
 
@@ -118,7 +161,7 @@ def collect_sources(families: list[str] | None = None, model: str = "deepseek-v3
         raise ValueError(f"family {unknown}: expected names from {sorted(FAMILIES)}")
     shapes = MODELS[model]
     if max_m is not None:
-        shapes = ModelShapes(shapes.name, shapes.hidden, shapes.moe_intermediate, shapes.dense_nk, max_m)
+        shapes = dataclasses.replace(shapes, max_m=max_m)
     seen, sources = set(), []
     for family in chosen:
         for src in FAMILIES[family](shapes, arch, num_sms):
@@ -135,10 +178,19 @@ def precompile(families: list[str] | None = None, model: str = "deepseek-v3", ar
     """Compile (or find in the cache) every kernel of ``families`` for ``model`` on ``arch``."""
     from . import jit
 
+    previous = jit.ensure_configured()
     if cache_dir is not None:
-        os.environ["MOE_JIT_CACHE_DIR"] = str(cache_dir)
-        jit.configure()
-    sources = collect_sources(families, model, arch, num_sms, max_m)
+        jit.configure(dataclasses.replace(previous, cache_dir=str(cache_dir)))
+    try:
+        return _build_all(collect_sources(families, model, arch, num_sms, max_m), arch, jobs, on_result)
+    finally:
+        if cache_dir is not None:
+            jit.configure(previous)
+
+
+def _build_all(sources: list[KernelSource], arch: str, jobs: int | None,
+               on_result: Callable[[PrecompileResult], None] | None) -> list[PrecompileResult]:
+    from . import jit
 
     def build(src: KernelSource) -> PrecompileResult:
         start = time.perf_counter()

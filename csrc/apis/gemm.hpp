@@ -2,6 +2,7 @@
 // pybind entry points of the dense GEMM family. kernels/gemm.py validates tensors (dtypes,
 // shapes, contiguity, devices) and passes raw integers; the checks here guard what the kernel
 // relies on. fp8_gemm_nt_code generates a kernel's source without a GPU (precompile CLI).
+#include <algorithm>
 #include <cstdint>
 
 #include <pybind11/pybind11.h>
@@ -20,6 +21,11 @@ inline moe_launchers::sm90_fp8_gemm::Residual residual_type(int c_dtype) {
   MOE_HOST_ASSERT(dtype == DType::kBFloat16 || dtype == DType::kFloat32,
                   "fp8_gemm_nt: c must be bfloat16 or float32, got dtype code " << c_dtype);
   return dtype == DType::kBFloat16 ? Residual::kBFloat16 : Residual::kFloat32;
+}
+
+inline moe_launchers::sm90_fp8_gemm::GemmType gemm_type(int value) {
+  MOE_HOST_ASSERT(value >= 0 && value <= 2, "gemm_type must be 0 (dense), 1 (contiguous) or 2 (masked), got " << value);
+  return static_cast<moe_launchers::sm90_fp8_gemm::GemmType>(value);
 }
 
 inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c, int m) {
@@ -45,8 +51,38 @@ inline void fp8_gemm_nt(std::uint64_t a, long long lda, std::uint64_t sfa, long 
   namespace L = moe_launchers::sm90_fp8_gemm;
   const auto config =
       L::get_config(m, n, k, moe_jit::get_num_sms(device), compile_m, detail::residual_type(c_dtype));
-  L::launch(config, L::Args{a, sfa, b, sfb, d, c, lda, ldb, ldd, ldc, sfa_stride_m, sfa_stride_k, sfb_stride_n,
-                            sfb_stride_k, m, device, stream});
+  L::launch(config, L::Args{a, sfa, b, sfb, d, c, lda, ldb, ldd, ldc, sfa_stride_m, sfa_stride_k, 0, sfb_stride_n,
+                            sfb_stride_k, m, 1, 0, device, stream});
+}
+
+// m_indices: int32 [m] on the device. Rows of a group are contiguous and every aligned block of
+// 128 rows belongs to one group (or is padding, -1).
+inline void m_grouped_fp8_gemm_nt_contiguous(std::uint64_t a, long long lda, std::uint64_t sfa, long long sfa_stride_m,
+                                             long long sfa_stride_k, std::uint64_t b, long long ldb, std::uint64_t sfb,
+                                             long long sfb_stride_g, long long sfb_stride_n, long long sfb_stride_k,
+                                             std::uint64_t d, long long ldd, std::uint64_t m_indices, int m, int n,
+                                             int k, int num_groups, int device, std::uint64_t stream) {
+  namespace L = moe_launchers::sm90_fp8_gemm;
+  const auto config = L::get_config(m, n, k, moe_jit::get_num_sms(device), false, L::Residual::kNone,
+                                    L::GemmType::kGroupedContiguous, num_groups);
+  L::launch(config, L::Args{a, sfa, b, sfb, d, 0, lda, ldb, ldd, 0, sfa_stride_m, sfa_stride_k, sfb_stride_g,
+                            sfb_stride_n, sfb_stride_k, m, num_groups, m_indices, device, stream});
+}
+
+// masked_m: int32 [num_groups] on the device; a, d hold max_m rows per group (row stride lda/ldd,
+// group stride max_m rows).
+inline void m_grouped_fp8_gemm_nt_masked(std::uint64_t a, long long lda, std::uint64_t sfa, long long sfa_stride_m,
+                                         long long sfa_stride_k, std::uint64_t b, long long ldb, std::uint64_t sfb,
+                                         long long sfb_stride_g, long long sfb_stride_n, long long sfb_stride_k,
+                                         std::uint64_t d, long long ldd, std::uint64_t masked_m, int max_m,
+                                         int expected_m, int n, int k, int num_groups, int device,
+                                         std::uint64_t stream) {
+  namespace L = moe_launchers::sm90_fp8_gemm;
+  MOE_HOST_ASSERT(expected_m >= 1, "m_grouped_fp8_gemm_nt_masked: expected_m must be >= 1, got " << expected_m);
+  const auto config = L::get_config(std::min(expected_m, max_m), n, k, moe_jit::get_num_sms(device), false,
+                                    L::Residual::kNone, L::GemmType::kGroupedMasked, num_groups);
+  L::launch(config, L::Args{a, sfa, b, sfb, d, 0, lda, ldb, ldd, 0, sfa_stride_m, sfa_stride_k, sfb_stride_g,
+                            sfb_stride_n, sfb_stride_k, max_m, num_groups, masked_m, device, stream});
 }
 
 inline void register_apis(pybind11::module_& m) {
@@ -58,23 +94,33 @@ inline void register_apis(pybind11::module_& m) {
         pybind11::arg("sfb_stride_n"), pybind11::arg("sfb_stride_k"), pybind11::arg("d"), pybind11::arg("ldd"),
         pybind11::arg("c"), pybind11::arg("c_dtype"), pybind11::arg("ldc"), pybind11::arg("m"), pybind11::arg("n"),
         pybind11::arg("k"), pybind11::arg("compile_m"), pybind11::arg("device"), pybind11::arg("stream"));
+  m.def("m_grouped_fp8_gemm_nt_contiguous", &m_grouped_fp8_gemm_nt_contiguous,
+        pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "grouped D = A @ B[g]^T over contiguous row blocks (m_indices); raw pointers, strides in elements");
+  m.def("m_grouped_fp8_gemm_nt_masked", &m_grouped_fp8_gemm_nt_masked,
+        pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "grouped D[g] = A[g] @ B[g]^T over the first masked_m[g] rows; raw pointers, strides in elements");
+  // gemm_type: 0 dense, 1 m-grouped contiguous, 2 m-grouped masked (m = expected rows per group).
   m.def(
       "fp8_gemm_nt_config",
-      [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype) {
-        return detail::config_dict(L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype)), m_);
+      [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype, int gemm_type, int num_groups) {
+        const auto cfg = L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
+                                       detail::gemm_type(gemm_type), num_groups);
+        return detail::config_dict(cfg, m_);
       },
       "the heuristic's choice for a shape (no GPU needed)", pybind11::arg("m"), pybind11::arg("n"),
       pybind11::arg("k"), pybind11::arg("num_sms"), pybind11::arg("compile_m") = false,
-      pybind11::arg("c_dtype") = -1);
+      pybind11::arg("c_dtype") = -1, pybind11::arg("gemm_type") = 0, pybind11::arg("num_groups") = 1);
   m.def(
       "fp8_gemm_nt_code",
-      [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype) {
-        const auto g = L::generate(L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype)));
+      [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype, int gemm_type, int num_groups) {
+        const auto g = L::generate(L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
+                                                 detail::gemm_type(gemm_type), num_groups));
         return pybind11::make_tuple(g.name, g.code);
       },
       "(name, code) of the kernel a shape gets (no GPU needed)", pybind11::arg("m"), pybind11::arg("n"),
       pybind11::arg("k"), pybind11::arg("num_sms"), pybind11::arg("compile_m") = false,
-      pybind11::arg("c_dtype") = -1);
+      pybind11::arg("c_dtype") = -1, pybind11::arg("gemm_type") = 0, pybind11::arg("num_groups") = 1);
 }
 
 }  // namespace moe_apis::gemm

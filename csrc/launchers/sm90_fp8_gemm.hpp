@@ -1,6 +1,6 @@
 #pragma once
-// Dense FP8 GEMM family (impls/sm90_fp8_gemm.cuh): heuristic, code generation, TMA descriptors
-// and launch.
+// FP8 GEMM family (impls/sm90_fp8_gemm.cuh), dense and m-grouped (contiguous, masked): heuristic,
+// code generation, TMA descriptors and launch.
 #include <algorithm>
 #include <cstdint>
 #include <sstream>
@@ -24,8 +24,11 @@ constexpr int kSmemLimit = 232448;    // SM90 opt-in shared memory per block
 constexpr int kTileOverheadN = 32;
 
 enum class Residual : int { kNone = 0, kBFloat16 = 1, kFloat32 = 2 };
+// Mirrors moe_kernels::GemmType.
+enum class GemmType : int { kNormal = 0, kGroupedContiguous = 1, kGroupedMasked = 2 };
 
 struct Config {
+  GemmType type;
   int m_compiled;  // 0: M is a runtime argument
   int n, k;
   int block_m, block_n, num_stages, group_n;
@@ -33,6 +36,7 @@ struct Config {
   int num_sms;     // persistent grid size upper bound
   int smem_bytes;
 
+  // Tiles of an m-row problem (per group for kGroupedMasked; an upper bound for the grid).
   int num_tiles(int m) const { return ((m + block_m - 1) / block_m) * ((n + block_n - 1) / block_n); }
 };
 
@@ -55,11 +59,16 @@ inline void check_shape(int m, int n, int k) {
   MOE_HOST_ASSERT(k >= kBlockK && k % kBlockK == 0, "fp8_gemm_nt: K must be a positive multiple of 128, got " << k);
 }
 
-// Analytic choice: fewest waves of tiles weighted by a tile's cost, then the larger block N.
-inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual) {
+// Analytic choice: fewest waves of tiles weighted by a tile's cost, then the larger block N. `m` is
+// the rows of the problem; for kGroupedMasked the expected rows per group, times `num_groups`
+// problems.
+inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual,
+                         GemmType type = GemmType::kNormal, int num_groups = 1) {
   check_shape(m, n, k);
   MOE_HOST_ASSERT(num_sms >= 1, "fp8_gemm_nt: num_sms must be >= 1, got " << num_sms);
+  MOE_HOST_ASSERT(num_groups >= 1, "fp8_gemm_nt: num_groups must be >= 1, got " << num_groups);
   Config cfg{};
+  cfg.type = type;
   cfg.m_compiled = compile_m ? m : 0;
   cfg.n = n;
   cfg.k = k;
@@ -71,7 +80,8 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   long long best_score = -1;
   for (int bn = 8; bn <= kMaxBlockN; bn += 8) {
     if (!block_n_fits_scales(bn)) continue;
-    const long long tiles = static_cast<long long>((m + cfg.block_m - 1) / cfg.block_m) * ((n + bn - 1) / bn);
+    const long long problems = type == GemmType::kGroupedMasked ? num_groups : 1;
+    const long long tiles = problems * ((m + cfg.block_m - 1) / cfg.block_m) * ((n + bn - 1) / bn);
     const long long waves = (tiles + num_sms - 1) / num_sms;
     const long long score = waves * (bn + kTileOverheadN);
     if (best_score < 0 || score < best_score || (score == best_score && bn > cfg.block_n)) {
@@ -99,30 +109,32 @@ inline GeneratedKernel generate(const Config& c) {
   // to repeat the __grid_constant__ parameter list.
   os << "#include <moe_kernels/impls/sm90_fp8_gemm.cuh>\n"
      << "static __device__ void* moe_instantiate() {\n"
-     << "  return reinterpret_cast<void*>(&moe_kernels::sm90_fp8_gemm_nt<" << c.m_compiled << ", " << c.n << ", "
+     << "  return reinterpret_cast<void*>(&moe_kernels::sm90_fp8_gemm_nt<" << static_cast<int>(c.type) << ", "
+     << c.m_compiled << ", " << c.n << ", "
      << c.k << ", " << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", " << c.group_n << ", "
      << static_cast<int>(c.residual) << ">);\n"
      << "}\n";
   return {"sm90_fp8_gemm_nt", os.str()};
 }
 
-// 2-D row-major tensor [outer, inner] with a row stride in elements.
-inline moe_jit::driver::CUtensorMap make_tma_2d(std::uint64_t ptr, moe_jit::driver::CUtensorMapDataType dtype,
-                                               int elem_bytes, std::uint64_t inner, std::uint64_t outer,
-                                               std::uint64_t row_stride, std::uint32_t box_inner,
-                                               std::uint32_t box_outer,
-                                               moe_jit::driver::CUtensorMapSwizzle swizzle, const char* what) {
+// Row-major tensor [outer2, outer, inner] (outer2 = 1: 2-D) with strides in elements.
+inline moe_jit::driver::CUtensorMap make_tma(std::uint64_t ptr, moe_jit::driver::CUtensorMapDataType dtype,
+                                            int elem_bytes, std::uint64_t inner, std::uint64_t outer,
+                                            std::uint64_t row_stride, std::uint32_t box_inner, std::uint32_t box_outer,
+                                            moe_jit::driver::CUtensorMapSwizzle swizzle, const char* what,
+                                            std::uint64_t outer2 = 1, std::uint64_t outer2_stride = 0) {
   using namespace moe_jit::driver;
   MOE_HOST_ASSERT(ptr % 16 == 0, "fp8_gemm_nt: " << what << " must be 16-byte aligned");
-  MOE_HOST_ASSERT((row_stride * elem_bytes) % 16 == 0,
-                  "fp8_gemm_nt: the row stride of " << what << " must be a multiple of 16 bytes, got "
-                                                    << row_stride * elem_bytes);
+  MOE_HOST_ASSERT((row_stride * elem_bytes) % 16 == 0 && (outer2_stride * elem_bytes) % 16 == 0,
+                  "fp8_gemm_nt: the strides of " << what << " must be multiples of 16 bytes, got "
+                                                 << row_stride * elem_bytes << " and " << outer2_stride * elem_bytes);
   CUtensorMap map{};
-  const cuuint64_t dims[2] = {inner, outer};
-  const cuuint64_t strides[1] = {row_stride * elem_bytes};
-  const cuuint32_t box[2] = {box_inner, box_outer};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  MOE_CU_CHECK(api().cuTensorMapEncodeTiled(&map, dtype, 2, reinterpret_cast<void*>(ptr), dims, strides, box,
+  const cuuint32_t rank = outer2 > 1 ? 3 : 2;
+  const cuuint64_t dims[3] = {inner, outer, outer2};
+  const cuuint64_t strides[2] = {row_stride * elem_bytes, outer2_stride * elem_bytes};
+  const cuuint32_t box[3] = {box_inner, box_outer, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  MOE_CU_CHECK(api().cuTensorMapEncodeTiled(&map, dtype, rank, reinterpret_cast<void*>(ptr), dims, strides, box,
                                             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
@@ -132,8 +144,10 @@ inline moe_jit::driver::CUtensorMap make_tma_2d(std::uint64_t ptr, moe_jit::driv
 struct Args {
   std::uint64_t a, sfa, b, sfb, d, c;
   long long lda, ldb, ldd, ldc;
-  long long sfa_stride_m, sfa_stride_k, sfb_stride_n, sfb_stride_k;
-  int m;
+  long long sfa_stride_m, sfa_stride_k, sfb_stride_g, sfb_stride_n, sfb_stride_k;
+  int m;                       // rows of A (kGroupedMasked: rows per group, max_m)
+  int num_groups;              // groups of B (1 for kNormal)
+  std::uint64_t grouped_layout;  // m_indices or masked_m (int32, device)
   int device;
   std::uint64_t stream;
 };
@@ -145,24 +159,33 @@ inline void launch(const Config& c, const Args& a) {
   MOE_HOST_ASSERT(arch == "sm_90a", "fp8_gemm_nt: this kernel needs an SM90 GPU (H100/H200), the device is " << arch);
   const auto kernel = moe_jit::build(gen.name, gen.code, arch);
 
-  const CUtensorMap map_a = make_tma_2d(a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, a.m, a.lda, kBlockK, c.block_m,
-                                        CU_TENSOR_MAP_SWIZZLE_128B, "A");
-  const CUtensorMap map_b = make_tma_2d(a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, c.n, a.ldb, kBlockK, c.block_n,
-                                        CU_TENSOR_MAP_SWIZZLE_128B, "B");
-  const CUtensorMap map_d = make_tma_2d(a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, c.block_n,
-                                        c.block_m, CU_TENSOR_MAP_SWIZZLE_NONE, "D");
+  const bool masked = c.type == GemmType::kGroupedMasked;
+  const std::uint64_t rows_a = masked ? static_cast<std::uint64_t>(a.m) * a.num_groups : a.m;
+  const CUtensorMap map_a = make_tma(a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK, c.block_m,
+                                     CU_TENSOR_MAP_SWIZZLE_128B, "A");
+  const CUtensorMap map_b = make_tma(a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
+                                     static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK, c.block_n,
+                                     CU_TENSOR_MAP_SWIZZLE_128B, "B");
+  // A masked group's tile must not spill into the next group's rows: D is 3-D there.
+  const CUtensorMap map_d =
+      masked ? make_tma(a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, c.block_n, c.block_m,
+                        CU_TENSOR_MAP_SWIZZLE_NONE, "D", a.num_groups, a.ldd * a.m)
+             : make_tma(a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, c.block_n, c.block_m,
+                        CU_TENSOR_MAP_SWIZZLE_NONE, "D");
 
   moe_jit::LaunchConfig cfg;
-  cfg.grid_x = static_cast<unsigned>(std::min(c.num_tiles(a.m), c.num_sms));
+  const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);
+  cfg.grid_x = static_cast<unsigned>(std::max(1, std::min(tiles, c.num_sms)));
   cfg.block_x = static_cast<unsigned>((c.block_m / 64 + 1) * 128);
   cfg.smem_bytes = static_cast<unsigned>(c.smem_bytes);
   cfg.stream = a.stream;
   cfg.device = a.device;
-  moe_jit::launch(*kernel, cfg, static_cast<std::uint32_t>(a.m), reinterpret_cast<const float*>(a.sfa),
+  moe_jit::launch(*kernel, cfg, static_cast<std::uint32_t>(a.m), reinterpret_cast<const int*>(a.grouped_layout),
+                  static_cast<std::uint32_t>(a.num_groups), reinterpret_cast<const float*>(a.sfa),
                   static_cast<std::uint32_t>(a.sfa_stride_m), static_cast<std::uint32_t>(a.sfa_stride_k),
-                  reinterpret_cast<const float*>(a.sfb), static_cast<std::uint32_t>(a.sfb_stride_n),
-                  static_cast<std::uint32_t>(a.sfb_stride_k), reinterpret_cast<const void*>(a.c),
-                  static_cast<std::uint32_t>(a.ldc), map_a, map_b, map_d);
+                  reinterpret_cast<const float*>(a.sfb), static_cast<std::uint32_t>(a.sfb_stride_g),
+                  static_cast<std::uint32_t>(a.sfb_stride_n), static_cast<std::uint32_t>(a.sfb_stride_k),
+                  reinterpret_cast<const void*>(a.c), static_cast<std::uint32_t>(a.ldc), map_a, map_b, map_d);
 }
 
 }  // namespace moe_launchers::sm90_fp8_gemm

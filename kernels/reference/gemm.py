@@ -42,3 +42,28 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None
     if c is not None:
         out = out + c.to(accum_dtype)
     return out.to(torch.bfloat16)
+
+
+def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
+                                     m_indices: torch.Tensor, d: torch.Tensor) -> None:
+    """Rows of A grouped by ``m_indices`` [M] (-1: padding, left untouched in ``d``):
+    ``d[r] = (A[r] * SFA[r]) @ (B[g] * SFB[g])^T`` with ``g = m_indices[r]``; writes ``d`` [M, N]."""
+    lhs = dequantize_a(*a)
+    rhs = dequantize_b(*b)
+    for g in torch.unique(m_indices).tolist():
+        if g < 0:
+            continue
+        rows = (m_indices == g).nonzero().squeeze(1)
+        d[rows] = (lhs[rows] @ rhs[g].t()).to(d.dtype)
+
+
+def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
+                                 masked_m: torch.Tensor, d: torch.Tensor) -> None:
+    """``d[g, :masked_m[g]] = (A[g] * SFA[g]) @ (B[g] * SFB[g])^T`` for each group; other rows of
+    ``d`` [G, max_m, N] are left untouched."""
+    rhs = dequantize_b(*b)
+    for g, count in enumerate(masked_m.tolist()):
+        count = max(0, min(int(count), d.shape[1]))
+        if count:
+            lhs = dequantize_a(a[0][g, :count], a[1][g, :count])
+            d[g, :count] = (lhs @ rhs[g].t()).to(d.dtype)

@@ -85,7 +85,7 @@ def options_from_args(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> int:
     """Entry point of every rank; returns the process exit status."""
     from moe_runtime.dist import init_distributed
-    from .loop import format_summary, serve
+    from .loop import format_summary, serve, shutdown
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[serve] rank {ctx.rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
     # Only on success: tearing down a group whose peers died can block (NCCL).
-    ctx.destroy()
+    shutdown(ctx)
     if ctx.rank == 0:
         print(format_summary(metrics), flush=True)
         if options.metrics_out:

@@ -231,7 +231,14 @@ class ControlPlane:
                          f"the {self.timeout_s:g}s timeout, or the network failed)")
         return RankFailureError(f"{header}: {'; '.join(parts)}. Original error: {original}", suspects)
 
-    def destroy(self) -> None:
+    def close(self) -> None:
+        """Destroy the control group after a successful run (every rank calls it).
+
+        The barrier first: a gloo rank that closes its sockets while a peer still drains the last
+        collective has made that peer abort under load. After a failure nothing is torn down, since
+        a barrier with a dead peer would only wait for the timeout.
+        """
         if self.group is not None:
+            dist.barrier(group=self.group)
             dist.destroy_process_group(self.group)
             self.group = None

@@ -128,14 +128,25 @@ def serve(options: ServeOptions, ctx) -> dict:
     """
     control = ControlPlane(options.timeout_s)
     try:
-        return _ServingLoop(options, ctx, control).run()
+        result = _ServingLoop(options, ctx, control).run()
     except RankFailureError:
         raise
     except BaseException as exc:
         control.report_failure(exc)
         raise
-    finally:
-        control.destroy()
+    control.close()
+    return result
+
+
+def shutdown(ctx) -> None:
+    """Destroy the process groups of ``ctx`` after a successful run, all ranks together.
+
+    The barrier first: a gloo rank that closes its sockets while a peer is still draining the last
+    collective has made that peer abort under load.
+    """
+    if ctx.is_distributed:
+        torch.distributed.barrier(group=ctx.cpu_group)
+    ctx.destroy()
 
 
 @dataclass

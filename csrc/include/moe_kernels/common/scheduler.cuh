@@ -1,29 +1,59 @@
 #pragma once
-// Persistent tile scheduler: CTA b takes tiles b, b + grid, b + 2 grid, ... Tiles are ordered in
-// bands of kGroupN n-blocks with the m-block varying slowest inside a band, so the tiles that run
-// at the same time share a few m-blocks of A and a few n-blocks of B in L2.
+// Persistent tile scheduler: CTA b takes tiles b, b + grid, b + 2 grid, ... Inside a problem (or a
+// group) tiles are ordered in bands of kGroupN n-blocks with the m-block varying slowest inside a
+// band, so the tiles that run at the same time share a few m-blocks of A and a few n-blocks of B
+// in L2. Every role of a CTA walks the same sequence, each with its own scheduler copy.
+//
+// GEMM types:
+//   kNormal:          one problem, M rows.
+//   kGroupedContiguous: rows sorted by group, each block_m-aligned block in one group; the group
+//                     of a block is grouped_layout[first row] (m_indices), -1 marks padding
+//                     blocks, which are skipped.
+//   kGroupedMasked:   num_groups problems of max_m rows each, of which grouped_layout[g]
+//                     (masked_m) are valid.
 
 #include <moe_kernels/common/sm90_ptx.cuh>
 
 namespace moe_kernels {
 
-template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kGroupN>
-struct TileScheduler {
-  uint32_t num_m_blocks;
-  uint32_t num_n_blocks;
-  uint32_t num_tiles;
-  uint32_t next_tile;
+enum class GemmType : int { kNormal = 0, kGroupedContiguous = 1, kGroupedMasked = 2 };
 
-  __device__ __forceinline__ TileScheduler(uint32_t m, uint32_t n)
+struct Tile {
+  uint32_t m_block;  // within the group for kGroupedMasked, global otherwise
+  uint32_t n_block;
+  uint32_t group;    // 0 for kNormal
+};
+
+template <GemmType kType, uint32_t kBlockM, uint32_t kBlockN, uint32_t kGroupN>
+struct TileScheduler {
+  uint32_t num_m_blocks;  // kGroupedMasked: of the current group
+  uint32_t num_n_blocks;
+  const int* grouped_layout;
+  uint32_t num_groups;
+  uint32_t next_tile;
+  uint32_t rows_per_group;     // kGroupedMasked: max_m
+  uint32_t group = 0;          // kGroupedMasked: the group next_tile is searched from
+  uint32_t group_first_tile = 0;
+
+  __device__ __forceinline__ TileScheduler(uint32_t m, uint32_t n, const int* layout, uint32_t groups)
       : num_m_blocks((m + kBlockM - 1) / kBlockM),
         num_n_blocks((n + kBlockN - 1) / kBlockN),
-        num_tiles(num_m_blocks * num_n_blocks),
-        next_tile(blockIdx.x) {}
+        grouped_layout(layout),
+        num_groups(groups),
+        next_tile(blockIdx.x),
+        rows_per_group(m) {
+    if constexpr (kType == GemmType::kGroupedMasked) num_m_blocks = masked_blocks(0);
+  }
 
-  __device__ __forceinline__ bool next(uint32_t& m_block, uint32_t& n_block) {
-    if (next_tile >= num_tiles) return false;
-    const uint32_t tile = next_tile;
-    next_tile += gridDim.x;
+  // Counts outside [0, max_m] are clamped, so bad masked_m values cannot address other groups.
+  __device__ __forceinline__ uint32_t masked_blocks(uint32_t g) const {
+    if (g >= num_groups) return 0;
+    const int rows = min(max(__ldg(grouped_layout + g), 0), static_cast<int>(rows_per_group));
+    return (static_cast<uint32_t>(rows) + kBlockM - 1) / kBlockM;
+  }
+
+  // Band rasterisation of a tile index inside one problem of num_m_blocks x num_n_blocks.
+  __device__ __forceinline__ void raster(uint32_t tile, uint32_t& m_block, uint32_t& n_block) const {
     const uint32_t band_size = kGroupN * num_m_blocks;
     const uint32_t band = tile / band_size;
     const uint32_t first_n = band * kGroupN;
@@ -31,7 +61,39 @@ struct TileScheduler {
     const uint32_t in_band = tile - band * band_size;
     m_block = in_band / width;
     n_block = first_n + in_band % width;
-    return true;
+  }
+
+  __device__ __forceinline__ bool next(Tile& t) {
+    if constexpr (kType == GemmType::kGroupedMasked) {
+      const uint32_t tile = next_tile;
+      next_tile += gridDim.x;
+      // Tiles of one CTA increase, so the group search only moves forward.
+      while (tile >= group_first_tile + num_m_blocks * num_n_blocks) {
+        if (group >= num_groups) return false;
+        group_first_tile += num_m_blocks * num_n_blocks;
+        num_m_blocks = masked_blocks(++group);
+      }
+      if (group >= num_groups) return false;
+      raster(tile - group_first_tile, t.m_block, t.n_block);
+      t.group = group;
+      return true;
+    } else {
+      while (true) {
+        const uint32_t tile = next_tile;
+        if (tile >= num_m_blocks * num_n_blocks) return false;
+        next_tile += gridDim.x;
+        raster(tile, t.m_block, t.n_block);
+        if constexpr (kType == GemmType::kGroupedContiguous) {
+          const int g = __ldg(grouped_layout + t.m_block * kBlockM);
+          // Padding (-1), and ids outside [0, num_groups) that would address memory past B.
+          if (g < 0 || g >= static_cast<int>(num_groups)) continue;
+          t.group = static_cast<uint32_t>(g);
+        } else {
+          t.group = 0;
+        }
+        return true;
+      }
+    }
   }
 };
 

@@ -97,6 +97,16 @@ __device__ __forceinline__ void tma_store_2d(const TmaDescriptor* map, const voi
                : "memory");
 }
 
+// 3-D tile store [outer2][outer][inner]: clipping happens per dimension, so a tile never spills
+// from one group (outer2) into the next.
+__device__ __forceinline__ void tma_store_3d(const TmaDescriptor* map, const void* src, int32_t inner, int32_t outer,
+                                             int32_t outer2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(inner), "r"(outer), "r"(outer2)
+               : "memory");
+}
+
 __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
 // Waits until at most kPending bulk groups still read their shared-memory source.

@@ -1,5 +1,6 @@
 #pragma once
-// Dense FP8 GEMM, D[M, N] (bf16) = (A[M, K] * SFA) @ (B[N, K] * SFB)^T (+ C), for SM90.
+// FP8 GEMM for SM90, D[M, N] (bf16) = (A[M, K] * SFA) @ (B[N, K] * SFB)^T (+ C), dense or
+// grouped over experts (B[G, N, K]; see GemmType in common/scheduler.cuh for the row layouts).
 // A: E4M3 K-major with one FP32 scale per 1x128 (token x K block); B: E4M3 K-major with one FP32
 // scale per 128x128 block. Scales are read with any strides, so neither layout needs a transpose.
 //
@@ -36,12 +37,15 @@ struct Fp8GemmSmem {
   static_assert(kD % 1024 == 0 && kA % 1024 == 0 && kB % 1024 == 0, "stage buffers must stay 1024-byte aligned");
 };
 
-template <uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
+// shape_m: rows of A (kNormal, kGroupedContiguous) or rows per group (kGroupedMasked, whose
+// group g starts at row g * shape_m of A and D); grouped_layout: m_indices or masked_m.
+template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual>
 __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
-    sm90_fp8_gemm_nt(uint32_t shape_m, const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
-                     const float* __restrict__ sfb, uint32_t sfb_stride_n, uint32_t sfb_stride_k, const void* c,
-                     uint32_t ldc, const __grid_constant__ TmaDescriptor map_a,
+    sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
+                     const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
+                     const float* __restrict__ sfb, uint32_t sfb_stride_g, uint32_t sfb_stride_n,
+                     uint32_t sfb_stride_k, const void* c, uint32_t ldc, const __grid_constant__ TmaDescriptor map_a,
                      const __grid_constant__ TmaDescriptor map_b, const __grid_constant__ TmaDescriptor map_d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages>;
@@ -63,6 +67,9 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   static_assert(kBlockN <= 128 || 128 - sm90::gcd_u32(kBlockN, 128) + kBlockN <= 256,
                 "block N would straddle three scale blocks of B");
   constexpr auto kResidualType = static_cast<ResidualType>(kResidual);
+  constexpr auto kType = static_cast<GemmType>(kGemmType);
+  constexpr bool kGrouped = kType != GemmType::kNormal;
+  static_assert(!kGrouped || kResidual == 0, "grouped GEMMs take no residual");
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -82,42 +89,50 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   }
   __syncthreads();
 
-  TileScheduler<kBlockM, kBlockN, kGroupN> scheduler(m, kShapeN);
+  TileScheduler<kType, kBlockM, kBlockN, kGroupN> scheduler(m, kShapeN, grouped_layout, num_groups);
   PipelineState<kNumStages> pipe;
-  uint32_t m_block, n_block;
+  Tile t;
+  // First row of the tile in A (and D) viewed as 2-D, first row of its B slice.
+  const auto a_row0 = [&](const Tile& tile) {
+    return (kType == GemmType::kGroupedMasked ? tile.group * m : 0) + tile.m_block * kBlockM;
+  };
+  const auto b_row0 = [&](const Tile& tile) { return (kGrouped ? tile.group * kShapeN : 0) + tile.n_block * kBlockN; };
 
   if (threadIdx.x >= kNumMathThreads) {
     sm90::setmaxnreg_dec<kProducerRegisters>();
     const uint32_t producer_warp = warp - kNumMathWG * 4;
     if (producer_warp == 0 && lane == 0) {
-      while (scheduler.next(m_block, n_block)) {
+      while (scheduler.next(t)) {
+        const uint32_t row_a = a_row0(t), row_b = b_row0(t);
         for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
           ring.producer_acquire(pipe);
           uint64_t* full = ring.full + pipe.stage;
           sm90::mbarrier_arrive_expect_tx(full, Smem::kA + Smem::kB);
-          sm90::tma_load_2d(smem + Smem::kOffsetA + pipe.stage * Smem::kA, &map_a, full, kb * kBlockK,
-                            m_block * kBlockM);
-          sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, &map_b, full, kb * kBlockK,
-                            n_block * kBlockN);
+          sm90::tma_load_2d(smem + Smem::kOffsetA + pipe.stage * Smem::kA, &map_a, full, kb * kBlockK, row_a);
+          sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, &map_b, full, kb * kBlockK, row_b);
         }
       }
     } else if (producer_warp == 1) {
-      while (scheduler.next(m_block, n_block)) {
-        const uint32_t sfb_row = n_block * kBlockN / 128;
+      while (scheduler.next(t)) {
+        const uint32_t sfb_row = t.n_block * kBlockN / 128;
+        const uint32_t row_a = a_row0(t);
+        // Rows past the problem (or past a masked group's max_m) read no scale.
+        const uint32_t row_end = kType == GemmType::kGroupedMasked ? (t.group + 1) * m : m;
+        const float* sfb_group = sfb + uint64_t(t.group) * sfb_stride_g;
         for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
           ring.producer_acquire(pipe);
           float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
 #pragma unroll
           for (uint32_t i = 0; i < kBlockM / 32; ++i) {
-            const uint32_t row = m_block * kBlockM + i * 32 + lane;
-            const bool valid = row < m;
+            const uint32_t row = row_a + i * 32 + lane;
+            const bool valid = row < row_end;
             const float* src = valid ? sfa + uint64_t(row) * sfa_stride_m + uint64_t(kb) * sfa_stride_k : sfa;
             sm90::cp_async_4(sf + i * 32 + lane, src, valid ? 4 : 0);
           }
           if (lane < 2) {
             const bool valid = sfb_row + lane < kNumSfbRows;
             const float* src =
-                valid ? sfb + uint64_t(sfb_row + lane) * sfb_stride_n + uint64_t(kb) * sfb_stride_k : sfb;
+                valid ? sfb_group + uint64_t(sfb_row + lane) * sfb_stride_n + uint64_t(kb) * sfb_stride_k : sfb;
             sm90::cp_async_4(sf + kBlockM + lane, src, valid ? 4 : 0);
           }
           sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
@@ -133,8 +148,8 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   float acc[Wgmma::kNumAccum];
   float final_acc[Wgmma::kNumAccum];
 
-  while (scheduler.next(m_block, n_block)) {
-    const uint32_t split_col = 128 - (n_block * kBlockN) % 128;
+  while (scheduler.next(t)) {
+    const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
 #pragma unroll
     for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
 
@@ -168,12 +183,16 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
     // Epilogue: the previous tile's TMA store must have finished reading shared memory.
     if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
     sm90::named_barrier_sync(1, kNumMathThreads);
-    store_fragment_to_smem<kBlockN, kResidualType>(smem_d, final_acc, tile_row0, lane, c, ldc, m_block * kBlockM,
-                                                   n_block * kBlockN, m, kShapeN);
+    store_fragment_to_smem<kBlockN, kResidualType>(smem_d, final_acc, tile_row0, lane, c, ldc, a_row0(t),
+                                                   t.n_block * kBlockN, m, kShapeN);
     sm90::fence_proxy_async_shared();
     sm90::named_barrier_sync(1, kNumMathThreads);
     if (threadIdx.x == 0) {
-      sm90::tma_store_2d(&map_d, smem_d, n_block * kBlockN, m_block * kBlockM);
+      if constexpr (kType == GemmType::kGroupedMasked) {
+        sm90::tma_store_3d(&map_d, smem_d, t.n_block * kBlockN, t.m_block * kBlockM, t.group);
+      } else {
+        sm90::tma_store_2d(&map_d, smem_d, t.n_block * kBlockN, a_row0(t));
+      }
       sm90::tma_store_commit();
     }
   }

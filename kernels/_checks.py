@@ -1,0 +1,79 @@
+"""Argument checks shared by the GEMM front ends. Each raises with the function's name, the
+argument, what it got and what was expected."""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 128
+
+
+def fail(fn: str, kind: type[Exception], message: str):
+    raise kind(f"{fn}: {message}")
+
+
+def unpack(fn: str, name: str, pair: object) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        fail(fn, TypeError, f"{name} must be a (tensor, scales) pair, got {type(pair).__name__}")
+    return pair[0], pair[1]
+
+
+def check_fp8_operand(fn: str, name: str, t: object, shape: tuple[int | None, ...]) -> torch.Tensor:
+    """E4M3, ``len(shape)`` dims matching ``shape`` (None: any), K-major rows whose stride is a
+    multiple of 16 bytes, and for 3-D operands groups stacked without gaps (one 2-D TMA view)."""
+    if not isinstance(t, torch.Tensor):
+        fail(fn, TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float8_e4m3fn:
+        fail(fn, TypeError, f"{name} must be float8_e4m3fn, got {t.dtype}")
+    if t.dim() != len(shape) or any(e is not None and s != e for s, e in zip(t.shape, shape)):
+        expected = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
+        fail(fn, ValueError, f"{name} must have shape {expected}, got {list(t.shape)}")
+    stride = t.stride()
+    if stride[-1] != 1 or stride[-2] % 16 != 0 or stride[-2] < t.shape[-1]:
+        fail(fn, ValueError, f"{name} must be K-major (stride 1 along K, a row stride that is a multiple of 16 "
+                             f"elements), got strides {stride}")
+    if t.dim() == 3 and t.shape[0] > 1 and stride[0] != t.shape[1] * stride[1]:
+        fail(fn, ValueError, f"{name} must stack its groups without gaps (stride[0] == shape[1] * stride[1]), "
+                             f"got strides {stride}")
+    return t
+
+
+def check_scales(fn: str, name: str, sf: object, shape: tuple[int, ...]) -> torch.Tensor:
+    if not isinstance(sf, torch.Tensor):
+        fail(fn, TypeError, f"{name} must be a torch.Tensor, got {type(sf).__name__}")
+    if sf.dtype != torch.float32:
+        fail(fn, TypeError, f"{name} must be float32 (UE8M0 scales as float32 powers of two), got {sf.dtype}")
+    if tuple(sf.shape) != tuple(shape):
+        fail(fn, ValueError, f"{name} must have shape {list(shape)}, got {list(sf.shape)}")
+    if sf.numel() and min(sf.stride()) < 0:
+        fail(fn, ValueError, f"{name} must have non-negative strides, got {sf.stride()}")
+    return sf
+
+
+def check_output(fn: str, d: object, shape: tuple[int, ...]) -> torch.Tensor:
+    if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or tuple(d.shape) != tuple(shape):
+        fail(fn, ValueError, f"d must be a bfloat16 tensor of shape {list(shape)}, got "
+                             f"{getattr(d, 'dtype', type(d).__name__)} {list(getattr(d, 'shape', ()))}")
+    stride = d.stride()
+    if stride[-1] != 1 or stride[-2] % 8 != 0 or stride[-2] < shape[-1] or \
+            (d.dim() == 3 and d.shape[0] > 1 and stride[0] != d.shape[1] * stride[1]):
+        fail(fn, ValueError, f"d must be row-major with a row stride that is a multiple of 8 (groups without "
+                             f"gaps), got strides {stride}")
+    return d
+
+
+def check_nk(fn: str, n: int, k: int) -> None:
+    if k % BLOCK != 0 or k == 0:
+        fail(fn, ValueError, f"K must be a positive multiple of 128, got {k}")
+    if n % 8 != 0 or n == 0:
+        fail(fn, ValueError, f"N must be a positive multiple of 8, got {n}")
+
+
+def check_same_device(fn: str, tensors: list[torch.Tensor]) -> torch.device:
+    devices = sorted({str(t.device) for t in tensors})
+    if len(devices) != 1:
+        fail(fn, ValueError, f"all tensors must be on one device, got {devices}")
+    device = tensors[0].device
+    if device.type not in ("cpu", "cuda"):
+        fail(fn, ValueError, f"tensors must be on a CPU or CUDA device, got {device}")
+    return device

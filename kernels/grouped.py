@@ -1,0 +1,137 @@
+"""M-grouped FP8 GEMMs for MoE experts, with DeepGEMM's signatures.
+
+Weights for every group: ``b = (B [G, N, K] float8_e4m3fn, SFB [G, ceil(N/128), K/128] float32)``,
+groups stacked without gaps. Activations use 1x128 scales as in :func:`kernels.fp8_gemm_nt`.
+
+* Contiguous (prefill): rows sorted by group, ``m_indices`` int32 [M] gives each row's group;
+  every aligned block of :func:`get_mk_alignment_for_contiguous_layout` rows belongs to one group
+  or is padding (-1). Rows of padding blocks, and of blocks whose id is outside [0, G), are not
+  computed; padding rows inside a group's last block are computed from whatever A holds there.
+* Masked (decode, CUDA graphs): ``A [G, max_m, K]``, ``masked_m`` int32 [G] on the device, so a
+  call can be captured in a graph; rows at or past ``masked_m[g]`` of ``d`` hold unspecified values
+  after the call. ``expected_m`` (rows per group you expect) only steers the heuristic.
+
+CUDA tensors run the SM90 kernel of :mod:`kernels.gemm` on the current stream; CPU tensors run the
+references in :mod:`kernels.reference.gemm`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks, _descriptors
+from .reference import gemm as reference
+
+_BLOCK = _checks.BLOCK
+_alignment = 128
+
+
+def get_mk_alignment_for_contiguous_layout() -> int:
+    """Rows per aligned block of the contiguous layout (each block belongs to one group)."""
+    return _alignment
+
+
+def set_mk_alignment_for_contiguous_layout(alignment: int) -> None:
+    """Set the contiguous-layout alignment: a positive multiple of 128 (the kernels' largest block M)."""
+    global _alignment
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or alignment % 128:
+        raise ValueError(f"set_mk_alignment_for_contiguous_layout: alignment must be a positive multiple of 128, "
+                         f"got {alignment!r}")
+    _alignment = alignment
+
+
+def _native():
+    from .jit import native_module
+
+    return native_module()
+
+
+def _check_weights(fn: str, b: object, k: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    b_t, sfb = _checks.unpack(fn, "b", b)
+    b_t = _checks.check_fp8_operand(fn, "b[0] (B)", b_t, (None, None, k))
+    g, n, _ = b_t.shape
+    _checks.check_nk(fn, n, k)
+    _checks.check_scales(fn, "b[1] (SFB)", sfb, (g, (n + _BLOCK - 1) // _BLOCK, k // _BLOCK))
+    if g == 0:
+        _checks.fail(fn, ValueError, "b must hold at least one group, got G = 0")
+    return b_t, sfb, g, n
+
+
+def _check_index(fn: str, name: str, t: object, length: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != length:
+        _checks.fail(fn, ValueError, f"{name} must be an int32 tensor of shape [{length}], got "
+                                     f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
+    if length and t.stride(0) != 1:
+        _checks.fail(fn, ValueError, f"{name} must be contiguous, got stride {t.stride()}")
+    return t
+
+
+def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
+                                     d: torch.Tensor, m_indices: torch.Tensor, recipe=None,
+                                     compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
+    """``d[r] = (A[r] * SFA[r]) @ (B[g] * SFB[g])^T`` with ``g = m_indices[r]``, in place.
+
+    ``a`` = (A [M, K] e4m3, SFA [M, K/128] f32), ``b`` as in the module docstring, ``d`` [M, N]
+    bf16, ``m_indices`` int32 [M]. ``recipe``, ``compiled_dims`` and ``disable_ue8m0_cast`` are
+    accepted for DeepGEMM compatibility (only the (1, 128, 128) recipe exists).
+    """
+    fn = "m_grouped_fp8_gemm_nt_contiguous"
+    if recipe is not None and tuple(recipe) != (1, _BLOCK, _BLOCK):
+        _checks.fail(fn, NotImplementedError, f"recipe {recipe!r} is not supported; only (1, 128, 128)")
+    a_t, sfa = _checks.unpack(fn, "a", a)
+    a_t = _checks.check_fp8_operand(fn, "a[0] (A)", a_t, (None, None))
+    m, k = a_t.shape
+    b_t, sfb, g, n = _check_weights(fn, b, k)
+    _checks.check_scales(fn, "a[1] (SFA)", sfa, (m, k // _BLOCK))
+    _checks.check_output(fn, d, (m, n))
+    m_indices = _check_index(fn, "m_indices", m_indices, m)
+    device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, d, m_indices])
+    if device.type == "cpu":
+        reference.m_grouped_fp8_gemm_nt_contiguous((a_t, sfa), (b_t, sfb), m_indices, d)
+        return
+    if m == 0:
+        return
+    _native().m_grouped_fp8_gemm_nt_contiguous(
+        a_t.data_ptr(), a_t.stride(0), sfa.data_ptr(), sfa.stride(0), sfa.stride(1),
+        b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(1), sfb.stride(2),
+        d.data_ptr(), d.stride(0), m_indices.data_ptr(), m, n, k, g, device.index,
+        _descriptors.current_stream(device))
+
+
+def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
+                                 d: torch.Tensor, masked_m: torch.Tensor, expected_m: int, recipe=None,
+                                 compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
+    """``d[g, :masked_m[g]] = (A[g] * SFA[g]) @ (B[g] * SFB[g])^T`` for every group, in place.
+
+    ``a`` = (A [G, max_m, K] e4m3, SFA [G, max_m, K/128] f32 with groups stacked without gaps),
+    ``d`` [G, max_m, N] bf16, ``masked_m`` int32 [G] (values are clamped to [0, max_m] on the
+    GPU), ``expected_m`` a positive int.
+    """
+    fn = "m_grouped_fp8_gemm_nt_masked"
+    if recipe is not None and tuple(recipe) != (1, _BLOCK, _BLOCK):
+        _checks.fail(fn, NotImplementedError, f"recipe {recipe!r} is not supported; only (1, 128, 128)")
+    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
+        _checks.fail(fn, ValueError, f"expected_m must be a positive int, got {expected_m!r}")
+    a_t, sfa = _checks.unpack(fn, "a", a)
+    a_t = _checks.check_fp8_operand(fn, "a[0] (A)", a_t, (None, None, None))
+    groups, max_m, k = a_t.shape
+    b_t, sfb, g, n = _check_weights(fn, b, k)
+    if g != groups:
+        _checks.fail(fn, ValueError, f"a[0] (A) has {groups} groups but b[0] (B) has {g}")
+    _checks.check_scales(fn, "a[1] (SFA)", sfa, (g, max_m, k // _BLOCK))
+    if g > 1 and max_m and sfa.stride(0) != max_m * sfa.stride(1):
+        _checks.fail(fn, ValueError, f"a[1] (SFA) must stack its groups without gaps (stride[0] == max_m * "
+                                     f"stride[1]), got strides {sfa.stride()}")
+    _checks.check_output(fn, d, (g, max_m, n))
+    masked_m = _check_index(fn, "masked_m", masked_m, g)
+    device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, d, masked_m])
+    if device.type == "cpu":
+        reference.m_grouped_fp8_gemm_nt_masked((a_t, sfa), (b_t, sfb), masked_m, d)
+        return
+    if max_m == 0:
+        return
+    _native().m_grouped_fp8_gemm_nt_masked(
+        a_t.data_ptr(), a_t.stride(1), sfa.data_ptr(), sfa.stride(1), sfa.stride(2),
+        b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(1), sfb.stride(2),
+        d.data_ptr(), d.stride(1), masked_m.data_ptr(), max_m, expected_m, n, k, g, device.index,
+        _descriptors.current_stream(device))

@@ -1,0 +1,477 @@
+"""The staged backend: the Mega MoE data path as separate kernel launches.
+
+One forward, every rank of the expert-parallel group together (``P`` ranks, ``E_l`` local experts):
+
+1. ``per_token_cast_to_fp8`` of this rank's tokens (1x128 scales);
+2. counts: each rank writes how many rows it sends to each local expert of rank ``q`` into ``q``'s
+   ``signals`` view; barrier; every rank reads every rank's ``[P, E_l]`` counts (one host sync) and
+   computes the same :class:`ExchangePlan`;
+3. dispatch: each (token, top-k slot) becomes one row, written straight into its place in the
+   owner's ``l1_acts`` (FP8 row), ``l1_acts_sf`` (scales), ``l1_weights`` (top-k weight) and
+   ``l1_slots`` (the slot ``t * k + j`` it came from); barrier. The owner's rows are then already
+   in the contiguous layout of the grouped GEMM: one segment per local expert, padded to
+   ``kernels.get_mk_alignment_for_contiguous_layout()`` rows, sources in rank order inside a
+   segment, a source's rows in its (token, slot) order;
+4. L1 ``m_grouped_fp8_gemm_nt_contiguous`` (``m_indices``: the local expert of each row, -1 on
+   padding rows) -> bf16 [M, 2I]; SwiGLU in float32 x top-k weight; ``per_token_cast_to_fp8``;
+   L2 ``m_grouped_fp8_gemm_nt_contiguous`` -> bf16 [M, H];
+5. combine: each output row is written into the ``combine`` view [T, k, H] of its source rank at
+   its slot; barrier; each rank sums its slots in float32 in slot order and rounds once.
+
+With one rank the "peer" buffers are this process's tensors, sized for the forward (a local
+permutation, no symmetric memory). With several, they are views of a :class:`SymmBuffer` (the
+``torch`` backend on CUDA, ``host`` on CPU, ``MOE_SYMM_BACKEND`` to override) and the writes are
+peer writes.
+
+Numerics: the contract of :mod:`moe_runtime.backends.reference`, except that the L1 output ``h``
+is the GEMM's bf16 output rather than float32 (about 1e-5 in calc_diff). Padding rows of the
+contiguous layout hold stale or uninitialised data; every step is row-local, so it never reaches
+a valid row, and no padding row is combined.
+
+CPU tensors run the kernels' pure-torch references, so the whole pipeline runs (and is tested)
+without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+from moe_runtime.backends.base import (CombineHandle, DispatchCombine, DispatchResult, Experts, LocalExperts,
+                                       MoEProblem)
+from moe_runtime.dist import group_rank, group_size
+from moe_runtime.mega import SignalSlots
+from moe_runtime.symm import SymmBuffer, ViewSpec, align_up, compute_layout
+
+kActGroup = 128
+kGroupedGemm = "m_grouped_fp8_gemm_nt_contiguous"
+kAlignmentFn = "get_mk_alignment_for_contiguous_layout"
+
+
+def _missing_kernels() -> list[str]:
+    return [name for name in (kGroupedGemm, kAlignmentFn, "per_token_cast_to_fp8") if not hasattr(kernels, name)]
+
+
+def contiguous_alignment() -> int:
+    """Rows every expert segment of the contiguous layout is padded to (the grouped GEMM's block M)."""
+    return int(getattr(kernels, kAlignmentFn)())
+
+
+def is_supported(problem: MoEProblem) -> tuple[bool, str]:
+    """``(True, how)`` when the staged backend can run ``problem``, else ``(False, why)``."""
+    if problem.weights != "fp8":
+        return False, (f"the staged backend runs FP8 expert weights only, got weights={problem.weights!r} "
+                       "(bf16 needs bf16 grouped GEMMs; FP4 needs the FP8xFP4 grouped GEMMs of issue 4)")
+    if not problem.use_fp8_dispatch:
+        return False, "the staged backend dispatches FP8 activations (use_fp8_dispatch=True)"
+    if problem.dtype != torch.bfloat16:
+        return False, (f"the grouped GEMMs write bfloat16 expert outputs, and the numerics contract rounds them "
+                       f"to the layer dtype; got dtype={problem.dtype}")
+    for value, name in ((problem.hidden, "hidden"), (problem.intermediate, "intermediate")):
+        if value % kActGroup:
+            return False, f"{name}={value} must be a multiple of {kActGroup} (the FP8 GEMMs' K block)"
+    missing = _missing_kernels()
+    if missing:
+        return False, (f"kernels.{', kernels.'.join(missing)} not available: the staged backend needs the "
+                       "grouped GEMMs of issue 4")
+    device = torch.device(problem.device)
+    if device.type not in ("cpu", "cuda"):
+        return False, f"device {device} is neither CPU nor CUDA"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return False, "CUDA is not available"
+        major, minor = torch.cuda.get_device_capability(device)
+        if major != 9:
+            return False, f"the grouped GEMM kernels target SM90 (Hopper); this GPU is sm_{major}{minor}"
+        if problem.ep_size > 1 and importlib.util.find_spec("torch.distributed._symmetric_memory") is None:
+            return False, "expert parallelism on CUDA needs torch.distributed._symmetric_memory"
+    transport = "local permutation" if problem.ep_size == 1 else "peer writes into a SymmBuffer"
+    return True, f"FP8 grouped GEMMs (contiguous layout) on {device.type}, {transport}"
+
+
+# ---- the plan: where every row goes, identical on every rank ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExchangePlan:
+    """The row layout of one forward, from the count matrix every rank reads (host tensors, int64).
+
+    ``counts`` [P_dst, P_src, E_l]: rows rank ``p`` sends to local expert ``e`` of rank ``q`` is
+    ``counts[q, p, e]``. Rank ``q``'s contiguous layout has one segment per local expert,
+    ``align_up(counts[q, :, e].sum(), alignment)`` rows long, in expert order; inside segment ``e``
+    the rows of source 0 come first, then source 1, and so on.
+    """
+
+    rank: int
+    alignment: int
+    counts: torch.Tensor
+    padded_rows: tuple[int, ...]            # [P_dst]: rows of each rank's layout, padding included
+    send_counts: torch.Tensor               # [E]: rows this rank sends per global expert
+    send_delta: torch.Tensor                # [E]: layout row of the i-th sorted pair = i + delta[its expert]
+    send_rows_per_rank: tuple[int, ...]     # [P_dst]
+    recv_counts: torch.Tensor               # [P_src * E_l], source-major: rows this rank receives
+    recv_delta: torch.Tensor                # [P_src * E_l]: as send_delta, for rows grouped by source
+    recv_rows_per_source: tuple[int, ...]   # [P_src]
+    expert_rows: torch.Tensor               # [E_l]: valid rows of each local expert here
+    expert_delta: torch.Tensor              # [E_l]: as send_delta, for rows grouped by expert
+
+    @property
+    def num_ranks(self) -> int:
+        return self.counts.shape[0]
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.counts.shape[2]
+
+    @property
+    def num_send_rows(self) -> int:
+        return sum(self.send_rows_per_rank)
+
+    @property
+    def num_recv_rows(self) -> int:
+        """Valid rows this rank's experts receive (padding excluded)."""
+        return sum(self.recv_rows_per_source)
+
+    @property
+    def num_layout_rows(self) -> int:
+        """Rows of this rank's contiguous layout (padding included): the grouped GEMMs' M."""
+        return self.padded_rows[self.rank]
+
+
+def _exclusive_cumsum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    return x.cumsum(dim) - x
+
+
+def plan_exchange(counts: torch.Tensor, rank: int, alignment: int) -> ExchangePlan:
+    """Build the :class:`ExchangePlan` of rank ``rank`` from ``counts`` int [P_dst, P_src, E_l] (host)."""
+    if counts.dim() != 3 or counts.shape[0] != counts.shape[1] or counts.is_floating_point():
+        raise ValueError(f"counts must be an integer tensor [P, P, E_local], got {counts.dtype} {tuple(counts.shape)}")
+    if not 0 <= rank < counts.shape[0]:
+        raise ValueError(f"rank must be in [0, {counts.shape[0]}), got {rank}")
+    if not isinstance(alignment, int) or alignment <= 0:
+        raise ValueError(f"alignment must be a positive int, got {alignment!r}")
+    counts = counts.to(device="cpu", dtype=torch.int64)
+    if bool((counts < 0).any()):
+        raise ValueError(f"counts must be non-negative, got {counts.tolist()}")
+    per_expert = counts.sum(1)                                   # [P_dst, E_l]
+    padded = (per_expert + alignment - 1) // alignment * alignment
+    segment_start = _exclusive_cumsum(padded)                   # [P_dst, E_l]
+    start = segment_start[:, None, :] + _exclusive_cumsum(counts, 1)  # [P_dst, P_src, E_l]
+    send_counts = counts[:, rank, :].reshape(-1)
+    send_delta = start[:, rank, :].reshape(-1) - _exclusive_cumsum(send_counts)
+    recv_counts = counts[rank].reshape(-1)
+    recv_delta = start[rank].reshape(-1) - _exclusive_cumsum(recv_counts)
+    expert_rows = per_expert[rank]
+    expert_delta = segment_start[rank] - _exclusive_cumsum(expert_rows)
+    return ExchangePlan(rank, alignment, counts, tuple(padded.sum(1).tolist()), send_counts, send_delta,
+                        tuple(counts[:, rank, :].sum(1).tolist()), recv_counts, recv_delta,
+                        tuple(counts[rank].sum(1).tolist()), expert_rows, expert_delta)
+
+
+def _expand(delta: torch.Tensor, repeats: torch.Tensor, total: int) -> torch.Tensor:
+    """int64 [total]: ``i + delta[g]`` for the i-th element, element ``i`` in group ``g`` (groups of
+    ``repeats[g]`` consecutive elements). ``output_size`` keeps it free of a device sync."""
+    return torch.arange(total, device=delta.device) + torch.repeat_interleave(delta, repeats, output_size=total)
+
+
+# ---- buffers: one rank's receive and combine areas as seen from this process -----------------------------
+
+
+@dataclass
+class RankBuffers:
+    """``acts`` uint8 [R, H] (FP8 bits), ``acts_sf`` float32 [R, H/128], ``weights`` float32 [R],
+    ``slots`` int32 [R], ``combine`` bfloat16 [T_cap * k, H]. On another rank they are peer views."""
+
+    acts: torch.Tensor
+    acts_sf: torch.Tensor
+    weights: torch.Tensor
+    slots: torch.Tensor
+    combine: torch.Tensor
+
+
+class _LocalExchange:
+    """One rank: buffers are allocated per forward at the size the plan needs."""
+
+    rank, num_ranks = 0, 1
+
+    def __init__(self, hidden: int, top_k: int, device: torch.device):
+        self.hidden, self.top_k, self.device = hidden, top_k, device
+
+    def exchange_counts(self, send_counts: torch.Tensor, num_invalid: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        host = torch.cat([send_counts, num_invalid.view(1)]).cpu()
+        return host[:-1].view(1, 1, -1), host[-1:].tolist()
+
+    def buffers(self, plan: ExchangePlan, num_tokens: int) -> list[RankBuffers]:
+        rows, dev = plan.num_layout_rows, self.device
+        return [RankBuffers(torch.empty((rows, self.hidden), dtype=torch.uint8, device=dev),
+                            torch.empty((rows, self.hidden // kActGroup), dtype=torch.float32, device=dev),
+                            torch.empty((rows,), dtype=torch.float32, device=dev),
+                            torch.empty((rows,), dtype=torch.int32, device=dev),
+                            torch.empty((num_tokens * self.top_k, self.hidden), dtype=torch.bfloat16, device=dev))]
+
+    def barrier(self) -> None:
+        """Nothing crosses processes."""
+
+
+def staged_view_specs(num_ranks: int, num_local_experts: int, num_max_tokens_per_rank: int, top_k: int,
+                      hidden: int, alignment: int) -> tuple[list[ViewSpec], int]:
+    """The staged backend's SymmBuffer views and ``R``, the rows of its receive area.
+
+    ``R``: each token of each rank sends at most ``min(k, E_l)`` rows to one rank (its experts are
+    distinct), and each local expert's segment adds at most ``alignment - 1`` padding rows.
+    Views not in the Mega MoE layout: ``l1_weights`` and ``l1_slots`` (per received row), because
+    rows are pushed whole and the receiver never reads the sender's routing.
+    """
+    rows = num_ranks * num_max_tokens_per_rank * min(top_k, num_local_experts)
+    capacity = align_up(rows + num_local_experts * (alignment - 1), alignment)
+    specs = [ViewSpec("l1_acts", (capacity, hidden), torch.float8_e4m3fn),
+             ViewSpec("l1_acts_sf", (capacity, hidden // kActGroup), torch.float32),
+             ViewSpec("l1_weights", (capacity,), torch.float32),
+             ViewSpec("l1_slots", (capacity,), torch.int32),
+             ViewSpec("combine", (num_max_tokens_per_rank * top_k, hidden), torch.bfloat16),
+             ViewSpec("signals", (SignalSlots(num_ranks, num_local_experts).total,), torch.int32)]
+    return specs, capacity
+
+
+class _SymmExchange:
+    """Several ranks: peer views of one :class:`SymmBuffer` per rank (collective to build)."""
+
+    def __init__(self, problem: MoEProblem, group, alignment: int):
+        device = torch.device(problem.device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.rank, self.num_ranks = group_rank(group), group_size(group)
+        self.slots = SignalSlots(self.num_ranks, problem.num_local_experts)
+        specs, self.capacity = staged_view_specs(self.num_ranks, problem.num_local_experts,
+                                                 problem.num_max_tokens_per_rank, problem.top_k, problem.hidden,
+                                                 alignment)
+        self.buffer = SymmBuffer(compute_layout(specs), group=group, device=device)
+        self.buffer.view("signals").zero_()
+        self._peers = [RankBuffers(self.buffer.peer_view("l1_acts", r).view(torch.uint8),
+                                   self.buffer.peer_view("l1_acts_sf", r), self.buffer.peer_view("l1_weights", r),
+                                   self.buffer.peer_view("l1_slots", r), self.buffer.peer_view("combine", r))
+                       for r in range(self.num_ranks)]
+        self.buffer.barrier()
+
+    def _recv_counts(self, peer: int) -> torch.Tensor:
+        return self.buffer.peer_view("signals", peer)[self.slots.recv_counts].view(self.num_ranks, -1)
+
+    def exchange_counts(self, send_counts: torch.Tensor, num_invalid: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        per_rank = send_counts.view(self.num_ranks, -1)
+        flag = self.slots.barrier.start + self.rank
+        for q in range(self.num_ranks):
+            self._recv_counts(q)[self.rank].copy_(per_rank[q])
+            self.buffer.peer_view("signals", q)[flag: flag + 1].copy_(num_invalid.view(1))
+        self.barrier()
+        matrices = [self._recv_counts(q).reshape(-1) for q in range(self.num_ranks)]
+        host = torch.cat([*matrices, self.buffer.view("signals")[self.slots.barrier]]).cpu()
+        split = self.num_ranks * per_rank.numel()
+        return host[:split].view(self.num_ranks, self.num_ranks, -1), host[split:].tolist()
+
+    def buffers(self, plan: ExchangePlan, num_tokens: int) -> list[RankBuffers]:
+        # Every rank sees the same plan, so every rank raises here together instead of hanging.
+        worst = max(plan.padded_rows)
+        if worst > self.capacity:
+            owner = plan.padded_rows.index(worst)
+            raise RuntimeError(f"staged dispatch: rank {owner} would receive {worst} rows (padding included), "
+                               f"more than the {self.capacity} its SymmBuffer holds; a token's top-k experts must "
+                               "be distinct")
+        return self._peers
+
+    def barrier(self) -> None:
+        self.buffer.barrier()
+
+
+# ---- the backend pair --------------------------------------------------------------------------------
+
+
+@dataclass
+class StagedCombineHandle(CombineHandle):
+    """What ``combine`` needs: the plan, every rank's buffers, this rank's received rows grouped by
+    source (int64 layout rows) and which of this rank's (token, slot) pairs are routed (bool
+    [T, k]; ``None`` when all are). ``counts`` is left empty: ranks never learn each other's token
+    counts."""
+
+    plan: ExchangePlan | None = None
+    buffers: list[RankBuffers] = field(default_factory=list)
+    rows_by_source: torch.Tensor | None = None
+    routed: torch.Tensor | None = None
+
+
+@dataclass
+class StagedDispatchResult(DispatchResult):
+    """Rows in the contiguous layout: ``x`` e4m3 [M, H], ``x_sf`` float32 [M, H/128], ``topk_idx``
+    int64 [M, 1] (the row's global expert, -1 on padding rows), ``topk_weights`` float32 [M, 1],
+    and ``m_indices`` int32 [M] (the row's local expert, -1 on padding rows)."""
+
+    m_indices: torch.Tensor | None = None
+
+
+class StagedDispatchCombine(DispatchCombine):
+    """Dispatch into the owners' contiguous layouts and combine back, over ``group``."""
+
+    def __init__(self, problem: MoEProblem, group, first_expert: int):
+        self.problem = problem
+        self.first_expert = first_expert
+        self.alignment = contiguous_alignment()
+        device = torch.device(problem.device)
+        if group_size(group) == 1:
+            self.exchange = _LocalExchange(problem.hidden, problem.top_k, device)
+        else:
+            self.exchange = _SymmExchange(problem, group, self.alignment)
+
+    @classmethod
+    def is_supported(cls, problem: MoEProblem) -> tuple[bool, str]:
+        return is_supported(problem)
+
+    def _check(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> None:
+        num_tokens, k, e = x.shape[0], self.problem.top_k, self.problem.num_experts
+        if x.dim() != 2 or x.shape[1] != self.problem.hidden:
+            raise ValueError(f"x must be [T, {self.problem.hidden}], got {tuple(x.shape)}")
+        if tuple(topk_idx.shape) != (num_tokens, k) or topk_idx.dtype != torch.int64:
+            raise ValueError(f"topk_idx must be int64 [{num_tokens}, {k}], got {topk_idx.dtype} {tuple(topk_idx.shape)}")
+        if tuple(topk_weights.shape) != (num_tokens, k) or topk_weights.dtype != torch.float32:
+            raise ValueError(f"topk_weights must be float32 [{num_tokens}, {k}], got {topk_weights.dtype} "
+                             f"{tuple(topk_weights.shape)}")
+        if num_tokens > self.problem.num_max_tokens_per_rank:
+            raise ValueError(f"{num_tokens} tokens exceed num_max_tokens_per_rank="
+                             f"{self.problem.num_max_tokens_per_rank}")
+
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> DispatchResult:
+        """``x`` [T, H] float, ``topk_idx`` int64 [T, k], ``topk_weights`` float32 [T, k] -> rows in
+        this rank's contiguous layout (:class:`StagedDispatchResult`)."""
+        self._check(x, topk_idx, topk_weights)
+        num_tokens, k, num_experts = x.shape[0], self.problem.top_k, self.problem.num_experts
+        ex = self.exchange
+        xq, xs = kernels.per_token_cast_to_fp8(x if x.stride(-1) == 1 else x.contiguous(), use_ue8m0=False,
+                                               gran_k=kActGroup)
+        # Pairs (t, j) sorted by global expert; unrouted pairs (-1) sort last and are never sent.
+        flat = topk_idx.reshape(-1)
+        key = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)
+        order = torch.argsort(key, stable=True)
+        send_counts = torch.bincount(key, minlength=num_experts + 1)[:num_experts].to(torch.int32)
+        # Checked after the exchange, where every rank learns every rank's count: all raise together.
+        num_invalid = ((flat < -1) | (flat >= num_experts)).sum().to(torch.int32)
+        counts, invalid = ex.exchange_counts(send_counts, num_invalid)
+        if any(invalid):
+            raise ValueError(f"topk_idx must hold expert ids in [0, {num_experts}) or -1; ids outside that per "
+                             f"rank: {invalid}")
+        plan = plan_exchange(counts, ex.rank, self.alignment)
+        buffers = ex.buffers(plan, num_tokens)
+
+        device = x.device
+        packed = torch.cat([plan.send_counts, plan.send_delta, plan.recv_counts, plan.recv_delta, plan.expert_rows,
+                            plan.expert_delta]).to(device)
+        sizes = [num_experts] * 2 + [plan.recv_counts.numel()] * 2 + [plan.num_local_experts] * 2
+        send_n, send_d, recv_n, recv_d, expert_n, expert_d = torch.split(packed, sizes)
+
+        order = order[: plan.num_send_rows]
+        rows = _expand(send_d, send_n, plan.num_send_rows)
+        tokens = order // k
+        xq_bits = xq.view(torch.uint8)
+        weights = topk_weights.reshape(-1)
+        start = 0
+        for q, n in enumerate(plan.send_rows_per_rank):
+            if n == 0:
+                continue
+            dst, part = buffers[q], slice(start, start + n)
+            dst.acts.index_copy_(0, rows[part], xq_bits.index_select(0, tokens[part]))
+            dst.acts_sf.index_copy_(0, rows[part], xs.index_select(0, tokens[part]))
+            dst.weights.index_copy_(0, rows[part], weights.index_select(0, order[part]))
+            dst.slots.index_copy_(0, rows[part], order[part].to(torch.int32))
+            start += n
+        ex.barrier()
+
+        m = plan.num_layout_rows
+        m_indices = torch.full((m,), -1, dtype=torch.int32, device=device)
+        valid = _expand(expert_d, expert_n, plan.num_recv_rows)
+        local_ids = torch.repeat_interleave(torch.arange(plan.num_local_experts, device=device, dtype=torch.int32),
+                                            expert_n, output_size=plan.num_recv_rows)
+        m_indices.index_copy_(0, valid, local_ids)
+        global_ids = torch.where(m_indices >= 0, m_indices.to(torch.int64) + self.first_expert, -1)
+        mine = buffers[ex.rank]
+        routed = None if plan.num_send_rows == num_tokens * k else (topk_idx >= 0)
+        handle = StagedCombineHandle(num_tokens, [], x.dtype, plan, buffers,
+                                     _expand(recv_d, recv_n, plan.num_recv_rows), routed)
+        return StagedDispatchResult(mine.acts[:m].view(torch.float8_e4m3fn), mine.acts_sf[:m],
+                                    global_ids.unsqueeze(1), mine.weights[:m].unsqueeze(1), handle, m_indices)
+
+    def combine(self, expert_out: torch.Tensor, handle: CombineHandle) -> torch.Tensor:
+        """``expert_out`` bfloat16 [M, H] (rows of this rank's layout) -> [T, H] in ``handle.out_dtype``."""
+        if not isinstance(handle, StagedCombineHandle) or handle.plan is None:
+            raise TypeError(f"handle must come from StagedDispatchCombine.dispatch, got {type(handle).__name__}")
+        plan, buffers, hidden = handle.plan, handle.buffers, self.problem.hidden
+        if tuple(expert_out.shape) != (plan.num_layout_rows, hidden) or expert_out.dtype != torch.bfloat16:
+            raise ValueError(f"expert_out must be bfloat16 [{plan.num_layout_rows}, {hidden}], got "
+                             f"{expert_out.dtype} {tuple(expert_out.shape)}")
+        mine = buffers[self.exchange.rank]
+        start = 0
+        for p, n in enumerate(plan.recv_rows_per_source):
+            if n == 0:
+                continue
+            rows = handle.rows_by_source[start: start + n]
+            slots = mine.slots.index_select(0, rows).to(torch.int64)
+            buffers[p].combine.index_copy_(0, slots, expert_out.index_select(0, rows))
+            start += n
+        self.exchange.barrier()
+
+        num_tokens, k = handle.num_local_tokens, self.problem.top_k
+        slots = mine.combine[: num_tokens * k].view(num_tokens, k, hidden)
+        if k == 0 or num_tokens == 0:
+            return torch.zeros((num_tokens, hidden), dtype=handle.out_dtype, device=expert_out.device)
+        # Slot order and float32, as the reference sums; unrouted slots hold stale data and add 0.
+        acc = None
+        for j in range(k):
+            part = slots[:, j].float()
+            if handle.routed is not None:
+                part = torch.where(handle.routed[:, j: j + 1], part, 0.0)
+            acc = part if acc is None else acc.add_(part)
+        return acc.to(handle.out_dtype)
+
+
+class StagedExperts(Experts):
+    """L1 grouped GEMM -> SwiGLU x top-k weight -> FP8 requantization -> L2 grouped GEMM, on the rows
+    of a :class:`StagedDispatchResult`; ``expert_out`` is bfloat16 [M, H] (garbage on padding rows)."""
+
+    def __init__(self, experts: LocalExperts):
+        if experts.gate_up.format != "fp8" or experts.down.format != "fp8":
+            raise ValueError(f"the staged backend needs FP8 expert weights, got gate_up={experts.gate_up.format!r}, "
+                             f"down={experts.down.format!r}")
+        self.experts = experts
+        self.intermediate = experts.down.shape[2]
+        self.hidden = experts.down.shape[1]
+
+    @classmethod
+    def is_supported(cls, problem: MoEProblem) -> tuple[bool, str]:
+        return is_supported(problem)
+
+    def apply(self, dispatched: DispatchResult) -> torch.Tensor:
+        if not isinstance(dispatched, StagedDispatchResult) or dispatched.m_indices is None:
+            raise TypeError(f"dispatched must come from StagedDispatchCombine.dispatch, got {type(dispatched).__name__}")
+        m, inter, device = dispatched.x.shape[0], self.intermediate, dispatched.x.device
+        out = torch.empty((m, self.hidden), dtype=torch.bfloat16, device=device)
+        if m == 0:
+            return out
+        gemm = getattr(kernels, kGroupedGemm)
+        w13, w2 = self.experts.gate_up, self.experts.down
+        h = torch.empty((m, 2 * inter), dtype=torch.bfloat16, device=device)
+        gemm((dispatched.x, dispatched.x_sf), (w13.data, w13.sf), h, dispatched.m_indices)
+        act = F.silu(h[:, :inter].float(), inplace=True).mul_(h[:, inter:]).mul_(dispatched.topk_weights)
+        del h
+        act_fp8 = kernels.per_token_cast_to_fp8(act, use_ue8m0=False, gran_k=kActGroup)
+        del act
+        gemm(act_fp8, (w2.data, w2.sf), out, dispatched.m_indices)
+        return out
+
+
+def create(problem: MoEProblem, experts: LocalExperts, group) -> tuple[DispatchCombine, Experts]:
+    """The staged pair for ``problem`` (collective over ``group`` when it has several ranks: the
+    SymmBuffer is allocated here). Raises NotImplementedError when :func:`is_supported` says no."""
+    ok, reason = is_supported(problem)
+    if not ok:
+        raise NotImplementedError(f"backend='staged' cannot run this layer: {reason}")
+    return StagedDispatchCombine(problem, group, experts.first_expert), StagedExperts(experts)

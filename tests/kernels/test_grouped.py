@@ -1,0 +1,169 @@
+"""m_grouped_fp8_gemm_nt_contiguous / _masked: CPU reference and argument checks, code generation
+compiled for sm_90a (CPU, CI), and the JIT kernels against a float64 reference (GPU), including
+the edge cases of the MoE layouts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from kernels.reference.gemm import dequantize_a, dequantize_b
+from kernels.reference.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+from kernels.testing import calc_diff
+
+H200_SMS = 132
+
+
+def make_weights(g: int, n: int, k: int, device: str):
+    return per_block_cast_to_fp8(torch.randn(g, n, k, device=device, dtype=torch.bfloat16))
+
+
+def make_contiguous(counts: list[int], k: int, device: str, align: int = 128):
+    """Rows of each group padded to ``align``; returns (a_fp8, m_indices, row groups)."""
+    m_indices = []
+    for g, c in enumerate(counts):
+        padded = (c + align - 1) // align * align
+        m_indices += [g] * c + [-1] * (padded - c)
+    m_indices = torch.tensor(m_indices, dtype=torch.int32, device=device)
+    a = torch.randn(len(m_indices), k, device=device, dtype=torch.bfloat16)
+    return per_token_cast_to_fp8(a), m_indices
+
+
+def expected_contiguous(a_fp8, b_fp8, m_indices) -> torch.Tensor:
+    lhs, rhs = dequantize_a(*a_fp8).double(), dequantize_b(*b_fp8).double()
+    out = torch.zeros(lhs.shape[0], rhs.shape[1], dtype=torch.float64, device=lhs.device)
+    for g in range(rhs.shape[0]):
+        rows = m_indices == g
+        out[rows] = lhs[rows] @ rhs[g].t()
+    return out
+
+
+def check_contiguous(counts, n, k, device):
+    b_fp8 = make_weights(len(counts), n, k, device)
+    a_fp8, m_indices = make_contiguous(counts, k, device)
+    d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device=device)
+    kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
+    valid = m_indices >= 0
+    assert torch.isfinite(d[valid]).all(), "valid rows not fully written"
+    if valid.any():
+        assert calc_diff(d[valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
+
+
+def check_masked(masked: list[int], max_m: int, n: int, k: int, expected_m: int, device: str):
+    g = len(masked)
+    b_fp8 = make_weights(g, n, k, device)
+    a = torch.randn(g * max_m, k, device=device, dtype=torch.bfloat16)
+    a_fp8, sfa = per_token_cast_to_fp8(a)
+    a_fp8, sfa = a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1)
+    masked_m = torch.tensor(masked, dtype=torch.int32, device=device)
+    d = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    kernels.m_grouped_fp8_gemm_nt_masked((a_fp8, sfa), b_fp8, d, masked_m, expected_m)
+    rhs = dequantize_b(*b_fp8).double()
+    for i, count in enumerate(masked):
+        if count:
+            got = d[i, :count]
+            assert torch.isfinite(got).all(), f"group {i}: rows not fully written"
+            ref = dequantize_a(a_fp8[i, :count], sfa[i, :count]).double() @ rhs[i].t()
+            assert calc_diff(got, ref) < 1e-3, f"group {i}"
+
+
+# ---- CPU ----------------------------------------------------------------------------------------
+
+def test_cpu_contiguous(seed):
+    check_contiguous([5, 0, 130, 1], 136, 256, "cpu")
+
+
+def test_cpu_masked(seed):
+    check_masked([3, 0, 17], 20, 64, 128, 8, "cpu")
+
+
+def test_alignment_setting():
+    assert kernels.get_mk_alignment_for_contiguous_layout() == 128
+    with pytest.raises(ValueError, match="multiple of 128"):
+        kernels.set_mk_alignment_for_contiguous_layout(64)
+    kernels.set_mk_alignment_for_contiguous_layout(256)
+    assert kernels.get_mk_alignment_for_contiguous_layout() == 256
+    kernels.set_mk_alignment_for_contiguous_layout(128)
+
+
+def _contig_args(**over):
+    m, n, k, g = 128, 16, 128, 2
+    args = dict(a=(torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, 1)),
+                b=(torch.zeros(g, n, k, dtype=torch.float8_e4m3fn), torch.ones(g, 1, 1)),
+                d=torch.empty(m, n, dtype=torch.bfloat16), m_indices=torch.zeros(m, dtype=torch.int32))
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,match", [
+    (dict(m_indices=torch.zeros(128, dtype=torch.int64)), "m_indices must be an int32 tensor of shape \\[128\\]"),
+    (dict(m_indices=torch.zeros(64, dtype=torch.int32)), "m_indices must be an int32 tensor"),
+    (dict(b=(torch.zeros(2, 16, 256, dtype=torch.float8_e4m3fn), torch.ones(2, 1, 2))), "b\\[0\\] \\(B\\) must have shape"),
+    (dict(b=(torch.zeros(2, 16, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1, 1))), "SFB\\) must have shape \\[2, 1, 1\\]"),
+    (dict(b=(torch.zeros(3, 16, 128, dtype=torch.float8_e4m3fn)[::2], torch.ones(2, 1, 1))), "without gaps"),
+    (dict(b=(torch.zeros(2, 128, 16, dtype=torch.float8_e4m3fn).transpose(1, 2), torch.ones(2, 1, 1))), "K-major"),
+    (dict(d=torch.empty(128, 8, dtype=torch.bfloat16)), "d must be a bfloat16 tensor of shape \\[128, 16\\]"),
+    (dict(recipe=(1, 128, 64)), "recipe"),
+])
+def test_contiguous_bad_arguments(over, match):
+    with pytest.raises((TypeError, ValueError, NotImplementedError), match=match):
+        kernels.m_grouped_fp8_gemm_nt_contiguous(**_contig_args(**over))
+
+
+@pytest.mark.parametrize("expected_m,masked_m,match", [
+    (0, torch.zeros(2, dtype=torch.int32), "expected_m must be a positive int"),
+    (4, torch.zeros(3, dtype=torch.int32), "masked_m must be an int32 tensor of shape \\[2\\]"),
+])
+def test_masked_bad_arguments(expected_m, masked_m, match):
+    a = (torch.zeros(2, 8, 128, dtype=torch.float8_e4m3fn), torch.ones(2, 8, 1))
+    b = (torch.zeros(2, 16, 128, dtype=torch.float8_e4m3fn), torch.ones(2, 1, 1))
+    with pytest.raises(ValueError, match=match):
+        kernels.m_grouped_fp8_gemm_nt_masked(a, b, torch.empty(2, 8, 16, dtype=torch.bfloat16), masked_m, expected_m)
+
+
+@pytest.mark.parametrize("gemm_type,m,groups", [(1, 8192, 4), (1, 128, 32), (2, 16, 32), (2, 1, 256), (2, 256, 8)])
+@pytest.mark.parametrize("n,k", [(4096, 7168), (7168, 2048)])
+def test_grouped_compiles_for_sm90a(gemm_type, m, groups, n, k):
+    name, code = kernels.jit.native_module().fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, gemm_type, groups)
+    assert f"sm90_fp8_gemm_nt<{gemm_type}," in code
+    assert kernels.jit.build(name, code, "sm_90a").cubin_path.endswith(".cubin")
+
+
+# ---- GPU ----------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", [
+    [8192, 8192, 8192, 8192],        # prefill, 4 experts
+    [3000, 0, 129, 1, 0, 700],       # empty groups, tails
+    [0, 0, 5000, 0],                 # all tokens in one group
+    [1],                             # G = 1
+])
+@pytest.mark.parametrize("n,k", [(4096, 7168), (7168, 2048)])
+def test_gpu_contiguous(counts, n, k, seed):
+    check_contiguous(counts, n, k, "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_contiguous_bad_group_ids_are_skipped(seed):
+    b_fp8 = make_weights(2, 256, 256, "cuda")
+    a_fp8, m_indices = make_contiguous([128, 128], 256, "cuda")
+    m_indices[128:] = 7  # past G: must not read past B
+    d = torch.full((256, 256), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
+    torch.cuda.synchronize()
+    assert torch.isnan(d[128:]).all()
+    assert calc_diff(d[:128], expected_contiguous(a_fp8, b_fp8, m_indices)[:128]) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("masked,max_m,expected_m", [
+    ([20] * 32, 32, 20),                          # decode, 32 experts
+    ([0, 5, 100, 0, 77, 1, 128, 3], 128, 8),       # zero groups, expected far below
+    ([1] * 256, 8, 1),                            # 256 experts, one token each
+    ([0] * 16, 64, 64),                           # nothing to do
+    ([70, 3, 100], 100, 600),                     # max_m not a multiple of the block, expected far above
+])
+@pytest.mark.parametrize("n,k", [(4096, 7168), (7168, 2048)])
+def test_gpu_masked(masked, max_m, expected_m, n, k, seed):
+    check_masked(masked, max_m, n, k, expected_m, "cuda")

@@ -1,0 +1,49 @@
+"""python -m kernels.precompile: offline compilation without a GPU, one line per kernel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernels import precompile
+
+
+def run_cli(*args: str) -> list[str]:
+    proc = subprocess.run([sys.executable, "-m", "kernels.precompile", *args], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()
+
+
+def test_cli_compiles_then_hits_the_cache(tmp_path: Path):
+    args = ("--arch", "sm_90a", "--cache-dir", str(tmp_path), "--family", "per_token_cast_to_fp8",
+            "--family", "per_block_cast_to_fp8", "--model", "deepseek-v3", "--jobs", "2")
+    first = run_cli(*args)
+    kernel_lines = first[:-1]
+    assert len(kernel_lines) == 20 and "20 kernels (20 compiled, 0 cached)" in first[-1]
+    for line in kernel_lines:
+        cubin = Path(line.split()[-1])
+        assert cubin.is_file() and cubin.read_bytes()[:4] == b"\x7fELF" and tmp_path in cubin.parents
+    second = run_cli(*args)
+    assert "20 kernels (0 compiled, 20 cached)" in second[-1]
+
+
+def test_every_family_generates_deduplicated_sources():
+    sources = precompile.collect_sources(max_m=1024)
+    families = {s.family for s in sources}
+    assert families == set(precompile.FAMILIES)
+    assert len({(s.name, s.code) for s in sources}) == len(sources)
+
+
+def test_gemm_family_compiles(tmp_path: Path):
+    results = precompile.precompile(["m_grouped_fp8_gemm_nt_masked"], max_m=128, jobs=2, cache_dir=str(tmp_path))
+    assert results and all(Path(r.cubin_path).is_file() for r in results)
+
+
+@pytest.mark.parametrize("bad,match", [(["nope"], "family"), (None, "model")])
+def test_bad_names(bad, match):
+    with pytest.raises(ValueError, match=match):
+        precompile.collect_sources(bad, model="deepseek-v3" if bad else "llama")
