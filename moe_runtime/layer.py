@@ -66,6 +66,7 @@ class MegaMoELayer(nn.Module):
         self.ep_group = ep_group
         self.placement = expert_placement(num_experts, group_size(ep_group), group_rank(ep_group))
         self._default_device = torch.device(device) if device is not None else torch.get_default_device()
+        self._backend_request = backend
         self.backend_name = resolve_backend(backend, self._problem(self._default_device))
         self._backend_cache: tuple | None = None
         self.loaded = False
@@ -124,6 +125,9 @@ class MegaMoELayer(nn.Module):
         """
         h, i, e, s = self.hidden_size, self.intermediate_size, self.num_experts, self.shared_intermediate_size
         device = torch.device(device) if device is not None else self._default_device
+        if device != self._default_device:
+            # "auto" picks by device: weights loaded elsewhere than the layer was built may change the pick.
+            self.backend_name = resolve_backend(self._backend_request, self._problem(device))
         self.register_buffer("router_weight", self._expect(router_weight, "router_weight", (e, h))
                              .to(device=device, dtype=self.dtype))
         if self.router_config.use_score_bias:

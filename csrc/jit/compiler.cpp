@@ -1,5 +1,7 @@
 #include "jit/compiler.hpp"
 
+#include <atomic>
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -34,8 +36,9 @@ double seconds_since(Clock::time_point start) {
 struct State {
   std::mutex mutex;
   JitConfig config;
-  // Bumped by set_config so that builds started under old settings do not fill the new cache.
-  unsigned long long generation = 0;
+  // Bumped by set_config so that builds started under old settings do not fill the new cache;
+  // atomic so that KernelMemo can read it without the mutex.
+  std::atomic<unsigned long long> generation{0};
   std::unordered_map<std::string, KernelPtr> ready;
   std::unordered_map<std::string, std::shared_future<KernelPtr>> pending;
   std::map<std::string, std::string> include_digests;
@@ -399,6 +402,8 @@ bool is_valid_arch(const std::string& arch) {
   if (i == arch.size()) return true;
   return i + 1 == arch.size() && (arch[i] == 'a' || arch[i] == 'f');
 }
+
+unsigned long long config_generation() { return state().generation.load(std::memory_order_acquire); }
 
 JitConfig get_config() {
   State& s = state();

@@ -6,8 +6,11 @@
 // A compile writes into <cache_dir>/tmp/<unique> and renames that folder into place, so a reader
 // never sees a half-written cubin; the loser of a rename race uses the winner's files. A failed
 // compile leaves its source in <cache_dir>/failed/<name>/<key>/.
+#include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 namespace moe_jit {
 
@@ -42,5 +45,47 @@ BuildOutcome build_with_outcome(const std::string& name, const std::string& code
 
 // True for "sm_<digits>" with an optional "a" or "f" suffix.
 bool is_valid_arch(const std::string& arch);
+
+// Bumped whenever the JIT configuration changes (set_config empties the caches).
+unsigned long long config_generation();
+
+// A launcher's memo from its compile-time parameters (a small key) to the kernel, so the per-call
+// path neither generates nor hashes source code. Emptied when the JIT configuration changes.
+template <typename Key, typename Hash>
+class KernelMemo {
+ public:
+  template <typename Make>
+  std::shared_ptr<const CompiledKernel> get(const Key& key, Make&& make) {
+    const unsigned long long generation = config_generation();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (generation_ != generation) {
+        map_.clear();
+        generation_ = generation;
+      }
+      const auto it = map_.find(key);
+      if (it != map_.end()) return it->second;
+    }
+    std::shared_ptr<const CompiledKernel> kernel = make();  // compiles or loads, unlocked
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (generation_ == generation) map_.emplace(key, kernel);
+    return kernel;
+  }
+
+ private:
+  std::mutex mutex_;
+  unsigned long long generation_ = ~0ull;
+  std::unordered_map<Key, std::shared_ptr<const CompiledKernel>, Hash> map_;
+};
+
+// Hash of a std::array of ints, for KernelMemo keys.
+struct IntArrayHash {
+  template <typename Array>
+  std::size_t operator()(const Array& a) const {
+    std::size_t h = 1469598103934665603ull;
+    for (const auto v : a) h = (h ^ static_cast<std::size_t>(v)) * 1099511628211ull;
+    return h;
+  }
+};
 
 }  // namespace moe_jit

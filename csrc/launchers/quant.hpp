@@ -2,6 +2,7 @@
 // FP8 quantizer family: heuristic (vector width from alignment, threads, grid from the SM count),
 // code generation (one explicit instantiation of a template in impls/quant.cuh) and launch.
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdint>
 #include <initializer_list>
@@ -117,9 +118,12 @@ inline void per_token_launch(const PerTokenConfig& c, const PerTokenArgs& a) {
   MOE_HOST_ASSERT(num_items <= kMaxItems, "per_token_cast_to_fp8: m * ceil(n / gran_k) = "
                                               << num_items << " exceeds 2^31 - 1");
   if (num_items == 0) return;
-  const GeneratedKernel gen = per_token_code(c);
-  const auto kernel =
-      moe_jit::build(gen.name, gen.code, arch_checked(moe_jit::device_arch(a.device)));
+  static moe_jit::KernelMemo<std::array<int, 6>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 6> key = {static_cast<int>(c.in_dtype), c.n, c.gran_k, c.use_ue8m0, c.vec, a.device};
+  const auto kernel = memo.get(key, [&] {
+    const GeneratedKernel gen = per_token_code(c);
+    return moe_jit::build(gen.name, gen.code, arch_checked(moe_jit::device_arch(a.device)));
+  });
 
   const int threads_per_group = std::min(32, c.gran_k / c.vec);
   const long long groups_per_cta = kPerTokenThreads / threads_per_group;
@@ -182,9 +186,12 @@ inline void per_block_launch(const PerBlockConfig& c, const PerBlockArgs& a) {
   MOE_HOST_ASSERT(a.batch <= 65535, "per_block_cast_to_fp8: batch = " << a.batch
                                         << " exceeds 65535");
   if (tiles_n == 0 || a.batch == 0) return;
-  const GeneratedKernel gen = per_block_code(c);
-  const auto kernel =
-      moe_jit::build(gen.name, gen.code, arch_checked(moe_jit::device_arch(a.device)));
+  static moe_jit::KernelMemo<std::array<int, 5>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 5> key = {static_cast<int>(c.in_dtype), c.k, c.use_ue8m0, c.vec, a.device};
+  const auto kernel = memo.get(key, [&] {
+    const GeneratedKernel gen = per_block_code(c);
+    return moe_jit::build(gen.name, gen.code, arch_checked(moe_jit::device_arch(a.device)));
+  });
 
   moe_jit::LaunchConfig cfg;
   cfg.grid_x = static_cast<unsigned>((c.k + kBlock - 1) / kBlock);

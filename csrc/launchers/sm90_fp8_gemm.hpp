@@ -2,6 +2,7 @@
 // FP8 GEMM family (impls/sm90_fp8_gemm.cuh), dense and m-grouped (contiguous, masked): heuristic,
 // code generation, TMA descriptors and launch.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -154,10 +155,16 @@ struct Args {
 
 inline void launch(const Config& c, const Args& a) {
   using namespace moe_jit::driver;
-  const GeneratedKernel gen = generate(c);
-  const std::string arch = moe_jit::device_arch(a.device);
-  MOE_HOST_ASSERT(arch == "sm_90a", "fp8_gemm_nt: this kernel needs an SM90 GPU (H100/H200), the device is " << arch);
-  const auto kernel = moe_jit::build(gen.name, gen.code, arch);
+  static moe_jit::KernelMemo<std::array<int, 10>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 10> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+                                   c.num_stages, c.group_n, static_cast<int>(c.residual), a.device};
+  const auto kernel = memo.get(key, [&] {
+    const std::string arch = moe_jit::device_arch(a.device);
+    MOE_HOST_ASSERT(arch == "sm_90a",
+                    "fp8_gemm_nt: this kernel needs an SM90 GPU (H100/H200), the device is " << arch);
+    const GeneratedKernel gen = generate(c);
+    return moe_jit::build(gen.name, gen.code, arch);
+  });
 
   const bool masked = c.type == GemmType::kGroupedMasked;
   const std::uint64_t rows_a = masked ? static_cast<std::uint64_t>(a.m) * a.num_groups : a.m;

@@ -27,16 +27,22 @@ def resolve_backend(name: str, problem: MoEProblem) -> str:
     """Turn a user's backend name into the one that will run, or raise.
 
     ``"auto"``: ``"staged"`` on CUDA when its module exists and supports ``problem``, else
-    ``"reference"``. ``"fused"`` and an unavailable ``"staged"`` raise NotImplementedError.
+    ``"reference"``. ``"fused"``, and ``"staged"`` where it is missing or does not support
+    ``problem``, raise NotImplementedError with the reason.
     """
     if name not in kBackendNames:
         raise ValueError(f"backend must be one of {kBackendNames}, got {name!r}")
     if name == "fused":
         raise NotImplementedError("the fused Mega MoE kernel is not implemented yet; use backend='reference' "
                                   "(or 'auto')")
-    if name == "staged" and not _available("staged"):
-        raise NotImplementedError("the staged backend needs the GPU grouped GEMM kernels (issue 4); "
-                                  "use backend='reference'")
+    if name == "staged":
+        if not _available("staged"):
+            raise NotImplementedError("the staged backend needs the GPU grouped GEMM kernels (issue 4); "
+                                      "use backend='reference'")
+        supported, reason = importlib.import_module(_kModules["staged"]).is_supported(problem)
+        if not supported:
+            raise NotImplementedError(f"backend='staged' cannot run this layer: {reason}; use backend='reference' "
+                                      "(or 'auto')")
     if name == "auto":
         if problem.device.type == "cuda" and _available("staged"):
             module = importlib.import_module(_kModules["staged"])

@@ -329,7 +329,7 @@ class StagedDispatchCombine(DispatchCombine):
         return is_supported(problem)
 
     def _check(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> None:
-        num_tokens, k, e = x.shape[0], self.problem.top_k, self.problem.num_experts
+        num_tokens, k = x.shape[0], self.problem.top_k
         if x.dim() != 2 or x.shape[1] != self.problem.hidden:
             raise ValueError(f"x must be [T, {self.problem.hidden}], got {tuple(x.shape)}")
         if tuple(topk_idx.shape) != (num_tokens, k) or topk_idx.dtype != torch.int64:
@@ -353,7 +353,9 @@ class StagedDispatchCombine(DispatchCombine):
         flat = topk_idx.reshape(-1)
         key = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)
         order = torch.argsort(key, stable=True)
-        send_counts = torch.bincount(key, minlength=num_experts + 1)[:num_experts].to(torch.int32)
+        # scatter_add_ rather than bincount, which syncs with the device to size its output.
+        send_counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=x.device).scatter_add_(
+            0, key, torch.ones_like(key))[:num_experts].to(torch.int32)
         # Checked after the exchange, where every rank learns every rank's count: all raise together.
         num_invalid = ((flat < -1) | (flat >= num_experts)).sum().to(torch.int32)
         counts, invalid = ex.exchange_counts(send_counts, num_invalid)

@@ -1,0 +1,428 @@
+"""The staged MoE backend against the reference backend.
+
+CPU: the exchange plan against a brute-force layout; the dispatched contiguous layout; the staged
+pair and ``MegaMoELayer(backend="staged")`` against the reference for random, skewed, empty and
+partly unrouted batches; the reasons ``is_supported`` gives; two ranks under torchrun through the
+host SymmBuffer. GPU: the same at EP=1, and two ranks sharing one GPU through torch symmetric memory.
+
+Until the kernel layer exports the grouped GEMMs, the CPU tests put a float32 reference of
+``m_grouped_fp8_gemm_nt_contiguous`` (DeepGEMM's semantics) in its place; the GPU tests need the real ones.
+
+This file is also the multi-rank worker: ``torchrun --nproc-per-node N test_staged.py --device cpu|cuda``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels
+from kernels.reference.gemm import fp8_gemm_nt as reference_fp8_gemm_nt
+from kernels.testing.numeric import calc_diff
+from moe_runtime import MegaMoELayer, RouterConfig
+from moe_runtime.backends import LocalExperts, MoEProblem, create_backend
+from moe_runtime.backends import staged
+from moe_runtime.quant_weights import quantize_expert_weight
+
+H, I, E, S = 256, 128, 8, 128
+kAlignment = 128
+kTolerance = 1e-3
+_kRepo = Path(__file__).resolve().parents[2]
+_kHasGroupedGemm = all(hasattr(kernels, name) for name in (staged.kGroupedGemm, staged.kAlignmentFn))
+
+
+def _reference_contiguous(a, b, d, m_indices):
+    """``m_grouped_fp8_gemm_nt_contiguous`` on CPU tensors: row r of ``d`` is row r of ``a`` times
+    expert ``m_indices[r]`` of ``b``; rows marked -1 are left untouched."""
+    (x, sfx), (w, sfw) = a, b
+    if d.is_cuda:
+        raise RuntimeError("the test's grouped GEMM stand-in runs CPU tensors only")
+    for g in torch.unique(m_indices[m_indices >= 0]).tolist():
+        rows = torch.nonzero(m_indices == g).flatten()
+        d[rows] = reference_fp8_gemm_nt((x[rows], sfx[rows]), (w[g], sfw[g]))
+
+
+def _install_reference_grouped_gemm(setattr_fn) -> None:
+    if not hasattr(kernels, staged.kGroupedGemm):
+        setattr_fn(kernels, staged.kGroupedGemm, _reference_contiguous)
+    if not hasattr(kernels, staged.kAlignmentFn):
+        setattr_fn(kernels, staged.kAlignmentFn, lambda: kAlignment)
+
+
+@pytest.fixture(autouse=True)
+def grouped_gemm(monkeypatch):
+    _install_reference_grouped_gemm(lambda obj, name, value: monkeypatch.setattr(obj, name, value, raising=False))
+
+
+def _expert_weights(num_experts: int, hidden: int, inter: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    gate_up = (torch.randn(num_experts, 2 * inter, hidden, generator=g) / hidden ** 0.5).to(torch.bfloat16)
+    down = (torch.randn(num_experts, hidden, inter, generator=g) / inter ** 0.5).to(torch.bfloat16)
+    return gate_up, down
+
+
+def _problem(device, hidden=H, inter=I, num_experts=E, top_k=3, weights="fp8", dtype=torch.bfloat16, ep_size=1,
+             capacity=4096):
+    return MoEProblem(hidden, inter, num_experts, top_k, weights, dtype, torch.device(device), ep_size, capacity,
+                      use_fp8_dispatch=weights != "bf16")
+
+
+# ---- the exchange plan ---------------------------------------------------------------------------------
+
+
+def _brute_force_layouts(counts: torch.Tensor, alignment: int):
+    """Per destination rank: {(source, expert, i): row} and the m_indices of its layout."""
+    num_ranks, _, num_local = counts.shape
+    layouts = []
+    for q in range(num_ranks):
+        rows, m_indices = {}, []
+        for e in range(num_local):
+            start = len(m_indices)
+            for p in range(num_ranks):
+                for i in range(int(counts[q, p, e])):
+                    rows[(p, e, i)] = len(m_indices)
+                    m_indices.append(e)
+            used = len(m_indices) - start
+            m_indices += [-1] * ((-used) % alignment)
+        layouts.append((rows, m_indices))
+    return layouts
+
+
+@pytest.mark.parametrize("num_ranks,num_local,alignment", [(1, 5, 4), (2, 3, 4), (3, 2, 8), (4, 1, 128)])
+def test_plan_matches_brute_force_layout(seed, num_ranks, num_local, alignment):
+    counts = torch.randint(0, 11, (num_ranks, num_ranks, num_local))
+    counts[0, :, 0] = 0  # an expert that receives nothing
+    layouts = _brute_force_layouts(counts, alignment)
+    for rank in range(num_ranks):
+        plan = staged.plan_exchange(counts, rank, alignment)
+        assert plan.padded_rows == tuple(len(m) for _, m in layouts)
+        # Sender side: the i-th pair sorted by global expert goes to expert_rows[...] of its owner.
+        rows = staged._expand(plan.send_delta, plan.send_counts, plan.num_send_rows).tolist()
+        expected, owners = [], []
+        for q in range(num_ranks):
+            for e in range(num_local):
+                for i in range(int(counts[q, rank, e])):
+                    expected.append(layouts[q][0][(rank, e, i)])
+                    owners.append(q)
+        assert rows == expected
+        assert list(plan.send_rows_per_rank) == [owners.count(q) for q in range(num_ranks)]
+        # Receiver side: rows grouped by source, then by expert.
+        got = staged._expand(plan.recv_delta, plan.recv_counts, plan.num_recv_rows).tolist()
+        mine = layouts[rank][0]
+        assert got == [mine[(p, e, i)] for p in range(num_ranks) for e in range(num_local)
+                       for i in range(int(counts[rank, p, e]))]
+        valid = staged._expand(plan.expert_delta, plan.expert_rows, plan.num_recv_rows).tolist()
+        assert valid == [r for r, e in enumerate(layouts[rank][1]) if e >= 0]
+        assert plan.num_layout_rows == len(layouts[rank][1]) and plan.num_layout_rows % alignment == 0
+
+
+def test_plan_rejects_bad_counts():
+    with pytest.raises(ValueError, match=r"counts must be an integer tensor \[P, P, E_local\]"):
+        staged.plan_exchange(torch.zeros(2, 3, 4, dtype=torch.int64), 0, 128)
+    with pytest.raises(ValueError, match="non-negative"):
+        staged.plan_exchange(-torch.ones(1, 1, 4, dtype=torch.int64), 0, 128)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\)"):
+        staged.plan_exchange(torch.zeros(2, 2, 4, dtype=torch.int64), 2, 128)
+
+
+# ---- the staged pair against the reference pair -------------------------------------------------------
+
+
+def _routing(kind: str, num_tokens: int, top_k: int, num_experts: int, device):
+    """``(topk_idx int64 [T, k], topk_weights float32 [T, k])`` with distinct experts per token."""
+    scores = torch.rand(num_tokens, num_experts)
+    if kind == "skewed":
+        scores[:, 0] += 2.0  # every token picks expert 0; the others get what is left
+        scores[: num_tokens // 10, 1:] += 1.0
+    elif kind == "one_expert_silent":
+        scores[:, 3] = -1.0  # never picked
+    idx = scores.topk(top_k, dim=-1).indices
+    if kind == "unrouted":
+        idx[torch.rand(num_tokens, top_k) < 0.3] = -1
+    weights = torch.rand(num_tokens, top_k) + 0.1
+    return idx.to(device), weights.to(device)
+
+
+def _pairs(problem, gate_up, down, device):
+    experts = LocalExperts(quantize_expert_weight(gate_up.to(device), "fp8"),
+                           quantize_expert_weight(down.to(device), "fp8"), 0)
+    return create_backend("staged", problem, experts, None), create_backend("reference", problem, experts, None)
+
+
+def _run_pair(pair, x, idx, weights, out_dtype=torch.bfloat16):
+    dispatch_combine, experts = pair
+    dispatched = dispatch_combine.dispatch(x, idx, weights)
+    dispatched.handle.out_dtype = out_dtype
+    return dispatch_combine.combine(experts.apply(dispatched), dispatched.handle)
+
+
+@pytest.mark.parametrize("kind,num_tokens", [("random", 300), ("random", 1), ("random", 0), ("skewed", 257),
+                                             ("one_expert_silent", 45), ("unrouted", 130)])
+def test_staged_pair_matches_reference(seed, kind, num_tokens):
+    top_k = 3
+    problem = _problem("cpu", top_k=top_k)
+    gate_up, down = _expert_weights(E, H, I, seed)
+    staged_pair, reference_pair = _pairs(problem, gate_up, down, "cpu")
+    x = torch.randn(num_tokens, H).to(torch.bfloat16)
+    idx, weights = _routing(kind, num_tokens, top_k, E, "cpu")
+    got = _run_pair(staged_pair, x, idx, weights)
+    expected = _run_pair(reference_pair, x, idx, weights)
+    assert got.shape == (num_tokens, H) and got.dtype == torch.bfloat16
+    if num_tokens:
+        assert got.abs().amax() > 0
+        assert calc_diff(got, expected) < kTolerance
+    # The float32 combine output of the layer's shared-expert path.
+    got32 = _run_pair(staged_pair, x, idx, weights, torch.float32)
+    assert got32.dtype == torch.float32 and torch.equal(got32.to(torch.bfloat16), got)
+
+
+def test_staged_pair_detects_a_wrong_expert(seed):
+    """The comparison can fail: swap two experts' weights on the staged side only."""
+    problem = _problem("cpu")
+    gate_up, down = _expert_weights(E, H, I, seed)
+    staged_pair, reference_pair = _pairs(problem, gate_up, down, "cpu")
+    swapped, _ = _pairs(problem, gate_up[[1, 0, *range(2, E)]], down[[1, 0, *range(2, E)]], "cpu")
+    x = torch.randn(200, H).to(torch.bfloat16)
+    idx, weights = _routing("random", 200, 3, E, "cpu")
+    expected = _run_pair(reference_pair, x, idx, weights)
+    assert calc_diff(_run_pair(staged_pair, x, idx, weights), expected) < kTolerance
+    assert calc_diff(_run_pair(swapped, x, idx, weights), expected) > 1e-2
+
+
+def test_dispatch_builds_the_contiguous_layout(seed):
+    top_k = 2
+    problem = _problem("cpu", top_k=top_k)
+    gate_up, down = _expert_weights(E, H, I, seed)
+    (dispatch_combine, _), _ = _pairs(problem, gate_up, down, "cpu")
+    x = torch.randn(150, H).to(torch.bfloat16)
+    idx, weights = _routing("skewed", 150, top_k, E, "cpu")
+    out = dispatch_combine.dispatch(x, idx, weights)
+    m_indices = out.m_indices
+    assert m_indices.dtype == torch.int32 and m_indices.shape[0] % kAlignment == 0
+    blocks = m_indices.view(-1, kAlignment)
+    for block in blocks:
+        experts = block[block >= 0].unique()
+        assert experts.numel() == 1 and block[0] >= 0  # one expert per block, starting at a valid row
+        first_pad = (block < 0).nonzero()
+        if first_pad.numel():
+            assert bool((block[first_pad[0, 0]:] == -1).all())  # padding only at a segment's end
+    counts = torch.bincount(idx.flatten(), minlength=E)
+    assert torch.equal(torch.bincount(m_indices[m_indices >= 0].long(), minlength=E), counts)
+    xq, xs = kernels.per_token_cast_to_fp8(x)
+    valid = (m_indices >= 0).nonzero().flatten()
+    # Rows of one expert, in token order; each row is its token's FP8 row and the slot's weight.
+    tokens, slots = [], []
+    for e in range(E):
+        t, j = (idx == e).nonzero(as_tuple=True)
+        tokens.append(t)
+        slots.append(j)
+    tokens, slots = torch.cat(tokens), torch.cat(slots)
+    assert torch.equal(out.x[valid].view(torch.uint8), xq[tokens].view(torch.uint8))
+    assert torch.equal(out.x_sf[valid], xs[tokens])
+    assert torch.equal(out.topk_weights[valid, 0], weights[tokens, slots])
+    assert torch.equal(out.topk_idx[:, 0], torch.where(m_indices >= 0, m_indices.long(), -1))
+
+
+def test_dispatch_rejects_bad_input(seed):
+    problem = _problem("cpu", top_k=2, capacity=16)
+    gate_up, down = _expert_weights(E, H, I, seed)
+    (dispatch_combine, _), _ = _pairs(problem, gate_up, down, "cpu")
+    x = torch.randn(4, H).to(torch.bfloat16)
+    idx, weights = _routing("random", 4, 2, E, "cpu")
+    with pytest.raises(ValueError, match=r"topk_idx must be int64 \[4, 2\]"):
+        dispatch_combine.dispatch(x, idx.int(), weights)
+    with pytest.raises(ValueError, match=r"topk_weights must be float32 \[4, 2\]"):
+        dispatch_combine.dispatch(x, idx, weights.double())
+    with pytest.raises(ValueError, match=r"x must be \[T, 256\]"):
+        dispatch_combine.dispatch(x[:, :128], idx, weights)
+    with pytest.raises(ValueError, match="exceed num_max_tokens_per_rank=16"):
+        dispatch_combine.dispatch(torch.randn(17, H), *_routing("random", 17, 2, E, "cpu"))
+    idx[1, 1] = E
+    with pytest.raises(ValueError, match=r"expert ids in \[0, 8\) or -1; ids outside that per rank: \[1\]"):
+        dispatch_combine.dispatch(x, idx, weights)
+
+
+# ---- MegaMoELayer(backend="staged") -------------------------------------------------------------------
+
+_kRouters = {
+    "mixtral": (RouterConfig(), 2, False),
+    "deepseek": (RouterConfig(scoring_func="sigmoid", n_group=4, topk_group=2, use_score_bias=True,
+                              routed_scaling_factor=2.5), 3, True),
+}
+
+
+def _layer_pair(router: str, seed: int, device, hidden=H, inter=I, num_experts=E, skew=False, ep_group=None,
+                reference_group=None, capacity=512):
+    cfg, top_k, shared = _kRouters[router]
+    g = torch.Generator().manual_seed(seed)
+    gate_up, down = _expert_weights(num_experts, hidden, inter, seed)
+    w = dict(router_weight=torch.randn(num_experts, hidden, generator=g), gate_up=gate_up, down=down)
+    if cfg.use_score_bias:
+        w["score_bias"] = torch.randn(num_experts, generator=g) * 0.05
+        if skew:
+            w["score_bias"][1] = 10.0  # expert 1 is in every token's top-k
+    if shared:
+        w["shared_gate_up"] = (torch.randn(2 * S, hidden, generator=g) / hidden ** 0.5).to(torch.bfloat16)
+        w["shared_down"] = (torch.randn(hidden, S, generator=g) / S ** 0.5).to(torch.bfloat16)
+    layers = []
+    for backend, group in (("staged", ep_group), ("reference", reference_group)):
+        layer = MegaMoELayer(hidden, inter, num_experts, top_k, router=cfg, weights="fp8", backend=backend,
+                             shared_intermediate_size=S if shared else 0, ep_group=group,
+                             num_max_tokens_per_rank=capacity, device=device)
+        layers.append(layer.load_weights(**w))
+    return layers
+
+
+@pytest.mark.parametrize("router,skew", [("mixtral", False), ("deepseek", False), ("deepseek", True)])
+def test_layer_staged_matches_reference(seed, router, skew):
+    staged_layer, reference_layer = _layer_pair(router, seed, "cpu", skew=skew)
+    assert staged_layer.backend_name == "staged" and reference_layer.backend_name == "reference"
+    for num_tokens in (0, 1, 129, 300):
+        x = torch.randn(num_tokens, H).to(torch.bfloat16)
+        got, expected = staged_layer(x), reference_layer(x)
+        assert got.shape == x.shape and got.dtype == x.dtype
+        if num_tokens:
+            assert calc_diff(got, expected) < kTolerance, (router, skew, num_tokens)
+    x = torch.randn(2, 5, H).to(torch.bfloat16)  # [..., H] inputs keep their shape
+    assert calc_diff(staged_layer(x), reference_layer(x)) < kTolerance
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (dict(weights="bf16"), "FP8 expert weights only, got weights='bf16'"),
+    (dict(weights="fp4"), "FP8xFP4 grouped GEMMs of issue 4"),
+    (dict(dtype=torch.float16), "dtype=torch.float16"),
+    (dict(hidden=192), "hidden=192 must be a multiple of 128"),
+    (dict(inter=64), "intermediate=64 must be a multiple of 128"),
+])
+def test_is_supported_says_why_not(overrides, match):
+    supported, reason = staged.is_supported(_problem("cpu", **overrides))
+    assert not supported and match in reason
+    with pytest.raises(NotImplementedError, match=match.replace("(", r"\(").replace(")", r"\)")):
+        staged.create(_problem("cpu", **overrides), None, None)
+
+
+def test_backend_selection():
+    assert staged.is_supported(_problem("cpu"))[0]
+    assert MegaMoELayer(H, I, E, 2, backend="auto").backend_name == "reference"  # "auto" picks staged on CUDA only
+    assert MegaMoELayer(H, I, E, 2, backend="staged").backend_name == "staged"
+    with pytest.raises(NotImplementedError, match="backend='staged' cannot run this layer: .*weights='fp4'"):
+        MegaMoELayer(H, I, E, 2, backend="staged", weights="fp4")
+
+
+def test_is_supported_without_grouped_gemm(monkeypatch):
+    monkeypatch.delattr(kernels, staged.kGroupedGemm)
+    supported, reason = staged.is_supported(_problem("cpu"))
+    assert not supported and "m_grouped_fp8_gemm_nt_contiguous" in reason and "issue 4" in reason
+
+
+# ---- several ranks under torchrun -------------------------------------------------------------------
+
+
+def _torchrun(nproc: int, device: str) -> str:
+    from moe_runtime.dist import apply_multicast_safety_env
+    env = apply_multicast_safety_env(dict(os.environ))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_kRepo), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           str(Path(__file__).resolve()), "--device", device]
+    proc = subprocess.run(cmd, env=env, cwd=_kRepo, capture_output=True, text=True, timeout=300)
+    output = proc.stdout[-6000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, output
+    assert f"[rank 0/{nproc}] staged worker ok: {nproc} ranks" in proc.stdout, output
+    return proc.stdout
+
+
+@pytest.mark.multirank
+def test_staged_expert_parallel_on_cpu_under_torchrun():
+    _torchrun(2, "cpu")
+
+
+# ---- GPU -----------------------------------------------------------------------------------------------
+
+_kNeedsKernels = pytest.mark.skipif(not (torch.cuda.is_available() and _kHasGroupedGemm),
+                                    reason="needs CUDA and kernels.m_grouped_fp8_gemm_nt_contiguous")
+
+
+@pytest.mark.gpu
+@_kNeedsKernels
+@pytest.mark.parametrize("router,skew", [("mixtral", False), ("deepseek", False), ("deepseek", True)])
+def test_gpu_layer_staged_matches_reference(seed, router, skew):
+    hidden, inter, num_experts = 1024, 512, 16
+    staged_layer, reference_layer = _layer_pair(router, seed, "cuda", hidden, inter, num_experts, skew=skew,
+                                                capacity=4096)
+    assert staged_layer.backend_name == "staged"
+    auto = MegaMoELayer(hidden, inter, num_experts, 2, backend="auto", device="cuda")
+    assert auto.backend_name == "staged", staged.is_supported(auto._problem(torch.device("cuda")))
+    for num_tokens in (0, 1, 127, 1000, 4096):
+        x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+        got, expected = staged_layer(x), reference_layer(x)
+        assert got.shape == x.shape
+        if num_tokens:
+            assert calc_diff(got, expected) < kTolerance, (router, skew, num_tokens)
+
+
+@pytest.mark.gpu
+@pytest.mark.multirank
+@_kNeedsKernels
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_gpu_staged_expert_parallel_ranks_sharing_a_gpu(nproc):
+    _torchrun(nproc, "cuda")
+
+
+# ---- the worker ---------------------------------------------------------------------------------------
+
+
+def _worker_check(condition: bool, message: str) -> None:
+    import torch.distributed as dist
+    if not condition:
+        raise AssertionError(f"rank {dist.get_rank()}: {message}")
+
+
+def worker_main() -> None:
+    """Staged EP layer vs the single-process reference layer on each rank's slice of the tokens."""
+    import torch.distributed as dist
+
+    from moe_runtime import init_distributed, rank_print
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    args = parser.parse_args()
+    ctx = init_distributed(device=args.device)
+    rank, world = ctx.rank, ctx.world_size
+    if args.device == "cpu":
+        _install_reference_grouped_gemm(setattr)
+    alone = [dist.new_group([r]) for r in range(world)][rank]
+    hidden, inter, num_experts = (H, I, E) if args.device == "cpu" else (1024, 512, 16)
+    steps = [[(5, 0, 7, 3)[r % 4] for r in range(world)],      # rank 1 has no tokens
+             [(r * 131) % 300 + 1 for r in range(world)],       # more than a block on some ranks
+             [0] * world]                                     # nobody has tokens
+    for case, (router, skew) in enumerate([("mixtral", False), ("deepseek", True)]):
+        ep, single = _layer_pair(router, case, ctx.device, hidden, inter, num_experts, skew=skew,
+                                 ep_group=ctx.ep_group, reference_group=alone, capacity=512)
+        _worker_check(ep.backend_name == "staged" and ep.num_local_experts == num_experts // world, "placement")
+        for step, counts in enumerate(steps):
+            tokens = torch.randn(sum(counts), hidden, generator=torch.Generator().manual_seed(100 + step))
+            tokens = tokens.to(device=ctx.device, dtype=torch.bfloat16)
+            offset = sum(counts[:rank])
+            mine = tokens[offset: offset + counts[rank]]
+            expected = single(tokens)[offset: offset + counts[rank]]
+            got = ep(mine)
+            _worker_check(got.shape == mine.shape, f"{router} step {step}: shape {tuple(got.shape)}")
+            if counts[rank]:
+                diff = calc_diff(got, expected)
+                _worker_check(diff < kTolerance, f"{router} step {step}: staged EP vs reference calc_diff {diff}")
+    dist.barrier()
+    rank_print(f"staged worker ok: {world} ranks, {ctx.device.type}", only_rank=0)
+    ctx.destroy()
+
+
+if __name__ == "__main__":
+    worker_main()
