@@ -121,6 +121,9 @@ class DistContext:
 
     def destroy(self) -> None:
         if self.owns_process_group and dist.is_initialized():
+            # A rank that tears gloo down while a peer still talks to it can abort the peer
+            # ("terminate called without an active exception"): leave together.
+            dist.barrier(group=self.cpu_group)
             dist.destroy_process_group()
         self.group = self.cpu_group = self.ep_group = None
 

@@ -48,17 +48,11 @@ from moe_runtime.mega import SignalSlots
 from moe_runtime.symm import SymmBuffer, ViewSpec, align_up, compute_layout
 
 kActGroup = 128
-kGroupedGemm = "m_grouped_fp8_gemm_nt_contiguous"
-kAlignmentFn = "get_mk_alignment_for_contiguous_layout"
-
-
-def _missing_kernels() -> list[str]:
-    return [name for name in (kGroupedGemm, kAlignmentFn, "per_token_cast_to_fp8") if not hasattr(kernels, name)]
 
 
 def contiguous_alignment() -> int:
     """Rows every expert segment of the contiguous layout is padded to (the grouped GEMM's block M)."""
-    return int(getattr(kernels, kAlignmentFn)())
+    return kernels.get_mk_alignment_for_contiguous_layout()
 
 
 def is_supported(problem: MoEProblem) -> tuple[bool, str]:
@@ -74,10 +68,6 @@ def is_supported(problem: MoEProblem) -> tuple[bool, str]:
     for value, name in ((problem.hidden, "hidden"), (problem.intermediate, "intermediate")):
         if value % kActGroup:
             return False, f"{name}={value} must be a multiple of {kActGroup} (the FP8 GEMMs' K block)"
-    missing = _missing_kernels()
-    if missing:
-        return False, (f"kernels.{', kernels.'.join(missing)} not available: the staged backend needs the "
-                       "grouped GEMMs of issue 4")
     device = torch.device(problem.device)
     if device.type not in ("cpu", "cuda"):
         return False, f"device {device} is neither CPU nor CUDA"
@@ -317,12 +307,11 @@ class StagedDispatchCombine(DispatchCombine):
     def __init__(self, problem: MoEProblem, group, first_expert: int):
         self.problem = problem
         self.first_expert = first_expert
-        self.alignment = contiguous_alignment()
         device = torch.device(problem.device)
         if group_size(group) == 1:
             self.exchange = _LocalExchange(problem.hidden, problem.top_k, device)
         else:
-            self.exchange = _SymmExchange(problem, group, self.alignment)
+            self.exchange = _SymmExchange(problem, group, contiguous_alignment())
 
     @classmethod
     def is_supported(cls, problem: MoEProblem) -> tuple[bool, str]:
@@ -362,7 +351,8 @@ class StagedDispatchCombine(DispatchCombine):
         if any(invalid):
             raise ValueError(f"topk_idx must hold expert ids in [0, {num_experts}) or -1; ids outside that per "
                              f"rank: {invalid}")
-        plan = plan_exchange(counts, ex.rank, self.alignment)
+        # Read per forward: set_mk_alignment_for_contiguous_layout may change it between calls.
+        plan = plan_exchange(counts, ex.rank, contiguous_alignment())
         buffers = ex.buffers(plan, num_tokens)
 
         device = x.device
@@ -458,7 +448,7 @@ class StagedExperts(Experts):
         out = torch.empty((m, self.hidden), dtype=torch.bfloat16, device=device)
         if m == 0:
             return out
-        gemm = getattr(kernels, kGroupedGemm)
+        gemm = kernels.m_grouped_fp8_gemm_nt_contiguous
         w13, w2 = self.experts.gate_up, self.experts.down
         h = torch.empty((m, 2 * inter), dtype=torch.bfloat16, device=device)
         gemm((dispatched.x, dispatched.x_sf), (w13.data, w13.sf), h, dispatched.m_indices)

@@ -165,6 +165,7 @@ def read_moe_layer(ckpt: SafetensorsCheckpoint, layer_index: int, prefix: str, e
         shared_gate_up, shared_down = _read_mlp(ckpt, f"{prefix}.shared_expert", dtype)
     gate_name = f"{prefix}.shared_expert_gate.weight"
     shared_gate = ckpt.read(gate_name).to(dtype) if gate_name in ckpt else None
-    to = lambda t: None if t is None else t.to(device)
+    def to(tensor: torch.Tensor | None) -> torch.Tensor | None:
+        return None if tensor is None else tensor.to(device)
     return MoELayerWeights(layer_index, to(router), to(gate_up), to(down), to(bias),
                            to(shared_gate_up), to(shared_down), to(shared_gate))

@@ -29,7 +29,8 @@ def main(family: str, out_dir: str) -> None:
         replaced = replace_moe_blocks(copy.deepcopy(model), backend="reference", weights="bf16", ep_group=ctx.ep_group)
         got = replaced(ids).logits
     block = next(m for m in replaced.modules() if isinstance(m, MegaMoEBlock))
-    Path(out_dir, f"rank{ctx.rank}.txt").write_text(f"{block.moe.num_local_experts} {block.moe.num_experts} {calc_diff(got, expected)}\n")
+    line = f"{block.moe.num_local_experts} {block.moe.num_experts} {calc_diff(got, expected)}\n"
+    Path(out_dir, f"rank{ctx.rank}.txt").write_text(line)
     # Tear down together: a gloo peer closing its sockets while the other still drains the last
     # collective has aborted the slower rank under load.
     torch.distributed.barrier()

@@ -166,9 +166,10 @@ def test_percentile_matches_torch_quantile(seed, q):
 
 
 def test_summarize_merges_ranks_and_writes_json(tmp_path):
-    a, b = RankMetrics(rank=0), RankMetrics(rank=1)
-    a.latencies_s, a.ttfts_s, a.prefill_tokens, a.decode_tokens, a.requests_finished = [0.1, 0.3], [0.05, 0.1], 80, 20, 2
-    b.latencies_s, b.ttfts_s, b.prefill_tokens, b.decode_tokens, b.requests_finished = [0.2], [0.02], 30, 10, 1
+    a = RankMetrics(rank=0, latencies_s=[0.1, 0.3], ttfts_s=[0.05, 0.1], prefill_tokens=80, decode_tokens=20,
+                    requests_finished=2)
+    b = RankMetrics(rank=1, latencies_s=[0.2], ttfts_s=[0.02], prefill_tokens=30, decode_tokens=10,
+                    requests_finished=1)
     result = summarize([a, b], wall_s=2.0, run_info={"world_size": 2}, spot_checks=[], periodic=[],
                        stopped_by="completed")
     assert result["tokens"] == 140 and result["tokens_per_s"] == 70.0

@@ -1,0 +1,163 @@
+"""One DeepSeek-V3 MoE layer forward: the staged backend (FP8) against bf16 torch (``torch._grouped_mm``).
+
+    python bench/bench_moe.py [--tokens 1,16,128,512,4096,8192] [--local-experts 256|32] [--iters 20]
+
+The layer: hidden 7168, intermediate 2048, top-8, DeepSeek-V3 routing (sigmoid, score bias, 8 groups
+of which 4 are kept, scaling 2.5), routed experts only (no shared expert). ``--local-experts 256``
+is EP=1; ``--local-experts 32`` is the load of one EP=8 rank, modelled as a 32-expert layer on
+which all T x 8 routes land (every rank sends this one its share). Both sides route with the same
+weights and include the router.
+
+* staged: ``MegaMoELayer(weights="fp8", backend="staged")``: FP8 quantization, local permutation
+  into the contiguous layout, two ``m_grouped_fp8_gemm_nt_contiguous``, SwiGLU x weight, FP8
+  requantization, combine.
+* bf16 torch: sort-based permute, ``torch._grouped_mm`` for gate_up and down, SwiGLU,
+  weighted combine with ``index_add_``, on the same bf16 weights the FP8 ones were quantized from.
+
+Time: median over ``--iters`` forwards of the wall time between CUDA events around one forward
+issued on an idle stream (kernels and host work, including the staged backend's host sync).
+Accuracy: calc_diff of each output against the reference backend (the FP8 numerics contract).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels.testing.numeric import calc_diff
+from moe_runtime import MegaMoELayer, RouterConfig
+from moe_runtime.router import route, router_logits
+from moe_runtime.serving.spot_check import reference_backend
+
+kHidden, kIntermediate, kTopK = 7168, 2048, 8
+
+
+def deepseek_router() -> RouterConfig:
+    return RouterConfig(scoring_func="sigmoid", norm_topk_prob=True, n_group=8, topk_group=4,
+                        routed_scaling_factor=2.5, use_score_bias=True)
+
+
+@dataclass
+class Bf16Weights:
+    """``router`` [E, H], ``bias`` float32 [E], ``gate_up`` bf16 [E, 2I, H], ``down`` bf16 [E, H, I]."""
+
+    router: torch.Tensor
+    bias: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+def make_weights(num_experts: int, device: torch.device, seed: int = 0) -> Bf16Weights:
+    """Random weights scaled like a trained layer's (unit-variance activations through each GEMM)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    gate_up = torch.empty(num_experts, 2 * kIntermediate, kHidden, dtype=torch.bfloat16, device=device)
+    down = torch.empty(num_experts, kHidden, kIntermediate, dtype=torch.bfloat16, device=device)
+    for e in range(num_experts):  # per expert: no float32 staging copy of the whole 22 GB
+        gate_up[e].normal_(0.0, kHidden ** -0.5, generator=g)
+        down[e].normal_(0.0, kIntermediate ** -0.5, generator=g)
+    router = torch.randn(num_experts, kHidden, generator=g, device=device) * kHidden ** -0.5
+    bias = torch.randn(num_experts, generator=g, device=device) * 0.01
+    return Bf16Weights(router, bias, gate_up, down)
+
+
+def bf16_forward(x: torch.Tensor, w: Bf16Weights, config: RouterConfig) -> torch.Tensor:
+    """bf16 [T, H] -> bf16 [T, H] with ``torch._grouped_mm`` (2-D tokens x 3-D weights, offsets along M)."""
+    num_tokens, num_experts = x.shape[0], w.gate_up.shape[0]
+    routing = route(router_logits(x, w.router, config), kTopK, config, w.bias)
+    flat = routing.topk_idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    tokens = order // kTopK
+    # scatter_add_ rather than bincount, which syncs with the device.
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    offs = counts.cumsum(0).to(torch.int32)
+    h = torch._grouped_mm(x.index_select(0, tokens), w.gate_up.transpose(1, 2), offs=offs)
+    act = (F.silu(h[:, :kIntermediate].float()) * h[:, kIntermediate:].float()).to(torch.bfloat16)
+    y = torch._grouped_mm(act, w.down.transpose(1, 2), offs=offs)
+    weights = routing.topk_weights.reshape(-1).index_select(0, order)
+    out = torch.zeros((num_tokens, kHidden), dtype=torch.float32, device=x.device)
+    out.index_add_(0, tokens, y.float() * weights.unsqueeze(1))
+    return out.to(torch.bfloat16)
+
+
+def wall_us(fn, iters: int, warmup: int = 3) -> float:
+    """Median microseconds between CUDA events around one call, each on an idle stream."""
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(samples)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", default="1,16,128,512,4096,8192", help="comma-separated token counts")
+    parser.add_argument("--local-experts", type=int, choices=[256, 32], default=256,
+                        help="256: the whole layer (EP=1); 32: one EP=8 rank's shard")
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--no-check", action="store_true", help="skip the reference-backend accuracy columns")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_moe: needs a CUDA device", file=sys.stderr)
+        return 1
+    token_counts = [int(t) for t in args.tokens.split(",")]
+    if not token_counts or min(token_counts) < 1:
+        parser.error(f"--tokens must be positive ints, got {args.tokens!r}")
+    device = torch.device("cuda", torch.cuda.current_device())
+    num_experts, config = args.local_experts, deepseek_router()
+    began = time.perf_counter()
+
+    weights = make_weights(num_experts, device)
+    layer = MegaMoELayer(kHidden, kIntermediate, num_experts, kTopK, router=config, weights="fp8",
+                         backend="staged", num_max_tokens_per_rank=max(token_counts), device=device)
+    layer.load_weights(router_weight=weights.router, gate_up=weights.gate_up, down=weights.down,
+                       score_bias=weights.bias)
+    torch.cuda.synchronize()
+    setup_s = time.perf_counter() - began
+
+    rows = []
+    with torch.inference_mode():
+        for num_tokens in token_counts:
+            x = torch.randn(num_tokens, kHidden, device=device).to(torch.bfloat16)
+            staged_out, torch_out = layer(x), bf16_forward(x, weights, config)  # also JIT-compiles on first use
+            if args.no_check:
+                diffs = ("-", "-")
+            else:
+                with reference_backend([layer]):
+                    expected = layer(x)
+                diffs = (f"{calc_diff(staged_out, expected):.1e}", f"{calc_diff(torch_out, expected):.1e}")
+            staged_us = wall_us(lambda: layer(x), args.iters)
+            torch_us = wall_us(lambda: bf16_forward(x, weights, config), args.iters)
+            rows.append((num_tokens, staged_us, torch_us, *diffs))
+            print(f"tokens {num_tokens}: staged {staged_us:.0f} us, bf16 torch {torch_us:.0f} us", file=sys.stderr,
+                  flush=True)
+
+    props = torch.cuda.get_device_properties(device)
+    print(f"\n`python bench/bench_moe.py {' '.join(sys.argv[1:])}`".rstrip() + "`" * 0)
+    print(f"\n{props.name}, torch {torch.__version__}; DeepSeek-V3 MoE layer, hidden {kHidden}, intermediate "
+          f"{kIntermediate}, top-{kTopK}, {num_experts} local experts, routed experts only; median of {args.iters} "
+          f"forwards, CUDA events around each (host work included); setup {setup_s:.0f} s, total "
+          f"{time.perf_counter() - began:.0f} s.\n")
+    print("| tokens | staged FP8 (µs) | bf16 torch._grouped_mm (µs) | speed-up | calc_diff staged vs reference "
+          "| calc_diff bf16 vs reference |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for num_tokens, staged_us, torch_us, d_staged, d_torch in rows:
+        print(f"| {num_tokens} | {staged_us:.0f} | {torch_us:.0f} | {torch_us / staged_us:.2f}x | {d_staged} "
+              f"| {d_torch} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
