@@ -56,12 +56,13 @@ class Bf16Weights:
 def make_weights(num_experts: int, device: torch.device, seed: int = 0) -> Bf16Weights:
     """Random weights scaled like a trained layer's (unit-variance activations through each GEMM)."""
     g = torch.Generator(device=device).manual_seed(seed)
+    # Drawn in bf16 in place: no float32 copy of the 22 GB of a 256-expert layer.
     gate_up = torch.empty(num_experts, 2 * kIntermediate, kHidden, dtype=torch.bfloat16, device=device)
+    gate_up.normal_(0.0, kHidden ** -0.5, generator=g)
     down = torch.empty(num_experts, kHidden, kIntermediate, dtype=torch.bfloat16, device=device)
-    for e in range(num_experts):  # per expert: no float32 staging copy of the whole 22 GB
-        gate_up[e].normal_(0.0, kHidden ** -0.5, generator=g)
-        down[e].normal_(0.0, kIntermediate ** -0.5, generator=g)
-    router = torch.randn(num_experts, kHidden, generator=g, device=device) * kHidden ** -0.5
+    down.normal_(0.0, kIntermediate ** -0.5, generator=g)
+    # bf16, as MegaMoELayer stores it: both sides then route identically.
+    router = (torch.randn(num_experts, kHidden, generator=g, device=device) * kHidden ** -0.5).to(torch.bfloat16)
     bias = torch.randn(num_experts, generator=g, device=device) * 0.01
     return Bf16Weights(router, bias, gate_up, down)
 
@@ -145,7 +146,8 @@ def main() -> int:
                   flush=True)
 
     props = torch.cuda.get_device_properties(device)
-    print(f"\n`python bench/bench_moe.py {' '.join(sys.argv[1:])}`".rstrip() + "`" * 0)
+    command = " ".join(["python bench/bench_moe.py", *sys.argv[1:]])
+    print(f"\n`{command}`")
     print(f"\n{props.name}, torch {torch.__version__}; DeepSeek-V3 MoE layer, hidden {kHidden}, intermediate "
           f"{kIntermediate}, top-{kTopK}, {num_experts} local experts, routed experts only; median of {args.iters} "
           f"forwards, CUDA events around each (host work included); setup {setup_s:.0f} s, total "

@@ -38,6 +38,7 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["num_tiles"] = c.num_tiles(m);
   d["grid"] = std::min(c.num_tiles(m), c.num_sms);
   d["m_compiled"] = c.m_compiled;
+  d["swizzle_d"] = c.swizzle_d;
   return d;
 }
 

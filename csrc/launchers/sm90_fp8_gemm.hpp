@@ -36,6 +36,7 @@ struct Config {
   Residual residual;
   int num_sms;     // persistent grid size upper bound
   int smem_bytes;
+  int swizzle_d;   // bytes of the epilogue's swizzle atom (128, 64, 32) or 0 for plain rows
 
   // Tiles of an m-row problem (per group for kGroupedMasked; an upper bound for the grid).
   int num_tiles(int m) const { return ((m + block_m - 1) / block_m) * ((n + block_n - 1) / block_n); }
@@ -73,7 +74,9 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.m_compiled = compile_m ? m : 0;
   cfg.n = n;
   cfg.k = k;
-  cfg.block_m = m <= 64 ? 64 : 128;
+  // Up to 128 rows the weights dominate the bytes: one math warpgroup per CTA leaves shared memory
+  // to deep B stages (two 64-row CTAs share each B tile through L2).
+  cfg.block_m = m <= 128 ? 64 : 128;
   cfg.group_n = kGroupN;
   cfg.residual = residual;
   cfg.num_sms = num_sms;
@@ -96,6 +99,8 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   MOE_HOST_ASSERT(cfg.num_stages >= 2, "fp8_gemm_nt: no pipeline fits shared memory for block "
                                            << cfg.block_m << "x" << cfg.block_n);
   cfg.smem_bytes = smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages);
+  // The widest swizzle whose atom (swizzle / 2 bf16 columns) divides block N.
+  cfg.swizzle_d = cfg.block_n % 64 == 0 ? 128 : cfg.block_n % 32 == 0 ? 64 : cfg.block_n % 16 == 0 ? 32 : 0;
   return cfg;
 }
 
@@ -113,7 +118,7 @@ inline GeneratedKernel generate(const Config& c) {
      << "  return reinterpret_cast<void*>(&moe_kernels::sm90_fp8_gemm_nt<" << static_cast<int>(c.type) << ", "
      << c.m_compiled << ", " << c.n << ", "
      << c.k << ", " << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", " << c.group_n << ", "
-     << static_cast<int>(c.residual) << ">);\n"
+     << static_cast<int>(c.residual) << ", " << c.swizzle_d << ">);\n"
      << "}\n";
   return {"sm90_fp8_gemm_nt", os.str()};
 }
@@ -155,9 +160,9 @@ struct Args {
 
 inline void launch(const Config& c, const Args& a) {
   using namespace moe_jit::driver;
-  static moe_jit::KernelMemo<std::array<int, 10>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 10> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
-                                   c.num_stages, c.group_n, static_cast<int>(c.residual), a.device};
+  static moe_jit::KernelMemo<std::array<int, 11>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 11> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+                                   c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, a.device};
   const auto kernel = memo.get(key, [&] {
     const std::string arch = moe_jit::device_arch(a.device);
     MOE_HOST_ASSERT(arch == "sm_90a",
@@ -173,12 +178,17 @@ inline void launch(const Config& c, const Args& a) {
   const CUtensorMap map_b = make_tma(a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
                                      static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK, c.block_n,
                                      CU_TENSOR_MAP_SWIZZLE_128B, "B");
-  // A masked group's tile must not spill into the next group's rows: D is 3-D there.
+  // One TMA box per epilogue atom. A masked group's tile must not spill into the next group's
+  // rows: D is 3-D there.
+  const std::uint32_t box_n = c.swizzle_d == 0 ? c.block_n : c.swizzle_d / 2;
+  const CUtensorMapSwizzle swizzle_d = c.swizzle_d == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                                       : c.swizzle_d == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                       : c.swizzle_d == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                                           : CU_TENSOR_MAP_SWIZZLE_NONE;
   const CUtensorMap map_d =
-      masked ? make_tma(a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, c.block_n, c.block_m,
-                        CU_TENSOR_MAP_SWIZZLE_NONE, "D", a.num_groups, a.ldd * a.m)
-             : make_tma(a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, c.block_n, c.block_m,
-                        CU_TENSOR_MAP_SWIZZLE_NONE, "D");
+      masked ? make_tma(a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, box_n, c.block_m, swizzle_d, "D",
+                        a.num_groups, a.ldd * a.m)
+             : make_tma(a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, box_n, c.block_m, swizzle_d, "D");
 
   moe_jit::LaunchConfig cfg;
   const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);

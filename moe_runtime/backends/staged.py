@@ -322,7 +322,8 @@ class StagedDispatchCombine(DispatchCombine):
         if x.dim() != 2 or x.shape[1] != self.problem.hidden:
             raise ValueError(f"x must be [T, {self.problem.hidden}], got {tuple(x.shape)}")
         if tuple(topk_idx.shape) != (num_tokens, k) or topk_idx.dtype != torch.int64:
-            raise ValueError(f"topk_idx must be int64 [{num_tokens}, {k}], got {topk_idx.dtype} {tuple(topk_idx.shape)}")
+            raise ValueError(f"topk_idx must be int64 [{num_tokens}, {k}], got {topk_idx.dtype} "
+                             f"{tuple(topk_idx.shape)}")
         if tuple(topk_weights.shape) != (num_tokens, k) or topk_weights.dtype != torch.float32:
             raise ValueError(f"topk_weights must be float32 [{num_tokens}, {k}], got {topk_weights.dtype} "
                              f"{tuple(topk_weights.shape)}")
@@ -413,7 +414,7 @@ class StagedDispatchCombine(DispatchCombine):
 
         num_tokens, k = handle.num_local_tokens, self.problem.top_k
         slots = mine.combine[: num_tokens * k].view(num_tokens, k, hidden)
-        if k == 0 or num_tokens == 0:
+        if num_tokens == 0:
             return torch.zeros((num_tokens, hidden), dtype=handle.out_dtype, device=expert_out.device)
         # Slot order and float32, as the reference sums; unrouted slots hold stale data and add 0.
         acc = None
@@ -443,7 +444,8 @@ class StagedExperts(Experts):
 
     def apply(self, dispatched: DispatchResult) -> torch.Tensor:
         if not isinstance(dispatched, StagedDispatchResult) or dispatched.m_indices is None:
-            raise TypeError(f"dispatched must come from StagedDispatchCombine.dispatch, got {type(dispatched).__name__}")
+            raise TypeError(f"dispatched must come from StagedDispatchCombine.dispatch, got "
+                            f"{type(dispatched).__name__}")
         m, inter, device = dispatched.x.shape[0], self.intermediate, dispatched.x.device
         out = torch.empty((m, self.hidden), dtype=torch.bfloat16, device=device)
         if m == 0:

@@ -1,7 +1,7 @@
 #pragma once
 // Epilogue: FP32 accumulators (wgmma fragment layout, see scale_promotion.cuh) -> optional
-// residual C added in FP32 -> BF16 tile in shared memory, row-major [block_m][kBlockN], which one
-// thread then stores with TMA (the TMA unit clips rows and columns outside D).
+// residual C added in FP32 -> BF16 tile in shared memory, which one thread then stores with TMA
+// (the TMA unit clips rows and columns outside D).
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/sm90_ptx.cuh>
@@ -19,13 +19,38 @@ __device__ __forceinline__ float load_residual(const void* c, uint64_t offset) {
   }
 }
 
+// The tile of D in shared memory is split into column atoms of kAtomN elements, each a
+// [block_m][kAtomN] row-major box that one TMA store writes. With kSwizzleBytes = 2 * kAtomN in
+// {32, 64, 128} the 16-byte chunks of each row are XOR-swizzled the way the TMA unit reads them
+// back, so the 8 rows a warp writes at once land in different banks; kSwizzleBytes = 0 keeps
+// plain rows (kAtomN = kBlockN).
+template <uint32_t kBlockN, uint32_t kSwizzleBytes>
+struct EpilogueLayout {
+  static constexpr uint32_t kAtomN = kSwizzleBytes == 0 ? kBlockN : kSwizzleBytes / 2;
+  static constexpr uint32_t kNumAtoms = kBlockN / kAtomN;
+  static_assert(kBlockN % kAtomN == 0, "block N must be a whole number of swizzle atoms");
+
+  // Byte offset of element (row, col) of a tile with block_m rows.
+  __device__ __forceinline__ static uint32_t offset(uint32_t block_m, uint32_t row, uint32_t col) {
+    const uint32_t atom = col / kAtomN;
+    uint32_t in_atom = row * (kAtomN * 2) + (col % kAtomN) * 2;
+    if constexpr (kSwizzleBytes != 0) {
+      // Swizzle<log2(kSwizzleBytes / 16), 4, 3>: chunk bits [4, ...) ^= bits [7, ...).
+      constexpr uint32_t kMask = kSwizzleBytes / 16 - 1;
+      in_atom ^= ((in_atom >> 7) & kMask) << 4;
+    }
+    return atom * block_m * (kAtomN * 2) + in_atom;
+  }
+};
+
 // Writes one warpgroup's 64 x kBlockN fragment; `tile_row0` is this thread's first row in the
 // tile, (global_row0, global_col0) the tile's origin in D, for the residual's bounds and address.
-template <uint32_t kBlockN, ResidualType kResidual>
-__device__ __forceinline__ void store_fragment_to_smem(__nv_bfloat16* smem_d, const float* final_acc,
-                                                       uint32_t tile_row0, uint32_t lane, const void* c,
-                                                       uint32_t ldc, uint32_t global_row0, uint32_t global_col0,
-                                                       uint32_t m, uint32_t n) {
+template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kSwizzleBytes, ResidualType kResidual>
+__device__ __forceinline__ void store_fragment_to_smem(uint8_t* smem_d, const float* final_acc, uint32_t tile_row0,
+                                                       uint32_t lane, const void* c, uint32_t ldc,
+                                                       uint32_t global_row0, uint32_t global_col0, uint32_t m,
+                                                       uint32_t n) {
+  using Layout = EpilogueLayout<kBlockN, kSwizzleBytes>;
 #pragma unroll
   for (uint32_t j = 0; j < kBlockN / 8; ++j) {
     const uint32_t col = j * 8 + (lane % 4) * 2;
@@ -43,7 +68,7 @@ __device__ __forceinline__ void store_fragment_to_smem(__nv_bfloat16* smem_d, co
           v1 += load_residual<kResidual>(c, offset + 1);
         }
       }
-      *reinterpret_cast<__nv_bfloat162*>(smem_d + row * kBlockN + col) = __floats2bfloat162_rn(v0, v1);
+      *reinterpret_cast<__nv_bfloat162*>(smem_d + Layout::offset(kBlockM, row, col)) = __floats2bfloat162_rn(v0, v1);
     }
   }
 }

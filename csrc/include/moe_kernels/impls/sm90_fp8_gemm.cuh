@@ -40,7 +40,7 @@ struct Fp8GemmSmem {
 // shape_m: rows of A (kNormal, kGroupedContiguous) or rows per group (kGroupedMasked, whose
 // group g starts at row g * shape_m of A and D); grouped_layout: m_indices or masked_m.
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
-          uint32_t kNumStages, uint32_t kGroupN, int kResidual>
+          uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes>
 __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -73,7 +73,8 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
-  auto* smem_d = reinterpret_cast<__nv_bfloat16*>(smem);
+  uint8_t* smem_d = smem;
+  using DLayout = EpilogueLayout<kBlockN, kSwizzleDBytes>;
   auto* smem_sf = reinterpret_cast<float*>(smem + Smem::kOffsetSf);
   auto* barriers = reinterpret_cast<uint64_t*>(smem + Smem::kOffsetBarriers);
   const StageRing<kNumStages> ring{barriers, barriers + kNumStages};
@@ -183,15 +184,20 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
     // Epilogue: the previous tile's TMA store must have finished reading shared memory.
     if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
     sm90::named_barrier_sync(1, kNumMathThreads);
-    store_fragment_to_smem<kBlockN, kResidualType>(smem_d, final_acc, tile_row0, lane, c, ldc, a_row0(t),
-                                                   t.n_block * kBlockN, m, kShapeN);
+    store_fragment_to_smem<kBlockM, kBlockN, kSwizzleDBytes, kResidualType>(
+        smem_d, final_acc, tile_row0, lane, c, ldc, a_row0(t), t.n_block * kBlockN, m, kShapeN);
     sm90::fence_proxy_async_shared();
     sm90::named_barrier_sync(1, kNumMathThreads);
     if (threadIdx.x == 0) {
-      if constexpr (kType == GemmType::kGroupedMasked) {
-        sm90::tma_store_3d(&map_d, smem_d, t.n_block * kBlockN, t.m_block * kBlockM, t.group);
-      } else {
-        sm90::tma_store_2d(&map_d, smem_d, t.n_block * kBlockN, a_row0(t));
+#pragma unroll
+      for (uint32_t atom = 0; atom < DLayout::kNumAtoms; ++atom) {
+        const uint8_t* src = smem_d + atom * kBlockM * DLayout::kAtomN * 2;
+        const uint32_t col = t.n_block * kBlockN + atom * DLayout::kAtomN;
+        if constexpr (kType == GemmType::kGroupedMasked) {
+          sm90::tma_store_3d(&map_d, src, col, t.m_block * kBlockM, t.group);
+        } else {
+          sm90::tma_store_2d(&map_d, src, col, a_row0(t));
+        }
       }
       sm90::tma_store_commit();
     }
