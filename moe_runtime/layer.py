@@ -7,6 +7,8 @@ step, with zero tokens when it has none.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
 
@@ -128,8 +130,11 @@ class MegaMoELayer(nn.Module):
         if device != self._default_device:
             # "auto" picks by device: weights loaded elsewhere than the layer was built may change the pick.
             self.backend_name = resolve_backend(self._backend_request, self._problem(device))
+        # The gate keeps the precision its logits are computed in (DeepSeek-V3's is float32 even in
+        # bf16 models): rounding it to the layer dtype can flip near-tied routing decisions.
+        gate_dtype = self.router_config.logits_dtype or torch.float32
         self.register_buffer("router_weight", self._expect(router_weight, "router_weight", (e, h))
-                             .to(device=device, dtype=self.dtype))
+                             .to(device=device, dtype=gate_dtype))
         if self.router_config.use_score_bias:
             if score_bias is None:
                 raise ValueError("router.use_score_bias=True needs score_bias [E]")
@@ -158,6 +163,18 @@ class MegaMoELayer(nn.Module):
         self._backend_cache = None
         self.loaded = True
         return self
+
+    @contextlib.contextmanager
+    def use_backend(self, backend: str):
+        """Run forwards on ``backend`` inside the block (e.g. ``"reference"`` for a spot check of
+        the served backend), then go back to the previous one with its cached state."""
+        saved = (self.backend_name, self._backend_cache)
+        self.backend_name = resolve_backend(backend, self._problem(self.device))
+        self._backend_cache = None
+        try:
+            yield self
+        finally:
+            self.backend_name, self._backend_cache = saved
 
     def _backend(self, device: torch.device):
         # Rebuilt when the weight tensors change (load_weights, module.to(...)).

@@ -21,20 +21,12 @@ kReferenceBackend = "reference"
 
 @contextlib.contextmanager
 def reference_backend(layers):
-    """Run ``layers`` (MegaMoELayers) on the reference backend inside the block.
-
-    MegaMoELayer has no public switch yet, so this swaps its resolved backend name and backend
-    cache, and puts both back afterwards (the served backend's cached state, e.g. its symmetric
-    buffer, is kept rather than rebuilt).
-    """
-    saved = [(layer.backend_name, layer._backend_cache) for layer in layers]
-    try:
+    """Run ``layers`` (MegaMoELayers) on the reference backend inside the block; the served
+    backend's cached state (e.g. its symmetric buffer) is kept rather than rebuilt."""
+    with contextlib.ExitStack() as stack:
         for layer in layers:
-            layer.backend_name, layer._backend_cache = kReferenceBackend, None
+            stack.enter_context(layer.use_backend(kReferenceBackend))
         yield
-    finally:
-        for layer, (name, cache) in zip(layers, saved):
-            layer.backend_name, layer._backend_cache = name, cache
 
 
 class SpotChecker:

@@ -69,7 +69,7 @@ def _expert64(xq, w, w13, w2, fmt, dtype):
 def _naive(layer, w, x, fmt):
     """Per-token, per-slot float64 loop from the numerics contract."""
     cfg = layer.router_config
-    routing = route(router_logits(x, w["router_weight"].to(layer.dtype), cfg), layer.top_k, cfg,
+    routing = route(router_logits(x, w["router_weight"].to(cfg.logits_dtype or torch.float32), cfg), layer.top_k, cfg,
                     w.get("score_bias"))
     w13, w2 = _dequant64(w["gate_up"], fmt), _dequant64(w["down"], fmt)
     if "shared_gate_up" in w:
@@ -160,7 +160,7 @@ def test_backend_selection():
     with pytest.raises(NotImplementedError, match="fused Mega MoE kernel is not implemented yet"):
         MegaMoELayer(H, I, E, 2, backend="fused")
     with pytest.raises(NotImplementedError, match="issue 4"):
-        MegaMoELayer(H, I, E, 2, backend="staged")
+        MegaMoELayer(H, I, E, 2, backend="staged", weights="fp4")
     with pytest.raises(ValueError, match="backend must be one of"):
         MegaMoELayer(H, I, E, 2, backend="triton")
 
@@ -206,3 +206,17 @@ def test_load_and_forward_errors():
         layer(torch.ones(2, H, dtype=torch.int64))
     with pytest.raises(ValueError, match="is on meta"):
         layer(torch.randn(2, H, device="meta"))
+
+
+def test_use_backend_switches_and_restores():
+    w = _weights(0)
+    w.pop("score_bias")
+    layer = MegaMoELayer(H, I, E, 2, weights="fp8", backend="staged").load_weights(**w)
+    x = torch.randn(16, H).to(torch.bfloat16)
+    staged = layer(x)
+    cache = layer._backend_cache
+    with layer.use_backend("reference") as same:
+        assert same is layer and layer.backend_name == "reference"
+        reference = layer(x)
+    assert layer.backend_name == "staged" and layer._backend_cache is cache
+    assert torch.isfinite(staged).all() and torch.isfinite(reference).all()

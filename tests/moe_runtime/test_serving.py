@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import random
 
@@ -318,6 +320,15 @@ class _FakeBackendLayer(torch.nn.Module):
 
     def forward(self, x):
         return x * (1.0 if self.backend_name == "reference" else 1.05)
+
+    @contextlib.contextmanager
+    def use_backend(self, backend):
+        saved = (self.backend_name, self._backend_cache)
+        self.backend_name, self._backend_cache = backend, None
+        try:
+            yield self
+        finally:
+            self.backend_name, self._backend_cache = saved
 
 
 @pytest.mark.parametrize("num_tokens", [0, 5])

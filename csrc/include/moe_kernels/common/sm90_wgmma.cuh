@@ -1,7 +1,8 @@
 #pragma once
-// FP8 (E4M3 x E4M3 -> FP32) warpgroup MMA of shape 64 x kN x 32 with both operands in shared
-// memory, for every kN that is a multiple of 8 up to 256. The instruction atoms come from CuTe;
-// this wraps their per-register signature so kernels pass an accumulator array.
+// Warpgroup MMAs with both operands K-major in shared memory, FP32 accumulators, for every N that
+// is a multiple of 8 up to 256: FP8 (E4M3 x E4M3, 64 x N x 32) and BF16 (64 x N x 16). The
+// instruction atoms come from CuTe; this wraps their per-register signature so kernels pass an
+// accumulator array.
 
 #include <cuda/std/utility>
 // The non-power-of-two N shapes live in the extended header, opt-in.
@@ -32,22 +33,45 @@ MOE_FP8_WGMMA_ATOM(232) MOE_FP8_WGMMA_ATOM(240) MOE_FP8_WGMMA_ATOM(248) MOE_FP8_
 #undef MOE_FP8_WGMMA_ATOM
 
 template <uint32_t kN>
-struct Fp8Wgmma {
+struct Bf16WgmmaAtom;
+
+#define MOE_BF16_WGMMA_ATOM(N)                                                                            \
+  template <>                                                                                             \
+  struct Bf16WgmmaAtom<N> {                                                                               \
+    using type = cute::SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,             \
+                                                                    cute::SM90::GMMA::Major::K>;         \
+  };
+MOE_BF16_WGMMA_ATOM(8) MOE_BF16_WGMMA_ATOM(16) MOE_BF16_WGMMA_ATOM(24) MOE_BF16_WGMMA_ATOM(32)
+MOE_BF16_WGMMA_ATOM(40) MOE_BF16_WGMMA_ATOM(48) MOE_BF16_WGMMA_ATOM(56) MOE_BF16_WGMMA_ATOM(64)
+MOE_BF16_WGMMA_ATOM(72) MOE_BF16_WGMMA_ATOM(80) MOE_BF16_WGMMA_ATOM(88) MOE_BF16_WGMMA_ATOM(96)
+MOE_BF16_WGMMA_ATOM(104) MOE_BF16_WGMMA_ATOM(112) MOE_BF16_WGMMA_ATOM(120) MOE_BF16_WGMMA_ATOM(128)
+MOE_BF16_WGMMA_ATOM(136) MOE_BF16_WGMMA_ATOM(144) MOE_BF16_WGMMA_ATOM(152) MOE_BF16_WGMMA_ATOM(160)
+MOE_BF16_WGMMA_ATOM(168) MOE_BF16_WGMMA_ATOM(176) MOE_BF16_WGMMA_ATOM(184) MOE_BF16_WGMMA_ATOM(192)
+MOE_BF16_WGMMA_ATOM(200) MOE_BF16_WGMMA_ATOM(208) MOE_BF16_WGMMA_ATOM(216) MOE_BF16_WGMMA_ATOM(224)
+MOE_BF16_WGMMA_ATOM(232) MOE_BF16_WGMMA_ATOM(240) MOE_BF16_WGMMA_ATOM(248) MOE_BF16_WGMMA_ATOM(256)
+#undef MOE_BF16_WGMMA_ATOM
+
+template <typename Atom, uint32_t kN, uint32_t kDepth>
+struct WgmmaOp {
   static constexpr uint32_t kM = 64;
-  static constexpr uint32_t kK = 32;
+  static constexpr uint32_t kK = kDepth;         // elements of K per instruction (32 bytes)
   static constexpr uint32_t kNumAccum = kN / 2;  // FP32 accumulators per thread
 
   template <int... kI>
   __device__ __forceinline__ static void issue(uint64_t desc_a, uint64_t desc_b, float* d, bool accumulate,
                                                cuda::std::integer_sequence<int, kI...>) {
-    Fp8WgmmaAtom<kN>::type::fma(desc_a, desc_b, d[kI]...,
-                                accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+    Atom::fma(desc_a, desc_b, d[kI]..., accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
   }
 
-  // d (+)= A[64 x 32] * B[kN x 32]^T; descriptors point at the K-slice in shared memory.
+  // d (+)= A[64 x kK] * B[kN x kK]^T; descriptors point at the K-slice in shared memory.
   __device__ __forceinline__ static void mma(uint64_t desc_a, uint64_t desc_b, float* d, bool accumulate) {
     issue(desc_a, desc_b, d, accumulate, cuda::std::make_integer_sequence<int, kNumAccum>{});
   }
 };
+
+template <uint32_t kN>
+using Fp8Wgmma = WgmmaOp<typename Fp8WgmmaAtom<kN>::type, kN, 32>;
+template <uint32_t kN>
+using Bf16Wgmma = WgmmaOp<typename Bf16WgmmaAtom<kN>::type, kN, 16>;
 
 }  // namespace moe_kernels::sm90
