@@ -53,6 +53,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", default="64,128,4096")
     parser.add_argument("--csv", default=None)
+    parser.add_argument("--bf16", action="store_true", help="also time bf16_gemm_nt against torch.mm (cuBLAS)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_gemm: needs a CUDA device", file=sys.stderr)
@@ -91,6 +92,23 @@ def main() -> int:
     if block:
         geo = torch.tensor(block).log().mean().exp().item()
         print(f"geometric mean speed-up over cuBLAS block-scaled ({len(block)} shapes): {geo:.3f}x")
+    if args.bf16:
+        print(f"\n{'M':>5} {'N':>6} {'K':>6} | {'bf16 us':>8} {'TFLOP/s':>8} {'call us':>8} | "
+              f"{'torch.mm us':>11} {'TFLOP/s':>8} | {'speedup':>7} {'diff':>8}")
+        for m in [int(x) for x in args.ms.split(",")]:
+            for n, k in SHAPES:
+                a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+                d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                ours = lambda: kernels.bf16_gemm_nt(a, b, d)  # noqa: E731
+                theirs = lambda: torch.mm(a, b.t())  # noqa: E731
+                ours()
+                diff = calc_diff(d, theirs())
+                t = bench_kineto(ours, "sm90_bf16_gemm_nt").median_s
+                t_ref = bench_kineto(theirs, "").median_s
+                flops = 2 * m * n * k
+                print(f"{m:>5} {n:>6} {k:>6} | {t * 1e6:>8.1f} {flops / t / 1e12:>8.0f} {per_call_us(ours):>8.1f} | "
+                      f"{t_ref * 1e6:>11.1f} {flops / t_ref / 1e12:>8.0f} | {t_ref / t:>6.2f}x {diff:>8.1e}", flush=True)
     if args.csv:
         import csv
         with open(args.csv, "w", newline="") as fh:

@@ -6,7 +6,7 @@ call. Public functions that share a name with DeepGEMM's keep DeepGEMM's signatu
 """
 
 from . import jit, reference, testing
-from .gemm import fp8_gemm_nt
+from .gemm import bf16_gemm_nt, fp8_gemm_nt
 from .grouped import (
     get_mk_alignment_for_contiguous_layout,
     m_grouped_fp8_gemm_nt_contiguous,
@@ -17,6 +17,7 @@ from .jit import get_num_sms, set_num_sms
 from .quant import ceil_to_ue8m0, per_block_cast_to_fp8, per_token_cast_to_fp8
 
 __all__ = [
+    "bf16_gemm_nt",
     "ceil_to_ue8m0",
     "fp8_gemm_nt",
     "get_mk_alignment_for_contiguous_layout",

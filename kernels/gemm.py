@@ -45,9 +45,9 @@ def _check_recipe(recipe: object) -> None:
                                    "(1x128 activation scales, 128x128 weight scales)")
 
 
-def _check_compiled_dims(compiled_dims: object) -> bool:
+def _check_compiled_dims(compiled_dims: object, fn: str = _FN) -> bool:
     if not isinstance(compiled_dims, str) or not set(compiled_dims) <= set("mnk"):
-        _fail(ValueError, f"compiled_dims must be a string of 'm', 'n', 'k', got {compiled_dims!r}")
+        _checks.fail(fn, ValueError, f"compiled_dims must be a string of 'm', 'n', 'k', got {compiled_dims!r}")
     return "m" in compiled_dims
 
 
@@ -140,3 +140,40 @@ def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, tor
     if args[15] == 0:  # m == 0: nothing to compute
         return
     _native().fp8_gemm_nt(*args, _descriptors.current_stream(d.device))
+
+
+def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None,
+                 compiled_dims: str = "nk") -> None:
+    """``D = A @ B^T (+ C)`` in place, FP32 accumulation: ``A`` [M, K] and ``B`` [N, K] bfloat16,
+    K-major (row strides multiples of 8 elements); ``D`` [M, N] bfloat16; ``C`` optional [M, N]
+    bfloat16 or float32. N a multiple of 8, K a multiple of 64."""
+    fn = "bf16_gemm_nt"
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or t.dim() != 2:
+            _checks.fail(fn, TypeError, f"{name} must be a 2-D bfloat16 tensor, got "
+                                        f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
+        if t.stride(1) != 1 or t.stride(0) % 8 or t.stride(0) < t.shape[1]:
+            _checks.fail(fn, ValueError, f"{name} must be K-major with a row stride that is a multiple of 8, "
+                                         f"got strides {t.stride()}")
+    m, k = a.shape
+    n = b.shape[0]
+    if b.shape[1] != k:
+        _checks.fail(fn, ValueError, f"b must have shape [*, {k}], got {list(b.shape)}")
+    if k == 0 or k % 64 or n == 0 or n % 8:
+        _checks.fail(fn, ValueError, f"N must be a positive multiple of 8 and K of 64, got N={n}, K={k}")
+    compile_m = _check_compiled_dims(compiled_dims, fn)
+    _checks.check_output(fn, d, (m, n))
+    if c is not None and (not isinstance(c, torch.Tensor) or c.dtype not in (_BF16, _F32) or c.shape != (m, n)
+                          or c.stride(1) != 1):
+        _checks.fail(fn, ValueError, f"c must be None or a row-major bfloat16/float32 tensor of shape [{m}, {n}]")
+    device = _checks.check_same_device(fn, [a, b, d] + ([c] if c is not None else []))
+    if device.type == "cpu":
+        d.copy_(reference.bf16_gemm_nt(a, b, c))
+        return
+    if m == 0:
+        return
+    _native().bf16_gemm_nt(a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), d.data_ptr(), d.stride(0),
+                           c.data_ptr() if c is not None else 0,
+                           _descriptors.DTYPE_CODES[c.dtype] if c is not None else -1,
+                           c.stride(0) if c is not None else 0, m, n, k, compile_m, device.index,
+                           _descriptors.current_stream(device))

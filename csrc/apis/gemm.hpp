@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 
 #include "apis/dtypes.hpp"
+#include "launchers/sm90_bf16_gemm.hpp"
 #include "launchers/sm90_fp8_gemm.hpp"
 
 namespace moe_apis::gemm {
@@ -19,7 +20,7 @@ inline moe_launchers::sm90_fp8_gemm::Residual residual_type(int c_dtype) {
   if (c_dtype < 0) return Residual::kNone;
   const DType dtype = static_cast<DType>(c_dtype);
   MOE_HOST_ASSERT(dtype == DType::kBFloat16 || dtype == DType::kFloat32,
-                  "fp8_gemm_nt: c must be bfloat16 or float32, got dtype code " << c_dtype);
+                  "gemm: c must be bfloat16 or float32, got dtype code " << c_dtype);
   return dtype == DType::kBFloat16 ? Residual::kBFloat16 : Residual::kFloat32;
 }
 
@@ -86,6 +87,14 @@ inline void m_grouped_fp8_gemm_nt_masked(std::uint64_t a, long long lda, std::ui
                             sfb_stride_n, sfb_stride_k, max_m, num_groups, masked_m, device, stream});
 }
 
+inline void bf16_gemm_nt(std::uint64_t a, long long lda, std::uint64_t b, long long ldb, std::uint64_t d,
+                         long long ldd, std::uint64_t c, int c_dtype, long long ldc, int m, int n, int k, bool compile_m,
+                         int device, std::uint64_t stream) {
+  namespace L = moe_launchers::sm90_bf16_gemm;
+  const auto config = L::get_config(m, n, k, moe_jit::get_num_sms(device), compile_m, detail::residual_type(c_dtype));
+  L::launch(config, L::Args{a, b, d, c, lda, ldb, ldd, ldc, m, device, stream});
+}
+
 inline void register_apis(pybind11::module_& m) {
   namespace L = moe_launchers::sm90_fp8_gemm;
   m.def("fp8_gemm_nt", &fp8_gemm_nt, pybind11::call_guard<pybind11::gil_scoped_release>(),
@@ -95,6 +104,18 @@ inline void register_apis(pybind11::module_& m) {
         pybind11::arg("sfb_stride_n"), pybind11::arg("sfb_stride_k"), pybind11::arg("d"), pybind11::arg("ldd"),
         pybind11::arg("c"), pybind11::arg("c_dtype"), pybind11::arg("ldc"), pybind11::arg("m"), pybind11::arg("n"),
         pybind11::arg("k"), pybind11::arg("compile_m"), pybind11::arg("device"), pybind11::arg("stream"));
+  m.def("bf16_gemm_nt", &bf16_gemm_nt, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "D[M,N] (bf16) = A @ B^T (+ C) for bf16 A [M,K], B [N,K]; raw pointers and strides in elements");
+  m.def(
+      "bf16_gemm_nt_code",
+      [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype) {
+        namespace B = moe_launchers::sm90_bf16_gemm;
+        const auto g = B::generate(B::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype)));
+        return pybind11::make_tuple(g.name, g.code);
+      },
+      "(name, code) of the BF16 kernel a shape gets (no GPU needed)", pybind11::arg("m"), pybind11::arg("n"),
+      pybind11::arg("k"), pybind11::arg("num_sms"), pybind11::arg("compile_m") = false,
+      pybind11::arg("c_dtype") = -1);
   m.def("m_grouped_fp8_gemm_nt_contiguous", &m_grouped_fp8_gemm_nt_contiguous,
         pybind11::call_guard<pybind11::gil_scoped_release>(),
         "grouped D = A @ B[g]^T over contiguous row blocks (m_indices); raw pointers, strides in elements");

@@ -166,3 +166,61 @@ def test_gpu_strided_rows_and_compiled_m(seed):
     torch.cuda.synchronize()
     assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
     assert torch.isnan(d_wide[:, n:]).all(), "wrote outside D"
+
+
+# ---- bf16_gemm_nt ----------------------------------------------------------------------------
+
+BF16_NK = [(2112, 7168), (7168, 2048), (4096, 7168), (264, 320)]
+
+
+def bf16_reference(a, b, c=None) -> torch.Tensor:
+    out = a.double() @ b.double().t()
+    return out if c is None else out + c.double()
+
+
+def test_bf16_cpu_matches_float64(seed):
+    a, b = torch.randn(37, 192, dtype=torch.bfloat16), torch.randn(136, 192, dtype=torch.bfloat16)
+    c = torch.randn(37, 136)
+    d = torch.full((37, 136), float("nan"), dtype=torch.bfloat16)
+    kernels.bf16_gemm_nt(a, b, d, c=c)
+    assert calc_diff(d, bf16_reference(a, b, c)) < 1e-4
+
+
+@pytest.mark.parametrize("a,b,match", [
+    (torch.zeros(8, 64), torch.zeros(16, 64, dtype=torch.bfloat16), "a must be a 2-D bfloat16 tensor"),
+    (torch.zeros(8, 96, dtype=torch.bfloat16), torch.zeros(16, 96, dtype=torch.bfloat16), "K of 64"),
+    (torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(16, 128, dtype=torch.bfloat16), "b must have shape"),
+])
+def test_bf16_bad_arguments(a, b, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        kernels.bf16_gemm_nt(a, b, torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (4096, 7168, 2048), (300, 264, 320)])
+def test_bf16_compiles_for_sm90a(m, n, k):
+    name, code = kernels.jit.native_module().bf16_gemm_nt_code(m, n, k, H200_SMS)
+    assert kernels.jit.build(name, code, "sm_90a").cubin_path.endswith(".cubin")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", BF16_NK)
+@pytest.mark.parametrize("m", [1, 77, 128, 129, 4096])
+def test_bf16_gpu_matches_float64(m, n, k, seed):
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernels.bf16_gemm_nt(a, b, d)
+    torch.cuda.synchronize()
+    assert torch.isfinite(d).all(), "output not fully written"
+    assert calc_diff(d, bf16_reference(a, b)) < 1e-4
+
+
+@pytest.mark.gpu
+def test_bf16_gpu_residual(seed):
+    a = torch.randn(200, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(576, 512, device="cuda", dtype=torch.bfloat16)
+    c = torch.randn(200, 576, device="cuda", dtype=torch.float32)
+    d = torch.empty(200, 576, device="cuda", dtype=torch.bfloat16)
+    kernels.bf16_gemm_nt(a, b, d, c=c)
+    torch.cuda.synchronize()
+    assert calc_diff(d, bf16_reference(a, b, c)) < 1e-4

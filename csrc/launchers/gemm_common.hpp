@@ -1,0 +1,104 @@
+#pragma once
+// Pieces shared by the SM90 GEMM launchers (sm90_fp8_gemm.hpp, sm90_bf16_gemm.hpp): the tile
+// heuristic, TMA descriptors and the epilogue's swizzle choice.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "jit/driver.hpp"
+#include "jit/exception.hpp"
+
+namespace moe_launchers::sm90_gemm {
+
+constexpr int kMaxStages = 32;
+constexpr int kGroupN = 8;            // n-blocks per scheduler band (L2 reuse)
+constexpr int kSmemLimit = 232448;    // SM90 opt-in shared memory per block
+// A wgmma's fixed cost, in columns of N: the A operand is re-read for every instruction, so a
+// tile costs about (block_n + kTileOverheadN) units of time.
+constexpr int kTileOverheadN = 32;
+
+enum class Residual : int { kNone = 0, kBFloat16 = 1, kFloat32 = 2 };
+// Mirrors moe_kernels::GemmType.
+enum class GemmType : int { kNormal = 0, kGroupedContiguous = 1, kGroupedMasked = 2 };
+
+struct GeneratedKernel {
+  std::string name;
+  std::string code;
+};
+
+struct Tiles {
+  int block_m, block_n, num_stages, smem_bytes;
+  int swizzle_d;  // bytes of the epilogue's swizzle atom (128, 64, 32) or 0 for plain rows
+};
+
+// Shared-memory bytes of a pipeline: the D tile plus `stages` stages of `stage_bytes`, plus the
+// two mbarriers of each stage.
+inline int pipeline_smem(int block_m, int block_n, int stages, int stage_bytes) {
+  return block_m * block_n * 2 + stages * stage_bytes + 2 * stages * 8;
+}
+
+// Analytic choice: fewest waves of tiles weighted by a tile's cost, then the larger block N, then
+// as many stages as shared memory holds. `problems` independent problems of m x n each.
+// `stage_bytes(block_m, block_n)` is one stage; `block_n_ok` filters candidates.
+template <typename StageBytes, typename BlockNOk>
+Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms, int max_block_n,
+                   StageBytes stage_bytes, BlockNOk block_n_ok) {
+  Tiles t{};
+  // Up to 128 rows the weights dominate the bytes: one math warpgroup per CTA leaves shared memory
+  // to deep B stages (two 64-row CTAs share each B tile through L2).
+  t.block_m = m <= 128 ? 64 : 128;
+  long long best_score = -1;
+  for (int bn = 8; bn <= max_block_n; bn += 8) {
+    if (!block_n_ok(bn)) continue;
+    const long long tiles = problems * ((m + t.block_m - 1) / t.block_m) * ((n + bn - 1) / bn);
+    const long long waves = (tiles + num_sms - 1) / num_sms;
+    const long long score = waves * (bn + kTileOverheadN);
+    if (best_score < 0 || score < best_score || (score == best_score && bn > t.block_n)) {
+      best_score = score;
+      t.block_n = bn;
+    }
+  }
+  const int per_stage = stage_bytes(t.block_m, t.block_n);
+  const int fixed = pipeline_smem(t.block_m, t.block_n, 0, per_stage);
+  t.num_stages = std::min(kMaxStages, (kSmemLimit - fixed) / (per_stage + 16));
+  MOE_HOST_ASSERT(t.num_stages >= 2,
+                  fn << ": no pipeline fits shared memory for block " << t.block_m << "x" << t.block_n);
+  t.smem_bytes = pipeline_smem(t.block_m, t.block_n, t.num_stages, per_stage);
+  // The widest swizzle whose atom (swizzle / 2 bf16 columns) divides block N.
+  t.swizzle_d = t.block_n % 64 == 0 ? 128 : t.block_n % 32 == 0 ? 64 : t.block_n % 16 == 0 ? 32 : 0;
+  return t;
+}
+
+inline moe_jit::driver::CUtensorMapSwizzle tma_swizzle(int bytes) {
+  using namespace moe_jit::driver;
+  return bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+         : bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+         : bytes == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                       : CU_TENSOR_MAP_SWIZZLE_NONE;
+}
+
+// Row-major tensor [outer2, outer, inner] (outer2 = 1: 2-D) with strides in elements.
+inline moe_jit::driver::CUtensorMap make_tma(const char* fn, std::uint64_t ptr, moe_jit::driver::CUtensorMapDataType dtype,
+                                            int elem_bytes, std::uint64_t inner, std::uint64_t outer,
+                                            std::uint64_t row_stride, std::uint32_t box_inner, std::uint32_t box_outer,
+                                            moe_jit::driver::CUtensorMapSwizzle swizzle, const char* what,
+                                            std::uint64_t outer2 = 1, std::uint64_t outer2_stride = 0) {
+  using namespace moe_jit::driver;
+  MOE_HOST_ASSERT(ptr % 16 == 0, fn << ": " << what << " must be 16-byte aligned");
+  MOE_HOST_ASSERT((row_stride * elem_bytes) % 16 == 0 && (outer2_stride * elem_bytes) % 16 == 0,
+                  fn << ": the strides of " << what << " must be multiples of 16 bytes, got "
+                     << row_stride * elem_bytes << " and " << outer2_stride * elem_bytes);
+  CUtensorMap map{};
+  const cuuint32_t rank = outer2 > 1 ? 3 : 2;
+  const cuuint64_t dims[3] = {inner, outer, outer2};
+  const cuuint64_t strides[2] = {row_stride * elem_bytes, outer2_stride * elem_bytes};
+  const cuuint32_t box[3] = {box_inner, box_outer, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  MOE_CU_CHECK(api().cuTensorMapEncodeTiled(&map, dtype, rank, reinterpret_cast<void*>(ptr), dims, strides, box,
+                                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  return map;
+}
+
+}  // namespace moe_launchers::sm90_gemm
