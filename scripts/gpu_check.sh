@@ -40,7 +40,7 @@ if [[ "$what" == bench || "$what" == all ]]; then
   for b in "${benches[@]}"; do
     echo "== $b"
     script=${b%% *}
-    python3 $b 2>&1 | tee "$out/$(basename "$script" .py).log" | tail -40
+    timeout "${BENCH_TIMEOUT:-600}" python3 $b 2>&1 | tee "$out/$(basename "$script" .py).log" | tail -40
   done
 fi
 exit $status

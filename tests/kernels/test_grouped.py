@@ -4,6 +4,8 @@ the edge cases of the MoE layouts."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 
@@ -132,15 +134,42 @@ def test_grouped_compiles_for_sm90a(gemm_type, m, groups, n, k):
 
 # ---- GPU ----------------------------------------------------------------------------------------
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("counts", [
+CONTIGUOUS_COUNTS = [
     [8192, 8192, 8192, 8192],        # prefill, 4 experts
     [3000, 0, 129, 1, 0, 700],       # empty groups, tails
     [0, 0, 5000, 0],                 # all tokens in one group
     [1],                             # G = 1
-])
-@pytest.mark.parametrize("n,k", [(4096, 7168), (7168, 2048)])
-def test_gpu_contiguous(counts, n, k, seed):
+]
+MASKED_CASES = [
+    ([20] * 32, 32, 20),                          # decode, 32 experts
+    ([0, 5, 100, 0, 77, 1, 128, 3], 128, 8),       # zero groups, expected far below
+    ([1] * 256, 8, 1),                            # 256 experts, one token each
+    ([0] * 16, 64, 64),                           # nothing to do
+    ([70, 3, 100], 100, 600),                     # max_m not a multiple of the block, expected far above
+]
+GROUPED_NK = [(4096, 7168), (7168, 2048)]
+
+
+@pytest.fixture(scope="module")
+def warm_grouped_cache():
+    """Compile the GPU cases' kernels in parallel rather than one by one inside the tests."""
+    if not torch.cuda.is_available():
+        return
+    native, sms = kernels.jit.native_module(), kernels.get_num_sms()
+    sources = set()
+    for n, k in GROUPED_NK:
+        for counts in CONTIGUOUS_COUNTS:
+            m = sum((c + 127) // 128 * 128 for c in counts)
+            sources.add(native.fp8_gemm_nt_code(m, n, k, sms, False, -1, 1, len(counts)))
+        for masked, max_m, expected_m in MASKED_CASES:
+            sources.add(native.fp8_gemm_nt_code(min(expected_m, max_m), n, k, sms, False, -1, 2, len(masked)))
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda src: kernels.jit.build(src[0], src[1], "sm_90a"), sources))
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", CONTIGUOUS_COUNTS)
+@pytest.mark.parametrize("n,k", GROUPED_NK)
+def test_gpu_contiguous(counts, n, k, warm_grouped_cache, seed):
     check_contiguous(counts, n, k, "cuda")
 
 
@@ -157,13 +186,7 @@ def test_gpu_contiguous_bad_group_ids_are_skipped(seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("masked,max_m,expected_m", [
-    ([20] * 32, 32, 20),                          # decode, 32 experts
-    ([0, 5, 100, 0, 77, 1, 128, 3], 128, 8),       # zero groups, expected far below
-    ([1] * 256, 8, 1),                            # 256 experts, one token each
-    ([0] * 16, 64, 64),                           # nothing to do
-    ([70, 3, 100], 100, 600),                     # max_m not a multiple of the block, expected far above
-])
-@pytest.mark.parametrize("n,k", [(4096, 7168), (7168, 2048)])
-def test_gpu_masked(masked, max_m, expected_m, n, k, seed):
+@pytest.mark.parametrize("masked,max_m,expected_m", MASKED_CASES)
+@pytest.mark.parametrize("n,k", GROUPED_NK)
+def test_gpu_masked(masked, max_m, expected_m, n, k, warm_grouped_cache, seed):
     check_masked(masked, max_m, n, k, expected_m, "cuda")
