@@ -38,15 +38,17 @@ def cublas_call(a_fp8, b_fp8, d_ref):
     row_a = torch.ones(a.shape[0], 1, device=a.device)
     row_b = torch.ones(1, b.shape[0], device=a.device)
     attempts.append(("row-wise", lambda: torch._scaled_mm(a, b.t(), row_a, row_b, out_dtype=torch.bfloat16)))
+    last_error = None
     for kind, fn in attempts:
         try:
             out = fn()
             torch.cuda.synchronize()
-        except Exception:  # noqa: BLE001 - cuBLAS refuses layouts by raising; try the next one
+        except Exception as exc:  # noqa: BLE001 - cuBLAS refuses layouts by raising; try the next one
+            last_error = exc
             continue
         if kind == "row-wise" or calc_diff(out, d_ref) < 1e-2:
             return kind, fn
-    raise RuntimeError("no torch scaled_mm variant ran")
+    raise RuntimeError("no torch scaled_mm variant ran") from last_error
 
 
 def main() -> int:

@@ -22,7 +22,6 @@ Accuracy: calc_diff of each output against the reference backend (the FP8 numeri
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.testing import per_call_us
 from kernels.testing.numeric import calc_diff
 from moe_runtime import MegaMoELayer, RouterConfig
 from moe_runtime.router import route, router_logits
@@ -86,22 +86,6 @@ def bf16_forward(x: torch.Tensor, w: Bf16Weights, config: RouterConfig) -> torch
     return out.to(torch.bfloat16)
 
 
-def wall_us(fn, iters: int, warmup: int = 3) -> float:
-    """Median microseconds between CUDA events around one call, each on an idle stream."""
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(samples)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default="1,16,128,512,4096,8192", help="comma-separated token counts")
@@ -139,8 +123,8 @@ def main() -> int:
                 with reference_backend([layer]):
                     expected = layer(x)
                 diffs = (f"{calc_diff(staged_out, expected):.1e}", f"{calc_diff(torch_out, expected):.1e}")
-            staged_us = wall_us(lambda: layer(x), args.iters)
-            torch_us = wall_us(lambda: bf16_forward(x, weights, config), args.iters)
+            staged_us = per_call_us(lambda: layer(x), args.iters)
+            torch_us = per_call_us(lambda: bf16_forward(x, weights, config), args.iters)
             rows.append((num_tokens, staged_us, torch_us, *diffs))
             print(f"tokens {num_tokens}: staged {staged_us:.0f} us, bf16 torch {torch_us:.0f} us", file=sys.stderr,
                   flush=True)

@@ -1,5 +1,5 @@
-"""The kernel layer of moe_runtime: JIT-compiled FP8/FP4 kernels for Hopper with pure-torch
-references on the CPU.
+"""The kernel layer of moe_runtime: JIT-compiled FP8 kernels for Hopper (FP4: references so far),
+with pure-torch references on the CPU.
 
 Importing this package loads nothing from CUDA: the driver and NVRTC are opened on the first GPU
 call. Public functions that share a name with DeepGEMM's keep DeepGEMM's signature.

@@ -20,16 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks, _descriptors
+from . import _checks, _descriptors, jit
 from .reference import gemm as reference
 
-_BLOCK = 128
+_BLOCK = _checks.BLOCK
 
-
-def _native():
-    from .jit import native_module
-
-    return native_module()
 
 
 _FN = "fp8_gemm_nt"
@@ -87,6 +82,9 @@ def _launch_args(a, b, d, c, recipe, compiled_dims):
         return None
     a_t, sfa = a
     b_t, sfb = b
+    if not (isinstance(a_t, torch.Tensor) and isinstance(sfa, torch.Tensor) and isinstance(b_t, torch.Tensor)
+            and isinstance(sfb, torch.Tensor)):
+        return None
     if a_t.dtype is not _FP8 or b_t.dtype is not _FP8 or sfa.dtype is not _F32 or sfb.dtype is not _F32 \
             or d.dtype is not _BF16 or a_t.dim() != 2 or b_t.dim() != 2 or d.dim() != 2:
         return None
@@ -139,7 +137,7 @@ def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, tor
         return
     if args[15] == 0:  # m == 0: nothing to compute
         return
-    _native().fp8_gemm_nt(*args, _descriptors.current_stream(d.device))
+    jit.native_module().fp8_gemm_nt(*args, _descriptors.current_stream(d.device))
 
 
 def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None,
@@ -172,7 +170,7 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
         return
     if m == 0:
         return
-    _native().bf16_gemm_nt(a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), d.data_ptr(), d.stride(0),
+    jit.native_module().bf16_gemm_nt(a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), d.data_ptr(), d.stride(0),
                            c.data_ptr() if c is not None else 0,
                            _descriptors.DTYPE_CODES[c.dtype] if c is not None else -1,
                            c.stride(0) if c is not None else 0, m, n, k, compile_m, device.index,

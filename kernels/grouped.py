@@ -5,7 +5,9 @@ groups stacked without gaps. Activations use 1x128 scales as in :func:`kernels.f
 
 * Contiguous (prefill): rows sorted by group, ``m_indices`` int32 [M] gives each row's group;
   every aligned block of :func:`get_mk_alignment_for_contiguous_layout` rows belongs to one group
-  or is padding (-1). Rows of padding blocks, and of blocks whose id is outside [0, G), are not
+  or is padding (-1). The GPU reads a block's group from its first row and does not check the
+  rest (that would cost a pass over ``m_indices``): a block that mixes groups is computed with the
+  first row's weights. Rows of padding blocks, and of blocks whose id is outside [0, G), are not
   computed; padding rows inside a group's last block are computed from whatever A holds there.
 * Masked (decode, CUDA graphs): ``A [G, max_m, K]``, ``masked_m`` int32 [G] on the device, so a
   call can be captured in a graph; rows at or past ``masked_m[g]`` of ``d`` hold unspecified values
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks, _descriptors
+from . import _checks, _descriptors, jit
 from .reference import gemm as reference
 
 _BLOCK = _checks.BLOCK
@@ -39,11 +41,6 @@ def set_mk_alignment_for_contiguous_layout(alignment: int) -> None:
                          f"got {alignment!r}")
     _alignment = alignment
 
-
-def _native():
-    from .jit import native_module
-
-    return native_module()
 
 
 def _check_weights(fn: str, b: object, k: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
@@ -91,7 +88,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tu
         return
     if m == 0:
         return
-    _native().m_grouped_fp8_gemm_nt_contiguous(
+    jit.native_module().m_grouped_fp8_gemm_nt_contiguous(
         a_t.data_ptr(), a_t.stride(0), sfa.data_ptr(), sfa.stride(0), sfa.stride(1),
         b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(1), sfb.stride(2),
         d.data_ptr(), d.stride(0), m_indices.data_ptr(), m, n, k, g, device.index,
@@ -130,7 +127,7 @@ def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[
         return
     if max_m == 0:
         return
-    _native().m_grouped_fp8_gemm_nt_masked(
+    jit.native_module().m_grouped_fp8_gemm_nt_masked(
         a_t.data_ptr(), a_t.stride(1), sfa.data_ptr(), sfa.stride(1), sfa.stride(2),
         b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(1), sfb.stride(2),
         d.data_ptr(), d.stride(1), masked_m.data_ptr(), max_m, expected_m, n, k, g, device.index,

@@ -141,10 +141,20 @@ def _grouped_masked(model: ModelShapes, arch: str, num_sms: int) -> list[KernelS
     return out
 
 
+def _bf16_gemm_nt(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
+    out = []
+    for n, k in model.dense_nk:
+        for m in _gemm_ms(model.max_m):
+            name, code = _native().bf16_gemm_nt_code(m, n, k, num_sms, False, -1)
+            out.append(KernelSource("bf16_gemm_nt", f"n={n} k={k} m<={m}", name, code))
+    return out
+
+
 FAMILIES: dict[str, Callable[[ModelShapes, str, int], list[KernelSource]]] = {
     "per_token_cast_to_fp8": _quant_per_token,
     "per_block_cast_to_fp8": _quant_per_block,
     "fp8_gemm_nt": _fp8_gemm_nt,
+    "bf16_gemm_nt": _bf16_gemm_nt,
     "m_grouped_fp8_gemm_nt_contiguous": _grouped_contiguous,
     "m_grouped_fp8_gemm_nt_masked": _grouped_masked,
 }

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from . import _C, _descriptors, jit
+from . import _checks, _descriptors, jit
 from .reference import quant as reference
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _GRAN_KS = (32, 64, 128)
-_BLOCK = 128
+_BLOCK = _checks.BLOCK
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -43,11 +43,6 @@ def _check_flag(fn: str, name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{fn}: {name} must be a bool, got {value!r}")
     return value
-
-
-def _native():
-    jit.ensure_configured()
-    return _C
 
 
 def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
@@ -82,7 +77,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False,
     sf = torch.empty((m, _ceil_div(n, gran_k)), dtype=torch.float32, device=x.device)
     # Positional: pybind's keyword matching costs ~2 us per call. Order: x, x_dtype, m, n,
     # x_row_stride, out, sf, gran_k, use_ue8m0, device, stream.
-    _native().per_token_cast_to_fp8(
+    jit.native_module().per_token_cast_to_fp8(
         x.data_ptr(), _descriptors.dtype_code(x, "x"), m, n, x.stride(0), out.data_ptr(),
         sf.data_ptr(), gran_k, use_ue8m0, x.device.index, _descriptors.current_stream(x.device))
     return out, sf
@@ -112,7 +107,7 @@ def per_block_cast_to_fp8(x: torch.Tensor,
         return out, sf
     # Order: x, x_dtype, batch, n, k, x_batch_stride, x_row_stride, out, sf, use_ue8m0, device,
     # stream.
-    _native().per_block_cast_to_fp8(
+    jit.native_module().per_block_cast_to_fp8(
         xb.data_ptr(), _descriptors.dtype_code(x, "x"), g, n, k, xb.stride(0), xb.stride(1),
         out.data_ptr(), sf.data_ptr(), use_ue8m0, x.device.index,
         _descriptors.current_stream(x.device))

@@ -8,6 +8,7 @@ step, with zero tokens when it has none.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -28,6 +29,28 @@ def _check_int(value, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+@dataclass
+class MoEBlockWeights:
+    """Tensors in ``MegaMoELayer.load_weights`` layout; ``gate_up``/``down`` hold ``experts`` only.
+
+    ``gate_up`` [E_local, 2I, H], ``down`` [E_local, H, I], ``router_weight`` [E, H],
+    ``score_bias`` [E], ``shared_gate_up`` [2Is, H], ``shared_down`` [H, Is], ``shared_gate`` [1, H].
+    """
+
+    router_weight: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    score_bias: torch.Tensor | None = None
+    shared_gate_up: torch.Tensor | None = None
+    shared_down: torch.Tensor | None = None
+    shared_gate: torch.Tensor | None = None
+
+    def load_kwargs(self) -> dict:
+        return dict(router_weight=self.router_weight, gate_up=self.gate_up, down=self.down,
+                    score_bias=self.score_bias, shared_gate_up=self.shared_gate_up,
+                    shared_down=self.shared_down, shared_gate=self.shared_gate)
 
 
 class MegaMoELayer(nn.Module):

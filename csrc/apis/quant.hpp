@@ -111,13 +111,13 @@ inline pybind11::tuple per_block_cast_to_fp8_code(int x_dtype, long long k, bool
 
 inline void register_apis(pybind11::module_& m) {
   namespace py = pybind11;
-  m.def("per_token_cast_to_fp8", &per_token_cast_to_fp8, py::arg("x"), py::arg("x_dtype"),
+  m.def("per_token_cast_to_fp8", &per_token_cast_to_fp8, py::call_guard<py::gil_scoped_release>(), py::arg("x"), py::arg("x_dtype"),
         py::arg("m"), py::arg("n"), py::arg("x_row_stride"), py::arg("out"), py::arg("sf"),
         py::arg("gran_k"), py::arg("use_ue8m0"), py::arg("device"), py::arg("stream"),
         "E4M3 quantization with one float32 scale per 1 x gran_k group of each row. x: [m, n] "
         "with row stride x_row_stride (elements), last dim contiguous; out: [m, n] E4M3, sf: "
         "[m, ceil(n / gran_k)] float32, both contiguous. Launches on `stream`.");
-  m.def("per_block_cast_to_fp8", &per_block_cast_to_fp8, py::arg("x"), py::arg("x_dtype"),
+  m.def("per_block_cast_to_fp8", &per_block_cast_to_fp8, py::call_guard<py::gil_scoped_release>(), py::arg("x"), py::arg("x_dtype"),
         py::arg("batch"), py::arg("n"), py::arg("k"), py::arg("x_batch_stride"),
         py::arg("x_row_stride"), py::arg("out"), py::arg("sf"), py::arg("use_ue8m0"),
         py::arg("device"), py::arg("stream"),

@@ -22,6 +22,7 @@ constexpr int kBlockK = 128;
 constexpr int kMaxBlockN = 192;  // two FP32 accumulator sets of kBlockN/2 registers fit 232
 
 struct Config {
+  const char* fn;  // the public function, for error messages
   GemmType type;
   int m_compiled;  // 0: M is a runtime argument
   int n, k;
@@ -45,10 +46,16 @@ inline bool block_n_fits_scales(int block_n) {
 // One stage: the A and B tiles, then block_m + 4 floats of scales (A's rows, B's two blocks).
 inline int stage_bytes(int block_m, int block_n) { return (block_m + block_n) * kBlockK + (block_m + 4) * 4; }
 
-inline void check_shape(int m, int n, int k) {
-  MOE_HOST_ASSERT(m >= 1, "fp8_gemm_nt: M must be >= 1, got " << m);
-  MOE_HOST_ASSERT(n >= 8 && n % 8 == 0, "fp8_gemm_nt: N must be a positive multiple of 8, got " << n);
-  MOE_HOST_ASSERT(k >= kBlockK && k % kBlockK == 0, "fp8_gemm_nt: K must be a positive multiple of 128, got " << k);
+inline void check_shape(const char* fn, int m, int n, int k) {
+  MOE_HOST_ASSERT(m >= 1, fn << ": M must be >= 1, got " << m);
+  MOE_HOST_ASSERT(n >= 8 && n % 8 == 0, fn << ": N must be a positive multiple of 8, got " << n);
+  MOE_HOST_ASSERT(k >= kBlockK && k % kBlockK == 0, fn << ": K must be a positive multiple of 128, got " << k);
+}
+
+inline const char* function_name(GemmType type) {
+  return type == GemmType::kGroupedContiguous ? "m_grouped_fp8_gemm_nt_contiguous"
+         : type == GemmType::kGroupedMasked   ? "m_grouped_fp8_gemm_nt_masked"
+                                              : "fp8_gemm_nt";
 }
 
 // Analytic choice: fewest waves of tiles weighted by a tile's cost, then the larger block N. `m` is
@@ -56,10 +63,12 @@ inline void check_shape(int m, int n, int k) {
 // problems.
 inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual,
                          GemmType type = GemmType::kNormal, int num_groups = 1) {
-  check_shape(m, n, k);
-  MOE_HOST_ASSERT(num_sms >= 1, "fp8_gemm_nt: num_sms must be >= 1, got " << num_sms);
-  MOE_HOST_ASSERT(num_groups >= 1, "fp8_gemm_nt: num_groups must be >= 1, got " << num_groups);
+  const char* fn = function_name(type);
+  check_shape(fn, m, n, k);
+  MOE_HOST_ASSERT(num_sms >= 1, fn << ": num_sms must be >= 1, got " << num_sms);
+  MOE_HOST_ASSERT(num_groups >= 1, fn << ": num_groups must be >= 1, got " << num_groups);
   Config cfg{};
+  cfg.fn = fn;
   cfg.type = type;
   cfg.m_compiled = compile_m ? m : 0;
   cfg.n = n;
@@ -67,7 +76,7 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.group_n = kGroupN;
   cfg.residual = residual;
   cfg.num_sms = num_sms;
-  const Tiles t = choose_tiles("fp8_gemm_nt", type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms,
+  const Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms,
                                kMaxBlockN, stage_bytes, block_n_fits_scales);
   cfg.block_m = t.block_m;
   cfg.block_n = t.block_n;
@@ -110,16 +119,16 @@ inline void launch(const Config& c, const Args& a) {
   const auto kernel = memo.get(key, [&] {
     const std::string arch = moe_jit::device_arch(a.device);
     MOE_HOST_ASSERT(arch == "sm_90a",
-                    "fp8_gemm_nt: this kernel needs an SM90 GPU (H100/H200), the device is " << arch);
+                    c.fn << ": this kernel needs an SM90 GPU (H100/H200), the device is " << arch);
     const GeneratedKernel gen = generate(c);
     return moe_jit::build(gen.name, gen.code, arch);
   });
 
   const bool masked = c.type == GemmType::kGroupedMasked;
   const std::uint64_t rows_a = masked ? static_cast<std::uint64_t>(a.m) * a.num_groups : a.m;
-  const CUtensorMap map_a = make_tma("fp8_gemm_nt", a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK, c.block_m,
+  const CUtensorMap map_a = make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK, c.block_m,
                                      CU_TENSOR_MAP_SWIZZLE_128B, "A");
-  const CUtensorMap map_b = make_tma("fp8_gemm_nt", a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
+  const CUtensorMap map_b = make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
                                      static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK, c.block_n,
                                      CU_TENSOR_MAP_SWIZZLE_128B, "B");
   // One TMA box per epilogue atom. A masked group's tile must not spill into the next group's
@@ -127,9 +136,9 @@ inline void launch(const Config& c, const Args& a) {
   const std::uint32_t box_n = c.swizzle_d == 0 ? c.block_n : c.swizzle_d / 2;
   const CUtensorMapSwizzle swizzle_d = tma_swizzle(c.swizzle_d);
   const CUtensorMap map_d =
-      masked ? make_tma("fp8_gemm_nt", a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, box_n, c.block_m, swizzle_d, "D",
+      masked ? make_tma(c.fn, a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, box_n, c.block_m, swizzle_d, "D",
                         a.num_groups, a.ldd * a.m)
-             : make_tma("fp8_gemm_nt", a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, box_n, c.block_m, swizzle_d, "D");
+             : make_tma(c.fn, a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, box_n, c.block_m, swizzle_d, "D");
 
   moe_jit::LaunchConfig cfg;
   const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);

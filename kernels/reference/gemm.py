@@ -46,12 +46,12 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None
 
 def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
                                      m_indices: torch.Tensor, d: torch.Tensor) -> None:
-    """Rows of A grouped by ``m_indices`` [M] (-1: padding, left untouched in ``d``):
+    """Rows of A grouped by ``m_indices`` [M] (-1 or an id outside [0, G): left untouched in ``d``):
     ``d[r] = (A[r] * SFA[r]) @ (B[g] * SFB[g])^T`` with ``g = m_indices[r]``; writes ``d`` [M, N]."""
     lhs = dequantize_a(*a)
     rhs = dequantize_b(*b)
     for g in torch.unique(m_indices).tolist():
-        if g < 0:
+        if g < 0 or g >= rhs.shape[0]:  # padding, or an id the kernel skips too
             continue
         rows = (m_indices == g).nonzero().squeeze(1)
         d[rows] = (lhs[rows] @ rhs[g].t()).to(d.dtype)

@@ -7,7 +7,6 @@ A backend module exposes ``is_supported(problem) -> (bool, reason)`` and
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 from moe_runtime.backends.base import (CombineHandle, DispatchCombine, DispatchResult, Experts, LocalExperts,
                                        MoEProblem)
@@ -19,16 +18,12 @@ kBackendNames = ("reference", "staged", "fused", "auto")
 _kModules = {"reference": "moe_runtime.backends.reference", "staged": "moe_runtime.backends.staged"}
 
 
-def _available(name: str) -> bool:
-    return importlib.util.find_spec(_kModules[name]) is not None
-
-
 def resolve_backend(name: str, problem: MoEProblem) -> str:
     """Turn a user's backend name into the one that will run, or raise.
 
-    ``"auto"``: ``"staged"`` on CUDA when its module exists and supports ``problem``, else
-    ``"reference"``. ``"fused"``, and ``"staged"`` where it is missing or does not support
-    ``problem``, raise NotImplementedError with the reason.
+    ``"auto"``: ``"staged"`` on CUDA when it supports ``problem``, else ``"reference"``.
+    ``"fused"``, and ``"staged"`` where it does not support ``problem``, raise
+    NotImplementedError with the reason.
     """
     if name not in kBackendNames:
         raise ValueError(f"backend must be one of {kBackendNames}, got {name!r}")
@@ -36,15 +31,12 @@ def resolve_backend(name: str, problem: MoEProblem) -> str:
         raise NotImplementedError("the fused Mega MoE kernel is not implemented yet; use backend='reference' "
                                   "(or 'auto')")
     if name == "staged":
-        if not _available("staged"):
-            raise NotImplementedError("the staged backend needs the GPU grouped GEMM kernels (issue 4); "
-                                      "use backend='reference'")
         supported, reason = importlib.import_module(_kModules["staged"]).is_supported(problem)
         if not supported:
             raise NotImplementedError(f"backend='staged' cannot run this layer: {reason}; use backend='reference' "
                                       "(or 'auto')")
     if name == "auto":
-        if problem.device.type == "cuda" and _available("staged"):
+        if problem.device.type == "cuda":
             module = importlib.import_module(_kModules["staged"])
             if module.is_supported(problem)[0]:
                 return "staged"

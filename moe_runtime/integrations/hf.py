@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moe_runtime.layer import MoEBlockWeights
+
 kBlockFamilies = {
     "MixtralSparseMoeBlock": "mixtral",
     "Qwen2MoeSparseMoeBlock": "qwen2_moe",
@@ -56,28 +58,6 @@ class MoEBlockSpec:
     use_score_bias: bool
     shared_intermediate_size: int
     shared_expert_gate: bool
-
-
-@dataclass
-class MoEBlockWeights:
-    """Tensors in ``MegaMoELayer.load_weights`` layout; ``gate_up``/``down`` hold ``experts`` only.
-
-    ``gate_up`` [E_local, 2I, H], ``down`` [E_local, H, I], ``router_weight`` [E, H],
-    ``score_bias`` [E], ``shared_gate_up`` [2Is, H], ``shared_down`` [H, Is], ``shared_gate`` [1, H].
-    """
-
-    router_weight: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
-    score_bias: torch.Tensor | None = None
-    shared_gate_up: torch.Tensor | None = None
-    shared_down: torch.Tensor | None = None
-    shared_gate: torch.Tensor | None = None
-
-    def load_kwargs(self) -> dict:
-        return dict(router_weight=self.router_weight, gate_up=self.gate_up, down=self.down,
-                    score_bias=self.score_bias, shared_gate_up=self.shared_gate_up,
-                    shared_down=self.shared_down, shared_gate=self.shared_gate)
 
 
 def _attr(name: str, *sources, default=None):

@@ -24,32 +24,22 @@ from pathlib import Path
 
 import torch
 
+from moe_runtime.layer import MoEBlockWeights
+
 kScaleBlock = 128
 _LAYER_RE = re.compile(r"^(.*\.layers\.(\d+)\.(?:mlp|block_sparse_moe))\.experts\.")
 _PROJ_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 
 
 @dataclass
-class MoELayerWeights:
+class MoELayerWeights(MoEBlockWeights):
     """One layer's tensors in ``MegaMoELayer.load_weights`` order; experts are this rank's only.
 
     ``gate_up`` [E_local, 2I, H] (rows [0, I) gate, [I, 2I) up), ``down`` [E_local, H, I], in
     ``dtype``; router and bias stay float32 so that routing is not perturbed by rounding.
     """
 
-    layer_index: int
-    router_weight: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
-    score_bias: torch.Tensor | None = None
-    shared_gate_up: torch.Tensor | None = None
-    shared_down: torch.Tensor | None = None
-    shared_gate: torch.Tensor | None = None
-
-    def load_kwargs(self) -> dict:
-        return dict(router_weight=self.router_weight, gate_up=self.gate_up, down=self.down,
-                    score_bias=self.score_bias, shared_gate_up=self.shared_gate_up,
-                    shared_down=self.shared_down, shared_gate=self.shared_gate)
+    layer_index: int = -1
 
 
 class SafetensorsCheckpoint:
@@ -167,5 +157,5 @@ def read_moe_layer(ckpt: SafetensorsCheckpoint, layer_index: int, prefix: str, e
     shared_gate = ckpt.read(gate_name).to(dtype) if gate_name in ckpt else None
     def to(tensor: torch.Tensor | None) -> torch.Tensor | None:
         return None if tensor is None else tensor.to(device)
-    return MoELayerWeights(layer_index, to(router), to(gate_up), to(down), to(bias),
-                           to(shared_gate_up), to(shared_down), to(shared_gate))
+    return MoELayerWeights(to(router), to(gate_up), to(down), to(bias), to(shared_gate_up), to(shared_down),
+                           to(shared_gate), layer_index=layer_index)

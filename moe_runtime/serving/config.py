@@ -27,6 +27,9 @@ class MoEModelConfig:
     use_score_bias: bool = False
     shared_intermediate_size: int = 0
     shared_expert_gate: bool = False
+    # The gate's matmul precision ("bfloat16", "float16", "float32"); None: float32. Mixtral and
+    # Qwen gates run in the model dtype, and near-tied top-k picks depend on it.
+    router_logits_dtype: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_experts", "top_k"):
@@ -36,13 +39,20 @@ class MoEModelConfig:
             raise ValueError(f"MoEModelConfig.top_k: {self.top_k} exceeds num_experts={self.num_experts}")
         if self.scoring_func not in ("softmax", "sigmoid"):
             raise ValueError(f"MoEModelConfig.scoring_func: expected 'softmax' or 'sigmoid', got {self.scoring_func!r}")
+        if self.router_logits_dtype not in (None, "bfloat16", "float16", "float32"):
+            raise ValueError(f"MoEModelConfig.router_logits_dtype: expected None, 'bfloat16', 'float16' or "
+                             f"'float32', got {self.router_logits_dtype!r}")
 
     def router_config(self):
         """The ``moe_runtime.RouterConfig`` for these routing fields."""
+        import torch
+
         from moe_runtime import RouterConfig
+        logits_dtype = getattr(torch, self.router_logits_dtype) if self.router_logits_dtype else None
         return RouterConfig(scoring_func=self.scoring_func, norm_topk_prob=self.norm_topk_prob,
                             n_group=self.n_group, topk_group=self.topk_group,
-                            routed_scaling_factor=self.routed_scaling_factor, use_score_bias=self.use_score_bias)
+                            routed_scaling_factor=self.routed_scaling_factor, use_score_bias=self.use_score_bias,
+                            logits_dtype=logits_dtype)
 
     def with_overrides(self, **kwargs) -> "MoEModelConfig":
         return replace(self, **kwargs)
@@ -95,11 +105,15 @@ def config_from_hf(cfg: dict) -> MoEModelConfig:
                               routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
                               use_score_bias=True,
                               shared_intermediate_size=intermediate * (cfg.get("n_shared_experts") or 0))
+    # Mixtral and Qwen gates are nn.Linear layers in the model dtype.
+    dtype = _first(cfg, "torch_dtype", "dtype", default="bfloat16")
+    gate_dtype = dtype if dtype in ("bfloat16", "float16", "float32") else "bfloat16"
     if model_type == "mixtral":
-        return MoEModelConfig(**common, norm_topk_prob=True)
+        return MoEModelConfig(**common, norm_topk_prob=True, router_logits_dtype=gate_dtype)
     shared = cfg.get("shared_expert_intermediate_size") or 0
     return MoEModelConfig(**common, norm_topk_prob=cfg.get("norm_topk_prob", False),
-                          shared_intermediate_size=shared, shared_expert_gate=shared > 0)
+                          shared_intermediate_size=shared, shared_expert_gate=shared > 0,
+                          router_logits_dtype=gate_dtype)
 
 
 def load_hf_config(directory: str | Path) -> dict:

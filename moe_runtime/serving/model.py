@@ -48,7 +48,7 @@ def random_layer_weights(config: MoEModelConfig, layer_index: int, experts: rang
         generator = _generator(device, seed, layer_index, expert)
         gate_up[slot] = _randn((2 * i, h), 1 / h**0.5, dtype, device, generator)
         down[slot] = _randn((h, i), 1 / i**0.5, dtype, device, generator)
-    weights = MoELayerWeights(layer_index, router, gate_up, down, bias)
+    weights = MoELayerWeights(router, gate_up, down, bias, layer_index=layer_index)
     si = config.shared_intermediate_size
     if si:
         weights.shared_gate_up = _randn((2 * si, h), 1 / h**0.5, dtype, device, shared)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+import kernels.jit
 import kernels.quant as quant
 from kernels.reference import quant as reference
 
@@ -205,7 +206,7 @@ def test_bad_arguments_raise(case):
 # Argument checks: C++ layer (they fire before any device is touched)
 
 def _native():
-    return quant._native()
+    return kernels.jit.native_module()
 
 
 _TOKEN_ARGS = dict(x=256, x_dtype=1, m=4, n=256, x_row_stride=256, out=512, sf=1024, gran_k=128,

@@ -212,17 +212,22 @@ def test_deepseek_v3_preset_matches_the_model():
     (dict(model_type="deepseek_v3", hidden_size=64, moe_intermediate_size=32, n_routed_experts=8,
           num_experts_per_tok=2, n_group=4, topk_group=2, routed_scaling_factor=2.5, n_shared_experts=2,
           norm_topk_prob=True),
-     dict(scoring_func="sigmoid", use_score_bias=True, n_group=4, shared_intermediate_size=64, num_experts=8)),
+     dict(scoring_func="sigmoid", use_score_bias=True, n_group=4, shared_intermediate_size=64, num_experts=8,
+          router_logits_dtype=None)),
     (dict(model_type="mixtral", hidden_size=64, intermediate_size=96, num_local_experts=4, num_experts_per_tok=2),
-     dict(scoring_func="softmax", norm_topk_prob=True, intermediate_size=96, shared_intermediate_size=0)),
+     dict(scoring_func="softmax", norm_topk_prob=True, intermediate_size=96, shared_intermediate_size=0,
+          router_logits_dtype="bfloat16")),
     (dict(model_type="qwen2_moe", hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_experts=4,
-          num_experts_per_tok=2, shared_expert_intermediate_size=48, norm_topk_prob=False),
-     dict(intermediate_size=32, shared_intermediate_size=48, shared_expert_gate=True, norm_topk_prob=False)),
+          num_experts_per_tok=2, shared_expert_intermediate_size=48, norm_topk_prob=False, torch_dtype="float16"),
+     dict(intermediate_size=32, shared_intermediate_size=48, shared_expert_gate=True, norm_topk_prob=False,
+          router_logits_dtype="float16")),
 ])
 def test_config_from_hf(hf, expected):
     cfg = config_from_hf(hf)
     for key, value in expected.items():
         assert getattr(cfg, key) == value, key
+    expected_dtype = getattr(torch, expected["router_logits_dtype"]) if expected["router_logits_dtype"] else None
+    assert cfg.router_config().logits_dtype == expected_dtype
 
 
 def _write_checkpoint(directory, layout: str, num_experts=4, hidden=32, inter=16, fp8=False):
