@@ -13,9 +13,6 @@ This file is also the multi-rank worker: ``torchrun --nproc-per-node N test_stag
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,10 +24,10 @@ from moe_runtime import MegaMoELayer, RouterConfig
 from moe_runtime.backends import LocalExperts, MoEProblem, create_backend
 from moe_runtime.backends import staged
 from moe_runtime.quant_weights import quantize_expert_weight
+from torchrun_helper import run_torchrun
 
 H, I, E, S = 256, 128, 8, 128
 kTolerance = 1e-3
-_kRepo = Path(__file__).resolve().parents[2]
 
 
 def _expert_weights(num_experts: int, hidden: int, inter: int, seed: int):
@@ -317,19 +314,8 @@ def test_backend_selection():
 
 
 def _torchrun(nproc: int, device: str) -> str:
-    from moe_runtime.dist import apply_multicast_safety_env
-    env = apply_multicast_safety_env(dict(os.environ))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_kRepo), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(Path(__file__).resolve()), "--device", device]
-    proc = subprocess.run(cmd, env=env, cwd=_kRepo, capture_output=True, text=True, timeout=300)
-    output = proc.stdout[-6000:] + proc.stderr[-6000:]
-    assert proc.returncode == 0, output
-    assert f"[rank 0/{nproc}] staged worker ok: {nproc} ranks" in proc.stdout, output
-    return proc.stdout
+    return run_torchrun(Path(__file__).resolve(), nproc, ["--device", device],
+                        f"[rank 0/{nproc}] staged worker ok: {nproc} ranks")
 
 
 @pytest.mark.multirank
