@@ -213,13 +213,14 @@ def find_nvcc() -> str:
 
 
 def find_cuobjdump() -> str:
+    """cuobjdump from PATH, CUDA_HOME, or the pip wheel (nvidia-cuda-cuobjdump); "" if none."""
     found = shutil.which("cuobjdump")
     if found:
         return found
     home = cuda_home()
-    if home is not None and (home / "bin" / "cuobjdump").is_file():
-        return str(home / "bin" / "cuobjdump")
-    return ""
+    candidates = [home / "bin" / "cuobjdump"] if home is not None else []
+    candidates += [root / "cu13" / "bin" / "cuobjdump" for root in _nvidia_roots()]
+    return next((str(c) for c in candidates if c.is_file()), "")
 
 
 def _cache_salt(nvrtc_path: str, include_dirs: list[Path]) -> str:

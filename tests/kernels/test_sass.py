@@ -1,0 +1,61 @@
+"""The machine code of every kernel family uses the Hopper instructions it was written for
+(compiled here for sm_90a with NVRTC, disassembled with cuobjdump; no GPU needed)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import kernels
+from kernels.jit import find_cuobjdump
+
+H200_SMS = 132
+_DTYPE_BF16 = 1
+
+
+def sass(name: str, code: str) -> str:
+    tool = find_cuobjdump()
+    if not tool:
+        pytest.skip("cuobjdump not found (pip nvidia-cuda-cuobjdump)")
+    cubin = kernels.jit.build(name, code, "sm_90a").cubin_path
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(tool).parent), env.get("PATH", "")])  # nvdisasm sits beside it
+    proc = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, env=env, timeout=120)
+    if "nvdisasm" in proc.stderr:
+        pytest.skip("nvdisasm not found (pip nvidia-cuda-nvdisasm)")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+GEMM_VARIANTS = [  # (m, n, k, gemm type, groups): dense decode/prefill, grouped contiguous, masked
+    (64, 2112, 7168, 0, 1), (4096, 7168, 2048, 0, 1), (8192, 4096, 7168, 1, 4), (16, 7168, 2048, 2, 32),
+]
+
+
+@pytest.mark.parametrize("m,n,k,gemm_type,groups", GEMM_VARIANTS)
+def test_fp8_gemm_uses_qgmma_tma_and_setmaxnreg(m, n, k, gemm_type, groups):
+    code = sass(*kernels.jit.native_module().fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, gemm_type, groups))
+    for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "LDGSTS"):
+        assert instruction in code, instruction
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (4096, 7168, 2048)])
+def test_bf16_gemm_uses_hgmma_tma_and_setmaxnreg(m, n, k):
+    code = sass(*kernels.jit.native_module().bf16_gemm_nt_code(m, n, k, H200_SMS))
+    for instruction in ("HGMMA", "UTMALDG", "UTMASTG", "USETMAXREG"):
+        assert instruction in code, instruction
+    assert "LDL" not in code and "STL" not in code, "register spills"
+
+
+def test_quantizers_use_wide_loads_and_fp8_conversion():
+    native = kernels.jit.native_module()
+    for name, code in (native.per_token_cast_to_fp8_code(_DTYPE_BF16, 7168, 128, False, "sm_90a"),
+                       native.per_block_cast_to_fp8_code(_DTYPE_BF16, 7168, False, "sm_90a")):
+        text = sass(name, code)
+        assert re.search(r"LDG\.E[.A-Z]*\.128", text), "16-byte loads"
+        assert "F2FP.SATFINITE.E4M3" in text, "hardware E4M3 conversion"
+        assert "LDL" not in text and "STL" not in text, "register spills"
