@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from kernels.testing.numeric import calc_diff
 from moe_runtime import MegaMoELayer, RouterConfig, get_symm_buffer_for_mega_moe, init_distributed, rank_print
+from torchrun_helper import exit_worker
 from moe_runtime.dist import reduce_rows_to_owners, uneven_all_gather
 
 H, I, E, S = 128, 128, 8, 64
@@ -140,7 +141,7 @@ def main() -> None:
     dist.barrier()
     rank_print(f"ep worker ok: {world} ranks, {ctx.device.type}, {args.symm_backend} SymmBuffer, "
                f"{ctx.backend}", only_rank=0)
-    ctx.destroy()
+    exit_worker(ctx)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from moe_runtime.integrations import MegaMoEBlock, replace_moe_blocks
 
 sys.path.insert(0, str(Path(__file__).parent))
 from hf_models import kCommon, tiny_model  # noqa: E402
+from torchrun_helper import exit_worker  # noqa: E402
 
 
 def main(family: str, out_dir: str) -> None:
@@ -31,10 +32,7 @@ def main(family: str, out_dir: str) -> None:
     block = next(m for m in replaced.modules() if isinstance(m, MegaMoEBlock))
     line = f"{block.moe.num_local_experts} {block.moe.num_experts} {calc_diff(got, expected)}\n"
     Path(out_dir, f"rank{ctx.rank}.txt").write_text(line)
-    # Tear down together: a gloo peer closing its sockets while the other still drains the last
-    # collective has aborted the slower rank under load.
-    torch.distributed.barrier()
-    ctx.destroy()
+    exit_worker(ctx)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from moe_runtime import MegaMoELayer, RouterConfig
 from moe_runtime.backends import LocalExperts, MoEProblem, create_backend
 from moe_runtime.backends import staged
 from moe_runtime.quant_weights import quantize_expert_weight
-from torchrun_helper import run_torchrun
+from torchrun_helper import exit_worker, run_torchrun
 
 H, I, E, S = 256, 128, 8, 128
 kTolerance = 1e-3
@@ -396,7 +396,7 @@ def worker_main() -> None:
                 _worker_check(diff < kTolerance, f"{router} step {step}: staged EP vs reference calc_diff {diff}")
     dist.barrier()
     rank_print(f"staged worker ok: {world} ranks, {ctx.device.type}", only_rank=0)
-    ctx.destroy()
+    exit_worker(ctx)
 
 
 if __name__ == "__main__":

@@ -27,3 +27,14 @@ def run_torchrun(worker: Path, nproc: int, args: list[str], ok_line: str, timeou
     assert proc.returncode == 0, output
     assert ok_line in proc.stdout, output
     return proc.stdout
+
+
+def exit_worker(ctx) -> None:
+    """End a torchrun worker whose checks all passed: tear the process groups down together, then
+    leave without interpreter teardown. A gloo rank has aborted at exit ("terminate called without
+    an active exception") after every check had passed and the groups were destroyed, which would
+    turn a passing run red."""
+    ctx.destroy()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,0 +1,402 @@
+"""Expert-parallel dispatch and combine of the staged backend against an all-to-all, in one run.
+
+    torchrun --nproc-per-node N bench/bench_dispatch.py [--tokens 4096] [--hidden 7168] [--topk 8]
+        [--experts 256] [--latency-tokens 128] [--iters 20] [--symm-backend torch|nvshmem|host]
+
+The problem is DeepSeek-V3's: ``--experts`` split evenly over the N ranks, each rank routing its own
+random tokens (a fixed seed per rank, ``--topk`` distinct experts per token, uniform over experts).
+Both directions run through :class:`moe_runtime.backends.staged.StagedDispatchCombine`, the
+staged backend's own classes, over a :class:`moe_runtime.symm.SymmBuffer` of ``--symm-backend``
+(``torch`` or ``nvshmem`` on GPUs, ``host`` on CPU with gloo):
+
+* dispatch: bf16 tokens -> 1x128 FP8 quantization -> count exchange (one host sync) -> every
+  (token, top-k slot) row written into its owner's contiguous layout (FP8 row, its float32 scales,
+  its top-k weight and source slot) -> barrier;
+* combine: every received row written back (bf16) into its source rank's slot -> barrier -> the
+  source sums its slots in float32.
+
+Bytes that cross between ranks: rows whose owner is another rank, times the bytes of a row: ``H``
+(FP8) + ``4 H / 128`` (scales) + 8 (top-k weight, source slot) for dispatch, ``2 H`` for combine.
+Rows a rank keeps for itself are moved too (a local copy) but not counted.
+
+The peer is ``all_to_all_single`` of the process group (NCCL on GPUs, gloo on CPU) on one uint8
+buffer per rank with the same per-pair byte counts (the rows a rank keeps included), measured in
+the same run on the same routing.
+
+Time: every rank waits for the others (host barrier, plus a one-element NCCL all-reduce on GPUs so
+that the devices start together), then times one call: CUDA events around it on GPUs (host work
+such as the dispatch's count exchange included), ``perf_counter`` on CPU. An iteration's time is
+the slowest rank's; the table gives the median over ``--iters`` iterations after warm-up.
+GB/s per rank: the mean over ranks of the bytes each rank sends to the others, over that time.
+
+Correctness, before timing, at both token counts: one dispatch + combine round, with a row-local
+stand-in for the experts (dequantized row x top-k weight x a per-expert random vector), against
+the reference backend's all-gather dispatch and reduce combine with the same stand-in. Both round
+identically, so calc_diff is 0 unless a row, scale, weight or slot went astray; above
+``kTolerance`` every rank raises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from kernels.reference.quant import dequantize_per_token  # noqa: E402
+from kernels.testing.numeric import calc_diff  # noqa: E402
+from moe_runtime.backends.base import MoEProblem  # noqa: E402
+from moe_runtime.backends.reference import ReferenceDispatchCombine  # noqa: E402
+from moe_runtime.backends.staged import StagedDispatchCombine, StagedDispatchResult, is_supported  # noqa: E402
+from moe_runtime.dist import (DistContext, apply_multicast_safety_env, expert_placement,  # noqa: E402
+                              init_distributed, kMulticastSafetyEnv)
+
+kActGroup = 128
+# Per dispatched row beside its FP8 data and scales: the top-k weight (float32) and the source slot (int32).
+kMetadataBytes = 8
+# Dispatch and combine never read the intermediate size; any multiple of 128 passes the staged checks.
+kIntermediate = 2048
+kWarmup = 3
+kTolerance = 1e-6
+kSymmBackends = ("torch", "nvshmem", "host")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    tokens: int
+    hidden: int
+    top_k: int
+    experts: int
+    latency_tokens: int
+    iters: int
+    symm_backend: str
+    seed: int
+    link_gbps: float | None
+
+    @property
+    def device_type(self) -> str:
+        return "cpu" if self.symm_backend == "host" else "cuda"
+
+    @property
+    def dispatch_row_bytes(self) -> int:
+        return self.hidden + self.hidden // kActGroup * 4 + kMetadataBytes
+
+    @property
+    def combine_row_bytes(self) -> int:
+        return self.hidden * 2
+
+
+def parse_args(argv: list[str] | None = None) -> BenchConfig:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=4096, help="tokens per rank of the bandwidth rows")
+    parser.add_argument("--hidden", type=int, default=7168)
+    parser.add_argument("--topk", type=int, default=8)
+    parser.add_argument("--experts", type=int, default=256)
+    parser.add_argument("--latency-tokens", type=int, default=128, help="tokens per rank of the latency rows")
+    parser.add_argument("--iters", type=int, default=20, help="timed iterations per row (median)")
+    parser.add_argument("--symm-backend", choices=kSymmBackends, default=None,
+                        help="SymmBuffer backend; default torch with CUDA, else host (CPU ranks)")
+    parser.add_argument("--seed", type=int, default=0, help="rank r routes with seed 1000 * seed + r")
+    parser.add_argument("--link-gbps", type=float, default=None,
+                        help="one direction of a GPU's link bandwidth, GB/s: adds an 'of link' column")
+    args = parser.parse_args(argv)
+    for name in ("tokens", "hidden", "topk", "experts", "latency_tokens", "iters"):
+        value = getattr(args, name)
+        if value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive int, got {value}")
+    if args.hidden % kActGroup:
+        raise ValueError(f"--hidden must be a multiple of {kActGroup} (1x128 FP8 scales), got {args.hidden}")
+    if args.topk > args.experts:
+        raise ValueError(f"--topk={args.topk} exceeds --experts={args.experts}")
+    if args.link_gbps is not None and args.link_gbps <= 0:
+        raise ValueError(f"--link-gbps must be positive, got {args.link_gbps}")
+    backend = args.symm_backend or ("torch" if torch.cuda.is_available() else "host")
+    if backend != "host" and not torch.cuda.is_available():
+        raise ValueError(f"--symm-backend {backend} needs CUDA, which is not available; use --symm-backend host")
+    return BenchConfig(args.tokens, args.hidden, args.topk, args.experts, args.latency_tokens, args.iters, backend,
+                       args.seed, args.link_gbps)
+
+
+# ---- inputs and traffic ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Batch:
+    """One rank's tokens: ``x`` bf16 [T, H], ``topk_idx`` int64 [T, k] (distinct experts per token),
+    ``topk_weights`` float32 [T, k]."""
+
+    x: torch.Tensor
+    topk_idx: torch.Tensor
+    topk_weights: torch.Tensor
+
+
+def make_batch(cfg: BenchConfig, num_tokens: int, rank: int, device: torch.device) -> Batch:
+    g = torch.Generator().manual_seed(1000 * cfg.seed + rank + 7919 * num_tokens)
+    x = torch.randn(num_tokens, cfg.hidden, generator=g).to(torch.bfloat16)
+    idx = torch.rand(num_tokens, cfg.experts, generator=g).topk(cfg.top_k, dim=-1).indices
+    weights = torch.rand(num_tokens, cfg.top_k, generator=g) + 0.1
+    return Batch(x.to(device), idx.to(device), weights.to(device))
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Rows between ranks of one routing. ``rows[q, p]`` (int64 [P, P], host): rows rank ``p`` sends
+    to rank ``q`` in dispatch, which ``q`` sends back to ``p`` in combine; the diagonal stays local."""
+
+    rows: torch.Tensor
+    dispatch_row_bytes: int
+    combine_row_bytes: int
+
+    @property
+    def num_ranks(self) -> int:
+        return self.rows.shape[0]
+
+    @property
+    def cross_rows(self) -> int:
+        return int(self.rows.sum() - self.rows.diagonal().sum())
+
+    def bytes_per_rank(self, op: str) -> float:
+        """Mean over ranks of the bytes one rank sends to the others in ``op`` (dispatch or combine)."""
+        return self.cross_rows * self._row_bytes(op) / self.num_ranks
+
+    def _row_bytes(self, op: str) -> int:
+        return self.dispatch_row_bytes if op == "dispatch" else self.combine_row_bytes
+
+    def splits(self, op: str, rank: int) -> tuple[list[int], list[int]]:
+        """``(input_split_sizes, output_split_sizes)`` in bytes of ``rank``'s all-to-all for ``op``."""
+        send_rows = self.rows[:, rank] if op == "dispatch" else self.rows[rank, :]
+        recv_rows = self.rows[rank, :] if op == "dispatch" else self.rows[:, rank]
+        row_bytes = self._row_bytes(op)
+        return [int(n) * row_bytes for n in send_rows], [int(n) * row_bytes for n in recv_rows]
+
+
+def traffic_of(dispatched: StagedDispatchResult, cfg: BenchConfig) -> Traffic:
+    """The row matrix the staged dispatch itself planned (the same on every rank)."""
+    return Traffic(dispatched.handle.plan.counts.sum(2), cfg.dispatch_row_bytes, cfg.combine_row_bytes)
+
+
+# ---- the correctness round --------------------------------------------------------------------------------
+
+
+def stand_in_expert(rows: torch.Tensor, expert: torch.Tensor, weight: torch.Tensor,
+                    scale: torch.Tensor) -> torch.Tensor:
+    """Row-local stand-in for the experts: bf16 [n, H] = ``rows`` float32 [n, H] (dequantized FP8) x
+    ``weight`` float32 [n] x ``scale[expert]`` (``scale`` float32 [E, H]; ``expert`` int64 [n], -1 on
+    rows that are never combined)."""
+    return (rows * weight.unsqueeze(1) * scale[expert.clamp(min=0)]).to(torch.bfloat16)
+
+
+def staged_round(dc: StagedDispatchCombine, batch: Batch, scale: torch.Tensor) -> torch.Tensor:
+    out = dc.dispatch(batch.x, batch.topk_idx, batch.topk_weights)
+    # Dequantized whole, padding rows included: float8 tensors are never indexed.
+    rows = dequantize_per_token(out.x, out.x_sf, gran_k=kActGroup)
+    return dc.combine(stand_in_expert(rows, out.topk_idx[:, 0], out.topk_weights[:, 0], scale), out.handle)
+
+
+def reference_round(ctx: DistContext, cfg: BenchConfig, batch: Batch, scale: torch.Tensor) -> torch.Tensor:
+    placement = expert_placement(cfg.experts, ctx.world_size, ctx.rank)
+    ref = ReferenceDispatchCombine(ctx.ep_group, use_fp8_dispatch=True)
+    out = ref.dispatch(batch.x, batch.topk_idx, batch.topk_weights)
+    rows = dequantize_per_token(out.x, out.x_sf, gran_k=kActGroup)
+    expert_out = torch.zeros((rows.shape[0], cfg.top_k, cfg.hidden), dtype=torch.bfloat16, device=rows.device)
+    for j in range(cfg.top_k):
+        expert = out.topk_idx[:, j]
+        local = (expert >= placement.first_expert) & (expert < placement.first_expert + placement.num_local_experts)
+        mine = local.nonzero().flatten()
+        expert_out[mine, j] = stand_in_expert(rows[mine], expert[mine], out.topk_weights[mine, j], scale)
+    return ref.combine(expert_out, out.handle)
+
+
+def check_round(ctx: DistContext, cfg: BenchConfig, dc: StagedDispatchCombine, batch: Batch) -> float:
+    """The worst calc_diff over ranks of staged vs reference; every rank raises above kTolerance."""
+    g = torch.Generator().manual_seed(cfg.seed + 17)
+    scale = (1 + torch.rand(cfg.experts, cfg.hidden, generator=g)).to(batch.x.device)
+    got = staged_round(dc, batch, scale)
+    expected = reference_round(ctx, cfg, batch, scale)
+    diff = calc_diff(got, expected) if got.numel() else 0.0
+    worst = torch.tensor([diff], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=ctx.cpu_group)
+    if not worst.item() <= kTolerance:
+        raise AssertionError(f"rank {ctx.rank}: staged dispatch + combine of {batch.x.shape[0]} tokens differs from "
+                             f"the reference backend: calc_diff {diff:.3e} here, {worst.item():.3e} worst over ranks "
+                             f"(tolerance {kTolerance:.0e})")
+    return worst.item()
+
+
+# ---- timing ---------------------------------------------------------------------------------------------
+
+
+class Clock:
+    """Times one collective call per iteration, all ranks starting together (see the module docstring)."""
+
+    def __init__(self, ctx: DistContext):
+        self.ctx = ctx
+        self.cuda = ctx.device.type == "cuda"
+        self.device_sync = self.cuda and "nccl" in str(ctx.backend)
+        if self.cuda:
+            self.token = torch.zeros(1, device=ctx.device)
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def _align(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        dist.barrier(group=self.ctx.cpu_group)
+        if self.device_sync:
+            dist.all_reduce(self.token, group=self.ctx.group)
+
+    def _once(self, fn: Callable[[], object]) -> float:
+        self._align()
+        if not self.cuda:
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+        self.start.record()
+        fn()
+        self.end.record()
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end) * 1e-3
+
+    def median_s(self, fn: Callable[[], object], iters: int) -> float:
+        """Median over ``iters`` of the slowest rank's seconds for one call of ``fn``."""
+        for _ in range(kWarmup):
+            self._once(fn)
+        samples = torch.tensor([self._once(fn) for _ in range(iters)], dtype=torch.float64)
+        dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=self.ctx.cpu_group)
+        return statistics.median(samples.tolist())
+
+
+@dataclass(frozen=True)
+class Row:
+    op: str
+    mode: str
+    tokens: int
+    bytes_per_rank: float
+    ours_s: float
+    all_to_all_s: float
+
+
+def all_to_all_fn(ctx: DistContext, traffic: Traffic, op: str) -> Callable[[], object]:
+    send_splits, recv_splits = traffic.splits(op, ctx.rank)
+    g = torch.Generator().manual_seed(ctx.rank)
+    send = torch.randint(0, 256, (sum(send_splits),), dtype=torch.uint8, generator=g).to(ctx.device)
+    recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=ctx.device)
+    return lambda: dist.all_to_all_single(recv, send, output_split_sizes=recv_splits, input_split_sizes=send_splits,
+                                          group=ctx.group)
+
+
+def measure(ctx: DistContext, cfg: BenchConfig, dc: StagedDispatchCombine, clock: Clock, batch: Batch,
+            mode: str) -> list[Row]:
+    """Dispatch and combine rows of one token count: ours and the all-to-all on the same traffic."""
+    dispatched = dc.dispatch(batch.x, batch.topk_idx, batch.topk_weights)
+    traffic = traffic_of(dispatched, cfg)
+    g = torch.Generator().manual_seed(1000 * cfg.seed + ctx.rank + 1)
+    expert_out = torch.randn(dispatched.x.shape[0], cfg.hidden, generator=g).to(torch.bfloat16).to(ctx.device)
+    ours = {"dispatch": lambda: dc.dispatch(batch.x, batch.topk_idx, batch.topk_weights),
+            "combine": lambda: dc.combine(expert_out, dispatched.handle)}
+    rows = []
+    for op in ("dispatch", "combine"):
+        ours_s = clock.median_s(ours[op], cfg.iters)
+        peer_s = clock.median_s(all_to_all_fn(ctx, traffic, op), cfg.iters)
+        rows.append(Row(op, mode, batch.x.shape[0], traffic.bytes_per_rank(op), ours_s, peer_s))
+    return rows
+
+
+# ---- report ---------------------------------------------------------------------------------------------
+
+
+def machine() -> str:
+    if torch.cuda.is_available():
+        return (f"{torch.cuda.get_device_name()} ({torch.cuda.device_count()} visible), torch {torch.__version__}, "
+                f"CUDA {torch.version.cuda}")
+    return f"CPU {platform.machine()} ({os.cpu_count()} cores), torch {torch.__version__}"
+
+
+def command_line(world_size: int) -> str:
+    return f"torchrun --nproc-per-node {world_size} {shlex.join(sys.argv)}"
+
+
+def format_table(ctx: DistContext, cfg: BenchConfig, rows: list[Row], diffs: dict[int, float]) -> str:
+    n = ctx.world_size
+    multicast = ", ".join(f"{k}={os.environ.get(k)}" for k in kMulticastSafetyEnv)
+    checks = ", ".join(f"{d:.1e} at {t} tokens/rank" for t, d in diffs.items())
+    lines = [
+        f"## dispatch / combine · N={n} · {machine()}",
+        "",
+        f"Command: `{command_line(n)}`",
+        f"Problem: hidden {cfg.hidden}, top-{cfg.top_k}, {cfg.experts} experts ({cfg.experts // n} per rank), random "
+        f"routing; FP8 dispatch ({cfg.dispatch_row_bytes} B per row), BF16 combine ({cfg.combine_row_bytes} B per "
+        f"row). SymmBuffer: {cfg.symm_backend}; process group: {ctx.backend}; {multicast}.",
+        f"Correctness (one dispatch + combine round vs the reference backend, calc_diff): {checks}.",
+        "Time: median over iterations of the slowest rank; GB/s: bytes sent to other ranks per rank / time.",
+        "",
+    ]
+    header = ["op", "mode", "tokens/rank", "MB out/rank", "ours µs", "ours GB/s", "all-to-all µs",
+              "all-to-all GB/s", "ours / all-to-all"]
+    if cfg.link_gbps is not None:
+        header.append(f"ours of {cfg.link_gbps:g} GB/s link")
+    lines += ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    for r in rows:
+        ours_gbps, peer_gbps = r.bytes_per_rank / r.ours_s / 1e9, r.bytes_per_rank / r.all_to_all_s / 1e9
+        cells = [r.op, r.mode, str(r.tokens), f"{r.bytes_per_rank / 1e6:.4g}", f"{r.ours_s * 1e6:.1f}",
+                 f"{ours_gbps:.4g}", f"{r.all_to_all_s * 1e6:.1f}", f"{peer_gbps:.4g}",
+                 f"{r.all_to_all_s / r.ours_s:.3g}x"]
+        if cfg.link_gbps is not None:
+            cells.append(f"{ours_gbps / cfg.link_gbps:.0%}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def build(ctx: DistContext, cfg: BenchConfig) -> StagedDispatchCombine:
+    """The staged backend's dispatch/combine over the EP group (collective: allocates the SymmBuffer)."""
+    placement = expert_placement(cfg.experts, ctx.world_size, ctx.rank)
+    problem = MoEProblem(cfg.hidden, kIntermediate, cfg.experts, cfg.top_k, "fp8", torch.bfloat16, ctx.device,
+                         ctx.world_size, max(cfg.tokens, cfg.latency_tokens), use_fp8_dispatch=True)
+    ok, reason = is_supported(problem)
+    if not ok:
+        raise NotImplementedError(f"the staged backend cannot run this problem: {reason}")
+    # The staged backend allocates its SymmBuffer with the default backend, which this variable selects.
+    os.environ["MOE_SYMM_BACKEND"] = cfg.symm_backend
+    dc = StagedDispatchCombine(problem, ctx.ep_group, placement.first_expert)
+    if dc.exchange.buffer.backend != cfg.symm_backend:
+        raise RuntimeError(f"the staged SymmBuffer runs backend {dc.exchange.buffer.backend!r}, "
+                           f"not --symm-backend {cfg.symm_backend}")
+    return dc
+
+
+def main(argv: list[str] | None = None) -> int:
+    apply_multicast_safety_env()
+    cfg = parse_args(argv)
+    ctx = init_distributed(device=cfg.device_type)
+    if ctx.world_size < 2:
+        raise ValueError(f"bench_dispatch needs at least 2 ranks (torchrun --nproc-per-node N, N >= 2), got "
+                         f"{ctx.world_size}")
+    dc = build(ctx, cfg)
+    clock = Clock(ctx)
+    sizes = {"bandwidth": cfg.tokens, "latency": cfg.latency_tokens}
+    batches = {mode: make_batch(cfg, tokens, ctx.rank, ctx.device) for mode, tokens in sizes.items()}
+    diffs = {batch.x.shape[0]: check_round(ctx, cfg, dc, batch) for batch in batches.values()}
+    rows = [row for mode, batch in batches.items() for row in measure(ctx, cfg, dc, clock, batch, mode)]
+    if ctx.rank == 0:
+        print(format_table(ctx, cfg, rows, diffs), flush=True)
+    dc.exchange.buffer.destroy()
+    ctx.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    # Leave without interpreter teardown: a gloo rank has aborted at exit ("terminate called without
+    # an active exception") after the groups were destroyed, turning a finished run into a failure.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

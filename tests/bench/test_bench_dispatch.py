@@ -1,0 +1,160 @@
+"""bench/bench_dispatch.py on CPU: two gloo ranks under torchrun through the host SymmBuffer, its
+correctness round against deliberately broken dispatches, and its argument checks."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+kRepo = Path(__file__).resolve().parents[2]
+kScript = kRepo / "bench" / "bench_dispatch.py"
+sys.path.insert(0, str(kRepo / "tests" / "moe_runtime"))
+
+from torchrun_helper import run_torchrun  # noqa: E402
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("bench_dispatch", kScript)
+    module = importlib.util.module_from_spec(spec)
+    # Its dataclasses resolve string annotations through sys.modules.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+kColumns = ["op", "mode", "tokens/rank", "MB out/rank", "ours µs", "ours GB/s", "all-to-all µs", "all-to-all GB/s",
+            "ours / all-to-all"]
+
+
+def _table(stdout: str, columns: list[str]) -> list[dict[str, str]]:
+    lines = [line for line in stdout.splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header == columns, header
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+
+
+def _expected_mb_out(cfg, nproc: int, tokens: int) -> dict[str, float]:
+    """Mean over ranks of the bytes each rank sends to other ranks, from the bench's own routing."""
+    local = cfg.experts // nproc
+    cross = sum(int((bench.make_batch(cfg, tokens, rank, torch.device("cpu")).topk_idx // local != rank).sum())
+                for rank in range(nproc))
+    return {"dispatch": cross * cfg.dispatch_row_bytes / nproc / 1e6,
+            "combine": cross * cfg.combine_row_bytes / nproc / 1e6}
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("nproc,args", [
+    (2, ["--tokens", "96", "--hidden", "256", "--topk", "3", "--experts", "8", "--latency-tokens", "5",
+         "--iters", "3", "--seed", "4", "--link-gbps", "450"]),
+])
+def test_bench_runs_on_two_cpu_ranks_and_prints_the_table(nproc, args):
+    stdout = run_torchrun(kScript, nproc, args + ["--symm-backend", "host"], "| dispatch | bandwidth | 96 |",
+                          timeout=120)
+    assert f"torchrun --nproc-per-node {nproc} " in stdout and "--tokens 96" in stdout
+    assert "SymmBuffer: host; process group: gloo" in stdout
+    assert "NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1" in stdout
+    diffs = re.search(r"calc_diff\): (\S+) at 96 tokens/rank, (\S+) at 5 tokens/rank", stdout)
+    assert diffs and all(float(d.rstrip(",")) <= bench.kTolerance for d in diffs.groups()), stdout
+    cfg = bench.parse_args(args + ["--symm-backend", "host"])
+    table = _table(stdout, kColumns + ["ours of 450 GB/s link"])
+    assert [(r["op"], r["mode"], r["tokens/rank"]) for r in table] == [
+        ("dispatch", "bandwidth", "96"), ("combine", "bandwidth", "96"),
+        ("dispatch", "latency", "5"), ("combine", "latency", "5")]
+    for row in table:
+        tokens = int(row["tokens/rank"])
+        expected = _expected_mb_out(cfg, nproc, tokens)[row["op"]]
+        mb, ours_us, peer_us = float(row["MB out/rank"]), float(row["ours µs"]), float(row["all-to-all µs"])
+        assert mb == pytest.approx(expected, rel=1e-3), row
+        assert ours_us > 0 and peer_us > 0, row
+        # GB/s = MB / µs * 1000; the ratio is the all-to-all's time over ours.
+        assert float(row["ours GB/s"]) == pytest.approx(mb / ours_us * 1e3, rel=2e-3), row
+        assert float(row["all-to-all GB/s"]) == pytest.approx(mb / peer_us * 1e3, rel=2e-3), row
+        assert float(row["ours / all-to-all"].rstrip("x")) == pytest.approx(peer_us / ours_us, rel=1e-2), row
+        assert row["ours of 450 GB/s link"] == f"{float(row['ours GB/s']) / 450:.0%}", row
+
+
+def test_table_cells_from_known_timings():
+    cfg = bench.parse_args(["--tokens", "8", "--hidden", "128", "--experts", "8", "--link-gbps", "100",
+                            "--symm-backend", "host"])
+    ctx = bench.DistContext(0, 2, 0, 2, torch.device("cpu"), "gloo", None, None, None, False)
+    rows = [bench.Row("dispatch", "bandwidth", 8, 2e6, 1e-4, 2e-4)]
+    text = bench.format_table(ctx, cfg, rows, {8: 0.0})
+    assert _table(text, kColumns + ["ours of 100 GB/s link"])
+    assert "| dispatch | bandwidth | 8 | 2 | 100.0 | 20 | 200.0 | 10 | 2x | 20% |" in text
+
+
+# ---- the correctness round can fail ----------------------------------------------------------------------
+
+
+class _Faulty(bench.StagedDispatchCombine):
+    """The staged pair with one mistake of a kind a dispatch or combine bug would make."""
+
+    fault = "none"
+
+    def dispatch(self, x, topk_idx, topk_weights):
+        out = super().dispatch(x, topk_idx, topk_weights)
+        if self.fault == "weights":
+            out.topk_weights = out.topk_weights.flip(0)
+        elif self.fault == "scales":
+            out.x_sf = out.x_sf * 1.01
+        return out
+
+    def combine(self, expert_out, handle):
+        if self.fault == "rows":
+            expert_out = expert_out.roll(1, 0)
+        return super().combine(expert_out, handle)
+
+
+@pytest.fixture
+def one_rank_group():
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("fault", ["none", "weights", "scales", "rows"])
+def test_correctness_round_catches_a_broken_dispatch(one_rank_group, seed, fault):
+    cfg = bench.parse_args(["--tokens", "40", "--hidden", "256", "--topk", "3", "--experts", "8",
+                            "--seed", str(seed % 1000), "--symm-backend", "host"])
+    ctx = bench.DistContext(0, 1, 0, 1, torch.device("cpu"), "gloo", one_rank_group, one_rank_group,
+                            one_rank_group, False)
+    problem = bench.MoEProblem(cfg.hidden, bench.kIntermediate, cfg.experts, cfg.top_k, "fp8", torch.bfloat16,
+                               torch.device("cpu"), 1, cfg.tokens, use_fp8_dispatch=True)
+    dc = _Faulty(problem, one_rank_group, 0)
+    dc.fault = fault
+    batch = bench.make_batch(cfg, cfg.tokens, 0, torch.device("cpu"))
+    if fault == "none":
+        assert bench.check_round(ctx, cfg, dc, batch) == 0.0
+    else:
+        with pytest.raises(AssertionError, match="differs from the reference backend"):
+            bench.check_round(ctx, cfg, dc, batch)
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--tokens", "0"], "--tokens must be a positive int, got 0"),
+    (["--latency-tokens", "-3"], "--latency-tokens must be a positive int, got -3"),
+    (["--hidden", "200"], "--hidden must be a multiple of 128"),
+    (["--topk", "9", "--experts", "8"], "--topk=9 exceeds --experts=8"),
+    (["--link-gbps", "0"], "--link-gbps must be positive"),
+])
+def test_bad_arguments_are_named(argv, match):
+    with pytest.raises(ValueError, match=re.escape(match)):
+        bench.parse_args(argv + ["--symm-backend", "host"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
+def test_gpu_backend_without_cuda_says_so():
+    with pytest.raises(ValueError, match="--symm-backend torch needs CUDA"):
+        bench.parse_args(["--symm-backend", "torch"])
