@@ -108,13 +108,15 @@ def _gemm_ms(max_m: int) -> list[int]:
     return [64] + list(range(128, max_m + 128, 128))
 
 
-def _fp8_gemm_nt(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
-    out = []
-    for n, k in model.dense_nk:
-        for m in _gemm_ms(model.max_m):
-            name, code = _native().fp8_gemm_nt_code(m, n, k, num_sms, False, -1)
-            out.append(KernelSource("fp8_gemm_nt", f"n={n} k={k} m<={m}", name, code))
-    return out
+def _dense_gemm(family: str, code_fn: str) -> Callable[[ModelShapes, str, int], list[KernelSource]]:
+    """Sources of a dense GEMM family: every (N, K) of the model's projections at every M bucket."""
+
+    def sources(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
+        generate = getattr(_native(), code_fn)
+        return [KernelSource(family, f"n={n} k={k} m<={m}", *generate(m, n, k, num_sms, False, -1))
+                for n, k in model.dense_nk for m in _gemm_ms(model.max_m)]
+
+    return sources
 
 
 def _grouped_contiguous(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
@@ -141,20 +143,11 @@ def _grouped_masked(model: ModelShapes, arch: str, num_sms: int) -> list[KernelS
     return out
 
 
-def _bf16_gemm_nt(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
-    out = []
-    for n, k in model.dense_nk:
-        for m in _gemm_ms(model.max_m):
-            name, code = _native().bf16_gemm_nt_code(m, n, k, num_sms, False, -1)
-            out.append(KernelSource("bf16_gemm_nt", f"n={n} k={k} m<={m}", name, code))
-    return out
-
-
 FAMILIES: dict[str, Callable[[ModelShapes, str, int], list[KernelSource]]] = {
     "per_token_cast_to_fp8": _quant_per_token,
     "per_block_cast_to_fp8": _quant_per_block,
-    "fp8_gemm_nt": _fp8_gemm_nt,
-    "bf16_gemm_nt": _bf16_gemm_nt,
+    "fp8_gemm_nt": _dense_gemm("fp8_gemm_nt", "fp8_gemm_nt_code"),
+    "bf16_gemm_nt": _dense_gemm("bf16_gemm_nt", "bf16_gemm_nt_code"),
     "m_grouped_fp8_gemm_nt_contiguous": _grouped_contiguous,
     "m_grouped_fp8_gemm_nt_masked": _grouped_masked,
 }
