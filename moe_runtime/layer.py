@@ -224,6 +224,10 @@ class MegaMoELayer(nn.Module):
         return y
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``hidden_states`` [..., H] floating point -> [..., H] of the same dtype: routed experts
+        (plus shared experts) of every token. Under expert parallelism every rank of ``ep_group``
+        must call it, with zero tokens if it has none; more than ``num_max_tokens_per_rank``
+        tokens is an error."""
         if not self.loaded:
             raise RuntimeError("MegaMoELayer.forward before load_weights()")
         if not isinstance(hidden_states, torch.Tensor) or not hidden_states.is_floating_point():

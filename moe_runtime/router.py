@@ -84,7 +84,11 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor, config: RouterConfig) -
 
 def route(logits: torch.Tensor, top_k: int, config: RouterConfig | None = None,
           score_bias: torch.Tensor | None = None) -> RoutingResult:
-    """Route tokens from router logits [T, E] (any float dtype; computed in float32)."""
+    """Route tokens from router logits [T, E] (any float dtype; computed in float32).
+
+    ``score_bias`` float [E] (DeepSeek-V3's correction bias; needed iff ``config.use_score_bias``)
+    only steers the choice. Returns ``RoutingResult(topk_idx int64 [T, top_k], topk_weights float32
+    [T, top_k])``."""
     config = config or RouterConfig()
     if logits.dim() != 2:
         raise ValueError(f"logits must be [T, E], got shape {tuple(logits.shape)}")
