@@ -16,4 +16,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from moe_runtime.serving.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # The process groups are torn down by now (or a rank failed). Leave without interpreter
+    # teardown: gloo's worker threads can abort a rank at exit ("terminate called without an
+    # active exception", a known PyTorch issue), which would turn a clean run into a failure.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
