@@ -12,6 +12,13 @@ def fail(fn: str, kind: type[Exception], message: str):
     raise kind(f"{fn}: {message}")
 
 
+def check_recipe(fn: str, recipe: object) -> None:
+    """Only DeepSeek-V3's recipe exists: 1x128 activation scales, 128x128 weight scales."""
+    if recipe is not None and tuple(recipe) != (1, BLOCK, BLOCK):
+        fail(fn, NotImplementedError, f"recipe {recipe!r} is not supported; only (1, 128, 128) "
+                                      "(1x128 activation scales, 128x128 weight scales)")
+
+
 def unpack(fn: str, name: str, pair: object) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
         fail(fn, TypeError, f"{name} must be a (tensor, scales) pair, got {type(pair).__name__}")

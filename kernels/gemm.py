@@ -34,24 +34,16 @@ def _fail(kind: type[Exception], message: str):
     _checks.fail(_FN, kind, message)
 
 
-def _check_recipe(recipe: object) -> None:
-    if recipe is not None and tuple(recipe) != (1, _BLOCK, _BLOCK):
-        _fail(NotImplementedError, f"recipe {recipe!r} is not supported; only (1, 128, 128) "
-                                   "(1x128 activation scales, 128x128 weight scales)")
-
-
 def _check_compiled_dims(compiled_dims: object, fn: str = _FN) -> bool:
     if not isinstance(compiled_dims, str) or not set(compiled_dims) <= set("mnk"):
         _checks.fail(fn, ValueError, f"compiled_dims must be a string of 'm', 'n', 'k', got {compiled_dims!r}")
     return "m" in compiled_dims
 
 
-def _validate(a, b, d, c, recipe, compiled_dims) -> None:
-    """The full checks with a message per failure; only run when the fast path refuses."""
+def _validate(a, b, d, c) -> None:
+    """The full tensor checks with a message per failure; only run when the fast path refuses."""
     a_t, sfa = _checks.unpack(_FN, "a", a)
     b_t, sfb = _checks.unpack(_FN, "b", b)
-    _check_recipe(recipe)
-    _check_compiled_dims(compiled_dims)
     a_t = _checks.check_fp8_operand(_FN, "a[0] (A)", a_t, (None, None))
     m, k = a_t.shape
     b_t = _checks.check_fp8_operand(_FN, "b[0] (B)", b_t, (None, k))
@@ -69,16 +61,15 @@ def _validate(a, b, d, c, recipe, compiled_dims) -> None:
     _checks.check_same_device(_FN, [a_t, sfa, b_t, sfb, d] + ([c] if c is not None else []))
 
 
-_COMPILED_DIMS = {"".join(p): "m" in p for p in ("nk", "kn", "mnk", "mkn", "nmk", "nkm", "kmn", "knm")}
+_COMPILED_DIMS = {dims: "m" in dims for dims in ("nk", "kn", "mnk", "mkn", "nmk", "nkm", "kmn", "knm")}
 _FP8, _F32, _BF16 = torch.float8_e4m3fn, torch.float32, torch.bfloat16
 
 
-def _launch_args(a, b, d, c, recipe, compiled_dims):
-    """Everything the kernel call needs, or None when any check fails (then ``_validate`` says
-    which). Kept to plain attribute reads: this runs on every call, ahead of a microsecond-scale
-    kernel."""
-    if recipe is not None or compiled_dims not in _COMPILED_DIMS or not isinstance(a, (tuple, list)) \
-            or not isinstance(b, (tuple, list)) or len(a) != 2 or len(b) != 2:
+def _launch_args(a, b, d, c, compile_m: bool):
+    """Everything the kernel call needs, or None when any tensor check fails (then ``_validate``
+    says which). Kept to plain attribute reads: this runs on every call, ahead of a
+    microsecond-scale kernel."""
+    if not isinstance(a, (tuple, list)) or not isinstance(b, (tuple, list)) or len(a) != 2 or len(b) != 2:
         return None
     a_t, sfa = a
     b_t, sfb = b
@@ -112,7 +103,7 @@ def _launch_args(a, b, d, c, recipe, compiled_dims):
             return None
         c_ptr, c_code, ldc = c.data_ptr(), _descriptors.DTYPE_CODES[c.dtype], c.stride(0)
     return (a_t.data_ptr(), lda, sfa.data_ptr(), sfa_sm, sfa_sk, b_t.data_ptr(), ldb, sfb.data_ptr(), sfb_sn,
-            sfb_sk, d.data_ptr(), ldd, c_ptr, c_code, ldc, m, n, k, _COMPILED_DIMS[compiled_dims], device)
+            sfb_sk, d.data_ptr(), ldd, c_ptr, c_code, ldc, m, n, k, compile_m, device)
 
 
 def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], d: torch.Tensor,
@@ -124,9 +115,13 @@ def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, tor
     ``disable_ue8m0_cast`` is accepted for DeepGEMM compatibility: SM90 kernels read float32
     scales as they are, so there is no cast to disable.
     """
-    args = _launch_args(a, b, d, c, recipe, compiled_dims) if isinstance(d, torch.Tensor) else None
+    _checks.check_recipe(_FN, recipe)
+    compile_m = _COMPILED_DIMS.get(compiled_dims) if isinstance(compiled_dims, str) else None
+    if compile_m is None:
+        compile_m = _check_compiled_dims(compiled_dims)
+    args = _launch_args(a, b, d, c, compile_m) if isinstance(d, torch.Tensor) else None
     if args is None:
-        _validate(a, b, d, c, recipe, compiled_dims)
+        _validate(a, b, d, c)
         if d.get_device() >= 0:  # _validate accepted what the fast path did not: a gap between them
             raise RuntimeError("fp8_gemm_nt: the fast argument check refused arguments the full check accepts; "
                                "please report this with the tensors' shapes, strides and dtypes")

@@ -73,8 +73,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tu
     accepted for DeepGEMM compatibility (only the (1, 128, 128) recipe exists).
     """
     fn = "m_grouped_fp8_gemm_nt_contiguous"
-    if recipe is not None and tuple(recipe) != (1, _BLOCK, _BLOCK):
-        _checks.fail(fn, NotImplementedError, f"recipe {recipe!r} is not supported; only (1, 128, 128)")
+    _checks.check_recipe(fn, recipe)
     a_t, sfa = _checks.unpack(fn, "a", a)
     a_t = _checks.check_fp8_operand(fn, "a[0] (A)", a_t, (None, None))
     m, k = a_t.shape
@@ -105,8 +104,7 @@ def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[
     GPU), ``expected_m`` a positive int.
     """
     fn = "m_grouped_fp8_gemm_nt_masked"
-    if recipe is not None and tuple(recipe) != (1, _BLOCK, _BLOCK):
-        _checks.fail(fn, NotImplementedError, f"recipe {recipe!r} is not supported; only (1, 128, 128)")
+    _checks.check_recipe(fn, recipe)
     if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
         _checks.fail(fn, ValueError, f"expected_m must be a positive int, got {expected_m!r}")
     a_t, sfa = _checks.unpack(fn, "a", a)

@@ -224,3 +224,15 @@ def test_bf16_gpu_residual(seed):
     kernels.bf16_gemm_nt(a, b, d, c=c)
     torch.cuda.synchronize()
     assert calc_diff(d, bf16_reference(a, b, c)) < 1e-4
+
+
+@pytest.mark.parametrize("recipe,compiled_dims", [((1, 128, 128), "nk"), (None, "k"), (None, ""), (None, "mnk")])
+def test_accepted_recipe_and_compiled_dims_reach_the_fast_path(recipe, compiled_dims, seed):
+    """Every recipe / compiled_dims the checks accept must also pass the per-call fast path (on a
+    GPU a refusal there is an error)."""
+    m, n, k = 9, 16, 256
+    a_fp8, b_fp8 = make_operands(m, n, k, "cpu")
+    d = torch.empty(m, n, dtype=torch.bfloat16)
+    assert kernels.gemm._launch_args(a_fp8, b_fp8, d, None, "m" in compiled_dims) is not None
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, d, recipe=recipe, compiled_dims=compiled_dims)
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-4
