@@ -24,10 +24,12 @@ def test_expert_parallel_matches_single_process_under_torchrun(nproc):
 @pytest.mark.gpu
 @pytest.mark.multirank
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("backend,nproc", [("torch", 1), ("torch", 2), ("torch", 4), ("nvshmem", 1)])
+@pytest.mark.parametrize("backend,nproc", [("torch", 1), ("torch", 2), ("torch", 4), ("nvshmem", 1), ("nvshmem", 2)])
 def test_gpu_symm_buffer_and_expert_parallel_under_torchrun(backend, nproc):
     if backend == "nvshmem" and importlib.util.find_spec("nvshmem") is None:
         pytest.skip("nvshmem4py-cu13 is not installed")
+    if backend == "nvshmem" and nproc > torch.cuda.device_count():
+        pytest.skip(f"NVSHMEM needs one GPU per rank: {nproc} ranks, {torch.cuda.device_count()} GPUs")
     # One rank per GPU runs NCCL + gloo; ranks beyond the GPU count share a GPU: gloo plus
     # overlapping-device symmetric memory (NCCL and NVSHMEM refuse two ranks on one GPU, hence one
     # nvshmem rank on a one-GPU machine).

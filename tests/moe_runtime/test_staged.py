@@ -13,6 +13,7 @@ This file is also the multi-rank worker: ``torchrun --nproc-per-node N test_stag
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -30,11 +31,13 @@ H, I, E, S = 256, 128, 8, 128
 kTolerance = 1e-3
 
 
-def _expert_weights(num_experts: int, hidden: int, inter: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    gate_up = (torch.randn(num_experts, 2 * inter, hidden, generator=g) / hidden ** 0.5).to(torch.bfloat16)
-    down = (torch.randn(num_experts, hidden, inter, generator=g) / inter ** 0.5).to(torch.bfloat16)
-    return gate_up, down
+def _expert_weights(num_experts: int, hidden: int, inter: int, seed: int, device="cpu"):
+    """bf16 gate_up [E, 2I, H] and down [E, H, I]; drawn in bf16 on ``device`` (a DeepSeek-V3 layer's
+    float32 draw would need 45 GB)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    gate_up = torch.randn(num_experts, 2 * inter, hidden, generator=g, device=device, dtype=torch.bfloat16)
+    down = torch.randn(num_experts, hidden, inter, generator=g, device=device, dtype=torch.bfloat16)
+    return gate_up.mul_(hidden ** -0.5), down.mul_(inter ** -0.5)
 
 
 def _problem(device, hidden=H, inter=I, num_experts=E, top_k=3, weights="fp8", dtype=torch.bfloat16, ep_size=1,
@@ -249,26 +252,29 @@ _kRouters = {
     "mixtral": (RouterConfig(), 2, False),
     "deepseek": (RouterConfig(scoring_func="sigmoid", n_group=4, topk_group=2, use_score_bias=True,
                               routed_scaling_factor=2.5), 3, True),
+    # DeepSeek-V3's own routing: 256 experts in 8 groups, 4 groups per token, top-8.
+    "deepseek-v3": (RouterConfig(scoring_func="sigmoid", n_group=8, topk_group=4, use_score_bias=True,
+                                 routed_scaling_factor=2.5), 8, True),
 }
 
 
 def _layer_pair(router: str, seed: int, device, hidden=H, inter=I, num_experts=E, skew=False, ep_group=None,
-                reference_group=None, capacity=512):
+                reference_group=None, capacity=512, shared_inter=S):
     cfg, top_k, shared = _kRouters[router]
     g = torch.Generator().manual_seed(seed)
-    gate_up, down = _expert_weights(num_experts, hidden, inter, seed)
+    gate_up, down = _expert_weights(num_experts, hidden, inter, seed, device)
     w = dict(router_weight=torch.randn(num_experts, hidden, generator=g), gate_up=gate_up, down=down)
     if cfg.use_score_bias:
         w["score_bias"] = torch.randn(num_experts, generator=g) * 0.05
         if skew:
             w["score_bias"][1] = 10.0  # expert 1 is in every token's top-k
     if shared:
-        w["shared_gate_up"] = (torch.randn(2 * S, hidden, generator=g) / hidden ** 0.5).to(torch.bfloat16)
-        w["shared_down"] = (torch.randn(hidden, S, generator=g) / S ** 0.5).to(torch.bfloat16)
+        w["shared_gate_up"] = (torch.randn(2 * shared_inter, hidden, generator=g) / hidden ** 0.5).to(torch.bfloat16)
+        w["shared_down"] = (torch.randn(hidden, shared_inter, generator=g) / shared_inter ** 0.5).to(torch.bfloat16)
     layers = []
     for backend, group in (("staged", ep_group), ("reference", reference_group)):
         layer = MegaMoELayer(hidden, inter, num_experts, top_k, router=cfg, weights="fp8", backend=backend,
-                             shared_intermediate_size=S if shared else 0, ep_group=group,
+                             shared_intermediate_size=shared_inter if shared else 0, ep_group=group,
                              num_max_tokens_per_rank=capacity, device=device)
         layers.append(layer.load_weights(**w))
     return layers
@@ -313,9 +319,9 @@ def test_backend_selection():
 # ---- several ranks under torchrun -------------------------------------------------------------------
 
 
-def _torchrun(nproc: int, device: str) -> str:
-    return run_torchrun(Path(__file__).resolve(), nproc, ["--device", device],
-                        f"[rank 0/{nproc}] staged worker ok: {nproc} ranks")
+def _torchrun(nproc: int, device: str, *extra: str, timeout: int = 300) -> str:
+    return run_torchrun(Path(__file__).resolve(), nproc, ["--device", device, *extra],
+                        f"[rank 0/{nproc}] staged worker ok: {nproc} ranks", timeout=timeout)
 
 
 @pytest.mark.multirank
@@ -354,6 +360,21 @@ def test_gpu_staged_expert_parallel_ranks_sharing_a_gpu(nproc):
     _torchrun(nproc, "cuda")
 
 
+@pytest.mark.gpu
+@pytest.mark.multirank
+@_kNeedsCuda
+@pytest.mark.parametrize("backend", ["torch", "nvshmem"])
+def test_gpu_staged_deepseek_v3_one_rank_per_gpu(backend):
+    """The DeepSeek-V3 layer over every GPU of the machine (NCCL + gloo), random and skewed routing."""
+    num_gpus = torch.cuda.device_count()
+    if num_gpus < 2:
+        pytest.skip(f"needs 2 or more GPUs (one rank each), found {num_gpus}")
+    if backend == "nvshmem" and importlib.util.find_spec("nvshmem") is None:
+        pytest.skip("nvshmem4py-cu13 is not installed")
+    out = _torchrun(num_gpus, "cuda", "--preset", "deepseek-v3", "--symm-backend", backend, timeout=600)
+    assert f"deepseek-v3, {backend} SymmBuffer" in out
+
+
 # ---- the worker ---------------------------------------------------------------------------------------
 
 
@@ -364,24 +385,45 @@ def _worker_check(condition: bool, message: str) -> None:
 
 
 def worker_main() -> None:
-    """Staged EP layer vs the single-process reference layer on each rank's slice of the tokens."""
+    """Staged EP layer vs the single-process reference layer on each rank's slice of the tokens.
+
+    ``--preset small``: a 16-expert layer (ranks may share a GPU). ``--preset deepseek-v3``: the
+    DeepSeek-V3 layer (7168 hidden, 2048 intermediate, 256 experts in 8 groups, top-8, a shared
+    expert), random routing and a skewed one (expert 1 in every token's top-k), one GPU per rank.
+    ``--symm-backend`` picks the SymmBuffer backend (``MOE_SYMM_BACKEND``)."""
+    import os
+
     import torch.distributed as dist
 
     from moe_runtime import init_distributed, rank_print
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--preset", choices=["small", "deepseek-v3"], default="small")
+    parser.add_argument("--symm-backend", choices=["host", "torch", "nvshmem"], default=None)
     args = parser.parse_args()
+    if args.symm_backend:
+        os.environ["MOE_SYMM_BACKEND"] = args.symm_backend
     ctx = init_distributed(device=args.device)
     rank, world = ctx.rank, ctx.world_size
     alone = [dist.new_group([r]) for r in range(world)][rank]
-    hidden, inter, num_experts = (H, I, E) if args.device == "cpu" else (1024, 512, 16)
     steps = [[(5, 0, 7, 3)[r % 4] for r in range(world)],      # rank 1 has no tokens
              [(r * 131) % 300 + 1 for r in range(world)],       # more than a block on some ranks
              [0] * world]                                     # nobody has tokens
-    for case, (router, skew) in enumerate([("mixtral", False), ("deepseek", True)]):
+    if args.preset == "deepseek-v3":
+        if args.device != "cuda":
+            raise SystemExit("--preset deepseek-v3 needs --device cuda")
+        hidden, inter, num_experts, shared_inter = 7168, 2048, 256, 2048
+        cases = [("deepseek-v3", False), ("deepseek-v3", True)]
+        steps.insert(2, [2048] * world)                        # a prefill batch on every rank
+        capacity = 2048 * world                                # the reference takes every rank's tokens
+    else:
+        hidden, inter, num_experts = (H, I, E) if args.device == "cpu" else (1024, 512, 16)
+        shared_inter, cases, capacity = S, [("mixtral", False), ("deepseek", True)], 512
+    for case, (router, skew) in enumerate(cases):
         ep, single = _layer_pair(router, case, ctx.device, hidden, inter, num_experts, skew=skew,
-                                 ep_group=ctx.ep_group, reference_group=alone, capacity=512)
+                                 ep_group=ctx.ep_group, reference_group=alone, capacity=capacity,
+                                 shared_inter=shared_inter)
         _worker_check(ep.backend_name == "staged" and ep.num_local_experts == num_experts // world, "placement")
         for step, counts in enumerate(steps):
             tokens = torch.randn(sum(counts), hidden, generator=torch.Generator().manual_seed(100 + step))
@@ -394,8 +436,14 @@ def worker_main() -> None:
             if counts[rank]:
                 diff = calc_diff(got, expected)
                 _worker_check(diff < kTolerance, f"{router} step {step}: staged EP vs reference calc_diff {diff}")
+                rank_print(f"{router} skew={skew} tokens/rank={counts}: calc_diff {diff:.2e}", only_rank=0)
+        del ep, single
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
     dist.barrier()
-    rank_print(f"staged worker ok: {world} ranks, {ctx.device.type}", only_rank=0)
+    backend = os.environ.get("MOE_SYMM_BACKEND", "default")
+    rank_print(f"staged worker ok: {world} ranks, {ctx.device.type}, {args.preset}, {backend} SymmBuffer",
+               only_rank=0)
     exit_worker(ctx)
 
 

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One call on a machine with several GPUs (issue 6): expert parallelism with one rank per GPU.
+# Logs go under $OUT (the device tool's output folder) or ./gpu-logs.
+#   bash scripts/multi_gpu_check.sh [STEPS] [NPROC]
+# STEPS: any of "tests deepseek dispatch serve" (default: all; one call runs at most 10 minutes, so
+# split them over calls), NPROC: ranks (default: every GPU).
+# 1. the multi-rank GPU tests (SymmBuffer torch + nvshmem, ranks sharing a GPU);
+# 2. the staged DeepSeek-V3 layer against the reference, random and skewed routing, both backends;
+# 3. bench/bench_dispatch.py with both backends (4096 and 128 tokens per rank, NCCL all-to-all beside);
+# 4. launch/serve_moe.py --preset deepseek-v3 (throughput, latency, reference spot checks).
+# Wheels the machine lacks (nvidia-cutlass, nvshmem4py-cu13) travel in .whl/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+steps="${1:-tests deepseek dispatch serve}"
+nproc="${2:-$(nvidia-smi -L | wc -l)}"
+out="${OUT:-$PWD/gpu-logs}"
+mkdir -p "$out"
+# NVLink multicast stays off: it can take the host's shared GPUs out of service.
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export MOE_JIT_CACHE_DIR="${MOE_JIT_CACHE_DIR:-/tmp/moe_jit_cache}" OMP_NUM_THREADS=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 1; }
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  nvidia-smi topo -m
+  python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.device_count(), 'GPUs')"
+  git rev-parse --short HEAD 2>/dev/null || true
+} 2>&1 | tee "$out/env.log"
+python3 setup.py -q build_ext --inplace > "$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
+echo "build ok"
+
+status=0
+step() {  # step NAME TIMEOUT CMD...: run, log to $out/NAME.log, remember a failure
+  local name=$1 limit=$2; shift 2
+  echo "== $name: $*"
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  grep -v "^\s*$" "$out/$name.log" | tail -25
+  [[ $rc == 0 ]] || { echo "!! $name exited $rc"; status=1; }
+}
+run="python3 -m torch.distributed.run --standalone --nproc-per-node=$nproc"
+want() { [[ " $steps " == *" $1 "* ]]; }
+want tests && step multirank_tests 400 python3 -m pytest -q -m "gpu and multirank" -p no:cacheprovider \
+  -k "not deepseek_v3" tests/moe_runtime
+if want deepseek; then
+  for backend in torch nvshmem; do
+    step "deepseek_v3_$backend" 300 $run tests/moe_runtime/test_staged.py --device cuda --preset deepseek-v3 \
+      --symm-backend "$backend"
+  done
+fi
+if want dispatch; then
+  for backend in torch nvshmem; do
+    step "dispatch_$backend" 240 $run bench/bench_dispatch.py --symm-backend "$backend"
+  done
+fi
+want serve && step serve_deepseek_v3 300 $run launch/serve_moe.py --preset deepseek-v3 \
+  --num-requests "${SERVE_REQUESTS:-512}" --no-progress --metrics-out "$out/serve_metrics.json"
+exit $status
