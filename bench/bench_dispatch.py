@@ -31,14 +31,17 @@ GB/s per rank: the mean over ranks of the bytes each rank sends to the others, o
 
 Correctness, before timing, at both token counts: one dispatch + combine round, with a row-local
 stand-in for the experts (dequantized row x top-k weight x a per-expert random vector), against
-the reference backend's all-gather dispatch and reduce combine with the same stand-in. Both round
-identically, so calc_diff is 0 unless a row, scale, weight or slot went astray; above
-``kTolerance`` every rank raises.
+the reference backend's all-gather dispatch and reduce combine with the same stand-in, judged per
+token: the worst over tokens of calc_diff between the two output rows. The two sum a token's top-k
+rows in different orders, which moves the last bf16 bit (about 1e-6 per row on GPUs, 0 on CPU); a
+row, scale, weight or slot gone astray moves its token by 1e-2 or more. Above ``kTolerance`` every
+rank raises.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import shlex
@@ -54,7 +57,6 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from kernels.reference.quant import dequantize_per_token  # noqa: E402
-from kernels.testing.numeric import calc_diff  # noqa: E402
 from moe_runtime.backends.base import MoEProblem  # noqa: E402
 from moe_runtime.backends.reference import ReferenceDispatchCombine  # noqa: E402
 from moe_runtime.backends.staged import StagedDispatchCombine, StagedDispatchResult, is_supported  # noqa: E402
@@ -67,7 +69,7 @@ kMetadataBytes = 8
 # Dispatch and combine never read the intermediate size; any multiple of 128 passes the staged checks.
 kIntermediate = 2048
 kWarmup = 3
-kTolerance = 1e-6
+kTolerance = 1e-4  # worst per-token calc_diff (see the module docstring)
 kSymmBackends = ("torch", "nvshmem", "host")
 
 
@@ -217,18 +219,34 @@ def reference_round(ctx: DistContext, cfg: BenchConfig, batch: Batch, scale: tor
     return ref.combine(expert_out, out.handle)
 
 
+def worst_row_diff(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """max over rows of 1 - 2 x.y / (x.x + y.y) (calc_diff per row); 0 for no rows or all-zero rows, inf
+    when any row is not finite."""
+    if got.shape != expected.shape:
+        raise AssertionError(f"combine returned {tuple(got.shape)}, the reference {tuple(expected.shape)}")
+    if not got.numel():
+        return 0.0
+    x, y = got.double().flatten(1), expected.double().flatten(1)
+    denominator = (x * x + y * y).sum(1)
+    per_row = 1 - 2 * (x * y).sum(1) / denominator.clamp(min=torch.finfo(torch.float64).tiny)
+    worst = float(torch.where(denominator > 0, per_row, torch.zeros_like(per_row)).max())
+    # NaN or inf (garbage rows) must fail: an all_reduce MAX can turn a NaN into another rank's value.
+    return worst if math.isfinite(worst) else math.inf
+
+
 def check_round(ctx: DistContext, cfg: BenchConfig, dc: StagedDispatchCombine, batch: Batch) -> float:
     """The worst calc_diff over ranks of staged vs reference; every rank raises above kTolerance."""
     g = torch.Generator().manual_seed(cfg.seed + 17)
     scale = (1 + torch.rand(cfg.experts, cfg.hidden, generator=g)).to(batch.x.device)
     got = staged_round(dc, batch, scale)
     expected = reference_round(ctx, cfg, batch, scale)
-    diff = calc_diff(got, expected) if got.numel() else 0.0
+    diff = worst_row_diff(got, expected)
     worst = torch.tensor([diff], dtype=torch.float64)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=ctx.cpu_group)
     if not worst.item() <= kTolerance:
         raise AssertionError(f"rank {ctx.rank}: staged dispatch + combine of {batch.x.shape[0]} tokens differs from "
-                             f"the reference backend: calc_diff {diff:.3e} here, {worst.item():.3e} worst over ranks "
+                             f"the reference backend: worst per-token calc_diff {diff:.3e} here, "
+                             f"{worst.item():.3e} worst over ranks "
                              f"(tolerance {kTolerance:.0e})")
     return worst.item()
 
@@ -336,7 +354,7 @@ def format_table(ctx: DistContext, cfg: BenchConfig, rows: list[Row], diffs: dic
         f"Problem: hidden {cfg.hidden}, top-{cfg.top_k}, {cfg.experts} experts ({cfg.experts // n} per rank), random "
         f"routing; FP8 dispatch ({cfg.dispatch_row_bytes} B per row), BF16 combine ({cfg.combine_row_bytes} B per "
         f"row). SymmBuffer: {cfg.symm_backend}; process group: {ctx.backend}; {multicast}.",
-        f"Correctness (one dispatch + combine round vs the reference backend, calc_diff): {checks}.",
+        f"Correctness (one dispatch + combine round vs the reference backend, worst per-token calc_diff): {checks}.",
         "Time: median over iterations of the slowest rank; GB/s: bytes sent to other ranks per rank / time.",
         "",
     ]
