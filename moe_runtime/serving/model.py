@@ -82,10 +82,15 @@ class MoEStack(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.spec = spec
 
+    @staticmethod
+    def block_input(hidden: torch.Tensor) -> torch.Tensor:
+        """What a layer sees of the residual stream: RMS-normalised (no learned gain)."""
+        return F.rms_norm(hidden, (hidden.shape[-1],))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = x
         for layer in self.layers:
-            hidden = hidden + layer(F.rms_norm(hidden, (hidden.shape[-1],)))
+            hidden = hidden + layer(self.block_input(hidden))
         return hidden
 
 
