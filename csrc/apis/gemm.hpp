@@ -9,6 +9,7 @@
 
 #include "apis/dtypes.hpp"
 #include "launchers/sm90_bf16_gemm.hpp"
+#include "launchers/sm90_fp8_fp4_gemm.hpp"
 #include "launchers/sm90_fp8_gemm.hpp"
 
 namespace moe_apis::gemm {
@@ -87,6 +88,34 @@ inline void m_grouped_fp8_gemm_nt_masked(std::uint64_t a, long long lda, std::ui
                             sfb_stride_n, sfb_stride_k, max_m, num_groups, masked_m, device, stream});
 }
 
+// FP4 weights: b packed E2M1 [num_groups * n, k / 2] with row stride ldb bytes; sfb UE8M0
+// exponent bytes [num_groups, n, k / 32] (strides in bytes, the last one 1).
+inline void m_grouped_fp8_fp4_gemm_nt_contiguous(std::uint64_t a, long long lda, std::uint64_t sfa,
+                                                 long long sfa_stride_m, long long sfa_stride_k, std::uint64_t b,
+                                                 long long ldb, std::uint64_t sfb, long long sfb_stride_g,
+                                                 long long sfb_stride_n, std::uint64_t d, long long ldd,
+                                                 std::uint64_t m_indices, int m, int n, int k, int num_groups,
+                                                 int device, std::uint64_t stream) {
+  namespace L = moe_launchers::sm90_fp8_fp4_gemm;
+  const auto config =
+      L::get_config(m, n, k, moe_jit::get_num_sms(device), L::GemmType::kGroupedContiguous, num_groups);
+  L::launch(config, L::Args{a, sfa, b, sfb, d, lda, ldb, ldd, sfa_stride_m, sfa_stride_k, sfb_stride_g, sfb_stride_n,
+                            m, num_groups, m_indices, device, stream});
+}
+
+inline void m_grouped_fp8_fp4_gemm_nt_masked(std::uint64_t a, long long lda, std::uint64_t sfa, long long sfa_stride_m,
+                                             long long sfa_stride_k, std::uint64_t b, long long ldb, std::uint64_t sfb,
+                                             long long sfb_stride_g, long long sfb_stride_n, std::uint64_t d,
+                                             long long ldd, std::uint64_t masked_m, int max_m, int expected_m, int n,
+                                             int k, int num_groups, int device, std::uint64_t stream) {
+  namespace L = moe_launchers::sm90_fp8_fp4_gemm;
+  MOE_HOST_ASSERT(expected_m >= 1, "m_grouped_fp8_fp4_gemm_nt_masked: expected_m must be >= 1, got " << expected_m);
+  const auto config = L::get_config(std::min(expected_m, max_m), n, k, moe_jit::get_num_sms(device),
+                                    L::GemmType::kGroupedMasked, num_groups);
+  L::launch(config, L::Args{a, sfa, b, sfb, d, lda, ldb, ldd, sfa_stride_m, sfa_stride_k, sfb_stride_g, sfb_stride_n,
+                            max_m, num_groups, masked_m, device, stream});
+}
+
 inline void bf16_gemm_nt(std::uint64_t a, long long lda, std::uint64_t b, long long ldb, std::uint64_t d,
                          long long ldd, std::uint64_t c, int c_dtype, long long ldc, int m, int n, int k, bool compile_m,
                          int device, std::uint64_t stream) {
@@ -122,6 +151,30 @@ inline void register_apis(pybind11::module_& m) {
   m.def("m_grouped_fp8_gemm_nt_masked", &m_grouped_fp8_gemm_nt_masked,
         pybind11::call_guard<pybind11::gil_scoped_release>(),
         "grouped D[g] = A[g] @ B[g]^T over the first masked_m[g] rows; raw pointers, strides in elements");
+  m.def("m_grouped_fp8_fp4_gemm_nt_contiguous", &m_grouped_fp8_fp4_gemm_nt_contiguous,
+        pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "grouped D = A @ B[g]^T (B packed E2M1, UE8M0 1x32 scales) over contiguous row blocks; raw pointers");
+  m.def("m_grouped_fp8_fp4_gemm_nt_masked", &m_grouped_fp8_fp4_gemm_nt_masked,
+        pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "grouped D[g] = A[g] @ B[g]^T (B packed E2M1, UE8M0 1x32 scales) over the first masked_m[g] rows");
+  // gemm_type: 1 contiguous, 2 masked (m = expected rows per group).
+  m.def(
+      "fp8_fp4_gemm_nt_code",
+      [](int m_, int n, int k, int num_sms, int gemm_type, int num_groups) {
+        namespace F = moe_launchers::sm90_fp8_fp4_gemm;
+        const auto cfg = F::get_config(m_, n, k, num_sms, detail::gemm_type(gemm_type), num_groups);
+        const auto g = F::generate(cfg);
+        pybind11::dict d;
+        d["block_m"] = cfg.block_m;
+        d["block_n"] = cfg.block_n;
+        d["num_stages"] = cfg.num_stages;
+        d["smem_bytes"] = cfg.smem_bytes;
+        d["swizzle_d"] = cfg.swizzle_d;
+        return pybind11::make_tuple(g.name, g.code, d);
+      },
+      "(name, code, config) of the FP8 x FP4 kernel a grouped shape gets (no GPU needed)", pybind11::arg("m"),
+      pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"), pybind11::arg("gemm_type"),
+      pybind11::arg("num_groups"));
   // gemm_type: 0 dense, 1 m-grouped contiguous, 2 m-grouped masked (m = expected rows per group).
   m.def(
       "fp8_gemm_nt_config",

@@ -30,4 +30,29 @@ __device__ __forceinline__ void promote_fp8_accum(float* final_acc, const float*
   }
 }
 
+// One weight scale per output column (FP4 weights: a row of B's largest 1x32 scale in the K
+// block, see common/fp4.cuh). The thread's pairs of columns are copied out of the stage first, so
+// the stage can be released before the FMAs.
+template <uint32_t kN>
+__device__ __forceinline__ void load_column_scales(float* sb, const float* column_scale, uint32_t lane) {
+#pragma unroll
+  for (uint32_t j = 0; j < kN / 8; ++j) {
+    const float2 pair = *reinterpret_cast<const float2*>(column_scale + j * 8 + (lane % 4) * 2);
+    sb[j * 2] = pair.x;
+    sb[j * 2 + 1] = pair.y;
+  }
+}
+
+template <uint32_t kN>
+__device__ __forceinline__ void promote_accum_column_scales(float* final_acc, const float* acc, float sa0, float sa1,
+                                                            const float* sb) {
+#pragma unroll
+  for (uint32_t j = 0; j < kN / 8; ++j) {
+    final_acc[j * 4 + 0] = fmaf(acc[j * 4 + 0], sa0 * sb[j * 2], final_acc[j * 4 + 0]);
+    final_acc[j * 4 + 1] = fmaf(acc[j * 4 + 1], sa0 * sb[j * 2 + 1], final_acc[j * 4 + 1]);
+    final_acc[j * 4 + 2] = fmaf(acc[j * 4 + 2], sa1 * sb[j * 2], final_acc[j * 4 + 2]);
+    final_acc[j * 4 + 3] = fmaf(acc[j * 4 + 3], sa1 * sb[j * 2 + 1], final_acc[j * 4 + 3]);
+  }
+}
+
 }  // namespace moe_kernels

@@ -1,0 +1,259 @@
+#pragma once
+// FP8 x FP4 GEMM for SM90, m-grouped over experts: D[M, N] (bf16) = (A * SFA) @ (B[g] * SFB[g])^T.
+// A: E4M3 K-major, one FP32 scale per 1x128 (as sm90_fp8_gemm). B: E2M1 packed two per byte
+// [G * N, K / 2], K-major, one UE8M0 exponent byte per 1x32 (SFB [G, N, K / 32]). Hopper has no
+// FP4 tensor cores: B is converted to E4M3 in shared memory (exactly, see common/fp4.cuh) and the
+// FP8 wgmma runs on the converted tile; the halved weight bytes are what decode gains.
+//
+// Roles (one CTA per SM, persistent over tiles):
+//   warpgroups [0, kNumMathWG): math — wait for a converted stage, 4 x wgmma 64xBNx32 per 128-deep
+//                               K block, FP32 promotion with the row's A scale and the column's
+//                               B scale, epilogue;
+//   warpgroup kNumMathWG:       converter — packed B tile -> E4M3 tile in the 128-byte swizzled
+//                               layout wgmma reads, plus one FP32 column scale per row of B;
+//   last warpgroup, warp 0:     TMA producer for A and packed B;
+//   last warpgroup, warp 1:     scale producer — cp.async of the A scales and of one 32-bit word
+//                               of four exponent bytes per B row, on the same mbarrier.
+
+#include <cuda_bf16.h>
+#include <moe_kernels/common/epilogue.cuh>
+#include <moe_kernels/common/fp4.cuh>
+#include <moe_kernels/common/pipeline.cuh>
+#include <moe_kernels/common/scale_promotion.cuh>
+#include <moe_kernels/common/scheduler.cuh>
+#include <moe_kernels/common/sm90_ptx.cuh>
+#include <moe_kernels/common/sm90_wgmma.cuh>
+
+namespace moe_kernels {
+
+template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kNumStages>
+struct Fp8Fp4GemmSmem {
+  static constexpr uint32_t kBlockK = 128;
+  static constexpr uint32_t kD = kBlockM * kBlockN * 2;
+  static constexpr uint32_t kA = kBlockM * kBlockK;
+  static constexpr uint32_t kB = kBlockN * kBlockK;            // converted E4M3, swizzled
+  static constexpr uint32_t kPackedB = kBlockN * kBlockK / 2;  // E2M1 as loaded, plain rows
+  // Per stage: A scales (FP32), B exponent words (4 x UE8M0), B column scales (FP32).
+  static constexpr uint32_t kScaleBytes = (kBlockM + 2 * kBlockN) * 4;
+  static constexpr uint32_t kOffsetA = kD;
+  static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kA;
+  static constexpr uint32_t kOffsetPackedB = kOffsetB + kNumStages * kB;
+  static constexpr uint32_t kOffsetScales = kOffsetPackedB + kNumStages * kPackedB;
+  static constexpr uint32_t kOffsetBarriers = kOffsetScales + kNumStages * kScaleBytes;
+  static constexpr uint32_t kTotal = kOffsetBarriers + 3 * kNumStages * 8;
+  static_assert(kD % 1024 == 0 && kA % 1024 == 0 && kB % 1024 == 0 && kPackedB % 1024 == 0,
+                "stage buffers must stay 1024-byte aligned");
+};
+
+// shape_m and grouped_layout as in sm90_fp8_gemm_nt; sfb: exponent bytes, 4-byte aligned rows.
+template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
+          uint32_t kNumStages, uint32_t kGroupN, uint32_t kSwizzleDBytes>
+__global__ void __launch_bounds__((kBlockM / 64 + 2) * 128, 1)
+    sm90_fp8_fp4_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
+                         const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
+                         const uint8_t* __restrict__ sfb, uint32_t sfb_stride_g, uint32_t sfb_stride_n,
+                         const __grid_constant__ TmaDescriptor map_a, const __grid_constant__ TmaDescriptor map_b,
+                         const __grid_constant__ TmaDescriptor map_d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Smem = Fp8Fp4GemmSmem<kBlockM, kBlockN, kNumStages>;
+  using Wgmma = sm90::Fp8Wgmma<kBlockN>;
+  constexpr uint32_t kBlockK = Smem::kBlockK;
+  constexpr uint32_t kNumMathWG = kBlockM / 64;
+  constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
+  constexpr uint32_t kConverterThreads = 128;
+  constexpr uint32_t kNumKBlocks = kShapeK / kBlockK;
+  // Register budgets (a CTA owns the SM's 64K registers): producers need few, the converter holds
+  // a handful of words per task, math holds two accumulator sets of kBlockN / 2 each.
+  constexpr uint32_t kProducerRegisters = 40;
+  constexpr uint32_t kConverterRegisters = kNumMathWG == 1 ? 96 : 56;
+  constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 232 : 208;
+  static_assert(128 * (kProducerRegisters + kConverterRegisters + kNumMathWG * kMathRegisters) <= 65536,
+                "register budgets exceed the register file");
+  static_assert(kShapeK % kBlockK == 0, "K must be a multiple of 128");
+  static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
+  static_assert(kBlockM == 64 || kBlockM == 128, "block M is 64 or 128");
+  // Converter tasks: 8 chunks of 16 output bytes per row, the 128 threads covering 16 rows at once.
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 128, "block N is a multiple of 16 up to 128");
+  constexpr auto kType = static_cast<GemmType>(kGemmType);
+  static_assert(kType != GemmType::kNormal, "the FP4-weight GEMM is m-grouped");
+
+  const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint8_t* smem_d = smem;
+  using DLayout = EpilogueLayout<kBlockN, kSwizzleDBytes>;
+  auto* barriers = reinterpret_cast<uint64_t*>(smem + Smem::kOffsetBarriers);
+  const StageRing<kNumStages> ring{barriers, barriers + kNumStages};
+  uint64_t* converted = barriers + 2 * kNumStages;
+  // Stage s's scales: A's kBlockM floats, then kBlockN exponent words, then kBlockN column scales.
+  const auto stage_scales = [&](uint32_t stage) {
+    return reinterpret_cast<float*>(smem + Smem::kOffsetScales + stage * Smem::kScaleBytes);
+  };
+
+  const uint32_t warp = threadIdx.x / 32;
+  const uint32_t lane = sm90::lane_id();
+  if (threadIdx.x == kNumMathThreads + kConverterThreads) {
+    sm90::tma_prefetch_descriptor(&map_a);
+    sm90::tma_prefetch_descriptor(&map_b);
+    sm90::tma_prefetch_descriptor(&map_d);
+    // Full: one expect-tx arrival for the A/B tiles plus one cp.async arrival per scale lane.
+    ring.init(1 + 32, kNumMathWG * 4);
+#pragma unroll
+    for (uint32_t s = 0; s < kNumStages; ++s) sm90::mbarrier_init(converted + s, kConverterThreads);
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+
+  TileScheduler<kType, kBlockM, kBlockN, kGroupN> scheduler(m, kShapeN, grouped_layout, num_groups);
+  PipelineState<kNumStages> pipe;
+  Tile t;
+  const auto a_row0 = [&](const Tile& tile) {
+    return (kType == GemmType::kGroupedMasked ? tile.group * m : 0) + tile.m_block * kBlockM;
+  };
+
+  if (threadIdx.x >= kNumMathThreads + kConverterThreads) {
+    sm90::setmaxnreg_dec<kProducerRegisters>();
+    const uint32_t producer_warp = warp - (kNumMathWG + 1) * 4;
+    if (producer_warp == 0 && lane == 0) {
+      while (scheduler.next(t)) {
+        const uint32_t row_a = a_row0(t), row_b = t.group * kShapeN + t.n_block * kBlockN;
+        for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
+          ring.producer_acquire(pipe);
+          uint64_t* full = ring.full + pipe.stage;
+          sm90::mbarrier_arrive_expect_tx(full, Smem::kA + Smem::kPackedB);
+          sm90::tma_load_2d(smem + Smem::kOffsetA + pipe.stage * Smem::kA, &map_a, full, kb * kBlockK, row_a);
+          sm90::tma_load_2d(smem + Smem::kOffsetPackedB + pipe.stage * Smem::kPackedB, &map_b, full,
+                            kb * kBlockK / 2, row_b);
+        }
+      }
+    } else if (producer_warp == 1) {
+      while (scheduler.next(t)) {
+        const uint32_t row_a = a_row0(t);
+        const uint32_t row_end = kType == GemmType::kGroupedMasked ? (t.group + 1) * m : m;
+        const uint8_t* sfb_tile = sfb + uint64_t(t.group) * sfb_stride_g + uint64_t(t.n_block * kBlockN) * sfb_stride_n;
+        const uint32_t rows_b = min(kBlockN, kShapeN - t.n_block * kBlockN);
+        for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
+          ring.producer_acquire(pipe);
+          float* scales = stage_scales(pipe.stage);
+#pragma unroll
+          for (uint32_t i = 0; i < kBlockM / 32; ++i) {
+            const uint32_t row = row_a + i * 32 + lane;
+            const bool valid = row < row_end;
+            const float* src = valid ? sfa + uint64_t(row) * sfa_stride_m + uint64_t(kb) * sfa_stride_k : sfa;
+            sm90::cp_async_4(scales + i * 32 + lane, src, valid ? 4 : 0);
+          }
+          // Rows past N read no exponents: their words are zero, their (zero-filled) B rows too.
+#pragma unroll
+          for (uint32_t i = 0; i < (kBlockN + 31) / 32; ++i) {
+            const uint32_t row = i * 32 + lane;
+            if (row < kBlockN) {
+              const bool valid = row < rows_b;
+              const uint8_t* src = valid ? sfb_tile + uint64_t(row) * sfb_stride_n + kb * 4 : sfb;
+              sm90::cp_async_4(scales + kBlockM + row, src, valid ? 4 : 0);
+            }
+          }
+          sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
+        }
+      }
+    }
+    return;
+  }
+
+  if (threadIdx.x >= kNumMathThreads) {
+    sm90::setmaxnreg_dec<kConverterRegisters>();
+    const uint32_t tid = threadIdx.x - kNumMathThreads;
+    // Task (row, chunk): 16 B elements of one row = 8 packed bytes in, one 16-byte E4M3 chunk out.
+    const uint32_t chunk = tid % 8, group = chunk / 2;
+    while (scheduler.next(t)) {
+      for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
+        ring.consumer_wait(pipe);
+        const uint8_t* packed = smem + Smem::kOffsetPackedB + pipe.stage * Smem::kPackedB;
+        uint8_t* tile_b = smem + Smem::kOffsetB + pipe.stage * Smem::kB;
+        float* scales = stage_scales(pipe.stage);
+        const auto* exponents = reinterpret_cast<const uint32_t*>(scales + kBlockM);
+        float* column_scales = scales + kBlockM + kBlockN;
+#pragma unroll
+        for (uint32_t i = 0; i < kBlockN / 16; ++i) {
+          const uint32_t row = i * 16 + tid / 8;
+          const uint32_t exps = exponents[row];
+          const uint32_t e_max = fp4::max_exponent(exps);
+          if (chunk == 0) column_scales[row] = fp4::column_scale(e_max);
+          const fp4::Lut lut = fp4::make_lut(e_max - ((exps >> (group * 8)) & 0xFFu));
+          const uint2 in = *reinterpret_cast<const uint2*>(packed + row * (kBlockK / 2) + chunk * 8);
+          const uint2 lo = fp4::convert8(in.x, lut), hi = fp4::convert8(in.y, lut);
+          // 128-byte swizzle: chunk c of row r sits at chunk c ^ (r % 8), as TMA would place it.
+          *reinterpret_cast<uint4*>(tile_b + row * kBlockK + ((chunk ^ (row % 8)) * 16)) =
+              make_uint4(lo.x, lo.y, hi.x, hi.y);
+        }
+        // The generic-proxy writes must be visible to wgmma's async-proxy reads.
+        sm90::fence_proxy_async_shared();
+        sm90::mbarrier_arrive(converted + pipe.stage);
+      }
+    }
+    return;
+  }
+
+  sm90::setmaxnreg_inc<kMathRegisters>();
+  const uint32_t math_wg = threadIdx.x / 128;
+  const uint32_t tile_row0 = math_wg * 64 + (warp % 4) * 16 + lane / 4;
+  float acc[Wgmma::kNumAccum];
+  float final_acc[Wgmma::kNumAccum];
+
+  while (scheduler.next(t)) {
+#pragma unroll
+    for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
+
+    for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
+      // A arrives on full; the converted B tile and its column scales on `converted`.
+      ring.consumer_wait(pipe);
+      sm90::mbarrier_wait(converted + pipe.stage, pipe.phase);
+      const uint8_t* tile_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + math_wg * 64 * kBlockK;
+      const uint8_t* tile_b = smem + Smem::kOffsetB + pipe.stage * Smem::kB;
+      const uint64_t desc_a = sm90::make_sw128_kmajor_desc(tile_a);
+      const uint64_t desc_b = sm90::make_sw128_kmajor_desc(tile_b);
+#pragma unroll
+      for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (uint32_t k = 0; k < kBlockK / Wgmma::kK; ++k) {
+        Wgmma::mma(desc_a + k * 2, desc_b + k * 2, acc, k > 0);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+#pragma unroll
+      for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+
+      const float* scales = stage_scales(pipe.stage);
+      const float sa0 = scales[tile_row0], sa1 = scales[tile_row0 + 8];
+      float sb[kBlockN / 4];
+      load_column_scales<kBlockN>(sb, scales + kBlockM + kBlockN, lane);
+      __syncwarp();
+      if (lane == 0) ring.consumer_release(pipe);
+      promote_accum_column_scales<kBlockN>(final_acc, acc, sa0, sa1, sb);
+    }
+
+    // Epilogue: the previous tile's TMA store must have finished reading shared memory.
+    if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
+    sm90::named_barrier_sync(1, kNumMathThreads);
+    store_fragment_to_smem<kBlockM, kBlockN, kSwizzleDBytes, ResidualType::kNone>(
+        smem_d, final_acc, tile_row0, lane, nullptr, 0, a_row0(t), t.n_block * kBlockN, m, kShapeN);
+    sm90::fence_proxy_async_shared();
+    sm90::named_barrier_sync(1, kNumMathThreads);
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (uint32_t atom = 0; atom < DLayout::kNumAtoms; ++atom) {
+        const uint8_t* src = smem_d + atom * kBlockM * DLayout::kAtomN * 2;
+        const uint32_t col = t.n_block * kBlockN + atom * DLayout::kAtomN;
+        if constexpr (kType == GemmType::kGroupedMasked) {
+          sm90::tma_store_3d(&map_d, src, col, t.m_block * kBlockM, t.group);
+        } else {
+          sm90::tma_store_2d(&map_d, src, col, a_row0(t));
+        }
+      }
+      sm90::tma_store_commit();
+    }
+  }
+  if (threadIdx.x == 0) sm90::tma_store_wait_all<0>();
+#endif
+}
+
+}  // namespace moe_kernels
