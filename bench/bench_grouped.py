@@ -1,15 +1,21 @@
-"""M-grouped FP8 GEMMs (MoE experts) against torch._scaled_grouped_mm, in one run.
+"""M-grouped GEMMs (MoE experts), FP8 and FP4 weights, against torch._scaled_grouped_mm, in one run.
 
-    python bench/bench_grouped.py
+    python bench/bench_grouped.py [--weights fp8,fp4]
 
 Contiguous (prefill): 4 x 8192 and 8 x 4096 rows for N x K = 4096 x 7168 and 7168 x 2048, kernel
 time (profiler, L2 flushed), TFLOP/s, and `torch._scaled_grouped_mm` with row-wise scales on the
 same problem. Masked (decode): 32 and 256 experts at {1, 4, 16, 64, 256} tokens per expert,
 reported as weight bytes read per second (the decode bound) next to the copy ceiling.
+
+FP4 weights (``m_grouped_fp8_fp4_gemm_nt_*``): the same problems with random packed E2M1 codes and
+UE8M0 exponent bytes per 1x32 (the form ``transform_sf_for_fp4_gemm`` gives); the tables add
+the FP4 kernel's time and its speed-up over the FP8 kernel measured in the same run. Weight bytes:
+FP8 = N K + 4 ceil(N/128) K/128 per expert; FP4 = N K / 2 + N K / 32.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
@@ -53,6 +59,44 @@ def contiguous(groups: int, rows: int, n: int, k: int) -> dict:
     return row
 
 
+def fp4_weights(groups: int, n: int, k: int):
+    """(packed E2M1 [G, N, K/2], UE8M0 exponent bytes [G, N, K/32]): random codes and scales drawn
+    directly (quantizing 256 experts of 4096 x 7168 through the float32 reference would need over
+    100 GB; the kernel's time does not depend on the values)."""
+    packed = torch.randint(0, 256, (groups, n, k // 2), device="cuda", dtype=torch.uint8)
+    exponents = torch.randint(118, 126, (groups, n, k // 32), device="cuda", dtype=torch.uint8)
+    return packed, exponents
+
+
+def fp4_weight_bytes(groups: int, n: int, k: int) -> int:
+    return groups * (n * k // 2 + n * k // 32)
+
+
+def contiguous_fp4(groups: int, rows: int, n: int, k: int) -> dict:
+    a = kernels.per_token_cast_to_fp8(torch.randn(groups * rows, k, device="cuda", dtype=torch.bfloat16))
+    b = fp4_weights(groups, n, k)
+    m_indices = torch.arange(groups, device="cuda", dtype=torch.int32).repeat_interleave(rows)
+    d = torch.empty(groups * rows, n, device="cuda", dtype=torch.bfloat16)
+    ours = lambda: kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, m_indices)  # noqa: E731
+    ours()
+    t = bench_kineto(ours, "sm90_fp8_fp4_gemm_nt").median_s
+    return dict(ours_us=t * 1e6, tflops=2 * groups * rows * n * k / t / 1e12, call_us=per_call_us(ours))
+
+
+def masked_fp4(groups: int, tokens: int, n: int, k: int) -> dict:
+    max_m = max(tokens, 1)
+    a = kernels.per_token_cast_to_fp8(torch.randn(groups * max_m, k, device="cuda", dtype=torch.bfloat16))
+    a = (a[0].view(groups, max_m, k), a[1].view(groups, max_m, -1))
+    b = fp4_weights(groups, n, k)
+    masked_m = torch.full((groups,), tokens, device="cuda", dtype=torch.int32)
+    d = torch.empty(groups, max_m, n, device="cuda", dtype=torch.bfloat16)
+    ours = lambda: kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, tokens)  # noqa: E731
+    ours()
+    t = bench_kineto(ours, "sm90_fp8_fp4_gemm_nt").median_s
+    return dict(ours_us=t * 1e6, weight_gbps=fp4_weight_bytes(groups, n, k) / t / 1e9,
+                tflops=2 * groups * tokens * n * k / t / 1e12, call_us=per_call_us(ours))
+
+
 def masked(groups: int, tokens: int, n: int, k: int) -> dict:
     max_m = max(tokens, 1)
     a = kernels.per_token_cast_to_fp8(torch.randn(groups * max_m, k, device="cuda", dtype=torch.bfloat16))
@@ -68,28 +112,55 @@ def masked(groups: int, tokens: int, n: int, k: int) -> dict:
                 call_us=per_call_us(ours))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--weights", default="fp8,fp4", help="comma-separated: fp8, fp4 (default both)")
+    parser.add_argument("--masked-only", action="store_true", help="skip the contiguous (prefill) table")
+    args = parser.parse_args(argv)
+    weights = set(args.weights.split(","))
+    if not weights or weights - {"fp8", "fp4"}:
+        parser.error(f"--weights: expected fp8 and/or fp4, got {args.weights!r}")
     if not torch.cuda.is_available():
         print("bench_grouped: needs a CUDA device", file=sys.stderr)
         return 1
+    fp8, fp4 = "fp8" in weights, "fp4" in weights
     copy = copy_ceiling_gbps()
     print(f"copy ceiling (events, read + write): {copy:.0f} GB/s\n")
-    print("| contiguous | N x K | ours µs | TFLOP/s | per call µs | torch µs | torch TFLOP/s | speed-up |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for groups, rows in [(4, 8192), (8, 4096)]:
-        for n, k in NK:
-            r = contiguous(groups, rows, n, k)
-            print(f"| {groups} x {rows} | {n} x {k} | {r['ours_us']:.1f} | {r['tflops']:.0f} | {r['call_us']:.1f} | "
-                  f"{r['torch_us']:.1f} | {r['torch_tflops']:.0f} | {r['speedup']:.2f}x |"
-                  + (f" {r['torch_error']}" if "torch_error" in r else ""), flush=True)
-    print("\n| masked | N x K | tokens/expert | ours µs | weights GB/s | of copy | TFLOP/s | per call µs |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    if not args.masked_only:
+        print("| contiguous | N x K | FP8 µs | FP8 TFLOP/s | FP8 per call µs | torch µs | torch TFLOP/s | FP8 vs torch "
+              "| FP4 µs | FP4 TFLOP/s | FP4 per call µs |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for groups, rows in [(4, 8192), (8, 4096)]:
+            for n, k in NK:
+                cells = [f"{groups} x {rows}", f"{n} x {k}"]
+                if fp8:
+                    r = contiguous(groups, rows, n, k)
+                    cells += [f"{r['ours_us']:.1f}", f"{r['tflops']:.0f}", f"{r['call_us']:.1f}", f"{r['torch_us']:.1f}",
+                              f"{r['torch_tflops']:.0f}", f"{r['speedup']:.2f}x" + (f" {r['torch_error']}"
+                                                                                    if "torch_error" in r else "")]
+                else:
+                    cells += ["-"] * 6
+                if fp4:
+                    r4 = contiguous_fp4(groups, rows, n, k)
+                    cells += [f"{r4['ours_us']:.1f}", f"{r4['tflops']:.0f}", f"{r4['call_us']:.1f}"]
+                else:
+                    cells += ["-"] * 3
+                print("| " + " | ".join(cells) + " |", flush=True)
+    print("\n| masked | N x K | tokens/expert | FP8 µs | FP8 weights GB/s | FP8 of copy | FP8 per call µs "
+          "| FP4 µs | FP4 weights GB/s | FP4 per call µs | FP4 speed-up over FP8 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for groups in (32, 256):
         for n, k in NK:
             for tokens in (1, 4, 16, 64, 256):
-                r = masked(groups, tokens, n, k)
-                print(f"| {groups} | {n} x {k} | {tokens} | {r['ours_us']:.1f} | {r['weight_gbps']:.0f} | "
-                      f"{r['weight_gbps'] / copy * 100:.0f}% | {r['tflops']:.0f} | {r['call_us']:.1f} |", flush=True)
+                cells = [str(groups), f"{n} x {k}", str(tokens)]
+                r = masked(groups, tokens, n, k) if fp8 else None
+                r4 = masked_fp4(groups, tokens, n, k) if fp4 else None
+                cells += ([f"{r['ours_us']:.1f}", f"{r['weight_gbps']:.0f}", f"{r['weight_gbps'] / copy * 100:.0f}%",
+                           f"{r['call_us']:.1f}"] if r else ["-"] * 4)
+                cells += ([f"{r4['ours_us']:.1f}", f"{r4['weight_gbps']:.0f}", f"{r4['call_us']:.1f}"] if r4
+                          else ["-"] * 3)
+                cells.append(f"{r['ours_us'] / r4['ours_us']:.2f}x" if r and r4 else "-")
+                print("| " + " | ".join(cells) + " |", flush=True)
     return 0
 
 

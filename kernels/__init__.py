@@ -1,5 +1,5 @@
-"""The kernel layer of moe_runtime: JIT-compiled FP8 kernels for Hopper (FP4: references so far),
-with pure-torch references on the CPU.
+"""The kernel layer of moe_runtime: JIT-compiled FP8 and FP8 x FP4 kernels for Hopper, with
+pure-torch references on the CPU.
 
 Importing this package loads nothing from CUDA: the driver and NVRTC are opened on the first GPU
 call. Public functions that share a name with DeepGEMM's keep DeepGEMM's signature.
@@ -9,26 +9,40 @@ from . import jit, reference, testing
 from .gemm import bf16_gemm_nt, fp8_gemm_nt
 from .grouped import (
     get_mk_alignment_for_contiguous_layout,
+    m_grouped_fp8_fp4_gemm_nt_contiguous,
+    m_grouped_fp8_fp4_gemm_nt_masked,
     m_grouped_fp8_gemm_nt_contiguous,
     m_grouped_fp8_gemm_nt_masked,
     set_mk_alignment_for_contiguous_layout,
 )
 from .jit import get_num_sms, set_num_sms
-from .quant import ceil_to_ue8m0, per_block_cast_to_fp8, per_token_cast_to_fp8
+from .quant import (
+    cast_back_from_fp4,
+    ceil_to_ue8m0,
+    per_block_cast_to_fp8,
+    per_token_cast_to_fp4,
+    per_token_cast_to_fp8,
+    transform_sf_for_fp4_gemm,
+)
 
 __all__ = [
     "bf16_gemm_nt",
+    "cast_back_from_fp4",
     "ceil_to_ue8m0",
     "fp8_gemm_nt",
     "get_mk_alignment_for_contiguous_layout",
     "get_num_sms",
     "jit",
+    "m_grouped_fp8_fp4_gemm_nt_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
     "per_block_cast_to_fp8",
+    "per_token_cast_to_fp4",
     "per_token_cast_to_fp8",
     "reference",
     "set_mk_alignment_for_contiguous_layout",
     "set_num_sms",
     "testing",
+    "transform_sf_for_fp4_gemm",
 ]

@@ -39,7 +39,7 @@ def check_fp8_operand(fn: str, name: str, t: object, shape: tuple[int | None, ..
     if stride[-1] != 1 or stride[-2] % 16 != 0 or stride[-2] < t.shape[-1]:
         fail(fn, ValueError, f"{name} must be K-major (stride 1 along K, a row stride that is a multiple of 16 "
                              f"elements), got strides {stride}")
-    if t.dim() == 3 and t.shape[0] > 1 and stride[0] != t.shape[1] * stride[1]:
+    if t.dim() == 3 and t.shape[0] > 1 and t.shape[1] > 0 and stride[0] != t.shape[1] * stride[1]:
         fail(fn, ValueError, f"{name} must stack its groups without gaps (stride[0] == shape[1] * stride[1]), "
                              f"got strides {stride}")
     return t
@@ -63,7 +63,7 @@ def check_output(fn: str, d: object, shape: tuple[int, ...]) -> torch.Tensor:
                              f"{getattr(d, 'dtype', type(d).__name__)} {list(getattr(d, 'shape', ()))}")
     stride = d.stride()
     if stride[-1] != 1 or stride[-2] % 8 != 0 or stride[-2] < shape[-1] or \
-            (d.dim() == 3 and d.shape[0] > 1 and stride[0] != d.shape[1] * stride[1]):
+            (d.dim() == 3 and d.shape[0] > 1 and d.shape[1] > 0 and stride[0] != d.shape[1] * stride[1]):
         fail(fn, ValueError, f"d must be row-major with a row stride that is a multiple of 8 (groups without "
                              f"gaps), got strides {stride}")
     return d

@@ -1,7 +1,25 @@
-"""M-grouped FP8 GEMMs for MoE experts, with DeepGEMM's signatures.
+"""M-grouped FP8 and FP8 x FP4 GEMMs for MoE experts, with DeepGEMM's signatures.
 
-Weights for every group: ``b = (B [G, N, K] float8_e4m3fn, SFB [G, ceil(N/128), K/128] float32)``,
-groups stacked without gaps. Activations use 1x128 scales as in :func:`kernels.fp8_gemm_nt`.
+FP8 weights for every group: ``b = (B [G, N, K] float8_e4m3fn, SFB [G, ceil(N/128), K/128]
+float32)``, groups stacked without gaps. Activations use 1x128 scales as in
+:func:`kernels.fp8_gemm_nt` (the same for both weight formats).
+
+FP4 weights (``m_grouped_fp8_fp4_gemm_nt_*``): ``b = (B [G, N, K/2] int8 or uint8, SFB [G, N,
+K/32])``. B holds two E2M1 codes per byte (element ``2 j`` of a row in the low nibble of byte
+``j``; bit 3 of a code is the sign, bits 0-2 index {0, .5, 1, 1.5, 2, 3, 4, 6}), K-major, groups
+stacked without gaps. SFB holds one power-of-two scale per 1x32 (weight row x 32-deep K group),
+as :func:`kernels.per_token_cast_to_fp4` makes them along K, in one of two forms:
+
+* UE8M0 exponent bytes, ``float8_e8m0fnu`` or ``uint8`` (value ``2^(byte - 127)``), contiguous
+  in the last dim with row and group strides that are multiples of 4 bytes: passed to the GPU as
+  they are (the fast form);
+* float32 powers of two (what ``per_token_cast_to_fp4`` returns): converted to exponent bytes on
+  every call, which costs a pass over SFB and, on CUDA, one host sync to check that every value is
+  a positive normal power of two. :func:`kernels.transform_sf_for_fp4_gemm` does the conversion
+  once, ahead of time, and avoids both; a masked call with float32 SFB cannot be captured in a
+  CUDA graph (its check syncs).
+
+Layouts of the activations (both weight formats):
 
 * Contiguous (prefill): rows sorted by group, ``m_indices`` int32 [M] gives each row's group;
   every aligned block of :func:`get_mk_alignment_for_contiguous_layout` rows belongs to one group
@@ -13,15 +31,21 @@ groups stacked without gaps. Activations use 1x128 scales as in :func:`kernels.f
   call can be captured in a graph; rows at or past ``masked_m[g]`` of ``d`` hold unspecified values
   after the call. ``expected_m`` (rows per group you expect) only steers the heuristic.
 
-CUDA tensors run the SM90 kernel of :mod:`kernels.gemm` on the current stream; CPU tensors run the
-references in :mod:`kernels.reference.gemm`.
+CUDA tensors run the SM90 kernels (FP8: the one of :mod:`kernels.gemm`) on the current stream; CPU
+tensors run the references in :mod:`kernels.reference.gemm`. For FP4 weights the GPU kernel
+converts E2M1 to E4M3 in shared memory (exact) and runs the FP8 MMA. The per-32 scales are applied
+as follows: within each 128-deep K block of a weight row, the four 1x32 scales are split into the
+largest, ``2^e_max``, applied per output column in the FP32 promotion (with the activations' 1x128
+scale), and the relative factors ``2^(e_j - e_max)``, folded into the conversion. Groups more than
+2^11 below their block's largest scale are flushed to zero (their values are below 6 * 2^-12 of
+that block's scale); the CPU reference keeps them.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import _checks, _descriptors, jit
+from . import _checks, _descriptors, _fp4, jit
 from .reference import gemm as reference
 
 _BLOCK = _checks.BLOCK
@@ -42,7 +66,6 @@ def set_mk_alignment_for_contiguous_layout(alignment: int) -> None:
     _alignment = alignment
 
 
-
 def _check_weights(fn: str, b: object, k: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     b_t, sfb = _checks.unpack(fn, "b", b)
     b_t = _checks.check_fp8_operand(fn, "b[0] (B)", b_t, (None, None, k))
@@ -52,6 +75,45 @@ def _check_weights(fn: str, b: object, k: int) -> tuple[torch.Tensor, torch.Tens
     if g == 0:
         _checks.fail(fn, ValueError, "b must hold at least one group, got G = 0")
     return b_t, sfb, g, n
+
+
+def _check_k(fn: str, k: int) -> None:
+    if k % _BLOCK != 0 or k == 0:
+        _checks.fail(fn, ValueError, f"K must be a positive multiple of 128, got {k}")
+
+
+def _contiguous_activations(fn: str, a: object) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """``a`` = (A [M, K] e4m3, SFA [M, K/128] f32); returns ``(A, SFA, M, K)``."""
+    a_t, sfa = _checks.unpack(fn, "a", a)
+    a_t = _checks.check_fp8_operand(fn, "a[0] (A)", a_t, (None, None))
+    m, k = a_t.shape
+    _check_k(fn, k)
+    _checks.check_scales(fn, "a[1] (SFA)", sfa, (m, k // _BLOCK))
+    return a_t, sfa, m, k
+
+
+def _masked_activations(fn: str, a: object) -> tuple[torch.Tensor, torch.Tensor, int, int, int]:
+    """``a`` = (A [G, max_m, K] e4m3, SFA [G, max_m, K/128] f32, groups stacked without gaps);
+    returns ``(A, SFA, G, max_m, K)``."""
+    a_t, sfa = _checks.unpack(fn, "a", a)
+    a_t = _checks.check_fp8_operand(fn, "a[0] (A)", a_t, (None, None, None))
+    groups, max_m, k = a_t.shape
+    _check_k(fn, k)
+    _checks.check_scales(fn, "a[1] (SFA)", sfa, (groups, max_m, k // _BLOCK))
+    if groups > 1 and max_m and sfa.stride(0) != max_m * sfa.stride(1):
+        _checks.fail(fn, ValueError, f"a[1] (SFA) must stack its groups without gaps (stride[0] == max_m * "
+                                     f"stride[1]), got strides {sfa.stride()}")
+    return a_t, sfa, groups, max_m, k
+
+
+def _check_expected_m(fn: str, expected_m: object) -> None:
+    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
+        _checks.fail(fn, ValueError, f"expected_m must be a positive int, got {expected_m!r}")
+
+
+def _check_groups(fn: str, a_groups: int, b_groups: int) -> None:
+    if a_groups != b_groups:
+        _checks.fail(fn, ValueError, f"a[0] (A) has {a_groups} groups but b[0] (B) has {b_groups}")
 
 
 def _check_index(fn: str, name: str, t: object, length: int) -> torch.Tensor:
@@ -74,11 +136,8 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tu
     """
     fn = "m_grouped_fp8_gemm_nt_contiguous"
     _checks.check_recipe(fn, recipe)
-    a_t, sfa = _checks.unpack(fn, "a", a)
-    a_t = _checks.check_fp8_operand(fn, "a[0] (A)", a_t, (None, None))
-    m, k = a_t.shape
+    a_t, sfa, m, k = _contiguous_activations(fn, a)
     b_t, sfb, g, n = _check_weights(fn, b, k)
-    _checks.check_scales(fn, "a[1] (SFA)", sfa, (m, k // _BLOCK))
     _checks.check_output(fn, d, (m, n))
     m_indices = _check_index(fn, "m_indices", m_indices, m)
     device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, d, m_indices])
@@ -105,18 +164,10 @@ def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[
     """
     fn = "m_grouped_fp8_gemm_nt_masked"
     _checks.check_recipe(fn, recipe)
-    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
-        _checks.fail(fn, ValueError, f"expected_m must be a positive int, got {expected_m!r}")
-    a_t, sfa = _checks.unpack(fn, "a", a)
-    a_t = _checks.check_fp8_operand(fn, "a[0] (A)", a_t, (None, None, None))
-    groups, max_m, k = a_t.shape
+    _check_expected_m(fn, expected_m)
+    a_t, sfa, groups, max_m, k = _masked_activations(fn, a)
     b_t, sfb, g, n = _check_weights(fn, b, k)
-    if g != groups:
-        _checks.fail(fn, ValueError, f"a[0] (A) has {groups} groups but b[0] (B) has {g}")
-    _checks.check_scales(fn, "a[1] (SFA)", sfa, (g, max_m, k // _BLOCK))
-    if g > 1 and max_m and sfa.stride(0) != max_m * sfa.stride(1):
-        _checks.fail(fn, ValueError, f"a[1] (SFA) must stack its groups without gaps (stride[0] == max_m * "
-                                     f"stride[1]), got strides {sfa.stride()}")
+    _check_groups(fn, groups, g)
     _checks.check_output(fn, d, (g, max_m, n))
     masked_m = _check_index(fn, "masked_m", masked_m, g)
     device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, d, masked_m])
@@ -128,5 +179,68 @@ def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[
     jit.native_module().m_grouped_fp8_gemm_nt_masked(
         a_t.data_ptr(), a_t.stride(1), sfa.data_ptr(), sfa.stride(1), sfa.stride(2),
         b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(1), sfb.stride(2),
+        d.data_ptr(), d.stride(1), masked_m.data_ptr(), max_m, expected_m, n, k, g, device.index,
+        _descriptors.current_stream(device))
+
+
+def m_grouped_fp8_fp4_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
+                                         b: tuple[torch.Tensor, torch.Tensor], d: torch.Tensor,
+                                         m_indices: torch.Tensor, recipe=None, compiled_dims: str = "nk",
+                                         disable_ue8m0_cast: bool = False) -> None:
+    """:func:`m_grouped_fp8_gemm_nt_contiguous` with FP4 weights, in place.
+
+    ``a`` = (A [M, K] e4m3, SFA [M, K/128] f32), ``b`` = (B [G, N, K/2] int8/uint8, SFB [G, N,
+    K/32] float8_e8m0fnu/uint8/float32) as in the module docstring, ``d`` [M, N] bf16,
+    ``m_indices`` int32 [M] (the contiguous layout of the FP8 function).
+    """
+    fn = "m_grouped_fp8_fp4_gemm_nt_contiguous"
+    _checks.check_recipe(fn, recipe)
+    a_t, sfa, m, k = _contiguous_activations(fn, a)
+    b_t, sfb, g, n = _fp4.check_weights(fn, b, k)
+    _checks.check_output(fn, d, (m, n))
+    m_indices = _check_index(fn, "m_indices", m_indices, m)
+    device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, d, m_indices])
+    sfb_bytes = _fp4.sfb_bytes(fn, sfb)
+    if device.type == "cpu":
+        reference.m_grouped_fp8_fp4_gemm_nt_contiguous((a_t, sfa), (b_t, _fp4.sfb_float32(sfb_bytes)), m_indices, d)
+        return
+    _fp4.check_pointers(fn, b_t, sfb_bytes)
+    if m == 0:
+        return
+    jit.native_module().m_grouped_fp8_fp4_gemm_nt_contiguous(
+        a_t.data_ptr(), a_t.stride(0), sfa.data_ptr(), sfa.stride(0), sfa.stride(1),
+        b_t.data_ptr(), b_t.stride(1), sfb_bytes.data_ptr(), sfb_bytes.stride(0), sfb_bytes.stride(1),
+        d.data_ptr(), d.stride(0), m_indices.data_ptr(), m, n, k, g, device.index,
+        _descriptors.current_stream(device))
+
+
+def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
+                                     d: torch.Tensor, masked_m: torch.Tensor, expected_m: int, recipe=None,
+                                     compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
+    """:func:`m_grouped_fp8_gemm_nt_masked` with FP4 weights, in place.
+
+    ``a`` = (A [G, max_m, K] e4m3, SFA [G, max_m, K/128] f32), ``b`` = (B [G, N, K/2]
+    int8/uint8, SFB [G, N, K/32] float8_e8m0fnu/uint8/float32) as in the module docstring,
+    ``d`` [G, max_m, N] bf16, ``masked_m`` int32 [G], ``expected_m`` a positive int.
+    """
+    fn = "m_grouped_fp8_fp4_gemm_nt_masked"
+    _checks.check_recipe(fn, recipe)
+    _check_expected_m(fn, expected_m)
+    a_t, sfa, groups, max_m, k = _masked_activations(fn, a)
+    b_t, sfb, g, n = _fp4.check_weights(fn, b, k)
+    _check_groups(fn, groups, g)
+    _checks.check_output(fn, d, (g, max_m, n))
+    masked_m = _check_index(fn, "masked_m", masked_m, g)
+    device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, d, masked_m])
+    sfb_bytes = _fp4.sfb_bytes(fn, sfb)
+    if device.type == "cpu":
+        reference.m_grouped_fp8_fp4_gemm_nt_masked((a_t, sfa), (b_t, _fp4.sfb_float32(sfb_bytes)), masked_m, d)
+        return
+    _fp4.check_pointers(fn, b_t, sfb_bytes)
+    if max_m == 0:
+        return
+    jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked(
+        a_t.data_ptr(), a_t.stride(1), sfa.data_ptr(), sfa.stride(1), sfa.stride(2),
+        b_t.data_ptr(), b_t.stride(1), sfb_bytes.data_ptr(), sfb_bytes.stride(0), sfb_bytes.stride(1),
         d.data_ptr(), d.stride(1), masked_m.data_ptr(), max_m, expected_m, n, k, g, device.index,
         _descriptors.current_stream(device))

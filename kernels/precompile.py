@@ -119,28 +119,35 @@ def _dense_gemm(family: str, code_fn: str) -> Callable[[ModelShapes, str, int], 
     return sources
 
 
-def _grouped_contiguous(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
-    out = []
-    for n, k in model.expert_nk:
-        for groups in model.local_experts:
-            for m in _gemm_ms(model.max_m):
-                name, code = _native().fp8_gemm_nt_code(m, n, k, num_sms, False, -1, 1, groups)
-                out.append(KernelSource("m_grouped_fp8_gemm_nt_contiguous", f"n={n} k={k} m<={m}", name, code))
-    return out
-
-
 _DECODE_EXPECTED_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_CONTIGUOUS, _MASKED = 1, 2
 
 
-def _grouped_masked(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
-    out = []
-    for n, k in model.expert_nk:
-        for groups in model.local_experts:
-            for expected_m in _DECODE_EXPECTED_M:
-                name, code = _native().fp8_gemm_nt_code(expected_m, n, k, num_sms, False, -1, 2, groups)
-                out.append(KernelSource("m_grouped_fp8_gemm_nt_masked",
-                                        f"n={n} k={k} G={groups} expected_m={expected_m}", name, code))
-    return out
+def _grouped_code(fp4_weights: bool, m: int, n: int, k: int, num_sms: int, gemm_type: int, groups: int):
+    if fp4_weights:
+        name, code, _ = _native().fp8_fp4_gemm_nt_code(m, n, k, num_sms, gemm_type, groups)
+        return name, code
+    return _native().fp8_gemm_nt_code(m, n, k, num_sms, False, -1, gemm_type, groups)
+
+
+def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelShapes, str, int], list[KernelSource]]:
+    """Sources of an m-grouped family: every expert (N, K) and local expert count (EP 1..8), at every
+    M bucket (contiguous) or expected rows per group (masked)."""
+
+    def sources(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
+        out = []
+        for n, k in model.expert_nk:
+            for groups in model.local_experts:
+                if gemm_type == _CONTIGUOUS:
+                    ms, label = _gemm_ms(model.max_m), f"n={n} k={k} G={groups} m<={{}}"
+                else:
+                    ms, label = _DECODE_EXPECTED_M, f"n={n} k={k} G={groups} expected_m={{}}"
+                for m in ms:
+                    name, code = _grouped_code(fp4_weights, m, n, k, num_sms, gemm_type, groups)
+                    out.append(KernelSource(family, label.format(m), name, code))
+        return out
+
+    return sources
 
 
 FAMILIES: dict[str, Callable[[ModelShapes, str, int], list[KernelSource]]] = {
@@ -148,8 +155,10 @@ FAMILIES: dict[str, Callable[[ModelShapes, str, int], list[KernelSource]]] = {
     "per_block_cast_to_fp8": _quant_per_block,
     "fp8_gemm_nt": _dense_gemm("fp8_gemm_nt", "fp8_gemm_nt_code"),
     "bf16_gemm_nt": _dense_gemm("bf16_gemm_nt", "bf16_gemm_nt_code"),
-    "m_grouped_fp8_gemm_nt_contiguous": _grouped_contiguous,
-    "m_grouped_fp8_gemm_nt_masked": _grouped_masked,
+    "m_grouped_fp8_gemm_nt_contiguous": _grouped("m_grouped_fp8_gemm_nt_contiguous", _CONTIGUOUS, False),
+    "m_grouped_fp8_gemm_nt_masked": _grouped("m_grouped_fp8_gemm_nt_masked", _MASKED, False),
+    "m_grouped_fp8_fp4_gemm_nt_contiguous": _grouped("m_grouped_fp8_fp4_gemm_nt_contiguous", _CONTIGUOUS, True),
+    "m_grouped_fp8_fp4_gemm_nt_masked": _grouped("m_grouped_fp8_fp4_gemm_nt_masked", _MASKED, True),
 }
 
 

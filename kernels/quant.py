@@ -1,15 +1,19 @@
-"""FP8 E4M3 quantization of activations (per token, 1 x gran_k groups) and weights (128 x 128).
+"""FP8 E4M3 quantization of activations (per token, 1 x gran_k groups) and weights (128 x 128);
+FP4 E2M1 quantization of weights (1 x gran_k groups, packed two codes per byte).
 
-CPU tensors run the pure-torch references in :mod:`kernels.reference.quant`; CUDA tensors run the
-JIT-compiled kernels on ``torch.cuda.current_stream()``, which reproduce the references bit for bit
-(see that module for the rounding of every step). Outputs are newly allocated.
+FP8: CPU tensors run the pure-torch references in :mod:`kernels.reference.quant`; CUDA tensors run
+the JIT-compiled kernels on ``torch.cuda.current_stream()``, which reproduce the references bit for
+bit (see that module for the rounding of every step). FP4: offline weight quantizers, the pure-torch
+references of :mod:`kernels.reference.fp4` on the tensor's device (CPU or CUDA, the same bits on
+both). Outputs are newly allocated.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import _checks, _descriptors, jit
+from . import _checks, _descriptors, _fp4, jit
+from .reference import fp4 as fp4_reference
 from .reference import quant as reference
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -112,3 +116,81 @@ def per_block_cast_to_fp8(x: torch.Tensor,
         out.data_ptr(), sf.data_ptr(), use_ue8m0, x.device.index,
         _descriptors.current_stream(x.device))
     return out, sf
+
+
+def _check_gran_k(fn: str, gran_k: object) -> int:
+    if isinstance(gran_k, bool) or not isinstance(gran_k, int) or gran_k <= 0 or gran_k % 2:
+        raise ValueError(f"{fn}: gran_k must be a positive even int, got {gran_k!r}")
+    return gran_k
+
+
+def per_token_cast_to_fp4(x: torch.Tensor, use_ue8m0: bool = True,
+                          gran_k: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize the last dim of ``x`` to packed E2M1 with one float32 scale per ``1 x gran_k``.
+
+    ``x``: [m, n] or batched [g, m, n] (any number of leading dims) bfloat16 / float16 / float32 on
+    a CPU or CUDA device, any strides, ``n`` positive and even; ``gran_k`` a positive even int (32
+    for the FP8 x FP4 GEMMs' weights). Returns ``(packed [..., m, n / 2] int8, sf [..., m,
+    ceil(n / gran_k)] float32)``, both contiguous: element ``2 j`` of a row in the low nibble of
+    byte ``j``, bit 3 of a code the sign. ``use_ue8m0`` rounds the scales up to powers of two
+    (``2^ceil(log2(max(amax, 1e-4) / 6))``), as the GEMMs need. Rounding: see
+    :mod:`kernels.reference.fp4`.
+    """
+    fn = "per_token_cast_to_fp4"
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _INPUT_DTYPES:
+        raise TypeError(f"{fn}: x must be bfloat16, float16 or float32, got {x.dtype}")
+    if x.dim() < 2:
+        raise ValueError(f"{fn}: x must have >= 2 dims ([m, n] or [g, m, n]), got shape {tuple(x.shape)}")
+    if x.shape[-1] == 0 or x.shape[-1] % 2:
+        raise ValueError(f"{fn}: the last dim of x must be positive and even (two codes per byte), got shape "
+                         f"{tuple(x.shape)}")
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{fn}: x must be on a CPU or CUDA device, got {x.device}")
+    use_ue8m0 = _check_flag(fn, "use_ue8m0", use_ue8m0)
+    gran_k = _check_gran_k(fn, gran_k)
+    packed, sf = fp4_reference.per_token_cast_to_fp4(x, use_ue8m0, gran_k)
+    return packed.view(torch.int8), sf.contiguous()
+
+
+def cast_back_from_fp4(packed: torch.Tensor, sf: torch.Tensor, gran_k: int = 32) -> torch.Tensor:
+    """Inverse of :func:`per_token_cast_to_fp4`: float32 [..., m, n], exact.
+
+    ``packed`` int8 or uint8 [..., m, n / 2] (>= 2 dims), ``sf`` float32 [..., m, ceil(n /
+    gran_k)] on the same device (CPU or CUDA).
+    """
+    fn = "cast_back_from_fp4"
+    if not isinstance(packed, torch.Tensor) or packed.dtype not in (torch.int8, torch.uint8):
+        raise TypeError(f"{fn}: packed must be an int8 or uint8 tensor (two E2M1 codes per byte), got "
+                        f"{getattr(packed, 'dtype', type(packed).__name__)}")
+    if packed.dim() < 2:
+        raise ValueError(f"{fn}: packed must have >= 2 dims, got shape {tuple(packed.shape)}")
+    if not isinstance(sf, torch.Tensor) or sf.dtype != torch.float32:
+        raise TypeError(f"{fn}: sf must be a float32 tensor, got {getattr(sf, 'dtype', type(sf).__name__)}")
+    gran_k = _check_gran_k(fn, gran_k)
+    expected = (*packed.shape[:-1], _ceil_div(packed.shape[-1] * 2, gran_k))
+    if tuple(sf.shape) != expected:
+        raise ValueError(f"{fn}: sf must have shape {list(expected)} for packed {list(packed.shape)} and "
+                         f"gran_k={gran_k}, got {list(sf.shape)}")
+    if packed.device != sf.device or packed.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{fn}: packed and sf must be on one CPU or CUDA device, got {packed.device} and "
+                         f"{sf.device}")
+    return fp4_reference.cast_back_from_fp4(packed.view(torch.uint8), sf, gran_k)
+
+
+def transform_sf_for_fp4_gemm(sf: torch.Tensor) -> torch.Tensor:
+    """float32 power-of-two scales (e.g. the SFB [G, N, K/32] of :func:`per_token_cast_to_fp4`)
+    -> uint8 UE8M0 exponent bytes of the same shape, contiguous: ``byte = (bits >> 23) & 0xFF``,
+    value ``2^(byte - 127)``.
+
+    The FP8 x FP4 grouped GEMMs take these bytes as they are; given float32 they redo this
+    conversion (and, on CUDA, a host sync for its check) on every call. Raises ValueError unless
+    every value is a positive normal power of two; one host sync on CUDA.
+    """
+    fn = "transform_sf_for_fp4_gemm"
+    if not isinstance(sf, torch.Tensor) or sf.dtype != torch.float32:
+        raise TypeError(f"{fn}: sf must be a float32 tensor, got {getattr(sf, 'dtype', type(sf).__name__)}")
+    if sf.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{fn}: sf must be on a CPU or CUDA device, got {sf.device}")
+    return _fp4.sf_to_ue8m0_bytes(fn, "sf", sf)

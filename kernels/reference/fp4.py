@@ -73,11 +73,15 @@ def per_token_cast_to_fp4(x: torch.Tensor, use_ue8m0: bool = True, gran_k: int =
     padded = torch.zeros((m, num_groups * gran_k), dtype=torch.float32, device=x.device)
     padded[:, :n] = rows.float()
     view = padded.view(m, num_groups, gran_k)
-    sf = view.abs().amax(dim=2).clamp(min=AMAX_FLOOR) / FP4_E2M1_MAX
+    amax = view.abs().amax(dim=2).clamp(min=AMAX_FLOOR)
+    # Divide by a tensor on x's device: torch on CUDA turns ``tensor / python_scalar`` into a
+    # multiply by the float32 reciprocal, which differs from the IEEE quotient by an ulp for about
+    # a third of the inputs (the UE8M0 ceiling hides it, the plain scales do not).
+    sf = amax / torch.full_like(amax, FP4_E2M1_MAX)
     if use_ue8m0:
         sf = ceil_to_ue8m0(sf)
     scaled = view * (1.0 / sf).unsqueeze(2)
-    codes = _e2m1_codes(scaled).view(m, -1)[:, :n]
+    codes = _e2m1_codes(scaled).view(m, num_groups * gran_k)[:, :n]
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     return packed.reshape(*lead, n // 2).contiguous(), sf.reshape(*lead, num_groups)
 

@@ -3,11 +3,17 @@
 Scale conventions (DeepSeek-V3): A [M, K] E4M3 with one float32 scale per 1x128 (token x K
 block), B [N, K] E4M3 with one float32 scale per 128x128 block. The reference dequantizes both
 operands, multiplies in float32 (or ``accum_dtype``) and rounds once to the output dtype.
+
+FP4 weights (the ``fp8_fp4`` grouped GEMMs): B [G, N, K/2] packed E2M1 (two codes per byte,
+element ``2 j`` in the low nibble, see :mod:`kernels.reference.fp4`) with one float32 scale per
+1x32 (weight row x 32-deep K group), dequantized exactly to float32.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .fp4 import cast_back_from_fp4
 
 
 def dequantize_a(a: torch.Tensor, sfa: torch.Tensor, block_k: int = 128) -> torch.Tensor:
@@ -21,6 +27,12 @@ def dequantize_b(b: torch.Tensor, sfb: torch.Tensor, block: int = 128) -> torch.
     n, k = b.shape[-2:]
     sf = sfb.float().repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)
     return b.float() * sf[..., :n, :k]
+
+
+def dequantize_b_fp4(b_packed: torch.Tensor, sfb: torch.Tensor, gran_k: int = 32) -> torch.Tensor:
+    """[G, N, K/2] packed E2M1 (int8 or uint8) x [G, N, ceil(K/gran_k)] float32 -> [G, N, K] float32."""
+    packed = b_packed.view(torch.uint8) if b_packed.dtype == torch.int8 else b_packed
+    return cast_back_from_fp4(packed, sfb.float(), gran_k)
 
 
 def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
@@ -44,12 +56,8 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None
     return out.to(torch.bfloat16)
 
 
-def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
-                                     m_indices: torch.Tensor, d: torch.Tensor) -> None:
-    """Rows of A grouped by ``m_indices`` [M] (-1 or an id outside [0, G): left untouched in ``d``):
-    ``d[r] = (A[r] * SFA[r]) @ (B[g] * SFB[g])^T`` with ``g = m_indices[r]``; writes ``d`` [M, N]."""
-    lhs = dequantize_a(*a)
-    rhs = dequantize_b(*b)
+def _grouped_contiguous(lhs: torch.Tensor, rhs: torch.Tensor, m_indices: torch.Tensor, d: torch.Tensor) -> None:
+    """float32 ``lhs`` [M, K] and ``rhs`` [G, N, K]: ``d[r] = lhs[r] @ rhs[m_indices[r]]^T``."""
     for g in torch.unique(m_indices).tolist():
         if g < 0 or g >= rhs.shape[0]:  # padding, or an id the kernel skips too
             continue
@@ -57,13 +65,40 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tu
         d[rows] = (lhs[rows] @ rhs[g].t()).to(d.dtype)
 
 
-def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
-                                 masked_m: torch.Tensor, d: torch.Tensor) -> None:
-    """``d[g, :masked_m[g]] = (A[g] * SFA[g]) @ (B[g] * SFB[g])^T`` for each group; other rows of
-    ``d`` [G, max_m, N] are left untouched."""
-    rhs = dequantize_b(*b)
+def _grouped_masked(a: tuple[torch.Tensor, torch.Tensor], rhs: torch.Tensor, masked_m: torch.Tensor,
+                    d: torch.Tensor) -> None:
+    """float32 ``rhs`` [G, N, K]: ``d[g, :masked_m[g]] = dequantize_a(A[g]) @ rhs[g]^T``."""
     for g, count in enumerate(masked_m.tolist()):
         count = max(0, min(int(count), d.shape[1]))
         if count:
             lhs = dequantize_a(a[0][g, :count], a[1][g, :count])
             d[g, :count] = (lhs @ rhs[g].t()).to(d.dtype)
+
+
+def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
+                                     m_indices: torch.Tensor, d: torch.Tensor) -> None:
+    """Rows of A grouped by ``m_indices`` [M] (-1 or an id outside [0, G): left untouched in ``d``):
+    ``d[r] = (A[r] * SFA[r]) @ (B[g] * SFB[g])^T`` with ``g = m_indices[r]``; writes ``d`` [M, N]."""
+    _grouped_contiguous(dequantize_a(*a), dequantize_b(*b), m_indices, d)
+
+
+def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
+                                 masked_m: torch.Tensor, d: torch.Tensor) -> None:
+    """``d[g, :masked_m[g]] = (A[g] * SFA[g]) @ (B[g] * SFB[g])^T`` for each group; other rows of
+    ``d`` [G, max_m, N] are left untouched."""
+    _grouped_masked(a, dequantize_b(*b), masked_m, d)
+
+
+def m_grouped_fp8_fp4_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
+                                         b: tuple[torch.Tensor, torch.Tensor], m_indices: torch.Tensor,
+                                         d: torch.Tensor) -> None:
+    """As :func:`m_grouped_fp8_gemm_nt_contiguous` with ``b`` = (B [G, N, K/2] packed E2M1 int8 or
+    uint8, SFB [G, N, K/32] float32): B dequantized by :func:`dequantize_b_fp4`."""
+    _grouped_contiguous(dequantize_a(*a), dequantize_b_fp4(*b), m_indices, d)
+
+
+def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
+                                     masked_m: torch.Tensor, d: torch.Tensor) -> None:
+    """As :func:`m_grouped_fp8_gemm_nt_masked` with ``b`` = (B [G, N, K/2] packed E2M1 int8 or
+    uint8, SFB [G, N, K/32] float32): B dequantized by :func:`dequantize_b_fp4`."""
+    _grouped_masked(a, dequantize_b_fp4(*b), masked_m, d)

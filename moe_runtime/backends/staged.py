@@ -14,7 +14,8 @@ One forward, every rank of the expert-parallel group together (``P`` ranks, ``E_
    segment, a source's rows in its (token, slot) order;
 4. L1 ``m_grouped_fp8_gemm_nt_contiguous`` (``m_indices``: the local expert of each row, -1 on
    padding rows) -> bf16 [M, 2I]; SwiGLU in float32 x top-k weight; ``per_token_cast_to_fp8``;
-   L2 ``m_grouped_fp8_gemm_nt_contiguous`` -> bf16 [M, H];
+   L2 ``m_grouped_fp8_gemm_nt_contiguous`` -> bf16 [M, H] (FP4 weights: the
+   ``m_grouped_fp8_fp4_gemm_nt_contiguous`` pair, scales as UE8M0 bytes prepared once);
 5. combine: each output row is written into the ``combine`` view [T, k, H] of its source rank at
    its slot; barrier; each rank sums its slots in float32 in slot order and rounds once.
 
@@ -57,9 +58,9 @@ def contiguous_alignment() -> int:
 
 def is_supported(problem: MoEProblem) -> tuple[bool, str]:
     """``(True, how)`` when the staged backend can run ``problem``, else ``(False, why)``."""
-    if problem.weights != "fp8":
-        return False, (f"the staged backend runs FP8 expert weights only, got weights={problem.weights!r} "
-                       "(bf16 needs bf16 grouped GEMMs; FP4 needs the FP8xFP4 grouped GEMMs of issue 4)")
+    if problem.weights not in ("fp8", "fp4"):
+        return False, (f"the staged backend runs FP8 or FP4 expert weights, got weights={problem.weights!r} "
+                       "(bf16 needs bf16 grouped GEMMs)")
     if not problem.use_fp8_dispatch:
         return False, "the staged backend dispatches FP8 activations (use_fp8_dispatch=True)"
     if problem.dtype != torch.bfloat16:
@@ -431,12 +432,22 @@ class StagedExperts(Experts):
     of a :class:`StagedDispatchResult`; ``expert_out`` is bfloat16 [M, H] (garbage on padding rows)."""
 
     def __init__(self, experts: LocalExperts):
-        if experts.gate_up.format != "fp8" or experts.down.format != "fp8":
-            raise ValueError(f"the staged backend needs FP8 expert weights, got gate_up={experts.gate_up.format!r}, "
-                             f"down={experts.down.format!r}")
+        fmt = experts.gate_up.format
+        if fmt not in ("fp8", "fp4") or experts.down.format != fmt:
+            raise ValueError(f"the staged backend needs FP8 or FP4 expert weights (both the same), got "
+                             f"gate_up={experts.gate_up.format!r}, down={experts.down.format!r}")
         self.experts = experts
         self.intermediate = experts.down.shape[2]
         self.hidden = experts.down.shape[1]
+        if fmt == "fp8":
+            self.gemm = kernels.m_grouped_fp8_gemm_nt_contiguous
+            self.w13 = (experts.gate_up.data, experts.gate_up.sf)
+            self.w2 = (experts.down.data, experts.down.sf)
+        else:
+            # The FP4 GEMMs read UE8M0 exponent bytes; converted once here, not per call.
+            self.gemm = kernels.m_grouped_fp8_fp4_gemm_nt_contiguous
+            self.w13 = (experts.gate_up.data, kernels.transform_sf_for_fp4_gemm(experts.gate_up.sf))
+            self.w2 = (experts.down.data, kernels.transform_sf_for_fp4_gemm(experts.down.sf))
 
     @classmethod
     def is_supported(cls, problem: MoEProblem) -> tuple[bool, str]:
@@ -450,15 +461,13 @@ class StagedExperts(Experts):
         out = torch.empty((m, self.hidden), dtype=torch.bfloat16, device=device)
         if m == 0:
             return out
-        gemm = kernels.m_grouped_fp8_gemm_nt_contiguous
-        w13, w2 = self.experts.gate_up, self.experts.down
         h = torch.empty((m, 2 * inter), dtype=torch.bfloat16, device=device)
-        gemm((dispatched.x, dispatched.x_sf), (w13.data, w13.sf), h, dispatched.m_indices)
+        self.gemm((dispatched.x, dispatched.x_sf), self.w13, h, dispatched.m_indices)
         act = F.silu(h[:, :inter].float(), inplace=True).mul_(h[:, inter:]).mul_(dispatched.topk_weights)
         del h
         act_fp8 = kernels.per_token_cast_to_fp8(act, use_ue8m0=False, gran_k=kActGroup)
         del act
-        gemm(act_fp8, (w2.data, w2.sf), out, dispatched.m_indices)
+        self.gemm(act_fp8, self.w2, out, dispatched.m_indices)
         return out
 
 

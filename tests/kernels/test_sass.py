@@ -43,6 +43,19 @@ def test_fp8_gemm_uses_qgmma_tma_and_setmaxnreg(m, n, k, gemm_type, groups):
         assert instruction in code, instruction
 
 
+FP4_VARIANTS = [  # (m or expected m, n, k, gemm type, groups): masked decode, contiguous prefill, a tail shape
+    (8, 4096, 7168, 2, 32), (8192, 4096, 7168, 1, 4), (16, 7168, 2048, 2, 256), (64, 136, 384, 2, 4),
+]
+
+
+@pytest.mark.parametrize("m,n,k,gemm_type,groups", FP4_VARIANTS)
+def test_fp8_fp4_gemm_uses_qgmma_tma_and_byte_permute_conversion(m, n, k, gemm_type, groups):
+    name, code, _ = kernels.jit.native_module().fp8_fp4_gemm_nt_code(m, n, k, H200_SMS, gemm_type, groups)
+    text = sass(name, code)
+    for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "LDGSTS", "PRMT"):
+        assert instruction in text, instruction
+
+
 @pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (4096, 7168, 2048)])
 def test_bf16_gemm_uses_hgmma_tma_and_setmaxnreg(m, n, k):
     code = sass(*kernels.jit.native_module().bf16_gemm_nt_code(m, n, k, H200_SMS))

@@ -159,8 +159,8 @@ def test_backend_selection():
     assert MegaMoELayer(H, I, E, 2, backend="auto").backend_name == "reference"
     with pytest.raises(NotImplementedError, match="fused Mega MoE kernel is not implemented yet"):
         MegaMoELayer(H, I, E, 2, backend="fused")
-    with pytest.raises(NotImplementedError, match="issue 4"):
-        MegaMoELayer(H, I, E, 2, backend="staged", weights="fp4")
+    with pytest.raises(NotImplementedError, match="bf16 grouped GEMMs"):
+        MegaMoELayer(H, I, E, 2, backend="staged", weights="bf16")
     with pytest.raises(ValueError, match="backend must be one of"):
         MegaMoELayer(H, I, E, 2, backend="triton")
 

@@ -1,9 +1,11 @@
 """The staged MoE backend against the reference backend.
 
 CPU: the exchange plan against a brute-force layout; the dispatched contiguous layout; the staged
-pair and ``MegaMoELayer(backend="staged")`` against the reference for random, skewed, empty and
-partly unrouted batches; the reasons ``is_supported`` gives; two ranks under torchrun through the
-host SymmBuffer. GPU: the same at EP=1, and two ranks sharing one GPU through torch symmetric memory.
+pair and ``MegaMoELayer(backend="staged")`` (FP8 and FP4 weights) against the reference for
+random, skewed, empty and partly unrouted batches; the reasons ``is_supported`` gives; two ranks
+under torchrun through the host SymmBuffer. GPU: the same at EP=1, two ranks sharing one GPU
+through torch symmetric memory, and the DeepSeek-V3 layer with one rank per GPU where the
+machine has several.
 
 On CPU tensors the kernels run their pure-torch references, so the whole staged pipeline runs here.
 
@@ -259,7 +261,7 @@ _kRouters = {
 
 
 def _layer_pair(router: str, seed: int, device, hidden=H, inter=I, num_experts=E, skew=False, ep_group=None,
-                reference_group=None, capacity=512, shared_inter=S):
+                reference_group=None, capacity=512, shared_inter=S, weights="fp8"):
     cfg, top_k, shared = _kRouters[router]
     g = torch.Generator().manual_seed(seed)
     gate_up, down = _expert_weights(num_experts, hidden, inter, seed, device)
@@ -273,16 +275,18 @@ def _layer_pair(router: str, seed: int, device, hidden=H, inter=I, num_experts=E
         w["shared_down"] = (torch.randn(hidden, shared_inter, generator=g) / shared_inter ** 0.5).to(torch.bfloat16)
     layers = []
     for backend, group in (("staged", ep_group), ("reference", reference_group)):
-        layer = MegaMoELayer(hidden, inter, num_experts, top_k, router=cfg, weights="fp8", backend=backend,
+        layer = MegaMoELayer(hidden, inter, num_experts, top_k, router=cfg, weights=weights, backend=backend,
                              shared_intermediate_size=shared_inter if shared else 0, ep_group=group,
                              num_max_tokens_per_rank=capacity, device=device)
         layers.append(layer.load_weights(**w))
     return layers
 
 
-@pytest.mark.parametrize("router,skew", [("mixtral", False), ("deepseek", False), ("deepseek", True)])
-def test_layer_staged_matches_reference(seed, router, skew):
-    staged_layer, reference_layer = _layer_pair(router, seed, "cpu", skew=skew)
+@pytest.mark.parametrize("router,skew,weights", [("mixtral", False, "fp8"), ("deepseek", False, "fp8"),
+                                                  ("deepseek", True, "fp8"), ("mixtral", False, "fp4"),
+                                                  ("deepseek", True, "fp4")])
+def test_layer_staged_matches_reference(seed, router, skew, weights):
+    staged_layer, reference_layer = _layer_pair(router, seed, "cpu", skew=skew, weights=weights)
     assert staged_layer.backend_name == "staged" and reference_layer.backend_name == "reference"
     for num_tokens in (0, 1, 129, 300):
         x = torch.randn(num_tokens, H).to(torch.bfloat16)
@@ -295,8 +299,7 @@ def test_layer_staged_matches_reference(seed, router, skew):
 
 
 @pytest.mark.parametrize("overrides,match", [
-    (dict(weights="bf16"), "FP8 expert weights only, got weights='bf16'"),
-    (dict(weights="fp4"), "FP8xFP4 grouped GEMMs of issue 4"),
+    (dict(weights="bf16"), "FP8 or FP4 expert weights, got weights='bf16'"),
     (dict(dtype=torch.float16), "dtype=torch.float16"),
     (dict(hidden=192), "hidden=192 must be a multiple of 128"),
     (dict(inter=64), "intermediate=64 must be a multiple of 128"),
@@ -312,8 +315,9 @@ def test_backend_selection():
     assert staged.is_supported(_problem("cpu"))[0]
     assert MegaMoELayer(H, I, E, 2, backend="auto").backend_name == "reference"  # "auto" picks staged on CUDA only
     assert MegaMoELayer(H, I, E, 2, backend="staged").backend_name == "staged"
-    with pytest.raises(NotImplementedError, match="backend='staged' cannot run this layer: .*weights='fp4'"):
-        MegaMoELayer(H, I, E, 2, backend="staged", weights="fp4")
+    assert MegaMoELayer(H, I, E, 2, backend="staged", weights="fp4").backend_name == "staged"
+    with pytest.raises(NotImplementedError, match="backend='staged' cannot run this layer: .*weights='bf16'"):
+        MegaMoELayer(H, I, E, 2, backend="staged", weights="bf16")
 
 
 # ---- several ranks under torchrun -------------------------------------------------------------------
@@ -336,11 +340,13 @@ _kNeedsCuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CU
 
 @pytest.mark.gpu
 @_kNeedsCuda
-@pytest.mark.parametrize("router,skew", [("mixtral", False), ("deepseek", False), ("deepseek", True)])
-def test_gpu_layer_staged_matches_reference(seed, router, skew):
+@pytest.mark.parametrize("router,skew,weights", [("mixtral", False, "fp8"), ("deepseek", False, "fp8"),
+                                                  ("deepseek", True, "fp8"), ("mixtral", False, "fp4"),
+                                                  ("deepseek", True, "fp4")])
+def test_gpu_layer_staged_matches_reference(seed, router, skew, weights):
     hidden, inter, num_experts = 1024, 512, 16
     staged_layer, reference_layer = _layer_pair(router, seed, "cuda", hidden, inter, num_experts, skew=skew,
-                                                capacity=4096)
+                                                capacity=4096, weights=weights)
     assert staged_layer.backend_name == "staged"
     auto = MegaMoELayer(hidden, inter, num_experts, 2, backend="auto", device="cuda")
     assert auto.backend_name == "staged", staged.is_supported(auto._problem(torch.device("cuda")))

@@ -1,0 +1,95 @@
+"""FP4 weights of the FP8 x FP4 grouped GEMMs: argument checks and the UE8M0 scale bytes.
+
+``b = (B [G, N, K/2] int8 or uint8, SFB [G, N, K/32])``; see :mod:`kernels.grouped` for the
+format. The kernel takes SFB as UE8M0 exponent bytes (value ``2^(byte - 127)``): ``uint8`` and
+``float8_e8m0fnu`` are those bytes already, float32 powers of two are converted here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks
+
+GRAN_K = 32  # K elements per weight scale
+_PACKED_DTYPES = (torch.int8, torch.uint8)
+_E8M0 = torch.float8_e8m0fnu
+_SF_DTYPES = (_E8M0, torch.uint8, torch.float32)
+_SIGN_AND_MANTISSA = -0x7F800001  # ~0x7F800000 as an int32: every float32 bit but the exponent's
+
+
+def sf_to_ue8m0_bytes(fn: str, name: str, sf: torch.Tensor) -> torch.Tensor:
+    """float32 powers of two (any shape, any strides) -> contiguous uint8 exponent bytes of the
+    same shape, ``byte = (bits >> 23) & 0xFF``. Raises ValueError unless every value is a positive
+    normal float32 power of two (sign 0, mantissa 0, exponent field 1..254); the check is one host
+    sync on CUDA."""
+    bits = sf.view(torch.int32)
+    exponent = (bits >> 23) & 0xFF
+    valid = ((bits & _SIGN_AND_MANTISSA) == 0) & (exponent >= 1) & (exponent <= 254)
+    if sf.numel() and not bool(valid.all()):
+        bad = sf[~valid]
+        _checks.fail(fn, ValueError, f"{name} must hold positive normal powers of two (UE8M0 scales) when float32; "
+                                     f"{bad.numel()} of {sf.numel()} values are not, e.g. {bad[0].item()!r}")
+    return exponent.to(torch.uint8).contiguous()
+
+
+def check_weights(fn: str, b: object, k: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Checks ``b`` against A's K; returns ``(B, SFB as given, G, N)``."""
+    b_t, sfb = _checks.unpack(fn, "b", b)
+    if not isinstance(b_t, torch.Tensor):
+        _checks.fail(fn, TypeError, f"b[0] (B) must be a torch.Tensor, got {type(b_t).__name__}")
+    if b_t.dtype not in _PACKED_DTYPES:
+        _checks.fail(fn, TypeError, f"b[0] (B) must be int8 or uint8 (two E2M1 codes per byte), got {b_t.dtype}")
+    if b_t.dim() != 3:
+        _checks.fail(fn, ValueError, f"b[0] (B) must have shape [G, N, K/2], got {list(b_t.shape)}")
+    g, n, half_k = b_t.shape
+    _checks.check_nk(fn, n, k)
+    if half_k != k // 2:
+        _checks.fail(fn, ValueError, f"b[0] (B) must have shape [*, *, K/2] = [*, *, {k // 2}] (K = {k} from A), "
+                                     f"got {list(b_t.shape)}")
+    stride = b_t.stride()
+    if stride[2] != 1 or stride[1] % 16 or stride[1] < half_k:
+        _checks.fail(fn, ValueError, f"b[0] (B) must be K-major (stride 1 along K, a row stride that is a multiple "
+                                     f"of 16 bytes), got strides {stride}")
+    if g > 1 and stride[0] != n * stride[1]:
+        _checks.fail(fn, ValueError, f"b[0] (B) must stack its groups without gaps (stride[0] == shape[1] * "
+                                     f"stride[1]), got strides {stride}")
+    if g == 0:
+        _checks.fail(fn, ValueError, "b must hold at least one group, got G = 0")
+
+    if not isinstance(sfb, torch.Tensor):
+        _checks.fail(fn, TypeError, f"b[1] (SFB) must be a torch.Tensor, got {type(sfb).__name__}")
+    if sfb.dtype not in _SF_DTYPES:
+        _checks.fail(fn, TypeError, f"b[1] (SFB) must be float8_e8m0fnu or uint8 (UE8M0 exponent bytes) or float32 "
+                                    f"(powers of two), got {sfb.dtype}")
+    shape = (g, n, k // GRAN_K)
+    if tuple(sfb.shape) != shape:
+        _checks.fail(fn, ValueError, f"b[1] (SFB) must have shape {list(shape)} (one scale per 1x{GRAN_K}), "
+                                     f"got {list(sfb.shape)}")
+    if sfb.dtype != torch.float32:  # bytes go to the kernel as they are: 4-byte loads per row and 128-K block
+        stride = sfb.stride()
+        if stride[2] != 1 or stride[1] % 4 or (g > 1 and stride[0] % 4):
+            _checks.fail(fn, ValueError, f"b[1] (SFB) must be contiguous in its last dim with row and group strides "
+                                         f"that are multiples of 4 bytes, got strides {stride}")
+    return b_t, sfb, g, n
+
+
+def sfb_bytes(fn: str, sfb: torch.Tensor) -> torch.Tensor:
+    """SFB as uint8 exponent bytes: a view of the byte forms, a conversion of float32."""
+    if sfb.dtype == torch.float32:
+        return sf_to_ue8m0_bytes(fn, "b[1] (SFB)", sfb)
+    return sfb.view(torch.uint8)
+
+
+def sfb_float32(sfb_bytes: torch.Tensor) -> torch.Tensor:
+    """uint8 exponent bytes -> float32 ``2^(byte - 127)`` (byte 255: NaN, as float8_e8m0fnu)."""
+    return sfb_bytes.view(_E8M0).float()
+
+
+def check_pointers(fn: str, b_t: torch.Tensor, sfb_bytes: torch.Tensor) -> None:
+    """CUDA: B is read by TMA (16-byte aligned), SFB by 4-byte loads."""
+    if b_t.data_ptr() % 16:
+        _checks.fail(fn, ValueError, f"b[0] (B) must start at a 16-byte aligned address, got {b_t.data_ptr():#x}")
+    if sfb_bytes.data_ptr() % 4:
+        _checks.fail(fn, ValueError, f"b[1] (SFB) must start at a 4-byte aligned address, "
+                                     f"got {sfb_bytes.data_ptr():#x}")

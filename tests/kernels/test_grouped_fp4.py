@@ -1,0 +1,451 @@
+"""m_grouped_fp8_fp4_gemm_nt_contiguous / _masked (FP8 activations x FP4 weights): CPU reference
+and argument checks, the three SFB forms, and the kernels against a float64 computation on the
+dequantized weights (GPU), including the edge cases of the MoE layouts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from kernels.reference.fp4 import cast_back_from_fp4
+from kernels.reference.gemm import dequantize_a, dequantize_b_fp4
+from kernels.reference.quant import per_token_cast_to_fp8
+from kernels.testing import calc_diff
+
+E4M3, E8M0 = torch.float8_e4m3fn, torch.float8_e8m0fnu
+TOLERANCE = 2e-3
+SF_FORMS = {  # the SFB forms the GEMMs accept, from the float32 scales of per_token_cast_to_fp4
+    "float32": lambda sf: sf,
+    "uint8": kernels.transform_sf_for_fp4_gemm,
+    "e8m0": lambda sf: kernels.transform_sf_for_fp4_gemm(sf).view(E8M0),
+}
+
+
+def make_weights(g: int, n: int, k: int, device: str, spread: int = 0):
+    """FP4 weights ``(B int8 [g, n, k/2], SFB float32 [g, n, k/32])``. With ``spread``, each 1x32
+    group gets the scale 2^-r, r uniform in [0, spread], exactly (its first element is +-6 * 2^-r,
+    the others uniform below), so scales within a 128-K block differ by up to 2^spread."""
+    if not spread:
+        return kernels.per_token_cast_to_fp4(torch.randn(g, n, k, device=device, dtype=torch.bfloat16))
+    w = (torch.rand(g, n, k // 32, 32, device=device) * 12 - 6)
+    w[..., 0] = torch.where(torch.rand(g, n, k // 32, device=device) < 0.5, -6.0, 6.0)
+    r = torch.randint(0, spread + 1, (g, n, k // 32, 1), device=device, dtype=torch.int32)
+    scale = ((127 - r) << 23).view(torch.float32)  # 2^-r, built from its bits: exact on every device
+    b, sf = kernels.per_token_cast_to_fp4((w * scale).view(g, n, k).to(torch.bfloat16))
+    assert torch.equal(sf, scale[..., 0])
+    return b, sf
+
+
+def weights_of(b, group: int) -> torch.Tensor:
+    """float64 [N, K] dequantized weights of one group (float32 SFB)."""
+    return dequantize_b_fp4(b[0][group], b[1][group]).double()
+
+
+def make_contiguous(counts: list[int], k: int, device: str, pad_blocks: int = 0):
+    """Rows of each group padded to the alignment, plus ``pad_blocks`` whole padding blocks at the
+    front and at the back; returns ((A, SFA), m_indices)."""
+    align = kernels.get_mk_alignment_for_contiguous_layout()
+    m_indices = [-1] * (align * pad_blocks)
+    for g, c in enumerate(counts):
+        m_indices += [g] * c + [-1] * (-c % align)
+    m_indices += [-1] * (align * pad_blocks)
+    m_indices = torch.tensor(m_indices, dtype=torch.int32, device=device)
+    a = torch.randn(len(m_indices), k, device=device, dtype=torch.bfloat16)
+    return per_token_cast_to_fp8(a), m_indices
+
+
+def untouched_rows(m_indices: torch.Tensor) -> torch.Tensor:
+    """Rows ``d`` must keep: every -1 row on the CPU; on the GPU the rows of whole padding blocks
+    (a padding row inside a group's last block is computed from whatever A holds there)."""
+    if m_indices.device.type == "cpu":
+        return m_indices < 0
+    align = kernels.get_mk_alignment_for_contiguous_layout()
+    return (m_indices.view(-1, align)[:, :1] < 0).expand(-1, align).reshape(-1)
+
+
+def expected_contiguous(a_fp8, b, m_indices) -> torch.Tensor:
+    lhs = dequantize_a(*a_fp8).double()
+    out = torch.zeros(lhs.shape[0], b[0].shape[1], dtype=torch.float64, device=lhs.device)
+    for g in torch.unique(m_indices).tolist():
+        if 0 <= g < b[0].shape[0]:
+            rows = m_indices == g
+            out[rows] = lhs[rows] @ weights_of(b, g).t()
+    return out
+
+
+def run_contiguous(counts, n, k, device, sf_form="float32", spread=0, pad_blocks=1):
+    b = make_weights(len(counts), n, k, device, spread)
+    a_fp8, m_indices = make_contiguous(counts, k, device, pad_blocks)
+    d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device=device)
+    kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(a_fp8, (b[0], SF_FORMS[sf_form](b[1])), d, m_indices)
+    return a_fp8, b, m_indices, d
+
+
+def check_contiguous(counts, n, k, device, sf_form="float32", spread=0):
+    a_fp8, b, m_indices, d = run_contiguous(counts, n, k, device, sf_form, spread)
+    valid = m_indices >= 0
+    assert torch.isfinite(d[valid]).all(), "valid rows not fully written"
+    if valid.any():
+        assert calc_diff(d[valid], expected_contiguous(a_fp8, b, m_indices)[valid]) < TOLERANCE
+    assert torch.isnan(d[untouched_rows(m_indices)]).all(), "padding rows written"
+
+
+def run_masked(masked, max_m, n, k, expected_m, device, sf_form="float32", spread=0):
+    g = len(masked)
+    b = make_weights(g, n, k, device, spread)
+    a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device=device, dtype=torch.bfloat16))
+    a_fp8 = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
+    masked_m = torch.tensor(masked, dtype=torch.int32, device=device)
+    d = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    kernels.m_grouped_fp8_fp4_gemm_nt_masked(a_fp8, (b[0], SF_FORMS[sf_form](b[1])), d, masked_m, expected_m)
+    return a_fp8, b, d
+
+
+def check_masked(masked, max_m, n, k, expected_m, device, sf_form="float32", spread=0):
+    a_fp8, b, d = run_masked(masked, max_m, n, k, expected_m, device, sf_form, spread)
+    for i, count in enumerate(masked):
+        count = max(0, min(count, max_m))
+        if count:
+            got = d[i, :count]
+            assert torch.isfinite(got).all(), f"group {i}: rows not fully written"
+            ref = dequantize_a(a_fp8[0][i, :count], a_fp8[1][i, :count]).double() @ weights_of(b, i).t()
+            assert calc_diff(got, ref) < TOLERANCE, f"group {i}"
+        if device == "cpu":  # the GPU leaves rows past masked_m unspecified
+            assert torch.isnan(d[i, count:]).all(), f"group {i}: rows past masked_m written"
+
+
+# ---- CPU ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("counts,n,k", [
+    ([5, 0, 130, 1], 136, 256),        # an empty group, tails
+    ([0, 0, 200, 0], 24, 384),         # all tokens in one group
+    ([1], 8, 128),                     # G = 1
+    ([300], 16, 256),                  # G = 1, several blocks
+    ([i % 4 for i in range(256)], 8, 128),  # G = 256
+])
+def test_cpu_contiguous(seed, counts, n, k):
+    check_contiguous(counts, n, k, "cpu")
+
+
+@pytest.mark.parametrize("masked,max_m,expected_m,n,k", [
+    ([3, 0, 17], 20, 8, 64, 128),        # a group with masked_m = 0
+    ([0, 0, 0, 0], 64, 64, 16, 128),     # nothing to do
+    ([70, 3, 100], 100, 600, 24, 256),   # max_m not a multiple of 64, expected far above
+    ([1, 90, 0, 2], 100, 1, 24, 384),    # expected far below
+    ([37], 50, 4, 8, 128),               # G = 1
+    ([i % 3 for i in range(256)], 3, 1, 8, 128),  # G = 256
+    ([-5, 40, 7], 20, 8, 16, 128),       # masked_m outside [0, max_m]: clamped
+])
+def test_cpu_masked(seed, masked, max_m, expected_m, n, k):
+    check_masked(masked, max_m, n, k, expected_m, "cpu")
+
+
+@pytest.mark.parametrize("sf_form", list(SF_FORMS))
+def test_cpu_sfb_spread_within_a_block(seed, sf_form):
+    check_contiguous([130, 0, 7], 40, 512, "cpu", sf_form, spread=10)
+    check_masked([9, 0, 33], 33, 40, 512, 16, "cpu", sf_form, spread=10)
+
+
+def test_cpu_sfb_forms_and_b_dtypes_agree(seed):
+    b_packed, sfb = make_weights(3, 24, 256, "cpu", spread=4)
+    a_fp8, m_indices = make_contiguous([100, 0, 29], 256, "cpu")
+    a_masked = (a_fp8[0][:192].view(3, 64, 256), a_fp8[1][:192].view(3, 64, 2))
+    masked_m = torch.tensor([64, 0, 17], dtype=torch.int32)
+    outputs = []
+    for b in (b_packed, b_packed.view(torch.uint8)):
+        for form in SF_FORMS.values():
+            d = torch.full((m_indices.shape[0], 24), float("nan"), dtype=torch.bfloat16)
+            kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(a_fp8, (b, form(sfb)), d, m_indices)
+            d_masked = torch.full((3, 64, 24), float("nan"), dtype=torch.bfloat16)
+            kernels.m_grouped_fp8_fp4_gemm_nt_masked(a_masked, (b, form(sfb)), d_masked, masked_m, 32)
+            outputs.append((d, d_masked))
+    for d, d_masked in outputs[1:]:
+        assert torch.equal(d.view(torch.int16), outputs[0][0].view(torch.int16))
+        assert torch.equal(d_masked.view(torch.int16), outputs[0][1].view(torch.int16))
+    # Strided float32 scales are accepted (converted); strided bytes with 4-byte rows too.
+    wide = torch.zeros(3, 24, 16)
+    wide[:, :, :8] = sfb
+    d = torch.full_like(outputs[0][0], float("nan"))
+    kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(a_fp8, (b_packed, wide[:, :, :8]), d, m_indices)
+    assert torch.equal(d.view(torch.int16), outputs[0][0].view(torch.int16))
+    wide_bytes = torch.zeros(3, 24, 12, dtype=torch.uint8)
+    wide_bytes[:, :, :8] = kernels.transform_sf_for_fp4_gemm(sfb)
+    kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(a_fp8, (b_packed, wide_bytes[:, :, :8]), d, m_indices)
+    assert torch.equal(d.view(torch.int16), outputs[0][0].view(torch.int16))
+
+
+def test_cpu_empty_m():
+    a = (torch.zeros(0, 128, dtype=E4M3), torch.ones(0, 1))
+    b = make_weights(2, 16, 128, "cpu")
+    d = torch.empty(0, 16, dtype=torch.bfloat16)
+    kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, torch.zeros(0, dtype=torch.int32))
+    a = (torch.zeros(2, 0, 128, dtype=E4M3), torch.ones(2, 0, 1))
+    kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, b, torch.empty(2, 0, 16, dtype=torch.bfloat16),
+                                             torch.zeros(2, dtype=torch.int32), 1)
+
+
+def test_reference_dequantize_b_fp4(seed):
+    b, sf = make_weights(2, 16, 256, "cpu", spread=3)
+    got = dequantize_b_fp4(b, sf)
+    assert got.dtype == torch.float32 and got.shape == (2, 16, 256)
+    assert torch.equal(got, cast_back_from_fp4(b.view(torch.uint8), sf))
+    assert torch.equal(dequantize_b_fp4(b.view(torch.uint8), sf), got)
+    assert torch.equal(got, kernels.cast_back_from_fp4(b, sf))
+
+
+def _sfb_bytes_with_strides(shape, strides):
+    return torch.full((4096,), 127, dtype=torch.uint8).as_strided(shape, strides)
+
+
+def _contig_args(**over):
+    m, n, k, g = 128, 16, 128, 2
+    args = dict(a=(torch.zeros(m, k, dtype=E4M3), torch.ones(m, 1)),
+                b=(torch.zeros(g, n, k // 2, dtype=torch.int8), torch.ones(g, n, k // 32)),
+                d=torch.empty(m, n, dtype=torch.bfloat16), m_indices=torch.zeros(m, dtype=torch.int32))
+    args.update(over)
+    return args
+
+
+def _b(b_t=None, sfb=None):
+    return (torch.zeros(2, 16, 64, dtype=torch.int8) if b_t is None else b_t,
+            torch.ones(2, 16, 4) if sfb is None else sfb)
+
+
+def _not_pow2(value):
+    sfb = torch.ones(2, 16, 4)
+    sfb[1, 3, 2] = value
+    return sfb
+
+
+CONTIGUOUS_BAD = [
+    (dict(recipe=(1, 128, 64)), NotImplementedError, "recipe"),
+    (dict(a=torch.zeros(128, 128, dtype=E4M3)), TypeError, "a must be a \\(tensor, scales\\) pair"),
+    (dict(a=(torch.zeros(128, 128, dtype=torch.bfloat16), torch.ones(128, 1))), TypeError,
+     "a\\[0\\] \\(A\\) must be float8_e4m3fn"),
+    (dict(a=(torch.zeros(128, 64, dtype=E4M3), torch.ones(128, 1))), ValueError, "K must be a positive multiple of 128"),
+    (dict(a=(torch.zeros(128, 128, dtype=E4M3), torch.ones(128, 2))), ValueError,
+     "a\\[1\\] \\(SFA\\) must have shape \\[128, 1\\]"),
+    (dict(a=(torch.zeros(128, 128, dtype=E4M3), torch.ones(128, 1, dtype=torch.bfloat16))), TypeError,
+     "a\\[1\\] \\(SFA\\) must be float32"),
+    (dict(b=torch.zeros(2, 16, 64, dtype=torch.int8)), TypeError, "b must be a \\(tensor, scales\\) pair"),
+    (dict(b=_b(b_t=[[0]])), TypeError, "b\\[0\\] \\(B\\) must be a torch.Tensor"),
+    (dict(b=_b(b_t=torch.zeros(2, 16, 128, dtype=E4M3))), TypeError, "b\\[0\\] \\(B\\) must be int8 or uint8"),
+    (dict(b=_b(b_t=torch.zeros(16, 64, dtype=torch.int8))), ValueError, "b\\[0\\] \\(B\\) must have shape \\[G, N, K/2\\]"),
+    (dict(b=_b(b_t=torch.zeros(2, 16, 128, dtype=torch.int8))), ValueError,
+     "b\\[0\\] \\(B\\) must have shape \\[\\*, \\*, K/2\\] = \\[\\*, \\*, 64\\]"),
+    (dict(b=_b(b_t=torch.zeros(2, 12, 64, dtype=torch.int8)), d=torch.empty(128, 12, dtype=torch.bfloat16)),
+     ValueError, "N must be a positive multiple of 8, got 12"),
+    (dict(b=_b(b_t=torch.zeros(2, 0, 64, dtype=torch.int8))), ValueError, "N must be a positive multiple of 8, got 0"),
+    (dict(b=_b(b_t=torch.zeros(2, 64, 16, dtype=torch.int8).transpose(1, 2))), ValueError, "K-major"),
+    (dict(b=_b(b_t=torch.zeros(2, 16, 72, dtype=torch.int8)[:, :, :64])), ValueError,
+     "multiple of 16 bytes\\), got strides \\(1152, 72, 1\\)"),
+    (dict(b=_b(b_t=torch.zeros(3, 16, 64, dtype=torch.int8)[::2])), ValueError, "without gaps"),
+    (dict(b=(torch.zeros(0, 16, 64, dtype=torch.int8), torch.ones(0, 16, 4))), ValueError, "at least one group"),
+    (dict(b=_b(sfb=2.0)), TypeError, "b\\[1\\] \\(SFB\\) must be a torch.Tensor"),
+    (dict(b=_b(sfb=torch.ones(2, 16, 4, dtype=torch.float16))), TypeError,
+     "b\\[1\\] \\(SFB\\) must be float8_e8m0fnu or uint8 \\(UE8M0 exponent bytes\\) or float32"),
+    (dict(b=_b(sfb=torch.ones(2, 1, 1))), ValueError, "b\\[1\\] \\(SFB\\) must have shape \\[2, 16, 4\\]"),
+    (dict(b=_b(sfb=torch.ones(2, 16, 8, dtype=torch.uint8)[:, :, ::2])), ValueError,
+     "b\\[1\\] \\(SFB\\) must be contiguous in its last dim"),
+    (dict(b=_b(sfb=_sfb_bytes_with_strides((2, 16, 4), (96, 6, 1)))), ValueError, "multiples of 4 bytes"),
+    (dict(b=_b(sfb=_sfb_bytes_with_strides((2, 16, 4), (66, 4, 1)).view(E8M0))), ValueError, "multiples of 4 bytes"),
+    (dict(b=_b(sfb=_not_pow2(0.75))), ValueError,
+     "m_grouped_fp8_fp4_gemm_nt_contiguous: b\\[1\\] \\(SFB\\) must hold positive normal powers of two"),
+    (dict(b=_b(sfb=_not_pow2(0.0))), ValueError, "b\\[1\\] \\(SFB\\) must hold positive normal powers of two"),
+    (dict(b=_b(sfb=_not_pow2(-1.0))), ValueError, "1 of 128 values are not, e.g. -1.0"),
+    (dict(b=_b(sfb=_not_pow2(float("inf")))), ValueError, "powers of two"),
+    (dict(b=_b(sfb=_not_pow2(2.0 ** -140))), ValueError, "powers of two"),
+    (dict(d=torch.empty(128, 8, dtype=torch.bfloat16)), ValueError, "d must be a bfloat16 tensor of shape \\[128, 16\\]"),
+    (dict(d=torch.empty(128, 16, dtype=torch.float32)), ValueError, "d must be a bfloat16 tensor"),
+    (dict(m_indices=torch.zeros(128, dtype=torch.int64)), ValueError, "m_indices must be an int32 tensor of shape \\[128\\]"),
+    (dict(m_indices=torch.zeros(64, dtype=torch.int32)), ValueError, "m_indices must be an int32 tensor"),
+    (dict(m_indices=torch.zeros(128, dtype=torch.int32, device="meta")), ValueError, "all tensors must be on one device"),
+]
+
+
+@pytest.mark.parametrize("over,error,match", CONTIGUOUS_BAD)
+def test_contiguous_bad_arguments(over, error, match):
+    with pytest.raises(error, match=match):
+        kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(**_contig_args(**over))
+
+
+def _masked_args(**over):
+    args = dict(a=(torch.zeros(2, 8, 128, dtype=E4M3), torch.ones(2, 8, 1)), b=_b(),
+                d=torch.empty(2, 8, 16, dtype=torch.bfloat16), masked_m=torch.zeros(2, dtype=torch.int32),
+                expected_m=4)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,error,match", [
+    (dict(expected_m=0), ValueError, "expected_m must be a positive int, got 0"),
+    (dict(expected_m=True), ValueError, "expected_m must be a positive int"),
+    (dict(expected_m=2.0), ValueError, "expected_m must be a positive int"),
+    (dict(recipe=(128, 128, 128)), NotImplementedError, "recipe"),
+    (dict(a=(torch.zeros(16, 128, dtype=E4M3), torch.ones(16, 1))), ValueError,
+     "a\\[0\\] \\(A\\) must have shape \\[\\*, \\*, \\*\\]"),
+    (dict(a=(torch.zeros(2, 8, 128, dtype=E4M3), torch.ones(2, 16, 1)[:, :8])), ValueError,
+     "a\\[1\\] \\(SFA\\) must stack its groups without gaps"),
+    (dict(a=(torch.zeros(2, 8, 256, dtype=E4M3), torch.ones(2, 8, 2))), ValueError,
+     "b\\[0\\] \\(B\\) must have shape \\[\\*, \\*, K/2\\] = \\[\\*, \\*, 128\\] \\(K = 256 from A\\)"),
+    (dict(a=(torch.zeros(3, 8, 128, dtype=E4M3), torch.ones(3, 8, 1))), ValueError,
+     "a\\[0\\] \\(A\\) has 3 groups but b\\[0\\] \\(B\\) has 2"),
+    (dict(b=_b(sfb=_not_pow2(3.0))), ValueError,
+     "m_grouped_fp8_fp4_gemm_nt_masked: b\\[1\\] \\(SFB\\) must hold positive normal powers of two"),
+    (dict(b=_b(sfb=torch.ones(2, 16, 4, dtype=torch.int32))), TypeError, "b\\[1\\] \\(SFB\\) must be float8_e8m0fnu"),
+    (dict(d=torch.empty(2, 8, 24, dtype=torch.bfloat16)), ValueError, "d must be a bfloat16 tensor of shape \\[2, 8, 16\\]"),
+    (dict(masked_m=torch.zeros(3, dtype=torch.int32)), ValueError, "masked_m must be an int32 tensor of shape \\[2\\]"),
+    (dict(masked_m=torch.zeros(2, dtype=torch.int64)), ValueError, "masked_m must be an int32 tensor"),
+])
+def test_masked_bad_arguments(over, error, match):
+    with pytest.raises(error, match=match):
+        kernels.m_grouped_fp8_fp4_gemm_nt_masked(**_masked_args(**over))
+
+
+# ---- GPU ----------------------------------------------------------------------------------------
+
+CONTIGUOUS_CASES = [  # (counts, n, k)
+    ([2048] * 4, 4096, 7168),                      # prefill, 4 experts
+    ([3000, 0, 129, 1], 7168, 2048),               # an empty group, tails
+    ([0, 0, 5000, 0], 576, 7168),                  # all tokens in one group
+    ([1], 24, 256),                                # G = 1
+    ([(i * 37) % 300 for i in range(32)], 136, 384),  # G = 32, empty groups among them
+    ([i % 5 for i in range(256)], 24, 256),        # G = 256
+]
+MASKED_CASES = [  # (masked, max_m, expected_m, n, k)
+    ([20] * 32, 32, 20, 4096, 7168),               # decode, 32 experts
+    ([0, 100, 3, 128], 128, 8, 7168, 2048),        # zero groups, expected far below
+    ([1] * 256, 8, 1, 136, 384),                   # 256 experts, one token each
+    ([0] * 4, 64, 64, 576, 7168),                  # nothing to do
+    ([70, 3, 100, 0], 100, 600, 576, 7168),        # max_m not a multiple of 64, expected far above
+    ([37], 50, 4, 24, 256),                        # G = 1
+]
+
+
+def _case_id(case):
+    counts = case[0]
+    head = f"G{len(counts)}-" + ("x".join(map(str, counts)) if len(counts) <= 4 else f"{sum(counts)}rows")
+    return head + "-" + "-".join(map(str, case[1:]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("counts,n,k", CONTIGUOUS_CASES, ids=list(map(_case_id, CONTIGUOUS_CASES)))
+def test_gpu_contiguous(counts, n, k, seed):
+    check_contiguous(counts, n, k, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("masked,max_m,expected_m,n,k", MASKED_CASES, ids=list(map(_case_id, MASKED_CASES)))
+def test_gpu_masked(masked, max_m, expected_m, n, k, seed):
+    check_masked(masked, max_m, n, k, expected_m, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("sf_form", ["uint8", "e8m0"])
+def test_gpu_sfb_spread_within_a_block(seed, sf_form):
+    """Scales up to 2^10 apart inside a 128-K block: the relative exponents folded into the
+    E2M1 -> E4M3 conversion stay exact."""
+    check_contiguous([300, 0, 77, 129], 576, 7168, "cuda", sf_form, spread=10)
+    check_masked([5, 64, 0, 17], 64, 16, 4096, 2048, "cuda", sf_form, spread=10)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_sfb_far_below_is_flushed(seed):
+    """Scales up to 2^14 apart: groups more than 2^11 below their block's largest scale are flushed
+    to zero on the GPU, a change below 6 * 2^-12 of that scale, invisible at the tolerance."""
+    check_contiguous([200, 60], 136, 1024, "cuda", "uint8", spread=14)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_sfb_forms_and_b_dtypes_agree(seed):
+    b_packed, sfb = make_weights(4, 576, 2048, "cuda", spread=6)
+    a_fp8, m_indices = make_contiguous([300, 0, 5, 129], 2048, "cuda")
+    outputs = []
+    for b in (b_packed, b_packed.view(torch.uint8)):
+        for form in SF_FORMS.values():
+            d = torch.full((m_indices.shape[0], 576), float("nan"), dtype=torch.bfloat16, device="cuda")
+            kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(a_fp8, (b, form(sfb)), d, m_indices)
+            outputs.append(d)
+    valid = m_indices >= 0
+    for d in outputs[1:]:
+        assert torch.equal(d[valid].view(torch.int16), outputs[0][valid].view(torch.int16))
+    assert calc_diff(outputs[0][valid], expected_contiguous(a_fp8, (b_packed, sfb), m_indices)[valid]) < TOLERANCE
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_contiguous_bad_group_ids_are_skipped(seed):
+    b = make_weights(2, 256, 256, "cuda")
+    a_fp8, m_indices = make_contiguous([128, 128], 256, "cuda")
+    m_indices[128:] = 7  # past G: must not read past B
+    d = torch.full((256, 256), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(a_fp8, b, d, m_indices)
+    torch.cuda.synchronize()
+    assert torch.isnan(d[128:]).all()
+    assert calc_diff(d[:128], expected_contiguous(a_fp8, b, m_indices)[:128]) < TOLERANCE
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_masked_in_a_cuda_graph(seed):
+    """With UE8M0 bytes nothing syncs: the masked call can be captured and replayed."""
+    g, max_m, n, k = 8, 64, 576, 2048
+    b_packed, sfb = make_weights(g, n, k, "cuda")
+    b = (b_packed, kernels.transform_sf_for_fp4_gemm(sfb))
+    a_fp8 = torch.zeros(g, max_m, k, dtype=E4M3, device="cuda")
+    sfa = torch.ones(g, max_m, k // 128, device="cuda")
+    masked_m = torch.zeros(g, dtype=torch.int32, device="cuda")
+    d = torch.zeros(g, max_m, n, dtype=torch.bfloat16, device="cuda")
+    kernels.m_grouped_fp8_fp4_gemm_nt_masked((a_fp8, sfa), b, d, masked_m, 16)  # compile and load first
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernels.m_grouped_fp8_fp4_gemm_nt_masked((a_fp8, sfa), b, d, masked_m, 16)
+    new_a, new_sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
+    a_fp8.copy_(new_a.view(g, max_m, k))
+    sfa.copy_(new_sfa.view(g, max_m, -1))
+    counts = [0, 1, 17, 64, 5, 0, 33, 2]
+    masked_m.copy_(torch.tensor(counts, dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    for i, count in enumerate(counts):
+        if count:
+            ref = dequantize_a(a_fp8[i, :count], sfa[i, :count]).double() @ weights_of((b_packed, sfb), i).t()
+            assert calc_diff(d[i, :count], ref) < TOLERANCE, f"group {i}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_pointer_alignment_checks():
+    m, n, k, g = 128, 16, 128, 2
+    a = (torch.zeros(m, k, dtype=E4M3, device="cuda"), torch.ones(m, 1, device="cuda"))
+    d = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    m_indices = torch.zeros(m, dtype=torch.int32, device="cuda")
+    sfb = torch.full((g, n, k // 32), 127, dtype=torch.uint8, device="cuda")
+    b_shifted = torch.zeros(g * n * k // 2 + 16, dtype=torch.int8, device="cuda")[8:-8].view(g, n, k // 2)
+    with pytest.raises(ValueError, match="b\\[0\\] \\(B\\) must start at a 16-byte aligned address"):
+        kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(a, (b_shifted, sfb), d, m_indices)
+    sfb_shifted = torch.full((g * n * k // 32 + 4,), 127, dtype=torch.uint8, device="cuda")[2:-2].view(g, n, k // 32)
+    b_t = torch.zeros(g, n, k // 2, dtype=torch.int8, device="cuda")
+    with pytest.raises(ValueError, match="b\\[1\\] \\(SFB\\) must start at a 4-byte aligned address"):
+        kernels.m_grouped_fp8_fp4_gemm_nt_masked((a[0].view(g, 64, k), a[1].view(g, 64, 1)), (b_t, sfb_shifted),
+                                                 d.view(g, 64, n), m_indices[:g], 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_empty_m():
+    b = make_weights(2, 16, 128, "cuda")
+    a = (torch.zeros(0, 128, dtype=E4M3, device="cuda"), torch.ones(0, 1, device="cuda"))
+    kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, torch.empty(0, 16, dtype=torch.bfloat16, device="cuda"),
+                                                 torch.zeros(0, dtype=torch.int32, device="cuda"))
+    a = (torch.zeros(2, 0, 128, dtype=E4M3, device="cuda"), torch.ones(2, 0, 1, device="cuda"))
+    kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, b, torch.empty(2, 0, 16, dtype=torch.bfloat16, device="cuda"),
+                                             torch.zeros(2, dtype=torch.int32, device="cuda"), 1)
+
