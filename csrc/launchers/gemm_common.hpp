@@ -77,20 +77,21 @@ inline moe_jit::driver::CUtensorMapSwizzle tma_swizzle(int bytes) {
                        : CU_TENSOR_MAP_SWIZZLE_NONE;
 }
 
-// Row-major tensor [outer2, outer, inner] (outer2 = 1: 2-D) with strides in elements.
+// Row-major tensor [outer2, outer, inner] with strides in elements; outer2 = 0: a 2-D tensor. A
+// kernel that stores with 3-D coordinates needs a 3-D map even for one group (outer2 = 1).
 inline moe_jit::driver::CUtensorMap make_tma(const char* fn, std::uint64_t ptr, moe_jit::driver::CUtensorMapDataType dtype,
                                             int elem_bytes, std::uint64_t inner, std::uint64_t outer,
                                             std::uint64_t row_stride, std::uint32_t box_inner, std::uint32_t box_outer,
                                             moe_jit::driver::CUtensorMapSwizzle swizzle, const char* what,
-                                            std::uint64_t outer2 = 1, std::uint64_t outer2_stride = 0) {
+                                            std::uint64_t outer2 = 0, std::uint64_t outer2_stride = 0) {
   using namespace moe_jit::driver;
   MOE_HOST_ASSERT(ptr % 16 == 0, fn << ": " << what << " must be 16-byte aligned");
   MOE_HOST_ASSERT((row_stride * elem_bytes) % 16 == 0 && (outer2_stride * elem_bytes) % 16 == 0,
                   fn << ": the strides of " << what << " must be multiples of 16 bytes, got "
                      << row_stride * elem_bytes << " and " << outer2_stride * elem_bytes);
   CUtensorMap map{};
-  const cuuint32_t rank = outer2 > 1 ? 3 : 2;
-  const cuuint64_t dims[3] = {inner, outer, outer2};
+  const cuuint32_t rank = outer2 > 0 ? 3 : 2;
+  const cuuint64_t dims[3] = {inner, outer, outer2 > 0 ? outer2 : 1};
   const cuuint64_t strides[2] = {row_stride * elem_bytes, outer2_stride * elem_bytes};
   const cuuint32_t box[3] = {box_inner, box_outer, 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};

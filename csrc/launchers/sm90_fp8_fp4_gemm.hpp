@@ -41,6 +41,10 @@ inline int stage_bytes(int block_m, int block_n) {
   return block_m * kBlockK + block_n * kBlockK + block_n * kBlockK / 2 + (block_m + 2 * block_n) * 4 + 8;
 }
 
+// Math warpgroups (block_m / 64), converter warpgroups (two beside one math warpgroup, else one)
+// and the producer warpgroup; mirrors the kernel's launch bounds.
+inline int block_threads(int block_m) { return (block_m / 64 + (block_m == 64 ? 2 : 1) + 1) * 128; }
+
 inline const char* function_name(GemmType type) {
   return type == GemmType::kGroupedMasked ? "m_grouped_fp8_fp4_gemm_nt_masked" : "m_grouped_fp8_fp4_gemm_nt_contiguous";
 }
@@ -127,7 +131,7 @@ inline void launch(const Config& c, const Args& a) {
   moe_jit::LaunchConfig cfg;
   const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);
   cfg.grid_x = static_cast<unsigned>(std::max(1, std::min(tiles, c.num_sms)));
-  cfg.block_x = static_cast<unsigned>((c.block_m / 64 + 2) * 128);
+  cfg.block_x = static_cast<unsigned>(block_threads(c.block_m));
   cfg.smem_bytes = static_cast<unsigned>(c.smem_bytes);
   cfg.stream = a.stream;
   cfg.device = a.device;

@@ -146,6 +146,7 @@ MASKED_CASES = [
     ([1] * 256, 8, 1),                            # 256 experts, one token each
     ([0] * 16, 64, 64),                           # nothing to do
     ([70, 3, 100], 100, 600),                     # max_m not a multiple of the block, expected far above
+    ([37], 50, 4),                                # G = 1 (D's map stays 3-D)
 ]
 GROUPED_NK = [(4096, 7168), (7168, 2048)]
 

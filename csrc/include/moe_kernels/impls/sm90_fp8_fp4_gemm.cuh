@@ -48,7 +48,7 @@ struct Fp8Fp4GemmSmem {
 // shape_m and grouped_layout as in sm90_fp8_gemm_nt; sfb: exponent bytes, 4-byte aligned rows.
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, uint32_t kSwizzleDBytes>
-__global__ void __launch_bounds__((kBlockM / 64 + 2) * 128, 1)
+__global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) * 128, 1)
     sm90_fp8_fp4_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                          const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
                          const uint8_t* __restrict__ sfb, uint32_t sfb_stride_g, uint32_t sfb_stride_n,
@@ -60,20 +60,25 @@ __global__ void __launch_bounds__((kBlockM / 64 + 2) * 128, 1)
   constexpr uint32_t kBlockK = Smem::kBlockK;
   constexpr uint32_t kNumMathWG = kBlockM / 64;
   constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
-  constexpr uint32_t kConverterThreads = 128;
+  // The conversion is integer work at about 2 instructions per element: with one math warpgroup
+  // two converter warpgroups keep up with the weight stream, with two the register file holds one.
+  constexpr uint32_t kNumConverterWG = kNumMathWG == 1 ? 2 : 1;
+  constexpr uint32_t kConverterThreads = kNumConverterWG * 128;
   constexpr uint32_t kNumKBlocks = kShapeK / kBlockK;
-  // Register budgets (a CTA owns the SM's 64K registers): producers need few, the converter holds
-  // a handful of words per task, math holds two accumulator sets of kBlockN / 2 each.
+  // Register budgets (a CTA owns the SM's 64K registers): producers need few, a converter task
+  // holds 4 words in and 8 out, math holds two accumulator sets of kBlockN / 2 each.
   constexpr uint32_t kProducerRegisters = 40;
-  constexpr uint32_t kConverterRegisters = kNumMathWG == 1 ? 96 : 56;
+  constexpr uint32_t kConverterRegisters = kNumMathWG == 1 ? 80 : 56;
   constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 232 : 208;
-  static_assert(128 * (kProducerRegisters + kConverterRegisters + kNumMathWG * kMathRegisters) <= 65536,
+  static_assert(128 * (kProducerRegisters + kNumConverterWG * kConverterRegisters + kNumMathWG * kMathRegisters) <=
+                    65536,
                 "register budgets exceed the register file");
   static_assert(kShapeK % kBlockK == 0, "K must be a multiple of 128");
   static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
   static_assert(kBlockM == 64 || kBlockM == 128, "block M is 64 or 128");
   // Converter tasks: 8 chunks of 16 output bytes per row, the 128 threads covering 16 rows at once.
   static_assert(kBlockN % 16 == 0 && kBlockN <= 128, "block N is a multiple of 16 up to 128");
+  static_assert(kNumConverterWG == (kBlockM == 64 ? 2 : 1), "the launch bounds assume this converter count");
   constexpr auto kType = static_cast<GemmType>(kGemmType);
   static_assert(kType != GemmType::kNormal, "the FP4-weight GEMM is m-grouped");
 
@@ -112,7 +117,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + 2) * 128, 1)
 
   if (threadIdx.x >= kNumMathThreads + kConverterThreads) {
     sm90::setmaxnreg_dec<kProducerRegisters>();
-    const uint32_t producer_warp = warp - (kNumMathWG + 1) * 4;
+    const uint32_t producer_warp = warp - (kNumMathWG + kNumConverterWG) * 4;
     if (producer_warp == 0 && lane == 0) {
       while (scheduler.next(t)) {
         const uint32_t row_a = a_row0(t), row_b = t.group * kShapeN + t.n_block * kBlockN;
@@ -161,8 +166,10 @@ __global__ void __launch_bounds__((kBlockM / 64 + 2) * 128, 1)
   if (threadIdx.x >= kNumMathThreads) {
     sm90::setmaxnreg_dec<kConverterRegisters>();
     const uint32_t tid = threadIdx.x - kNumMathThreads;
-    // Task (row, chunk): 16 B elements of one row = 8 packed bytes in, one 16-byte E4M3 chunk out.
-    const uint32_t chunk = tid % 8, group = chunk / 2;
+    // Task (row, group): one 1x32 group of a B row = 16 packed bytes in, two 16-byte E4M3 chunks
+    // out. Four consecutive threads take a row's four groups, so a warp reads 8 whole rows.
+    constexpr uint32_t kRowsPerPass = kConverterThreads / 4;
+    const uint32_t group = tid % 4;
     while (scheduler.next(t)) {
       for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
         ring.consumer_wait(pipe);
@@ -172,17 +179,21 @@ __global__ void __launch_bounds__((kBlockM / 64 + 2) * 128, 1)
         const auto* exponents = reinterpret_cast<const uint32_t*>(scales + kBlockM);
         float* column_scales = scales + kBlockM + kBlockN;
 #pragma unroll
-        for (uint32_t i = 0; i < kBlockN / 16; ++i) {
-          const uint32_t row = i * 16 + tid / 8;
-          const uint32_t exps = exponents[row];
-          const uint32_t e_max = fp4::max_exponent(exps);
-          if (chunk == 0) column_scales[row] = fp4::column_scale(e_max);
-          const fp4::Lut lut = fp4::make_lut(e_max - ((exps >> (group * 8)) & 0xFFu));
-          const uint2 in = *reinterpret_cast<const uint2*>(packed + row * (kBlockK / 2) + chunk * 8);
-          const uint2 lo = fp4::convert8(in.x, lut), hi = fp4::convert8(in.y, lut);
-          // 128-byte swizzle: chunk c of row r sits at chunk c ^ (r % 8), as TMA would place it.
-          *reinterpret_cast<uint4*>(tile_b + row * kBlockK + ((chunk ^ (row % 8)) * 16)) =
-              make_uint4(lo.x, lo.y, hi.x, hi.y);
+        for (uint32_t i = 0; i < (kBlockN + kRowsPerPass - 1) / kRowsPerPass; ++i) {
+          const uint32_t row = i * kRowsPerPass + tid / 4;
+          if (kBlockN % kRowsPerPass == 0 || row < kBlockN) {
+            const uint32_t exps = exponents[row];
+            const uint32_t e_max = fp4::max_exponent(exps);
+            if (group == 0) column_scales[row] = fp4::column_scale(e_max);
+            const fp4::Lut lut = fp4::make_lut(e_max - ((exps >> (group * 8)) & 0xFFu));
+            const uint4 in = *reinterpret_cast<const uint4*>(packed + row * (kBlockK / 2) + group * 16);
+            const uint2 c0 = fp4::convert8(in.x, lut), c1 = fp4::convert8(in.y, lut);
+            const uint2 c2 = fp4::convert8(in.z, lut), c3 = fp4::convert8(in.w, lut);
+            // 128-byte swizzle: chunk c of row r sits at chunk c ^ (r % 8), as TMA would place it.
+            uint8_t* dst = tile_b + row * kBlockK;
+            *reinterpret_cast<uint4*>(dst + (((group * 2) ^ (row % 8)) * 16)) = make_uint4(c0.x, c0.y, c1.x, c1.y);
+            *reinterpret_cast<uint4*>(dst + (((group * 2 + 1) ^ (row % 8)) * 16)) = make_uint4(c2.x, c2.y, c3.x, c3.y);
+          }
         }
         // The generic-proxy writes must be visible to wgmma's async-proxy reads.
         sm90::fence_proxy_async_shared();
