@@ -41,6 +41,7 @@ def test_fp8_gemm_uses_qgmma_tma_and_setmaxnreg(m, n, k, gemm_type, groups):
     code = sass(*kernels.jit.native_module().fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, gemm_type, groups))
     for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "LDGSTS"):
         assert instruction in code, instruction
+    assert "LDL" not in code and "STL" not in code, "register spills"
 
 
 FP4_VARIANTS = [  # (m or expected m, n, k, gemm type, groups): masked decode, contiguous prefill, a tail shape
@@ -54,6 +55,7 @@ def test_fp8_fp4_gemm_uses_qgmma_tma_and_byte_permute_conversion(m, n, k, gemm_t
     text = sass(name, code)
     for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "LDGSTS", "PRMT"):
         assert instruction in text, instruction
+    assert "LDL" not in text and "STL" not in text, "register spills"
 
 
 @pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (4096, 7168, 2048)])

@@ -65,11 +65,13 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   constexpr uint32_t kNumConverterWG = kNumMathWG == 1 ? 2 : 1;
   constexpr uint32_t kConverterThreads = kNumConverterWG * 128;
   constexpr uint32_t kNumKBlocks = kShapeK / kBlockK;
-  // Register budgets (a CTA owns the SM's 64K registers): producers need few, a converter task
-  // holds 4 words in and 8 out, math holds two accumulator sets of kBlockN / 2 each.
-  constexpr uint32_t kProducerRegisters = 40;
+  // Register budgets (a CTA owns the SM's 64K registers): the scale warp keeps a row pointer per
+  // lane for A and kBlockN / 32 for B (at 40 registers it spilled inside its loop and starved the
+  // pipeline), a converter task holds 4 words in and 8 out, math two accumulator sets of
+  // kBlockN / 2 each.
+  constexpr uint32_t kProducerRegisters = kNumMathWG == 1 ? 64 : 48;
   constexpr uint32_t kConverterRegisters = kNumMathWG == 1 ? 80 : 56;
-  constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 232 : 208;
+  constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 232 : 200;
   static_assert(128 * (kProducerRegisters + kNumConverterWG * kConverterRegisters + kNumMathWG * kMathRegisters) <=
                     65536,
                 "register budgets exceed the register file");
@@ -139,7 +141,8 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
         for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
           ring.producer_acquire(pipe);
           float* scales = stage_scales(pipe.stage);
-#pragma unroll
+          // Not unrolled, addresses rebuilt per k block: hoisted 64-bit row pointers spilled.
+#pragma unroll 1
           for (uint32_t i = 0; i < kBlockM / 32; ++i) {
             const uint32_t row = row_a + i * 32 + lane;
             const bool valid = row < row_end;
@@ -147,14 +150,11 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
             sm90::cp_async_4(scales + i * 32 + lane, src, valid ? 4 : 0);
           }
           // Rows past N read no exponents: their words are zero, their (zero-filled) B rows too.
-#pragma unroll
-          for (uint32_t i = 0; i < (kBlockN + 31) / 32; ++i) {
-            const uint32_t row = i * 32 + lane;
-            if (row < kBlockN) {
-              const bool valid = row < rows_b;
-              const uint8_t* src = valid ? sfb_tile + uint64_t(row) * sfb_stride_n + kb * 4 : sfb;
-              sm90::cp_async_4(scales + kBlockM + row, src, valid ? 4 : 0);
-            }
+#pragma unroll 1
+          for (uint32_t row = lane; row < kBlockN; row += 32) {
+            const bool valid = row < rows_b;
+            const uint8_t* src = valid ? sfb_tile + row * sfb_stride_n + kb * 4 : sfb;
+            sm90::cp_async_4(scales + kBlockM + row, src, valid ? 4 : 0);
           }
           sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
         }
