@@ -133,6 +133,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
         }
       }
     } else if (producer_warp == 1) {
+      constexpr int kScaleUnroll = kNumMathWG == 1 ? 4 : 1;
       while (scheduler.next(t)) {
         const uint32_t row_a = a_row0(t);
         const uint32_t row_end = kType == GemmType::kGroupedMasked ? (t.group + 1) * m : m;
@@ -141,8 +142,9 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
         for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
           ring.producer_acquire(pipe);
           float* scales = stage_scales(pipe.stage);
-          // Not unrolled, addresses rebuilt per k block: hoisted 64-bit row pointers spilled.
-#pragma unroll 1
+          // Beside two math warpgroups (48 registers) the unrolled loops' hoisted 64-bit row pointers
+          // spilled inside the k loop; there the addresses are rebuilt per k block instead.
+#pragma unroll kScaleUnroll
           for (uint32_t i = 0; i < kBlockM / 32; ++i) {
             const uint32_t row = row_a + i * 32 + lane;
             const bool valid = row < row_end;
@@ -150,7 +152,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
             sm90::cp_async_4(scales + i * 32 + lane, src, valid ? 4 : 0);
           }
           // Rows past N read no exponents: their words are zero, their (zero-filled) B rows too.
-#pragma unroll 1
+#pragma unroll kScaleUnroll
           for (uint32_t row = lane; row < kBlockN; row += 32) {
             const bool valid = row < rows_b;
             const uint8_t* src = valid ? sfb_tile + row * sfb_stride_n + kb * 4 : sfb;

@@ -123,9 +123,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
         for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
           ring.producer_acquire(pipe);
           float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
-          // Not unrolled, addresses rebuilt per k block: hoisted 64-bit row pointers spilled to
-          // local memory inside this loop at 40 registers (block M 128), stalling the ring.
-#pragma unroll 1
+#pragma unroll
           for (uint32_t i = 0; i < kBlockM / 32; ++i) {
             const uint32_t row = row_a + i * 32 + lane;
             const bool valid = row < row_end;
