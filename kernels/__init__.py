@@ -16,6 +16,7 @@ from .grouped import (
     set_mk_alignment_for_contiguous_layout,
 )
 from .jit import get_num_sms, set_num_sms
+from .layout import get_mn_major_tma_aligned_tensor, get_tma_aligned_size, transform_sf_into_required_layout
 from .quant import (
     cast_back_from_fp4,
     ceil_to_ue8m0,
@@ -31,7 +32,9 @@ __all__ = [
     "ceil_to_ue8m0",
     "fp8_gemm_nt",
     "get_mk_alignment_for_contiguous_layout",
+    "get_mn_major_tma_aligned_tensor",
     "get_num_sms",
+    "get_tma_aligned_size",
     "jit",
     "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nt_masked",
@@ -45,4 +48,5 @@ __all__ = [
     "set_num_sms",
     "testing",
     "transform_sf_for_fp4_gemm",
+    "transform_sf_into_required_layout",
 ]
