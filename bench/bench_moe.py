@@ -1,6 +1,8 @@
-"""One DeepSeek-V3 MoE layer forward: the staged backend (FP8) against bf16 torch (``torch._grouped_mm``).
+"""One DeepSeek-V3 MoE layer forward: the staged backend (FP8 or FP4 weights) against bf16 torch
+(``torch._grouped_mm``).
 
     python bench/bench_moe.py [--tokens 1,16,128,512,4096,8192] [--local-experts 256|32] [--iters 20]
+        [--weights fp8|fp4]
 
 The layer: hidden 7168, intermediate 2048, top-8, DeepSeek-V3 routing (sigmoid, score bias, 8 groups
 of which 4 are kept, scaling 2.5), routed experts only (no shared expert). ``--local-experts 256``
@@ -10,7 +12,8 @@ weights and include the router.
 
 * staged: ``MegaMoELayer(weights="fp8", backend="staged")``: FP8 quantization, local permutation
   into the contiguous layout, two ``m_grouped_fp8_gemm_nt_contiguous``, SwiGLU x weight, FP8
-  requantization, combine.
+  requantization, combine; ``--weights fp4``: the same with E2M1 weights (UE8M0 per 1x32) and
+  ``m_grouped_fp8_fp4_gemm_nt_contiguous``.
 * bf16 torch: sort-based permute, ``torch._grouped_mm`` for gate_up and down, SwiGLU,
   weighted combine with ``index_add_``, on the same bf16 weights the FP8 ones were quantized from.
 
@@ -93,6 +96,7 @@ def main() -> int:
                         help="256: the whole layer (EP=1); 32: one EP=8 rank's shard")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--no-check", action="store_true", help="skip the reference-backend accuracy columns")
+    parser.add_argument("--weights", choices=["fp8", "fp4"], default="fp8", help="the staged layer's expert weights")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_moe: needs a CUDA device", file=sys.stderr)
@@ -105,7 +109,7 @@ def main() -> int:
     began = time.perf_counter()
 
     weights = make_weights(num_experts, device)
-    layer = MegaMoELayer(kHidden, kIntermediate, num_experts, kTopK, router=config, weights="fp8",
+    layer = MegaMoELayer(kHidden, kIntermediate, num_experts, kTopK, router=config, weights=args.weights,
                          backend="staged", num_max_tokens_per_rank=max(token_counts), device=device)
     layer.load_weights(router_weight=weights.router, gate_up=weights.gate_up, down=weights.down,
                        score_bias=weights.bias)
@@ -136,7 +140,8 @@ def main() -> int:
           f"{kIntermediate}, top-{kTopK}, {num_experts} local experts, routed experts only; median of {args.iters} "
           f"forwards, CUDA events around each (host work included); setup {setup_s:.0f} s, total "
           f"{time.perf_counter() - began:.0f} s.\n")
-    print("| tokens | staged FP8 (µs) | bf16 torch._grouped_mm (µs) | speed-up | calc_diff staged vs reference "
+    print(f"| tokens | staged {args.weights.upper()} (µs) | bf16 torch._grouped_mm (µs) | speed-up "
+          "| calc_diff staged vs reference "
           "| calc_diff bf16 vs reference |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for num_tokens, staged_us, torch_us, d_staged, d_torch in rows:
