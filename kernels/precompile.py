@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -204,12 +205,15 @@ def _build_all(sources: list[KernelSource], arch: str, jobs: int | None,
                on_result: Callable[[PrecompileResult], None] | None) -> list[PrecompileResult]:
     from . import jit
 
+    report_lock = threading.Lock()  # one report at a time: print's pieces from two threads interleave
+
     def build(src: KernelSource) -> PrecompileResult:
         start = time.perf_counter()
         res = jit.build(src.name, src.code, arch)
         result = PrecompileResult(src, res.cubin_path, res.from_cache, time.perf_counter() - start)
         if on_result is not None:
-            on_result(result)
+            with report_lock:
+                on_result(result)
         return result
 
     with ThreadPoolExecutor(max_workers=jobs or max(1, os.cpu_count() or 1)) as pool:
