@@ -218,22 +218,23 @@ class _ServingLoop:
 
     def _run_batch(self, batch) -> None:
         x = self.make_inputs(batch.num_tokens)
+        layer_io = [] if self.checker.due(self.batch_index) else None
         t0 = time.monotonic()
         with torch.no_grad():
-            self.control.guard(f"forward of batch {self.batch_index}", self.stack, x)
+            self.control.guard(f"forward of batch {self.batch_index}", self.stack, x, layer_io)
         _synchronize(self.ctx.device)
         self.metrics.record_batch(batch.num_tokens, batch.num_prefill_tokens, time.monotonic() - t0)
         finished = self.batcher.complete(batch, self._now())
         self.metrics.record_finished(finished)
         self.window.latencies_s.extend(f.latency_s for f in finished)
         self.window.tokens += batch.num_tokens
-        if self.checker.due(self.batch_index):
-            self._spot_check(x)
+        if layer_io is not None:
+            self._spot_check(x, layer_io)
         self.batch_index += 1
 
-    def _spot_check(self, x: torch.Tensor) -> None:
+    def _spot_check(self, x: torch.Tensor, layer_io: list) -> None:
         what = f"spot-check of batch {self.batch_index}"
-        worst = self.control.max(self.control.guard(what, self.checker.check, x), what)
+        worst = self.control.max(self.control.guard(what, self.checker.check, x, layer_io), what)
         tol = self.options.spot_check_tol
         self.spot_records.append(SpotCheckRecord(self.batch_index, worst, worst <= tol))
         if self.rank == 0 and worst > tol:

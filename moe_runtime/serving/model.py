@@ -87,10 +87,16 @@ class MoEStack(nn.Module):
         """What a layer sees of the residual stream: RMS-normalised (no learned gain)."""
         return F.rms_norm(hidden, (hidden.shape[-1],))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer_io: list | None = None) -> torch.Tensor:
+        """``layer_io``: when a list, each layer's ``(input, output)`` is appended to it (what a
+        reference spot-check compares, without running the served layers a second time)."""
         hidden = x
         for layer in self.layers:
-            hidden = hidden + layer(self.block_input(hidden))
+            block_input = self.block_input(hidden)
+            out = layer(block_input)
+            if layer_io is not None:
+                layer_io.append((block_input, out))
+            hidden = hidden + out
         return hidden
 
 

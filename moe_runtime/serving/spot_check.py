@@ -1,8 +1,9 @@
 """Reference spot-checks: rerun a served batch with backend="reference" and compare, layer by layer.
 
-Every ``every`` batches the stack's input is run again, and at each layer the served backend's
-output and the reference backend's output on the same input (the served residual stream, with the
-same already-quantized weights) are compared with ``calc_diff``; the check reports the worst layer.
+Every ``every`` batches the served forward records each layer's input and output, each layer is
+run again with the reference backend on that input (the served residual stream, with the same
+already-quantized weights), and the two outputs are compared with ``calc_diff``; the check
+reports the worst layer.
 Comparing whole stacks would judge the routing instead of the backend: top-k selection is
 discontinuous, so the last-bit differences of one layer flip near-tied experts in the next ones
 (the DeepSeek-V3 preset's 4-layer stack, staged vs reference on two H200s: 1.4e-2 for the whole
@@ -50,19 +51,20 @@ class SpotChecker:
     def due(self, batch_index: int) -> bool:
         return self.every > 0 and batch_index % self.every == 0
 
-    def check(self, x: torch.Tensor) -> float:
-        """Worst calc_diff over layers of served vs reference output on the same input; ``x`` [T, H].
-        0 when this rank has no tokens; inf when an output is not finite."""
+    def check(self, x: torch.Tensor, layer_io: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """Worst calc_diff over layers of the served output against the reference output on the same
+        input; ``x`` [T, H] the batch, ``layer_io`` what the served forward recorded
+        (``MoEStack.forward(x, layer_io)``). 0 when this rank has no tokens; inf when an output is
+        not finite."""
+        if len(layer_io) != len(self.stack.layers):
+            raise ValueError(f"layer_io holds {len(layer_io)} layers' inputs and outputs, the stack has "
+                             f"{len(self.stack.layers)}")
         worst = 0.0
-        hidden = x
         with torch.no_grad():
-            for layer in self.stack.layers:
-                block_input = self.stack.block_input(hidden)
-                served = layer(block_input)
+            for layer, (block_input, served) in zip(self.stack.layers, layer_io):
                 with reference_backend([layer]):
                     expected = layer(block_input)
                 if x.shape[0]:
                     diff = calc_diff(served, expected)
                     worst = max(worst, diff if math.isfinite(diff) else math.inf)
-                hidden = hidden + served
         return worst

@@ -344,7 +344,9 @@ def test_spot_check_detects_a_backend_mismatch_and_restores_the_backend(num_toke
     stack = MoEStack([layer], StackSpec(kSmall, 1, "staged", "fp8", (0,), "test"))
     x = torch.randn(num_tokens, kSmall.hidden_size)
     checker = SpotChecker(stack, every=4, tol=1e-3)
-    diff = checker.check(x)
+    layer_io = []
+    stack(x, layer_io)
+    diff = checker.check(x, layer_io)
     assert (diff > 1e-4) if num_tokens else diff == 0.0
     assert (layer.backend_name, layer._backend_cache) == ("staged", ("key", "pair"))
     assert [checker.due(i) for i in range(6)] == [True, False, False, False, True, False]
@@ -357,10 +359,12 @@ def test_stack_runs_and_matches_its_reference(seed, weights):
     stack = build_stack(kSmall, num_layers=2, backend="reference", weights=weights, ep_group=None,
                         experts=range(8), capacity=64, dtype=torch.bfloat16, device=torch.device("cpu"), seed=seed)
     x = torch.randn(20, kSmall.hidden_size).bfloat16()
+    layer_io = []
     with torch.no_grad():
-        out = stack(x)
+        out = stack(x, layer_io)
     assert out.shape == x.shape and out.dtype == torch.bfloat16 and torch.isfinite(out).all()
-    assert SpotChecker(stack, every=1, tol=1e-3).check(x) == 0.0
+    assert torch.equal(out, stack(x)) and len(layer_io) == 2
+    assert SpotChecker(stack, every=1, tol=1e-3).check(x, layer_io) == 0.0
     from kernels.testing.numeric import calc_diff
     assert calc_diff(out, x) > 1e-3, "the layers left the residual stream unchanged"
 
