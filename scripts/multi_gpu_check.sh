@@ -8,30 +8,13 @@
 # 2. the staged DeepSeek-V3 layer against the reference, random and skewed routing, both backends;
 # 3. bench/bench_dispatch.py with both backends (4096 and 128 tokens per rank, NCCL all-to-all beside);
 # 4. launch/serve_moe.py --preset deepseek-v3 (throughput, latency, reference spot checks).
-# Wheels the machine lacks (nvidia-cutlass, nvshmem4py-cu13) travel in .whl/.
+# Environment, wheels (.whl/), env.log and the build: scripts/gpu_env.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 steps="${1:-tests deepseek dispatch serve}"
 nproc="${2:-$(nvidia-smi -L | wc -l)}"
-out="${OUT:-$PWD/gpu-logs}"
-mkdir -p "$out"
-# NVLink multicast stays off: it can take the host's shared GPUs out of service.
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export MOE_JIT_CACHE_DIR="${MOE_JIT_CACHE_DIR:-/tmp/moe_jit_cache}" OMP_NUM_THREADS=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "wheel install failed"; exit 1; }
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-  nvidia-smi topo -m
-  python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.device_count(), 'GPUs')"
-  git rev-parse --short HEAD 2>/dev/null || true
-} 2>&1 | tee "$out/env.log"
-python3 setup.py -q build_ext --inplace > "$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
-echo "build ok"
+source scripts/gpu_env.sh
+export OMP_NUM_THREADS=1
 
 status=0
 step() {  # step NAME TIMEOUT CMD...: run, log to $out/NAME.log, remember a failure
