@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -24,6 +26,7 @@ import kernels
 from kernels.testing import bench_kineto, copy_ceiling_gbps, per_call_us
 
 NK = [(4096, 7168), (7168, 2048)]
+_KERNELS = {"fp8": "sm90_fp8_gemm_nt", "fp4": "sm90_fp8_fp4_gemm_nt"}  # profiler names
 
 
 def torch_grouped(a_fp8, b_fp8, counts):
@@ -39,77 +42,81 @@ def torch_grouped(a_fp8, b_fp8, counts):
     return fn
 
 
-def contiguous(groups: int, rows: int, n: int, k: int) -> dict:
-    counts = [rows] * groups
-    a = kernels.per_token_cast_to_fp8(torch.randn(groups * rows, k, device="cuda", dtype=torch.bfloat16))
-    b = kernels.per_block_cast_to_fp8(torch.randn(groups, n, k, device="cuda", dtype=torch.bfloat16))
-    m_indices = torch.arange(groups, device="cuda", dtype=torch.int32).repeat_interleave(rows)
-    d = torch.empty(groups * rows, n, device="cuda", dtype=torch.bfloat16)
-    ours = lambda: kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)  # noqa: E731
-    ours()
-    t = bench_kineto(ours, "sm90_fp8_gemm_nt").median_s
-    flops = 2 * groups * rows * n * k
-    row = dict(ours_us=t * 1e6, tflops=flops / t / 1e12, call_us=per_call_us(ours))
-    try:
-        theirs = torch_grouped(a, b, counts)
-        t_ref = bench_kineto(theirs, "").median_s
-        row.update(torch_us=t_ref * 1e6, torch_tflops=flops / t_ref / 1e12, speedup=t_ref / t)
-    except Exception as exc:  # noqa: BLE001 - report what the peer refused, keep measuring ours
-        row.update(torch_us=float("nan"), torch_tflops=float("nan"), speedup=float("nan"), torch_error=str(exc)[:80])
-    return row
+@dataclass
+class Problem:
+    """One grouped GEMM call ready to run: ``call()`` writes ``out``; ``kernel`` is the profiler name
+    of its kernel; ``a`` and ``b`` are its operands (the torch peer reuses the FP8 ones)."""
+
+    call: Callable[[], None]
+    kernel: str
+    a: tuple
+    b: tuple
+    out: torch.Tensor
+    weight_bytes: int
+    flops: int
 
 
-def fp4_weights(groups: int, n: int, k: int):
+def fp4_weights(groups: int, n: int, k: int, device="cuda"):
     """(packed E2M1 [G, N, K/2], UE8M0 exponent bytes [G, N, K/32]): random codes and scales drawn
     directly (quantizing 256 experts of 4096 x 7168 through the float32 reference would need over
     100 GB; the kernel's time does not depend on the values)."""
-    packed = torch.randint(0, 256, (groups, n, k // 2), device="cuda", dtype=torch.uint8)
-    exponents = torch.randint(118, 126, (groups, n, k // 32), device="cuda", dtype=torch.uint8)
+    packed = torch.randint(0, 256, (groups, n, k // 2), device=device, dtype=torch.uint8)
+    exponents = torch.randint(118, 126, (groups, n, k // 32), device=device, dtype=torch.uint8)
     return packed, exponents
 
 
-def fp4_weight_bytes(groups: int, n: int, k: int) -> int:
-    return groups * (n * k // 2 + n * k // 32)
+def make_weights(weights: str, groups: int, n: int, k: int, device) -> tuple[tuple, int]:
+    """The ``weights`` ("fp8" or "fp4") operand of ``groups`` experts and its bytes."""
+    if weights == "fp8":
+        b = kernels.per_block_cast_to_fp8(torch.randn(groups, n, k, device=device, dtype=torch.bfloat16))
+        return b, groups * n * k + b[1].numel() * 4
+    return fp4_weights(groups, n, k, device), groups * (n * k // 2 + n * k // 32)
 
 
-def contiguous_fp4(groups: int, rows: int, n: int, k: int) -> dict:
-    a = kernels.per_token_cast_to_fp8(torch.randn(groups * rows, k, device="cuda", dtype=torch.bfloat16))
-    b = fp4_weights(groups, n, k)
-    m_indices = torch.arange(groups, device="cuda", dtype=torch.int32).repeat_interleave(rows)
-    d = torch.empty(groups * rows, n, device="cuda", dtype=torch.bfloat16)
-    ours = lambda: kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, m_indices)  # noqa: E731
-    ours()
-    t = bench_kineto(ours, "sm90_fp8_fp4_gemm_nt").median_s
-    return dict(ours_us=t * 1e6, tflops=2 * groups * rows * n * k / t / 1e12, call_us=per_call_us(ours))
+def make_contiguous(weights: str, groups: int, rows: int, n: int, k: int, device="cuda") -> Problem:
+    a = kernels.per_token_cast_to_fp8(torch.randn(groups * rows, k, device=device, dtype=torch.bfloat16))
+    b, weight_bytes = make_weights(weights, groups, n, k, device)
+    m_indices = torch.arange(groups, device=device, dtype=torch.int32).repeat_interleave(rows)
+    d = torch.empty(groups * rows, n, device=device, dtype=torch.bfloat16)
+    gemm = (kernels.m_grouped_fp8_gemm_nt_contiguous if weights == "fp8"
+            else kernels.m_grouped_fp8_fp4_gemm_nt_contiguous)
+    return Problem(lambda: gemm(a, b, d, m_indices), _KERNELS[weights], a, b, d, weight_bytes,
+                   2 * groups * rows * n * k)
 
 
-def masked_fp4(groups: int, tokens: int, n: int, k: int) -> dict:
+def make_masked(weights: str, groups: int, tokens: int, n: int, k: int, device="cuda") -> Problem:
     max_m = max(tokens, 1)
-    a = kernels.per_token_cast_to_fp8(torch.randn(groups * max_m, k, device="cuda", dtype=torch.bfloat16))
+    a = kernels.per_token_cast_to_fp8(torch.randn(groups * max_m, k, device=device, dtype=torch.bfloat16))
     a = (a[0].view(groups, max_m, k), a[1].view(groups, max_m, -1))
-    b = fp4_weights(groups, n, k)
-    masked_m = torch.full((groups,), tokens, device="cuda", dtype=torch.int32)
-    d = torch.empty(groups, max_m, n, device="cuda", dtype=torch.bfloat16)
-    ours = lambda: kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, tokens)  # noqa: E731
-    ours()
-    t = bench_kineto(ours, "sm90_fp8_fp4_gemm_nt").median_s
-    return dict(ours_us=t * 1e6, weight_gbps=fp4_weight_bytes(groups, n, k) / t / 1e9,
-                tflops=2 * groups * tokens * n * k / t / 1e12, call_us=per_call_us(ours))
+    b, weight_bytes = make_weights(weights, groups, n, k, device)
+    masked_m = torch.full((groups,), tokens, device=device, dtype=torch.int32)
+    d = torch.empty(groups, max_m, n, device=device, dtype=torch.bfloat16)
+    gemm = kernels.m_grouped_fp8_gemm_nt_masked if weights == "fp8" else kernels.m_grouped_fp8_fp4_gemm_nt_masked
+    return Problem(lambda: gemm(a, b, d, masked_m, tokens), _KERNELS[weights], a, b, d, weight_bytes,
+                   2 * groups * tokens * n * k)
 
 
-def masked(groups: int, tokens: int, n: int, k: int) -> dict:
-    max_m = max(tokens, 1)
-    a = kernels.per_token_cast_to_fp8(torch.randn(groups * max_m, k, device="cuda", dtype=torch.bfloat16))
-    a = (a[0].view(groups, max_m, k), a[1].view(groups, max_m, -1))
-    b = kernels.per_block_cast_to_fp8(torch.randn(groups, n, k, device="cuda", dtype=torch.bfloat16))
-    masked_m = torch.full((groups,), tokens, device="cuda", dtype=torch.int32)
-    d = torch.empty(groups, max_m, n, device="cuda", dtype=torch.bfloat16)
-    ours = lambda: kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, tokens)  # noqa: E731
-    ours()
-    t = bench_kineto(ours, "sm90_fp8_gemm_nt").median_s
-    weight_bytes = groups * n * k + b[1].numel() * 4
-    return dict(ours_us=t * 1e6, weight_gbps=weight_bytes / t / 1e9, tflops=2 * groups * tokens * n * k / t / 1e12,
-                call_us=per_call_us(ours))
+def measure(problem: Problem) -> dict:
+    problem.call()
+    t = bench_kineto(problem.call, problem.kernel).median_s
+    return dict(ours_us=t * 1e6, tflops=problem.flops / t / 1e12, weight_gbps=problem.weight_bytes / t / 1e9,
+                call_us=per_call_us(problem.call))
+
+
+def contiguous(weights: str, groups: int, rows: int, n: int, k: int) -> dict:
+    """Ours, and for FP8 weights the torch peer on the same operands."""
+    problem = make_contiguous(weights, groups, rows, n, k)
+    row = measure(problem)
+    if weights != "fp8":
+        return row
+    try:
+        theirs = torch_grouped(problem.a, problem.b, [rows] * groups)
+        t_ref = bench_kineto(theirs, "").median_s
+        row.update(torch_us=t_ref * 1e6, torch_tflops=problem.flops / t_ref / 1e12,
+                   speedup=t_ref * 1e6 / row["ours_us"])
+    except Exception as exc:  # noqa: BLE001 - report what the peer refused, keep measuring ours
+        row.update(torch_us=float("nan"), torch_tflops=float("nan"), speedup=float("nan"), torch_error=str(exc)[:80])
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,14 +141,14 @@ def main(argv: list[str] | None = None) -> int:
             for n, k in NK:
                 cells = [f"{groups} x {rows}", f"{n} x {k}"]
                 if fp8:
-                    r = contiguous(groups, rows, n, k)
+                    r = contiguous("fp8", groups, rows, n, k)
                     cells += [f"{r['ours_us']:.1f}", f"{r['tflops']:.0f}", f"{r['call_us']:.1f}", f"{r['torch_us']:.1f}",
                               f"{r['torch_tflops']:.0f}", f"{r['speedup']:.2f}x" + (f" {r['torch_error']}"
                                                                                     if "torch_error" in r else "")]
                 else:
                     cells += ["-"] * 6
                 if fp4:
-                    r4 = contiguous_fp4(groups, rows, n, k)
+                    r4 = contiguous("fp4", groups, rows, n, k)
                     cells += [f"{r4['ours_us']:.1f}", f"{r4['tflops']:.0f}", f"{r4['call_us']:.1f}"]
                 else:
                     cells += ["-"] * 3
@@ -153,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         for n, k in NK:
             for tokens in (1, 4, 16, 64, 256):
                 cells = [str(groups), f"{n} x {k}", str(tokens)]
-                r = masked(groups, tokens, n, k) if fp8 else None
-                r4 = masked_fp4(groups, tokens, n, k) if fp4 else None
+                r = measure(make_masked("fp8", groups, tokens, n, k)) if fp8 else None
+                r4 = measure(make_masked("fp4", groups, tokens, n, k)) if fp4 else None
                 cells += ([f"{r['ours_us']:.1f}", f"{r['weight_gbps']:.0f}", f"{r['weight_gbps'] / copy * 100:.0f}%",
                            f"{r['call_us']:.1f}"] if r else ["-"] * 4)
                 cells += ([f"{r4['ours_us']:.1f}", f"{r4['weight_gbps']:.0f}", f"{r4['call_us']:.1f}"] if r4

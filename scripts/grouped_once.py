@@ -1,4 +1,5 @@
-"""Run one m-grouped GEMM call (for a profiler such as ncu to capture), after one warm-up call.
+"""Run one m-grouped GEMM call (for a profiler such as ncu to capture), after one warm-up call: the
+masked problem of bench/bench_grouped.py.
 
     ncu -k regex:sm90_fp8 python scripts/grouped_once.py --weights fp4 --groups 32 --tokens 16 --n 4096 --k 7168
 """
@@ -9,11 +10,12 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+kRepo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [kRepo, os.path.join(kRepo, "bench")]
 
 import torch  # noqa: E402
 
-import kernels  # noqa: E402
+from bench_grouped import make_masked  # noqa: E402  (the benchmark's own problem)
 
 
 def main() -> None:
@@ -24,23 +26,11 @@ def main() -> None:
     p.add_argument("--n", type=int, default=4096)
     p.add_argument("--k", type=int, default=7168)
     args = p.parse_args()
-    g, t, n, k = args.groups, args.tokens, args.n, args.k
-    a = kernels.per_token_cast_to_fp8(torch.randn(g * t, k, device="cuda", dtype=torch.bfloat16))
-    a = (a[0].view(g, t, k), a[1].view(g, t, -1))
-    masked_m = torch.full((g,), t, device="cuda", dtype=torch.int32)
-    d = torch.empty(g, t, n, device="cuda", dtype=torch.bfloat16)
-    if args.weights == "fp4":
-        b = (torch.randint(0, 256, (g, n, k // 2), device="cuda", dtype=torch.uint8),
-             torch.randint(118, 126, (g, n, k // 32), device="cuda", dtype=torch.uint8))
-        call = lambda: kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, t)  # noqa: E731
-    else:
-        b = kernels.per_block_cast_to_fp8(torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16))
-        call = lambda: kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, t)  # noqa: E731
-    call()
-    torch.cuda.synchronize()
-    call()
-    torch.cuda.synchronize()
-    print(f"{args.weights} masked G={g} tokens={t} N={n} K={k}: ok")
+    problem = make_masked(args.weights, args.groups, args.tokens, args.n, args.k)
+    for _ in range(2):
+        problem.call()
+        torch.cuda.synchronize()
+    print(f"{args.weights} masked G={args.groups} tokens={args.tokens} N={args.n} K={args.k}: ok")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,48 @@
+"""bench/bench_grouped.py's problems (the ones it times and scripts/grouped_once.py profiles), built
+on CPU at small sizes: each call writes every valid row, and the weight bytes follow the formats."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+kRepo = Path(__file__).resolve().parents[2]
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("bench_grouped", kRepo / "bench" / "bench_grouped.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_grouped"] = module  # its dataclass resolves annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+
+@pytest.mark.parametrize("weights", ["fp8", "fp4"])
+def test_problems_run_and_count_their_bytes(weights, seed):
+    groups, rows, n, k = 3, 16, 128, 256
+    contiguous = bench.make_contiguous(weights, groups, rows, n, k, device="cpu")
+    masked = bench.make_masked(weights, groups, 5, n, k, device="cpu")
+    fp8_bytes = groups * n * k + groups * 1 * 2 * 4
+    fp4_bytes = groups * (n * k // 2 + n * k // 32)
+    for problem in (contiguous, masked):
+        assert problem.weight_bytes == (fp8_bytes if weights == "fp8" else fp4_bytes)
+        assert problem.kernel == {"fp8": "sm90_fp8_gemm_nt", "fp4": "sm90_fp8_fp4_gemm_nt"}[weights]
+        problem.call()
+    assert contiguous.flops == 2 * groups * rows * n * k and masked.flops == 2 * groups * 5 * n * k
+
+
+@pytest.mark.parametrize("weights", ["fp8", "fp4"])
+def test_problem_outputs_are_written(weights):
+    contiguous = bench.make_contiguous(weights, 2, 8, 64, 128, device="cpu")
+    masked = bench.make_masked(weights, 2, 3, 64, 128, device="cpu")
+    for problem in (contiguous, masked):
+        problem.out.fill_(float("nan"))
+        problem.call()
+    assert torch.isfinite(contiguous.out).all() and torch.isfinite(masked.out[:, :3]).all()
