@@ -27,10 +27,10 @@ _TMA_ALIGNMENT_BYTES = 16
 
 def get_tma_aligned_size(mn: int, element_size: int) -> int:
     """``mn`` rounded up so that ``mn * element_size`` is a multiple of 16 bytes."""
-    for value, name in ((mn, "mn"), (element_size, "element_size")):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "mn" else 1):
-            raise ValueError(f"get_tma_aligned_size: {name} must be a {'non-negative' if name == 'mn' else 'positive'} "
-                             f"int, got {value!r}")
+    if isinstance(mn, bool) or not isinstance(mn, int) or mn < 0:
+        raise ValueError(f"get_tma_aligned_size: mn must be a non-negative int, got {mn!r}")
+    if isinstance(element_size, bool) or not isinstance(element_size, int) or element_size < 1:
+        raise ValueError(f"get_tma_aligned_size: element_size must be a positive int, got {element_size!r}")
     if _TMA_ALIGNMENT_BYTES % element_size:
         raise ValueError(f"get_tma_aligned_size: element_size must divide 16, got {element_size}")
     per_row = _TMA_ALIGNMENT_BYTES // element_size

@@ -139,13 +139,11 @@ def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelS
         out = []
         for n, k in model.expert_nk:
             for groups in model.local_experts:
-                if gemm_type == _CONTIGUOUS:
-                    ms, label = _gemm_ms(model.max_m), f"n={n} k={k} G={groups} m<={{}}"
-                else:
-                    ms, label = _DECODE_EXPECTED_M, f"n={n} k={k} G={groups} expected_m={{}}"
-                for m in ms:
+                contiguous = gemm_type == _CONTIGUOUS
+                for m in _gemm_ms(model.max_m) if contiguous else _DECODE_EXPECTED_M:
                     name, code = _grouped_code(fp4_weights, m, n, k, num_sms, gemm_type, groups)
-                    out.append(KernelSource(family, label.format(m), name, code))
+                    rows = f"m<={m}" if contiguous else f"expected_m={m}"
+                    out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows}", name, code))
         return out
 
     return sources
