@@ -9,8 +9,9 @@ reported as weight bytes read per second (the decode bound) next to the copy cei
 
 FP4 weights (``m_grouped_fp8_fp4_gemm_nt_*``): the same problems with random packed E2M1 codes and
 UE8M0 exponent bytes per 1x32 (the form ``transform_sf_for_fp4_gemm`` gives); the tables add
-the FP4 kernel's time and its speed-up over the FP8 kernel measured in the same run. Weight bytes:
-FP8 = N K + 4 ceil(N/128) K/128 per expert; FP4 = N K / 2 + N K / 32.
+the FP4 kernel's time and its speed-up over the FP8 kernel measured in the same run, and (masked,
+<= 32 tokens) the same call on weights in the decode layout (``kernels.transform_fp4_for_decode``).
+Weight bytes: FP8 = N K + 4 ceil(N/128) K/128 per expert; FP4 = N K / 2 + N K / 32 (both layouts).
 """
 
 from __future__ import annotations
@@ -96,6 +97,16 @@ def make_masked(weights: str, groups: int, tokens: int, n: int, k: int, device="
                    2 * groups * tokens * n * k)
 
 
+def make_masked_fragment(groups: int, tokens: int, n: int, k: int, device="cuda") -> Problem:
+    """The masked FP4 problem with the weights in the decode layout; decode sizes only (tokens <= 32)."""
+    problem = make_masked("fp4", groups, tokens, n, k, device)
+    packed, exponents = problem.b
+    b = kernels.transform_fp4_for_decode(packed, exponents)
+    a, d, masked_m = problem.a, problem.out, torch.full((groups,), tokens, device=device, dtype=torch.int32)
+    return Problem(lambda: kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, tokens),
+                   "sm90_fp8_fp4_gemm_nt_swap_ab", a, b, d, problem.weight_bytes, problem.flops)
+
+
 def measure(problem: Problem) -> dict:
     problem.call()
     t = bench_kineto(problem.call, problem.kernel).median_s
@@ -154,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
                     cells += ["-"] * 3
                 print("| " + " | ".join(cells) + " |", flush=True)
     print("\n| masked | N x K | tokens/expert | FP8 µs | FP8 weights GB/s | FP8 of copy | FP8 per call µs "
-          "| FP4 µs | FP4 weights GB/s | FP4 per call µs | FP4 speed-up over FP8 |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| FP4 µs | FP4 weights GB/s | FP4 per call µs | FP4 speed-up over FP8 "
+          "| FP4 decode-layout µs | FP4 decode-layout weights GB/s | FP4 decode-layout speed-up over FP8 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for groups in (32, 256):
         for n, k in NK:
             for tokens in (1, 4, 16, 64, 256):
@@ -167,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                 cells += ([f"{r4['ours_us']:.1f}", f"{r4['weight_gbps']:.0f}", f"{r4['call_us']:.1f}"] if r4
                           else ["-"] * 3)
                 cells.append(f"{r['ours_us'] / r4['ours_us']:.2f}x" if r and r4 else "-")
+                v2 = measure(make_masked_fragment(groups, tokens, n, k)) if fp4 and tokens <= 32 else None
+                cells += ([f"{v2['ours_us']:.1f}", f"{v2['weight_gbps']:.0f}",
+                           f"{r['ours_us'] / v2['ours_us']:.2f}x" if r else "-"] if v2 else ["-"] * 3)
                 print("| " + " | ".join(cells) + " |", flush=True)
     return 0
 

@@ -6,6 +6,7 @@ call. Public functions that share a name with DeepGEMM's keep DeepGEMM's signatu
 """
 
 from . import jit, reference, testing
+from ._fp4_fragment import transform_fp4_for_decode
 from .gemm import bf16_gemm_nt, fp8_gemm_nt
 from .grouped import (
     get_mk_alignment_for_contiguous_layout,
@@ -47,6 +48,7 @@ __all__ = [
     "set_mk_alignment_for_contiguous_layout",
     "set_num_sms",
     "testing",
+    "transform_fp4_for_decode",
     "transform_sf_for_fp4_gemm",
     "transform_sf_into_required_layout",
 ]

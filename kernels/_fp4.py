@@ -56,7 +56,11 @@ def check_weights(fn: str, b: object, k: int) -> tuple[torch.Tensor, torch.Tenso
                                      f"stride[1]), got strides {stride}")
     if g == 0:
         _checks.fail(fn, ValueError, "b must hold at least one group, got G = 0")
+    return b_t, check_sfb(fn, sfb, g, n, k), g, n
 
+
+def check_sfb(fn: str, sfb: object, g: int, n: int, k: int) -> torch.Tensor:
+    """SFB [G, N, K/32] in one of the accepted forms; returned as given."""
     if not isinstance(sfb, torch.Tensor):
         _checks.fail(fn, TypeError, f"b[1] (SFB) must be a torch.Tensor, got {type(sfb).__name__}")
     if sfb.dtype not in _SF_DTYPES:
@@ -71,7 +75,7 @@ def check_weights(fn: str, b: object, k: int) -> tuple[torch.Tensor, torch.Tenso
         if stride[2] != 1 or stride[1] % 4 or (g > 1 and stride[0] % 4):
             _checks.fail(fn, ValueError, f"b[1] (SFB) must be contiguous in its last dim with row and group strides "
                                          f"that are multiples of 4 bytes, got strides {stride}")
-    return b_t, sfb, g, n
+    return sfb
 
 
 def sfb_bytes(fn: str, sfb: torch.Tensor) -> torch.Tensor:

@@ -214,17 +214,24 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
         _descriptors.current_stream(device))
 
 
-def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
-                                     d: torch.Tensor, masked_m: torch.Tensor, expected_m: int, recipe=None,
+def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
+                                     b: tuple[torch.Tensor, torch.Tensor] | torch.Tensor, d: torch.Tensor,
+                                     masked_m: torch.Tensor, expected_m: int, recipe=None,
                                      compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
     """:func:`m_grouped_fp8_gemm_nt_masked` with FP4 weights, in place.
 
     ``a`` = (A [G, max_m, K] e4m3, SFA [G, max_m, K/128] f32), ``b`` = (B [G, N, K/2]
-    int8/uint8, SFB [G, N, K/32] float8_e8m0fnu/uint8/float32) as in the module docstring,
+    int8/uint8, SFB [G, N, K/32] float8_e8m0fnu/uint8/float32) as in the module docstring, or the
+    same weights in the decode layout, ``transform_fp4_for_decode(B, SFB)`` (uint8 [G, K/128,
+    ceil(N/64), 4352], min(expected_m, max_m) <= 32: about 1.8x faster than the packed form);
     ``d`` [G, max_m, N] bf16, ``masked_m`` int32 [G], ``expected_m`` a positive int.
     """
     fn = "m_grouped_fp8_fp4_gemm_nt_masked"
     _checks.check_recipe(fn, recipe)
+    if isinstance(b, torch.Tensor):
+        from . import _fp4_fragment
+        _fp4_fragment.m_grouped_fp8_fp4_gemm_nt_masked_fragment(a, b, d, masked_m, expected_m, fn)
+        return
     _check_expected_m(fn, expected_m)
     a_t, sfa, groups, max_m, k = _masked_activations(fn, a)
     b_t, sfb, g, n = _fp4.check_weights(fn, b, k)

@@ -122,11 +122,15 @@ def _dense_gemm(family: str, code_fn: str) -> Callable[[ModelShapes, str, int], 
 
 _DECODE_EXPECTED_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _CONTIGUOUS, _MASKED = 1, 2
+_FP4_SWAP_AB_MAX_M = 32  # masked FP4 calls with expected_m up to this run the swapped decode kernel
 
 
 def _grouped_code(fp4_weights: bool, m: int, n: int, k: int, num_sms: int, gemm_type: int, groups: int):
     if fp4_weights:
-        name, code, _ = _native().fp8_fp4_gemm_nt_code(m, n, k, num_sms, gemm_type, groups)
+        if gemm_type == _MASKED and m <= _FP4_SWAP_AB_MAX_M:
+            name, code, _ = _native().fp8_fp4_gemm_nt_swap_ab_code(m, n, k, num_sms, groups)
+        else:
+            name, code, _ = _native().fp8_fp4_gemm_nt_code(m, n, k, num_sms, gemm_type, groups)
         return name, code
     return _native().fp8_gemm_nt_code(m, n, k, num_sms, False, -1, gemm_type, groups)
 
@@ -144,6 +148,9 @@ def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelS
                     name, code = _grouped_code(fp4_weights, m, n, k, num_sms, gemm_type, groups)
                     rows = f"m<={m}" if contiguous else f"expected_m={m}"
                     out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows}", name, code))
+                    if fp4_weights and not contiguous and m <= _FP4_SWAP_AB_MAX_M:  # transform_fp4_for_decode weights
+                        name, code, _ = _native().fp8_fp4_gemm_nt_swap_ab_code(m, n, k, num_sms, groups, True)
+                        out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows} decode layout", name, code))
         return out
 
     return sources

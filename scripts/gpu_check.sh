@@ -12,7 +12,7 @@ source scripts/gpu_env.sh
 status=0
 if [[ "$what" == tests || "$what" == all ]]; then
   # CPU tests run in CI; here only what needs the GPU.
-  python3 -m pytest -q -m gpu -p no:cacheprovider ${select:+-k "$select"} tests 2>&1 | tee "$out/tests.log" | tail -30
+  timeout "${TEST_TIMEOUT:-3000}" python3 -m pytest -q -m gpu -p no:cacheprovider ${select:+-k "$select"} tests 2>&1 | tee "$out/tests.log" | tail -30
   status=${PIPESTATUS[0]}
 fi
 if [[ "$what" == bench || "$what" == all ]]; then

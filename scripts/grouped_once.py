@@ -15,18 +15,22 @@ sys.path[:0] = [kRepo, os.path.join(kRepo, "bench")]
 
 import torch  # noqa: E402
 
-from bench_grouped import make_masked  # noqa: E402  (the benchmark's own problem)
+from bench_grouped import make_masked, make_masked_fragment  # noqa: E402  (the benchmark's own problems)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--weights", choices=["fp8", "fp4"], default="fp4")
+    p.add_argument("--weights", choices=["fp8", "fp4", "fp4-fragment"], default="fp4",
+                   help="fp4-fragment: FP4 weights in the v2 decode layout (tokens <= 32)")
     p.add_argument("--groups", type=int, default=32)
     p.add_argument("--tokens", type=int, default=16, help="masked rows per group")
     p.add_argument("--n", type=int, default=4096)
     p.add_argument("--k", type=int, default=7168)
     args = p.parse_args()
-    problem = make_masked(args.weights, args.groups, args.tokens, args.n, args.k)
+    if args.weights == "fp4-fragment":
+        problem = make_masked_fragment(args.groups, args.tokens, args.n, args.k)
+    else:
+        problem = make_masked(args.weights, args.groups, args.tokens, args.n, args.k)
     for _ in range(2):
         problem.call()
         torch.cuda.synchronize()

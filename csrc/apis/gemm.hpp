@@ -110,10 +110,33 @@ inline void m_grouped_fp8_fp4_gemm_nt_masked(std::uint64_t a, long long lda, std
                                              int k, int num_groups, int device, std::uint64_t stream) {
   namespace L = moe_launchers::sm90_fp8_fp4_gemm;
   MOE_HOST_ASSERT(expected_m >= 1, "m_grouped_fp8_fp4_gemm_nt_masked: expected_m must be >= 1, got " << expected_m);
-  const auto config = L::get_config(std::min(expected_m, max_m), n, k, moe_jit::get_num_sms(device),
-                                    L::GemmType::kGroupedMasked, num_groups);
-  L::launch(config, L::Args{a, sfa, b, sfb, d, lda, ldb, ldd, sfa_stride_m, sfa_stride_k, sfb_stride_g, sfb_stride_n,
-                            max_m, num_groups, masked_m, device, stream});
+  const int rows = std::min(expected_m, max_m);
+  const L::Args args{a, sfa, b, sfb, d, lda, ldb, ldd, sfa_stride_m, sfa_stride_k, sfb_stride_g, sfb_stride_n,
+                     max_m, num_groups, masked_m, device, stream};
+  // Decode sizes: weights as the register operand (no converted tile in shared memory).
+  if (rows <= L::kSwapAbMaxTokens) {
+    L::launch(L::get_swap_ab_config(rows, n, k, moe_jit::get_num_sms(device), num_groups), args);
+    return;
+  }
+  L::launch(L::get_config(rows, n, k, moe_jit::get_num_sms(device), L::GemmType::kGroupedMasked, num_groups), args);
+}
+
+// Weights and their UE8M0 scales in kernels/_fp4_fragment.py's layout (b: uint8 [G, K/128,
+// ceil(N/64), 4352]); decode sizes only (min(expected_m, max_m) <= 32).
+inline void m_grouped_fp8_fp4_gemm_nt_masked_fragment(std::uint64_t a, long long lda, std::uint64_t sfa,
+                                                      long long sfa_stride_m, long long sfa_stride_k, std::uint64_t b,
+                                                      std::uint64_t d, long long ldd, std::uint64_t masked_m, int max_m,
+                                                      int expected_m, int n, int k, int num_groups, int device,
+                                                      std::uint64_t stream) {
+  namespace L = moe_launchers::sm90_fp8_fp4_gemm;
+  const int rows = std::min(expected_m, max_m);
+  MOE_HOST_ASSERT(rows >= 1 && rows <= L::kSwapAbMaxTokens,
+                  "m_grouped_fp8_fp4_gemm_nt_masked_fragment: min(expected_m, max_m) must be 1.."
+                      << L::kSwapAbMaxTokens << ", got " << rows);
+  // The scales travel inside b: no SFB pointer.
+  const L::Args args{a, sfa, b, 0, d, lda, 0, ldd, sfa_stride_m, sfa_stride_k, 0, 0,
+                     max_m, num_groups, masked_m, device, stream};
+  L::launch(L::get_swap_ab_config(rows, n, k, moe_jit::get_num_sms(device), num_groups, true), args);
 }
 
 inline void bf16_gemm_nt(std::uint64_t a, long long lda, std::uint64_t b, long long ldb, std::uint64_t d,
@@ -175,6 +198,25 @@ inline void register_apis(pybind11::module_& m) {
       "(name, code, config) of the FP8 x FP4 kernel a grouped shape gets (no GPU needed)", pybind11::arg("m"),
       pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"), pybind11::arg("gemm_type"),
       pybind11::arg("num_groups"));
+  m.def("m_grouped_fp8_fp4_gemm_nt_masked_fragment", &m_grouped_fp8_fp4_gemm_nt_masked_fragment,
+        pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "masked FP8 x FP4 GEMM with weights and scales in the fragment layout (kernels/_fp4_fragment.py)");
+  m.def(
+      "fp8_fp4_gemm_nt_swap_ab_code",
+      [](int expected_m, int n, int k, int num_sms, int num_groups, bool fragment_layout) {
+        namespace F = moe_launchers::sm90_fp8_fp4_gemm;
+        const auto cfg = F::get_swap_ab_config(expected_m, n, k, num_sms, num_groups, fragment_layout);
+        const auto g = F::generate(cfg);
+        pybind11::dict d;
+        d["block_t"] = cfg.block_t;
+        d["block_w"] = cfg.block_w();
+        d["num_stages"] = cfg.num_stages;
+        d["smem_bytes"] = cfg.smem_bytes;
+        return pybind11::make_tuple(g.name, g.code, d);
+      },
+      "(name, code, config) of the swapped FP8 x FP4 decode kernel (masked, expected_m <= 32; no GPU needed)",
+      pybind11::arg("expected_m"), pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"),
+      pybind11::arg("num_groups"), pybind11::arg("fragment_layout") = false);
   // gemm_type: 0 dense, 1 m-grouped contiguous, 2 m-grouped masked (m = expected rows per group).
   m.def(
       "fp8_gemm_nt_config",

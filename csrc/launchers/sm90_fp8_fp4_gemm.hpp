@@ -142,4 +142,121 @@ inline void launch(const Config& c, const Args& a) {
                   static_cast<std::uint32_t>(a.sfb_stride_n), map_a, map_b, map_d);
 }
 
+// ---- decode: the swapped kernel (impls/sm90_fp8_fp4_gemm_swap_ab.cuh) ---------------------------
+
+constexpr int kSwapAbMaxTokens = 32;  // token block = wgmma N; beyond it the converter kernel runs
+
+struct SwapAbConfig {
+  const char* fn;
+  int n, k;
+  int block_t;        // tokens per tile (wgmma N), multiple of 8 up to 32
+  int num_math_wg;    // 64 weight rows each: 1, 2 or 4
+  int k_blocks;       // 128-deep K blocks per pipeline stage: 2 halves the per-stage overhead
+  int num_stages, group_n, num_sms, smem_bytes;
+  bool fragment_layout;  // weights in kernels/_fp4_fragment.py's layout (v2 decode)
+
+  int block_w() const { return 64 * num_math_wg; }
+  int num_tiles(int tokens_per_group, int num_groups) const {
+    return num_groups * ((tokens_per_group + block_t - 1) / block_t) * ((n + block_w() - 1) / block_w());
+  }
+};
+
+// Mirrors Fp8Fp4SwapAbSmem: fragment-layout blocks carry their exponent words (kFragmentBlockBytes
+// per 64 rows), packed weights get theirs by cp.async next to the A scales.
+constexpr int kFragmentBlockBytes = 4096 + 64 * 4;
+inline int swap_ab_stage_bytes(int block_t, int block_w, int k_blocks, bool fragment_layout) {
+  const int weights = fragment_layout ? block_w / 64 * kFragmentBlockBytes : block_w * kBlockK / 2;
+  return k_blocks * (block_t * kBlockK + weights + (block_t + (fragment_layout ? 0 : block_w)) * 4);
+}
+
+// `expected_m` <= kSwapAbMaxTokens rows per group. The token block covers expected_m; the weight
+// block is the widest (most math warps to hide the conversion's latency) that still gives every
+// SM a tile.
+inline SwapAbConfig get_swap_ab_config(int expected_m, int n, int k, int num_sms, int num_groups,
+                                       bool fragment_layout = false) {
+  const char* fn = "m_grouped_fp8_fp4_gemm_nt_masked";
+  MOE_HOST_ASSERT(expected_m >= 1 && expected_m <= kSwapAbMaxTokens,
+                  fn << ": the swapped decode kernel takes 1.." << kSwapAbMaxTokens << " expected rows, got " << expected_m);
+  MOE_HOST_ASSERT(n >= 8 && n % 8 == 0, fn << ": N must be a positive multiple of 8, got " << n);
+  MOE_HOST_ASSERT(k >= kBlockK && k % kBlockK == 0, fn << ": K must be a positive multiple of 128, got " << k);
+  SwapAbConfig c{};
+  c.fn = fn;
+  c.n = n;
+  c.k = k;
+  c.block_t = (expected_m + 7) / 8 * 8;
+  c.group_n = kGroupN;
+  c.num_sms = num_sms;
+  c.num_math_wg = 1;
+  c.k_blocks = (k / kBlockK) % 2 == 0 ? 2 : 1;
+  c.fragment_layout = fragment_layout;
+  for (int wg : {4, 2}) {
+    // Four accumulator sets (fragment layout) past 16 tokens do not fit five warpgroups' registers.
+    if (fragment_layout && wg == 4 && c.block_t > 16) continue;
+    SwapAbConfig trial = c;
+    trial.num_math_wg = wg;
+    if (trial.num_tiles(expected_m, num_groups) >= num_sms) {
+      c.num_math_wg = wg;
+      break;
+    }
+  }
+  const int per_stage = swap_ab_stage_bytes(c.block_t, c.block_w(), c.k_blocks, c.fragment_layout) + 16;
+  const int d_bytes = (c.block_t * c.block_w() * 2 + 1023) / 1024 * 1024;
+  c.num_stages = std::min(kMaxStages, (kSmemLimit - d_bytes) / per_stage);
+  MOE_HOST_ASSERT(c.num_stages >= 2, fn << ": no pipeline fits shared memory");
+  c.smem_bytes = d_bytes + c.num_stages * per_stage;
+  return c;
+}
+
+inline GeneratedKernel generate(const SwapAbConfig& c) {
+  std::ostringstream os;
+  os << "#include <moe_kernels/impls/sm90_fp8_fp4_gemm_swap_ab.cuh>\n"
+     << "static __device__ void* moe_instantiate() {\n"
+     << "  return reinterpret_cast<void*>(&moe_kernels::sm90_fp8_fp4_gemm_nt_swap_ab<" << c.n << ", " << c.k << ", "
+     << c.block_t << ", " << c.num_math_wg << ", " << c.k_blocks << ", " << c.num_stages << ", " << c.group_n << ", "
+     << (c.fragment_layout ? "true" : "false") << ">);\n"
+     << "}\n";
+  return {"sm90_fp8_fp4_gemm_nt_swap_ab", os.str()};
+}
+
+inline void launch(const SwapAbConfig& c, const Args& a) {
+  using namespace moe_jit::driver;
+  MOE_HOST_ASSERT(a.sfb % 4 == 0 && a.sfb_stride_n % 4 == 0 && a.sfb_stride_g % 4 == 0,
+                  c.fn << ": SFB must be 4-byte aligned with strides that are multiples of 4 bytes");
+  static moe_jit::KernelMemo<std::array<int, 9>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 9> key = {c.n, c.k, c.block_t, c.num_math_wg, c.k_blocks, c.num_stages, c.group_n,
+                                  static_cast<int>(c.fragment_layout), a.device};
+  const auto kernel = memo.get(key, [&] {
+    const std::string arch = moe_jit::device_arch(a.device);
+    MOE_HOST_ASSERT(arch == "sm_90a", c.fn << ": this kernel needs an SM90 GPU (H100/H200), the device is " << arch);
+    const GeneratedKernel gen = generate(c);
+    return moe_jit::build(gen.name, gen.code, arch);
+  });
+  const std::uint64_t rows_a = static_cast<std::uint64_t>(a.m) * a.num_groups;
+  const CUtensorMap map_a = make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK,
+                                     c.block_t, CU_TENSOR_MAP_SWIZZLE_128B, "A");
+  // Fragment layout: [G, K/128, ceil(N/64), kFragmentBlockBytes] as rows of 256 bytes.
+  constexpr int kRowsPerBlock = kFragmentBlockBytes / 256;
+  const std::uint64_t fragment_rows =
+      static_cast<std::uint64_t>(a.num_groups) * (c.k / kBlockK) * ((c.n + 63) / 64) * kRowsPerBlock;
+  const CUtensorMap map_w =
+      c.fragment_layout
+          ? make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, 256, fragment_rows, 256, 256,
+                     kRowsPerBlock * c.num_math_wg, CU_TENSOR_MAP_SWIZZLE_NONE, "B")
+          : make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k / 2, static_cast<std::uint64_t>(c.n) * a.num_groups,
+                     a.ldb, kBlockK / 2, c.block_w(), CU_TENSOR_MAP_SWIZZLE_64B, "B");
+  const CUtensorMap map_d = make_tma(c.fn, a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, c.block_w(),
+                                     c.block_t, CU_TENSOR_MAP_SWIZZLE_NONE, "D", a.num_groups, a.ldd * a.m);
+  moe_jit::LaunchConfig cfg;
+  cfg.grid_x = static_cast<unsigned>(std::max(1, std::min(c.num_tiles(a.m, a.num_groups), c.num_sms)));
+  cfg.block_x = static_cast<unsigned>((c.num_math_wg + 1) * 128);
+  cfg.smem_bytes = static_cast<unsigned>(c.smem_bytes);
+  cfg.stream = a.stream;
+  cfg.device = a.device;
+  moe_jit::launch(*kernel, cfg, static_cast<std::uint32_t>(a.m), reinterpret_cast<const int*>(a.grouped_layout),
+                  static_cast<std::uint32_t>(a.num_groups), reinterpret_cast<const float*>(a.sfa),
+                  static_cast<std::uint32_t>(a.sfa_stride_m), static_cast<std::uint32_t>(a.sfa_stride_k),
+                  reinterpret_cast<const std::uint8_t*>(a.sfb), static_cast<std::uint32_t>(a.sfb_stride_g),
+                  static_cast<std::uint32_t>(a.sfb_stride_n), map_a, map_w, map_d);
+}
+
 }  // namespace moe_launchers::sm90_fp8_fp4_gemm

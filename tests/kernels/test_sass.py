@@ -61,6 +61,17 @@ def test_fp8_fp4_gemm_uses_qgmma_tma_and_byte_permute_conversion(m, n, k, gemm_t
     assert "LDL" not in text and "STL" not in text, "register spills"
 
 
+@pytest.mark.parametrize("expected_m,n,k,groups", [(16, 4096, 7168, 32), (1, 7168, 2048, 256), (32, 136, 384, 4)])
+@pytest.mark.parametrize("fragment_layout", [False, True])
+def test_fp8_fp4_swap_ab_gemm_uses_register_operand_qgmma(expected_m, n, k, groups, fragment_layout):
+    name, code, _ = kernels.jit.native_module().fp8_fp4_gemm_nt_swap_ab_code(expected_m, n, k, H200_SMS, groups,
+                                                                            fragment_layout)
+    text = sass(name, code)
+    for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "LDGSTS", "PRMT"):
+        assert instruction in text, instruction
+    assert "LDL" not in text and "STL" not in text, "register spills"
+
+
 @pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (4096, 7168, 2048)])
 def test_bf16_gemm_uses_hgmma_tma_and_setmaxnreg(m, n, k):
     code = sass(*kernels.jit.native_module().bf16_gemm_nt_code(m, n, k, H200_SMS))

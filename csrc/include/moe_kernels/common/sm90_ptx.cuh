@@ -131,6 +131,9 @@ __device__ __forceinline__ void wgmma_wait() {
 // Keeps accumulator registers live across the asynchronous wgmma so the compiler neither
 // reorders reads of them before the wait nor spills them.
 __device__ __forceinline__ void fence_operand(float& reg) { asm volatile("" : "+f"(reg)::"memory"); }
+// Register A operands of an in-flight wgmma must keep their registers until wgmma_wait: fencing
+// them after the wait keeps the compiler from reusing those registers earlier.
+__device__ __forceinline__ void fence_operand(uint32_t& reg) { asm volatile("" : "+r"(reg)::"memory"); }
 
 template <uint32_t kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {

@@ -71,6 +71,38 @@ struct WgmmaOp {
 
 template <uint32_t kN>
 using Fp8Wgmma = WgmmaOp<typename Fp8WgmmaAtom<kN>::type, kN, 32>;
+
+// FP8 wgmma with A from registers (the m16n8k32 8-bit A fragment per warp: a0 = row l/4, K
+// 4(l%4)..+3; a1 = row l/4 + 8; a2, a3 the same rows at K + 16) and B K-major in shared memory.
+template <uint32_t kN>
+struct Fp8WgmmaRSAtom;
+
+#define MOE_FP8_WGMMA_RS_ATOM(N)                                             \
+  template <>                                                                \
+  struct Fp8WgmmaRSAtom<N> {                                                 \
+    using type = cute::SM90::GMMA::MMA_64x##N##x32_F32E4M3E4M3_RS_TN<>;      \
+  };
+MOE_FP8_WGMMA_RS_ATOM(8) MOE_FP8_WGMMA_RS_ATOM(16) MOE_FP8_WGMMA_RS_ATOM(24) MOE_FP8_WGMMA_RS_ATOM(32)
+#undef MOE_FP8_WGMMA_RS_ATOM
+
+template <uint32_t kN>
+struct Fp8WgmmaRS {
+  using Atom = typename Fp8WgmmaRSAtom<kN>::type;
+  static constexpr uint32_t kK = 32;
+  static constexpr uint32_t kNumAccum = kN / 2;
+
+  template <int... kI>
+  __device__ __forceinline__ static void issue(const uint32_t* a, uint64_t desc_b, float* d, bool accumulate,
+                                               cuda::std::integer_sequence<int, kI...>) {
+    Atom::fma(a[0], a[1], a[2], a[3], desc_b, d[kI]...,
+              accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+  }
+
+  // d (+)= A[64 x 32] (registers) * B[kN x 32]^T (descriptor at the K-slice in shared memory).
+  __device__ __forceinline__ static void mma(const uint32_t* a, uint64_t desc_b, float* d, bool accumulate) {
+    issue(a, desc_b, d, accumulate, cuda::std::make_integer_sequence<int, kNumAccum>{});
+  }
+};
 template <uint32_t kN>
 using Bf16Wgmma = WgmmaOp<typename Bf16WgmmaAtom<kN>::type, kN, 16>;
 

@@ -1,0 +1,361 @@
+#pragma once
+// FP8 x FP4 masked grouped GEMM for decode, operands swapped: D[g]^T = B[g] @ A[g]^T with the
+// weights B as wgmma's A operand, converted from E2M1 to E4M3 in the math warps' registers
+// (common/fp4.cuh) and fed to wgmma from registers, and the few tokens of A as wgmma's N
+// dimension (8-32) read from shared memory. Against sm90_fp8_fp4_gemm_nt at decode sizes this
+// drops the converted tile's shared-memory round trip (16 KB written and read back per 128x128
+// block), the converter hand-off barrier, and the 64-row wgmma whose rows were mostly padding.
+//
+// Roles (one CTA per SM, persistent over tiles of kBlockT tokens x 64 * kNumMathWG weight rows):
+//   warpgroups [0, kNumMathWG): math — each owns 64 weight rows: per 128-deep K block it loads
+//                               its fragment bytes, converts them, runs 4 x wgmma 64xkBlockTx32,
+//                               and promotes with the row's B scale and the token's A scale;
+//   last warpgroup, warp 0:     TMA producer (activations 128B-swizzled, packed weights 64B-swizzled);
+//   last warpgroup, warp 1:     scale producer (cp.async of A scales, and of the B exponent words
+//                               unless they come with the fragments).
+//
+// kFragmentLayout (v2, weights and scales laid out once by kernels/_fp4_fragment.py; one TMA box
+// per K block brings both, so the scale warp only copies the A scales): each thread reads its
+// fragment with two 16-byte loads, decodes E4M3 = E2M1 x 2^-6 with bit masks (no tables), and
+// every 32-deep K step accumulates separately so that its exact 1x32 scale 2^(e - 127) is
+// applied in the promotion (2^6 once per tile in the epilogue).
+//
+// A stage carries kKBlocks (1 or 2) K blocks of 128: the barrier wait, release and stage
+// addressing are paid once for all of them (they were half the math warps' instructions).
+
+#include <cuda_bf16.h>
+#include <moe_kernels/common/fp4.cuh>
+#include <moe_kernels/common/pipeline.cuh>
+#include <moe_kernels/common/scheduler.cuh>
+#include <moe_kernels/common/sm90_ptx.cuh>
+#include <moe_kernels/common/sm90_wgmma.cuh>
+
+namespace moe_kernels {
+
+// Fragment layout (kernels/_fp4_fragment.py): per K block of 128 and 64 weight rows, 4096 bytes of
+// fragments followed by the rows' 64 exponent words, so one TMA box brings weights and scales.
+constexpr uint32_t kFragmentWeightBytes = 4096;
+constexpr uint32_t kFragmentBlockBytes = kFragmentWeightBytes + 64 * 4;
+
+// A stage holds kKBlocks K blocks of 128; block j of every operand sits at j x its block size.
+template <uint32_t kBlockT, uint32_t kBlockW, uint32_t kKBlocks, uint32_t kNumStages, bool kFragmentLayout>
+struct Fp8Fp4SwapAbSmem {
+  static constexpr uint32_t kBlockK = 128;
+  static constexpr uint32_t kD = (kBlockT * kBlockW * 2 + 1023) / 1024 * 1024;  // bf16 [tokens][rows]
+  static constexpr uint32_t kBlockA = kBlockT * kBlockK;  // activations, 128-byte swizzle
+  // Packed weights (64-byte swizzle), or fragments with their exponent words.
+  static constexpr uint32_t kBlockWBytes = kFragmentLayout ? kBlockW / 64 * kFragmentBlockBytes : kBlockW * kBlockK / 2;
+  // A scales, and for packed weights the B exponent words (cp.async).
+  static constexpr uint32_t kBlockScales = (kBlockT + (kFragmentLayout ? 0 : kBlockW)) * 4;
+  static constexpr uint32_t kA = kKBlocks * kBlockA;
+  static constexpr uint32_t kW = kKBlocks * kBlockWBytes;
+  static constexpr uint32_t kScaleBytes = kKBlocks * kBlockScales;
+  static constexpr uint32_t kOffsetA = kD;
+  static constexpr uint32_t kOffsetW = kOffsetA + kNumStages * kA;
+  static constexpr uint32_t kOffsetScales = kOffsetW + kNumStages * kW;
+  static constexpr uint32_t kOffsetBarriers = kOffsetScales + kNumStages * kScaleBytes;
+  static constexpr uint32_t kTotal = kOffsetBarriers + 2 * kNumStages * 8;
+  static_assert(kBlockA % 1024 == 0, "128-byte swizzled K blocks must stay 1024-byte aligned");
+  static_assert(kBlockWBytes % (kFragmentLayout ? 128 : 512) == 0, "TMA destinations must stay aligned");
+};
+
+// The word of packed row `row` (64 bytes, 64-byte swizzle: 16-byte chunk c at c ^ ((row / 2) % 4))
+// that holds bytes [offset, offset + 4) of the row's K block; offset is a multiple of 4.
+__device__ __forceinline__ uint32_t load_packed_word(const uint8_t* tile, uint32_t row, uint32_t offset) {
+  const uint32_t chunk = (offset / 16) ^ ((row / 2) % 4);
+  return *reinterpret_cast<const uint32_t*>(tile + row * 64 + chunk * 16 + offset % 16);
+}
+
+// The a0/a1 (K 4q..+3) and a2/a3 (K 16+4q..+3) E4M3 words of one fragment-layout word.
+__device__ __forceinline__ uint2 decode_fragment_word(uint32_t w) {
+  return make_uint2(w & 0x9C9C9C9Cu, ((w << 2) & 0x8C8C8C8Cu) | ((w >> 2) & 0x10101010u));
+}
+
+// 2^(e - 127) for byte kStep of a word of UE8M0 exponents, in two integer operations: the byte
+// moved into FP32's exponent field. e = 0 gives 0 (it also marks rows past N, whose words are
+// zero-filled) and e = 255 gives inf, not NaN. The decode's 2^-6 is undone once per tile, in the
+// epilogue (exact: a power of two).
+template <uint32_t kStep>
+__device__ __forceinline__ float step_scale(uint32_t exponents) {
+  const uint32_t bits = kStep == 3 ? exponents >> 1 : exponents << (23 - 8 * kStep);
+  return __uint_as_float(bits & 0x7F800000u);
+}
+
+template <uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockT, uint32_t kNumMathWG, uint32_t kKBlocks,
+          uint32_t kNumStages, uint32_t kGroupN, bool kFragmentLayout = false>
+__global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
+    sm90_fp8_fp4_gemm_nt_swap_ab(uint32_t max_m, const int* __restrict__ masked_m, uint32_t num_groups,
+                                 const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
+                                 const uint8_t* __restrict__ sfb, uint32_t sfb_stride_g, uint32_t sfb_stride_n,
+                                 const __grid_constant__ TmaDescriptor map_a,
+                                 const __grid_constant__ TmaDescriptor map_w,
+                                 const __grid_constant__ TmaDescriptor map_d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr uint32_t kBlockW = 64 * kNumMathWG;
+  using Smem = Fp8Fp4SwapAbSmem<kBlockT, kBlockW, kKBlocks, kNumStages, kFragmentLayout>;
+  using Wgmma = sm90::Fp8WgmmaRS<kBlockT>;
+  constexpr uint32_t kBlockK = Smem::kBlockK;
+  constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
+  constexpr uint32_t kNumKBlocks = kShapeK / kBlockK;
+  constexpr uint32_t kNumKStages = kNumKBlocks / kKBlocks;
+  static_assert(kShapeK % kBlockK == 0, "K must be a multiple of 128");
+  static_assert(kNumKBlocks % kKBlocks == 0, "whole K blocks per stage");
+  // Scale producers: one warp issues ~450 instructions per stage for the 256 rows' exponent words
+  // of packed weights, more than the math warps need per stage; three share them. With the
+  // fragment layout the exponents come by TMA and one warp copies the A scales.
+  constexpr uint32_t kNumScaleWarps = kFragmentLayout ? 1 : 3;
+  static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
+  static_assert(kBlockT % 8 == 0 && kBlockT <= 32, "the token block is a multiple of 8 up to 32 (one per scale lane)");
+  static_assert(kNumMathWG == 1 || kNumMathWG == 2 || kNumMathWG == 4, "64, 128 or 256 weight rows per tile");
+  // Fragment layout: [G, K/128, ceil(N/64), kFragmentBlockBytes], viewed by TMA as rows of 256 bytes.
+  constexpr uint32_t kRowBlocks = (kShapeN + 63) / 64;
+  constexpr uint32_t kFragmentRows = kFragmentBlockBytes / 256;
+  static_assert(!kFragmentLayout || kBlockT <= 16 || kNumMathWG <= 2,
+                "four accumulator sets of kBlockT / 2 fit the 96 registers of five warpgroups up to 16 tokens");
+  // No setmaxnreg: at up to 640 threads every role fits the launch budget (math holds 16 fragment
+  // registers and two accumulator sets of kBlockT / 2).
+
+  extern __shared__ __align__(1024) uint8_t smem[];
+  auto* barriers = reinterpret_cast<uint64_t*>(smem + Smem::kOffsetBarriers);
+  const StageRing<kNumStages> ring{barriers, barriers + kNumStages};
+  const auto stage_scales = [&](uint32_t stage) {
+    return reinterpret_cast<float*>(smem + Smem::kOffsetScales + stage * Smem::kScaleBytes);
+  };
+
+  const uint32_t warp = threadIdx.x / 32;
+  const uint32_t lane = sm90::lane_id();
+  if (threadIdx.x == kNumMathThreads) {
+    sm90::tma_prefetch_descriptor(&map_a);
+    sm90::tma_prefetch_descriptor(&map_w);
+    sm90::tma_prefetch_descriptor(&map_d);
+    ring.init(1 + kNumScaleWarps * 32, kNumMathWG * 4);
+  }
+  __syncthreads();
+
+  // Tiles: m blocks of kBlockT tokens of a group (masked_m), n blocks of kBlockW weight rows.
+  TileScheduler<GemmType::kGroupedMasked, kBlockT, kBlockW, kGroupN> scheduler(max_m, kShapeN, masked_m, num_groups);
+  PipelineState<kNumStages> pipe;
+  Tile t;
+
+  if (threadIdx.x >= kNumMathThreads) {
+    const uint32_t producer_warp = warp - kNumMathWG * 4;
+    if (producer_warp == 0 && lane == 0) {
+      while (scheduler.next(t)) {
+        const uint32_t row_a = t.group * max_m + t.m_block * kBlockT;
+        const uint32_t row_w = t.group * kShapeN + t.n_block * kBlockW;
+        for (uint32_t ks = 0; ks < kNumKStages; ++ks, pipe.advance()) {
+          ring.producer_acquire(pipe);
+          uint64_t* full = ring.full + pipe.stage;
+          sm90::mbarrier_arrive_expect_tx(full, Smem::kA + Smem::kW);
+#pragma unroll
+          for (uint32_t j = 0; j < kKBlocks; ++j) {
+            const uint32_t kb = ks * kKBlocks + j;
+            uint8_t* smem_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + j * Smem::kBlockA;
+            uint8_t* smem_w = smem + Smem::kOffsetW + pipe.stage * Smem::kW + j * Smem::kBlockWBytes;
+            sm90::tma_load_2d(smem_a, &map_a, full, kb * kBlockK, row_a);
+            if constexpr (kFragmentLayout) {
+              const uint32_t first =
+                  ((t.group * kNumKBlocks + kb) * kRowBlocks + t.n_block * kNumMathWG) * kFragmentRows;
+              sm90::tma_load_2d(smem_w, &map_w, full, 0, first);
+            } else {
+              sm90::tma_load_2d(smem_w, &map_w, full, kb * kBlockK / 2, row_w);
+            }
+          }
+        }
+      }
+    } else if (producer_warp >= 1 && producer_warp <= kNumScaleWarps) {
+      const uint32_t scale_warp = producer_warp - 1;
+      while (scheduler.next(t)) {
+        const uint32_t row_a = t.group * max_m + t.m_block * kBlockT + lane;
+        const bool valid_a = scale_warp == 0 && lane < kBlockT && row_a < (t.group + 1) * max_m;
+        const uint8_t* sfb_tile = sfb + uint64_t(t.group) * sfb_stride_g + uint64_t(t.n_block * kBlockW) * sfb_stride_n;
+        const uint32_t rows_w = min(kBlockW, kShapeN - t.n_block * kBlockW);
+        for (uint32_t ks = 0; ks < kNumKStages; ++ks, pipe.advance()) {
+          ring.producer_acquire(pipe);
+#pragma unroll
+          for (uint32_t j = 0; j < kKBlocks; ++j) {
+            const uint32_t kb = ks * kKBlocks + j;
+            float* scales = stage_scales(pipe.stage) + j * Smem::kBlockScales / 4;
+            if (scale_warp == 0 && lane < kBlockT) {
+              const float* src = valid_a ? sfa + uint64_t(row_a) * sfa_stride_m + uint64_t(kb) * sfa_stride_k : sfa;
+              sm90::cp_async_4(scales + lane, src, valid_a ? 4 : 0);
+            }
+            if constexpr (!kFragmentLayout) {
+              // Rows past N read no exponents: zero words, so their row scale is 0.
+#pragma unroll
+              for (uint32_t row = scale_warp * 32 + lane; row < kBlockW; row += kNumScaleWarps * 32) {
+                const bool valid = row < rows_w;
+                const uint8_t* src = valid ? sfb_tile + row * sfb_stride_n + kb * 4 : sfb;
+                sm90::cp_async_4(scales + kBlockT + row, src, valid ? 4 : 0);
+              }
+            }
+          }
+          sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
+        }
+      }
+    }
+    return;
+  }
+
+  const uint32_t math_wg = threadIdx.x / 128;
+  const uint32_t quad = lane % 4;
+  // Fragment rows of this thread inside the warpgroup's 64 weight rows (r and r + 8).
+  const uint32_t row0 = (warp % 4) * 16 + lane / 4;
+  // Bytes [2 quad, 2 quad + 2) of a 4-byte word pair: the low halves for even quads, else high.
+  const uint32_t half_selector = quad % 2 == 0 ? 0x5410u : 0x7632u;
+  float final_acc[Wgmma::kNumAccum];
+  uint8_t* smem_d = smem;
+
+  while (scheduler.next(t)) {
+#pragma unroll
+    for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
+
+    for (uint32_t ks = 0; ks < kNumKStages; ++ks, pipe.advance()) {
+      ring.consumer_wait(pipe);
+#pragma unroll
+      for (uint32_t j = 0; j < kKBlocks; ++j) {
+        const uint8_t* tile_w = smem + Smem::kOffsetW + pipe.stage * Smem::kW + j * Smem::kBlockWBytes +
+                                math_wg * (kFragmentLayout ? kFragmentBlockBytes : 64 * (kBlockK / 2));
+        const float* scales = stage_scales(pipe.stage) + j * Smem::kBlockScales / 4;
+        const auto* exponents = kFragmentLayout
+                                    ? reinterpret_cast<const uint32_t*>(tile_w + kFragmentWeightBytes)
+                                    : reinterpret_cast<const uint32_t*>(scales + kBlockT) + math_wg * 64;
+        const uint32_t exps0 = exponents[row0], exps1 = exponents[row0 + 8];
+        const uint64_t desc_a =
+            sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetA + pipe.stage * Smem::kA + j * Smem::kBlockA);
+        uint32_t frag[4][4];
+        if constexpr (kFragmentLayout) {
+          const uint32_t slot = (threadIdx.x % 128) * 16;
+          const uint4 lo = *reinterpret_cast<const uint4*>(tile_w + slot);         // row r, steps 0-3
+          const uint4 hi = *reinterpret_cast<const uint4*>(tile_w + 2048 + slot);  // row r + 8
+          const uint32_t words_lo[4] = {lo.x, lo.y, lo.z, lo.w}, words_hi[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+          for (uint32_t s = 0; s < 4; ++s) {
+            const uint2 c0 = decode_fragment_word(words_lo[s]), c1 = decode_fragment_word(words_hi[s]);
+            frag[s][0] = c0.x;
+            frag[s][1] = c1.x;
+            frag[s][2] = c0.y;
+            frag[s][3] = c1.y;
+          }
+        } else {
+          const uint32_t e_max0 = fp4::max_exponent(exps0), e_max1 = fp4::max_exponent(exps1);
+          // K step s (32 elements, one 1x32 scale group) of row r: elements 4 quad..+3 sit in bytes
+          // 16 s + 2 quad..+1, elements 16 + 4 quad..+3 in bytes 16 s + 8 + 2 quad..+1.
+#pragma unroll
+          for (uint32_t s = 0; s < 4; ++s) {
+            const uint32_t offset = 16 * s + 4 * (quad / 2);
+            const uint32_t w0 = __byte_perm(load_packed_word(tile_w, row0, offset),
+                                            load_packed_word(tile_w, row0, offset + 8), half_selector);
+            const uint32_t w1 = __byte_perm(load_packed_word(tile_w, row0 + 8, offset),
+                                            load_packed_word(tile_w, row0 + 8, offset + 8), half_selector);
+            const uint2 c0 = fp4::convert8(w0, fp4::make_lut(e_max0 - ((exps0 >> (8 * s)) & 0xFFu)));
+            const uint2 c1 = fp4::convert8(w1, fp4::make_lut(e_max1 - ((exps1 >> (8 * s)) & 0xFFu)));
+            frag[s][0] = c0.x;  // row r,     K 4 quad..+3
+            frag[s][1] = c1.x;  // row r + 8
+            frag[s][2] = c0.y;  // row r,     K 16 + 4 quad..+3
+            frag[s][3] = c1.y;  // row r + 8
+          }
+        }
+
+        // Table path: one accumulator over the K block. Fragment path: one per K step (exact scales).
+        constexpr uint32_t kNumSets = kFragmentLayout ? 4 : 1;
+        float acc[kNumSets][Wgmma::kNumAccum];
+#pragma unroll
+        for (uint32_t a = 0; a < kNumSets; ++a) {
+#pragma unroll
+          for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[a][i]);
+        }
+        // Pin the decoded fragments before the fence: decode instructions moved past it would make
+        // ptxas serialise the wgmmas (non-wgmma instructions defining their input registers).
+#pragma unroll
+        for (uint32_t s = 0; s < 4; ++s) {
+#pragma unroll
+          for (uint32_t i = 0; i < 4; ++i) sm90::fence_operand(frag[s][i]);
+        }
+        sm90::wgmma_fence();
+#pragma unroll
+        for (uint32_t s = 0; s < 4; ++s) {
+          Wgmma::mma(frag[s], desc_a + s * 2, acc[kFragmentLayout ? s : 0], !kFragmentLayout && s > 0);
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+#pragma unroll
+        for (uint32_t a = 0; a < kNumSets; ++a) {
+#pragma unroll
+          for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[a][i]);
+        }
+#pragma unroll
+        for (uint32_t s = 0; s < 4; ++s) {
+#pragma unroll
+          for (uint32_t i = 0; i < 4; ++i) sm90::fence_operand(frag[s][i]);
+        }
+
+        // Accumulator (64 rows x kBlockT tokens): rows row0 and row0 + 8, tokens j*8 + 2 quad + {0, 1}.
+        float sa[kBlockT / 4];
+#pragma unroll
+        for (uint32_t c = 0; c < kBlockT / 8; ++c) {
+          const float2 pair = *reinterpret_cast<const float2*>(scales + c * 8 + quad * 2);
+          sa[c * 2] = pair.x;
+          sa[c * 2 + 1] = pair.y;
+        }
+        if (j + 1 == kKBlocks) {
+          __syncwarp();
+          if (lane == 0) ring.consumer_release(pipe);
+        }
+        // Row scales per accumulator set: the block's largest (tables) or each step's own (fragment).
+        float sb0[kNumSets], sb1[kNumSets];
+        if constexpr (kFragmentLayout) {
+          sb0[0] = step_scale<0>(exps0), sb1[0] = step_scale<0>(exps1);
+          sb0[1] = step_scale<1>(exps0), sb1[1] = step_scale<1>(exps1);
+          sb0[2] = step_scale<2>(exps0), sb1[2] = step_scale<2>(exps1);
+          sb0[3] = step_scale<3>(exps0), sb1[3] = step_scale<3>(exps1);
+        } else {
+          sb0[0] = fp4::column_scale(fp4::max_exponent(exps0));
+          sb1[0] = fp4::column_scale(fp4::max_exponent(exps1));
+        }
+#pragma unroll
+        for (uint32_t c = 0; c < kBlockT / 8; ++c) {
+          float r00 = 0.0f, r01 = 0.0f, r10 = 0.0f, r11 = 0.0f;
+#pragma unroll
+          for (uint32_t a = 0; a < kNumSets; ++a) {
+            r00 = fmaf(acc[a][c * 4 + 0], sb0[a], r00);
+            r01 = fmaf(acc[a][c * 4 + 1], sb0[a], r01);
+            r10 = fmaf(acc[a][c * 4 + 2], sb1[a], r10);
+            r11 = fmaf(acc[a][c * 4 + 3], sb1[a], r11);
+          }
+          final_acc[c * 4 + 0] = fmaf(r00, sa[c * 2], final_acc[c * 4 + 0]);
+          final_acc[c * 4 + 1] = fmaf(r01, sa[c * 2 + 1], final_acc[c * 4 + 1]);
+          final_acc[c * 4 + 2] = fmaf(r10, sa[c * 2], final_acc[c * 4 + 2]);
+          final_acc[c * 4 + 3] = fmaf(r11, sa[c * 2 + 1], final_acc[c * 4 + 3]);
+        }
+      }
+    }
+
+    // Epilogue: D tile [kBlockT tokens][kBlockW rows] in bf16, stored with one 3-D TMA box; the
+    // previous tile's store must have finished reading shared memory first.
+    if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
+    sm90::named_barrier_sync(1, kNumMathThreads);
+    auto* tile_d = reinterpret_cast<__nv_bfloat16*>(smem_d);
+    // The fragment decode's E2M1 x 2^-6, undone once per tile.
+    constexpr float kDecodeScale = kFragmentLayout ? float(1u << fp4::kHeadroomLog2) : 1.0f;
+    const uint32_t col0 = math_wg * 64 + row0;
+#pragma unroll
+    for (uint32_t j = 0; j < kBlockT / 8; ++j) {
+      const uint32_t token = j * 8 + quad * 2;
+      tile_d[token * kBlockW + col0] = __float2bfloat16_rn(final_acc[j * 4 + 0] * kDecodeScale);
+      tile_d[(token + 1) * kBlockW + col0] = __float2bfloat16_rn(final_acc[j * 4 + 1] * kDecodeScale);
+      tile_d[token * kBlockW + col0 + 8] = __float2bfloat16_rn(final_acc[j * 4 + 2] * kDecodeScale);
+      tile_d[(token + 1) * kBlockW + col0 + 8] = __float2bfloat16_rn(final_acc[j * 4 + 3] * kDecodeScale);
+    }
+    sm90::fence_proxy_async_shared();
+    sm90::named_barrier_sync(1, kNumMathThreads);
+    if (threadIdx.x == 0) {
+      sm90::tma_store_3d(&map_d, smem_d, t.n_block * kBlockW, t.m_block * kBlockT, t.group);
+      sm90::tma_store_commit();
+    }
+  }
+  if (threadIdx.x == 0) sm90::tma_store_wait_all<0>();
+#endif
+}
+
+}  // namespace moe_kernels
