@@ -97,6 +97,32 @@ def test_plan_matches_brute_force_layout(seed, num_ranks, num_local, alignment):
         assert plan.num_layout_rows == len(layouts[rank][1]) and plan.num_layout_rows % alignment == 0
 
 
+@pytest.mark.parametrize("num_ranks,num_local", [(1, 5), (2, 3), (3, 4)])
+def test_plan_masked_layout_gives_every_expert_the_largest_count(seed, num_ranks, num_local):
+    counts = torch.randint(0, 6, (num_ranks, num_ranks, num_local))
+    counts[0, :, 0] = 0  # an expert that receives nothing still gets its (unused) segment
+    counts[-1] = 0  # a rank that receives nothing keeps the (empty) contiguous layout
+    counts[0, 0, 1] = 40  # rank 0's experts together exceed the masked range: contiguous
+    for rank in range(num_ranks):
+        plan = staged.plan_exchange(counts, rank, 128, masked_max_rows=32)
+        contiguous = staged.plan_exchange(counts, rank, 128)
+        for q in range(num_ranks):
+            most = int(counts[q].sum(0).max())
+            expected = most if 0 < most <= 32 else 0
+            assert plan.masked_rows[q] == expected
+            assert plan.padded_rows[q] == (expected * num_local if expected else contiguous.padded_rows[q])
+        valid = staged._expand(plan.expert_delta, plan.expert_rows, plan.num_recv_rows).tolist()
+        rows = plan.masked_max_m
+        if rows:  # expert e's rows start its segment: e * rows, e * rows + 1, ...
+            per_expert = counts[rank].sum(0).tolist()
+            assert valid == [e * rows + i for e in range(num_local) for i in range(per_expert[e])]
+        # Senders agree with the receiver on every row.
+        got = staged._expand(plan.recv_delta, plan.recv_counts, plan.num_recv_rows)
+        assert sorted(got.tolist()) == sorted(valid)
+    assert staged.plan_exchange(counts, 0, 16, masked_max_rows=32).masked_rows[1:num_ranks - 1] == tuple(
+        int(counts[q].sum(0).max()) if int(counts[q].sum(0).max()) <= 15 else 0 for q in range(1, num_ranks - 1))
+
+
 def test_plan_rejects_bad_counts():
     with pytest.raises(ValueError, match=r"counts must be an integer tensor \[P, P, E_local\]"):
         staged.plan_exchange(torch.zeros(2, 3, 4, dtype=torch.int64), 0, 128)
@@ -180,6 +206,29 @@ def test_staged_pair_equals_reference_up_to_the_l1_rounding(seed, monkeypatch, k
     x = torch.randn(num_tokens, H).to(torch.bfloat16)
     idx, weights = _routing(kind, num_tokens, 3, E, "cpu")
     assert calc_diff(_run_pair(staged_pair, x, idx, weights), _run_pair(reference_pair, x, idx, weights)) < 1e-7
+
+
+@pytest.mark.parametrize("kind,num_tokens", [("random", 40), ("skewed", 20), ("unrouted", 30), ("random", 1)])
+@pytest.mark.parametrize("weights_format", ["fp8", "fp4"])
+def test_masked_decode_layout_equals_the_contiguous_one(seed, kind, num_tokens, weights_format):
+    """Decode-sized batches take the masked layout and GEMMs; the same batch forced through the
+    contiguous layout gives the same output (CPU: both run the references on the same rows)."""
+    problem = _problem("cpu", weights=weights_format)
+    gate_up, down = _expert_weights(E, H, I, seed)
+    experts = LocalExperts(quantize_expert_weight(gate_up, weights_format), quantize_expert_weight(down, weights_format), 0)
+    dispatch_combine, expert_compute = create_backend("staged", problem, experts, None)
+    x = torch.randn(num_tokens, H).to(torch.bfloat16)
+    idx, weights = _routing(kind, num_tokens, 3, E, "cpu")
+    dispatched = dispatch_combine.dispatch(x, idx, weights)
+    assert 0 < dispatched.masked_max_m <= staged.kMaskedMaxRows
+    assert dispatched.x.shape[0] == E * dispatched.masked_max_m
+    assert torch.equal(dispatched.masked_m.long(), torch.bincount(idx[idx >= 0], minlength=E))
+    masked = dispatch_combine.combine(expert_compute.apply(dispatched), dispatched.handle)
+    dispatch_combine.masked_max_rows = 0
+    contiguous = _run_pair((dispatch_combine, expert_compute), x, idx, weights)
+    assert torch.equal(masked, contiguous)
+    expected = _run_pair(create_backend("reference", problem, experts, None), x, idx, weights)
+    assert calc_diff(masked, expected) < kTolerance
 
 
 def test_staged_pair_detects_a_wrong_expert(seed):

@@ -1,0 +1,52 @@
+"""Profile forwards of bench/bench_moe.py's staged DeepSeek-V3 layer (torch profiler): the CPU ops and
+CUDA kernels that take the time, largest first.
+
+    python scripts/profile_moe_forward.py [--tokens 1] [--weights fp4] [--local-experts 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+kRepo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [kRepo, os.path.join(kRepo, "bench")]
+
+import torch  # noqa: E402
+
+from bench_moe import deepseek_router, kHidden, kIntermediate, kTopK, make_weights  # noqa: E402
+from moe_runtime import MegaMoELayer  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=1)
+    p.add_argument("--weights", choices=["fp8", "fp4"], default="fp4")
+    p.add_argument("--local-experts", type=int, default=256)
+    p.add_argument("--rows", type=int, default=25, help="rows of each table")
+    args = p.parse_args()
+    device = torch.device("cuda", torch.cuda.current_device())
+    weights = make_weights(args.local_experts, device)
+    layer = MegaMoELayer(kHidden, kIntermediate, args.local_experts, kTopK, router=deepseek_router(),
+                         weights=args.weights, backend="staged", num_max_tokens_per_rank=max(args.tokens, 1),
+                         device=device)
+    layer.load_weights(router_weight=weights.router, gate_up=weights.gate_up, down=weights.down,
+                       score_bias=weights.bias)
+    x = torch.randn(args.tokens, kHidden, device=device).to(torch.bfloat16)
+    with torch.inference_mode():
+        for _ in range(3):
+            layer(x)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                layer(x)
+            torch.cuda.synchronize()
+    table = prof.key_averages()
+    print(table.table(sort_by="self_cpu_time_total", row_limit=args.rows))
+    print(table.table(sort_by="self_cuda_time_total", row_limit=args.rows))
+
+
+if __name__ == "__main__":
+    main()
