@@ -247,7 +247,8 @@ class MegaMoELayer(nn.Module):
         routing = route(router_logits(x, self.router_weight, self.router_config), self.top_k, self.router_config,
                         self.score_bias)
         dispatch_combine, experts = self._backend(device)
-        dispatched = dispatch_combine.dispatch(x, routing.topk_idx, routing.topk_weights)
+        # The router's ids are in range by construction: backends may skip checking them.
+        dispatched = dispatch_combine.dispatch(x, routing.topk_idx, routing.topk_weights, ids_checked=True)
         shared = self.shared_intermediate_size > 0
         if shared:
             dispatched.handle.out_dtype = torch.float32

@@ -19,6 +19,8 @@ a row goes to the low nibble of byte ``j``, element ``2 j + 1`` to the high nibb
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kernels.reference.quant import AMAX_FLOOR, ceil_to_ue8m0
@@ -46,9 +48,12 @@ def _e2m1_codes(v: torch.Tensor) -> torch.Tensor:
     return mag | sign
 
 
+@functools.lru_cache(maxsize=None)
 def _e2m1_table(device: torch.device) -> torch.Tensor:
-    mags = torch.tensor(kE2M1Magnitudes, dtype=torch.float32, device=device)
-    return torch.cat([mags, -mags])
+    """Made once per device: a host-to-device copy per call would also break CUDA graph capture."""
+    with torch.inference_mode(False):  # a normal tensor, usable in and out of inference mode
+        mags = torch.tensor(kE2M1Magnitudes, dtype=torch.float32, device=device)
+        return torch.cat([mags, -mags])
 
 
 def per_token_cast_to_fp4(x: torch.Tensor, use_ue8m0: bool = True, gran_k: int = 32):

@@ -88,8 +88,11 @@ class DispatchCombine(ABC):
         ...
 
     @abstractmethod
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> DispatchResult:
-        """``x`` [T, H], ``topk_idx`` int64 [T, k], ``topk_weights`` float32 [T, k] of this rank."""
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, *,
+                 ids_checked: bool = False) -> DispatchResult:
+        """``x`` [T, H], ``topk_idx`` int64 [T, k], ``topk_weights`` float32 [T, k] of this rank.
+        ``ids_checked``: the caller guarantees every id is in [-1, E) (the layer's router does), so a
+        backend may skip its own check of them (which can cost a host sync)."""
 
     @abstractmethod
     def combine(self, expert_out: torch.Tensor, handle: CombineHandle) -> torch.Tensor:

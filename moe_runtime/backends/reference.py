@@ -71,7 +71,8 @@ class ReferenceDispatchCombine(DispatchCombine):
     def is_supported(cls, problem: MoEProblem) -> tuple[bool, str]:
         return True, "pure torch"
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> DispatchResult:
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, *,
+                 ids_checked: bool = False) -> DispatchResult:
         x_sf = None
         payload = x
         if self.use_fp8_dispatch:

@@ -311,6 +311,8 @@ class StagedCombineHandle(CombineHandle):
     buffers: list[RankBuffers] = field(default_factory=list)
     rows_by_source: torch.Tensor | None = None
     routed: torch.Tensor | None = None
+    pair_rows: torch.Tensor | None = None   # local decode: int64 [T * k], the layout row of each (t, j)
+    num_rows: int = 0                       # rows of the dispatched layout (expert_out's M)
 
 
 @dataclass
@@ -357,14 +359,21 @@ class StagedDispatchCombine(DispatchCombine):
             raise ValueError(f"{num_tokens} tokens exceed num_max_tokens_per_rank="
                              f"{self.problem.num_max_tokens_per_rank}")
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> DispatchResult:
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, *,
+                 ids_checked: bool = False) -> DispatchResult:
         """``x`` [T, H] float, ``topk_idx`` int64 [T, k], ``topk_weights`` float32 [T, k] -> rows in
-        this rank's contiguous layout (:class:`StagedDispatchResult`)."""
+        this rank's contiguous or masked layout (:class:`StagedDispatchResult`).
+
+        One rank, at most ``masked_max_rows`` tokens and ``ids_checked`` (ids known to be in
+        [-1, E), as the layer's router makes them): the masked layout is built on the device with
+        no host sync (:meth:`_dispatch_local_decode`), so the forward can sit in a CUDA graph."""
         self._check(x, topk_idx, topk_weights)
         num_tokens, k, num_experts = x.shape[0], self.problem.top_k, self.problem.num_experts
         ex = self.exchange
         xq, xs = kernels.per_token_cast_to_fp8(x if x.stride(-1) == 1 else x.contiguous(), use_ue8m0=False,
                                                gran_k=kActGroup)
+        if ids_checked and isinstance(ex, _LocalExchange) and 0 < num_tokens <= self.masked_max_rows:
+            return self._dispatch_local_decode(xq, xs, topk_idx, topk_weights, x.dtype)
         # Pairs (t, j) sorted by global expert; unrouted pairs (-1) sort last and are never sent.
         flat = topk_idx.reshape(-1)
         key = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)
@@ -421,14 +430,50 @@ class StagedDispatchCombine(DispatchCombine):
                                     global_ids.unsqueeze(1), mine.weights[:m].unsqueeze(1), handle, m_indices,
                                     masked_m, plan.masked_max_m)
 
+    def _dispatch_local_decode(self, xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tensor,
+                               topk_weights: torch.Tensor, out_dtype: torch.dtype) -> StagedDispatchResult:
+        """One rank, T <= masked_max_rows tokens: expert ``e``'s pairs go to rows ``e * T + i`` in
+        (token, slot) order (the masked layout [E_l, T, H]; no expert gets more than T rows, a
+        token's experts being distinct), unrouted pairs to spare rows after them. Device ops only."""
+        num_tokens, k, num_local = xq.shape[0], self.problem.top_k, self.problem.num_local_experts
+        device, pairs = xq.device, num_tokens * k
+        flat = topk_idx.reshape(-1) - self.first_expert
+        key = torch.where(topk_idx.reshape(-1) >= 0, flat, num_local)  # unrouted pairs last
+        order = torch.argsort(key, stable=True)
+        sorted_key = key.index_select(0, order)
+        counts = torch.zeros(num_local + 1, dtype=torch.int64, device=device).scatter_add_(0, key,
+                                                                                           torch.ones_like(key))
+        first = counts.cumsum(0).sub_(counts)
+        rows = torch.arange(pairs, device=device).sub_(first.index_select(0, sorted_key)).add_(sorted_key * num_tokens)
+        m = num_local * num_tokens + pairs
+        tokens = order // k
+        acts = torch.empty((m, xq.shape[1]), dtype=torch.uint8, device=device)
+        acts.index_copy_(0, rows, xq.view(torch.uint8).index_select(0, tokens))
+        acts_sf = torch.empty((m, xs.shape[1]), dtype=torch.float32, device=device)
+        acts_sf.index_copy_(0, rows, xs.index_select(0, tokens))
+        weights = torch.empty((m, 1), dtype=torch.float32, device=device)
+        weights.view(-1).index_copy_(0, rows, topk_weights.reshape(-1).index_select(0, order))
+        global_ids = torch.full((m, 1), -1, dtype=torch.int64, device=device)
+        global_ids.view(-1).index_copy_(0, rows, torch.where(sorted_key < num_local, sorted_key + self.first_expert, -1))
+        pair_rows = torch.empty_like(rows).index_copy_(0, order, rows)
+        handle = StagedCombineHandle(num_tokens, [], out_dtype, routed=topk_idx >= 0, pair_rows=pair_rows,
+                                     num_rows=m)
+        return StagedDispatchResult(acts.view(torch.float8_e4m3fn), acts_sf, global_ids, weights, handle, None,
+                                    counts[:num_local].to(torch.int32), num_tokens)
+
     def combine(self, expert_out: torch.Tensor, handle: CombineHandle) -> torch.Tensor:
         """``expert_out`` bfloat16 [M, H] (rows of this rank's layout) -> [T, H] in ``handle.out_dtype``."""
-        if not isinstance(handle, StagedCombineHandle) or handle.plan is None:
+        if not isinstance(handle, StagedCombineHandle) or (handle.plan is None and handle.pair_rows is None):
             raise TypeError(f"handle must come from StagedDispatchCombine.dispatch, got {type(handle).__name__}")
         plan, buffers, hidden = handle.plan, handle.buffers, self.problem.hidden
-        if tuple(expert_out.shape) != (plan.num_layout_rows, hidden) or expert_out.dtype != torch.bfloat16:
-            raise ValueError(f"expert_out must be bfloat16 [{plan.num_layout_rows}, {hidden}], got "
+        rows = plan.num_layout_rows if plan is not None else handle.num_rows
+        if tuple(expert_out.shape) != (rows, hidden) or expert_out.dtype != torch.bfloat16:
+            raise ValueError(f"expert_out must be bfloat16 [{rows}, {hidden}], got "
                              f"{expert_out.dtype} {tuple(expert_out.shape)}")
+        num_tokens, k = handle.num_local_tokens, self.problem.top_k
+        if handle.pair_rows is not None:
+            return _sum_slots(expert_out.index_select(0, handle.pair_rows).view(num_tokens, k, hidden), handle.routed,
+                              handle.out_dtype)
         mine = buffers[self.exchange.rank]
         start = 0
         for p, n in enumerate(plan.recv_rows_per_source):
@@ -440,18 +485,21 @@ class StagedDispatchCombine(DispatchCombine):
             start += n
         self.exchange.barrier()
 
-        num_tokens, k = handle.num_local_tokens, self.problem.top_k
-        slots = mine.combine[: num_tokens * k].view(num_tokens, k, hidden)
         if num_tokens == 0:
             return torch.zeros((num_tokens, hidden), dtype=handle.out_dtype, device=expert_out.device)
-        # Slot order and float32, as the reference sums; unrouted slots hold stale data and add 0.
-        acc = None
-        for j in range(k):
-            part = slots[:, j].float()
-            if handle.routed is not None:
-                part = torch.where(handle.routed[:, j: j + 1], part, 0.0)
-            acc = part if acc is None else acc.add_(part)
-        return acc.to(handle.out_dtype)
+        return _sum_slots(mine.combine[: num_tokens * k].view(num_tokens, k, hidden), handle.routed, handle.out_dtype)
+
+
+def _sum_slots(slots: torch.Tensor, routed: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """bf16 ``slots`` [T, k, H] -> [T, H] in ``out_dtype``: summed in float32 in slot order, as the
+    reference sums (k + 1 launches); slots of unrouted pairs (``routed`` bool [T, k] False) hold
+    stale data and add 0."""
+    if routed is not None:
+        slots = torch.where(routed.unsqueeze(-1), slots, 0)
+    acc = slots[:, 0].float()
+    for j in range(1, slots.shape[1]):
+        acc.add_(slots[:, j])
+    return acc.to(out_dtype)
 
 
 class StagedExperts(Experts):
@@ -492,7 +540,8 @@ class StagedExperts(Experts):
         return is_supported(problem)
 
     def apply(self, dispatched: DispatchResult) -> torch.Tensor:
-        if not isinstance(dispatched, StagedDispatchResult) or dispatched.m_indices is None:
+        if not isinstance(dispatched, StagedDispatchResult) or (dispatched.m_indices is None
+                                                                and not dispatched.masked_max_m):
             raise TypeError(f"dispatched must come from StagedDispatchCombine.dispatch, got "
                             f"{type(dispatched).__name__}")
         m, inter, device = dispatched.x.shape[0], self.intermediate, dispatched.x.device
@@ -500,10 +549,10 @@ class StagedExperts(Experts):
         if m == 0:
             return out
         h = torch.empty((m, 2 * inter), dtype=torch.bfloat16, device=device)
-        rows = dispatched.masked_max_m
+        rows, groups = dispatched.masked_max_m, self.experts.gate_up.shape[0]
         if rows:
-            def grouped(t: torch.Tensor) -> torch.Tensor:  # [E_l x rows, C] -> [E_l, rows, C]
-                return t.view(-1, rows, t.shape[-1])
+            def grouped(t: torch.Tensor) -> torch.Tensor:  # [E_l x rows (+ spare), C] -> [E_l, rows, C]
+                return t[: groups * rows].view(groups, rows, t.shape[-1])
 
             def gemm(a, b, d):
                 self.masked_gemm((grouped(a[0]), grouped(a[1])), b, grouped(d), dispatched.masked_m, rows)

@@ -231,6 +231,52 @@ def test_masked_decode_layout_equals_the_contiguous_one(seed, kind, num_tokens, 
     assert calc_diff(masked, expected) < kTolerance
 
 
+@pytest.mark.parametrize("kind,num_tokens", [("random", 1), ("random", 32), ("skewed", 20), ("unrouted", 30),
+                                             ("one_expert_silent", 7)])
+@pytest.mark.parametrize("weights_format", ["fp8", "fp4"])
+def test_local_decode_dispatch_equals_the_planned_one(seed, kind, num_tokens, weights_format):
+    """One rank, <= 32 tokens, router ids: the masked layout built on the device (no host sync) gives
+    the output of the planned masked layout bit for bit, and the reference's."""
+    problem = _problem("cpu", weights=weights_format)
+    gate_up, down = _expert_weights(E, H, I, seed)
+    experts = LocalExperts(quantize_expert_weight(gate_up, weights_format), quantize_expert_weight(down, weights_format), 0)
+    dispatch_combine, expert_compute = create_backend("staged", problem, experts, None)
+    x = torch.randn(num_tokens, H).to(torch.bfloat16)
+    idx, weights = _routing(kind, num_tokens, 3, E, "cpu")
+    local = dispatch_combine.dispatch(x, idx, weights, ids_checked=True)
+    assert local.handle.pair_rows is not None and local.masked_max_m == num_tokens
+    assert local.x.shape[0] == (E + 3) * num_tokens
+    assert torch.equal(local.masked_m.long(), torch.bincount(idx[idx >= 0], minlength=E))
+    for e in range(E):  # expert e's rows start its segment, in (token, slot) order, with their ids
+        ids = local.topk_idx[e * num_tokens:(e + 1) * num_tokens, 0]
+        count = int(local.masked_m[e])
+        assert bool((ids[:count] == e).all()) and bool((ids[count:] == -1).all())
+        tokens = (idx == e).nonzero()[:, 0]
+        assert torch.equal(local.x[e * num_tokens:e * num_tokens + count].view(torch.uint8),
+                           kernels.per_token_cast_to_fp8(x.float(), use_ue8m0=False, gran_k=128)[0][tokens]
+                           .view(torch.uint8))
+    got = dispatch_combine.combine(expert_compute.apply(local), local.handle)
+    planned = _run_pair((dispatch_combine, expert_compute), x, idx, weights)
+    assert dispatch_combine.dispatch(x, idx, weights).handle.pair_rows is None  # ids not vouched for
+    assert torch.equal(got, planned)
+    expected = _run_pair(create_backend("reference", problem, experts, None), x, idx, weights)
+    assert calc_diff(got, expected) < kTolerance
+
+
+def test_local_decode_dispatch_only_at_decode_sizes(seed):
+    problem = _problem("cpu")
+    gate_up, down = _expert_weights(E, H, I, seed)
+    (dispatch_combine, _), _ = _pairs(problem, gate_up, down, "cpu")
+    for num_tokens, local in ((33, False), (0, False), (32, True)):
+        x = torch.randn(num_tokens, H).to(torch.bfloat16)
+        idx, weights = _routing("random", num_tokens, 3, E, "cpu")
+        out = dispatch_combine.dispatch(x, idx, weights, ids_checked=True)
+        assert (out.handle.pair_rows is not None) == local, num_tokens
+    dispatch_combine.masked_max_rows = 0
+    out = dispatch_combine.dispatch(x, idx, weights, ids_checked=True)
+    assert out.handle.pair_rows is None and out.masked_max_m == 0
+
+
 def test_staged_pair_detects_a_wrong_expert(seed):
     """The comparison can fail: swap two experts' weights on the staged side only."""
     problem = _problem("cpu")
@@ -405,6 +451,30 @@ def test_gpu_layer_staged_matches_reference(seed, router, skew, weights):
         assert got.shape == x.shape
         if num_tokens:
             assert calc_diff(got, expected) < kTolerance, (router, skew, num_tokens)
+
+
+@pytest.mark.gpu
+@_kNeedsCuda
+@pytest.mark.parametrize("router,weights", [("mixtral", "fp8"), ("deepseek", "fp4"), ("deepseek", "fp8")])
+def test_gpu_decode_forward_in_a_cuda_graph(seed, router, weights):
+    """At decode sizes on one rank nothing in the staged forward syncs with the host: the layer is
+    captured once and replayed on new tokens, equal to the eager forward and close to the reference."""
+    hidden, num_tokens = 1024, 24
+    staged_layer, reference_layer = _layer_pair(router, seed, "cuda", hidden, 512, 16, capacity=64, weights=weights)
+    static_x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+    with torch.inference_mode():
+        staged_layer(static_x)  # compiles and loads the kernels outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = staged_layer(static_x)
+        for _ in range(2):
+            x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+            static_x.copy_(x)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(static_y, staged_layer(x))
+            assert calc_diff(static_y, reference_layer(x)) < kTolerance
 
 
 @pytest.mark.gpu
