@@ -48,6 +48,7 @@ import torch.nn.functional as F
 import kernels
 from moe_runtime.backends.base import (CombineHandle, DispatchCombine, DispatchResult, Experts, LocalExperts,
                                        MoEProblem)
+from moe_runtime.backends.staged_plan import ExchangePlan, expand_rows, plan_exchange
 from moe_runtime.dist import group_rank, group_size
 from moe_runtime.mega import SignalSlots
 from moe_runtime.symm import SymmBuffer, ViewSpec, align_up, compute_layout
@@ -87,106 +88,6 @@ def is_supported(problem: MoEProblem) -> tuple[bool, str]:
             return False, "expert parallelism on CUDA needs torch.distributed._symmetric_memory"
     transport = "local permutation" if problem.ep_size == 1 else "peer writes into a SymmBuffer"
     return True, f"FP8 grouped GEMMs (contiguous layout) on {device.type}, {transport}"
-
-
-# ---- the plan: where every row goes, identical on every rank ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class ExchangePlan:
-    """The row layout of one forward, from the count matrix every rank reads (host tensors, int64).
-
-    ``counts`` [P_dst, P_src, E_l]: rows rank ``p`` sends to local expert ``e`` of rank ``q`` is
-    ``counts[q, p, e]``. Rank ``q``'s contiguous layout has one segment per local expert,
-    ``align_up(counts[q, :, e].sum(), alignment)`` rows long, in expert order; inside segment ``e``
-    the rows of source 0 come first, then source 1, and so on. In the masked layout
-    (``masked_rows[q] > 0``) every segment is ``masked_rows[q]`` long: ``[E_l, masked_rows[q], H]``.
-    """
-
-    rank: int
-    alignment: int
-    counts: torch.Tensor
-    padded_rows: tuple[int, ...]            # [P_dst]: rows of each rank's layout, padding included
-    send_counts: torch.Tensor               # [E]: rows this rank sends per global expert
-    send_delta: torch.Tensor                # [E]: layout row of the i-th sorted pair = i + delta[its expert]
-    send_rows_per_rank: tuple[int, ...]     # [P_dst]
-    recv_counts: torch.Tensor               # [P_src * E_l], source-major: rows this rank receives
-    recv_delta: torch.Tensor                # [P_src * E_l]: as send_delta, for rows grouped by source
-    recv_rows_per_source: tuple[int, ...]   # [P_src]
-    expert_rows: torch.Tensor               # [E_l]: valid rows of each local expert here
-    expert_delta: torch.Tensor              # [E_l]: as send_delta, for rows grouped by expert
-    masked_rows: tuple[int, ...] = ()       # [P_dst]: rows per expert segment in the masked layout, 0: contiguous
-
-    @property
-    def num_ranks(self) -> int:
-        return self.counts.shape[0]
-
-    @property
-    def num_local_experts(self) -> int:
-        return self.counts.shape[2]
-
-    @property
-    def num_send_rows(self) -> int:
-        return sum(self.send_rows_per_rank)
-
-    @property
-    def num_recv_rows(self) -> int:
-        """Valid rows this rank's experts receive (padding excluded)."""
-        return sum(self.recv_rows_per_source)
-
-    @property
-    def num_layout_rows(self) -> int:
-        """Rows of this rank's layout (padding included): the grouped GEMMs' M (or G x max_m)."""
-        return self.padded_rows[self.rank]
-
-    @property
-    def masked_max_m(self) -> int:
-        """Rows per expert of this rank's masked layout; 0 when its layout is contiguous."""
-        return self.masked_rows[self.rank] if self.masked_rows else 0
-
-
-def _exclusive_cumsum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    return x.cumsum(dim) - x
-
-
-def plan_exchange(counts: torch.Tensor, rank: int, alignment: int, masked_max_rows: int = 0) -> ExchangePlan:
-    """Build the :class:`ExchangePlan` of rank ``rank`` from ``counts`` int [P_dst, P_src, E_l] (host).
-
-    A destination whose experts each receive at most ``min(masked_max_rows, alignment - 1)`` rows
-    (and some receive rows) gets the masked layout: never more rows than the contiguous layout's
-    worst case, so the receive buffers sized for that hold it."""
-    if counts.dim() != 3 or counts.shape[0] != counts.shape[1] or counts.is_floating_point():
-        raise ValueError(f"counts must be an integer tensor [P, P, E_local], got {counts.dtype} {tuple(counts.shape)}")
-    if not 0 <= rank < counts.shape[0]:
-        raise ValueError(f"rank must be in [0, {counts.shape[0]}), got {rank}")
-    if not isinstance(alignment, int) or alignment <= 0:
-        raise ValueError(f"alignment must be a positive int, got {alignment!r}")
-    counts = counts.to(device="cpu", dtype=torch.int64)
-    if bool((counts < 0).any()):
-        raise ValueError(f"counts must be non-negative, got {counts.tolist()}")
-    per_expert = counts.sum(1)                                   # [P_dst, E_l]
-    padded = (per_expert + alignment - 1) // alignment * alignment
-    most = per_expert.max(1).values if per_expert.numel() else torch.zeros(counts.shape[0], dtype=torch.int64)
-    masked = (most > 0) & (most <= min(masked_max_rows, alignment - 1))
-    padded = torch.where(masked[:, None], most[:, None].expand_as(padded), padded)
-    segment_start = _exclusive_cumsum(padded)                   # [P_dst, E_l]
-    start = segment_start[:, None, :] + _exclusive_cumsum(counts, 1)  # [P_dst, P_src, E_l]
-    send_counts = counts[:, rank, :].reshape(-1)
-    send_delta = start[:, rank, :].reshape(-1) - _exclusive_cumsum(send_counts)
-    recv_counts = counts[rank].reshape(-1)
-    recv_delta = start[rank].reshape(-1) - _exclusive_cumsum(recv_counts)
-    expert_rows = per_expert[rank]
-    expert_delta = segment_start[rank] - _exclusive_cumsum(expert_rows)
-    return ExchangePlan(rank, alignment, counts, tuple(padded.sum(1).tolist()), send_counts, send_delta,
-                        tuple(counts[:, rank, :].sum(1).tolist()), recv_counts, recv_delta,
-                        tuple(counts[rank].sum(1).tolist()), expert_rows, expert_delta,
-                        tuple(torch.where(masked, most, 0).tolist()))
-
-
-def _expand(delta: torch.Tensor, repeats: torch.Tensor, total: int) -> torch.Tensor:
-    """int64 [total]: ``i + delta[g]`` for the i-th element, element ``i`` in group ``g`` (groups of
-    ``repeats[g]`` consecutive elements). ``output_size`` keeps it free of a device sync."""
-    return torch.arange(total, device=delta.device) + torch.repeat_interleave(delta, repeats, output_size=total)
 
 
 # ---- buffers: one rank's receive and combine areas as seen from this process -----------------------------
@@ -398,7 +299,7 @@ class StagedDispatchCombine(DispatchCombine):
         send_n, send_d, recv_n, recv_d, expert_n, expert_d = torch.split(packed, sizes)
 
         order = order[: plan.num_send_rows]
-        rows = _expand(send_d, send_n, plan.num_send_rows)
+        rows = expand_rows(send_d, send_n, plan.num_send_rows)
         tokens = order // k
         xq_bits = xq.view(torch.uint8)
         weights = topk_weights.reshape(-1)
@@ -416,7 +317,7 @@ class StagedDispatchCombine(DispatchCombine):
 
         m = plan.num_layout_rows
         m_indices = torch.full((m,), -1, dtype=torch.int32, device=device)
-        valid = _expand(expert_d, expert_n, plan.num_recv_rows)
+        valid = expand_rows(expert_d, expert_n, plan.num_recv_rows)
         local_ids = torch.repeat_interleave(torch.arange(plan.num_local_experts, device=device, dtype=torch.int32),
                                             expert_n, output_size=plan.num_recv_rows)
         m_indices.index_copy_(0, valid, local_ids)
@@ -424,7 +325,7 @@ class StagedDispatchCombine(DispatchCombine):
         mine = buffers[ex.rank]
         routed = None if plan.num_send_rows == num_tokens * k else (topk_idx >= 0)
         handle = StagedCombineHandle(num_tokens, [], x.dtype, plan, buffers,
-                                     _expand(recv_d, recv_n, plan.num_recv_rows), routed)
+                                     expand_rows(recv_d, recv_n, plan.num_recv_rows), routed)
         masked_m = expert_n.to(torch.int32) if plan.masked_max_m else None
         return StagedDispatchResult(mine.acts[:m].view(torch.float8_e4m3fn), mine.acts_sf[:m],
                                     global_ids.unsqueeze(1), mine.weights[:m].unsqueeze(1), handle, m_indices,

@@ -1,6 +1,7 @@
 """The staged MoE backend against the reference backend.
 
-CPU: the exchange plan against a brute-force layout; the dispatched contiguous layout; the staged
+CPU (the exchange plan itself: test_staged_plan.py): the dispatched contiguous and masked layouts,
+the device-built decode layout of one rank; the staged
 pair and ``MegaMoELayer(backend="staged")`` (FP8 and FP4 weights) against the reference for
 random, skewed, empty and partly unrouted batches; the reasons ``is_supported`` gives; two ranks
 under torchrun through the host SymmBuffer. GPU: the same at EP=1, two ranks sharing one GPU
@@ -46,90 +47,6 @@ def _problem(device, hidden=H, inter=I, num_experts=E, top_k=3, weights="fp8", d
              capacity=4096):
     return MoEProblem(hidden, inter, num_experts, top_k, weights, dtype, torch.device(device), ep_size, capacity,
                       use_fp8_dispatch=weights != "bf16")
-
-
-# ---- the exchange plan ---------------------------------------------------------------------------------
-
-
-def _brute_force_layouts(counts: torch.Tensor, alignment: int):
-    """Per destination rank: {(source, expert, i): row} and the m_indices of its layout."""
-    num_ranks, _, num_local = counts.shape
-    layouts = []
-    for q in range(num_ranks):
-        rows, m_indices = {}, []
-        for e in range(num_local):
-            start = len(m_indices)
-            for p in range(num_ranks):
-                for i in range(int(counts[q, p, e])):
-                    rows[(p, e, i)] = len(m_indices)
-                    m_indices.append(e)
-            used = len(m_indices) - start
-            m_indices += [-1] * ((-used) % alignment)
-        layouts.append((rows, m_indices))
-    return layouts
-
-
-@pytest.mark.parametrize("num_ranks,num_local,alignment", [(1, 5, 4), (2, 3, 4), (3, 2, 8), (4, 1, 128)])
-def test_plan_matches_brute_force_layout(seed, num_ranks, num_local, alignment):
-    counts = torch.randint(0, 11, (num_ranks, num_ranks, num_local))
-    counts[0, :, 0] = 0  # an expert that receives nothing
-    layouts = _brute_force_layouts(counts, alignment)
-    for rank in range(num_ranks):
-        plan = staged.plan_exchange(counts, rank, alignment)
-        assert plan.padded_rows == tuple(len(m) for _, m in layouts)
-        # Sender side: the i-th pair sorted by global expert goes to expert_rows[...] of its owner.
-        rows = staged._expand(plan.send_delta, plan.send_counts, plan.num_send_rows).tolist()
-        expected, owners = [], []
-        for q in range(num_ranks):
-            for e in range(num_local):
-                for i in range(int(counts[q, rank, e])):
-                    expected.append(layouts[q][0][(rank, e, i)])
-                    owners.append(q)
-        assert rows == expected
-        assert list(plan.send_rows_per_rank) == [owners.count(q) for q in range(num_ranks)]
-        # Receiver side: rows grouped by source, then by expert.
-        got = staged._expand(plan.recv_delta, plan.recv_counts, plan.num_recv_rows).tolist()
-        mine = layouts[rank][0]
-        assert got == [mine[(p, e, i)] for p in range(num_ranks) for e in range(num_local)
-                       for i in range(int(counts[rank, p, e]))]
-        valid = staged._expand(plan.expert_delta, plan.expert_rows, plan.num_recv_rows).tolist()
-        assert valid == [r for r, e in enumerate(layouts[rank][1]) if e >= 0]
-        assert plan.num_layout_rows == len(layouts[rank][1]) and plan.num_layout_rows % alignment == 0
-
-
-@pytest.mark.parametrize("num_ranks,num_local", [(1, 5), (2, 3), (3, 4)])
-def test_plan_masked_layout_gives_every_expert_the_largest_count(seed, num_ranks, num_local):
-    counts = torch.randint(0, 6, (num_ranks, num_ranks, num_local))
-    counts[0, :, 0] = 0  # an expert that receives nothing still gets its (unused) segment
-    counts[-1] = 0  # a rank that receives nothing keeps the (empty) contiguous layout
-    counts[0, 0, 1] = 40  # rank 0's experts together exceed the masked range: contiguous
-    for rank in range(num_ranks):
-        plan = staged.plan_exchange(counts, rank, 128, masked_max_rows=32)
-        contiguous = staged.plan_exchange(counts, rank, 128)
-        for q in range(num_ranks):
-            most = int(counts[q].sum(0).max())
-            expected = most if 0 < most <= 32 else 0
-            assert plan.masked_rows[q] == expected
-            assert plan.padded_rows[q] == (expected * num_local if expected else contiguous.padded_rows[q])
-        valid = staged._expand(plan.expert_delta, plan.expert_rows, plan.num_recv_rows).tolist()
-        rows = plan.masked_max_m
-        if rows:  # expert e's rows start its segment: e * rows, e * rows + 1, ...
-            per_expert = counts[rank].sum(0).tolist()
-            assert valid == [e * rows + i for e in range(num_local) for i in range(per_expert[e])]
-        # Senders agree with the receiver on every row.
-        got = staged._expand(plan.recv_delta, plan.recv_counts, plan.num_recv_rows)
-        assert sorted(got.tolist()) == sorted(valid)
-    assert staged.plan_exchange(counts, 0, 16, masked_max_rows=32).masked_rows[1:num_ranks - 1] == tuple(
-        int(counts[q].sum(0).max()) if int(counts[q].sum(0).max()) <= 15 else 0 for q in range(1, num_ranks - 1))
-
-
-def test_plan_rejects_bad_counts():
-    with pytest.raises(ValueError, match=r"counts must be an integer tensor \[P, P, E_local\]"):
-        staged.plan_exchange(torch.zeros(2, 3, 4, dtype=torch.int64), 0, 128)
-    with pytest.raises(ValueError, match="non-negative"):
-        staged.plan_exchange(-torch.ones(1, 1, 4, dtype=torch.int64), 0, 128)
-    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\)"):
-        staged.plan_exchange(torch.zeros(2, 2, 4, dtype=torch.int64), 2, 128)
 
 
 # ---- the staged pair against the reference pair -------------------------------------------------------
