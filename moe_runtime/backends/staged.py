@@ -373,8 +373,7 @@ class StagedDispatchCombine(DispatchCombine):
                              f"{expert_out.dtype} {tuple(expert_out.shape)}")
         num_tokens, k = handle.num_local_tokens, self.problem.top_k
         if handle.pair_rows is not None:
-            return _sum_slots(expert_out.index_select(0, handle.pair_rows).view(num_tokens, k, hidden), handle.routed,
-                              handle.out_dtype)
+            return kernels.moe_combine(expert_out, handle.pair_rows, handle.routed, num_tokens, k, handle.out_dtype)
         mine = buffers[self.exchange.rank]
         start = 0
         for p, n in enumerate(plan.recv_rows_per_source):
@@ -386,21 +385,8 @@ class StagedDispatchCombine(DispatchCombine):
             start += n
         self.exchange.barrier()
 
-        if num_tokens == 0:
-            return torch.zeros((num_tokens, hidden), dtype=handle.out_dtype, device=expert_out.device)
-        return _sum_slots(mine.combine[: num_tokens * k].view(num_tokens, k, hidden), handle.routed, handle.out_dtype)
-
-
-def _sum_slots(slots: torch.Tensor, routed: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """bf16 ``slots`` [T, k, H] -> [T, H] in ``out_dtype``: summed in float32 in slot order, as the
-    reference sums (k + 1 launches); slots of unrouted pairs (``routed`` bool [T, k] False) hold
-    stale data and add 0."""
-    if routed is not None:
-        slots = torch.where(routed.unsqueeze(-1), slots, 0)
-    acc = slots[:, 0].float()
-    for j in range(1, slots.shape[1]):
-        acc.add_(slots[:, j])
-    return acc.to(out_dtype)
+        # Slot order and float32, as the reference sums; unrouted slots hold stale data and add 0.
+        return kernels.moe_combine(mine.combine, None, handle.routed, num_tokens, k, handle.out_dtype)
 
 
 class StagedExperts(Experts):

@@ -88,3 +88,10 @@ def test_quantizers_use_wide_loads_and_fp8_conversion():
         assert re.search(r"LDG\.E[.A-Z]*\.128", text), "16-byte loads"
         assert "F2FP.SATFINITE.E4M3" in text, "hardware E4M3 conversion"
         assert "LDL" not in text and "STL" not in text, "register spills"
+
+
+@pytest.mark.parametrize("top_k,hidden,float_out", [(8, 7168, False), (3, 256, True)])
+def test_moe_combine_reads_and_writes_16_bytes(top_k, hidden, float_out):
+    text = sass(*kernels.jit.native_module().moe_combine_code(top_k, hidden, float_out))
+    assert re.search(r"LDG\.E[.A-Z]*\.128", text) and re.search(r"STG\.E[.A-Z]*\.128", text)
+    assert "LDL" not in text and "STL" not in text, "register spills"
