@@ -1,11 +1,15 @@
-"""MoE data movement around the grouped GEMMs.
+"""MoE data movement around the grouped GEMMs, each in one launch on CUDA and as the same
+pure-torch code on the CPU (bit for bit the same results):
 
-:func:`moe_combine`: each token's output as the float32 sum, in slot order, of the expert-output
-rows of its top-k slots, rounded once — the combine of :mod:`moe_runtime.backends.staged` in one
-launch on CUDA (the pure-torch version on the CPU, bit for bit the same arithmetic).
+* :func:`moe_local_dispatch`: one rank's decode dispatch of a routing's (token, slot) pairs into the
+  masked layout of the grouped GEMMs, without host syncs;
+* :func:`moe_combine`: each token's output as the float32 sum, in slot order, of the expert-output
+  rows of its top-k slots, rounded once.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -72,4 +76,96 @@ def moe_combine(src: torch.Tensor, rows: torch.Tensor | None, routed: torch.Tens
                                     0 if routed is None else routed.data_ptr(), out.data_ptr(), num_tokens, top_k,
                                     hidden, out_dtype == torch.float32, device.index,
                                     _descriptors.current_stream(device))
+    return out
+
+
+@dataclass
+class LocalDispatch:
+    """The masked layout of :func:`moe_local_dispatch`, ``M = E_l * T + T * k`` rows (expert ``e``'s
+    rows ``e * T ..`` first, then spare rows for unrouted pairs): ``acts`` uint8 [M, H] (E4M3 bits),
+    ``acts_sf`` float32 [M, H/128], ``weights`` float32 [M, 1] (the pair's top-k weight),
+    ``global_ids`` int64 [M, 1] (expert id, -1 on rows no routed pair holds), ``pair_rows`` int64
+    [T * k] (the row of pair ``t * k + j``) and ``masked_m`` int32 [E_l] (valid rows per expert).
+    Rows no pair holds are not written."""
+
+    acts: torch.Tensor
+    acts_sf: torch.Tensor
+    weights: torch.Tensor
+    global_ids: torch.Tensor
+    pair_rows: torch.Tensor
+    masked_m: torch.Tensor
+
+
+def _local_dispatch_reference(xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                              num_local: int, first_expert: int) -> LocalDispatch:
+    num_tokens, k = topk_idx.shape
+    device, pairs = xq.device, num_tokens * k
+    flat = topk_idx.reshape(-1) - first_expert
+    inside = (topk_idx.reshape(-1) >= 0) & (flat >= 0) & (flat < num_local)
+    key = torch.where(inside, flat, num_local)  # unrouted pairs last
+    order = torch.argsort(key, stable=True)
+    sorted_key = key.index_select(0, order)
+    counts = torch.zeros(num_local + 1, dtype=torch.int64, device=device).scatter_add_(0, key, torch.ones_like(key))
+    first = counts.cumsum(0).sub_(counts)
+    rows = torch.arange(pairs, device=device).sub_(first.index_select(0, sorted_key)).add_(sorted_key * num_tokens)
+    m = num_local * num_tokens + pairs
+    tokens = order // k
+    acts = torch.empty((m, xq.shape[1]), dtype=torch.uint8, device=device)
+    acts.index_copy_(0, rows, xq.index_select(0, tokens))
+    acts_sf = torch.empty((m, xs.shape[1]), dtype=torch.float32, device=device)
+    acts_sf.index_copy_(0, rows, xs.index_select(0, tokens))
+    weights = torch.empty((m, 1), dtype=torch.float32, device=device)
+    weights.view(-1).index_copy_(0, rows, topk_weights.reshape(-1).index_select(0, order))
+    global_ids = torch.full((m, 1), -1, dtype=torch.int64, device=device)
+    global_ids.view(-1).index_copy_(0, rows, torch.where(sorted_key < num_local, sorted_key + first_expert, -1))
+    pair_rows = torch.empty_like(rows).index_copy_(0, order, rows)
+    return LocalDispatch(acts, acts_sf, weights, global_ids, pair_rows, counts[:num_local].to(torch.int32))
+
+
+def moe_local_dispatch(xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                       num_local_experts: int, first_expert: int = 0) -> LocalDispatch:
+    """One rank's decode dispatch: the T x k (token, slot) pairs of ``topk_idx`` int64 [T, k]
+    (global ids; -1 or an expert of another rank: unrouted) to the masked layout of this rank's
+    ``num_local_experts`` experts ``[first_expert, first_expert + E_l)``, expert ``e``'s pairs in
+    (token, slot) order in rows ``e * T + i`` (a token's experts must be distinct, so no expert gets
+    more than T). ``xq`` E4M3 bits uint8 [T, H] (or float8_e4m3fn), ``xs`` float32 [T, H/128] (1x128
+    scales), ``topk_weights`` float32 [T, k]. No host sync: usable inside a CUDA graph."""
+    fn = "moe_local_dispatch"
+    if not isinstance(topk_idx, torch.Tensor) or topk_idx.dtype != torch.int64 or topk_idx.dim() != 2:
+        _checks.fail(fn, ValueError, f"topk_idx must be an int64 [T, k] tensor, got "
+                                     f"{getattr(topk_idx, 'dtype', type(topk_idx).__name__)}")
+    num_tokens, k = topk_idx.shape
+    if isinstance(xq, torch.Tensor) and xq.dtype == torch.float8_e4m3fn:
+        xq = xq.view(torch.uint8)
+    if not isinstance(xq, torch.Tensor) or xq.dtype != torch.uint8 or xq.dim() != 2 or xq.shape[0] != num_tokens \
+            or xq.shape[1] % 128 or not xq.is_contiguous():
+        _checks.fail(fn, ValueError, f"xq must be a contiguous E4M3 [{num_tokens}, H] tensor with H a multiple of 128, "
+                                     f"got {getattr(xq, 'dtype', type(xq).__name__)} {list(getattr(xq, 'shape', ()))}")
+    hidden = xq.shape[1]
+    expected = {"xs": ((num_tokens, hidden // 128), xs), "topk_weights": ((num_tokens, k), topk_weights)}
+    for name, (shape, t) in expected.items():
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != shape \
+                or not t.is_contiguous():
+            _checks.fail(fn, ValueError, f"{name} must be a contiguous float32 tensor of shape {list(shape)}, got "
+                                         f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
+    for name, value, low in (("num_local_experts", num_local_experts, 1), ("first_expert", first_expert, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            _checks.fail(fn, ValueError, f"{name} must be an int >= {low}, got {value!r}")
+    if not topk_idx.is_contiguous():
+        topk_idx = topk_idx.contiguous()
+    device = _checks.check_same_device(fn, [xq, xs, topk_idx, topk_weights])
+    if device.type == "cpu" or num_tokens == 0 or xq.data_ptr() % 16:
+        return _local_dispatch_reference(xq, xs, topk_idx, topk_weights, num_local_experts, first_expert)
+    m = num_local_experts * num_tokens + num_tokens * k
+    out = LocalDispatch(torch.empty((m, hidden), dtype=torch.uint8, device=device),
+                        torch.empty((m, hidden // 128), dtype=torch.float32, device=device),
+                        torch.empty((m, 1), dtype=torch.float32, device=device),
+                        torch.empty((m, 1), dtype=torch.int64, device=device),
+                        torch.empty((num_tokens * k,), dtype=torch.int64, device=device),
+                        torch.empty((num_local_experts,), dtype=torch.int32, device=device))
+    jit.native_module().moe_local_dispatch(
+        topk_idx.data_ptr(), topk_weights.data_ptr(), xq.data_ptr(), xs.data_ptr(), num_tokens, k, num_local_experts,
+        hidden, first_expert, out.acts.data_ptr(), out.acts_sf.data_ptr(), out.weights.data_ptr(),
+        out.global_ids.data_ptr(), out.pair_rows.data_ptr(), out.masked_m.data_ptr(), device.index,
+        _descriptors.current_stream(device))
     return out

@@ -1,5 +1,6 @@
-"""kernels.moe_combine: the slot-ordered float32 combine against an explicit per-token loop (CPU),
-the CUDA kernel bit for bit against the torch path, argument checks."""
+"""kernels.moe_local_dispatch and kernels.moe_combine (kernels/moe.py): the decode layout and the
+slot-ordered float32 combine against their definitions (CPU), the CUDA kernels bit for bit against
+the torch paths (GPU), argument checks."""
 
 from __future__ import annotations
 
@@ -91,3 +92,74 @@ def test_gpu_combine_row_out_of_range_gives_nan():
     out = kernels.moe_combine(src, rows, None, 2, 2)
     torch.cuda.synchronize()
     assert torch.isfinite(out[0]).all() and torch.isnan(out[1]).all()
+
+
+# ---- moe_local_dispatch ----------------------------------------------------------------------------------
+
+def _routing(num_tokens: int, top_k: int, num_experts: int, unrouted: float, device="cpu"):
+    idx = torch.rand(num_tokens, num_experts, device=device).topk(top_k, dim=-1).indices
+    idx[torch.rand(num_tokens, top_k, device=device) < unrouted] = -1
+    return idx, torch.rand(num_tokens, top_k, device=device) + 0.1
+
+
+def _dispatch_inputs(num_tokens: int, hidden: int, device="cpu"):
+    xq, xs = kernels.per_token_cast_to_fp8(torch.randn(num_tokens, hidden, device=device), use_ue8m0=False,
+                                           gran_k=128)
+    return xq.view(torch.uint8), xs
+
+
+@pytest.mark.parametrize("num_tokens,top_k,num_local,first,unrouted", [
+    (1, 8, 16, 0, 0.0), (7, 3, 8, 0, 0.3), (32, 8, 64, 0, 0.1), (5, 2, 4, 4, 0.0),
+])
+def test_local_dispatch_layout(seed, num_tokens, top_k, num_local, first, unrouted):
+    idx, weights = _routing(num_tokens, top_k, num_local + first, unrouted)  # ids below first: another rank's
+    xq, xs = _dispatch_inputs(num_tokens, 256)
+    out = kernels.moe_local_dispatch(xq, xs, idx, weights, num_local, first)
+    m = num_local * num_tokens + num_tokens * top_k
+    assert out.acts.shape == (m, 256) and out.global_ids.shape == (m, 1) and out.masked_m.dtype == torch.int32
+    local = (idx >= first) & (idx < first + num_local)
+    assert torch.equal(out.masked_m.long(), torch.bincount((idx[local] - first).flatten(), minlength=num_local))
+    for e in range(num_local):  # expert e's pairs in (token, slot) order at the start of its segment
+        pairs = ((idx == e + first) & local).flatten().nonzero().flatten()
+        rows = out.pair_rows[pairs]
+        assert torch.equal(rows, e * num_tokens + torch.arange(pairs.numel())), e
+        assert torch.equal(out.acts[rows], xq[pairs // top_k]) and torch.equal(out.acts_sf[rows], xs[pairs // top_k])
+        assert torch.equal(out.weights[rows, 0], weights.flatten()[pairs])
+        ids = out.global_ids[e * num_tokens:(e + 1) * num_tokens, 0]
+        assert bool((ids[:pairs.numel()] == e + first).all()) and bool((ids[pairs.numel():] == -1).all())
+    spare = out.pair_rows[~local.flatten()]
+    assert bool((spare >= num_local * num_tokens).all()) and spare.unique().numel() == spare.numel()
+    assert bool((out.global_ids[num_local * num_tokens:] == -1).all())
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(topk_idx=torch.zeros(2, 2, dtype=torch.int32)), "topk_idx must be an int64"),
+    (dict(xq=torch.zeros(2, 100, dtype=torch.uint8)), "H a multiple of 128"),
+    (dict(xs=torch.zeros(2, 2)), r"xs must be a contiguous float32 tensor of shape \[2, 1\]"),
+    (dict(topk_weights=torch.zeros(2, 3)), r"topk_weights must be a contiguous float32 tensor of shape \[2, 2\]"),
+    (dict(num_local_experts=0), "num_local_experts must be an int >= 1"),
+])
+def test_local_dispatch_bad_input(kwargs, match):
+    args = dict(xq=torch.zeros(2, 128, dtype=torch.uint8), xs=torch.ones(2, 1), topk_idx=torch.zeros(2, 2, dtype=torch.int64),
+                topk_weights=torch.ones(2, 2), num_local_experts=4)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        kernels.moe_local_dispatch(**args)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("num_tokens,top_k,num_local,first,unrouted,hidden", [
+    (1, 8, 256, 0, 0.0, 7168), (32, 8, 256, 0, 0.05, 7168), (17, 3, 16, 8, 0.2, 1024), (4, 6, 1000, 0, 0.0, 128),
+])
+def test_gpu_local_dispatch_equals_the_torch_path(seed, num_tokens, top_k, num_local, first, unrouted, hidden):
+    from kernels.moe import _local_dispatch_reference
+    idx, weights = _routing(num_tokens, top_k, num_local + first, unrouted, "cuda")
+    xq, xs = _dispatch_inputs(num_tokens, hidden, "cuda")
+    got = kernels.moe_local_dispatch(xq, xs, idx, weights, num_local, first)
+    want = _local_dispatch_reference(xq, xs, idx, weights, num_local, first)
+    for name in ("global_ids", "pair_rows", "masked_m"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    rows = want.pair_rows  # rows no pair holds are not written by either
+    for name in ("acts", "acts_sf", "weights"):
+        assert torch.equal(getattr(got, name)[rows], getattr(want, name)[rows]), name

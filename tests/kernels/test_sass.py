@@ -95,3 +95,10 @@ def test_moe_combine_reads_and_writes_16_bytes(top_k, hidden, float_out):
     text = sass(*kernels.jit.native_module().moe_combine_code(top_k, hidden, float_out))
     assert re.search(r"LDG\.E[.A-Z]*\.128", text) and re.search(r"STG\.E[.A-Z]*\.128", text)
     assert "LDL" not in text and "STL" not in text, "register spills"
+
+
+@pytest.mark.parametrize("top_k,num_local,hidden", [(8, 256, 7168), (3, 16, 256)])
+def test_moe_local_dispatch_copies_rows_16_bytes_at_a_time(top_k, num_local, hidden):
+    text = sass(*kernels.jit.native_module().moe_local_dispatch_code(top_k, num_local, hidden))
+    assert re.search(r"LDG\.E[.A-Z]*\.128", text) and re.search(r"STG\.E[.A-Z]*\.128", text)
+    assert "LDL" not in text and "STL" not in text, "register spills"
