@@ -1,10 +1,12 @@
-"""MoE data movement around the grouped GEMMs, each in one launch on CUDA and as the same
-pure-torch code on the CPU (bit for bit the same results):
+"""The MoE steps around the grouped GEMMs, each in one launch on CUDA and as pure-torch code on
+the CPU:
 
+* :func:`moe_route`: top-k routing from router logits (moe_runtime/router.py states the semantics);
+  the same ids as the torch code and weights within float32 rounding (sums in another order);
 * :func:`moe_local_dispatch`: one rank's decode dispatch of a routing's (token, slot) pairs into the
-  masked layout of the grouped GEMMs, without host syncs;
+  masked layout of the grouped GEMMs, without host syncs (bit for bit the torch code's layout);
 * :func:`moe_combine`: each token's output as the float32 sum, in slot order, of the expert-output
-  rows of its top-k slots, rounded once.
+  rows of its top-k slots, rounded once (bit for bit the torch code's).
 """
 
 from __future__ import annotations
@@ -169,3 +171,56 @@ def moe_local_dispatch(xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tenso
         out.global_ids.data_ptr(), out.pair_rows.data_ptr(), out.masked_m.data_ptr(), device.index,
         _descriptors.current_stream(device))
     return out
+
+
+kRouteNormEps = 1e-20
+kRouteMaxExperts = 1024
+
+
+def _route_reference(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int | None, topk_group: int | None,
+                     norm: bool, scaling: float, score_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    num_tokens, num_experts = logits.shape
+    scores = logits.sigmoid() if sigmoid else logits.softmax(dim=-1)
+    choice = scores if score_bias is None else scores + score_bias
+    if n_group is not None and num_tokens > 0:
+        grouped = choice.view(num_tokens, n_group, -1)
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        kept = group_scores.topk(topk_group, dim=-1).indices
+        mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+        choice = grouped.masked_fill(~mask.unsqueeze(-1), float("-inf")).view(num_tokens, num_experts)
+    topk_idx = choice.topk(top_k, dim=-1).indices
+    weights = scores.gather(1, topk_idx)
+    if norm:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + kRouteNormEps)
+    if scaling != 1.0:
+        weights = weights * scaling
+    return topk_idx.to(torch.int64), weights.to(torch.float32).contiguous()
+
+
+def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_group: int | None = None,
+              topk_group: int | None = None, norm: bool = True, scaling: float = 1.0,
+              score_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing of float32 ``logits`` [T, E]: scores softmax (or ``sigmoid``); choice = scores
+    (+ ``score_bias`` float32 [E]); with ``n_group``, only the ``topk_group`` groups whose two best
+    choices sum highest compete; the ``top_k`` best choices, largest first, give ``topk_idx`` int64
+    [T, top_k] and their (unbiased) scores the ``topk_weights`` float32 [T, top_k], divided by their
+    sum (+1e-20) with ``norm``, times ``scaling``. Arguments are checked by the caller
+    (``moe_runtime.router.route``): here only what the kernel relies on."""
+    fn = "moe_route"
+    if not isinstance(logits, torch.Tensor) or logits.dtype != torch.float32 or logits.dim() != 2:
+        _checks.fail(fn, ValueError, f"logits must be a float32 [T, E] tensor, got "
+                                     f"{getattr(logits, 'dtype', type(logits).__name__)}")
+    num_tokens, num_experts = logits.shape
+    if score_bias is not None:
+        score_bias = score_bias.to(device=logits.device, dtype=torch.float32).contiguous()
+    fits = (num_experts <= kRouteMaxExperts and top_k <= 32 and (n_group is None or n_group <= 32))
+    if logits.device.type != "cuda" or not fits or num_tokens == 0:
+        return _route_reference(logits, top_k, sigmoid, n_group, topk_group, norm, scaling, score_bias)
+    logits = logits.contiguous()
+    topk_idx = torch.empty((num_tokens, top_k), dtype=torch.int64, device=logits.device)
+    topk_weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=logits.device)
+    jit.native_module().moe_route(logits.data_ptr(), 0 if score_bias is None else score_bias.data_ptr(), num_tokens,
+                                  num_experts, top_k, n_group or 0, topk_group or 0, sigmoid, norm, float(scaling),
+                                  topk_idx.data_ptr(), topk_weights.data_ptr(), logits.device.index,
+                                  _descriptors.current_stream(logits.device))
+    return topk_idx, topk_weights

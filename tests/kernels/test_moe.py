@@ -163,3 +163,32 @@ def test_gpu_local_dispatch_equals_the_torch_path(seed, num_tokens, top_k, num_l
     rows = want.pair_rows  # rows no pair holds are not written by either
     for name in ("acts", "acts_sf", "weights"):
         assert torch.equal(getattr(got, name)[rows], getattr(want, name)[rows]), name
+
+
+# ---- moe_route --------------------------------------------------------------------------------------------
+
+_ROUTE_CONFIGS = {  # (num_experts, top_k, kwargs)
+    "mixtral": (8, 2, dict()),
+    "qwen2-moe": (60, 4, dict(norm=False)),
+    "deepseek-v3": (256, 8, dict(sigmoid=True, n_group=8, topk_group=4, scaling=2.5)),
+    "wide": (1024, 32, dict(sigmoid=True, n_group=32, topk_group=16, norm=False)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", list(_ROUTE_CONFIGS))
+@pytest.mark.parametrize("num_tokens", [1, 5, 1000])
+def test_gpu_route_matches_the_torch_path(seed, name, num_tokens):
+    """Same experts in the same order; weights within float32 rounding (the sums run in another order)."""
+    from kernels.moe import _route_reference
+    num_experts, top_k, kwargs = _ROUTE_CONFIGS[name]
+    logits = torch.randn(num_tokens, num_experts, device="cuda")
+    bias = torch.randn(num_experts, device="cuda") * 0.05 if kwargs.get("sigmoid") else None
+    idx, weights = kernels.moe_route(logits, top_k, score_bias=bias, **kwargs)
+    want_idx, want_weights = _route_reference(logits, top_k, kwargs.get("sigmoid", False), kwargs.get("n_group"),
+                                              kwargs.get("topk_group"), kwargs.get("norm", True),
+                                              kwargs.get("scaling", 1.0), bias)
+    assert idx.dtype == torch.int64 and weights.dtype == torch.float32
+    assert torch.equal(idx, want_idx)
+    torch.testing.assert_close(weights, want_weights, rtol=2e-6, atol=0)

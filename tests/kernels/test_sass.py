@@ -102,3 +102,10 @@ def test_moe_local_dispatch_copies_rows_16_bytes_at_a_time(top_k, num_local, hid
     text = sass(*kernels.jit.native_module().moe_local_dispatch_code(top_k, num_local, hidden))
     assert re.search(r"LDG\.E[.A-Z]*\.128", text) and re.search(r"STG\.E[.A-Z]*\.128", text)
     assert "LDL" not in text and "STL" not in text, "register spills"
+
+
+@pytest.mark.parametrize("args", [(256, 8, 8, 4, True, True, True), (8, 2, 0, 0, False, True, False),
+                                  (1024, 32, 32, 16, True, False, True)])
+def test_moe_route_keeps_everything_in_registers(args):
+    text = sass(*kernels.jit.native_module().moe_route_code(*args))
+    assert "LDL" not in text and "STL" not in text, "local memory (spills or an indexed array)"
