@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 
@@ -31,7 +32,7 @@ struct Config {
   int num_sms;     // persistent grid size upper bound
   int smem_bytes;
   int swizzle_d;   // bytes of the epilogue's swizzle atom (128, 64, 32) or 0 for plain rows
-  int multicast;   // CTAs per cluster sharing A by TMA multicast (1: no cluster)
+  int multicast = 1;  // CTAs per cluster sharing A by TMA multicast (1: no cluster)
 
   // Tiles of an m-row problem (per group for kGroupedMasked; an upper bound for the grid), n-blocks
   // rounded up to whole clusters.
@@ -46,6 +47,13 @@ struct Config {
 // (block_m + block_n) x 128 (128 x 160 tiles: 22% less), and L2 bandwidth is what bounds large
 // GEMMs. Decode-sized problems are bound by B, which multicast of A leaves alone.
 constexpr int kMulticastMinRows = 512;
+
+// MOE_FP8_MULTICAST=0 turns the clusters off (read on every call, so a benchmark can compare both
+// in one process).
+inline bool multicast_enabled() {
+  const char* value = std::getenv("MOE_FP8_MULTICAST");
+  return value == nullptr || std::string(value) != "0";
+}
 
 inline int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 
@@ -87,17 +95,17 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.group_n = kGroupN;
   cfg.residual = residual;
   cfg.num_sms = num_sms;
+  // Multicast needs block M 128 (m > 128) and whole clusters on the SMs.
+  const int multicast = m >= kMulticastMinRows && num_sms % 2 == 0 && multicast_enabled() ? 2 : 1;
   const Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms,
-                               kMaxBlockN, stage_bytes, block_n_fits_scales);
+                               kMaxBlockN, stage_bytes, block_n_fits_scales, multicast);
   cfg.block_m = t.block_m;
   cfg.block_n = t.block_n;
   cfg.num_stages = t.num_stages;
   cfg.smem_bytes = t.smem_bytes;
   cfg.swizzle_d = t.swizzle_d;
-  cfg.multicast = m >= kMulticastMinRows && t.block_m == 128 && (n + t.block_n - 1) / t.block_n >= 2 &&
-                          num_sms % 2 == 0
-                      ? 2
-                      : 1;
+  // A single n-block would pair with a padding one: nothing to share.
+  cfg.multicast = multicast > 1 && t.block_m == 128 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
   return cfg;
 }
 

@@ -120,9 +120,11 @@ __device__ __forceinline__ uint32_t cluster_ctarank() {
   return rank;
 }
 
-// Every thread of every CTA of the cluster; orders the mbarrier inits before remote use.
+// Every thread of every CTA of the cluster. Relaxed arrive, as CUTLASS does after mbarrier inits:
+// fence.mbarrier_init.release.cluster already publishes them, and a release arrive would add a
+// GPU-wide MEMBAR.
 __device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
 // 2-D tile store shared -> global; rows and columns outside the tensor are clipped by the TMA unit.
