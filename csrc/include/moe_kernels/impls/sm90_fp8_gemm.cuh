@@ -40,7 +40,7 @@ struct Fp8GemmSmem {
 // shape_m: rows of A (kNormal, kGroupedContiguous) or rows per group (kGroupedMasked, whose
 // group g starts at row g * shape_m of A and D); grouped_layout: m_indices or masked_m.
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
-          uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes>
+          uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1>
 __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -70,6 +70,11 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   constexpr auto kType = static_cast<GemmType>(kGemmType);
   constexpr bool kGrouped = kType != GemmType::kNormal;
   static_assert(!kGrouped || kResidual == 0, "grouped GEMMs take no residual");
+  // Clusters of kNumMulticast CTAs on adjacent n-blocks of one m-block: each loads 1/kNumMulticast
+  // of the A tile and multicasts it to all, so A crosses L2 once per cluster. A stage is then
+  // refilled by the peers too, so its empty barrier counts every CTA's consumers.
+  static_assert(kNumMulticast == 1 || kNumMulticast == 2, "A is shared by 1 or 2 CTAs");
+  constexpr uint32_t kMulticastRowsA = kBlockM / kNumMulticast;
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -86,11 +91,15 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
     sm90::tma_prefetch_descriptor(&map_b);
     sm90::tma_prefetch_descriptor(&map_d);
     // Full: one expect-tx arrival for the A/B tiles plus one cp.async arrival per scale lane.
-    ring.init(1 + 32, kNumMathWG * 4);
+    ring.init(1 + 32, kNumMathWG * 4 * kNumMulticast);
   }
-  __syncthreads();
+  if constexpr (kNumMulticast > 1) {
+    sm90::cluster_sync();  // the peers' barriers exist before any multicast or remote arrival
+  } else {
+    __syncthreads();
+  }
 
-  TileScheduler<kType, kBlockM, kBlockN, kGroupN> scheduler(m, kShapeN, grouped_layout, num_groups);
+  TileScheduler<kType, kBlockM, kBlockN, kGroupN, kNumMulticast> scheduler(m, kShapeN, grouped_layout, num_groups);
   PipelineState<kNumStages> pipe;
   Tile t;
   // First row of the tile in A (and D) viewed as 2-D, first row of its B slice.
@@ -103,15 +112,26 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
     sm90::setmaxnreg_dec<kProducerRegisters>();
     const uint32_t producer_warp = warp - kNumMathWG * 4;
     if (producer_warp == 0 && lane == 0) {
+      const uint32_t rank = kNumMulticast > 1 ? sm90::cluster_ctarank() : 0;
       while (scheduler.next(t)) {
-        const uint32_t row_a = a_row0(t), row_b = b_row0(t);
+        const uint32_t row_a = a_row0(t) + rank * kMulticastRowsA, row_b = b_row0(t);
         for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
           ring.producer_acquire(pipe);
           uint64_t* full = ring.full + pipe.stage;
           sm90::mbarrier_arrive_expect_tx(full, Smem::kA + Smem::kB);
-          sm90::tma_load_2d(smem + Smem::kOffsetA + pipe.stage * Smem::kA, &map_a, full, kb * kBlockK, row_a);
+          uint8_t* smem_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + rank * kMulticastRowsA * kBlockK;
+          if constexpr (kNumMulticast > 1) {
+            sm90::tma_load_2d_multicast(smem_a, &map_a, full, kb * kBlockK, row_a, (1u << kNumMulticast) - 1);
+          } else {
+            sm90::tma_load_2d(smem_a, &map_a, full, kb * kBlockK, row_a);
+          }
           sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, &map_b, full, kb * kBlockK, row_b);
         }
+      }
+      if constexpr (kNumMulticast > 1) {
+        // The peers arrive on this CTA's empty barriers and multicast into its stages: it may only
+        // exit once every stage's last fill has been released by the consumers of every CTA.
+        for (uint32_t s = 0; s < kNumStages; ++s, pipe.advance()) ring.producer_acquire(pipe);
       }
     } else if (producer_warp == 1) {
       while (scheduler.next(t)) {
@@ -177,10 +197,16 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
       const float sa0 = sf[tile_row0], sa1 = sf[tile_row0 + 8];
       const float sb0 = sf[kBlockM], sb1 = sf[kBlockM + 1];
       __syncwarp();
-      if (lane == 0) ring.consumer_release(pipe);
+      if constexpr (kNumMulticast > 1) {
+        if (lane < kNumMulticast) sm90::mbarrier_arrive_cluster(ring.empty + pipe.stage, lane);
+      } else if (lane == 0) {
+        ring.consumer_release(pipe);
+      }
       promote_fp8_accum<kBlockN>(final_acc, acc, sa0, sa1, sb0, sb1, split_col);
     }
 
+    // A cluster's n-block past N was computed only to keep the peers in step: nothing to store.
+    if (kNumMulticast > 1 && t.n_block * kBlockN >= kShapeN) continue;
     // Epilogue: the previous tile's TMA store must have finished reading shared memory.
     if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
     sm90::named_barrier_sync(1, kNumMathThreads);
