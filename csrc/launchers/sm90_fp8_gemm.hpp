@@ -42,10 +42,12 @@ struct Config {
   }
 };
 
-// From this many rows per problem (block M 128) two CTAs on adjacent n-blocks share A by TMA
-// multicast: a CTA then reads (block_m / 2 + block_n) x 128 bytes per K block from L2 instead of
-// (block_m + block_n) x 128 (128 x 160 tiles: 22% less), and L2 bandwidth is what bounds large
-// GEMMs. Decode-sized problems are bound by B, which multicast of A leaves alone.
+// Two CTAs on adjacent n-blocks share A by TMA multicast: a CTA then reads (block_m / 2 + block_n)
+// x 128 bytes per K block from L2 instead of (block_m + block_n) x 128. That pays where L2 traffic
+// bounds the kernel: large GEMMs (128 x 160 tiles: 22% less), and dense GEMMs of few rows, whose
+// many narrow n-blocks each re-read the whole of A (M = 64, N = 2112: 132 CTAs read A's 64 rows
+// each, more bytes than B). Grouped GEMMs of few rows per group are bound by B, which multicast of
+// A leaves alone: they get clusters from kMulticastMinRows rows per group.
 constexpr int kMulticastMinRows = 512;
 
 // MOE_FP8_MULTICAST=0 turns the clusters off (read on every call, so a benchmark can compare both
@@ -95,8 +97,9 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.group_n = kGroupN;
   cfg.residual = residual;
   cfg.num_sms = num_sms;
-  // Multicast needs block M 128 (m > 128) and whole clusters on the SMs.
-  const int multicast = m >= kMulticastMinRows && num_sms % 2 == 0 && multicast_enabled() ? 2 : 1;
+  // Whole clusters on the SMs.
+  const bool wants = type == GemmType::kNormal || m >= kMulticastMinRows;
+  const int multicast = wants && num_sms % 2 == 0 && multicast_enabled() ? 2 : 1;
   const Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms,
                                kMaxBlockN, stage_bytes, block_n_fits_scales, multicast);
   cfg.block_m = t.block_m;
@@ -105,7 +108,7 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.smem_bytes = t.smem_bytes;
   cfg.swizzle_d = t.swizzle_d;
   // A single n-block would pair with a padding one: nothing to share.
-  cfg.multicast = multicast > 1 && t.block_m == 128 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
+  cfg.multicast = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
   return cfg;
 }
 
