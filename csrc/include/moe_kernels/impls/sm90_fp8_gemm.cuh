@@ -55,8 +55,9 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
   constexpr uint32_t kNumKBlocks = kShapeK / kBlockK;
   constexpr uint32_t kNumSfbRows = (kShapeN + 127) / 128;
-  // Register budgets: the producers need few; the math warpgroups hold two accumulator sets.
-  constexpr uint32_t kProducerRegisters = 40;
+  // Register budgets: the math warpgroups hold two accumulator sets; the producers get what is left
+  // (2 x 128 x 232 + 128 x 48 = 64 K): 40 spilled the multicast TMA thread's and the scale warp's.
+  constexpr uint32_t kProducerRegisters = 48;
   constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 240 : 232;
   static_assert(kShapeK % kBlockK == 0, "K must be a multiple of 128");
   static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
