@@ -18,6 +18,9 @@ import torch
 from . import _checks, _descriptors, jit
 
 _OUT_DTYPES = (torch.bfloat16, torch.float32)
+kCombineMaxTopK = 64  # the CUDA kernels' slot loops; more slots take the torch path
+kDispatchMaxLocalExperts = 1024  # one shared-memory counter each
+kDispatchMaxPairs = 65536
 
 
 def _combine_reference(src: torch.Tensor, rows: torch.Tensor | None, routed: torch.Tensor | None, num_tokens: int,
@@ -36,14 +39,15 @@ def moe_combine(src: torch.Tensor, rows: torch.Tensor | None, routed: torch.Tens
     """``out[t] = sum_j src[rows[t * k + j]]`` over the slots ``j = 0..k-1`` with ``routed[t, j]``,
     added in float32 in slot order and rounded once to ``out_dtype``.
 
-    ``src`` bfloat16 [R, H] (contiguous, H a multiple of 8); ``rows`` int64 [T * k] (indices into
-    ``src``) or None for ``src``'s first T * k rows in order; ``routed`` bool [T, k] or None when
-    every slot counts; returns ``out_dtype`` (bfloat16 or float32) [T, H]. Rows of unrouted slots
-    are not read, so they may hold anything (even NaN). On CUDA a row index outside ``src`` is not
-    checked on the host (that would sync): the kernel writes NaN for that token instead of reading."""
+    ``src`` bfloat16 [R, H]; ``rows`` int64 [T * k] (indices into ``src``) or None for ``src``'s
+    first T * k rows in order; ``routed`` bool [T, k] or None when every slot counts; returns
+    ``out_dtype`` (bfloat16 or float32) [T, H]. Rows of unrouted slots are not read, so they may
+    hold anything (even NaN). On CUDA (H a multiple of 8, k <= 64) a row index outside ``src`` is
+    not checked on the host (that would sync): the kernel writes NaN for that token instead of
+    reading; other shapes take the torch path, which checks (and syncs)."""
     fn = "moe_combine"
-    if not isinstance(src, torch.Tensor) or src.dtype != torch.bfloat16 or src.dim() != 2 or not src.is_contiguous():
-        _checks.fail(fn, ValueError, f"src must be a contiguous bfloat16 [R, H] tensor, got "
+    if not isinstance(src, torch.Tensor) or src.dtype != torch.bfloat16 or src.dim() != 2:
+        _checks.fail(fn, ValueError, f"src must be a bfloat16 [R, H] tensor, got "
                                      f"{getattr(src, 'dtype', type(src).__name__)} {list(getattr(src, 'shape', ()))}")
     hidden = src.shape[1]
     for name, value in (("num_tokens", num_tokens), ("top_k", top_k)):
@@ -56,23 +60,26 @@ def moe_combine(src: torch.Tensor, rows: torch.Tensor | None, routed: torch.Tens
     if rows is None:
         if src.shape[0] < pairs:
             _checks.fail(fn, ValueError, f"src has {src.shape[0]} rows, fewer than num_tokens * top_k = {pairs}")
-    elif not isinstance(rows, torch.Tensor) or rows.dtype != torch.int64 or tuple(rows.shape) != (pairs,) \
-            or not rows.is_contiguous():
-        _checks.fail(fn, ValueError, f"rows must be None or a contiguous int64 tensor of shape [{pairs}], got "
+    elif not isinstance(rows, torch.Tensor) or rows.dtype != torch.int64 or tuple(rows.shape) != (pairs,):
+        _checks.fail(fn, ValueError, f"rows must be None or an int64 tensor of shape [{pairs}], got "
                                      f"{getattr(rows, 'dtype', type(rows).__name__)} {list(getattr(rows, 'shape', ()))}")
     if routed is not None and (not isinstance(routed, torch.Tensor) or routed.dtype != torch.bool
-                               or tuple(routed.shape) != (num_tokens, top_k) or not routed.is_contiguous()):
-        _checks.fail(fn, ValueError, f"routed must be None or a contiguous bool tensor of shape [{num_tokens}, {top_k}], "
+                               or tuple(routed.shape) != (num_tokens, top_k)):
+        _checks.fail(fn, ValueError, f"routed must be None or a bool tensor of shape [{num_tokens}, {top_k}], "
                                      f"got {getattr(routed, 'dtype', type(routed).__name__)} "
                                      f"{list(getattr(routed, 'shape', ()))}")
     device = _checks.check_same_device(fn, [t for t in (src, rows, routed) if t is not None])
     if num_tokens == 0:
         return torch.empty((0, hidden), dtype=out_dtype, device=device)
-    # The kernel reads 16-byte vectors; other widths and offsets take the torch path (same numbers).
-    if device.type == "cpu" or hidden % 8 or src.data_ptr() % 16:
+    if device.type == "cpu" or hidden % 8 or top_k > kCombineMaxTopK:
         if rows is not None and rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < src.shape[0]:
             _checks.fail(fn, ValueError, f"rows must index src's {src.shape[0]} rows")
         return _combine_reference(src, rows, routed, num_tokens, top_k, out_dtype)
+    # The kernel reads 16-byte vectors from dense rows: other layouts are copied (the allocator aligns).
+    if not src.is_contiguous() or src.data_ptr() % 16:
+        src = src.contiguous() if not src.is_contiguous() else src.clone()
+    rows = None if rows is None else rows.contiguous()
+    routed = None if routed is None else routed.contiguous()
     out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=device)
     jit.native_module().moe_combine(src.data_ptr(), src.shape[0], 0 if rows is None else rows.data_ptr(),
                                     0 if routed is None else routed.data_ptr(), out.data_ptr(), num_tokens, top_k,
@@ -130,8 +137,10 @@ def moe_local_dispatch(xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tenso
     (global ids; -1 or an expert of another rank: unrouted) to the masked layout of this rank's
     ``num_local_experts`` experts ``[first_expert, first_expert + E_l)``, expert ``e``'s pairs in
     (token, slot) order in rows ``e * T + i`` (a token's experts must be distinct, so no expert gets
-    more than T). ``xq`` E4M3 bits uint8 [T, H] (or float8_e4m3fn), ``xs`` float32 [T, H/128] (1x128
-    scales), ``topk_weights`` float32 [T, k]. No host sync: usable inside a CUDA graph."""
+    more than T; with duplicates the rows run into the next expert's segment and masked_m exceeds T,
+    which the masked GEMM clamps). ``xq`` E4M3 bits uint8 [T, H] (or float8_e4m3fn), ``xs`` float32
+    [T, H/128] (1x128 scales), ``topk_weights`` float32 [T, k]. No host sync: usable inside a CUDA
+    graph."""
     fn = "moe_local_dispatch"
     if not isinstance(topk_idx, torch.Tensor) or topk_idx.dtype != torch.int64 or topk_idx.dim() != 2:
         _checks.fail(fn, ValueError, f"topk_idx must be an int64 [T, k] tensor, got "
@@ -140,24 +149,24 @@ def moe_local_dispatch(xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tenso
     if isinstance(xq, torch.Tensor) and xq.dtype == torch.float8_e4m3fn:
         xq = xq.view(torch.uint8)
     if not isinstance(xq, torch.Tensor) or xq.dtype != torch.uint8 or xq.dim() != 2 or xq.shape[0] != num_tokens \
-            or xq.shape[1] % 128 or not xq.is_contiguous():
-        _checks.fail(fn, ValueError, f"xq must be a contiguous E4M3 [{num_tokens}, H] tensor with H a multiple of 128, "
+            or xq.shape[1] % 128:
+        _checks.fail(fn, ValueError, f"xq must be an E4M3 [{num_tokens}, H] tensor with H a multiple of 128, "
                                      f"got {getattr(xq, 'dtype', type(xq).__name__)} {list(getattr(xq, 'shape', ()))}")
     hidden = xq.shape[1]
     expected = {"xs": ((num_tokens, hidden // 128), xs), "topk_weights": ((num_tokens, k), topk_weights)}
     for name, (shape, t) in expected.items():
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != shape \
-                or not t.is_contiguous():
-            _checks.fail(fn, ValueError, f"{name} must be a contiguous float32 tensor of shape {list(shape)}, got "
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != shape:
+            _checks.fail(fn, ValueError, f"{name} must be a float32 tensor of shape {list(shape)}, got "
                                          f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
     for name, value, low in (("num_local_experts", num_local_experts, 1), ("first_expert", first_expert, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             _checks.fail(fn, ValueError, f"{name} must be an int >= {low}, got {value!r}")
-    if not topk_idx.is_contiguous():
-        topk_idx = topk_idx.contiguous()
     device = _checks.check_same_device(fn, [xq, xs, topk_idx, topk_weights])
-    if device.type == "cpu" or num_tokens == 0 or xq.data_ptr() % 16:
+    if device.type == "cpu" or num_tokens == 0 or num_local_experts > kDispatchMaxLocalExperts \
+            or num_tokens * k > kDispatchMaxPairs:
         return _local_dispatch_reference(xq, xs, topk_idx, topk_weights, num_local_experts, first_expert)
+    xq = xq.contiguous() if not xq.is_contiguous() else (xq.clone() if xq.data_ptr() % 16 else xq)
+    xs, topk_idx, topk_weights = xs.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
     m = num_local_experts * num_tokens + num_tokens * k
     out = LocalDispatch(torch.empty((m, hidden), dtype=torch.uint8, device=device),
                         torch.empty((m, hidden // 128), dtype=torch.float32, device=device),
@@ -204,14 +213,27 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
     (+ ``score_bias`` float32 [E]); with ``n_group``, only the ``topk_group`` groups whose two best
     choices sum highest compete; the ``top_k`` best choices, largest first, give ``topk_idx`` int64
     [T, top_k] and their (unbiased) scores the ``topk_weights`` float32 [T, top_k], divided by their
-    sum (+1e-20) with ``norm``, times ``scaling``. Arguments are checked by the caller
-    (``moe_runtime.router.route``): here only what the kernel relies on."""
+    sum (+1e-20) with ``norm``, times ``scaling``. On CUDA, experts whose choices tie come out lowest
+    id first (torch.topk leaves their order open) and NaN ranks above every number, as in torch."""
     fn = "moe_route"
     if not isinstance(logits, torch.Tensor) or logits.dtype != torch.float32 or logits.dim() != 2:
         _checks.fail(fn, ValueError, f"logits must be a float32 [T, E] tensor, got "
                                      f"{getattr(logits, 'dtype', type(logits).__name__)}")
     num_tokens, num_experts = logits.shape
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 < top_k <= num_experts:
+        _checks.fail(fn, ValueError, f"top_k must be an int in [1, {num_experts}], got {top_k!r}")
+    if (n_group is None) != (topk_group is None):
+        _checks.fail(fn, ValueError, f"n_group and topk_group go together, got {n_group} and {topk_group}")
+    if n_group is not None:
+        per_group = num_experts // n_group if isinstance(n_group, int) and n_group > 0 else 0
+        if per_group < 2 or num_experts % n_group or not 0 < topk_group <= n_group or top_k > topk_group * per_group:
+            _checks.fail(fn, ValueError, f"n_group must split the {num_experts} experts into groups of >= 2 and "
+                                         f"topk_group in [1, n_group] must keep >= top_k experts, got n_group={n_group}, "
+                                         f"topk_group={topk_group}, top_k={top_k}")
     if score_bias is not None:
+        if not isinstance(score_bias, torch.Tensor) or tuple(score_bias.shape) != (num_experts,):
+            _checks.fail(fn, ValueError, f"score_bias must be a [{num_experts}] tensor, got "
+                                         f"{list(getattr(score_bias, 'shape', ()))}")
         score_bias = score_bias.to(device=logits.device, dtype=torch.float32).contiguous()
     fits = (num_experts <= kRouteMaxExperts and top_k <= 32 and (n_group is None or n_group <= 32))
     if logits.device.type != "cuda" or not fits or num_tokens == 0:

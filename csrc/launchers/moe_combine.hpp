@@ -52,8 +52,10 @@ struct Args {
 };
 
 inline void launch(const Config& c, const Args& a) {
-  MOE_HOST_ASSERT(a.num_tokens >= 0 && a.num_tokens <= 65535,
-                  kFn << ": num_tokens must be in [0, 65535], got " << a.num_tokens);
+  const long long column_blocks = (c.hidden / 8 + kThreads - 1) / kThreads;
+  MOE_HOST_ASSERT(a.num_tokens >= 0 && a.num_tokens * column_blocks < (1ll << 31),
+                  kFn << ": num_tokens * " << column_blocks << " column blocks must stay below 2^31, got "
+                      << a.num_tokens);
   MOE_HOST_ASSERT(a.src % 16 == 0 && a.out % 16 == 0, kFn << ": src and out must be 16-byte aligned");
   if (a.num_tokens == 0) return;
   static moe_jit::KernelMemo<std::array<int, 4>, moe_jit::IntArrayHash> memo;
@@ -63,8 +65,7 @@ inline void launch(const Config& c, const Args& a) {
     return moe_jit::build(gen.name, gen.code, moe_jit::device_arch(a.device));
   });
   moe_jit::LaunchConfig cfg;
-  cfg.grid_x = static_cast<unsigned>((c.hidden / 8 + kThreads - 1) / kThreads);
-  cfg.grid_y = static_cast<unsigned>(a.num_tokens);
+  cfg.grid_x = static_cast<unsigned>(a.num_tokens * column_blocks);
   cfg.block_x = kThreads;
   cfg.stream = a.stream;
   cfg.device = a.device;

@@ -32,10 +32,11 @@ inline Config get_config(int num_experts, int top_k, int num_groups, int topk_gr
                   kFn << ": num_experts must be in [1, " << kMaxExperts << "], got " << num_experts);
   MOE_HOST_ASSERT(top_k >= 1 && top_k <= 32 && top_k <= num_experts,
                   kFn << ": top_k must be in [1, min(32, num_experts)], got " << top_k);
-  MOE_HOST_ASSERT(num_groups == 0 || (num_groups <= 32 && num_experts % num_groups == 0 && topk_groups >= 1 &&
-                                      topk_groups <= num_groups && top_k <= topk_groups * (num_experts / num_groups)),
-                  kFn << ": groups must divide the experts (at most 32 groups), keep 1..n_group of them and hold "
-                         "top_k experts, got n_group=" << num_groups << ", topk_group=" << topk_groups);
+  MOE_HOST_ASSERT(num_groups == 0 || (num_groups <= 32 && num_experts % num_groups == 0 &&
+                                      num_experts / num_groups >= 2 && topk_groups >= 1 && topk_groups <= num_groups &&
+                                      top_k <= topk_groups * (num_experts / num_groups)),
+                  kFn << ": groups of >= 2 experts must divide the experts (at most 32 groups), keep 1..n_group of "
+                         "them and hold top_k experts, got n_group=" << num_groups << ", topk_group=" << topk_groups);
   return {num_experts, top_k, num_groups, num_groups ? topk_groups : 0, sigmoid, norm, has_bias};
 }
 

@@ -4,8 +4,11 @@
 // add nothing), rounded once to the output dtype. The numerics of moe_runtime's reference combine
 // (float32 adds in slot order, one rounding), in one launch instead of 2k + 1 elementwise ones.
 //
-// Grid (ceil(kHidden / 8 / kThreads), T); each thread owns 8 consecutive columns of one token and
-// reads them with one 16-byte load per slot. A row index outside src makes the token's output NaN.
+// Grid T x ceil(kHidden / 8 / kThreads) CTAs along x (no 65535 limit on T); each thread owns 8
+// consecutive columns of one token and reads them with one 16-byte load per slot. The sum starts at
+// -0 and an unrouted slot adds +0 without being read, so even signed zeros come out as the
+// reference's (which starts from slot 0 and adds the unrouted slots as +0). A row index outside
+// src makes the token's output NaN.
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/sm90_ptx.cuh>
@@ -17,16 +20,21 @@ __global__ void __launch_bounds__(kThreads)
     moe_combine_kernel(const __nv_bfloat16* __restrict__ src, long long num_src_rows, const long long* __restrict__ rows,
                        const bool* __restrict__ routed, void* __restrict__ out) {
   static_assert(kHidden % 8 == 0, "rows are read 8 bf16 columns (16 bytes) at a time");
-  const uint32_t token = blockIdx.y;
-  const uint32_t col = (blockIdx.x * kThreads + threadIdx.x) * 8;
+  constexpr uint32_t kColumnBlocks = (kHidden / 8 + kThreads - 1) / kThreads;
+  const uint32_t token = blockIdx.x / kColumnBlocks;
+  const uint32_t col = ((blockIdx.x % kColumnBlocks) * kThreads + threadIdx.x) * 8;
   if (col >= kHidden) return;
   float acc[8];
 #pragma unroll
-  for (uint32_t i = 0; i < 8; ++i) acc[i] = 0.0f;
+  for (uint32_t i = 0; i < 8; ++i) acc[i] = -0.0f;
 #pragma unroll
   for (uint32_t j = 0; j < kTopK; ++j) {
     const uint64_t pair = uint64_t(token) * kTopK + j;
-    if (routed != nullptr && !routed[pair]) continue;
+    if (routed != nullptr && !routed[pair]) {
+#pragma unroll
+      for (uint32_t i = 0; i < 8; ++i) acc[i] += 0.0f;
+      continue;
+    }
     const long long row = rows != nullptr ? rows[pair] : static_cast<long long>(pair);
     if (row < 0 || row >= num_src_rows) {  // no host check (it would sync): a loud NaN, no stray read
 #pragma unroll

@@ -6,7 +6,8 @@
 // divided by their sum (+1e-20) with kNorm, times `scaling`.
 //
 // Expert e sits in lane e % 32, register e / 32, so a lane's experts rise with the register index
-// and a strict > keeps the lowest id among equal values.
+// and a strict "ranks above" keeps the lowest id among equal values. NaN ranks above every number,
+// as in torch.topk. Tied choices come out lowest id first; torch.topk leaves their order open.
 
 #include <moe_kernels/common/sm90_ptx.cuh>
 
@@ -18,9 +19,17 @@ struct RouteCandidate {
   float score;
 };
 
-// Larger choice first, then the lower expert id.
+// a ranks above b: NaN above everything (torch.topk's order), then the larger value.
+__device__ __forceinline__ bool route_above(float a, float b) {
+  const bool a_nan = a != a, b_nan = b != b;
+  return (a_nan || b_nan) ? a_nan && !b_nan : a > b;
+}
+
+__device__ __forceinline__ bool route_tied(float a, float b) { return a == b || (a != a && b != b); }
+
+// The higher-ranked choice first, then the lower expert id.
 __device__ __forceinline__ bool route_better(const RouteCandidate& a, const RouteCandidate& b) {
-  return a.choice > b.choice || (a.choice == b.choice && a.expert < b.expert);
+  return route_above(a.choice, b.choice) || (route_tied(a.choice, b.choice) && a.expert < b.expert);
 }
 
 __device__ __forceinline__ RouteCandidate route_warp_best(RouteCandidate c) {
@@ -44,9 +53,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const float kNegInf = __int_as_float(0xFF800000);
   static_assert(kTopK >= 1 && kTopK <= 32, "one slot per lane");
   static_assert(kPerLane <= 32, "one bit of `taken` per register: at most 1024 experts");
-  static_assert(kNumGroups == 0 || (kNumExperts % kNumGroups == 0 && kNumGroups <= 32 && kTopKGroups >= 1 &&
-                                    kTopKGroups <= kNumGroups),
-                "groups divide the experts, at most 32 of them");
+  static_assert(kNumGroups == 0 || (kNumExperts % kNumGroups == 0 && kNumExperts / kNumGroups >= 2 &&
+                                    kNumGroups <= 32 && kTopKGroups >= 1 && kTopKGroups <= kNumGroups),
+                "groups of at least two experts divide the experts, at most 32 of them");
   const uint32_t lane = threadIdx.x % 32;
   const uint32_t token = blockIdx.x * kWarps + threadIdx.x / 32;
   if (token >= num_tokens) return;
@@ -97,10 +106,10 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (uint32_t i = 0; i < kPerLane; ++i) {
         const uint32_t e = i * 32 + lane;
         if (e < kNumExperts && e / kPerGroup == g) {
-          if (c[i] > first) {
+          if (route_above(c[i], first)) {
             second = first;
             first = c[i];
-          } else if (c[i] > second) {
+          } else if (route_above(c[i], second)) {
             second = c[i];
           }
         }
@@ -109,9 +118,12 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (uint32_t offset = 16; offset > 0; offset /= 2) {
         const float other_first = __shfl_xor_sync(0xFFFFFFFFu, first, offset);
         const float other_second = __shfl_xor_sync(0xFFFFFFFFu, second, offset);
-        const float top = fmaxf(first, other_first);
-        second = first >= other_first ? fmaxf(second, other_first) : fmaxf(first, other_second);
-        first = top;
+        if (route_above(other_first, first)) {
+          second = route_above(first, other_second) ? first : other_second;
+          first = other_first;
+        } else if (route_above(other_first, second)) {
+          second = other_first;
+        }
       }
       group_score[g] = first + second;
     }
@@ -123,7 +135,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       float best_score = 0.0f;  // registers only: a group_score[best] lookup would go to local memory
 #pragma unroll
       for (uint32_t g = 0; g < kNumGroups; ++g) {
-        if (!(kept >> g & 1u) && (best == kNumGroups || group_score[g] > best_score)) {
+        if (!(kept >> g & 1u) && (best == kNumGroups || route_above(group_score[g], best_score))) {
           best = g;
           best_score = group_score[g];
         }
@@ -155,7 +167,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       my_id = best.expert;
       my_weight = best.score;
     }
-    if (best.expert % 32 == lane) taken |= 1u << (best.expert / 32);
+    if (best.expert < kNumExperts && best.expert % 32 == lane) taken |= 1u << (best.expert / 32);
   }
 
   if constexpr (kNorm) {
