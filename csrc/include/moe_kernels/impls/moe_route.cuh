@@ -97,9 +97,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   if constexpr (kNumGroups > 0) {
     constexpr uint32_t kPerGroup = kNumExperts / kNumGroups;
-    // Group scores: the two largest choices of each group, summed (largest + second).
-    float group_score[kNumGroups];
-#pragma unroll
+    // Group scores: the two largest choices of each group, summed (largest + second); lane g keeps
+    // group g's, so the group choice below is a warp reduction like the top-k one.
+    float my_group_score = kNegInf;
+#pragma unroll 1
     for (uint32_t g = 0; g < kNumGroups; ++g) {
       float first = kNegInf, second = kNegInf;
 #pragma unroll
@@ -125,22 +126,17 @@ __global__ void __launch_bounds__(kWarps * 32)
           second = other_first;
         }
       }
-      group_score[g] = first + second;
+      if (lane == g) my_group_score = first + second;
     }
     // The kTopKGroups best groups (ties to the lower group), as a bit mask.
     uint32_t kept = 0;
-#pragma unroll
+#pragma unroll 1
     for (uint32_t round = 0; round < kTopKGroups; ++round) {
-      uint32_t best = kNumGroups;
-      float best_score = 0.0f;  // registers only: a group_score[best] lookup would go to local memory
-#pragma unroll
-      for (uint32_t g = 0; g < kNumGroups; ++g) {
-        if (!(kept >> g & 1u) && (best == kNumGroups || route_above(group_score[g], best_score))) {
-          best = g;
-          best_score = group_score[g];
-        }
-      }
-      kept |= 1u << best;
+      RouteCandidate best{kNegInf, 0xFFFFFFFFu, 0.0f};
+      const RouteCandidate mine{my_group_score, lane, 0.0f};
+      if (lane < kNumGroups && !(kept >> lane & 1u) && route_better(mine, best)) best = mine;
+      best = route_warp_best(best);
+      if (best.expert < kNumGroups) kept |= 1u << best.expert;
     }
 #pragma unroll
     for (uint32_t i = 0; i < kPerLane; ++i) {
