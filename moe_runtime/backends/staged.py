@@ -393,17 +393,16 @@ class StagedExperts(Experts):
             self.masked_gemm = kernels.m_grouped_fp8_gemm_nt_masked
             self.w13 = (experts.gate_up.data, experts.gate_up.sf)
             self.w2 = (experts.down.data, experts.down.sf)
-            self.w13_masked, self.w2_masked = self.w13, self.w2
         else:
             # The FP4 GEMMs read UE8M0 exponent bytes; converted once here, not per call.
             self.gemm = kernels.m_grouped_fp8_fp4_gemm_nt_contiguous
             self.masked_gemm = kernels.m_grouped_fp8_fp4_gemm_nt_masked
             self.w13 = (experts.gate_up.data, kernels.transform_sf_for_fp4_gemm(experts.gate_up.sf))
             self.w2 = (experts.down.data, kernels.transform_sf_for_fp4_gemm(experts.down.sf))
-            self.w13_masked, self.w2_masked = self.w13, self.w2
-            if decode_layout and experts.gate_up.data.is_cuda:
-                self.w13_masked = kernels.transform_fp4_for_decode(*self.w13)
-                self.w2_masked = kernels.transform_fp4_for_decode(*self.w2)
+        self.w13_masked, self.w2_masked = self.w13, self.w2
+        if fmt == "fp4" and decode_layout and experts.gate_up.data.is_cuda:
+            self.w13_masked = kernels.transform_fp4_for_decode(*self.w13)
+            self.w2_masked = kernels.transform_fp4_for_decode(*self.w2)
 
     @classmethod
     def is_supported(cls, problem: MoEProblem) -> tuple[bool, str]:

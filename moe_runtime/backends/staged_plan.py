@@ -33,8 +33,6 @@ class ExchangePlan:
     expert_rows: torch.Tensor               # [E_l]: valid rows of each local expert here
     expert_delta: torch.Tensor              # [E_l]: as send_delta, for rows grouped by expert
     masked_rows: tuple[int, ...] = ()       # [P_dst]: rows per expert segment in the masked layout, 0: contiguous
-    num_send_rows: int = 0                  # sum(send_rows_per_rank)
-    num_recv_rows: int = 0                  # sum(recv_rows_per_source): valid rows here, padding excluded
 
     @property
     def num_ranks(self) -> int:
@@ -53,6 +51,15 @@ class ExchangePlan:
     def masked_max_m(self) -> int:
         """Rows per expert of this rank's masked layout; 0 when its layout is contiguous."""
         return self.masked_rows[self.rank] if self.masked_rows else 0
+
+    @property
+    def num_send_rows(self) -> int:
+        return sum(self.send_rows_per_rank)
+
+    @property
+    def num_recv_rows(self) -> int:
+        """Valid rows this rank's experts receive (padding excluded)."""
+        return sum(self.recv_rows_per_source)
 
 
 def exclusive_cumsum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -90,7 +97,7 @@ def plan_exchange(counts: torch.Tensor, rank: int, alignment: int, masked_max_ro
     return ExchangePlan(rank, alignment, counts, tuple(padded.sum(1).tolist()), send_counts, send_delta,
                         tuple(counts[:, rank, :].sum(1).tolist()), recv_counts, recv_delta,
                         tuple(counts[rank].sum(1).tolist()), expert_rows, expert_delta,
-                        tuple(torch.where(masked, most, 0).tolist()), int(send_counts.sum()), int(recv_counts.sum()))
+                        tuple(torch.where(masked, most, 0).tolist()))
 
 
 def expand_rows(delta: torch.Tensor, repeats: torch.Tensor, total: int) -> torch.Tensor:

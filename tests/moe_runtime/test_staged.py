@@ -125,17 +125,23 @@ def test_staged_pair_equals_reference_up_to_the_l1_rounding(seed, monkeypatch, k
     assert calc_diff(_run_pair(staged_pair, x, idx, weights), _run_pair(reference_pair, x, idx, weights)) < 1e-7
 
 
+def _decode_batch(seed: int, kind: str, num_tokens: int, weights_format: str):
+    """A decode-sized batch for the staged pair: (problem, experts, staged pair, x, topk_idx, topk_weights)."""
+    problem = _problem("cpu", weights=weights_format)
+    gate_up, down = _expert_weights(E, H, I, seed)
+    experts = LocalExperts(quantize_expert_weight(gate_up, weights_format), quantize_expert_weight(down, weights_format), 0)
+    x = torch.randn(num_tokens, H).to(torch.bfloat16)
+    idx, weights = _routing(kind, num_tokens, 3, E, "cpu")
+    return problem, experts, create_backend("staged", problem, experts, None), x, idx, weights
+
+
 @pytest.mark.parametrize("kind,num_tokens", [("random", 40), ("skewed", 20), ("unrouted", 30), ("random", 1)])
 @pytest.mark.parametrize("weights_format", ["fp8", "fp4"])
 def test_masked_decode_layout_equals_the_contiguous_one(seed, kind, num_tokens, weights_format):
     """Decode-sized batches take the masked layout and GEMMs; the same batch forced through the
     contiguous layout gives the same output (CPU: both run the references on the same rows)."""
-    problem = _problem("cpu", weights=weights_format)
-    gate_up, down = _expert_weights(E, H, I, seed)
-    experts = LocalExperts(quantize_expert_weight(gate_up, weights_format), quantize_expert_weight(down, weights_format), 0)
-    dispatch_combine, expert_compute = create_backend("staged", problem, experts, None)
-    x = torch.randn(num_tokens, H).to(torch.bfloat16)
-    idx, weights = _routing(kind, num_tokens, 3, E, "cpu")
+    problem, experts, (dispatch_combine, expert_compute), x, idx, weights = _decode_batch(seed, kind, num_tokens,
+                                                                                          weights_format)
     dispatched = dispatch_combine.dispatch(x, idx, weights)
     assert 0 < dispatched.masked_max_m <= staged.kMaskedMaxRows
     assert dispatched.x.shape[0] == E * dispatched.masked_max_m
@@ -154,12 +160,8 @@ def test_masked_decode_layout_equals_the_contiguous_one(seed, kind, num_tokens, 
 def test_local_decode_dispatch_equals_the_planned_one(seed, kind, num_tokens, weights_format):
     """One rank, <= 32 tokens, router ids: the masked layout built on the device (no host sync) gives
     the output of the planned masked layout bit for bit, and the reference's."""
-    problem = _problem("cpu", weights=weights_format)
-    gate_up, down = _expert_weights(E, H, I, seed)
-    experts = LocalExperts(quantize_expert_weight(gate_up, weights_format), quantize_expert_weight(down, weights_format), 0)
-    dispatch_combine, expert_compute = create_backend("staged", problem, experts, None)
-    x = torch.randn(num_tokens, H).to(torch.bfloat16)
-    idx, weights = _routing(kind, num_tokens, 3, E, "cpu")
+    problem, experts, (dispatch_combine, expert_compute), x, idx, weights = _decode_batch(seed, kind, num_tokens,
+                                                                                          weights_format)
     local = dispatch_combine.dispatch(x, idx, weights, ids_checked=True)
     assert local.handle.pair_rows is not None and local.masked_max_m == num_tokens
     assert local.x.shape[0] == (E + 3) * num_tokens

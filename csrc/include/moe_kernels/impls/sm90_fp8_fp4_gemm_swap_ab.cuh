@@ -260,18 +260,23 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
         // Table path: one accumulator over the K block. Fragment path: one per K step (exact scales).
         constexpr uint32_t kNumSets = kFragmentLayout ? 4 : 1;
         float acc[kNumSets][Wgmma::kNumAccum];
+        // The wgmmas' register operands, accumulators and fragments, pinned on both sides of them:
+        // decode instructions moved past the fence would make ptxas serialise the wgmmas
+        // (non-wgmma instructions defining their input registers), and the registers must not be
+        // reused while the wgmmas read them.
+        const auto fence_wgmma_registers = [&] {
 #pragma unroll
-        for (uint32_t a = 0; a < kNumSets; ++a) {
+          for (uint32_t a = 0; a < kNumSets; ++a) {
 #pragma unroll
-          for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[a][i]);
-        }
-        // Pin the decoded fragments before the fence: decode instructions moved past it would make
-        // ptxas serialise the wgmmas (non-wgmma instructions defining their input registers).
+            for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[a][i]);
+          }
 #pragma unroll
-        for (uint32_t s = 0; s < 4; ++s) {
+          for (uint32_t s = 0; s < 4; ++s) {
 #pragma unroll
-          for (uint32_t i = 0; i < 4; ++i) sm90::fence_operand(frag[s][i]);
-        }
+            for (uint32_t i = 0; i < 4; ++i) sm90::fence_operand(frag[s][i]);
+          }
+        };
+        fence_wgmma_registers();
         sm90::wgmma_fence();
 #pragma unroll
         for (uint32_t s = 0; s < 4; ++s) {
@@ -279,16 +284,7 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
         }
         sm90::wgmma_commit();
         sm90::wgmma_wait<0>();
-#pragma unroll
-        for (uint32_t a = 0; a < kNumSets; ++a) {
-#pragma unroll
-          for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[a][i]);
-        }
-#pragma unroll
-        for (uint32_t s = 0; s < 4; ++s) {
-#pragma unroll
-          for (uint32_t i = 0; i < 4; ++i) sm90::fence_operand(frag[s][i]);
-        }
+        fence_wgmma_registers();
 
         // Accumulator (64 rows x kBlockT tokens): rows row0 and row0 + 8, tokens j*8 + 2 quad + {0, 1}.
         float sa[kBlockT / 4];
