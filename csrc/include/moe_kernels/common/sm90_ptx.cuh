@@ -173,6 +173,14 @@ __device__ __forceinline__ void fence_operand(float& reg) { asm volatile("" : "+
 // them after the wait keeps the compiler from reusing those registers earlier.
 __device__ __forceinline__ void fence_operand(uint32_t& reg) { asm volatile("" : "+r"(reg)::"memory"); }
 
+// setmaxnreg only moves registers inside what the CTA was given at launch: ptxas gives a kernel
+// that uses it the most its launch bounds allow (65536 / threads, at most 255, whole steps of 8 per
+// thread). Role budgets that add up to more make setmaxnreg.inc wait forever (a hang, no error).
+template <uint32_t kNumThreads>
+constexpr uint32_t launch_registers() {
+  return (65536 / kNumThreads < 255 ? 65536 / kNumThreads : 255) / 8 * 8 * kNumThreads;
+}
+
 template <uint32_t kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));

@@ -56,9 +56,13 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   constexpr uint32_t kNumKBlocks = kShapeK / kBlockK;
   constexpr uint32_t kNumSfbRows = (kShapeN + 127) / 128;
   // Register budgets: the math warpgroups hold two accumulator sets; the producers get what is left
-  // (2 x 128 x 232 + 128 x 48 = 64 K): 40 spilled the multicast TMA thread's and the scale warp's.
-  constexpr uint32_t kProducerRegisters = 48;
+  // of the launch allocation (2 x 128 x 232 + 128 x 40 = 384 x 168). At 40 the scale warp spills a
+  // few registers (L1-resident); one math warpgroup leaves room for 48, which does not.
+  constexpr uint32_t kProducerRegisters = kNumMathWG == 1 ? 48 : 40;
   constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 240 : 232;
+  static_assert(128 * (kProducerRegisters + kNumMathWG * kMathRegisters) <=
+                    sm90::launch_registers<(kNumMathWG + 1) * 128>(),
+                "register budgets exceed the launch allocation: setmaxnreg.inc would hang");
   static_assert(kShapeK % kBlockK == 0, "K must be a multiple of 128");
   static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
   static_assert(kBlockM == 64 || kBlockM == 128, "block M is 64 or 128");
