@@ -175,40 +175,43 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   float final_acc[Wgmma::kNumAccum];
 
   while (scheduler.next(t)) {
-    const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
 #pragma unroll
     for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
 
-    for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
-      ring.consumer_wait(pipe);
-      const uint8_t* tile_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + math_wg * 64 * kBlockK;
-      const uint8_t* tile_b = smem + Smem::kOffsetB + pipe.stage * Smem::kB;
-      const uint64_t desc_a = sm90::make_sw128_kmajor_desc(tile_a);
-      const uint64_t desc_b = sm90::make_sw128_kmajor_desc(tile_b);
+    with_static_split<kBlockN>(t.n_block * kBlockN, [&](auto split) {
+      const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
+      for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
+        ring.consumer_wait(pipe);
+        // Scales first: their shared-memory latency hides behind the wgmmas.
+        const float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
+        const float sa0 = sf[tile_row0], sa1 = sf[tile_row0 + 8];
+        const float sb0 = sf[kBlockM], sb1 = sf[kBlockM + 1];
+        const uint8_t* tile_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + math_wg * 64 * kBlockK;
+        const uint8_t* tile_b = smem + Smem::kOffsetB + pipe.stage * Smem::kB;
+        const uint64_t desc_a = sm90::make_sw128_kmajor_desc(tile_a);
+        const uint64_t desc_b = sm90::make_sw128_kmajor_desc(tile_b);
 #pragma unroll
-      for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
-      sm90::wgmma_fence();
+        for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+        sm90::wgmma_fence();
 #pragma unroll
-      for (uint32_t k = 0; k < kBlockK / Wgmma::kK; ++k) {
-        // Each 32-deep K slice starts 32 bytes further along the 128-byte swizzled rows.
-        Wgmma::mma(desc_a + k * 2, desc_b + k * 2, acc, k > 0);
-      }
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
+        for (uint32_t k = 0; k < kBlockK / Wgmma::kK; ++k) {
+          // Each 32-deep K slice starts 32 bytes further along the 128-byte swizzled rows.
+          Wgmma::mma(desc_a + k * 2, desc_b + k * 2, acc, k > 0);
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
 #pragma unroll
-      for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+        for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
 
-      const float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
-      const float sa0 = sf[tile_row0], sa1 = sf[tile_row0 + 8];
-      const float sb0 = sf[kBlockM], sb1 = sf[kBlockM + 1];
-      __syncwarp();
-      if constexpr (kNumMulticast > 1) {
-        if (lane < kNumMulticast) sm90::mbarrier_arrive_cluster(ring.empty + pipe.stage, lane);
-      } else if (lane == 0) {
-        ring.consumer_release(pipe);
+        __syncwarp();
+        if constexpr (kNumMulticast > 1) {
+          if (lane < kNumMulticast) sm90::mbarrier_arrive_cluster(ring.empty + pipe.stage, lane);
+        } else if (lane == 0) {
+          ring.consumer_release(pipe);
+        }
+        promote_fp8_accum<kBlockN, decltype(split)::value>(final_acc, acc, sa0, sa1, sb0, sb1, split_col);
       }
-      promote_fp8_accum<kBlockN>(final_acc, acc, sa0, sa1, sb0, sb1, split_col);
-    }
+    });
 
     // A cluster's n-block past N was computed only to keep the peers in step: nothing to store.
     if (kNumMulticast > 1 && t.n_block * kBlockN >= kShapeN) continue;
