@@ -49,6 +49,10 @@ struct Config {
 // each, more bytes than B). Grouped GEMMs of few rows per group are bound by B, which multicast of
 // A leaves alone: they get clusters from kMulticastMinRows rows per group.
 constexpr int kMulticastMinRows = 512;
+// Past 128 rows, clusters measured 0.90-0.97x of single CTAs at N = 4096 (dense 4096 x 4096 x 7168,
+// grouped 4 x 8192 and 8 x 4096 at N x K = 4096 x 7168) and 1.01-1.15x at N = 7168
+// (bench/RESULTS.md, 2026-11-30): they stay for wider B only.
+constexpr int kMulticastMinNLargeM = 4097;
 
 // MOE_FP8_MULTICAST=0 turns the clusters off (read on every call, so a benchmark can compare both
 // in one process).
@@ -98,7 +102,7 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.residual = residual;
   cfg.num_sms = num_sms;
   // Whole clusters on the SMs.
-  const bool wants = type == GemmType::kNormal || m >= kMulticastMinRows;
+  const bool wants = (type == GemmType::kNormal || m >= kMulticastMinRows) && (m <= 128 || n >= kMulticastMinNLargeM);
   const int multicast = wants && num_sms % 2 == 0 && multicast_enabled() ? 2 : 1;
   const Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms,
                                kMaxBlockN, stage_bytes, block_n_fits_scales, multicast);

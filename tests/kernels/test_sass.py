@@ -73,7 +73,8 @@ def test_fp8_fp4_swap_ab_gemm_uses_register_operand_qgmma(expected_m, n, k, grou
 
 
 @pytest.mark.parametrize("m,n,k,gemm_type,groups,multicast", [
-    (4096, 7168, 16384, 0, 1, True), (4096, 576, 7168, 0, 1, True), (8192, 4096, 7168, 1, 4, True),
+    (4096, 7168, 16384, 0, 1, True), (4096, 576, 7168, 0, 1, False), (8192, 4096, 7168, 1, 4, False),
+    (8192, 7168, 2048, 1, 4, True),
     (1024, 7168, 2048, 2, 8, True), (128, 7168, 2048, 0, 1, True), (64, 2112, 7168, 0, 1, True),
     (64, 4096, 7168, 2, 32, False), (128, 4096, 7168, 1, 8, False),
 ])
