@@ -5,12 +5,15 @@
 Per shape: our kernel time (profiler, L2 flushed before each run), TFLOP/s, GB/s (bytes of A, B
 and D over kernel time), cuBLAS measured the same way in the same run (block scales 1x128 /
 128x128 where it accepts them, else row-wise scales, marked), the speed-up, and the time per
-call from Python on an idle stream for both.
+call from Python on an idle stream for both. Where our heuristic runs 2-CTA clusters sharing A
+(TMA multicast, from 512 rows), the same call with them off (``MOE_FP8_MULTICAST=0``) is timed too:
+"1-CTA us" and the clusters' speed-up over it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -62,7 +65,8 @@ def main() -> int:
         return 1
     rows = []
     header = (f"{'M':>5} {'N':>6} {'K':>6} | {'ours us':>8} {'TFLOP/s':>8} {'GB/s':>7} {'call us':>8} | "
-              f"{'cuBLAS':>8} {'us':>8} {'TFLOP/s':>8} {'call us':>8} | {'speedup':>7} {'diff':>8}")
+              f"{'cuBLAS':>8} {'us':>8} {'TFLOP/s':>8} {'call us':>8} | {'speedup':>7} {'diff':>8} | "
+              f"{'1-CTA us':>8} {'clusters':>8}")
     print(header)
     for m in [int(x) for x in args.ms.split(",")]:
         for n, k in SHAPES:
@@ -83,13 +87,24 @@ def main() -> int:
             call_ref = per_call_us(theirs)
             flops = 2 * m * n * k
             nbytes = m * k + n * k + m * n * 2
+            # The same call with the 2-CTA clusters off (MOE_FP8_MULTICAST=0), where they would be on.
+            single_us = None
+            if kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["multicast"] > 1:
+                os.environ["MOE_FP8_MULTICAST"] = "0"
+                try:
+                    ours()
+                    single_us = bench_kineto(ours, "sm90_fp8_gemm_nt").median_s * 1e6
+                finally:
+                    del os.environ["MOE_FP8_MULTICAST"]
             row = dict(m=m, n=n, k=k, us=t * 1e6, tflops=flops / t / 1e12, gbps=nbytes / t / 1e9, call_us=call,
                        cublas=kind, cublas_us=t_ref * 1e6, cublas_tflops=flops / t_ref / 1e12, cublas_call_us=call_ref,
-                       speedup=t_ref / t, diff=diff)
+                       speedup=t_ref / t, diff=diff, single_us=single_us)
             rows.append(row)
+            single = "-" if single_us is None else f"{single_us:.1f}"
+            gain = "-" if single_us is None else f"{single_us / row['us']:.2f}x"
             print(f"{m:>5} {n:>6} {k:>6} | {row['us']:>8.1f} {row['tflops']:>8.0f} {row['gbps']:>7.0f} "
                   f"{call:>8.1f} | {kind:>8} {row['cublas_us']:>8.1f} {row['cublas_tflops']:>8.0f} "
-                  f"{call_ref:>8.1f} | {row['speedup']:>6.2f}x {diff:>8.1e}", flush=True)
+                  f"{call_ref:>8.1f} | {row['speedup']:>6.2f}x {diff:>8.1e} | {single:>8} {gain:>8}", flush=True)
     block = [r["speedup"] for r in rows if r["cublas"] == "block"]
     if block:
         geo = torch.tensor(block).log().mean().exp().item()

@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 
 #include "apis/gemm.hpp"
+#include "apis/moe.hpp"
 #include "apis/quant.hpp"
 #include "apis/runtime.hpp"
 
@@ -10,4 +11,5 @@ PYBIND11_MODULE(_C, m) {
   moe_apis::runtime::register_apis(m);
   moe_apis::quant::register_apis(m);
   moe_apis::gemm::register_apis(m);
+  moe_apis::moe::register_apis(m);
 }

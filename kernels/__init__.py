@@ -18,6 +18,7 @@ from .grouped import (
 )
 from .jit import get_num_sms, set_num_sms
 from .layout import get_mn_major_tma_aligned_tensor, get_tma_aligned_size, transform_sf_into_required_layout
+from .moe import moe_combine, moe_local_dispatch, moe_route
 from .quant import (
     cast_back_from_fp4,
     ceil_to_ue8m0,
@@ -41,6 +42,9 @@ __all__ = [
     "m_grouped_fp8_fp4_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
+    "moe_combine",
+    "moe_local_dispatch",
+    "moe_route",
     "per_block_cast_to_fp8",
     "per_token_cast_to_fp4",
     "per_token_cast_to_fp8",

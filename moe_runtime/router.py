@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+import kernels
+
 kScoringFuncs = ("softmax", "sigmoid")
-kNormEps = 1e-20
 
 
 @dataclass
@@ -94,25 +95,16 @@ def route(logits: torch.Tensor, top_k: int, config: RouterConfig | None = None,
         raise ValueError(f"logits must be [T, E], got shape {tuple(logits.shape)}")
     num_tokens, num_experts = logits.shape
     config.validate(num_experts, top_k)
-    logits = logits.float()
-    scores = logits.softmax(dim=-1) if config.scoring_func == "softmax" else logits.sigmoid()
-    choice = scores
+    bias = None
     if config.use_score_bias:
         if score_bias is None:
             raise ValueError("RouterConfig.use_score_bias=True needs score_bias [E]")
         if tuple(score_bias.shape) != (num_experts,):
             raise ValueError(f"score_bias must be [{num_experts}], got {tuple(score_bias.shape)}")
-        choice = scores + score_bias.to(device=scores.device, dtype=torch.float32)
-    if config.n_group is not None and num_tokens > 0:
-        grouped = choice.view(num_tokens, config.n_group, -1)
-        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
-        kept = group_scores.topk(config.topk_group, dim=-1).indices
-        mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
-        choice = grouped.masked_fill(~mask.unsqueeze(-1), float("-inf")).view(num_tokens, num_experts)
-    topk_idx = choice.topk(top_k, dim=-1).indices
-    weights = scores.gather(1, topk_idx)
-    if config.norm_topk_prob:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + kNormEps)
-    if config.routed_scaling_factor != 1.0:
-        weights = weights * config.routed_scaling_factor
-    return RoutingResult(topk_idx.to(torch.int64), weights.to(torch.float32).contiguous())
+        bias = score_bias
+    # One launch on CUDA (kernels.moe_route), the torch code on the CPU.
+    topk_idx, weights = kernels.moe_route(logits.float(), top_k, sigmoid=config.scoring_func == "sigmoid",
+                                          n_group=config.n_group, topk_group=config.topk_group,
+                                          norm=config.norm_topk_prob, scaling=config.routed_scaling_factor,
+                                          score_bias=bias)
+    return RoutingResult(topk_idx, weights)

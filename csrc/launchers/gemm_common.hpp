@@ -39,10 +39,12 @@ inline int pipeline_smem(int block_m, int block_n, int stages, int stage_bytes) 
 
 // Analytic choice: fewest waves of tiles weighted by a tile's cost, then the larger block N, then
 // as many stages as shared memory holds. `problems` independent problems of m x n each.
-// `stage_bytes(block_m, block_n)` is one stage; `block_n_ok` filters candidates.
+// `stage_bytes(block_m, block_n)` is one stage; `block_n_ok` filters candidates. With clusters of
+// `n_block_multiple` CTAs on adjacent n-blocks the n-blocks are counted rounded up to whole
+// clusters, so a block N whose padding would add a wave loses to one that does not.
 template <typename StageBytes, typename BlockNOk>
 Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms, int max_block_n,
-                   StageBytes stage_bytes, BlockNOk block_n_ok) {
+                   StageBytes stage_bytes, BlockNOk block_n_ok, int n_block_multiple = 1) {
   Tiles t{};
   // Up to 128 rows the weights dominate the bytes: one math warpgroup per CTA leaves shared memory
   // to deep B stages (two 64-row CTAs share each B tile through L2).
@@ -50,7 +52,8 @@ Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms
   long long best_score = -1;
   for (int bn = 8; bn <= max_block_n; bn += 8) {
     if (!block_n_ok(bn)) continue;
-    const long long tiles = problems * ((m + t.block_m - 1) / t.block_m) * ((n + bn - 1) / bn);
+    const long long n_blocks = ((n + bn - 1) / bn + n_block_multiple - 1) / n_block_multiple * n_block_multiple;
+    const long long tiles = problems * ((m + t.block_m - 1) / t.block_m) * n_blocks;
     const long long waves = (tiles + num_sms - 1) / num_sms;
     const long long score = waves * (bn + kTileOverheadN);
     if (best_score < 0 || score < best_score || (score == best_score && bn > t.block_n)) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 
@@ -31,10 +32,34 @@ struct Config {
   int num_sms;     // persistent grid size upper bound
   int smem_bytes;
   int swizzle_d;   // bytes of the epilogue's swizzle atom (128, 64, 32) or 0 for plain rows
+  int multicast = 1;  // CTAs per cluster sharing A by TMA multicast (1: no cluster)
 
-  // Tiles of an m-row problem (per group for kGroupedMasked; an upper bound for the grid).
-  int num_tiles(int m) const { return ((m + block_m - 1) / block_m) * ((n + block_n - 1) / block_n); }
+  // Tiles of an m-row problem (per group for kGroupedMasked; an upper bound for the grid), n-blocks
+  // rounded up to whole clusters.
+  int num_tiles(int m) const {
+    const int n_blocks = (n + block_n * multicast - 1) / (block_n * multicast) * multicast;
+    return ((m + block_m - 1) / block_m) * n_blocks;
+  }
 };
+
+// Two CTAs on adjacent n-blocks share A by TMA multicast: a CTA then reads (block_m / 2 + block_n)
+// x 128 bytes per K block from L2 instead of (block_m + block_n) x 128. That pays where L2 traffic
+// bounds the kernel: large GEMMs (128 x 160 tiles: 22% less), and dense GEMMs of few rows, whose
+// many narrow n-blocks each re-read the whole of A (M = 64, N = 2112: 132 CTAs read A's 64 rows
+// each, more bytes than B). Grouped GEMMs of few rows per group are bound by B, which multicast of
+// A leaves alone: they get clusters from kMulticastMinRows rows per group.
+constexpr int kMulticastMinRows = 512;
+// Past 128 rows, clusters measured 0.90-0.97x of single CTAs at N = 4096 (dense 4096 x 4096 x 7168,
+// grouped 4 x 8192 and 8 x 4096 at N x K = 4096 x 7168) and 1.01-1.15x at N = 7168
+// (bench/RESULTS.md, 2026-11-30): they stay for wider B only.
+constexpr int kMulticastMinNLargeM = 4097;
+
+// MOE_FP8_MULTICAST=0 turns the clusters off (read on every call, so a benchmark can compare both
+// in one process).
+inline bool multicast_enabled() {
+  const char* value = std::getenv("MOE_FP8_MULTICAST");
+  return value == nullptr || std::string(value) != "0";
+}
 
 inline int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 
@@ -76,13 +101,18 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.group_n = kGroupN;
   cfg.residual = residual;
   cfg.num_sms = num_sms;
+  // Whole clusters on the SMs.
+  const bool wants = (type == GemmType::kNormal || m >= kMulticastMinRows) && (m <= 128 || n >= kMulticastMinNLargeM);
+  const int multicast = wants && num_sms % 2 == 0 && multicast_enabled() ? 2 : 1;
   const Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms,
-                               kMaxBlockN, stage_bytes, block_n_fits_scales);
+                               kMaxBlockN, stage_bytes, block_n_fits_scales, multicast);
   cfg.block_m = t.block_m;
   cfg.block_n = t.block_n;
   cfg.num_stages = t.num_stages;
   cfg.smem_bytes = t.smem_bytes;
   cfg.swizzle_d = t.swizzle_d;
+  // A single n-block would pair with a padding one: nothing to share.
+  cfg.multicast = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
   return cfg;
 }
 
@@ -95,7 +125,7 @@ inline GeneratedKernel generate(const Config& c) {
      << "  return reinterpret_cast<void*>(&moe_kernels::sm90_fp8_gemm_nt<" << static_cast<int>(c.type) << ", "
      << c.m_compiled << ", " << c.n << ", "
      << c.k << ", " << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", " << c.group_n << ", "
-     << static_cast<int>(c.residual) << ", " << c.swizzle_d << ">);\n"
+     << static_cast<int>(c.residual) << ", " << c.swizzle_d << ", " << c.multicast << ">);\n"
      << "}\n";
   return {"sm90_fp8_gemm_nt", os.str()};
 }
@@ -113,9 +143,10 @@ struct Args {
 
 inline void launch(const Config& c, const Args& a) {
   using namespace moe_jit::driver;
-  static moe_jit::KernelMemo<std::array<int, 11>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 11> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
-                                   c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, a.device};
+  static moe_jit::KernelMemo<std::array<int, 12>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 12> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+                                   c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
+                                   a.device};
   const auto kernel = memo.get(key, [&] {
     const std::string arch = moe_jit::device_arch(a.device);
     MOE_HOST_ASSERT(arch == "sm_90a",
@@ -126,8 +157,9 @@ inline void launch(const Config& c, const Args& a) {
 
   const bool masked = c.type == GemmType::kGroupedMasked;
   const std::uint64_t rows_a = masked ? static_cast<std::uint64_t>(a.m) * a.num_groups : a.m;
-  const CUtensorMap map_a = make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK, c.block_m,
-                                     CU_TENSOR_MAP_SWIZZLE_128B, "A");
+  // Each CTA of a cluster loads (and multicasts) its share of the A tile's rows.
+  const CUtensorMap map_a = make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK,
+                                     c.block_m / c.multicast, CU_TENSOR_MAP_SWIZZLE_128B, "A");
   const CUtensorMap map_b = make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
                                      static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK, c.block_n,
                                      CU_TENSOR_MAP_SWIZZLE_128B, "B");
@@ -142,7 +174,10 @@ inline void launch(const Config& c, const Args& a) {
 
   moe_jit::LaunchConfig cfg;
   const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);
-  cfg.grid_x = static_cast<unsigned>(std::max(1, std::min(tiles, c.num_sms)));
+  // Whole clusters: the tile count is a multiple of the cluster size already.
+  const int grid = std::min(tiles, c.num_sms) / c.multicast * c.multicast;
+  cfg.grid_x = static_cast<unsigned>(std::max(c.multicast, grid));
+  cfg.cluster_dim = static_cast<unsigned>(c.multicast);
   cfg.block_x = static_cast<unsigned>((c.block_m / 64 + 1) * 128);
   cfg.smem_bytes = static_cast<unsigned>(c.smem_bytes);
   cfg.stream = a.stream;

@@ -335,32 +335,15 @@ class StagedDispatchCombine(DispatchCombine):
                                topk_weights: torch.Tensor, out_dtype: torch.dtype) -> StagedDispatchResult:
         """One rank, T <= masked_max_rows tokens: expert ``e``'s pairs go to rows ``e * T + i`` in
         (token, slot) order (the masked layout [E_l, T, H]; no expert gets more than T rows, a
-        token's experts being distinct), unrouted pairs to spare rows after them. Device ops only."""
-        num_tokens, k, num_local = xq.shape[0], self.problem.top_k, self.problem.num_local_experts
-        device, pairs = xq.device, num_tokens * k
-        flat = topk_idx.reshape(-1) - self.first_expert
-        key = torch.where(topk_idx.reshape(-1) >= 0, flat, num_local)  # unrouted pairs last
-        order = torch.argsort(key, stable=True)
-        sorted_key = key.index_select(0, order)
-        counts = torch.zeros(num_local + 1, dtype=torch.int64, device=device).scatter_add_(0, key,
-                                                                                           torch.ones_like(key))
-        first = counts.cumsum(0).sub_(counts)
-        rows = torch.arange(pairs, device=device).sub_(first.index_select(0, sorted_key)).add_(sorted_key * num_tokens)
-        m = num_local * num_tokens + pairs
-        tokens = order // k
-        acts = torch.empty((m, xq.shape[1]), dtype=torch.uint8, device=device)
-        acts.index_copy_(0, rows, xq.view(torch.uint8).index_select(0, tokens))
-        acts_sf = torch.empty((m, xs.shape[1]), dtype=torch.float32, device=device)
-        acts_sf.index_copy_(0, rows, xs.index_select(0, tokens))
-        weights = torch.empty((m, 1), dtype=torch.float32, device=device)
-        weights.view(-1).index_copy_(0, rows, topk_weights.reshape(-1).index_select(0, order))
-        global_ids = torch.full((m, 1), -1, dtype=torch.int64, device=device)
-        global_ids.view(-1).index_copy_(0, rows, torch.where(sorted_key < num_local, sorted_key + self.first_expert, -1))
-        pair_rows = torch.empty_like(rows).index_copy_(0, order, rows)
-        handle = StagedCombineHandle(num_tokens, [], out_dtype, routed=topk_idx >= 0, pair_rows=pair_rows,
-                                     num_rows=m)
-        return StagedDispatchResult(acts.view(torch.float8_e4m3fn), acts_sf, global_ids, weights, handle, None,
-                                    counts[:num_local].to(torch.int32), num_tokens)
+        token's experts being distinct), unrouted pairs to spare rows after them
+        (``kernels.moe_local_dispatch``: one launch, no host sync)."""
+        num_tokens = xq.shape[0]
+        out = kernels.moe_local_dispatch(xq, xs, topk_idx, topk_weights, self.problem.num_local_experts,
+                                         self.first_expert)
+        handle = StagedCombineHandle(num_tokens, [], out_dtype, routed=topk_idx >= 0, pair_rows=out.pair_rows,
+                                     num_rows=out.acts.shape[0])
+        return StagedDispatchResult(out.acts.view(torch.float8_e4m3fn), out.acts_sf, out.global_ids, out.weights, handle,
+                                    None, out.masked_m, num_tokens)
 
     def combine(self, expert_out: torch.Tensor, handle: CombineHandle) -> torch.Tensor:
         """``expert_out`` bfloat16 [M, H] (rows of this rank's layout) -> [T, H] in ``handle.out_dtype``."""
@@ -373,8 +356,7 @@ class StagedDispatchCombine(DispatchCombine):
                              f"{expert_out.dtype} {tuple(expert_out.shape)}")
         num_tokens, k = handle.num_local_tokens, self.problem.top_k
         if handle.pair_rows is not None:
-            return _sum_slots(expert_out.index_select(0, handle.pair_rows).view(num_tokens, k, hidden), handle.routed,
-                              handle.out_dtype)
+            return kernels.moe_combine(expert_out, handle.pair_rows, handle.routed, num_tokens, k, handle.out_dtype)
         mine = buffers[self.exchange.rank]
         start = 0
         for p, n in enumerate(plan.recv_rows_per_source):
@@ -386,21 +368,8 @@ class StagedDispatchCombine(DispatchCombine):
             start += n
         self.exchange.barrier()
 
-        if num_tokens == 0:
-            return torch.zeros((num_tokens, hidden), dtype=handle.out_dtype, device=expert_out.device)
-        return _sum_slots(mine.combine[: num_tokens * k].view(num_tokens, k, hidden), handle.routed, handle.out_dtype)
-
-
-def _sum_slots(slots: torch.Tensor, routed: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """bf16 ``slots`` [T, k, H] -> [T, H] in ``out_dtype``: summed in float32 in slot order, as the
-    reference sums (k + 1 launches); slots of unrouted pairs (``routed`` bool [T, k] False) hold
-    stale data and add 0."""
-    if routed is not None:
-        slots = torch.where(routed.unsqueeze(-1), slots, 0)
-    acc = slots[:, 0].float()
-    for j in range(1, slots.shape[1]):
-        acc.add_(slots[:, j])
-    return acc.to(out_dtype)
+        # Slot order and float32, as the reference sums; unrouted slots hold stale data and add 0.
+        return kernels.moe_combine(mine.combine, None, handle.routed, num_tokens, k, handle.out_dtype)
 
 
 class StagedExperts(Experts):

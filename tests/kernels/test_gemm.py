@@ -142,6 +142,26 @@ def test_gpu_matches_float64(m, n, k, warm_gemm_cache, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(540, 4232, 1536), (1025, 7168, 2048), (4096, 7168, 16384),
+                                   (1, 2112, 7168), (33, 576, 7168), (128, 7168, 16384)])
+def test_gpu_clusters_match_single_ctas(m, n, k, seed, monkeypatch):
+    """Two CTAs share A (multicast): M tails past the second CTA's half of A (block M 64 and 128),
+    odd n-block counts padded to whole clusters. Same inputs with the clusters off
+    (MOE_FP8_MULTICAST=0)."""
+    assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["multicast"] == 2
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+    monkeypatch.setenv("MOE_FP8_MULTICAST", "0")
+    single = torch.full_like(d, float("nan"))
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, single)
+    torch.cuda.synchronize()
+    assert torch.isfinite(d).all(), "output not fully written"
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+    assert calc_diff(single, reference_f64(a_fp8, b_fp8)) < 1e-3
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("c_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("m,n,k", [(77, 576, 7168), (300, 2112, 1536)])
 def test_gpu_residual_ue8m0_mn_major(m, n, k, c_dtype, seed):

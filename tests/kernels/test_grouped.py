@@ -147,6 +147,7 @@ MASKED_CASES = [
     ([0] * 16, 64, 64),                           # nothing to do
     ([70, 3, 100], 100, 600),                     # max_m not a multiple of the block, expected far above
     ([37], 50, 4),                                # G = 1 (D's map stays 3-D)
+    ([600, 0, 513], 1024, 600),                   # 2-CTA clusters sharing A (expected_m >= 512)
 ]
 GROUPED_NK = [(4096, 7168), (7168, 2048)]
 

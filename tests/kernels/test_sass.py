@@ -72,6 +72,23 @@ def test_fp8_fp4_swap_ab_gemm_uses_register_operand_qgmma(expected_m, n, k, grou
     assert "LDL" not in text and "STL" not in text, "register spills"
 
 
+@pytest.mark.parametrize("m,n,k,gemm_type,groups,multicast", [
+    (4096, 7168, 16384, 0, 1, True), (4096, 576, 7168, 0, 1, False), (8192, 4096, 7168, 1, 4, False),
+    (8192, 7168, 2048, 1, 4, True),
+    (1024, 7168, 2048, 2, 8, True), (128, 7168, 2048, 0, 1, True), (64, 2112, 7168, 0, 1, True),
+    (64, 4096, 7168, 2, 32, False), (128, 4096, 7168, 1, 8, False),
+])
+def test_fp8_gemm_multicasts_a_in_clusters(m, n, k, gemm_type, groups, multicast):
+    """Two CTAs on adjacent n-blocks share A (dense GEMMs, grouped ones from 512 rows per group):
+    each loads half with a multicast TMA and releases stages on both CTAs' empty barriers (remote
+    arrive, without a GPU-wide fence)."""
+    text = sass(*kernels.jit.native_module().fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, gemm_type, groups))
+    assert ("UTMALDG.2D.MULTICAST" in text) == multicast
+    assert ("UCGABAR_WAIT" in text) == multicast, "cluster barrier after the mbarrier inits"
+    if multicast:
+        assert "SYNCS.ARRIVE.TRANS64.RED" in text and "MEMBAR.ALL.GPU" not in text.split("QGMMA", 1)[1]
+
+
 @pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (4096, 7168, 2048)])
 def test_bf16_gemm_uses_hgmma_tma_and_setmaxnreg(m, n, k):
     code = sass(*kernels.jit.native_module().bf16_gemm_nt_code(m, n, k, H200_SMS))
@@ -88,3 +105,26 @@ def test_quantizers_use_wide_loads_and_fp8_conversion():
         assert re.search(r"LDG\.E[.A-Z]*\.128", text), "16-byte loads"
         assert "F2FP.SATFINITE.E4M3" in text, "hardware E4M3 conversion"
         assert "LDL" not in text and "STL" not in text, "register spills"
+
+
+@pytest.mark.parametrize("top_k,hidden,float_out", [(8, 7168, False), (3, 256, True)])
+def test_moe_combine_reads_and_writes_16_bytes(top_k, hidden, float_out):
+    text = sass(*kernels.jit.native_module().moe_combine_code(top_k, hidden, float_out))
+    assert re.search(r"LDG\.E[.A-Z]*\.128", text) and re.search(r"STG\.E[.A-Z]*\.128", text)
+    assert "LDL" not in text and "STL" not in text, "register spills"
+
+
+@pytest.mark.parametrize("top_k,num_local,hidden", [(8, 256, 7168), (3, 16, 256)])
+def test_moe_local_dispatch_copies_rows_16_bytes_at_a_time(top_k, num_local, hidden):
+    text = sass(*kernels.jit.native_module().moe_local_dispatch_code(top_k, num_local, hidden))
+    assert re.search(r"LDG\.E[.A-Z]*\.128", text) and re.search(r"STG\.E[.A-Z]*\.128", text)
+    assert "LDL" not in text and "STL" not in text, "register spills"
+
+
+@pytest.mark.parametrize("args", [(256, 8, 8, 4, True, True, True), (8, 2, 0, 0, False, True, False),
+                                  (128, 8, 0, 0, False, True, False), (64, 6, 8, 3, True, True, True)])
+def test_moe_route_keeps_everything_in_registers(args):
+    """The models' configurations (DeepSeek-V3, Mixtral, Qwen3-MoE, DeepSeek-V2-Lite). At 1024 experts
+    the 32 unrolled divisions' slow-path calls save registers on the stack; no model routes that wide."""
+    text = sass(*kernels.jit.native_module().moe_route_code(*args))
+    assert "LDL" not in text and "STL" not in text, "local memory (spills or an indexed array)"

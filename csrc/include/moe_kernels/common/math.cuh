@@ -14,6 +14,11 @@ __host__ __device__ constexpr T constexpr_min(T a, T b) {
 }
 
 template <typename T>
+__host__ __device__ constexpr T constexpr_gcd(T a, T b) {
+  return b == 0 ? a : constexpr_gcd(b, a % b);
+}
+
+template <typename T>
 __host__ __device__ constexpr bool is_power_of_two(T x) {
   return x > 0 && (x & (x - 1)) == 0;
 }

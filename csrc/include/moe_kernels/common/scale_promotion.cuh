@@ -8,25 +8,53 @@
 // w*16 + l/4 and w*16 + l/4 + 8, columns j*8 + (l%4)*2 + {0, 1} for j in [0, kN/8), at indices
 // j*4 + {0, 1} (first row) and j*4 + {2, 3} (second row).
 
+#include <cuda/std/type_traits>
+
+#include <moe_kernels/common/math.cuh>
 #include <moe_kernels/common/sm90_ptx.cuh>
 
 namespace moe_kernels {
 
 // Columns [0, split_col) of the tile take the first weight scale, the rest the second: a tile
 // whose N range crosses a 128-column scale block needs two (the heuristic never allows three).
-template <uint32_t kN>
+// kSplitCol: split_col as a compile-time constant (see with_static_split), so no column selects a
+// scale at run time (the selects and their products had doubled the math warps' instructions per
+// K block); kRuntimeSplit reads `split_col`.
+constexpr uint32_t kRuntimeSplit = ~0u;
+
+template <uint32_t kN, uint32_t kSplitCol = kRuntimeSplit>
 __device__ __forceinline__ void promote_fp8_accum(float* final_acc, const float* acc, float sa0, float sa1,
                                                   float sb0, float sb1, uint32_t split_col) {
   const float s00 = sa0 * sb0, s01 = sa0 * sb1, s10 = sa1 * sb0, s11 = sa1 * sb1;
 #pragma unroll
   for (uint32_t j = 0; j < kN / 8; ++j) {
-    const bool first = j * 8 < split_col;
+    const bool first = j * 8 < (kSplitCol == kRuntimeSplit ? split_col : kSplitCol);
     const float scale0 = first ? s00 : s01;
     const float scale1 = first ? s10 : s11;
     final_acc[j * 4 + 0] = fmaf(acc[j * 4 + 0], scale0, final_acc[j * 4 + 0]);
     final_acc[j * 4 + 1] = fmaf(acc[j * 4 + 1], scale0, final_acc[j * 4 + 1]);
     final_acc[j * 4 + 2] = fmaf(acc[j * 4 + 2], scale1, final_acc[j * 4 + 2]);
     final_acc[j * 4 + 3] = fmaf(acc[j * 4 + 3], scale1, final_acc[j * 4 + 3]);
+  }
+}
+
+// Calls f(integral_constant<split>) with the tile's split column as a compile-time constant where a
+// kN-wide tile has at most kMaxSplits of them (tiles start at multiples of gcd(kN, 128) inside a
+// scale block; a split at or past kN means one scale), else f(kRuntimeSplit). Each value compiles
+// the caller's K loop once more, hence the bound.
+template <uint32_t kN, uint32_t kMaxSplits = 4, uint32_t kRemainder = 0, typename F>
+__device__ __forceinline__ void with_static_split(uint32_t tile_col0, F&& f) {
+  constexpr uint32_t kStep = constexpr_gcd(kN, 128u);
+  if constexpr (128 / kStep > kMaxSplits) {
+    f(cuda::std::integral_constant<uint32_t, kRuntimeSplit>{});
+  } else if constexpr (kRemainder + kStep >= 128) {
+    f(cuda::std::integral_constant<uint32_t, (128 - kRemainder < kN ? 128 - kRemainder : kN)>{});
+  } else {
+    if (tile_col0 % 128 == kRemainder) {
+      f(cuda::std::integral_constant<uint32_t, (128 - kRemainder < kN ? 128 - kRemainder : kN)>{});
+    } else {
+      with_static_split<kN, kMaxSplits, kRemainder + kStep>(tile_col0, f);
+    }
   }
 }
 

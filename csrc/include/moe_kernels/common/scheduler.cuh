@@ -4,6 +4,12 @@
 // band, so the tiles that run at the same time share a few m-blocks of A and a few n-blocks of B
 // in L2. Every role of a CTA walks the same sequence, each with its own scheduler copy.
 //
+// kNumMulticast > 1 (clusters of that many CTAs along x sharing A through TMA multicast): the
+// scheduler walks tiles of kNumMulticast adjacent n-blocks, one per cluster, and each CTA takes
+// the n-block of its rank, so the CTAs of a cluster always hold the same m-block (and group) and
+// run the same number of K blocks. A CTA's n-block may lie past N (N not a multiple of the
+// cluster's width): it still loads and computes, in step with its peer, and stores nothing.
+//
 // GEMM types:
 //   kNormal:          one problem, M rows.
 //   kGroupedContiguous: rows sorted by group, each block_m-aligned block in one group; the group
@@ -24,7 +30,7 @@ struct Tile {
   uint32_t group;    // 0 for kNormal
 };
 
-template <GemmType kType, uint32_t kBlockM, uint32_t kBlockN, uint32_t kGroupN>
+template <GemmType kType, uint32_t kBlockM, uint32_t kBlockN, uint32_t kGroupN, uint32_t kNumMulticast = 1>
 struct TileScheduler {
   uint32_t num_m_blocks;  // kGroupedMasked: of the current group
   uint32_t num_n_blocks;
@@ -37,10 +43,10 @@ struct TileScheduler {
 
   __device__ __forceinline__ TileScheduler(uint32_t m, uint32_t n, const int* layout, uint32_t groups)
       : num_m_blocks((m + kBlockM - 1) / kBlockM),
-        num_n_blocks((n + kBlockN - 1) / kBlockN),
+        num_n_blocks((n + kBlockN * kNumMulticast - 1) / (kBlockN * kNumMulticast)),
         grouped_layout(layout),
         num_groups(groups),
-        next_tile(blockIdx.x),
+        next_tile(blockIdx.x / kNumMulticast),
         rows_per_group(m) {
     if constexpr (kType == GemmType::kGroupedMasked) num_m_blocks = masked_blocks(0);
   }
@@ -64,9 +70,17 @@ struct TileScheduler {
   }
 
   __device__ __forceinline__ bool next(Tile& t) {
+    if (!next_cluster_tile(t)) return false;
+    // A 1-D cluster along x: the rank of a CTA is its x index modulo the cluster size.
+    t.n_block = t.n_block * kNumMulticast + blockIdx.x % kNumMulticast;
+    return true;
+  }
+
+  // The next tile of this CTA's cluster (n_block in units of kNumMulticast n-blocks).
+  __device__ __forceinline__ bool next_cluster_tile(Tile& t) {
     if constexpr (kType == GemmType::kGroupedMasked) {
       const uint32_t tile = next_tile;
-      next_tile += gridDim.x;
+      next_tile += gridDim.x / kNumMulticast;  // one step per cluster
       // Tiles of one CTA increase, so the group search only moves forward.
       while (tile >= group_first_tile + num_m_blocks * num_n_blocks) {
         if (group >= num_groups) return false;
@@ -81,7 +95,7 @@ struct TileScheduler {
       while (true) {
         const uint32_t tile = next_tile;
         if (tile >= num_m_blocks * num_n_blocks) return false;
-        next_tile += gridDim.x;
+        next_tile += gridDim.x / kNumMulticast;  // one step per cluster
         raster(tile, t.m_block, t.n_block);
         if constexpr (kType == GemmType::kGroupedContiguous) {
           const int g = __ldg(grouped_layout + t.m_block * kBlockM);

@@ -7,6 +7,7 @@
 
 namespace moe_kernels {
 using cuda::std::int32_t;
+using cuda::std::uint16_t;
 using cuda::std::uint32_t;
 using cuda::std::uint64_t;
 using cuda::std::uint8_t;
@@ -31,6 +32,18 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
 
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Arrives on the mbarrier at `bar`'s offset in CTA `cta` of the cluster (this CTA included). The
+// default CTA-scope release, as CUTLASS's ClusterBarrier does: what it orders is this thread's use of
+// a stage that a peer's TMA refills next, and .release.cluster would add a GPU-wide MEMBAR per call.
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(smem_addr(bar)),
+      "r"(cta)
+      : "memory");
 }
 
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
@@ -89,6 +102,31 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TmaDescriptor* map,
       : "memory");
 }
 
+// 2-D tile load multicast to the CTAs of `cta_mask` (bit i: CTA i of the cluster), into the same
+// shared-memory offset in each, completing bytes on the mbarrier at `bar`'s offset in each.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const TmaDescriptor* map, uint64_t* bar, int32_t inner,
+                                                      int32_t outer, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(inner), "r"(outer), "h"(cta_mask)
+      : "memory");
+}
+
+// ---- clusters --------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+
+// Every thread of every CTA of the cluster. Relaxed arrive, as CUTLASS does after mbarrier inits:
+// fence.mbarrier_init.release.cluster already publishes them, and a release arrive would add a
+// GPU-wide MEMBAR.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
 // 2-D tile store shared -> global; rows and columns outside the tensor are clipped by the TMA unit.
 __device__ __forceinline__ void tma_store_2d(const TmaDescriptor* map, const void* src, int32_t inner, int32_t outer) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
@@ -134,6 +172,14 @@ __device__ __forceinline__ void fence_operand(float& reg) { asm volatile("" : "+
 // Register A operands of an in-flight wgmma must keep their registers until wgmma_wait: fencing
 // them after the wait keeps the compiler from reusing those registers earlier.
 __device__ __forceinline__ void fence_operand(uint32_t& reg) { asm volatile("" : "+r"(reg)::"memory"); }
+
+// setmaxnreg only moves registers inside what the CTA was given at launch: ptxas gives a kernel
+// that uses it the most its launch bounds allow (65536 / threads, at most 255, whole steps of 8 per
+// thread). Role budgets that add up to more make setmaxnreg.inc wait forever (a hang, no error).
+template <uint32_t kNumThreads>
+constexpr uint32_t launch_registers() {
+  return (65536 / kNumThreads < 255 ? 65536 / kNumThreads : 255) / 8 * 8 * kNumThreads;
+}
 
 template <uint32_t kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {

@@ -46,6 +46,9 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   // Register budgets: the producer needs few; the math warpgroups hold one accumulator set.
   constexpr uint32_t kProducerRegisters = 40;
   constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 240 : 232;
+  static_assert(128 * (kProducerRegisters + kNumMathWG * kMathRegisters) <=
+                    sm90::launch_registers<(kNumMathWG + 1) * 128>(),
+                "register budgets exceed the launch allocation: setmaxnreg.inc would hang");
   static_assert(kShapeK % kBlockK == 0, "K must be a multiple of 64");
   static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
   static_assert(kBlockM == 64 || kBlockM == 128, "block M is 64 or 128");

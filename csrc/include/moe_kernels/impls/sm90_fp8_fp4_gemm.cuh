@@ -73,8 +73,8 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   constexpr uint32_t kConverterRegisters = kNumMathWG == 1 ? 80 : 56;
   constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 232 : 200;
   static_assert(128 * (kProducerRegisters + kNumConverterWG * kConverterRegisters + kNumMathWG * kMathRegisters) <=
-                    65536,
-                "register budgets exceed the register file");
+                    sm90::launch_registers<(1 + kNumConverterWG + kNumMathWG) * 128>(),
+                "register budgets exceed the launch allocation: setmaxnreg.inc would hang");
   static_assert(kShapeK % kBlockK == 0, "K must be a multiple of 128");
   static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
   static_assert(kBlockM == 64 || kBlockM == 128, "block M is 64 or 128");

@@ -40,7 +40,7 @@ struct Fp8GemmSmem {
 // shape_m: rows of A (kNormal, kGroupedContiguous) or rows per group (kGroupedMasked, whose
 // group g starts at row g * shape_m of A and D); grouped_layout: m_indices or masked_m.
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
-          uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes>
+          uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1>
 __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -55,9 +55,14 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
   constexpr uint32_t kNumKBlocks = kShapeK / kBlockK;
   constexpr uint32_t kNumSfbRows = (kShapeN + 127) / 128;
-  // Register budgets: the producers need few; the math warpgroups hold two accumulator sets.
-  constexpr uint32_t kProducerRegisters = 40;
+  // Register budgets: the math warpgroups hold two accumulator sets; the producers get what is left
+  // of the launch allocation (2 x 128 x 232 + 128 x 40 = 384 x 168). At 40 the scale warp spills a
+  // few registers (L1-resident); one math warpgroup leaves room for 48, which does not.
+  constexpr uint32_t kProducerRegisters = kNumMathWG == 1 ? 48 : 40;
   constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 240 : 232;
+  static_assert(128 * (kProducerRegisters + kNumMathWG * kMathRegisters) <=
+                    sm90::launch_registers<(kNumMathWG + 1) * 128>(),
+                "register budgets exceed the launch allocation: setmaxnreg.inc would hang");
   static_assert(kShapeK % kBlockK == 0, "K must be a multiple of 128");
   static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
   static_assert(kBlockM == 64 || kBlockM == 128, "block M is 64 or 128");
@@ -70,6 +75,11 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   constexpr auto kType = static_cast<GemmType>(kGemmType);
   constexpr bool kGrouped = kType != GemmType::kNormal;
   static_assert(!kGrouped || kResidual == 0, "grouped GEMMs take no residual");
+  // Clusters of kNumMulticast CTAs on adjacent n-blocks of one m-block: each loads 1/kNumMulticast
+  // of the A tile and multicasts it to all, so A crosses L2 once per cluster. A stage is then
+  // refilled by the peers too, so its empty barrier counts every CTA's consumers.
+  static_assert(kNumMulticast == 1 || kNumMulticast == 2, "A is shared by 1 or 2 CTAs");
+  constexpr uint32_t kMulticastRowsA = kBlockM / kNumMulticast;
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -86,11 +96,15 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
     sm90::tma_prefetch_descriptor(&map_b);
     sm90::tma_prefetch_descriptor(&map_d);
     // Full: one expect-tx arrival for the A/B tiles plus one cp.async arrival per scale lane.
-    ring.init(1 + 32, kNumMathWG * 4);
+    ring.init(1 + 32, kNumMathWG * 4 * kNumMulticast);
   }
-  __syncthreads();
+  if constexpr (kNumMulticast > 1) {
+    sm90::cluster_sync();  // the peers' barriers exist before any multicast or remote arrival
+  } else {
+    __syncthreads();
+  }
 
-  TileScheduler<kType, kBlockM, kBlockN, kGroupN> scheduler(m, kShapeN, grouped_layout, num_groups);
+  TileScheduler<kType, kBlockM, kBlockN, kGroupN, kNumMulticast> scheduler(m, kShapeN, grouped_layout, num_groups);
   PipelineState<kNumStages> pipe;
   Tile t;
   // First row of the tile in A (and D) viewed as 2-D, first row of its B slice.
@@ -103,15 +117,26 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
     sm90::setmaxnreg_dec<kProducerRegisters>();
     const uint32_t producer_warp = warp - kNumMathWG * 4;
     if (producer_warp == 0 && lane == 0) {
+      const uint32_t rank = kNumMulticast > 1 ? sm90::cluster_ctarank() : 0;
       while (scheduler.next(t)) {
-        const uint32_t row_a = a_row0(t), row_b = b_row0(t);
+        const uint32_t row_a = a_row0(t) + rank * kMulticastRowsA, row_b = b_row0(t);
         for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
           ring.producer_acquire(pipe);
           uint64_t* full = ring.full + pipe.stage;
           sm90::mbarrier_arrive_expect_tx(full, Smem::kA + Smem::kB);
-          sm90::tma_load_2d(smem + Smem::kOffsetA + pipe.stage * Smem::kA, &map_a, full, kb * kBlockK, row_a);
+          uint8_t* smem_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + rank * kMulticastRowsA * kBlockK;
+          if constexpr (kNumMulticast > 1) {
+            sm90::tma_load_2d_multicast(smem_a, &map_a, full, kb * kBlockK, row_a, (1u << kNumMulticast) - 1);
+          } else {
+            sm90::tma_load_2d(smem_a, &map_a, full, kb * kBlockK, row_a);
+          }
           sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, &map_b, full, kb * kBlockK, row_b);
         }
+      }
+      if constexpr (kNumMulticast > 1) {
+        // The peers arrive on this CTA's empty barriers and multicast into its stages: it may only
+        // exit once every stage's last fill has been released by the consumers of every CTA.
+        for (uint32_t s = 0; s < kNumStages; ++s, pipe.advance()) ring.producer_acquire(pipe);
       }
     } else if (producer_warp == 1) {
       while (scheduler.next(t)) {
@@ -150,37 +175,46 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   float final_acc[Wgmma::kNumAccum];
 
   while (scheduler.next(t)) {
-    const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
 #pragma unroll
     for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
 
-    for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
-      ring.consumer_wait(pipe);
-      const uint8_t* tile_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + math_wg * 64 * kBlockK;
-      const uint8_t* tile_b = smem + Smem::kOffsetB + pipe.stage * Smem::kB;
-      const uint64_t desc_a = sm90::make_sw128_kmajor_desc(tile_a);
-      const uint64_t desc_b = sm90::make_sw128_kmajor_desc(tile_b);
+    with_static_split<kBlockN>(t.n_block * kBlockN, [&](auto split) {
+      const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
+      for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
+        ring.consumer_wait(pipe);
+        // Scales first: their shared-memory latency hides behind the wgmmas.
+        const float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
+        const float sa0 = sf[tile_row0], sa1 = sf[tile_row0 + 8];
+        const float sb0 = sf[kBlockM], sb1 = sf[kBlockM + 1];
+        const uint8_t* tile_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + math_wg * 64 * kBlockK;
+        const uint8_t* tile_b = smem + Smem::kOffsetB + pipe.stage * Smem::kB;
+        const uint64_t desc_a = sm90::make_sw128_kmajor_desc(tile_a);
+        const uint64_t desc_b = sm90::make_sw128_kmajor_desc(tile_b);
 #pragma unroll
-      for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
-      sm90::wgmma_fence();
+        for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+        sm90::wgmma_fence();
 #pragma unroll
-      for (uint32_t k = 0; k < kBlockK / Wgmma::kK; ++k) {
-        // Each 32-deep K slice starts 32 bytes further along the 128-byte swizzled rows.
-        Wgmma::mma(desc_a + k * 2, desc_b + k * 2, acc, k > 0);
+        for (uint32_t k = 0; k < kBlockK / Wgmma::kK; ++k) {
+          // Each 32-deep K slice starts 32 bytes further along the 128-byte swizzled rows.
+          Wgmma::mma(desc_a + k * 2, desc_b + k * 2, acc, k > 0);
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+#pragma unroll
+        for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+
+        __syncwarp();
+        if constexpr (kNumMulticast > 1) {
+          if (lane < kNumMulticast) sm90::mbarrier_arrive_cluster(ring.empty + pipe.stage, lane);
+        } else if (lane == 0) {
+          ring.consumer_release(pipe);
+        }
+        promote_fp8_accum<kBlockN, decltype(split)::value>(final_acc, acc, sa0, sa1, sb0, sb1, split_col);
       }
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-#pragma unroll
-      for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+    });
 
-      const float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
-      const float sa0 = sf[tile_row0], sa1 = sf[tile_row0 + 8];
-      const float sb0 = sf[kBlockM], sb1 = sf[kBlockM + 1];
-      __syncwarp();
-      if (lane == 0) ring.consumer_release(pipe);
-      promote_fp8_accum<kBlockN>(final_acc, acc, sa0, sa1, sb0, sb1, split_col);
-    }
-
+    // A cluster's n-block past N was computed only to keep the peers in step: nothing to store.
+    if (kNumMulticast > 1 && t.n_block * kBlockN >= kShapeN) continue;
     // Epilogue: the previous tile's TMA store must have finished reading shared memory.
     if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
     sm90::named_barrier_sync(1, kNumMathThreads);

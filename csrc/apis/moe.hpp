@@ -1,0 +1,79 @@
+#pragma once
+// pybind entry points of the MoE kernels around the grouped GEMMs (routing, one rank's decode
+// dispatch, combine).
+// Tensors arrive as raw integers; kernels/moe.py validates them first.
+#include <cstdint>
+
+#include <pybind11/pybind11.h>
+
+#include "launchers/moe_combine.hpp"
+#include "launchers/moe_local_dispatch.hpp"
+#include "launchers/moe_route.hpp"
+
+namespace moe_apis::moe {
+
+inline void moe_combine(std::uint64_t src, long long num_src_rows, std::uint64_t rows, std::uint64_t routed,
+                        std::uint64_t out, long long num_tokens, int top_k, int hidden, bool float_out, int device,
+                        std::uint64_t stream) {
+  namespace L = moe_launchers::moe_combine;
+  L::launch(L::get_config(top_k, hidden, float_out), {src, num_src_rows, rows, routed, out, num_tokens, device, stream});
+}
+
+inline void moe_local_dispatch(std::uint64_t topk_idx, std::uint64_t topk_weights, std::uint64_t xq, std::uint64_t xs,
+                               long long num_tokens, int top_k, int num_local, int hidden, long long first_expert,
+                               std::uint64_t acts, std::uint64_t acts_sf, std::uint64_t weights,
+                               std::uint64_t global_ids, std::uint64_t pair_rows, std::uint64_t masked_m, int device,
+                               std::uint64_t stream) {
+  namespace L = moe_launchers::moe_local_dispatch;
+  L::launch(L::get_config(top_k, num_local, hidden), {topk_idx, topk_weights, xq, xs, num_tokens, first_expert, acts,
+                                                      acts_sf, weights, global_ids, pair_rows, masked_m, device,
+                                                      stream});
+}
+
+inline void moe_route(std::uint64_t logits, std::uint64_t bias, long long num_tokens, int num_experts, int top_k,
+                      int num_groups, int topk_groups, bool sigmoid, bool norm, float scaling, std::uint64_t topk_idx,
+                      std::uint64_t topk_weights, int device, std::uint64_t stream) {
+  namespace L = moe_launchers::moe_route;
+  L::launch(L::get_config(num_experts, top_k, num_groups, topk_groups, sigmoid, norm, bias != 0),
+            {logits, bias, num_tokens, scaling, topk_idx, topk_weights, device, stream});
+}
+
+template <typename Generated>
+pybind11::tuple as_tuple(const Generated& g) {
+  return pybind11::make_tuple(g.name, g.code);
+}
+
+inline pybind11::tuple moe_local_dispatch_code(int top_k, int num_local, int hidden) {
+  namespace L = moe_launchers::moe_local_dispatch;
+  return as_tuple(L::generate(L::get_config(top_k, num_local, hidden)));
+}
+
+inline pybind11::tuple moe_route_code(int num_experts, int top_k, int num_groups, int topk_groups, bool sigmoid,
+                                      bool norm, bool has_bias) {
+  namespace L = moe_launchers::moe_route;
+  return as_tuple(L::generate(L::get_config(num_experts, top_k, num_groups, topk_groups, sigmoid, norm, has_bias)));
+}
+
+inline pybind11::tuple moe_combine_code(int top_k, int hidden, bool float_out) {
+  namespace L = moe_launchers::moe_combine;
+  return as_tuple(L::generate(L::get_config(top_k, hidden, float_out)));
+}
+
+inline void register_apis(pybind11::module_& m) {
+  using pybind11::arg;
+  m.def("moe_route", &moe_route, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "top-k routing from float32 logits [T, E]: softmax/sigmoid, bias, grouped top-k, weights");
+  m.def("moe_route_code", &moe_route_code, "(name, code) of the routing kernel (no GPU)", arg("num_experts"),
+        arg("top_k"), arg("num_groups"), arg("topk_groups"), arg("sigmoid"), arg("norm"), arg("has_bias"));
+  m.def("moe_local_dispatch", &moe_local_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "one rank's decode dispatch of T x k pairs into the masked layout [E_l, T] + spare rows");
+  m.def("moe_local_dispatch_code", &moe_local_dispatch_code, "(name, code) of the local dispatch kernel (no GPU)",
+        arg("top_k"), arg("num_local"), arg("hidden"));
+  m.def("moe_combine", &moe_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "out[t] = sum over j of src[rows[t * k + j]] where routed[t, j], float32 in slot order, rounded once "
+        "(rows, routed: 0 for the identity and all routed)");
+  m.def("moe_combine_code", &moe_combine_code, "(name, code) of the combine kernel (no GPU)", arg("top_k"),
+        arg("hidden"), arg("float_out"));
+}
+
+}  // namespace moe_apis::moe
