@@ -1,12 +1,15 @@
 #pragma once
 // pybind entry points of the MoE kernels around the grouped GEMMs (routing, one rank's decode
-// dispatch, combine).
+// dispatch, combine, the low-latency expert-parallel transport).
 // Tensors arrive as raw integers; kernels/moe.py validates them first.
 #include <cstdint>
+#include <tuple>
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "launchers/moe_combine.hpp"
+#include "launchers/moe_ep_ll.hpp"
 #include "launchers/moe_local_dispatch.hpp"
 #include "launchers/moe_route.hpp"
 
@@ -38,6 +41,28 @@ inline void moe_route(std::uint64_t logits, std::uint64_t bias, long long num_to
             {logits, bias, num_tokens, scaling, topk_idx, topk_weights, device, stream});
 }
 
+// The transport layout as Python passes it: (peers, off_x, off_sf, off_w, off_src, off_combine,
+// off_signals, rank, num_ranks, num_local, max_tokens, top_k, hidden).
+using EpLayoutTuple = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t,
+                                 std::uint64_t, int, int, int, int, int, int>;
+
+inline moe_launchers::moe_ep_ll::Layout ep_layout(const EpLayoutTuple& t) {
+  const auto& [peers, x, sf, w, src, combine, signals, rank, ranks, local, tokens, top_k, hidden] = t;
+  return {peers, x, sf, w, src, combine, signals, rank, ranks, local, tokens, top_k, hidden};
+}
+
+inline void moe_ep_dispatch(const EpLayoutTuple& layout, std::uint64_t topk_idx, std::uint64_t topk_weights,
+                            std::uint64_t xq, std::uint64_t xs, long long num_tokens, std::uint64_t masked_m, int device,
+                            std::uint64_t stream) {
+  moe_launchers::moe_ep_ll::dispatch(ep_layout(layout), topk_idx, topk_weights, xq, xs, num_tokens, masked_m, device,
+                                     stream);
+}
+
+inline void moe_ep_combine(const EpLayoutTuple& layout, std::uint64_t expert_out, std::uint64_t masked_m, int device,
+                           std::uint64_t stream) {
+  moe_launchers::moe_ep_ll::combine(ep_layout(layout), expert_out, masked_m, device, stream);
+}
+
 template <typename Generated>
 pybind11::tuple as_tuple(const Generated& g) {
   return pybind11::make_tuple(g.name, g.code);
@@ -59,8 +84,21 @@ inline pybind11::tuple moe_combine_code(int top_k, int hidden, bool float_out) {
   return as_tuple(L::generate(L::get_config(top_k, hidden, float_out)));
 }
 
+inline pybind11::tuple moe_ep_ll_code(int kernel, int top_k, int hidden) {
+  namespace L = moe_launchers::moe_ep_ll;
+  MOE_HOST_ASSERT(kernel >= 0 && kernel <= 3, L::kFn << ": kernel must be 0..3, got " << kernel);
+  return as_tuple(L::generate(static_cast<L::Kernel>(kernel), top_k, hidden));
+}
+
 inline void register_apis(pybind11::module_& m) {
   using pybind11::arg;
+  m.def("moe_ep_dispatch", &moe_ep_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "low-latency EP dispatch (send + wait): this rank's pairs into the owners' buffers, masked_m [E_l]");
+  m.def("moe_ep_combine", &moe_ep_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "low-latency EP combine (send + wait): expert outputs [E_l, R, H] into their sources' combine buffers");
+  m.def("moe_ep_ll_code", &moe_ep_ll_code,
+        "(name, code) of a transport kernel: 0 dispatch_send, 1 dispatch_wait, 2 combine_send, 3 combine_wait",
+        arg("kernel"), arg("top_k"), arg("hidden"));
   m.def("moe_route", &moe_route, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "top-k routing from float32 logits [T, E]: softmax/sigmoid, bias, grouped top-k, weights");
   m.def("moe_route_code", &moe_route_code, "(name, code) of the routing kernel (no GPU)", arg("num_experts"),

@@ -1,0 +1,190 @@
+#pragma once
+// Low-latency expert-parallel transport (decode sizes): dispatch into and combine out of the
+// masked layout of every rank's local experts, by peer writes into each rank's symmetric buffer,
+// with no host synchronisation (a forward can sit in a CUDA graph). P ranks, E_l local experts
+// each, T_cap tokens per rank at most, top-k, hidden H.
+//
+// A rank's symmetric buffer (the same byte offsets on every rank; `peers` holds every rank's base
+// address as mapped in this process):
+//   recv_x   uint8  [E_l, R, H]       FP8 rows for this rank's experts, R = P * T_cap rows each (a
+//                                     token's top-k experts are distinct, so a source sends an
+//                                     expert at most T_cap rows)
+//   recv_sf  float  [E_l, R, H / 128]
+//   recv_w   float  [E_l, R]          the pair's top-k weight
+//   recv_src int32  [E_l, R]          source rank * T_cap * k + t * k + j
+//   combine  bf16   [T_cap * k, H]    expert outputs of this rank's pairs, written by their owners
+//   signals  int32  (EpSignals)
+// A row's place inside its expert comes from an atomic counter on the owner, so the rows of an
+// expert are in no particular order; every step is row-local and the combine sums each token's
+// slots in slot order, so results do not depend on it.
+//
+// Epochs: each rank counts its forwards in `epoch` (its own memory; the last kernel of a forward
+// increments it). A forward's flags carry its epoch, so they never need resetting; the slot
+// counters alternate between two sets by epoch parity, and the set of the next epoch is zeroed by
+// its owner in this epoch's dispatch_wait. That zeroing is seen by any sender of the next epoch:
+// a sender starts it only after its combine_wait saw this owner's combine flag, released after.
+//
+// Kernels, in stream order on every rank:
+//   dispatch_send   one CTA per (token, slot) pair: slot on the owner (system-scope atomic), then
+//                   the row, scales, weight and source written into the owner's buffer; the last
+//                   CTA raises this rank's dispatch flag on every rank;
+//   dispatch_wait   one CTA: waits for every rank's dispatch flag, writes masked_m [E_l], zeroes
+//                   the next epoch's counters;
+//   (the experts: masked grouped GEMMs on [E_l, R, H] with masked_m)
+//   combine_send    each received row's expert output to its source's combine buffer; the last
+//                   CTA raises this rank's combine flag on every rank;
+//   combine_wait    one CTA: waits for every rank's combine flag, then epoch += 1;
+//   (kernels.moe_combine sums each token's slots out of the combine buffer).
+
+#include <cuda_bf16.h>
+#include <moe_kernels/common/signals.cuh>
+
+namespace moe_kernels {
+
+// Word offsets in a rank's signal area.
+struct EpSignals {
+  uint32_t num_ranks, num_local;
+  __device__ __forceinline__ uint32_t counts(uint32_t parity) const { return parity * num_local; }
+  __device__ __forceinline__ uint32_t dispatch_done() const { return 2 * num_local; }
+  __device__ __forceinline__ uint32_t combine_done() const { return 2 * num_local + num_ranks; }
+  __device__ __forceinline__ uint32_t epoch() const { return 2 * num_local + 2 * num_ranks; }
+  __device__ __forceinline__ uint32_t finished(uint32_t kernel) const { return epoch() + 1 + kernel; }
+};
+
+template <typename T>
+__device__ __forceinline__ T* view(uint64_t base, uint64_t offset) {
+  return reinterpret_cast<T*>(base + offset);
+}
+
+// The epoch this forward runs under: one more than the forwards finished on this rank.
+__device__ __forceinline__ int current_epoch(const int* signals, const EpSignals& sig) {
+  return *reinterpret_cast<const volatile int*>(signals + sig.epoch()) + 1;
+}
+
+template <uint32_t kTopK, uint32_t kHidden, uint32_t kThreads>
+__global__ void __launch_bounds__(kThreads)
+    moe_ep_dispatch_send(const uint64_t* __restrict__ peers, uint64_t off_x, uint64_t off_sf, uint64_t off_w,
+                         uint64_t off_src, uint64_t off_signals, uint32_t rank, uint32_t num_ranks, uint32_t num_local,
+                         uint32_t rows_per_expert, uint32_t pairs_per_rank, const long long* __restrict__ topk_idx,
+                         const float* __restrict__ topk_weights, const uint8_t* __restrict__ xq,
+                         const float* __restrict__ xs, uint32_t num_tokens) {
+  static_assert(kHidden % 128 == 0, "rows are copied 16 bytes at a time, one scale per 128 columns");
+  constexpr uint32_t kScales = kHidden / 128;
+  const EpSignals sig{num_ranks, num_local};
+  int* signals = view<int>(peers[rank], off_signals);
+  const int epoch = current_epoch(signals, sig);
+  const uint32_t parity = epoch & 1;
+  const uint32_t pairs = num_tokens * kTopK;
+  const long long num_experts = static_cast<long long>(num_local) * num_ranks;
+  __shared__ int slot_shared;
+
+  for (uint32_t p = blockIdx.x; p < pairs; p += gridDim.x) {
+    const long long id = topk_idx[p];
+    if (id < 0 || id >= num_experts) continue;  // unrouted (the same for the whole CTA)
+    const uint32_t owner = static_cast<uint32_t>(id / num_local), expert = static_cast<uint32_t>(id % num_local);
+    const uint64_t base = peers[owner];
+    if (threadIdx.x == 0) slot_shared = atomicAdd_system(view<int>(base, off_signals) + sig.counts(parity) + expert, 1);
+    __syncthreads();
+    const uint32_t slot = static_cast<uint32_t>(slot_shared);
+    __syncthreads();  // slot_shared is rewritten for the CTA's next pair
+    // Only repeated ids within a token overflow an expert's R rows: those pairs are dropped (their
+    // combine slots keep stale data) rather than written past the expert.
+    if (slot >= rows_per_expert) continue;
+    const uint64_t row = uint64_t(expert) * rows_per_expert + slot;
+    const uint32_t token = p / kTopK;
+    const auto* src = reinterpret_cast<const uint4*>(xq + uint64_t(token) * kHidden);
+    auto* dst = view<uint4>(base, off_x + row * kHidden);
+    for (uint32_t i = threadIdx.x; i < kHidden / 16; i += kThreads) dst[i] = __ldg(src + i);
+    float* dst_sf = view<float>(base, off_sf) + row * kScales;
+    for (uint32_t i = threadIdx.x; i < kScales; i += kThreads) dst_sf[i] = __ldg(xs + uint64_t(token) * kScales + i);
+    if (threadIdx.x == 0) {
+      view<float>(base, off_w)[row] = __ldg(topk_weights + p);
+      view<int>(base, off_src)[row] = static_cast<int>(rank * pairs_per_rank + p);
+    }
+  }
+  if (signals::last_cta_done(signals + sig.finished(0))) {
+    for (uint32_t q = 0; q < num_ranks; ++q) {
+      signals::store_relaxed_sys(view<int>(peers[q], off_signals) + sig.dispatch_done() + rank, epoch);
+    }
+  }
+}
+
+template <uint32_t kThreads>
+__global__ void __launch_bounds__(kThreads)
+    moe_ep_dispatch_wait(const uint64_t* __restrict__ peers, uint64_t off_signals, uint32_t rank, uint32_t num_ranks,
+                         uint32_t num_local, uint32_t rows_per_expert, int* __restrict__ masked_m) {
+  const EpSignals sig{num_ranks, num_local};
+  int* signals = view<int>(peers[rank], off_signals);
+  const int epoch = current_epoch(signals, sig);
+  const uint32_t parity = epoch & 1;
+  for (uint32_t s = threadIdx.x; s < num_ranks; s += kThreads) {
+    signals::wait_flag(signals + sig.dispatch_done() + s, epoch, "the dispatch", static_cast<int>(s));
+  }
+  __syncthreads();
+  __threadfence();  // the waiting threads' acquires cover the counters every thread reads below
+  for (uint32_t e = threadIdx.x; e < num_local; e += kThreads) {
+    const int count = *reinterpret_cast<volatile int*>(signals + sig.counts(parity) + e);
+    masked_m[e] = min(count, static_cast<int>(rows_per_expert));
+    signals[sig.counts(parity ^ 1) + e] = 0;
+  }
+}
+
+// Rows of a grid-stride loop over the received rows of all local experts, flattened: expert e's
+// valid rows are [prefix[e], prefix[e + 1]).
+template <uint32_t kHidden, uint32_t kThreads>
+__global__ void __launch_bounds__(kThreads)
+    moe_ep_combine_send(const uint64_t* __restrict__ peers, uint64_t off_src, uint64_t off_combine,
+                        uint64_t off_signals, uint32_t rank, uint32_t num_ranks, uint32_t num_local,
+                        uint32_t rows_per_expert, uint32_t pairs_per_rank, const __nv_bfloat16* __restrict__ expert_out,
+                        const int* __restrict__ masked_m) {
+  static_assert(kHidden % 8 == 0, "rows are copied 16 bytes at a time");
+  extern __shared__ uint32_t prefix[];  // [num_local + 1]
+  const EpSignals sig{num_ranks, num_local};
+  int* signals = view<int>(peers[rank], off_signals);
+  const int epoch = current_epoch(signals, sig);
+  if (threadIdx.x == 0) {
+    uint32_t sum = 0;
+    for (uint32_t e = 0; e < num_local; ++e) {
+      prefix[e] = sum;
+      sum += static_cast<uint32_t>(min(max(masked_m[e], 0), static_cast<int>(rows_per_expert)));
+    }
+    prefix[num_local] = sum;
+  }
+  __syncthreads();
+  const int* src_ids = view<int>(peers[rank], off_src);
+  for (uint32_t f = blockIdx.x; f < prefix[num_local]; f += gridDim.x) {
+    uint32_t lo = 0, hi = num_local;  // the expert e with prefix[e] <= f < prefix[e + 1]
+    while (hi - lo > 1) {
+      const uint32_t mid = (lo + hi) / 2;
+      (prefix[mid] <= f ? lo : hi) = mid;
+    }
+    const uint64_t row = uint64_t(lo) * rows_per_expert + (f - prefix[lo]);
+    const uint32_t src = static_cast<uint32_t>(src_ids[row]);
+    const uint32_t source = src / pairs_per_rank, pair = src % pairs_per_rank;
+    if (source >= num_ranks) continue;  // cannot come from dispatch_send; never write outside the group
+    const auto* from = reinterpret_cast<const uint4*>(expert_out + row * kHidden);
+    auto* to = view<uint4>(peers[source], off_combine + uint64_t(pair) * kHidden * 2);
+    for (uint32_t i = threadIdx.x; i < kHidden / 8; i += kThreads) to[i] = __ldg(from + i);
+  }
+  if (signals::last_cta_done(signals + sig.finished(1))) {
+    for (uint32_t q = 0; q < num_ranks; ++q) {
+      signals::store_relaxed_sys(view<int>(peers[q], off_signals) + sig.combine_done() + rank, epoch);
+    }
+  }
+}
+
+template <uint32_t kThreads>
+__global__ void __launch_bounds__(kThreads)
+    moe_ep_combine_wait(const uint64_t* __restrict__ peers, uint64_t off_signals, uint32_t rank, uint32_t num_ranks,
+                        uint32_t num_local) {
+  const EpSignals sig{num_ranks, num_local};
+  int* signals = view<int>(peers[rank], off_signals);
+  const int epoch = current_epoch(signals, sig);
+  for (uint32_t s = threadIdx.x; s < num_ranks; s += kThreads) {
+    signals::wait_flag(signals + sig.combine_done() + s, epoch, "the combine", static_cast<int>(s));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) signals[sig.epoch()] = epoch;
+}
+
+}  // namespace moe_kernels

@@ -1,0 +1,178 @@
+"""Low-latency expert-parallel transport (decode sizes): dispatch into, and combine out of, the
+masked layout of every rank's local experts by peer writes into each rank's symmetric buffer, with
+no host synchronisation, so a forward can sit in a CUDA graph (CUDA only).
+
+The buffers (:func:`ep_buffer_views`, allocated by the caller, e.g. as views of a
+``moe_runtime.symm.SymmBuffer``; P ranks, E_l local experts, T_cap tokens per rank at most, top-k,
+hidden H, R = P * T_cap rows per expert):
+
+* ``ep_x`` uint8 [E_l, R, H], ``ep_sf`` float32 [E_l, R, H/128], ``ep_w`` float32 [E_l, R]: the FP8
+  rows, 1x128 scales and top-k weights this rank's experts receive (the masked layout of
+  ``m_grouped_*_gemm_nt_masked``; rows of an expert in no particular order);
+* ``ep_src`` int32 [E_l, R]: each row's source (rank * T_cap * k + t * k + j);
+* ``ep_combine`` bfloat16 [T_cap * k, H]: the expert outputs of this rank's (token, slot) pairs;
+* ``ep_signals`` int32 [2 E_l + 2 P + 3]: slot counters, flags and this rank's forward count,
+  zero before the first forward.
+
+One forward on every rank of the group, in this order: :func:`ep_dispatch` (returns ``masked_m``),
+the experts on ``ep_x`` / ``ep_sf`` / ``ep_w`` -> bfloat16 [E_l, R, H], :func:`ep_combine`, then
+``kernels.moe_combine(ep_combine[:T * k], None, routed, T, k)``. Each step waits on the device for
+the other ranks (bounded: a rank that never arrives makes the kernel trap after 30 s instead of
+hanging). Every rank must run the same number of forwards. See csrc/include/moe_kernels/impls/
+moe_ep_ll.cuh for the protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import _checks, _descriptors, jit
+
+kEpMaxRanks = 64
+kEpMaxLocalExperts = 1024
+kEpViews = ("ep_x", "ep_sf", "ep_w", "ep_src", "ep_combine", "ep_signals")
+
+
+def ep_signal_ints(num_ranks: int, num_local_experts: int) -> int:
+    """Words of a rank's signal area: two sets of E_l slot counters, P dispatch and P combine flags,
+    the forward count, two grid-completion counters."""
+    return 2 * num_local_experts + 2 * num_ranks + 3
+
+
+def ep_buffer_views(num_ranks: int, num_local_experts: int, max_tokens: int, top_k: int,
+                    hidden: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """``(name, shape, dtype)`` of each transport view, in :data:`kEpViews` order."""
+    rows = num_ranks * max_tokens
+    return [("ep_x", (num_local_experts, rows, hidden), torch.uint8),
+            ("ep_sf", (num_local_experts, rows, hidden // 128), torch.float32),
+            ("ep_w", (num_local_experts, rows), torch.float32),
+            ("ep_src", (num_local_experts, rows), torch.int32),
+            ("ep_combine", (max_tokens * top_k, hidden), torch.bfloat16),
+            ("ep_signals", (ep_signal_ints(num_ranks, num_local_experts),), torch.int32)]
+
+
+@dataclass(frozen=True)
+class EpLayout:
+    """A group's transport buffers as this process sees them.
+
+    ``peers`` int64 [P] on this rank's GPU: every rank's buffer base address in this process's
+    address space (this rank's own included); ``offsets``: byte offset of each view of
+    :data:`kEpViews` from a base (the same on every rank)."""
+
+    peers: torch.Tensor
+    offsets: tuple[int, ...]
+    rank: int
+    num_ranks: int
+    num_local_experts: int
+    max_tokens: int
+    top_k: int
+    hidden: int
+
+    @property
+    def rows_per_expert(self) -> int:
+        return self.num_ranks * self.max_tokens
+
+    def __post_init__(self):
+        fn = "EpLayout"
+        for name in ("rank", "num_ranks", "num_local_experts", "max_tokens", "top_k", "hidden"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                _checks.fail(fn, ValueError, f"{name} must be an int, got {value!r}")
+        if not 1 <= self.num_ranks <= kEpMaxRanks or not 0 <= self.rank < self.num_ranks:
+            _checks.fail(fn, ValueError, f"rank {self.rank} of num_ranks {self.num_ranks}: need 0 <= rank < "
+                                         f"num_ranks <= {kEpMaxRanks}")
+        if not 1 <= self.num_local_experts <= kEpMaxLocalExperts:
+            _checks.fail(fn, ValueError, f"num_local_experts must be in [1, {kEpMaxLocalExperts}], got "
+                                         f"{self.num_local_experts}")
+        if self.max_tokens < 1 or not 1 <= self.top_k <= 64 or self.hidden < 128 or self.hidden % 128:
+            _checks.fail(fn, ValueError, f"need max_tokens >= 1, top_k in [1, 64] and hidden a positive multiple of "
+                                         f"128, got {self.max_tokens}, {self.top_k}, {self.hidden}")
+        if len(self.offsets) != len(kEpViews) or any(not isinstance(o, int) or o < 0 for o in self.offsets):
+            _checks.fail(fn, ValueError, f"offsets must be {len(kEpViews)} non-negative ints ({', '.join(kEpViews)}), "
+                                         f"got {self.offsets!r}")
+        x, sf, w, src, combine, signals = self.offsets
+        if x % 16 or combine % 16 or sf % 4 or w % 4 or src % 4 or signals % 4:
+            _checks.fail(fn, ValueError, f"view offsets must be aligned (ep_x and ep_combine to 16 bytes, the rest "
+                                         f"to 4), got {self.offsets}")
+        peers = self.peers
+        if not isinstance(peers, torch.Tensor) or peers.dtype != torch.int64 or tuple(peers.shape) != (self.num_ranks,) \
+                or not peers.is_cuda or not peers.is_contiguous():
+            _checks.fail(fn, ValueError, f"peers must be a contiguous int64 CUDA tensor of shape [{self.num_ranks}], "
+                                         f"got {getattr(peers, 'dtype', type(peers).__name__)} "
+                                         f"{list(getattr(peers, 'shape', ()))} on {getattr(peers, 'device', None)}")
+
+    def native(self) -> tuple:
+        return (self.peers.data_ptr(), *self.offsets, self.rank, self.num_ranks, self.num_local_experts,
+                self.max_tokens, self.top_k, self.hidden)
+
+
+def ep_dispatch(layout: EpLayout, xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tensor,
+                topk_weights: torch.Tensor, masked_m: torch.Tensor | None = None) -> torch.Tensor:
+    """Sends this rank's (token, slot) pairs to their experts' ranks and waits until every rank's
+    pairs for this rank have arrived; returns ``masked_m`` int32 [E_l] (rows received per local
+    expert, written into ``masked_m`` when given).
+
+    ``xq`` E4M3 [T, H] (float8_e4m3fn or its uint8 bits), ``xs`` float32 [T, H/128] (1x128 scales),
+    ``topk_idx`` int64 [T, k] global expert ids (expert e lives on rank e // E_l; -1 or ids outside
+    [0, P E_l): not sent), ``topk_weights`` float32 [T, k]; T <= max_tokens. A token's ids must be
+    distinct (as a router's are): a repeated one can overflow its expert's R rows, and the pairs
+    that would are dropped."""
+    fn = "ep_dispatch"
+    if isinstance(xq, torch.Tensor) and xq.dtype == torch.float8_e4m3fn:
+        xq = xq.view(torch.uint8)
+    num_tokens = xq.shape[0] if isinstance(xq, torch.Tensor) and xq.dim() == 2 else -1
+    k, hidden = layout.top_k, layout.hidden
+    expected = {"xq": (xq, torch.uint8, (num_tokens, hidden)), "xs": (xs, torch.float32, (num_tokens, hidden // 128)),
+                "topk_idx": (topk_idx, torch.int64, (num_tokens, k)),
+                "topk_weights": (topk_weights, torch.float32, (num_tokens, k))}
+    for name, (t, dtype, shape) in expected.items():
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape:
+            _checks.fail(fn, ValueError, f"{name} must be a {dtype} tensor of shape {list(shape)} (hidden {hidden}, "
+                                         f"top_k {k}), got {getattr(t, 'dtype', type(t).__name__)} "
+                                         f"{list(getattr(t, 'shape', ()))}")
+    if num_tokens > layout.max_tokens:
+        _checks.fail(fn, ValueError, f"{num_tokens} tokens, more than the {layout.max_tokens} the buffers hold")
+    device = _checks.check_same_device(fn, [xq, xs, topk_idx, topk_weights, layout.peers])
+    if device.type != "cuda":
+        _checks.fail(fn, ValueError, "the low-latency transport runs on CUDA tensors only")
+    if masked_m is None:
+        masked_m = torch.empty((layout.num_local_experts,), dtype=torch.int32, device=device)
+    elif not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 \
+            or tuple(masked_m.shape) != (layout.num_local_experts,) or masked_m.device != device \
+            or not masked_m.is_contiguous():
+        _checks.fail(fn, ValueError, f"masked_m must be a contiguous int32 tensor of shape "
+                                     f"[{layout.num_local_experts}] on {device}")
+    xq = xq.contiguous() if not xq.is_contiguous() else (xq.clone() if xq.data_ptr() % 16 else xq)
+    xs, topk_idx, topk_weights = xs.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
+    jit.native_module().moe_ep_dispatch(layout.native(), topk_idx.data_ptr(), topk_weights.data_ptr(), xq.data_ptr(),
+                                        xs.data_ptr(), num_tokens, masked_m.data_ptr(), device.index,
+                                        _descriptors.current_stream(device))
+    return masked_m
+
+
+def ep_combine(layout: EpLayout, expert_out: torch.Tensor, masked_m: torch.Tensor) -> None:
+    """Sends each received row's expert output back to its source rank and waits until every rank
+    has sent this rank's: then (in stream order) this rank's ``ep_combine`` view holds the output
+    of its pair (t, j) in row t * k + j (rows of unrouted pairs are stale).
+
+    ``expert_out`` bfloat16 [E_l, R, H] (valid in the first ``masked_m[e]`` rows of expert e),
+    ``masked_m`` the int32 [E_l] :func:`ep_dispatch` returned."""
+    fn = "ep_combine"
+    shape = (layout.num_local_experts, layout.rows_per_expert, layout.hidden)
+    if not isinstance(expert_out, torch.Tensor) or expert_out.dtype != torch.bfloat16 \
+            or tuple(expert_out.shape) != shape:
+        _checks.fail(fn, ValueError, f"expert_out must be a bfloat16 tensor of shape {list(shape)}, got "
+                                     f"{getattr(expert_out, 'dtype', type(expert_out).__name__)} "
+                                     f"{list(getattr(expert_out, 'shape', ()))}")
+    if not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 \
+            or tuple(masked_m.shape) != (layout.num_local_experts,):
+        _checks.fail(fn, ValueError, f"masked_m must be an int32 tensor of shape [{layout.num_local_experts}]")
+    device = _checks.check_same_device(fn, [expert_out, masked_m, layout.peers])
+    if device.type != "cuda":
+        _checks.fail(fn, ValueError, "the low-latency transport runs on CUDA tensors only")
+    expert_out = expert_out.contiguous() if not expert_out.is_contiguous() else (
+        expert_out.clone() if expert_out.data_ptr() % 16 else expert_out)
+    jit.native_module().moe_ep_combine(layout.native(), expert_out.data_ptr(), masked_m.contiguous().data_ptr(),
+                                       device.index, _descriptors.current_stream(device))
