@@ -1,4 +1,5 @@
-"""MoE backends: ``reference`` (pure torch), ``staged`` (separate GPU kernels), ``fused`` (one kernel).
+"""MoE backends: ``reference`` (pure torch), ``staged`` (separate GPU kernels), ``low_latency`` (the
+staged experts behind a device-driven transport for decode), ``fused`` (one kernel).
 
 A backend module exposes ``is_supported(problem) -> (bool, reason)`` and
 ``create(problem, experts, group) -> (DispatchCombine, Experts)``.
@@ -14,8 +15,9 @@ from moe_runtime.backends.base import (CombineHandle, DispatchCombine, DispatchR
 __all__ = ["CombineHandle", "DispatchCombine", "DispatchResult", "Experts", "LocalExperts", "MoEProblem",
            "kBackendNames", "resolve_backend", "create_backend"]
 
-kBackendNames = ("reference", "staged", "fused", "auto")
-_kModules = {"reference": "moe_runtime.backends.reference", "staged": "moe_runtime.backends.staged"}
+kBackendNames = ("reference", "staged", "low_latency", "fused", "auto")
+_kModules = {"reference": "moe_runtime.backends.reference", "staged": "moe_runtime.backends.staged",
+             "low_latency": "moe_runtime.backends.low_latency"}
 
 
 def resolve_backend(name: str, problem: MoEProblem) -> str:
@@ -30,10 +32,10 @@ def resolve_backend(name: str, problem: MoEProblem) -> str:
     if name == "fused":
         raise NotImplementedError("the fused Mega MoE kernel is not implemented yet; use backend='reference' "
                                   "(or 'auto')")
-    if name == "staged":
-        supported, reason = importlib.import_module(_kModules["staged"]).is_supported(problem)
+    if name in ("staged", "low_latency"):
+        supported, reason = importlib.import_module(_kModules[name]).is_supported(problem)
         if not supported:
-            raise NotImplementedError(f"backend='staged' cannot run this layer: {reason}; use backend='reference' "
+            raise NotImplementedError(f"backend={name!r} cannot run this layer: {reason}; use backend='reference' "
                                       "(or 'auto')")
     if name == "auto":
         if problem.device.type == "cuda":

@@ -227,6 +227,7 @@ class StagedDispatchResult(DispatchResult):
     m_indices: torch.Tensor | None = None
     masked_m: torch.Tensor | None = None
     masked_max_m: int = 0
+    expected_m: int = 0  # masked layout: the GEMMs' hint of rows per expert (0: masked_max_m)
 
 
 class StagedDispatchCombine(DispatchCombine):
@@ -424,7 +425,8 @@ class StagedExperts(Experts):
                 return t[: groups * rows].view(groups, rows, t.shape[-1])
 
             def gemm(a, b, d):
-                self.masked_gemm((grouped(a[0]), grouped(a[1])), b, grouped(d), dispatched.masked_m, rows)
+                self.masked_gemm((grouped(a[0]), grouped(a[1])), b, grouped(d), dispatched.masked_m,
+                                 dispatched.expected_m or rows)
             w13, w2 = self.w13_masked, self.w2_masked
         else:
             def gemm(a, b, d):

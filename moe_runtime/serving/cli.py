@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="safetensors checkpoint in the transformers layout; its MoE layers replace the preset")
     p.add_argument("--layers", type=int,
                    help="number of MoE layers to serve (default: per preset; all of a checkpoint)")
-    p.add_argument("--backend", default="auto", choices=["auto", "reference", "staged", "fused"])
+    p.add_argument("--backend", default="auto", choices=["auto", "reference", "staged", "low_latency", "fused"])
     p.add_argument("--weights", default="fp8", choices=["bf16", "fp8", "fp4"])
     p.add_argument("--dtype", default="bf16", choices=sorted(kDtypes), help="activation dtype (default: bf16)")
     p.add_argument("--num-requests", type=int, help="requests over all ranks (default: per preset)")

@@ -26,7 +26,7 @@ import kernels
 from kernels.testing.numeric import calc_diff
 from moe_runtime import MegaMoELayer, RouterConfig
 from moe_runtime.backends import LocalExperts, MoEProblem, create_backend
-from moe_runtime.backends import staged
+from moe_runtime.backends import low_latency, staged
 from moe_runtime.quant_weights import quantize_expert_weight
 from torchrun_helper import exit_worker, run_torchrun
 
@@ -275,7 +275,7 @@ _kRouters = {
 
 
 def _layer_pair(router: str, seed: int, device, hidden=H, inter=I, num_experts=E, skew=False, ep_group=None,
-                reference_group=None, capacity=512, shared_inter=S, weights="fp8"):
+                reference_group=None, capacity=512, shared_inter=S, weights="fp8", backend="staged"):
     cfg, top_k, shared = _kRouters[router]
     g = torch.Generator().manual_seed(seed)
     gate_up, down = _expert_weights(num_experts, hidden, inter, seed, device)
@@ -288,8 +288,8 @@ def _layer_pair(router: str, seed: int, device, hidden=H, inter=I, num_experts=E
         w["shared_gate_up"] = (torch.randn(2 * shared_inter, hidden, generator=g) / hidden ** 0.5).to(torch.bfloat16)
         w["shared_down"] = (torch.randn(hidden, shared_inter, generator=g) / shared_inter ** 0.5).to(torch.bfloat16)
     layers = []
-    for backend, group in (("staged", ep_group), ("reference", reference_group)):
-        layer = MegaMoELayer(hidden, inter, num_experts, top_k, router=cfg, weights=weights, backend=backend,
+    for name, group in ((backend, ep_group), ("reference", reference_group)):
+        layer = MegaMoELayer(hidden, inter, num_experts, top_k, router=cfg, weights=weights, backend=name,
                              shared_intermediate_size=shared_inter if shared else 0, ep_group=group,
                              num_max_tokens_per_rank=capacity, device=device)
         layers.append(layer.load_weights(**w))
@@ -332,6 +332,9 @@ def test_backend_selection():
     assert MegaMoELayer(H, I, E, 2, backend="staged", weights="fp4").backend_name == "staged"
     with pytest.raises(NotImplementedError, match="backend='staged' cannot run this layer: .*weights='bf16'"):
         MegaMoELayer(H, I, E, 2, backend="staged", weights="bf16")
+    with pytest.raises(NotImplementedError, match="backend='low_latency' cannot run this layer: .*CUDA only"):
+        MegaMoELayer(H, I, E, 2, backend="low_latency")
+    assert not low_latency.is_supported(_problem("cpu"))[0]
 
 
 # ---- several ranks under torchrun -------------------------------------------------------------------
@@ -407,6 +410,33 @@ def test_gpu_staged_expert_parallel_ranks_sharing_a_gpu(nproc):
 @pytest.mark.gpu
 @pytest.mark.multirank
 @_kNeedsCuda
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_gpu_low_latency_expert_parallel_ranks_sharing_a_gpu(nproc):
+    """The low-latency transport between processes that share the GPU (torch symmetric memory):
+    decode steps and a rank without tokens, against the single-process reference."""
+    _torchrun(nproc, "cuda", "--backend", "low_latency")
+
+
+@pytest.mark.gpu
+@_kNeedsCuda
+@pytest.mark.parametrize("router,weights", [("deepseek", "fp8"), ("mixtral", "fp4")])
+def test_gpu_layer_low_latency_matches_reference(seed, router, weights):
+    """One rank: the transport's kernels on an ordinary allocation, several forwards in a row."""
+    hidden, inter, num_experts = 1024, 512, 16
+    ll_layer, reference_layer = _layer_pair(router, seed, "cuda", hidden, inter, num_experts, capacity=64,
+                                            weights=weights, backend="low_latency")
+    assert ll_layer.backend_name == "low_latency"
+    for num_tokens in (1, 0, 64, 17):
+        x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+        got, expected = ll_layer(x), reference_layer(x)
+        assert got.shape == expected.shape
+        if num_tokens:
+            assert calc_diff(got, expected) < kTolerance
+
+
+@pytest.mark.gpu
+@pytest.mark.multirank
+@_kNeedsCuda
 @pytest.mark.parametrize("backend", ["torch", "nvshmem"])
 def test_gpu_staged_deepseek_v3_one_rank_per_gpu(backend):
     """The DeepSeek-V3 layer over every GPU of the machine (NCCL + gloo), random and skewed routing."""
@@ -445,6 +475,7 @@ def worker_main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--preset", choices=["small", "deepseek-v3"], default="small")
     parser.add_argument("--symm-backend", choices=["host", "torch", "nvshmem"], default=None)
+    parser.add_argument("--backend", choices=["staged", "low_latency"], default="staged")
     args = parser.parse_args()
     if args.symm_backend:
         os.environ["MOE_SYMM_BACKEND"] = args.symm_backend
@@ -467,8 +498,8 @@ def worker_main() -> None:
     for case, (router, skew) in enumerate(cases):
         ep, single = _layer_pair(router, case, ctx.device, hidden, inter, num_experts, skew=skew,
                                  ep_group=ctx.ep_group, reference_group=alone, capacity=capacity,
-                                 shared_inter=shared_inter)
-        _worker_check(ep.backend_name == "staged" and ep.num_local_experts == num_experts // world, "placement")
+                                 shared_inter=shared_inter, backend=args.backend)
+        _worker_check(ep.backend_name == args.backend and ep.num_local_experts == num_experts // world, "placement")
         for step, counts in enumerate(steps):
             tokens = torch.randn(sum(counts), hidden, generator=torch.Generator().manual_seed(100 + step))
             tokens = tokens.to(device=ctx.device, dtype=torch.bfloat16)
