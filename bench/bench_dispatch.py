@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node N bench/bench_dispatch.py [--tokens 4096] [--hidden 7168] [--topk 8]
         [--experts 256] [--latency-tokens 128] [--iters 20] [--symm-backend torch|nvshmem|host]
+        [--transport staged|low_latency]
 
 The problem is DeepSeek-V3's: ``--experts`` split evenly over the N ranks, each rank routing its own
 random tokens (a fixed seed per rank, ``--topk`` distinct experts per token, uniform over experts).
@@ -18,6 +19,13 @@ staged backend's own classes, over a :class:`moe_runtime.symm.SymmBuffer` of ``-
 Bytes that cross between ranks: rows whose owner is another rank, times the bytes of a row: ``H``
 (FP8) + ``4 H / 128`` (scales) + 8 (top-k weight, source slot) for dispatch, ``2 H`` for combine.
 Rows a rank keeps for itself are moved too (a local copy) but not counted.
+
+``--transport low_latency`` (CUDA): :class:`moe_runtime.backends.low_latency.LowLatencyDispatchCombine`
+instead, whose dispatch writes each pair into its owner's masked layout and whose waits are on the
+device (no count exchange, no host barrier). Its buffers hold ranks x tokens rows per local expert,
+so it runs the latency rows only, and since every dispatch must be followed by its combine (the
+transport counts forwards on the device) one row times the pair ("round") against the two
+all-to-alls of the same traffic.
 
 The peer is ``all_to_all_single`` of the process group (NCCL on GPUs, gloo on CPU) on one uint8
 buffer per rank with the same per-pair byte counts (the rows a rank keeps included), measured in
@@ -58,6 +66,7 @@ import torch.distributed as dist  # noqa: E402
 
 from kernels.reference.quant import dequantize_per_token  # noqa: E402
 from moe_runtime.backends.base import MoEProblem  # noqa: E402
+from moe_runtime.backends.low_latency import LowLatencyDispatchCombine  # noqa: E402
 from moe_runtime.backends.reference import ReferenceDispatchCombine  # noqa: E402
 from moe_runtime.backends.staged import StagedDispatchCombine, StagedDispatchResult, is_supported  # noqa: E402
 from moe_runtime.dist import (DistContext, apply_multicast_safety_env, expert_placement,  # noqa: E402
@@ -71,6 +80,7 @@ kIntermediate = 2048
 kWarmup = 3
 kTolerance = 1e-4  # worst per-token calc_diff (see the module docstring)
 kSymmBackends = ("torch", "nvshmem", "host")
+kTransports = ("staged", "low_latency")
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,7 @@ class BenchConfig:
     symm_backend: str
     seed: int
     link_gbps: float | None
+    transport: str = "staged"
 
     @property
     def device_type(self) -> str:
@@ -111,6 +122,9 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     parser.add_argument("--seed", type=int, default=0, help="rank r routes with seed 1000 * seed + r")
     parser.add_argument("--link-gbps", type=float, default=None,
                         help="one direction of a GPU's link bandwidth, GB/s: adds an 'of link' column")
+    parser.add_argument("--transport", choices=kTransports, default="staged",
+                        help="staged: StagedDispatchCombine; low_latency: LowLatencyDispatchCombine (CUDA, latency "
+                             "rows only, each dispatch timed with its combine)")
     args = parser.parse_args(argv)
     for name in ("tokens", "hidden", "topk", "experts", "latency_tokens", "iters"):
         value = getattr(args, name)
@@ -125,8 +139,10 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     backend = args.symm_backend or ("torch" if torch.cuda.is_available() else "host")
     if backend != "host" and not torch.cuda.is_available():
         raise ValueError(f"--symm-backend {backend} needs CUDA, which is not available; use --symm-backend host")
+    if args.transport == "low_latency" and backend == "host":
+        raise ValueError("--transport low_latency writes peer GPU memory: it needs CUDA (not --symm-backend host)")
     return BenchConfig(args.tokens, args.hidden, args.topk, args.experts, args.latency_tokens, args.iters, backend,
-                       args.seed, args.link_gbps)
+                       args.seed, args.link_gbps, args.transport)
 
 
 # ---- inputs and traffic ----------------------------------------------------------------------------------
@@ -168,7 +184,10 @@ class Traffic:
         return int(self.rows.sum() - self.rows.diagonal().sum())
 
     def bytes_per_rank(self, op: str) -> float:
-        """Mean over ranks of the bytes one rank sends to the others in ``op`` (dispatch or combine)."""
+        """Mean over ranks of the bytes one rank sends to the others in ``op`` (dispatch, combine, or
+        both: ``round``)."""
+        if op == "round":
+            return self.bytes_per_rank("dispatch") + self.bytes_per_rank("combine")
         return self.cross_rows * self._row_bytes(op) / self.num_ranks
 
     def _row_bytes(self, op: str) -> int:
@@ -185,6 +204,16 @@ class Traffic:
 def traffic_of(dispatched: StagedDispatchResult, cfg: BenchConfig) -> Traffic:
     """The row matrix the staged dispatch itself planned (the same on every rank)."""
     return Traffic(dispatched.handle.plan.counts.sum(2), cfg.dispatch_row_bytes, cfg.combine_row_bytes)
+
+
+def traffic_of_routing(ctx: DistContext, cfg: BenchConfig, batch: Batch) -> Traffic:
+    """The row matrix of a routing (for the low-latency transport, which plans nothing on the host):
+    every rank counts its pairs per owner rank, then all ranks share the counts."""
+    owners = batch.topk_idx.flatten().cpu() // (cfg.experts // ctx.world_size)
+    mine = torch.bincount(owners, minlength=ctx.world_size).to(torch.int64)
+    gathered = [torch.empty_like(mine) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, mine, group=ctx.cpu_group)
+    return Traffic(torch.stack(gathered, dim=1), cfg.dispatch_row_bytes, cfg.combine_row_bytes)
 
 
 # ---- the correctness round --------------------------------------------------------------------------------
@@ -244,7 +273,7 @@ def check_round(ctx: DistContext, cfg: BenchConfig, dc: StagedDispatchCombine, b
     worst = torch.tensor([diff], dtype=torch.float64)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=ctx.cpu_group)
     if not worst.item() <= kTolerance:
-        raise AssertionError(f"rank {ctx.rank}: staged dispatch + combine of {batch.x.shape[0]} tokens differs from "
+        raise AssertionError(f"rank {ctx.rank}: {cfg.transport} dispatch + combine of {batch.x.shape[0]} tokens differs from "
                              f"the reference backend: worst per-token calc_diff {diff:.3e} here, "
                              f"{worst.item():.3e} worst over ranks "
                              f"(tolerance {kTolerance:.0e})")
@@ -312,6 +341,22 @@ def all_to_all_fn(ctx: DistContext, traffic: Traffic, op: str) -> Callable[[], o
                                           group=ctx.group)
 
 
+def measure_round(ctx: DistContext, cfg: BenchConfig, dc, clock: Clock, batch: Batch, mode: str) -> list[Row]:
+    """One row: a dispatch and its combine timed together (the low-latency transport pairs them on
+    the device), against the two all-to-alls of the same traffic."""
+    dispatched = dc.dispatch(batch.x, batch.topk_idx, batch.topk_weights)
+    dc.combine(torch.zeros(dispatched.x.shape[0], cfg.hidden, dtype=torch.bfloat16, device=ctx.device),
+               dispatched.handle)
+    traffic = traffic_of_routing(ctx, cfg, batch)
+    g = torch.Generator().manual_seed(1000 * cfg.seed + ctx.rank + 1)
+    expert_out = torch.randn(dispatched.x.shape[0], cfg.hidden, generator=g).to(torch.bfloat16).to(ctx.device)
+    ours = lambda: dc.combine(expert_out, dc.dispatch(batch.x, batch.topk_idx, batch.topk_weights).handle)  # noqa: E731
+    to_owner, back = all_to_all_fn(ctx, traffic, "dispatch"), all_to_all_fn(ctx, traffic, "combine")
+    ours_s = clock.median_s(ours, cfg.iters)
+    peer_s = clock.median_s(lambda: (to_owner(), back()), cfg.iters)
+    return [Row("round", mode, batch.x.shape[0], traffic.bytes_per_rank("round"), ours_s, peer_s)]
+
+
 def measure(ctx: DistContext, cfg: BenchConfig, dc: StagedDispatchCombine, clock: Clock, batch: Batch,
             mode: str) -> list[Row]:
     """Dispatch and combine rows of one token count: ours and the all-to-all on the same traffic."""
@@ -353,7 +398,8 @@ def format_table(ctx: DistContext, cfg: BenchConfig, rows: list[Row], diffs: dic
         f"Command: `{command_line(n)}`",
         f"Problem: hidden {cfg.hidden}, top-{cfg.top_k}, {cfg.experts} experts ({cfg.experts // n} per rank), random "
         f"routing; FP8 dispatch ({cfg.dispatch_row_bytes} B per row), BF16 combine ({cfg.combine_row_bytes} B per "
-        f"row). SymmBuffer: {cfg.symm_backend}; process group: {ctx.backend}; {multicast}.",
+        f"row). Transport: {cfg.transport}; SymmBuffer: {cfg.symm_backend}; process group: {ctx.backend}; "
+        f"{multicast}.",
         f"Correctness (one dispatch + combine round vs the reference backend, worst per-token calc_diff): {checks}.",
         "Time: median over iterations of the slowest rank; GB/s: bytes sent to other ranks per rank / time.",
         "",
@@ -374,16 +420,25 @@ def format_table(ctx: DistContext, cfg: BenchConfig, rows: list[Row], diffs: dic
     return "\n".join(lines)
 
 
-def build(ctx: DistContext, cfg: BenchConfig) -> StagedDispatchCombine:
-    """The staged backend's dispatch/combine over the EP group (collective: allocates the SymmBuffer)."""
+def build(ctx: DistContext, cfg: BenchConfig):
+    """The transport's dispatch/combine over the EP group (collective: allocates the SymmBuffer)."""
     placement = expert_placement(cfg.experts, ctx.world_size, ctx.rank)
+    # The low-latency transport holds P x num_max_tokens_per_rank rows per local expert: sized for
+    # the latency rows only.
+    capacity = cfg.latency_tokens if cfg.transport == "low_latency" else max(cfg.tokens, cfg.latency_tokens)
     problem = MoEProblem(cfg.hidden, kIntermediate, cfg.experts, cfg.top_k, "fp8", torch.bfloat16, ctx.device,
-                         ctx.world_size, max(cfg.tokens, cfg.latency_tokens), use_fp8_dispatch=True)
+                         ctx.world_size, capacity, use_fp8_dispatch=True)
+    os.environ["MOE_SYMM_BACKEND"] = cfg.symm_backend
+    if cfg.transport == "low_latency":
+        dc = LowLatencyDispatchCombine(problem, ctx.ep_group, placement.first_expert)
+        if ctx.world_size > 1 and dc.buffer.backend != cfg.symm_backend:
+            raise RuntimeError(f"the low-latency SymmBuffer runs backend {dc.buffer.backend!r}, "
+                               f"not --symm-backend {cfg.symm_backend}")
+        return dc
     ok, reason = is_supported(problem)
     if not ok:
         raise NotImplementedError(f"the staged backend cannot run this problem: {reason}")
-    # The staged backend allocates its SymmBuffer with the default backend, which this variable selects.
-    os.environ["MOE_SYMM_BACKEND"] = cfg.symm_backend
+    # The staged backend allocates its SymmBuffer with the default backend, which MOE_SYMM_BACKEND selects.
     dc = StagedDispatchCombine(problem, ctx.ep_group, placement.first_expert)
     if dc.exchange.buffer.backend != cfg.symm_backend:
         raise RuntimeError(f"the staged SymmBuffer runs backend {dc.exchange.buffer.backend!r}, "
@@ -401,12 +456,15 @@ def main(argv: list[str] | None = None) -> int:
     dc = build(ctx, cfg)
     clock = Clock(ctx)
     sizes = {"bandwidth": cfg.tokens, "latency": cfg.latency_tokens}
+    if cfg.transport == "low_latency":
+        sizes.pop("bandwidth")
     batches = {mode: make_batch(cfg, tokens, ctx.rank, ctx.device) for mode, tokens in sizes.items()}
     diffs = {batch.x.shape[0]: check_round(ctx, cfg, dc, batch) for batch in batches.values()}
-    rows = [row for mode, batch in batches.items() for row in measure(ctx, cfg, dc, clock, batch, mode)]
+    timed = measure_round if cfg.transport == "low_latency" else measure
+    rows = [row for mode, batch in batches.items() for row in timed(ctx, cfg, dc, clock, batch, mode)]
     if ctx.rank == 0:
         print(format_table(ctx, cfg, rows, diffs), flush=True)
-    dc.exchange.buffer.destroy()
+    (dc.buffer if cfg.transport == "low_latency" else dc.exchange.buffer).destroy()
     ctx.destroy()
     return 0
 

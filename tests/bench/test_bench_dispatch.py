@@ -148,6 +148,7 @@ def test_correctness_round_catches_a_broken_dispatch(one_rank_group, seed, fault
     (["--hidden", "200"], "--hidden must be a multiple of 128"),
     (["--topk", "9", "--experts", "8"], "--topk=9 exceeds --experts=8"),
     (["--link-gbps", "0"], "--link-gbps must be positive"),
+    (["--transport", "low_latency"], "--transport low_latency writes peer GPU memory: it needs CUDA"),
 ])
 def test_bad_arguments_are_named(argv, match):
     with pytest.raises(ValueError, match=re.escape(match)):
