@@ -19,7 +19,7 @@ from .grouped import (
 )
 from .jit import get_num_sms, set_num_sms
 from .layout import get_mn_major_tma_aligned_tensor, get_tma_aligned_size, transform_sf_into_required_layout
-from .moe import moe_combine, moe_local_dispatch, moe_route
+from .moe import moe_combine, moe_local_dispatch, moe_route, swiglu_quant_fp8
 from .quant import (
     cast_back_from_fp4,
     ceil_to_ue8m0,
@@ -57,6 +57,7 @@ __all__ = [
     "reference",
     "set_mk_alignment_for_contiguous_layout",
     "set_num_sms",
+    "swiglu_quant_fp8",
     "testing",
     "transform_fp4_for_decode",
     "transform_sf_for_fp4_gemm",

@@ -6,7 +6,9 @@ the CPU:
 * :func:`moe_local_dispatch`: one rank's decode dispatch of a routing's (token, slot) pairs into the
   masked layout of the grouped GEMMs, without host syncs (bit for bit the torch code's layout);
 * :func:`moe_combine`: each token's output as the float32 sum, in slot order, of the expert-output
-  rows of its top-k slots, rounded once (bit for bit the torch code's).
+  rows of its top-k slots, rounded once (bit for bit the torch code's);
+* :func:`swiglu_quant_fp8`: SwiGLU x top-k weight and the 1x128 FP8 quantization between the two
+  grouped GEMMs (masked layout: the rows that arrived only).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from . import _checks, _descriptors, jit
+from .quant import per_token_cast_to_fp8
 
 _OUT_DTYPES = (torch.bfloat16, torch.float32)
 kCombineMaxTopK = 64  # the CUDA kernels' slot loops; more slots take the torch path
@@ -246,3 +249,53 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
                                   topk_idx.data_ptr(), topk_weights.data_ptr(), logits.device.index,
                                   _descriptors.current_stream(logits.device))
     return topk_idx, topk_weights
+
+
+def _swiglu_quant_reference(h: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    inter = h.shape[1] // 2
+    act = torch.nn.functional.silu(h[:, :inter].float()).mul_(h[:, inter:]).mul_(weights.view(-1, 1))
+    return per_token_cast_to_fp8(act, use_ue8m0=False, gran_k=128)
+
+
+def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Tensor | None = None,
+                     rows_per_group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The experts' step between the grouped GEMMs: ``act = silu(gate) * up * w`` in float32, then
+    ``per_token_cast_to_fp8(act, gran_k=128)``, in one launch on CUDA.
+
+    ``h`` bfloat16 [M, 2I] (columns [0, I) gate, [I, 2I) up; I a multiple of 128), ``weights``
+    float32 [M] or [M, 1] (each row's top-k weight). Returns ``(act float8_e4m3fn [M, I], sf float32
+    [M, I/128])``. Masked layout: with ``masked_m`` int32 [G] and ``rows_per_group`` (M = G x rows),
+    only the first ``masked_m[g]`` rows of each group are computed on CUDA; the other rows of the
+    outputs are left unwritten (the CPU computes every row)."""
+    fn = "swiglu_quant_fp8"
+    if not isinstance(h, torch.Tensor) or h.dtype != torch.bfloat16 or h.dim() != 2 or h.shape[1] % 256:
+        _checks.fail(fn, ValueError, f"h must be a bfloat16 [M, 2I] tensor with I a multiple of 128, got "
+                                     f"{getattr(h, 'dtype', type(h).__name__)} {list(getattr(h, 'shape', ()))}")
+    m, inter = h.shape[0], h.shape[1] // 2
+    if not isinstance(weights, torch.Tensor) or weights.dtype != torch.float32 or weights.numel() != m \
+            or weights.dim() not in (1, 2) or (weights.dim() == 2 and weights.shape[1] != 1):
+        _checks.fail(fn, ValueError, f"weights must be a float32 [{m}] or [{m}, 1] tensor, got "
+                                     f"{getattr(weights, 'dtype', type(weights).__name__)} "
+                                     f"{list(getattr(weights, 'shape', ()))}")
+    if masked_m is not None:
+        if isinstance(rows_per_group, bool) or not isinstance(rows_per_group, int) or rows_per_group < 1 \
+                or m % rows_per_group:
+            _checks.fail(fn, ValueError, f"rows_per_group must be a positive int dividing M={m}, got {rows_per_group!r}")
+        if not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 \
+                or tuple(masked_m.shape) != (m // rows_per_group,):
+            _checks.fail(fn, ValueError, f"masked_m must be an int32 tensor of shape [{m // rows_per_group}]")
+    device = _checks.check_same_device(fn, [h, weights] + ([masked_m] if masked_m is not None else []))
+    if device.type == "cpu":
+        return _swiglu_quant_reference(h, weights)
+    out = torch.empty((m, inter), dtype=torch.float8_e4m3fn, device=device)
+    sf = torch.empty((m, inter // 128), dtype=torch.float32, device=device)
+    if m == 0:
+        return out, sf
+    if h.stride(1) != 1 or h.stride(0) != 2 * inter or h.data_ptr() % 16:
+        h = h.contiguous() if not h.is_contiguous() else h.clone()
+    weights = weights.reshape(-1).contiguous()
+    masked_ptr = masked_m.contiguous().data_ptr() if masked_m is not None else 0
+    jit.native_module().swiglu_quant_fp8(h.data_ptr(), weights.data_ptr(), masked_ptr, rows_per_group, m, inter,
+                                         out.data_ptr(), sf.data_ptr(), device.index,
+                                         _descriptors.current_stream(device))
+    return out, sf

@@ -12,6 +12,7 @@
 #include "launchers/moe_ep_ll.hpp"
 #include "launchers/moe_local_dispatch.hpp"
 #include "launchers/moe_route.hpp"
+#include "launchers/swiglu_quant.hpp"
 
 namespace moe_apis::moe {
 
@@ -84,6 +85,16 @@ inline pybind11::tuple moe_combine_code(int top_k, int hidden, bool float_out) {
   return as_tuple(L::generate(L::get_config(top_k, hidden, float_out)));
 }
 
+inline void swiglu_quant_fp8(std::uint64_t h, std::uint64_t weights, std::uint64_t masked_m, long long rows_per_group,
+                             long long num_rows, int inter, std::uint64_t out, std::uint64_t sf, int device,
+                             std::uint64_t stream) {
+  moe_launchers::swiglu_quant::launch(h, weights, masked_m, rows_per_group, num_rows, inter, out, sf, device, stream);
+}
+
+inline pybind11::tuple swiglu_quant_code(int inter) {
+  return as_tuple(moe_launchers::swiglu_quant::generate(inter));
+}
+
 inline pybind11::tuple moe_ep_ll_code(int kernel, int top_k, int hidden) {
   namespace L = moe_launchers::moe_ep_ll;
   MOE_HOST_ASSERT(kernel >= 0 && kernel <= 3, L::kFn << ": kernel must be 0..3, got " << kernel);
@@ -96,6 +107,10 @@ inline void register_apis(pybind11::module_& m) {
         "low-latency EP dispatch (send + wait): this rank's pairs into the owners' buffers, masked_m [E_l]");
   m.def("moe_ep_combine", &moe_ep_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "low-latency EP combine (send + wait): expert outputs [E_l, R, H] into their sources' combine buffers");
+  m.def("swiglu_quant_fp8", &swiglu_quant_fp8, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "silu(gate) * up * w, quantized to E4M3 per 1x128 (masked layout: valid rows only)");
+  m.def("swiglu_quant_code", &swiglu_quant_code, "(name, code) of the SwiGLU + quantization kernel (no GPU)",
+        arg("inter"));
   m.def("moe_ep_ll_code", &moe_ep_ll_code,
         "(name, code) of a transport kernel: 0 dispatch_send, 1 dispatch_wait, 2 combine_send, 3 combine_wait",
         arg("kernel"), arg("top_k"), arg("hidden"));

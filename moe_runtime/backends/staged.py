@@ -43,7 +43,6 @@ import importlib.util
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 import kernels
 from moe_runtime.backends.base import (CombineHandle, DispatchCombine, DispatchResult, Experts, LocalExperts,
@@ -433,10 +432,14 @@ class StagedExperts(Experts):
                 self.gemm(a, b, d, dispatched.m_indices)
             w13, w2 = self.w13, self.w2
         gemm((dispatched.x, dispatched.x_sf), w13, h)
-        act = F.silu(h[:, :inter].float(), inplace=True).mul_(h[:, inter:]).mul_(dispatched.topk_weights)
+        # SwiGLU x top-k weight, quantized per 1x128 in one launch (masked layout: the rows that
+        # arrived only).
+        if rows:  # the groups' rows only (the one-rank decode layout keeps spare rows after them)
+            act_fp8 = kernels.swiglu_quant_fp8(h[: groups * rows], dispatched.topk_weights[: groups * rows],
+                                               dispatched.masked_m, rows)
+        else:
+            act_fp8 = kernels.swiglu_quant_fp8(h, dispatched.topk_weights)
         del h
-        act_fp8 = kernels.per_token_cast_to_fp8(act, use_ue8m0=False, gran_k=kActGroup)
-        del act
         gemm(act_fp8, w2, out)
         return out
 

@@ -1,0 +1,80 @@
+"""kernels.swiglu_quant_fp8 (kernels/moe.py): SwiGLU x top-k weight quantized per 1x128 in one pass.
+CPU: the definition (torch silu, products, per_token_cast_to_fp8) and argument checks; GPU: the
+kernel against the same torch code on fresh data, the masked layout's unwritten rows, odd sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels.testing import calc_diff
+from test_sass import sass
+
+
+def _definition(h: torch.Tensor, w: torch.Tensor):
+    inter = h.shape[1] // 2
+    act = F.silu(h[:, :inter].float()) * h[:, inter:].float() * w.view(-1, 1)
+    return kernels.per_token_cast_to_fp8(act, use_ue8m0=False, gran_k=128)
+
+
+def _dequant(q, sf):
+    return q.float() * sf.repeat_interleave(128, dim=1)
+
+
+@pytest.mark.parametrize("m,inter", [(1, 128), (7, 256), (33, 2048)])
+def test_cpu_is_the_definition(seed, m, inter):
+    h = (torch.randn(m, 2 * inter) * 3).to(torch.bfloat16)
+    w = torch.rand(m, 1)
+    q, sf = kernels.swiglu_quant_fp8(h, w)
+    q_ref, sf_ref = _definition(h, w)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(sf, sf_ref)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(h=torch.zeros(4, 200, dtype=torch.bfloat16)), "h must be a bfloat16 \\[M, 2I\\]"),
+    (dict(weights=torch.zeros(3)), "weights must be a float32 \\[4\\]"),
+    (dict(masked_m=torch.zeros(2, dtype=torch.int32), rows_per_group=3), "rows_per_group must be a positive int"),
+    (dict(masked_m=torch.zeros(3, dtype=torch.int32), rows_per_group=2), "masked_m must be an int32 tensor of shape \\[2\\]"),
+])
+def test_bad_arguments(kwargs, match):
+    args = dict(h=torch.zeros(4, 256, dtype=torch.bfloat16), weights=torch.zeros(4))
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        kernels.swiglu_quant_fp8(**args)
+
+
+def test_kernel_machine_code():
+    text = sass(*kernels.jit.native_module().swiglu_quant_code(2048))
+    for op in ("LDG.E.NA.128", "F2FP.SATFINITE.E4M3", "MUFU.EX2"):
+        assert op in text, op
+    assert "LDL" not in text and "STL" not in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,inter", [(1, 128), (37, 384), (1000, 2048), (4097, 256)])
+def test_gpu_matches_the_definition(seed, m, inter):
+    h = (torch.randn(m, 2 * inter, device="cuda") * 3).to(torch.bfloat16)
+    w = torch.rand(m, device="cuda")
+    q, sf = kernels.swiglu_quant_fp8(h, w)
+    q_ref, sf_ref = _definition(h, w)
+    # The kernel's expf may differ from torch's in the last bit, which can move a scale by an ulp
+    # or a value across an E4M3 rounding boundary: judged on the dequantized values.
+    assert torch.allclose(sf, sf_ref, rtol=1e-6, atol=0)
+    assert calc_diff(_dequant(q, sf), _dequant(q_ref, sf_ref)) < 1e-6
+    assert (q.view(torch.uint8) == q_ref.view(torch.uint8)).float().mean() > 0.999
+
+
+@pytest.mark.gpu
+def test_gpu_masked_rows_only():
+    groups, rows, inter = 5, 40, 256
+    h = torch.randn(groups * rows, 2 * inter, device="cuda").to(torch.bfloat16)
+    w = torch.rand(groups * rows, 1, device="cuda")
+    masked_m = torch.tensor([0, 40, 1, 39, 17], dtype=torch.int32, device="cuda")
+    h[groups * rows - 1] = float("nan")  # a row past its group's count: never read
+    q, sf = kernels.swiglu_quant_fp8(h, w, masked_m, rows)
+    q_ref, sf_ref = _definition(h, w)
+    valid = (torch.arange(rows, device="cuda").view(1, -1) < masked_m.view(-1, 1)).flatten()
+    assert calc_diff(_dequant(q[valid], sf[valid]), _dequant(q_ref[valid], sf_ref[valid])) < 1e-6
+    assert torch.isfinite(sf[valid]).all()
