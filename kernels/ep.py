@@ -11,20 +11,21 @@ hidden H, R = P * T_cap rows per expert):
   ``m_grouped_*_gemm_nt_masked``; rows of an expert in no particular order);
 * ``ep_src`` int32 [E_l, R]: each row's source (rank * T_cap * k + t * k + j);
 * ``ep_combine`` bfloat16 [T_cap * k, H]: the expert outputs of this rank's (token, slot) pairs;
-* ``ep_signals`` int32 [2 E_l + 2 P + 3]: slot counters, flags and this rank's forward count,
-  zero before the first forward.
+* ``ep_signals`` int32 [2 E_l + 2 P + 4]: slot counters, flags and this rank's step counts, zero
+  before the first forward.
 
 One forward on every rank of the group, in this order: :func:`ep_dispatch` (returns ``masked_m``),
 the experts on ``ep_x`` / ``ep_sf`` / ``ep_w`` -> bfloat16 [E_l, R, H], :func:`ep_combine`, then
 ``kernels.moe_combine(ep_combine[:T * k], None, routed, T, k)``. Each step waits on the device for
-the other ranks (bounded: a rank that never arrives makes the kernel trap after 30 s instead of
-hanging). Every rank must run the same number of forwards. See csrc/include/moe_kernels/impls/
-moe_ep_ll.cuh for the protocol.
+the other ranks (bounded: a rank that never arrives makes the kernel trap after ``MOE_EP_TIMEOUT_S``
+seconds, default 120, instead of hanging; so does a dispatch without its combine). Every rank must
+run the same number of forwards. See csrc/include/moe_kernels/impls/moe_ep_ll.cuh for the protocol.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,8 +38,8 @@ kEpViews = ("ep_x", "ep_sf", "ep_w", "ep_src", "ep_combine", "ep_signals")
 
 def ep_signal_ints(num_ranks: int, num_local_experts: int) -> int:
     """Words of a rank's signal area: two sets of E_l slot counters, P dispatch and P combine flags,
-    the forward count, two grid-completion counters."""
-    return 2 * num_local_experts + 2 * num_ranks + 3
+    the dispatches and the combines this rank finished, two grid-completion counters."""
+    return 2 * num_local_experts + 2 * num_ranks + 4
 
 
 def ep_buffer_views(num_ranks: int, num_local_experts: int, max_tokens: int, top_k: int,
@@ -53,22 +54,31 @@ def ep_buffer_views(num_ranks: int, num_local_experts: int, max_tokens: int, top
             ("ep_signals", (ep_signal_ints(num_ranks, num_local_experts),), torch.int32)]
 
 
-@dataclass(frozen=True)
+def _view_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True, eq=False)
 class EpLayout:
     """A group's transport buffers as this process sees them.
 
-    ``peers`` int64 [P] on this rank's GPU: every rank's buffer base address in this process's
-    address space (this rank's own included); ``offsets``: byte offset of each view of
-    :data:`kEpViews` from a base (the same on every rank)."""
+    ``bases``: every rank's buffer base address in this process's address space (this rank's own
+    included), 16-byte aligned; ``offsets``: byte offset of each view of :data:`kEpViews` from a
+    base (the same on every rank); ``buffer_bytes``: a rank's buffer size. The views must lie inside
+    the buffer without overlapping (checked here: a wrong offset would send peer writes astray).
+    ``device``: this rank's GPU, where ``peers`` (int64 [P], the bases) is placed for the kernels."""
 
-    peers: torch.Tensor
+    bases: tuple[int, ...]
     offsets: tuple[int, ...]
+    buffer_bytes: int
     rank: int
     num_ranks: int
     num_local_experts: int
     max_tokens: int
     top_k: int
     hidden: int
+    device: torch.device
+    peers: torch.Tensor = field(init=False, repr=False)
 
     @property
     def rows_per_expert(self) -> int:
@@ -76,7 +86,7 @@ class EpLayout:
 
     def __post_init__(self):
         fn = "EpLayout"
-        for name in ("rank", "num_ranks", "num_local_experts", "max_tokens", "top_k", "hidden"):
+        for name in ("rank", "num_ranks", "num_local_experts", "max_tokens", "top_k", "hidden", "buffer_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 _checks.fail(fn, ValueError, f"{name} must be an int, got {value!r}")
@@ -89,19 +99,34 @@ class EpLayout:
         if self.max_tokens < 1 or not 1 <= self.top_k <= 64 or self.hidden < 128 or self.hidden % 128:
             _checks.fail(fn, ValueError, f"need max_tokens >= 1, top_k in [1, 64] and hidden a positive multiple of "
                                          f"128, got {self.max_tokens}, {self.top_k}, {self.hidden}")
-        if len(self.offsets) != len(kEpViews) or any(not isinstance(o, int) or o < 0 for o in self.offsets):
+        bases = tuple(self.bases)
+        if len(bases) != self.num_ranks or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 or b % 16
+                                               for b in bases):
+            _checks.fail(fn, ValueError, f"bases must be {self.num_ranks} positive 16-byte aligned addresses, got "
+                                         f"{[hex(b) if isinstance(b, int) else b for b in bases]}")
+        if len(self.offsets) != len(kEpViews) or any(isinstance(o, bool) or not isinstance(o, int) or o < 0
+                                                     for o in self.offsets):
             _checks.fail(fn, ValueError, f"offsets must be {len(kEpViews)} non-negative ints ({', '.join(kEpViews)}), "
                                          f"got {self.offsets!r}")
         x, sf, w, src, combine, signals = self.offsets
         if x % 16 or combine % 16 or sf % 4 or w % 4 or src % 4 or signals % 4:
             _checks.fail(fn, ValueError, f"view offsets must be aligned (ep_x and ep_combine to 16 bytes, the rest "
                                          f"to 4), got {self.offsets}")
-        peers = self.peers
-        if not isinstance(peers, torch.Tensor) or peers.dtype != torch.int64 or tuple(peers.shape) != (self.num_ranks,) \
-                or not peers.is_cuda or not peers.is_contiguous():
-            _checks.fail(fn, ValueError, f"peers must be a contiguous int64 CUDA tensor of shape [{self.num_ranks}], "
-                                         f"got {getattr(peers, 'dtype', type(peers).__name__)} "
-                                         f"{list(getattr(peers, 'shape', ()))} on {getattr(peers, 'device', None)}")
+        spans = sorted((offset, offset + _view_bytes(shape, dtype), name) for offset, (name, shape, dtype) in zip(
+            self.offsets, ep_buffer_views(self.num_ranks, self.num_local_experts, self.max_tokens, self.top_k,
+                                          self.hidden)))
+        for (_, end, name), (start, _, following) in zip(spans, spans[1:]):
+            if end > start:
+                _checks.fail(fn, ValueError, f"views {name} and {following} overlap (offsets {self.offsets})")
+        if spans[-1][1] > self.buffer_bytes:
+            _checks.fail(fn, ValueError, f"view {spans[-1][2]} ends at byte {spans[-1][1]}, past the "
+                                         f"{self.buffer_bytes}-byte buffer")
+        device = torch.device(self.device)
+        if device.type != "cuda":
+            _checks.fail(fn, ValueError, f"the low-latency transport runs on CUDA devices, got {device}")
+        object.__setattr__(self, "bases", bases)
+        object.__setattr__(self, "device", device)
+        object.__setattr__(self, "peers", torch.tensor(bases, dtype=torch.int64, device=device))
 
     def native(self) -> tuple:
         return (self.peers.data_ptr(), *self.offsets, self.rank, self.num_ranks, self.num_local_experts,
@@ -135,8 +160,6 @@ def ep_dispatch(layout: EpLayout, xq: torch.Tensor, xs: torch.Tensor, topk_idx: 
     if num_tokens > layout.max_tokens:
         _checks.fail(fn, ValueError, f"{num_tokens} tokens, more than the {layout.max_tokens} the buffers hold")
     device = _checks.check_same_device(fn, [xq, xs, topk_idx, topk_weights, layout.peers])
-    if device.type != "cuda":
-        _checks.fail(fn, ValueError, "the low-latency transport runs on CUDA tensors only")
     if masked_m is None:
         masked_m = torch.empty((layout.num_local_experts,), dtype=torch.int32, device=device)
     elif not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 \
@@ -152,13 +175,14 @@ def ep_dispatch(layout: EpLayout, xq: torch.Tensor, xs: torch.Tensor, topk_idx: 
     return masked_m
 
 
-def ep_combine(layout: EpLayout, expert_out: torch.Tensor, masked_m: torch.Tensor) -> None:
-    """Sends each received row's expert output back to its source rank and waits until every rank
-    has sent this rank's: then (in stream order) this rank's ``ep_combine`` view holds the output
-    of its pair (t, j) in row t * k + j (rows of unrouted pairs are stale).
+def ep_combine(layout: EpLayout, expert_out: torch.Tensor) -> None:
+    """Sends each row this rank received in the last :func:`ep_dispatch` back to its source rank as
+    its expert output, and waits until every rank has sent this rank's: then (in stream order) this
+    rank's ``ep_combine`` view holds the output of its pair (t, j) in row t * k + j (rows of
+    unrouted pairs are stale).
 
-    ``expert_out`` bfloat16 [E_l, R, H] (valid in the first ``masked_m[e]`` rows of expert e),
-    ``masked_m`` the int32 [E_l] :func:`ep_dispatch` returned."""
+    ``expert_out`` bfloat16 [E_l, R, H], valid in the rows the dispatch counted (its ``masked_m``;
+    the transport reads its own counts, not the caller's)."""
     fn = "ep_combine"
     shape = (layout.num_local_experts, layout.rows_per_expert, layout.hidden)
     if not isinstance(expert_out, torch.Tensor) or expert_out.dtype != torch.bfloat16 \
@@ -166,13 +190,8 @@ def ep_combine(layout: EpLayout, expert_out: torch.Tensor, masked_m: torch.Tenso
         _checks.fail(fn, ValueError, f"expert_out must be a bfloat16 tensor of shape {list(shape)}, got "
                                      f"{getattr(expert_out, 'dtype', type(expert_out).__name__)} "
                                      f"{list(getattr(expert_out, 'shape', ()))}")
-    if not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 \
-            or tuple(masked_m.shape) != (layout.num_local_experts,):
-        _checks.fail(fn, ValueError, f"masked_m must be an int32 tensor of shape [{layout.num_local_experts}]")
-    device = _checks.check_same_device(fn, [expert_out, masked_m, layout.peers])
-    if device.type != "cuda":
-        _checks.fail(fn, ValueError, "the low-latency transport runs on CUDA tensors only")
+    device = _checks.check_same_device(fn, [expert_out, layout.peers])
     expert_out = expert_out.contiguous() if not expert_out.is_contiguous() else (
         expert_out.clone() if expert_out.data_ptr() % 16 else expert_out)
-    jit.native_module().moe_ep_combine(layout.native(), expert_out.data_ptr(), masked_m.contiguous().data_ptr(),
-                                       device.index, _descriptors.current_stream(device))
+    jit.native_module().moe_ep_combine(layout.native(), expert_out.data_ptr(), device.index,
+                                       _descriptors.current_stream(device))

@@ -59,9 +59,8 @@ inline void moe_ep_dispatch(const EpLayoutTuple& layout, std::uint64_t topk_idx,
                                      stream);
 }
 
-inline void moe_ep_combine(const EpLayoutTuple& layout, std::uint64_t expert_out, std::uint64_t masked_m, int device,
-                           std::uint64_t stream) {
-  moe_launchers::moe_ep_ll::combine(ep_layout(layout), expert_out, masked_m, device, stream);
+inline void moe_ep_combine(const EpLayoutTuple& layout, std::uint64_t expert_out, int device, std::uint64_t stream) {
+  moe_launchers::moe_ep_ll::combine(ep_layout(layout), expert_out, device, stream);
 }
 
 template <typename Generated>

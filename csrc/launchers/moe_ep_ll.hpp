@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 
@@ -70,17 +71,17 @@ inline GeneratedKernel generate(Kernel kind, int top_k, int hidden) {
       return {"moe_ep_dispatch_send", os.str()};
     case Kernel::kDispatchWait:
       os << "template __global__ void moe_kernels::moe_ep_dispatch_wait<" << kWaitThreads << ">(" << common
-         << "moe_kernels::uint64_t, unsigned, unsigned, unsigned, unsigned, int*);\n";
+         << "moe_kernels::uint64_t, unsigned, unsigned, unsigned, unsigned, moe_kernels::uint64_t, int*);\n";
       return {"moe_ep_dispatch_wait", os.str()};
     case Kernel::kCombineSend:
       os << "template __global__ void moe_kernels::moe_ep_combine_send<" << hidden << ", " << kCopyThreads << ">("
          << common
          << "moe_kernels::uint64_t, moe_kernels::uint64_t, moe_kernels::uint64_t, unsigned, unsigned, unsigned, "
-            "unsigned, unsigned, const __nv_bfloat16*, const int*);\n";
+            "unsigned, unsigned, const __nv_bfloat16*);\n";
       return {"moe_ep_combine_send", os.str()};
     case Kernel::kCombineWait:
       os << "template __global__ void moe_kernels::moe_ep_combine_wait<" << kWaitThreads << ">(" << common
-         << "moe_kernels::uint64_t, unsigned, unsigned, unsigned);\n";
+         << "moe_kernels::uint64_t, unsigned, unsigned, unsigned, moe_kernels::uint64_t);\n";
       return {"moe_ep_combine_wait", os.str()};
   }
   MOE_HOST_ASSERT(false, kFn << ": unknown kernel " << static_cast<int>(kind));
@@ -89,13 +90,29 @@ inline GeneratedKernel generate(Kernel kind, int top_k, int hidden) {
 
 inline auto kernel(Kernel kind, const Layout& l, int device) {
   static moe_jit::KernelMemo<std::array<int, 4>, moe_jit::IntArrayHash> memo;
-  // Only the copy kernels are specialised on top-k and hidden.
-  const bool sized = kind == Kernel::kDispatchSend || kind == Kernel::kCombineSend;
-  const std::array<int, 4> key = {static_cast<int>(kind), sized ? l.top_k : 0, sized ? l.hidden : 0, device};
+  // The copy kernels are specialised on hidden, dispatch_send on top-k too.
+  const std::array<int, 4> key = {static_cast<int>(kind), kind == Kernel::kDispatchSend ? l.top_k : 0,
+                                  kind == Kernel::kDispatchSend || kind == Kernel::kCombineSend ? l.hidden : 0,
+                                  device};
   return memo.get(key, [&] {
     const GeneratedKernel gen = generate(kind, l.top_k, l.hidden);
     return moe_jit::build(gen.name, gen.code, moe_jit::device_arch(device));
   });
+}
+
+// How long a wait kernel spins for a peer before it traps: MOE_EP_TIMEOUT_S seconds (read per
+// call), default 120 — long enough for a peer that compiles its expert kernels on a cold cache
+// between dispatch and combine.
+inline unsigned long long timeout_ns() {
+  const char* value = std::getenv("MOE_EP_TIMEOUT_S");
+  double seconds = 120.0;
+  if (value != nullptr) {
+    char* end = nullptr;
+    seconds = std::strtod(value, &end);
+    MOE_HOST_ASSERT(end != value && *end == '\0' && seconds > 0 && seconds < 1e9,
+                    kFn << ": MOE_EP_TIMEOUT_S must be a positive number of seconds, got '" << value << "'");
+  }
+  return static_cast<unsigned long long>(seconds * 1e9);
 }
 
 inline moe_jit::LaunchConfig config(unsigned grid, unsigned threads, int device, std::uint64_t stream) {
@@ -129,13 +146,13 @@ inline void dispatch(const Layout& l, std::uint64_t topk_idx, std::uint64_t topk
   moe_jit::launch(*kernel(Kernel::kDispatchWait, l, device), config(1, kWaitThreads, device, stream), peers,
                   static_cast<unsigned long long>(l.off_signals), static_cast<unsigned>(l.rank),
                   static_cast<unsigned>(l.num_ranks), static_cast<unsigned>(l.num_local),
-                  static_cast<unsigned>(l.rows_per_expert()), reinterpret_cast<int*>(masked_m));
+                  static_cast<unsigned>(l.rows_per_expert()), timeout_ns(), reinterpret_cast<int*>(masked_m));
 }
 
-// combine_send + combine_wait: expert outputs bf16 [E_l, R, H] back into their sources' combine
-// buffers; on return (in stream order) this rank's combine buffer holds its pairs' outputs.
-inline void combine(const Layout& l, std::uint64_t expert_out, std::uint64_t masked_m, int device,
-                    std::uint64_t stream) {
+// combine_send + combine_wait: expert outputs bf16 [E_l, R, H] (the rows the last dispatch
+// received) back into their sources' combine buffers; on return (in stream order) this rank's
+// combine buffer holds its pairs' outputs.
+inline void combine(const Layout& l, std::uint64_t expert_out, int device, std::uint64_t stream) {
   check(l);
   MOE_HOST_ASSERT(expert_out % 16 == 0, kFn << ": expert_out must be 16-byte aligned");
   const auto* peers = reinterpret_cast<const unsigned long long*>(l.peers);
@@ -148,11 +165,10 @@ inline void combine(const Layout& l, std::uint64_t expert_out, std::uint64_t mas
                   static_cast<unsigned long long>(l.off_combine), static_cast<unsigned long long>(l.off_signals),
                   static_cast<unsigned>(l.rank), static_cast<unsigned>(l.num_ranks),
                   static_cast<unsigned>(l.num_local), static_cast<unsigned>(l.rows_per_expert()),
-                  static_cast<unsigned>(l.pairs_per_rank()), reinterpret_cast<const void*>(expert_out),
-                  reinterpret_cast<const int*>(masked_m));
+                  static_cast<unsigned>(l.pairs_per_rank()), reinterpret_cast<const void*>(expert_out));
   moe_jit::launch(*kernel(Kernel::kCombineWait, l, device), config(1, kWaitThreads, device, stream), peers,
                   static_cast<unsigned long long>(l.off_signals), static_cast<unsigned>(l.rank),
-                  static_cast<unsigned>(l.num_ranks), static_cast<unsigned>(l.num_local));
+                  static_cast<unsigned>(l.num_ranks), static_cast<unsigned>(l.num_local), timeout_ns());
 }
 
 }  // namespace moe_launchers::moe_ep_ll

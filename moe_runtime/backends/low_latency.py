@@ -94,10 +94,9 @@ class LowLatencyDispatchCombine(DispatchCombine):
         self.buffer = (SymmBuffer(layout, group=group, device=device) if self.num_ranks > 1
                        else _OneRankBuffer(layout, device))
         self.buffer.view("ep_signals").zero_()
-        peers = torch.tensor(self.buffer.peer_ptrs, dtype=torch.int64, device=device)
         offsets = tuple(self.buffer.layout[name].offset for name in kernels.ep.kEpViews)
-        self.layout = kernels.EpLayout(peers, offsets, self.rank, self.num_ranks, e_l, t_cap, problem.top_k,
-                                       problem.hidden)
+        self.layout = kernels.EpLayout(tuple(self.buffer.peer_ptrs), offsets, layout.total_bytes, self.rank,
+                                       self.num_ranks, e_l, t_cap, problem.top_k, problem.hidden, device)
         self.rows = self.layout.rows_per_expert
         # The rows' global expert ids never change: expert e's segment is rows [e R, (e + 1) R).
         self.row_experts = (torch.arange(e_l, device=device, dtype=torch.int64) + first_expert).repeat_interleave(
@@ -141,7 +140,7 @@ class LowLatencyDispatchCombine(DispatchCombine):
         if tuple(expert_out.shape) != shape or expert_out.dtype != torch.bfloat16:
             raise ValueError(f"expert_out must be bfloat16 {list(shape)}, got {expert_out.dtype} "
                              f"{list(expert_out.shape)}")
-        kernels.ep_combine(self.layout, expert_out.view(p.num_local_experts, self.rows, p.hidden), handle.masked_m)
+        kernels.ep_combine(self.layout, expert_out.view(p.num_local_experts, self.rows, p.hidden))
         t, k = handle.num_local_tokens, p.top_k
         return kernels.moe_combine(self.buffer.view("ep_combine")[: t * k], None, handle.routed, t, k,
                                    handle.out_dtype)

@@ -1,13 +1,21 @@
 """kernels.ep_dispatch / kernels.ep_combine (kernels/ep.py): the low-latency expert-parallel
 transport. GPU: P ranks simulated in one process on one GPU (each rank's buffer an ordinary
 allocation, "peer" addresses plain device pointers, each rank's kernels on its own stream so the
-device-side waits see the other ranks' sends), several forwards in a row (epochs, both counter
-sets), against the same expert step applied to the pairs directly. CPU: argument checks and the
+device-side waits see the other ranks' sends), several forwards in a row (both counter sets),
+against the same expert step applied to the pairs directly; a dispatch without its combine times
+out. These run in a child process: a wait kernel that traps ends the CUDA context, which would
+fail every later GPU test of the session. This bookkeeping test cannot see system-scope ordering
+between GPUs: the multi-rank layer tests do (tests/moe_runtime). CPU: argument checks and the
 kernels' machine code."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +24,7 @@ import kernels
 from test_sass import sass
 
 kAlign = 128
+kRepo = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -44,9 +53,9 @@ def make_group(num_ranks, num_local, max_tokens, top_k, hidden) -> Group:
     group = Group([], buffers, offsets, views)
     for r in range(num_ranks):
         group.view(r, "ep_signals").zero_()
-    peers = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64, device="cuda")
-    group.layouts = [kernels.EpLayout(peers, tuple(offsets), r, num_ranks, num_local, max_tokens, top_k, hidden)
-                     for r in range(num_ranks)]
+    bases = tuple(b.data_ptr() for b in buffers)
+    group.layouts = [kernels.EpLayout(bases, tuple(offsets), total, r, num_ranks, num_local, max_tokens, top_k,
+                                      hidden, "cuda") for r in range(num_ranks)]
     return group
 
 
@@ -65,10 +74,8 @@ def routing(num_tokens, top_k, num_experts, unrouted, gen):
     return torch.where(drop, torch.full_like(idx, -1), idx)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("num_ranks,num_local,max_tokens,top_k,hidden", [
-    (1, 4, 8, 2, 256), (2, 4, 16, 8, 256), (3, 3, 8, 4, 384), (4, 8, 32, 8, 7168)])
-def test_gpu_transport_round_trips_every_pair(seed, num_ranks, num_local, max_tokens, top_k, hidden):
+def round_trip(seed, num_ranks, num_local, max_tokens, top_k, hidden):
+    """Three forwards of every simulated rank; raises on the first mismatch."""
     gen = torch.Generator().manual_seed(seed)
     num_experts = num_ranks * num_local
     top_k = min(top_k, num_experts)
@@ -96,7 +103,7 @@ def test_gpu_transport_round_trips_every_pair(seed, num_ranks, num_local, max_to
                 src = group.view(r, "ep_src")
                 ids = torch.where(src >= 0, torch.arange(num_local, device="cuda").view(-1, 1) + r * num_local, 0)
                 out = expert_step(group.view(r, "ep_x"), group.view(r, "ep_sf"), group.view(r, "ep_w"), ids)
-                kernels.ep_combine(group.layouts[r], out.view(num_local, rows, hidden), masked[r])
+                kernels.ep_combine(group.layouts[r], out.view(num_local, rows, hidden))
         for r in range(num_ranks):
             with torch.cuda.stream(streams[r]):
                 t, routed = counts[r], inputs[r][2] >= 0
@@ -115,7 +122,48 @@ def test_gpu_transport_round_trips_every_pair(seed, num_ranks, num_local, max_to
             assert torch.equal(outs[r], expected), f"forward {forward} rank {r}"
     for r in range(num_ranks):
         signals = group.view(r, "ep_signals").cpu()
-        assert signals[2 * num_local + 2 * num_ranks] == 3, "three forwards counted"
+        steps = 2 * num_local + 2 * num_ranks
+        assert signals[steps] == 3 and signals[steps + 1] == 3, "three dispatches and three combines counted"
+
+
+def dispatch_twice(seed):
+    """Rank 0 dispatches twice without a combine: its second wait can never be satisfied."""
+    group = make_group(2, 2, 4, 2, 128)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    batch = [(torch.zeros(4, 128, dtype=torch.uint8, device="cuda"), torch.ones(4, 1, device="cuda"),
+              torch.tensor([[0, 3]] * 4, device="cuda"), torch.ones(4, 2, device="cuda")) for _ in range(2)]
+    for r in range(2):
+        with torch.cuda.stream(streams[r]):
+            kernels.ep_dispatch(group.layouts[r], *batch[r])
+    with torch.cuda.stream(streams[0]):
+        kernels.ep_dispatch(group.layouts[0], *batch[0])
+    torch.cuda.synchronize()
+
+
+def _in_child(function: str, timeout_s: float, **kwargs) -> subprocess.CompletedProcess:
+    env = dict(os.environ, MOE_EP_TIMEOUT_S=str(timeout_s),
+               PYTHONPATH=os.pathsep.join([str(kRepo), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, __file__, function, json.dumps(kwargs)], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_ranks,num_local,max_tokens,top_k,hidden", [
+    (1, 4, 8, 2, 256), (2, 4, 16, 8, 256), (3, 3, 8, 4, 384), (4, 8, 32, 8, 7168)])
+def test_gpu_transport_round_trips_every_pair(seed, num_ranks, num_local, max_tokens, top_k, hidden):
+    done = _in_child("round_trip", 20, seed=seed, num_ranks=num_ranks, num_local=num_local, max_tokens=max_tokens,
+                     top_k=top_k, hidden=hidden)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.mark.gpu
+def test_gpu_dispatch_without_its_combine_times_out():
+    done = _in_child("dispatch_twice", 2, seed=0)
+    log = done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.returncode != 0, log
+    # The kernel's printf may be lost with the context it ends; the trap itself reaches the host as
+    # a launch failure.
+    assert "moe_ep: timed out waiting for the dispatch of rank 1" in done.stdout or "launch failure" in log, log
 
 
 @pytest.mark.gpu
@@ -131,35 +179,43 @@ def test_gpu_bad_arguments_raise_before_any_launch():
     with pytest.raises(ValueError, match="topk_idx must be"):
         kernels.ep_dispatch(layout, xq[:4], xs[:4], idx[:4].int(), w[:4])
     with pytest.raises(ValueError, match="expert_out must be"):
-        kernels.ep_combine(layout, torch.zeros(2, 8, 64, dtype=torch.bfloat16, device="cuda"),
-                           torch.zeros(2, dtype=torch.int32, device="cuda"))
+        kernels.ep_combine(layout, torch.zeros(2, 8, 64, dtype=torch.bfloat16, device="cuda"))
 
 
-@pytest.mark.parametrize("kwargs,match", [
+def _layout_args(**overrides):
+    views = kernels.ep_buffer_views(2, 2, 4, 2, 128)
+    offsets, total = [], 0
+    for _, shape, dtype in views:
+        offsets.append(total)
+        total += (torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size() + 127) // 128 * 128
+    args = dict(bases=(1 << 20, 2 << 20), offsets=tuple(offsets), buffer_bytes=total, rank=0, num_ranks=2,
+                num_local_experts=2, max_tokens=4, top_k=2, hidden=128, device="cpu")
+    args.update(overrides)
+    return args
+
+
+@pytest.mark.parametrize("overrides,match", [
     (dict(rank=2), "rank 2 of num_ranks 2"),
     (dict(num_local_experts=0), "num_local_experts must be"),
     (dict(hidden=100), "hidden a positive multiple of 128"),
-    (dict(offsets=(0, 4, 8, 12, 20, 24)), "aligned"),
+    (dict(bases=(1 << 20, (2 << 20) + 8)), "16-byte aligned"),
+    (dict(bases=(1 << 20,)), "bases must be 2"),
     (dict(offsets=(0, 16)), "offsets must be 6"),
+    (dict(offsets=(0, 4, 8, 12, 20, 24)), "aligned"),
+    (dict(offsets=(0, 128, 256, 384, 512, 640)), "overlap"),
+    (dict(buffer_bytes=1024), "past the 1024-byte buffer"),
+    (dict(), "runs on CUDA devices, got cpu"),
 ])
-def test_layout_checks(kwargs, match):
-    args = dict(peers=torch.zeros(2, dtype=torch.int64), offsets=(0, 128, 256, 384, 512, 640), rank=0, num_ranks=2,
-                num_local_experts=2, max_tokens=4, top_k=2, hidden=128)
-    args.update(kwargs)
+def test_layout_checks(overrides, match):
     with pytest.raises(ValueError, match=match):
-        kernels.EpLayout(**args)
-
-
-def test_layout_needs_peers_on_the_gpu():
-    with pytest.raises(ValueError, match="peers must be a contiguous int64 CUDA tensor"):
-        kernels.EpLayout(torch.zeros(2, dtype=torch.int64), (0, 128, 256, 384, 512, 640), 0, 2, 2, 4, 2, 128)
+        kernels.EpLayout(**_layout_args(**overrides))
 
 
 def test_buffer_views_and_signal_words():
     views = dict((name, (shape, dtype)) for name, shape, dtype in kernels.ep_buffer_views(4, 8, 16, 8, 7168))
     assert tuple(views) == kernels.ep.kEpViews
     assert views["ep_x"] == ((8, 64, 7168), torch.uint8) and views["ep_combine"] == ((128, 7168), torch.bfloat16)
-    assert views["ep_signals"] == ((2 * 8 + 2 * 4 + 3,), torch.int32)
+    assert views["ep_signals"] == ((2 * 8 + 2 * 4 + 4,), torch.int32)
 
 
 @pytest.mark.parametrize("kernel", range(4))
@@ -175,4 +231,11 @@ def test_transport_kernels_machine_code(kernel):
     if kernel == 0:
         assert "ATOM.E.ADD.STRONG.SYS" in text
     if kernel in (1, 3):
-        assert "LD.E.STRONG.SYS" in text and "NANOSLEEP" in text and "BPT.TRAP" in text
+        # ld.acquire.sys: a strong system-scope load, then the L1 invalidation that makes later
+        # loads see what the peer released.
+        assert "LDG.E.STRONG.SYS" in text and "CCTL.IVALL" in text
+        assert "NANOSLEEP" in text and "BPT.TRAP" in text
+
+
+if __name__ == "__main__":  # a child of _in_child: one scenario, exit status 0 when it passes
+    globals()[sys.argv[1]](**json.loads(sys.argv[2]))

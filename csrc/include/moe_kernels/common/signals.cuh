@@ -26,15 +26,14 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
 }
 
 // Spins until *flag == expected. A peer that never arrives (a rank that died, or one that runs a
-// different number of forwards) must not hang the GPU forever: after kTimeoutNs the kernel traps,
-// which surfaces as a CUDA error on the host's next synchronisation.
-constexpr uint64_t kTimeoutNs = 30ull * 1000 * 1000 * 1000;
-
-__device__ __forceinline__ void wait_flag(const int* flag, int expected, const char* what, int peer) {
+// different number of steps) must not hang the GPU forever: after timeout_ns the kernel traps,
+// which surfaces as a CUDA error on the host's next synchronisation (and ends the context).
+__device__ __forceinline__ void wait_flag(const int* flag, int expected, uint64_t timeout_ns, const char* what,
+                                          int peer) {
   const uint64_t start = global_timer_ns();
   while (load_acquire_sys(flag) != expected) {
-    if (global_timer_ns() - start > kTimeoutNs) {
-      printf("moe_ep: timed out waiting for %s of rank %d (epoch %d, flag %d)\n", what, peer, expected,
+    if (global_timer_ns() - start > timeout_ns) {
+      printf("moe_ep: timed out waiting for %s of rank %d (step %d, flag %d)\n", what, peer, expected,
              load_acquire_sys(flag));
       __trap();
     }

@@ -18,22 +18,26 @@
 // expert are in no particular order; every step is row-local and the combine sums each token's
 // slots in slot order, so results do not depend on it.
 //
-// Epochs: each rank counts its forwards in `epoch` (its own memory; the last kernel of a forward
-// increments it). A forward's flags carry its epoch, so they never need resetting; the slot
-// counters alternate between two sets by epoch parity, and the set of the next epoch is zeroed by
-// its owner in this epoch's dispatch_wait. That zeroing is seen by any sender of the next epoch:
-// a sender starts it only after its combine_wait saw this owner's combine flag, released after.
+// Epochs: each rank counts its finished dispatches and combines in its own memory (dispatch_wait
+// and combine_wait increment them); a step's flags carry its count, so they never need resetting,
+// and a dispatch not followed by its combine (or the reverse) waits for flags no peer raises and
+// times out instead of reading half-written rows. The slot counters alternate between two sets by
+// the dispatch's parity, and the next dispatch's set is zeroed by its owner in this dispatch_wait.
+// That zeroing is seen by any sender of the next dispatch: a sender starts it only after its
+// combine_wait saw this owner's combine flag, released after. No flag runs ahead of a waiter: a
+// rank raises its next flag only after every rank's flag of the step before.
 //
 // Kernels, in stream order on every rank:
 //   dispatch_send   one CTA per (token, slot) pair: slot on the owner (system-scope atomic), then
 //                   the row, scales, weight and source written into the owner's buffer; the last
 //                   CTA raises this rank's dispatch flag on every rank;
 //   dispatch_wait   one CTA: waits for every rank's dispatch flag, writes masked_m [E_l], zeroes
-//                   the next epoch's counters;
+//                   the next dispatch's counters, counts the dispatch;
 //   (the experts: masked grouped GEMMs on [E_l, R, H] with masked_m)
-//   combine_send    each received row's expert output to its source's combine buffer; the last
-//                   CTA raises this rank's combine flag on every rank;
-//   combine_wait    one CTA: waits for every rank's combine flag, then epoch += 1;
+//   combine_send    each received row's expert output to its source's combine buffer (the rows
+//                   as counted on this rank, not as the caller says); the last CTA raises this
+//                   rank's combine flag on every rank;
+//   combine_wait    one CTA: waits for every rank's combine flag, counts the combine;
 //   (kernels.moe_combine sums each token's slots out of the combine buffer).
 
 #include <cuda_bf16.h>
@@ -41,14 +45,15 @@
 
 namespace moe_kernels {
 
-// Word offsets in a rank's signal area.
+// Word offsets in a rank's signal area (kernels/ep.py's ep_signal_ints counts them).
 struct EpSignals {
   uint32_t num_ranks, num_local;
   __device__ __forceinline__ uint32_t counts(uint32_t parity) const { return parity * num_local; }
   __device__ __forceinline__ uint32_t dispatch_done() const { return 2 * num_local; }
   __device__ __forceinline__ uint32_t combine_done() const { return 2 * num_local + num_ranks; }
-  __device__ __forceinline__ uint32_t epoch() const { return 2 * num_local + 2 * num_ranks; }
-  __device__ __forceinline__ uint32_t finished(uint32_t kernel) const { return epoch() + 1 + kernel; }
+  __device__ __forceinline__ uint32_t dispatches() const { return 2 * num_local + 2 * num_ranks; }
+  __device__ __forceinline__ uint32_t combines() const { return dispatches() + 1; }
+  __device__ __forceinline__ uint32_t finished(uint32_t kernel) const { return dispatches() + 2 + kernel; }
 };
 
 template <typename T>
@@ -56,9 +61,11 @@ __device__ __forceinline__ T* view(uint64_t base, uint64_t offset) {
   return reinterpret_cast<T*>(base + offset);
 }
 
-// The epoch this forward runs under: one more than the forwards finished on this rank.
-__device__ __forceinline__ int current_epoch(const int* signals, const EpSignals& sig) {
-  return *reinterpret_cast<const volatile int*>(signals + sig.epoch()) + 1;
+// The step a kernel runs under: one more than the steps (dispatches or combines) this rank
+// finished. Unsigned: it wraps after 2^32 steps, harmlessly (flags compare for equality, parity
+// keeps alternating).
+__device__ __forceinline__ uint32_t next_step(const int* signals, uint32_t word) {
+  return static_cast<uint32_t>(*reinterpret_cast<const volatile int*>(signals + word)) + 1u;
 }
 
 template <uint32_t kTopK, uint32_t kHidden, uint32_t kThreads>
@@ -72,7 +79,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr uint32_t kScales = kHidden / 128;
   const EpSignals sig{num_ranks, num_local};
   int* signals = view<int>(peers[rank], off_signals);
-  const int epoch = current_epoch(signals, sig);
+  const uint32_t epoch = next_step(signals, sig.dispatches());
   const uint32_t parity = epoch & 1;
   const uint32_t pairs = num_tokens * kTopK;
   const long long num_experts = static_cast<long long>(num_local) * num_ranks;
@@ -104,7 +111,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (signals::last_cta_done(signals + sig.finished(0))) {
     for (uint32_t q = 0; q < num_ranks; ++q) {
-      signals::store_relaxed_sys(view<int>(peers[q], off_signals) + sig.dispatch_done() + rank, epoch);
+      signals::store_relaxed_sys(view<int>(peers[q], off_signals) + sig.dispatch_done() + rank, static_cast<int>(epoch));
     }
   }
 }
@@ -112,21 +119,24 @@ __global__ void __launch_bounds__(kThreads)
 template <uint32_t kThreads>
 __global__ void __launch_bounds__(kThreads)
     moe_ep_dispatch_wait(const uint64_t* __restrict__ peers, uint64_t off_signals, uint32_t rank, uint32_t num_ranks,
-                         uint32_t num_local, uint32_t rows_per_expert, int* __restrict__ masked_m) {
+                         uint32_t num_local, uint32_t rows_per_expert, uint64_t timeout_ns,
+                         int* __restrict__ masked_m) {
   const EpSignals sig{num_ranks, num_local};
   int* signals = view<int>(peers[rank], off_signals);
-  const int epoch = current_epoch(signals, sig);
+  const uint32_t epoch = next_step(signals, sig.dispatches());
   const uint32_t parity = epoch & 1;
   for (uint32_t s = threadIdx.x; s < num_ranks; s += kThreads) {
-    signals::wait_flag(signals + sig.dispatch_done() + s, epoch, "the dispatch", static_cast<int>(s));
+    signals::wait_flag(signals + sig.dispatch_done() + s, static_cast<int>(epoch), timeout_ns, "the dispatch",
+                       static_cast<int>(s));
   }
+  // The acquires of the waiting threads, then the barrier: every thread reads final counters.
   __syncthreads();
-  __threadfence();  // the waiting threads' acquires cover the counters every thread reads below
   for (uint32_t e = threadIdx.x; e < num_local; e += kThreads) {
     const int count = *reinterpret_cast<volatile int*>(signals + sig.counts(parity) + e);
     masked_m[e] = min(count, static_cast<int>(rows_per_expert));
     signals[sig.counts(parity ^ 1) + e] = 0;
   }
+  if (threadIdx.x == 0) signals[sig.dispatches()] = static_cast<int>(epoch);
 }
 
 // Rows of a grid-stride loop over the received rows of all local experts, flattened: expert e's
@@ -135,18 +145,20 @@ template <uint32_t kHidden, uint32_t kThreads>
 __global__ void __launch_bounds__(kThreads)
     moe_ep_combine_send(const uint64_t* __restrict__ peers, uint64_t off_src, uint64_t off_combine,
                         uint64_t off_signals, uint32_t rank, uint32_t num_ranks, uint32_t num_local,
-                        uint32_t rows_per_expert, uint32_t pairs_per_rank, const __nv_bfloat16* __restrict__ expert_out,
-                        const int* __restrict__ masked_m) {
+                        uint32_t rows_per_expert, uint32_t pairs_per_rank,
+                        const __nv_bfloat16* __restrict__ expert_out) {
   static_assert(kHidden % 8 == 0, "rows are copied 16 bytes at a time");
   extern __shared__ uint32_t prefix[];  // [num_local + 1]
   const EpSignals sig{num_ranks, num_local};
   int* signals = view<int>(peers[rank], off_signals);
-  const int epoch = current_epoch(signals, sig);
+  const uint32_t epoch = next_step(signals, sig.combines());
+  // The rows the last dispatch counted (its counter set stays intact until the next dispatch_wait).
+  const uint32_t parity = static_cast<uint32_t>(signals[sig.dispatches()]) & 1;
   if (threadIdx.x == 0) {
     uint32_t sum = 0;
     for (uint32_t e = 0; e < num_local; ++e) {
       prefix[e] = sum;
-      sum += static_cast<uint32_t>(min(max(masked_m[e], 0), static_cast<int>(rows_per_expert)));
+      sum += static_cast<uint32_t>(min(max(signals[sig.counts(parity) + e], 0), static_cast<int>(rows_per_expert)));
     }
     prefix[num_local] = sum;
   }
@@ -168,7 +180,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (signals::last_cta_done(signals + sig.finished(1))) {
     for (uint32_t q = 0; q < num_ranks; ++q) {
-      signals::store_relaxed_sys(view<int>(peers[q], off_signals) + sig.combine_done() + rank, epoch);
+      signals::store_relaxed_sys(view<int>(peers[q], off_signals) + sig.combine_done() + rank, static_cast<int>(epoch));
     }
   }
 }
@@ -176,15 +188,16 @@ __global__ void __launch_bounds__(kThreads)
 template <uint32_t kThreads>
 __global__ void __launch_bounds__(kThreads)
     moe_ep_combine_wait(const uint64_t* __restrict__ peers, uint64_t off_signals, uint32_t rank, uint32_t num_ranks,
-                        uint32_t num_local) {
+                        uint32_t num_local, uint64_t timeout_ns) {
   const EpSignals sig{num_ranks, num_local};
   int* signals = view<int>(peers[rank], off_signals);
-  const int epoch = current_epoch(signals, sig);
+  const uint32_t epoch = next_step(signals, sig.combines());
   for (uint32_t s = threadIdx.x; s < num_ranks; s += kThreads) {
-    signals::wait_flag(signals + sig.combine_done() + s, epoch, "the combine", static_cast<int>(s));
+    signals::wait_flag(signals + sig.combine_done() + s, static_cast<int>(epoch), timeout_ns, "the combine",
+                       static_cast<int>(s));
   }
   __syncthreads();
-  if (threadIdx.x == 0) signals[sig.epoch()] = epoch;
+  if (threadIdx.x == 0) signals[sig.combines()] = static_cast<int>(epoch);
 }
 
 }  // namespace moe_kernels
