@@ -435,6 +435,30 @@ def test_gpu_layer_low_latency_matches_reference(seed, router, weights):
 
 
 @pytest.mark.gpu
+@_kNeedsCuda
+def test_gpu_low_latency_forward_in_a_cuda_graph(seed):
+    """Nothing in the low-latency forward syncs with the host at any token count: captured once,
+    replayed on new tokens (each replay one dispatch and one combine, as the transport requires)."""
+    hidden, num_tokens = 1024, 48
+    ll_layer, reference_layer = _layer_pair("deepseek", seed, "cuda", hidden, 512, 16, capacity=64,
+                                            backend="low_latency")
+    static_x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+    with torch.inference_mode():
+        ll_layer(static_x)  # compiles and loads the kernels outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = ll_layer(static_x)
+        for _ in range(2):
+            x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+            static_x.copy_(x)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(static_y, ll_layer(x))
+            assert calc_diff(static_y, reference_layer(x)) < kTolerance
+
+
+@pytest.mark.gpu
 @pytest.mark.multirank
 @_kNeedsCuda
 @pytest.mark.parametrize("backend", ["torch", "nvshmem"])
