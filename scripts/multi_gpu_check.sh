@@ -2,16 +2,18 @@
 # One call on a machine with several GPUs (issue 6): expert parallelism with one rank per GPU.
 # Logs go under $OUT (the device tool's output folder) or ./gpu-logs.
 #   bash scripts/multi_gpu_check.sh [STEPS] [NPROC]
-# STEPS: any of "tests deepseek dispatch serve" (default: all; one call runs at most 10 minutes, so
+# STEPS: any of "tests deepseek dispatch lowlatency serve" (default: all; one call runs at most 10 minutes, so
 # split them over calls), NPROC: ranks (default: every GPU).
 # 1. the multi-rank GPU tests (SymmBuffer torch + nvshmem, ranks sharing a GPU);
 # 2. the staged DeepSeek-V3 layer against the reference, random and skewed routing, both backends;
 # 3. bench/bench_dispatch.py with both backends (4096 and 128 tokens per rank, NCCL all-to-all beside);
+# 3b. lowlatency: the low-latency transport's transport tests and its dispatch+combine round at 128
+#     tokens per rank (bench_dispatch --transport low_latency), the staged round's all-to-all beside;
 # 4. launch/serve_moe.py --preset deepseek-v3 (throughput, latency, reference spot checks).
 # Environment, wheels (.whl/), env.log and the build: scripts/gpu_env.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-steps="${1:-tests deepseek dispatch serve}"
+steps="${1:-tests deepseek dispatch lowlatency serve}"
 nproc="${2:-$(nvidia-smi -L | wc -l)}"
 source scripts/gpu_env.sh
 export OMP_NUM_THREADS=1
@@ -39,6 +41,10 @@ if want dispatch; then
   for backend in torch nvshmem; do
     step "dispatch_$backend" 240 $run bench/bench_dispatch.py --symm-backend "$backend"
   done
+fi
+if want lowlatency; then
+  step lowlatency_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -k "low_latency or test_ep" tests
+  step dispatch_low_latency 240 $run bench/bench_dispatch.py --transport low_latency
 fi
 want serve && step serve_deepseek_v3 300 $run launch/serve_moe.py --preset deepseek-v3 \
   --num-requests "${SERVE_REQUESTS:-512}" --no-progress --metrics-out "$out/serve_metrics.json"
