@@ -410,7 +410,7 @@ def test_gpu_staged_expert_parallel_ranks_sharing_a_gpu(nproc):
 @pytest.mark.gpu
 @pytest.mark.multirank
 @_kNeedsCuda
-@pytest.mark.parametrize("nproc", [2, 3])
+@pytest.mark.parametrize("nproc", [2, 4])
 def test_gpu_low_latency_expert_parallel_ranks_sharing_a_gpu(nproc):
     """The low-latency transport between processes that share the GPU (torch symmetric memory):
     decode steps and a rank without tokens, against the single-process reference."""
