@@ -19,6 +19,7 @@ CUDA only (the transport is peer writes between GPUs, or between processes shari
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,11 @@ class _OneRankBuffer:
         """Nothing crosses processes."""
 
 
+# Every rank holds ranks x num_max_tokens_per_rank rows per local expert: past this the transport is
+# the wrong tool (prefill-sized batches), not a memory error waiting to happen.
+kMaxBufferBytes = 4 << 30
+
+
 def is_supported(problem: MoEProblem) -> tuple[bool, str]:
     """``(True, how)`` when the low-latency pair can run ``problem``, else ``(False, why)``."""
     ok, reason = staged_is_supported(problem)
@@ -62,6 +68,13 @@ def is_supported(problem: MoEProblem) -> tuple[bool, str]:
         return False, (f"at most {kernels.ep.kEpMaxRanks} ranks of {kernels.ep.kEpMaxLocalExperts} local experts, "
                        f"got {problem.ep_size} x {problem.num_local_experts}")
     rows = problem.ep_size * problem.num_max_tokens_per_rank
+    views = kernels.ep_buffer_views(problem.ep_size, problem.num_local_experts, problem.num_max_tokens_per_rank,
+                                    problem.top_k, problem.hidden)
+    nbytes = sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size() for _, shape, dtype in views)
+    if nbytes > kMaxBufferBytes:
+        return False, (f"its buffer would take {nbytes / 2**30:.1f} GiB per rank ({rows} rows per local expert: "
+                       f"ranks x num_max_tokens_per_rank={problem.num_max_tokens_per_rank}); it is meant for "
+                       f"decode batches, the staged backend serves larger ones")
     return True, f"peer writes into the masked layout ({rows} rows per local expert), no host sync"
 
 

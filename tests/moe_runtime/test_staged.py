@@ -325,7 +325,7 @@ def test_is_supported_says_why_not(overrides, match):
         staged.create(_problem("cpu", **overrides), None, None)
 
 
-def test_backend_selection():
+def test_backend_selection(monkeypatch):
     assert staged.is_supported(_problem("cpu"))[0]
     assert MegaMoELayer(H, I, E, 2, backend="auto").backend_name == "reference"  # "auto" picks staged on CUDA only
     assert MegaMoELayer(H, I, E, 2, backend="staged").backend_name == "staged"
@@ -335,6 +335,11 @@ def test_backend_selection():
     with pytest.raises(NotImplementedError, match="backend='low_latency' cannot run this layer: .*CUDA only"):
         MegaMoELayer(H, I, E, 2, backend="low_latency")
     assert not low_latency.is_supported(_problem("cpu"))[0]
+    big = MoEProblem(7168, 2048, 256, 8, "fp8", torch.bfloat16, torch.device("cuda"), 8, 4096, True)
+    with monkeypatch.context() as m:  # past the CUDA checks, as on a Hopper machine
+        m.setattr(low_latency, "staged_is_supported", lambda problem: (True, ""))
+        ok, reason = low_latency.is_supported(big)
+    assert not ok and "GiB per rank" in reason and "staged backend serves larger ones" in reason
 
 
 # ---- several ranks under torchrun -------------------------------------------------------------------
