@@ -30,6 +30,7 @@ kRowsPerBlock = 64
 kBlockK = 128
 kWeightBytes = 4096  # per K block and 64 rows: 2 x 128 threads x 4 K steps x 4 bytes
 kBlockBytes = kWeightBytes + kRowsPerBlock * 4  # then the rows' four UE8M0 bytes
+kMaxDecodeRows = 32  # min(expected_m, max_m) the decode-layout kernel serves (its token block, wgmma N)
 
 
 def _codes(packed: torch.Tensor) -> torch.Tensor:
@@ -127,7 +128,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked_fragment(a: tuple[torch.Tensor, torch.Tenso
     if max_m == 0:
         return
     rows = min(expected_m, max_m)
-    if rows > 32:
+    if rows > kMaxDecodeRows:
         _checks.fail(fn, ValueError, f"weights in the decode layout serve min(expected_m, max_m) <= 32 rows per "
                                      f"group, got {rows}; pass the packed (B, SFB) for larger batches")
     if b.data_ptr() % 16:

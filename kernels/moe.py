@@ -268,7 +268,8 @@ def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Ten
     only the first ``masked_m[g]`` rows of each group are computed on CUDA; the other rows of the
     outputs are left unwritten (the CPU computes every row)."""
     fn = "swiglu_quant_fp8"
-    if not isinstance(h, torch.Tensor) or h.dtype != torch.bfloat16 or h.dim() != 2 or h.shape[1] % 256:
+    if not isinstance(h, torch.Tensor) or h.dtype != torch.bfloat16 or h.dim() != 2 or h.shape[1] % 256 \
+            or h.shape[1] == 0:
         _checks.fail(fn, ValueError, f"h must be a bfloat16 [M, 2I] tensor with I a multiple of 128, got "
                                      f"{getattr(h, 'dtype', type(h).__name__)} {list(getattr(h, 'shape', ()))}")
     m, inter = h.shape[0], h.shape[1] // 2
@@ -294,7 +295,8 @@ def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Ten
     if h.stride(1) != 1 or h.stride(0) != 2 * inter or h.data_ptr() % 16:
         h = h.contiguous() if not h.is_contiguous() else h.clone()
     weights = weights.reshape(-1).contiguous()
-    masked_ptr = masked_m.contiguous().data_ptr() if masked_m is not None else 0
+    masked_m = masked_m.contiguous() if masked_m is not None else None  # kept alive until the launch
+    masked_ptr = masked_m.data_ptr() if masked_m is not None else 0
     jit.native_module().swiglu_quant_fp8(h.data_ptr(), weights.data_ptr(), masked_ptr, rows_per_group, m, inter,
                                          out.data_ptr(), sf.data_ptr(), device.index,
                                          _descriptors.current_stream(device))

@@ -12,7 +12,9 @@ With one rank the buffer is an ordinary allocation (the same kernels, no peers).
 
 The experts are :class:`moe_runtime.backends.staged.StagedExperts` on the masked layout. Every rank
 of the group must run the same number of forwards (the transport counts them on the device); a
-rank that stops makes the others' kernels trap after 30 s instead of hanging.
+rank that stops, or raises on its own arguments before its dispatch (nothing is exchanged first
+that would make every rank raise together, as the staged backend's count exchange does), makes
+the others' kernels trap after ``MOE_EP_TIMEOUT_S`` seconds instead of hanging.
 
 CUDA only (the transport is peer writes between GPUs, or between processes sharing one).
 """
@@ -71,8 +73,12 @@ def is_supported(problem: MoEProblem) -> tuple[bool, str]:
     views = kernels.ep_buffer_views(problem.ep_size, problem.num_local_experts, problem.num_max_tokens_per_rank,
                                     problem.top_k, problem.hidden)
     nbytes = sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size() for _, shape, dtype in views)
+    # Plus the experts' per-forward scratch over every row of the layout: L1 output, FP8 activations
+    # and their scales, L2 output.
+    inter = problem.intermediate
+    nbytes += problem.num_local_experts * rows * (4 * inter + inter + inter // kActGroup * 4 + 2 * problem.hidden)
     if nbytes > kMaxBufferBytes:
-        return False, (f"its buffer would take {nbytes / 2**30:.1f} GiB per rank ({rows} rows per local expert: "
+        return False, (f"it would take {nbytes / 2**30:.1f} GiB per rank ({rows} rows per local expert: "
                        f"ranks x num_max_tokens_per_rank={problem.num_max_tokens_per_rank}); it is meant for "
                        f"decode batches, the staged backend serves larger ones")
     return True, f"peer writes into the masked layout ({rows} rows per local expert), no host sync"

@@ -423,10 +423,14 @@ class StagedExperts(Experts):
             def grouped(t: torch.Tensor) -> torch.Tensor:  # [E_l x rows (+ spare), C] -> [E_l, rows, C]
                 return t[: groups * rows].view(groups, rows, t.shape[-1])
 
+            expected = dispatched.expected_m or rows
+
             def gemm(a, b, d):
-                self.masked_gemm((grouped(a[0]), grouped(a[1])), b, grouped(d), dispatched.masked_m,
-                                 dispatched.expected_m or rows)
-            w13, w2 = self.w13_masked, self.w2_masked
+                self.masked_gemm((grouped(a[0]), grouped(a[1])), b, grouped(d), dispatched.masked_m, expected)
+            # The FP4 decode layout serves up to kMaxDecodeRows expected rows per expert; larger
+            # batches (the low-latency layout's rows can reach ranks x tokens) take the packed weights.
+            decode = min(expected, rows) <= kernels._fp4_fragment.kMaxDecodeRows
+            w13, w2 = (self.w13_masked, self.w2_masked) if decode else (self.w13, self.w2)
         else:
             def gemm(a, b, d):
                 self.gemm(a, b, d, dispatched.m_indices)

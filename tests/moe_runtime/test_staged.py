@@ -340,6 +340,10 @@ def test_backend_selection(monkeypatch):
         m.setattr(low_latency, "staged_is_supported", lambda problem: (True, ""))
         ok, reason = low_latency.is_supported(big)
     assert not ok and "GiB per rank" in reason and "staged backend serves larger ones" in reason
+    decode = MoEProblem(7168, 2048, 256, 8, "fp8", torch.bfloat16, torch.device("cuda"), 8, 128, True)
+    with monkeypatch.context() as m:
+        m.setattr(low_latency, "staged_is_supported", lambda problem: (True, ""))
+        assert low_latency.is_supported(decode)[0]
 
 
 # ---- several ranks under torchrun -------------------------------------------------------------------
@@ -424,14 +428,15 @@ def test_gpu_low_latency_expert_parallel_ranks_sharing_a_gpu(nproc):
 
 @pytest.mark.gpu
 @_kNeedsCuda
-@pytest.mark.parametrize("router,weights", [("deepseek", "fp8"), ("mixtral", "fp4")])
+@pytest.mark.parametrize("router,weights", [("deepseek", "fp8"), ("mixtral", "fp4"), ("deepseek", "fp4")])
 def test_gpu_layer_low_latency_matches_reference(seed, router, weights):
-    """One rank: the transport's kernels on an ordinary allocation, several forwards in a row."""
+    """One rank: the transport's kernels on an ordinary allocation, several forwards in a row; FP4 at
+    512 tokens expects more rows per expert than the decode layout serves (the packed weights run)."""
     hidden, inter, num_experts = 1024, 512, 16
-    ll_layer, reference_layer = _layer_pair(router, seed, "cuda", hidden, inter, num_experts, capacity=64,
+    ll_layer, reference_layer = _layer_pair(router, seed, "cuda", hidden, inter, num_experts, capacity=512,
                                             weights=weights, backend="low_latency")
     assert ll_layer.backend_name == "low_latency"
-    for num_tokens in (1, 0, 64, 17):
+    for num_tokens in (1, 0, 512, 17):
         x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
         got, expected = ll_layer(x), reference_layer(x)
         assert got.shape == expected.shape
