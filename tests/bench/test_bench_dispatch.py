@@ -102,7 +102,12 @@ class _Faulty(bench.StagedDispatchCombine):
     def dispatch(self, x, topk_idx, topk_weights):
         out = super().dispatch(x, topk_idx, topk_weights)
         if self.fault == "weights":
-            out.topk_weights = out.topk_weights.flip(0)
+            # Each received row gets its neighbour's weight (rows of the layout only: padding rows
+            # hold whatever memory held, which may happen to pass).
+            rows = (out.m_indices >= 0).nonzero().flatten()
+            weights = out.topk_weights.clone()
+            weights[rows] = out.topk_weights[rows.roll(1)]
+            out.topk_weights = weights
         elif self.fault == "scales":
             out.x_sf = out.x_sf * 1.25  # every scale a quarter off
         return out
