@@ -6,20 +6,19 @@ Per shape: our kernel time (profiler, L2 flushed before each run), TFLOP/s, GB/s
 and D over kernel time), cuBLAS measured the same way in the same run (block scales 1x128 /
 128x128 where it accepts them, else row-wise scales, marked), the speed-up, and the time per
 call from Python on an idle stream for both. Where our heuristic runs 2-CTA clusters sharing A
-(TMA multicast, from 512 rows), the same call with them off (``MOE_FP8_MULTICAST=0``) is timed too:
+(TMA multicast), the same call with them off (``MOE_FP8_MULTICAST=0``) is timed too:
 "1-CTA us" and the clusters' speed-up over it.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 
 import kernels
-from kernels.testing import bench_kineto, calc_diff, per_call_us
+from kernels.testing import bench_kineto, calc_diff, kernel_us_with_env, per_call_us
 
 SHAPES = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168)]
 
@@ -90,12 +89,7 @@ def main() -> int:
             # The same call with the 2-CTA clusters off (MOE_FP8_MULTICAST=0), where they would be on.
             single_us = None
             if kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["multicast"] > 1:
-                os.environ["MOE_FP8_MULTICAST"] = "0"
-                try:
-                    ours()
-                    single_us = bench_kineto(ours, "sm90_fp8_gemm_nt").median_s * 1e6
-                finally:
-                    del os.environ["MOE_FP8_MULTICAST"]
+                single_us = kernel_us_with_env(ours, "sm90_fp8_gemm_nt", MOE_FP8_MULTICAST="0")
             row = dict(m=m, n=n, k=k, us=t * 1e6, tflops=flops / t / 1e12, gbps=nbytes / t / 1e9, call_us=call,
                        cublas=kind, cublas_us=t_ref * 1e6, cublas_tflops=flops / t_ref / 1e12, cublas_call_us=call_ref,
                        speedup=t_ref / t, diff=diff, single_us=single_us)

@@ -18,7 +18,6 @@ Weight bytes: FP8 = N K + 4 ceil(N/128) K/128 per expert; FP4 = N K / 2 + N K / 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -26,7 +25,7 @@ from typing import Callable
 import torch
 
 import kernels
-from kernels.testing import bench_kineto, copy_ceiling_gbps, per_call_us
+from kernels.testing import bench_kineto, copy_ceiling_gbps, kernel_us_with_env, per_call_us
 
 NK = [(4096, 7168), (7168, 2048)]
 _KERNELS = {"fp8": "sm90_fp8_gemm_nt", "fp4": "sm90_fp8_fp4_gemm_nt"}  # profiler names
@@ -123,12 +122,7 @@ def single_cta_us(problem: Problem, m: int, n: int, k: int, gemm_type: int, grou
     config = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), False, -1, gemm_type, groups)
     if config["multicast"] == 1:
         return None
-    os.environ["MOE_FP8_MULTICAST"] = "0"
-    try:
-        problem.call()
-        return bench_kineto(problem.call, problem.kernel).median_s * 1e6
-    finally:
-        del os.environ["MOE_FP8_MULTICAST"]
+    return kernel_us_with_env(problem.call, problem.kernel, MOE_FP8_MULTICAST="0")
 
 
 def contiguous(weights: str, groups: int, rows: int, n: int, k: int) -> dict:

@@ -4,6 +4,7 @@ on CPU at small sizes: each call writes every valid row, and the weight bytes fo
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -46,3 +47,21 @@ def test_problem_outputs_are_written(weights):
         problem.out.fill_(float("nan"))
         problem.call()
     assert torch.isfinite(contiguous.out).all() and torch.isfinite(masked.out[:, :3]).all()
+
+
+@pytest.mark.parametrize("before", [None, "1"])
+def test_kernel_us_with_env_restores_the_environment(monkeypatch, before):
+    """The switch holds during the timed calls only; a value the user had set comes back."""
+    import kernels.testing.bench as bench_helpers
+
+    if before is None:
+        monkeypatch.delenv("MOE_FP8_MULTICAST", raising=False)
+    else:
+        monkeypatch.setenv("MOE_FP8_MULTICAST", before)
+    seen = []
+    monkeypatch.setattr(bench_helpers, "bench_kineto",
+                        lambda fn, name: (fn(), bench_helpers.KernelTiming(2e-6, 1e-6, 1, 1))[1])
+    us = bench_helpers.kernel_us_with_env(lambda: seen.append(os.environ.get("MOE_FP8_MULTICAST")), "k",
+                                          MOE_FP8_MULTICAST="0")
+    assert us == pytest.approx(2.0) and seen == ["0", "0"]
+    assert os.environ.get("MOE_FP8_MULTICAST") == before
