@@ -49,7 +49,7 @@ struct Config {
 // each, more bytes than B). Grouped GEMMs of few rows per group are bound by B, which multicast of
 // A leaves alone: they get clusters from kMulticastMinRows rows per group.
 constexpr int kMulticastMinRows = 512;
-// Past 128 rows, clusters measured 0.90-0.97x of single CTAs at N = 4096 (dense 4096 x 4096 x 7168,
+// Past 128 rows, clusters measured 0.90-0.99x of single CTAs at N = 4096 (dense 4096 x 4096 x 7168,
 // grouped 4 x 8192 and 8 x 4096 at N x K = 4096 x 7168) and 1.01-1.15x at N = 7168
 // (bench/RESULTS.md, 2026-11-30): they stay for wider B only.
 constexpr int kMulticastMinNLargeM = 4097;
