@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "jit/compiler.hpp"
+#include "jit/device_runtime.hpp"
 #include "jit/driver.hpp"
 #include "jit/exception.hpp"
 
@@ -103,6 +105,31 @@ inline moe_jit::driver::CUtensorMap make_tma(const char* fn, std::uint64_t ptr, 
                                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
   return map;
+}
+
+// The bf16 D map of a GEMM epilogue: one TMA box per epilogue atom (swizzle_d / 2 columns, or the
+// whole block N unswizzled) by block M rows. Masked groups store with 3-D coordinates so that a
+// group's tile never spills into the next group's rows.
+inline moe_jit::driver::CUtensorMap make_tma_d(const char* fn, std::uint64_t d, int n, int m, long long ldd,
+                                              int block_n, int block_m, int swizzle_d, bool masked,
+                                              int num_groups) {
+  using namespace moe_jit::driver;
+  const std::uint32_t box_n = swizzle_d == 0 ? block_n : swizzle_d / 2;
+  return masked ? make_tma(fn, d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, n, m, ldd, box_n, block_m, tma_swizzle(swizzle_d),
+                           "D", num_groups, static_cast<std::uint64_t>(ldd) * m)
+                : make_tma(fn, d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, n, m, ldd, box_n, block_m, tma_swizzle(swizzle_d),
+                           "D");
+}
+
+// A GEMM kernel from its memo, generated and built on first use; GEMMs run on SM90 only.
+template <typename Memo, typename Key, typename Generate>
+auto sm90_kernel(Memo& memo, const Key& key, const char* fn, int device, Generate&& generate) {
+  return memo.get(key, [&] {
+    const std::string arch = moe_jit::device_arch(device);
+    MOE_HOST_ASSERT(arch == "sm_90a", fn << ": this kernel needs an SM90 GPU (H100/H200), the device is " << arch);
+    const GeneratedKernel gen = generate();
+    return moe_jit::build(gen.name, gen.code, arch);
+  });
 }
 
 }  // namespace moe_launchers::sm90_gemm

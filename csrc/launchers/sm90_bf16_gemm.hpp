@@ -70,21 +70,13 @@ inline void launch(const Config& c, const Args& a) {
   const Tiles& t = c.tiles;
   const std::array<int, 10> key = {c.m_compiled, c.n, c.k, t.block_m, t.block_n, t.num_stages, t.swizzle_d,
                                    static_cast<int>(c.residual), kGroupN, a.device};
-  const auto kernel = memo.get(key, [&] {
-    const std::string arch = moe_jit::device_arch(a.device);
-    MOE_HOST_ASSERT(arch == "sm_90a",
-                    "bf16_gemm_nt: this kernel needs an SM90 GPU (H100/H200), the device is " << arch);
-    const GeneratedKernel gen = generate(c);
-    return moe_jit::build(gen.name, gen.code, arch);
-  });
   const char* fn = "bf16_gemm_nt";
+  const auto kernel = sm90_kernel(memo, key, fn, a.device, [&] { return generate(c); });
   const CUtensorMap map_a = make_tma(fn, a.a, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.k, a.m, a.lda, kBlockK,
                                      t.block_m, CU_TENSOR_MAP_SWIZZLE_128B, "A");
   const CUtensorMap map_b = make_tma(fn, a.b, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.k, c.n, a.ldb, kBlockK,
                                      t.block_n, CU_TENSOR_MAP_SWIZZLE_128B, "B");
-  const CUtensorMap map_d = make_tma(fn, a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd,
-                                     t.swizzle_d == 0 ? t.block_n : t.swizzle_d / 2, t.block_m,
-                                     tma_swizzle(t.swizzle_d), "D");
+  const CUtensorMap map_d = make_tma_d(fn, a.d, c.n, a.m, a.ldd, t.block_n, t.block_m, t.swizzle_d, false, 1);
   moe_jit::LaunchConfig cfg;
   cfg.grid_x = static_cast<unsigned>(std::max(1, std::min(c.num_tiles(a.m), c.num_sms)));
   cfg.block_x = static_cast<unsigned>((t.block_m / 64 + 1) * 128);

@@ -98,19 +98,29 @@ struct Args {
   std::uint64_t stream;
 };
 
+// Both FP4 kernels (converter and swapped) take the same arguments after their maps.
+inline void check_sfb(const char* fn, const Args& a) {
+  MOE_HOST_ASSERT(a.sfb % 4 == 0 && a.sfb_stride_n % 4 == 0 && a.sfb_stride_g % 4 == 0,
+                  fn << ": SFB must be 4-byte aligned with strides that are multiples of 4 bytes");
+}
+
+inline void launch_with(const moe_jit::CompiledKernel& kernel, const moe_jit::LaunchConfig& cfg, const Args& a,
+                        const moe_jit::driver::CUtensorMap& map_a, const moe_jit::driver::CUtensorMap& map_b,
+                        const moe_jit::driver::CUtensorMap& map_d) {
+  moe_jit::launch(kernel, cfg, static_cast<std::uint32_t>(a.m), reinterpret_cast<const int*>(a.grouped_layout),
+                  static_cast<std::uint32_t>(a.num_groups), reinterpret_cast<const float*>(a.sfa),
+                  static_cast<std::uint32_t>(a.sfa_stride_m), static_cast<std::uint32_t>(a.sfa_stride_k),
+                  reinterpret_cast<const std::uint8_t*>(a.sfb), static_cast<std::uint32_t>(a.sfb_stride_g),
+                  static_cast<std::uint32_t>(a.sfb_stride_n), map_a, map_b, map_d);
+}
+
 inline void launch(const Config& c, const Args& a) {
   using namespace moe_jit::driver;
-  MOE_HOST_ASSERT(a.sfb % 4 == 0 && a.sfb_stride_n % 4 == 0 && a.sfb_stride_g % 4 == 0,
-                  c.fn << ": SFB must be 4-byte aligned with strides that are multiples of 4 bytes");
+  check_sfb(c.fn, a);
   static moe_jit::KernelMemo<std::array<int, 9>, moe_jit::IntArrayHash> memo;
   const std::array<int, 9> key = {static_cast<int>(c.type), c.n, c.k, c.block_m, c.block_n, c.num_stages,
                                   c.group_n, c.swizzle_d, a.device};
-  const auto kernel = memo.get(key, [&] {
-    const std::string arch = moe_jit::device_arch(a.device);
-    MOE_HOST_ASSERT(arch == "sm_90a", c.fn << ": this kernel needs an SM90 GPU (H100/H200), the device is " << arch);
-    const GeneratedKernel gen = generate(c);
-    return moe_jit::build(gen.name, gen.code, arch);
-  });
+  const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
 
   const bool masked = c.type == GemmType::kGroupedMasked;
   const std::uint64_t rows_a = masked ? static_cast<std::uint64_t>(a.m) * a.num_groups : a.m;
@@ -120,13 +130,8 @@ inline void launch(const Config& c, const Args& a) {
   const CUtensorMap map_b = make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k / 2,
                                      static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK / 2, c.block_n,
                                      CU_TENSOR_MAP_SWIZZLE_NONE, "B");
-  const std::uint32_t box_n = c.swizzle_d == 0 ? c.block_n : c.swizzle_d / 2;
-  const CUtensorMapSwizzle swizzle_d = tma_swizzle(c.swizzle_d);
-  const CUtensorMap map_d =
-      masked ? make_tma(c.fn, a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, box_n, c.block_m, swizzle_d,
-                        "D", a.num_groups, a.ldd * a.m)
-             : make_tma(c.fn, a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, box_n, c.block_m, swizzle_d,
-                        "D");
+  const CUtensorMap map_d = make_tma_d(c.fn, a.d, c.n, a.m, a.ldd, c.block_n, c.block_m, c.swizzle_d, masked,
+                                       a.num_groups);
 
   moe_jit::LaunchConfig cfg;
   const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);
@@ -135,11 +140,7 @@ inline void launch(const Config& c, const Args& a) {
   cfg.smem_bytes = static_cast<unsigned>(c.smem_bytes);
   cfg.stream = a.stream;
   cfg.device = a.device;
-  moe_jit::launch(*kernel, cfg, static_cast<std::uint32_t>(a.m), reinterpret_cast<const int*>(a.grouped_layout),
-                  static_cast<std::uint32_t>(a.num_groups), reinterpret_cast<const float*>(a.sfa),
-                  static_cast<std::uint32_t>(a.sfa_stride_m), static_cast<std::uint32_t>(a.sfa_stride_k),
-                  reinterpret_cast<const std::uint8_t*>(a.sfb), static_cast<std::uint32_t>(a.sfb_stride_g),
-                  static_cast<std::uint32_t>(a.sfb_stride_n), map_a, map_b, map_d);
+  launch_with(*kernel, cfg, a, map_a, map_b, map_d);
 }
 
 // ---- decode: the swapped kernel (impls/sm90_fp8_fp4_gemm_swap_ab.cuh) ---------------------------
@@ -220,17 +221,11 @@ inline GeneratedKernel generate(const SwapAbConfig& c) {
 
 inline void launch(const SwapAbConfig& c, const Args& a) {
   using namespace moe_jit::driver;
-  MOE_HOST_ASSERT(a.sfb % 4 == 0 && a.sfb_stride_n % 4 == 0 && a.sfb_stride_g % 4 == 0,
-                  c.fn << ": SFB must be 4-byte aligned with strides that are multiples of 4 bytes");
+  check_sfb(c.fn, a);
   static moe_jit::KernelMemo<std::array<int, 9>, moe_jit::IntArrayHash> memo;
   const std::array<int, 9> key = {c.n, c.k, c.block_t, c.num_math_wg, c.k_blocks, c.num_stages, c.group_n,
                                   static_cast<int>(c.fragment_layout), a.device};
-  const auto kernel = memo.get(key, [&] {
-    const std::string arch = moe_jit::device_arch(a.device);
-    MOE_HOST_ASSERT(arch == "sm_90a", c.fn << ": this kernel needs an SM90 GPU (H100/H200), the device is " << arch);
-    const GeneratedKernel gen = generate(c);
-    return moe_jit::build(gen.name, gen.code, arch);
-  });
+  const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
   const std::uint64_t rows_a = static_cast<std::uint64_t>(a.m) * a.num_groups;
   const CUtensorMap map_a = make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK,
                                      c.block_t, CU_TENSOR_MAP_SWIZZLE_128B, "A");
@@ -252,11 +247,7 @@ inline void launch(const SwapAbConfig& c, const Args& a) {
   cfg.smem_bytes = static_cast<unsigned>(c.smem_bytes);
   cfg.stream = a.stream;
   cfg.device = a.device;
-  moe_jit::launch(*kernel, cfg, static_cast<std::uint32_t>(a.m), reinterpret_cast<const int*>(a.grouped_layout),
-                  static_cast<std::uint32_t>(a.num_groups), reinterpret_cast<const float*>(a.sfa),
-                  static_cast<std::uint32_t>(a.sfa_stride_m), static_cast<std::uint32_t>(a.sfa_stride_k),
-                  reinterpret_cast<const std::uint8_t*>(a.sfb), static_cast<std::uint32_t>(a.sfb_stride_g),
-                  static_cast<std::uint32_t>(a.sfb_stride_n), map_a, map_w, map_d);
+  launch_with(*kernel, cfg, a, map_a, map_w, map_d);
 }
 
 }  // namespace moe_launchers::sm90_fp8_fp4_gemm

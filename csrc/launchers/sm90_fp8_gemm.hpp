@@ -147,13 +147,7 @@ inline void launch(const Config& c, const Args& a) {
   const std::array<int, 12> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
                                    a.device};
-  const auto kernel = memo.get(key, [&] {
-    const std::string arch = moe_jit::device_arch(a.device);
-    MOE_HOST_ASSERT(arch == "sm_90a",
-                    c.fn << ": this kernel needs an SM90 GPU (H100/H200), the device is " << arch);
-    const GeneratedKernel gen = generate(c);
-    return moe_jit::build(gen.name, gen.code, arch);
-  });
+  const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
 
   const bool masked = c.type == GemmType::kGroupedMasked;
   const std::uint64_t rows_a = masked ? static_cast<std::uint64_t>(a.m) * a.num_groups : a.m;
@@ -163,14 +157,8 @@ inline void launch(const Config& c, const Args& a) {
   const CUtensorMap map_b = make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
                                      static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK, c.block_n,
                                      CU_TENSOR_MAP_SWIZZLE_128B, "B");
-  // One TMA box per epilogue atom. A masked group's tile must not spill into the next group's
-  // rows: D is 3-D there.
-  const std::uint32_t box_n = c.swizzle_d == 0 ? c.block_n : c.swizzle_d / 2;
-  const CUtensorMapSwizzle swizzle_d = tma_swizzle(c.swizzle_d);
-  const CUtensorMap map_d =
-      masked ? make_tma(c.fn, a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, box_n, c.block_m, swizzle_d, "D",
-                        a.num_groups, a.ldd * a.m)
-             : make_tma(c.fn, a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, box_n, c.block_m, swizzle_d, "D");
+  const CUtensorMap map_d = make_tma_d(c.fn, a.d, c.n, a.m, a.ldd, c.block_n, c.block_m, c.swizzle_d, masked,
+                                       a.num_groups);
 
   moe_jit::LaunchConfig cfg;
   const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);

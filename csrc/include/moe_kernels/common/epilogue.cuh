@@ -73,4 +73,37 @@ __device__ __forceinline__ void store_fragment_to_smem(uint8_t* smem_d, const fl
   }
 }
 
+// A tile's whole epilogue on the math warpgroups (kNumMathThreads threads, named barrier 1): wait
+// until the previous tile's TMA store has read shared memory, write every warpgroup's fragment,
+// then thread 0 stores each column atom with TMA at (column, store_row) of a 2-D D or (column,
+// store_row, group) of a 3-D one (masked groups). The caller waits for the last store
+// (tma_store_wait_all) before the CTA exits.
+template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kSwizzleBytes, ResidualType kResidual, bool k3d,
+          uint32_t kNumMathThreads>
+__device__ __forceinline__ void store_tile(const TmaDescriptor* map_d, uint8_t* smem_d, const float* final_acc,
+                                           uint32_t tile_row0, uint32_t lane, const void* c, uint32_t ldc,
+                                           uint32_t global_row0, uint32_t global_col0, uint32_t m, uint32_t n,
+                                           uint32_t store_row, uint32_t group) {
+  using Layout = EpilogueLayout<kBlockN, kSwizzleBytes>;
+  if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
+  sm90::named_barrier_sync(1, kNumMathThreads);
+  store_fragment_to_smem<kBlockM, kBlockN, kSwizzleBytes, kResidual>(smem_d, final_acc, tile_row0, lane, c, ldc,
+                                                                     global_row0, global_col0, m, n);
+  sm90::fence_proxy_async_shared();
+  sm90::named_barrier_sync(1, kNumMathThreads);
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (uint32_t atom = 0; atom < Layout::kNumAtoms; ++atom) {
+      const uint8_t* src = smem_d + atom * kBlockM * Layout::kAtomN * 2;
+      const uint32_t col = global_col0 + atom * Layout::kAtomN;
+      if constexpr (k3d) {
+        sm90::tma_store_3d(map_d, src, col, store_row, group);
+      } else {
+        sm90::tma_store_2d(map_d, src, col, store_row);
+      }
+    }
+    sm90::tma_store_commit();
+  }
+}
+
 }  // namespace moe_kernels

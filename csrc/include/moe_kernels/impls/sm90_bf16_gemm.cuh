@@ -38,7 +38,6 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Smem = Bf16GemmSmem<kBlockM, kBlockN, kNumStages>;
   using Wgmma = sm90::Bf16Wgmma<kBlockN>;
-  using DLayout = EpilogueLayout<kBlockN, kSwizzleDBytes>;
   constexpr uint32_t kBlockK = Smem::kBlockK;
   constexpr uint32_t kNumMathWG = kBlockM / 64;
   constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
@@ -129,20 +128,9 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
     for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
     if (lane == 0) ring.consumer_release(previous);
 
-    if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
-    sm90::named_barrier_sync(1, kNumMathThreads);
-    store_fragment_to_smem<kBlockM, kBlockN, kSwizzleDBytes, kResidualType>(
-        smem_d, acc, tile_row0, lane, c, ldc, t.m_block * kBlockM, t.n_block * kBlockN, m, kShapeN);
-    sm90::fence_proxy_async_shared();
-    sm90::named_barrier_sync(1, kNumMathThreads);
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (uint32_t atom = 0; atom < DLayout::kNumAtoms; ++atom) {
-        sm90::tma_store_2d(&map_d, smem_d + atom * kBlockM * DLayout::kAtomN * 2,
-                           t.n_block * kBlockN + atom * DLayout::kAtomN, t.m_block * kBlockM);
-      }
-      sm90::tma_store_commit();
-    }
+    store_tile<kBlockM, kBlockN, kSwizzleDBytes, kResidualType, false, kNumMathThreads>(
+        &map_d, smem_d, acc, tile_row0, lane, c, ldc, t.m_block * kBlockM, t.n_block * kBlockN, m, kShapeN,
+        t.m_block * kBlockM, 0);
   }
   if (threadIdx.x == 0) sm90::tma_store_wait_all<0>();
 #endif

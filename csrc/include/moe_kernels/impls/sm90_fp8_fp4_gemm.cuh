@@ -87,7 +87,6 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* smem_d = smem;
-  using DLayout = EpilogueLayout<kBlockN, kSwizzleDBytes>;
   auto* barriers = reinterpret_cast<uint64_t*>(smem + Smem::kOffsetBarriers);
   const StageRing<kNumStages> ring{barriers, barriers + kNumStages};
   uint64_t* converted = barriers + 2 * kNumStages;
@@ -244,26 +243,10 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
       promote_accum_column_scales<kBlockN>(final_acc, acc, sa0, sa1, sb);
     }
 
-    // Epilogue: the previous tile's TMA store must have finished reading shared memory.
-    if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
-    sm90::named_barrier_sync(1, kNumMathThreads);
-    store_fragment_to_smem<kBlockM, kBlockN, kSwizzleDBytes, ResidualType::kNone>(
-        smem_d, final_acc, tile_row0, lane, nullptr, 0, a_row0(t), t.n_block * kBlockN, m, kShapeN);
-    sm90::fence_proxy_async_shared();
-    sm90::named_barrier_sync(1, kNumMathThreads);
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (uint32_t atom = 0; atom < DLayout::kNumAtoms; ++atom) {
-        const uint8_t* src = smem_d + atom * kBlockM * DLayout::kAtomN * 2;
-        const uint32_t col = t.n_block * kBlockN + atom * DLayout::kAtomN;
-        if constexpr (kType == GemmType::kGroupedMasked) {
-          sm90::tma_store_3d(&map_d, src, col, t.m_block * kBlockM, t.group);
-        } else {
-          sm90::tma_store_2d(&map_d, src, col, a_row0(t));
-        }
-      }
-      sm90::tma_store_commit();
-    }
+    constexpr bool kMasked = kType == GemmType::kGroupedMasked;
+    store_tile<kBlockM, kBlockN, kSwizzleDBytes, ResidualType::kNone, kMasked, kNumMathThreads>(
+        &map_d, smem_d, final_acc, tile_row0, lane, nullptr, 0, a_row0(t), t.n_block * kBlockN, m, kShapeN,
+        kMasked ? t.m_block * kBlockM : a_row0(t), t.group);
   }
   if (threadIdx.x == 0) sm90::tma_store_wait_all<0>();
 #endif

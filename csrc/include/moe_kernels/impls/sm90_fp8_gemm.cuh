@@ -84,7 +84,6 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* smem_d = smem;
-  using DLayout = EpilogueLayout<kBlockN, kSwizzleDBytes>;
   auto* smem_sf = reinterpret_cast<float*>(smem + Smem::kOffsetSf);
   auto* barriers = reinterpret_cast<uint64_t*>(smem + Smem::kOffsetBarriers);
   const StageRing<kNumStages> ring{barriers, barriers + kNumStages};
@@ -215,26 +214,10 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
 
     // A cluster's n-block past N was computed only to keep the peers in step: nothing to store.
     if (kNumMulticast > 1 && t.n_block * kBlockN >= kShapeN) continue;
-    // Epilogue: the previous tile's TMA store must have finished reading shared memory.
-    if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
-    sm90::named_barrier_sync(1, kNumMathThreads);
-    store_fragment_to_smem<kBlockM, kBlockN, kSwizzleDBytes, kResidualType>(
-        smem_d, final_acc, tile_row0, lane, c, ldc, a_row0(t), t.n_block * kBlockN, m, kShapeN);
-    sm90::fence_proxy_async_shared();
-    sm90::named_barrier_sync(1, kNumMathThreads);
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (uint32_t atom = 0; atom < DLayout::kNumAtoms; ++atom) {
-        const uint8_t* src = smem_d + atom * kBlockM * DLayout::kAtomN * 2;
-        const uint32_t col = t.n_block * kBlockN + atom * DLayout::kAtomN;
-        if constexpr (kType == GemmType::kGroupedMasked) {
-          sm90::tma_store_3d(&map_d, src, col, t.m_block * kBlockM, t.group);
-        } else {
-          sm90::tma_store_2d(&map_d, src, col, a_row0(t));
-        }
-      }
-      sm90::tma_store_commit();
-    }
+    constexpr bool kMasked = kType == GemmType::kGroupedMasked;
+    store_tile<kBlockM, kBlockN, kSwizzleDBytes, kResidualType, kMasked, kNumMathThreads>(
+        &map_d, smem_d, final_acc, tile_row0, lane, c, ldc, a_row0(t), t.n_block * kBlockN, m, kShapeN,
+        kMasked ? t.m_block * kBlockM : a_row0(t), t.group);
   }
   if (threadIdx.x == 0) sm90::tma_store_wait_all<0>();
 #endif
