@@ -1,7 +1,9 @@
 """Run one m-grouped GEMM call (for a profiler such as ncu to capture), after one warm-up call: the
-masked problem of bench/bench_grouped.py.
+masked problem of bench/bench_grouped.py, or with ``--contiguous ROWS`` its contiguous one (ROWS
+rows per group).
 
     ncu -k regex:sm90_fp8 python scripts/grouped_once.py --weights fp4 --groups 32 --tokens 16 --n 4096 --k 7168
+    ncu -k regex:sm90_fp8 -s 1 -c 1 python scripts/grouped_once.py --weights fp4 --groups 4 --contiguous 8192
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ sys.path[:0] = [kRepo, os.path.join(kRepo, "bench")]
 
 import torch  # noqa: E402
 
-from bench_grouped import make_masked, make_masked_fragment  # noqa: E402  (the benchmark's own problems)
+from bench_grouped import make_contiguous, make_masked, make_masked_fragment  # noqa: E402  (the benchmark's problems)
 
 
 def main() -> None:
@@ -26,15 +28,22 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=16, help="masked rows per group")
     p.add_argument("--n", type=int, default=4096)
     p.add_argument("--k", type=int, default=7168)
+    p.add_argument("--contiguous", type=int, default=0, metavar="ROWS",
+                   help="the contiguous layout with ROWS rows per group instead of the masked one")
     args = p.parse_args()
-    if args.weights == "fp4-fragment":
+    if args.contiguous:
+        if args.weights == "fp4-fragment":
+            p.error("--contiguous takes --weights fp8 or fp4 (the decode layout is masked only)")
+        problem = make_contiguous(args.weights, args.groups, args.contiguous, args.n, args.k)
+    elif args.weights == "fp4-fragment":
         problem = make_masked_fragment(args.groups, args.tokens, args.n, args.k)
     else:
         problem = make_masked(args.weights, args.groups, args.tokens, args.n, args.k)
     for _ in range(2):
         problem.call()
         torch.cuda.synchronize()
-    print(f"{args.weights} masked G={args.groups} tokens={args.tokens} N={args.n} K={args.k}: ok")
+    layout = f"contiguous rows={args.contiguous}" if args.contiguous else f"masked tokens={args.tokens}"
+    print(f"{args.weights} {layout} G={args.groups} N={args.n} K={args.k}: ok")
 
 
 if __name__ == "__main__":
