@@ -24,8 +24,11 @@ Rows a rank keeps for itself are moved too (a local copy) but not counted.
 instead, whose dispatch writes each pair into its owner's masked layout and whose waits are on the
 device (no count exchange, no host barrier). Its buffers hold ranks x tokens rows per local expert,
 so it runs the latency rows only, and since every dispatch must be followed by its combine (the
-transport counts forwards on the device) one row times the pair ("round") against the two
-all-to-alls of the same traffic.
+transport counts forwards on the device) a row times the pair ("round") against the two
+all-to-alls of the same traffic; a second row replays both from CUDA graphs (no host work per call).
+
+``--profile``: rank 0 also prints torch.profiler's device time per kernel and cProfile's host time
+per Python function for each timed call.
 
 The peer is ``all_to_all_single`` of the process group (NCCL on GPUs, gloo on CPU) on one uint8
 buffer per rank with the same per-pair byte counts (the rows a rank keeps included), measured in
@@ -49,9 +52,12 @@ rank raises.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import math
 import os
 import platform
+import pstats
 import shlex
 import statistics
 import sys
@@ -78,6 +84,7 @@ kMetadataBytes = 8
 # Dispatch and combine never read the intermediate size; any multiple of 128 passes the staged checks.
 kIntermediate = 2048
 kWarmup = 3
+kProfileIters = 5
 kTolerance = 1e-4  # worst per-token calc_diff (see the module docstring)
 kSymmBackends = ("torch", "nvshmem", "host")
 kTransports = ("staged", "low_latency")
@@ -95,6 +102,7 @@ class BenchConfig:
     seed: int
     link_gbps: float | None
     transport: str = "staged"
+    profile: bool = False
 
     @property
     def device_type(self) -> str:
@@ -122,6 +130,9 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     parser.add_argument("--seed", type=int, default=0, help="rank r routes with seed 1000 * seed + r")
     parser.add_argument("--link-gbps", type=float, default=None,
                         help="one direction of a GPU's link bandwidth, GB/s: adds an 'of link' column")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the table, rank 0 prints torch.profiler's per-kernel device times and the host "
+                             "time of each timed call (kProfileIters calls)")
     parser.add_argument("--transport", choices=kTransports, default="staged",
                         help="staged: StagedDispatchCombine; low_latency: LowLatencyDispatchCombine (CUDA, latency "
                              "rows only, each dispatch timed with its combine)")
@@ -142,7 +153,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     if args.transport == "low_latency" and backend == "host":
         raise ValueError("--transport low_latency writes peer GPU memory: it needs CUDA (not --symm-backend host)")
     return BenchConfig(args.tokens, args.hidden, args.topk, args.experts, args.latency_tokens, args.iters, backend,
-                       args.seed, args.link_gbps, args.transport)
+                       args.seed, args.link_gbps, args.transport, args.profile)
 
 
 # ---- inputs and traffic ----------------------------------------------------------------------------------
@@ -341,9 +352,59 @@ def all_to_all_fn(ctx: DistContext, traffic: Traffic, op: str) -> Callable[[], o
                                           group=ctx.group)
 
 
+def profile_calls(ctx: DistContext, clock: Clock, label: str, fn: Callable[[], object]) -> None:
+    """``--profile``: every rank runs ``kProfileIters`` aligned calls of ``fn`` under torch.profiler;
+    rank 0 prints the device time per kernel (the alignment's barrier and one-element all-reduce
+    appear as their own rows) and the host time of one call (Python until ``fn`` returns, the
+    device not waited for)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if clock.cuda else [])
+    host = []
+    with profile(activities=activities) as prof:
+        for _ in range(kProfileIters):
+            clock._align()
+            t0 = time.perf_counter()
+            fn()
+            host.append(time.perf_counter() - t0)
+            if clock.cuda:
+                torch.cuda.synchronize()
+    # Where the host time goes, by Python function (time blocked in a device sync included).
+    python = cProfile.Profile()
+    for _ in range(kProfileIters):
+        clock._align()
+        python.enable()
+        fn()
+        python.disable()
+    if ctx.rank == 0:
+        sort = "self_device_time_total" if clock.cuda else "self_cpu_time_total"
+        by_function = io.StringIO()
+        pstats.Stats(python, stream=by_function).sort_stats("cumulative").print_stats(30)
+        print(f"### profile: {label} (rank 0, {kProfileIters} calls; host time per call: median "
+              f"{statistics.median(host) * 1e6:.1f} us)\n" + prof.key_averages().table(sort_by=sort, row_limit=25)
+              + "\n" + by_function.getvalue(), flush=True)
+
+
+def capture_graph(fn: Callable[[], object]) -> "torch.cuda.CUDAGraph":
+    """``fn`` (already run eagerly, so its kernels are compiled and its communicators exist) captured
+    in a CUDA graph; every rank captures the same calls."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph
+
+
 def measure_round(ctx: DistContext, cfg: BenchConfig, dc, clock: Clock, batch: Batch, mode: str) -> list[Row]:
-    """One row: a dispatch and its combine timed together (the low-latency transport pairs them on
-    the device), against the two all-to-alls of the same traffic."""
+    """A dispatch and its combine timed together (the low-latency transport pairs them on the
+    device), against the two all-to-alls of the same traffic: called from Python, and on CUDA also
+    both replayed from CUDA graphs (how a decode step runs them)."""
     dispatched = dc.dispatch(batch.x, batch.topk_idx, batch.topk_weights)
     dc.combine(torch.zeros(dispatched.x.shape[0], cfg.hidden, dtype=torch.bfloat16, device=ctx.device),
                dispatched.handle)
@@ -354,7 +415,14 @@ def measure_round(ctx: DistContext, cfg: BenchConfig, dc, clock: Clock, batch: B
     to_owner, back = all_to_all_fn(ctx, traffic, "dispatch"), all_to_all_fn(ctx, traffic, "combine")
     ours_s = clock.median_s(ours, cfg.iters)
     peer_s = clock.median_s(lambda: (to_owner(), back()), cfg.iters)
-    return [Row("round", mode, batch.x.shape[0], traffic.bytes_per_rank("round"), ours_s, peer_s)]
+    rows = [Row("round", mode, batch.x.shape[0], traffic.bytes_per_rank("round"), ours_s, peer_s)]
+    if clock.cuda:  # the decode path's form: both sides replayed from CUDA graphs, no host work per call
+        graphs = [capture_graph(ours), capture_graph(lambda: (to_owner(), back()))]
+        rows.append(Row("round", f"{mode}, CUDA graphs", batch.x.shape[0], traffic.bytes_per_rank("round"),
+                        *(clock.median_s(g.replay, cfg.iters) for g in graphs)))
+    if cfg.profile:
+        profile_calls(ctx, clock, f"round, {mode}, {batch.x.shape[0]} tokens/rank", ours)
+    return rows
 
 
 def measure(ctx: DistContext, cfg: BenchConfig, dc: StagedDispatchCombine, clock: Clock, batch: Batch,
@@ -370,6 +438,8 @@ def measure(ctx: DistContext, cfg: BenchConfig, dc: StagedDispatchCombine, clock
     for op in ("dispatch", "combine"):
         ours_s = clock.median_s(ours[op], cfg.iters)
         peer_s = clock.median_s(all_to_all_fn(ctx, traffic, op), cfg.iters)
+        if cfg.profile:
+            profile_calls(ctx, clock, f"{op}, {mode}, {batch.x.shape[0]} tokens/rank", ours[op])
         rows.append(Row(op, mode, batch.x.shape[0], traffic.bytes_per_rank(op), ours_s, peer_s))
     return rows
 
