@@ -8,6 +8,7 @@ call. Public functions that share a name with DeepGEMM's keep DeepGEMM's signatu
 from . import jit, reference, testing
 from ._fp4_fragment import transform_fp4_for_decode
 from .ep import EpLayout, ep_buffer_views, ep_combine, ep_dispatch, ep_signal_ints
+from .exchange import ExchangePeers, exchange_combine, exchange_dispatch
 from .gemm import bf16_gemm_nt, fp8_gemm_nt
 from .grouped import (
     get_mk_alignment_for_contiguous_layout,
@@ -31,6 +32,7 @@ from .quant import (
 
 __all__ = [
     "EpLayout",
+    "ExchangePeers",
     "bf16_gemm_nt",
     "cast_back_from_fp4",
     "ceil_to_ue8m0",
@@ -38,6 +40,8 @@ __all__ = [
     "ep_combine",
     "ep_dispatch",
     "ep_signal_ints",
+    "exchange_combine",
+    "exchange_dispatch",
     "fp8_gemm_nt",
     "get_mk_alignment_for_contiguous_layout",
     "get_mn_major_tma_aligned_tensor",

@@ -1,6 +1,6 @@
 #pragma once
 // pybind entry points of the MoE kernels around the grouped GEMMs (routing, one rank's decode
-// dispatch, combine, the low-latency expert-parallel transport).
+// dispatch, combine, the staged backend's row exchange, the low-latency expert-parallel transport).
 // Tensors arrive as raw integers; kernels/moe.py validates them first.
 #include <cstdint>
 #include <tuple>
@@ -10,6 +10,7 @@
 
 #include "launchers/moe_combine.hpp"
 #include "launchers/moe_ep_ll.hpp"
+#include "launchers/moe_exchange.hpp"
 #include "launchers/moe_local_dispatch.hpp"
 #include "launchers/moe_route.hpp"
 #include "launchers/swiglu_quant.hpp"
@@ -40,6 +41,27 @@ inline void moe_route(std::uint64_t logits, std::uint64_t bias, long long num_to
   namespace L = moe_launchers::moe_route;
   L::launch(L::get_config(num_experts, top_k, num_groups, topk_groups, sigmoid, norm, bias != 0),
             {logits, bias, num_tokens, scaling, topk_idx, topk_weights, device, stream});
+}
+
+// The exchange's peer tables as Python passes them: (tables, num_ranks, rank, pairs_per_rank).
+using ExchangePeersTuple = std::tuple<std::uint64_t, int, int, int>;
+
+inline moe_launchers::moe_exchange::Peers exchange_peers(const ExchangePeersTuple& t) {
+  const auto& [tables, ranks, rank, pairs] = t;
+  return {tables, ranks, rank, pairs};
+}
+
+inline void moe_exchange_dispatch(const ExchangePeersTuple& peers, int num_local, int top_k, int hidden,
+                                  std::uint64_t order, std::uint64_t rows, long long num_rows, std::uint64_t topk_idx,
+                                  std::uint64_t topk_weights, std::uint64_t xq, std::uint64_t xs, int device,
+                                  std::uint64_t stream) {
+  moe_launchers::moe_exchange::dispatch(exchange_peers(peers), num_local, top_k, hidden, order, rows, num_rows,
+                                        topk_idx, topk_weights, xq, xs, device, stream);
+}
+
+inline void moe_exchange_combine(const ExchangePeersTuple& peers, int hidden, std::uint64_t rows, long long num_rows,
+                                 std::uint64_t expert_out, int device, std::uint64_t stream) {
+  moe_launchers::moe_exchange::combine(exchange_peers(peers), hidden, rows, num_rows, expert_out, device, stream);
 }
 
 // The transport layout as Python passes it: (peers, off_x, off_sf, off_w, off_src, off_combine,
@@ -100,8 +122,20 @@ inline pybind11::tuple moe_ep_ll_code(int kernel, int top_k, int hidden) {
   return as_tuple(L::generate(static_cast<L::Kernel>(kernel), top_k, hidden));
 }
 
+inline pybind11::tuple moe_exchange_code(int kernel, int top_k, int hidden) {
+  namespace L = moe_launchers::moe_exchange;
+  MOE_HOST_ASSERT(kernel == 0 || kernel == 1, L::kFn << ": kernel must be 0 (dispatch) or 1 (combine), got " << kernel);
+  return as_tuple(L::generate(static_cast<L::Kernel>(kernel), top_k, hidden));
+}
+
 inline void register_apis(pybind11::module_& m) {
   using pybind11::arg;
+  m.def("moe_exchange_dispatch", &moe_exchange_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "staged dispatch: sorted pairs' FP8 rows, scales, weights and slot words into their owners' layout rows");
+  m.def("moe_exchange_combine", &moe_exchange_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "staged combine: received rows' expert outputs into their sources' combine buffers");
+  m.def("moe_exchange_code", &moe_exchange_code, "(name, code) of an exchange kernel: 0 dispatch, 1 combine (no GPU)",
+        arg("kernel"), arg("top_k"), arg("hidden"));
   m.def("moe_ep_dispatch", &moe_ep_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "low-latency EP dispatch (send + wait): this rank's pairs into the owners' buffers, masked_m [E_l]");
   m.def("moe_ep_combine", &moe_ep_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),

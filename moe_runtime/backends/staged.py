@@ -8,7 +8,8 @@ One forward, every rank of the expert-parallel group together (``P`` ranks, ``E_
    computes the same :class:`ExchangePlan`;
 3. dispatch: each (token, top-k slot) becomes one row, written straight into its place in the
    owner's ``l1_acts`` (FP8 row), ``l1_acts_sf`` (scales), ``l1_weights`` (top-k weight) and
-   ``l1_slots`` (the slot ``t * k + j`` it came from); barrier. The owner's rows are then already
+   ``l1_slots`` (its slot word ``source rank * T_cap * k + t * k + j``), all in one launch
+   (``kernels.exchange_dispatch``); barrier. The owner's rows are then already
    in the contiguous layout of the grouped GEMM: one segment per local expert, padded to
    ``kernels.get_mk_alignment_for_contiguous_layout()`` rows, sources in rank order inside a
    segment, a source's rows in its (token, slot) order;
@@ -21,7 +22,7 @@ One forward, every rank of the expert-parallel group together (``P`` ranks, ``E_
    layout) and the ``m_grouped_*_masked`` pair runs, FP4 weights in the decode layout
    (``kernels.transform_fp4_for_decode``, made once on CUDA) — no 128-row padding per expert;
 5. combine: each output row is written into the ``combine`` view [T, k, H] of its source rank at
-   its slot; barrier; each rank sums its slots in float32 in slot order and rounds once.
+   its slot (``kernels.exchange_combine``, one launch); barrier; each rank sums its slots in float32 in slot order and rounds once.
 
 With one rank the "peer" buffers are this process's tensors, sized for the forward (a local
 permutation, no symmetric memory). With several, they are views of a :class:`SymmBuffer` (the
@@ -40,13 +41,14 @@ without a GPU.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 import kernels
 from moe_runtime.backends.base import (CombineHandle, DispatchCombine, DispatchResult, Experts, LocalExperts,
                                        MoEProblem)
+from kernels.exchange import ExchangePeers
 from moe_runtime.backends.staged_plan import ExchangePlan, expand_rows, plan_exchange
 from moe_runtime.dist import group_rank, group_size
 from moe_runtime.mega import SignalSlots
@@ -89,19 +91,7 @@ def is_supported(problem: MoEProblem) -> tuple[bool, str]:
     return True, f"FP8 grouped GEMMs (contiguous layout) on {device.type}, {transport}"
 
 
-# ---- buffers: one rank's receive and combine areas as seen from this process -----------------------------
-
-
-@dataclass
-class RankBuffers:
-    """``acts`` uint8 [R, H] (FP8 bits), ``acts_sf`` float32 [R, H/128], ``weights`` float32 [R],
-    ``slots`` int32 [R], ``combine`` bfloat16 [T_cap * k, H]. On another rank they are peer views."""
-
-    acts: torch.Tensor
-    acts_sf: torch.Tensor
-    weights: torch.Tensor
-    slots: torch.Tensor
-    combine: torch.Tensor
+# ---- buffers: every rank's receive and combine areas as seen from this process --------------------------
 
 
 class _LocalExchange:
@@ -116,13 +106,13 @@ class _LocalExchange:
         host = torch.cat([send_counts, num_invalid.view(1)]).cpu()
         return host[:-1].view(1, 1, -1), host[-1:].tolist()
 
-    def buffers(self, plan: ExchangePlan, num_tokens: int) -> list[RankBuffers]:
-        rows, dev = plan.num_layout_rows, self.device
-        return [RankBuffers(torch.empty((rows, self.hidden), dtype=torch.uint8, device=dev),
-                            torch.empty((rows, self.hidden // kActGroup), dtype=torch.float32, device=dev),
-                            torch.empty((rows,), dtype=torch.float32, device=dev),
-                            torch.empty((rows,), dtype=torch.int32, device=dev),
-                            torch.empty((num_tokens * self.top_k, self.hidden), dtype=torch.bfloat16, device=dev))]
+    def buffers(self, plan: ExchangePlan, num_tokens: int) -> ExchangePeers:
+        rows, dev, pairs = plan.num_layout_rows, self.device, max(num_tokens * self.top_k, 1)
+        return ExchangePeers((torch.empty((rows, self.hidden), dtype=torch.uint8, device=dev),),
+                             (torch.empty((rows, self.hidden // kActGroup), dtype=torch.float32, device=dev),),
+                             (torch.empty((rows,), dtype=torch.float32, device=dev),),
+                             (torch.empty((rows,), dtype=torch.int32, device=dev),),
+                             (torch.empty((pairs, self.hidden), dtype=torch.bfloat16, device=dev),), 0, pairs)
 
     def barrier(self) -> None:
         """Nothing crosses processes."""
@@ -162,10 +152,11 @@ class _SymmExchange:
                                                  alignment)
         self.buffer = SymmBuffer(compute_layout(specs), group=group, device=device)
         self.buffer.view("signals").zero_()
-        self._peers = [RankBuffers(self.buffer.peer_view("l1_acts", r).view(torch.uint8),
-                                   self.buffer.peer_view("l1_acts_sf", r), self.buffer.peer_view("l1_weights", r),
-                                   self.buffer.peer_view("l1_slots", r), self.buffer.peer_view("combine", r))
-                       for r in range(self.num_ranks)]
+        ranks = range(self.num_ranks)
+        self._peers = ExchangePeers(tuple(self.buffer.peer_view("l1_acts", r).view(torch.uint8) for r in ranks),
+                                    *(tuple(self.buffer.peer_view(name, r) for r in ranks)
+                                      for name in ("l1_acts_sf", "l1_weights", "l1_slots", "combine")),
+                                    self.rank, problem.num_max_tokens_per_rank * problem.top_k)
         self.buffer.barrier()
 
     def _recv_counts(self, peer: int) -> torch.Tensor:
@@ -183,7 +174,7 @@ class _SymmExchange:
         split = self.num_ranks * per_rank.numel()
         return host[:split].view(self.num_ranks, self.num_ranks, -1), host[split:].tolist()
 
-    def buffers(self, plan: ExchangePlan, num_tokens: int) -> list[RankBuffers]:
+    def buffers(self, plan: ExchangePlan, num_tokens: int) -> ExchangePeers:
         # Every rank sees the same plan, so every rank raises here together instead of hanging.
         worst = max(plan.padded_rows)
         if worst > self.capacity:
@@ -202,13 +193,13 @@ class _SymmExchange:
 
 @dataclass
 class StagedCombineHandle(CombineHandle):
-    """What ``combine`` needs: the plan, every rank's buffers, this rank's received rows grouped by
-    source (int64 layout rows) and which of this rank's (token, slot) pairs are routed (bool
+    """What ``combine`` needs: the plan, every rank's buffers, this rank's received rows (int64
+    layout rows) and which of this rank's (token, slot) pairs are routed (bool
     [T, k]; ``None`` when all are). ``counts`` is left empty: ranks never learn each other's token
     counts."""
 
     plan: ExchangePlan | None = None
-    buffers: list[RankBuffers] = field(default_factory=list)
+    peers: ExchangePeers | None = None
     rows_by_source: torch.Tensor | None = None
     routed: torch.Tensor | None = None
     pair_rows: torch.Tensor | None = None   # local decode: int64 [T * k], the layout row of each (t, j)
@@ -290,7 +281,7 @@ class StagedDispatchCombine(DispatchCombine):
                              f"rank: {invalid}")
         # Read per forward: set_mk_alignment_for_contiguous_layout may change it between calls.
         plan = plan_exchange(counts, ex.rank, contiguous_alignment(), self.masked_max_rows)
-        buffers = ex.buffers(plan, num_tokens)
+        peers = ex.buffers(plan, num_tokens)
 
         device = x.device
         packed = torch.cat([plan.send_counts, plan.send_delta, plan.recv_counts, plan.recv_delta, plan.expert_rows,
@@ -298,21 +289,8 @@ class StagedDispatchCombine(DispatchCombine):
         sizes = [num_experts] * 2 + [plan.recv_counts.numel()] * 2 + [plan.num_local_experts] * 2
         send_n, send_d, recv_n, recv_d, expert_n, expert_d = torch.split(packed, sizes)
 
-        order = order[: plan.num_send_rows]
-        rows = expand_rows(send_d, send_n, plan.num_send_rows)
-        tokens = order // k
-        xq_bits = xq.view(torch.uint8)
-        weights = topk_weights.reshape(-1)
-        start = 0
-        for q, n in enumerate(plan.send_rows_per_rank):
-            if n == 0:
-                continue
-            dst, part = buffers[q], slice(start, start + n)
-            dst.acts.index_copy_(0, rows[part], xq_bits.index_select(0, tokens[part]))
-            dst.acts_sf.index_copy_(0, rows[part], xs.index_select(0, tokens[part]))
-            dst.weights.index_copy_(0, rows[part], weights.index_select(0, order[part]))
-            dst.slots.index_copy_(0, rows[part], order[part].to(torch.int32))
-            start += n
+        kernels.exchange_dispatch(peers, xq, xs, topk_idx, topk_weights, order[: plan.num_send_rows],
+                                  expand_rows(send_d, send_n, plan.num_send_rows), plan.num_local_experts)
         ex.barrier()
 
         m = plan.num_layout_rows
@@ -322,13 +300,13 @@ class StagedDispatchCombine(DispatchCombine):
                                             expert_n, output_size=plan.num_recv_rows)
         m_indices.index_copy_(0, valid, local_ids)
         global_ids = torch.where(m_indices >= 0, m_indices.to(torch.int64) + self.first_expert, -1)
-        mine = buffers[ex.rank]
+        me = peers.rank
         routed = None if plan.num_send_rows == num_tokens * k else (topk_idx >= 0)
-        handle = StagedCombineHandle(num_tokens, [], x.dtype, plan, buffers,
+        handle = StagedCombineHandle(num_tokens, [], x.dtype, plan, peers,
                                      expand_rows(recv_d, recv_n, plan.num_recv_rows), routed)
         masked_m = expert_n.to(torch.int32) if plan.masked_max_m else None
-        return StagedDispatchResult(mine.acts[:m].view(torch.float8_e4m3fn), mine.acts_sf[:m],
-                                    global_ids.unsqueeze(1), mine.weights[:m].unsqueeze(1), handle, m_indices,
+        return StagedDispatchResult(peers.acts[me][:m].view(torch.float8_e4m3fn), peers.acts_sf[me][:m],
+                                    global_ids.unsqueeze(1), peers.weights[me][:m].unsqueeze(1), handle, m_indices,
                                     masked_m, plan.masked_max_m)
 
     def _dispatch_local_decode(self, xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tensor,
@@ -349,7 +327,7 @@ class StagedDispatchCombine(DispatchCombine):
         """``expert_out`` bfloat16 [M, H] (rows of this rank's layout) -> [T, H] in ``handle.out_dtype``."""
         if not isinstance(handle, StagedCombineHandle) or (handle.plan is None and handle.pair_rows is None):
             raise TypeError(f"handle must come from StagedDispatchCombine.dispatch, got {type(handle).__name__}")
-        plan, buffers, hidden = handle.plan, handle.buffers, self.problem.hidden
+        plan, peers, hidden = handle.plan, handle.peers, self.problem.hidden
         rows = plan.num_layout_rows if plan is not None else handle.num_rows
         if tuple(expert_out.shape) != (rows, hidden) or expert_out.dtype != torch.bfloat16:
             raise ValueError(f"expert_out must be bfloat16 [{rows}, {hidden}], got "
@@ -357,19 +335,11 @@ class StagedDispatchCombine(DispatchCombine):
         num_tokens, k = handle.num_local_tokens, self.problem.top_k
         if handle.pair_rows is not None:
             return kernels.moe_combine(expert_out, handle.pair_rows, handle.routed, num_tokens, k, handle.out_dtype)
-        mine = buffers[self.exchange.rank]
-        start = 0
-        for p, n in enumerate(plan.recv_rows_per_source):
-            if n == 0:
-                continue
-            rows = handle.rows_by_source[start: start + n]
-            slots = mine.slots.index_select(0, rows).to(torch.int64)
-            buffers[p].combine.index_copy_(0, slots, expert_out.index_select(0, rows))
-            start += n
+        kernels.exchange_combine(peers, expert_out, handle.rows_by_source)
         self.exchange.barrier()
 
         # Slot order and float32, as the reference sums; unrouted slots hold stale data and add 0.
-        return kernels.moe_combine(mine.combine, None, handle.routed, num_tokens, k, handle.out_dtype)
+        return kernels.moe_combine(peers.combine[peers.rank], None, handle.routed, num_tokens, k, handle.out_dtype)
 
 
 class StagedExperts(Experts):
