@@ -7,7 +7,9 @@ and D over kernel time), cuBLAS measured the same way in the same run (block sca
 128x128 where it accepts them, else row-wise scales, marked), the speed-up, and the time per
 call from Python on an idle stream for both. Where our heuristic runs 2-CTA clusters sharing A
 (TMA multicast), the same call with them off (``MOE_FP8_MULTICAST=0``) is timed too:
-"1-CTA us" and the clusters' speed-up over it.
+"1-CTA us" and the clusters' speed-up over it. ``--variant NAME=VALUE`` (repeatable) also times
+each call with that environment switch set, e.g. ``--variant MOE_FP8_SCALE_WARPS=1`` (one scale
+warp instead of three): "NAME=VALUE us" and our default's speed-up over it.
 """
 
 from __future__ import annotations
@@ -58,14 +60,19 @@ def main() -> int:
     parser.add_argument("--ms", default="64,128,4096")
     parser.add_argument("--csv", default=None)
     parser.add_argument("--bf16", action="store_true", help="also time bf16_gemm_nt against torch.mm (cuBLAS)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE",
+                        help="also time each call with this environment switch set (repeatable)")
     args = parser.parse_args()
+    variants = [tuple(v.split("=", 1)) for v in args.variant]
+    if any(len(v) != 2 for v in variants):
+        parser.error("--variant takes NAME=VALUE")
     if not torch.cuda.is_available():
         print("bench_gemm: needs a CUDA device", file=sys.stderr)
         return 1
     rows = []
     header = (f"{'M':>5} {'N':>6} {'K':>6} | {'ours us':>8} {'TFLOP/s':>8} {'GB/s':>7} {'call us':>8} | "
               f"{'cuBLAS':>8} {'us':>8} {'TFLOP/s':>8} {'call us':>8} | {'speedup':>7} {'diff':>8} | "
-              f"{'1-CTA us':>8} {'clusters':>8}")
+              f"{'1-CTA us':>8} {'clusters':>8}" + "".join(f" | {n}={v} us  gain" for n, v in variants))
     print(header)
     for m in [int(x) for x in args.ms.split(",")]:
         for n, k in SHAPES:
@@ -93,12 +100,17 @@ def main() -> int:
             row = dict(m=m, n=n, k=k, us=t * 1e6, tflops=flops / t / 1e12, gbps=nbytes / t / 1e9, call_us=call,
                        cublas=kind, cublas_us=t_ref * 1e6, cublas_tflops=flops / t_ref / 1e12, cublas_call_us=call_ref,
                        speedup=t_ref / t, diff=diff, single_us=single_us)
+            extra = ""
+            for name, value in variants:
+                v_us = kernel_us_with_env(ours, "sm90_fp8_gemm_nt", **{name: value})
+                row[f"{name}={value}_us"] = v_us
+                extra += f" | {v_us:>{len(name) + len(value) + 4}.1f} {v_us / row['us']:>5.2f}x"
             rows.append(row)
             single = "-" if single_us is None else f"{single_us:.1f}"
             gain = "-" if single_us is None else f"{single_us / row['us']:.2f}x"
             print(f"{m:>5} {n:>6} {k:>6} | {row['us']:>8.1f} {row['tflops']:>8.0f} {row['gbps']:>7.0f} "
                   f"{call:>8.1f} | {kind:>8} {row['cublas_us']:>8.1f} {row['cublas_tflops']:>8.0f} "
-                  f"{call_ref:>8.1f} | {row['speedup']:>6.2f}x {diff:>8.1e} | {single:>8} {gain:>8}", flush=True)
+                  f"{call_ref:>8.1f} | {row['speedup']:>6.2f}x {diff:>8.1e} | {single:>8} {gain:>8}{extra}", flush=True)
     block = [r["speedup"] for r in rows if r["cublas"] == "block"]
     if block:
         geo = torch.tensor(block).log().mean().exp().item()

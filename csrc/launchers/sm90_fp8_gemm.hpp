@@ -33,6 +33,7 @@ struct Config {
   int smem_bytes;
   int swizzle_d;   // bytes of the epilogue's swizzle atom (128, 64, 32) or 0 for plain rows
   int multicast = 1;  // CTAs per cluster sharing A by TMA multicast (1: no cluster)
+  int scale_warps = 3;  // warps issuing the scale copies, taking the stages in turn
 
   // Tiles of an m-row problem (per group for kGroupedMasked; an upper bound for the grid), n-blocks
   // rounded up to whole clusters.
@@ -59,6 +60,15 @@ constexpr int kMulticastMinNLargeM = 4097;
 inline bool multicast_enabled() {
   const char* value = std::getenv("MOE_FP8_MULTICAST");
   return value == nullptr || std::string(value) != "0";
+}
+
+// MOE_FP8_SCALE_WARPS=1|2 runs fewer scale warps than the default 3 (read on every call, for A/B
+// timing: one scale warp was the pipeline's bound at block M 128).
+inline int scale_warps_setting() {
+  const char* value = std::getenv("MOE_FP8_SCALE_WARPS");
+  if (value == nullptr) return 3;
+  const int n = std::atoi(value);
+  return n >= 1 && n <= 3 ? n : 3;
 }
 
 inline int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
@@ -113,6 +123,7 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.swizzle_d = t.swizzle_d;
   // A single n-block would pair with a padding one: nothing to share.
   cfg.multicast = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
+  cfg.scale_warps = std::min(scale_warps_setting(), t.num_stages);
   return cfg;
 }
 
@@ -125,7 +136,8 @@ inline GeneratedKernel generate(const Config& c) {
      << "  return reinterpret_cast<void*>(&moe_kernels::sm90_fp8_gemm_nt<" << static_cast<int>(c.type) << ", "
      << c.m_compiled << ", " << c.n << ", "
      << c.k << ", " << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", " << c.group_n << ", "
-     << static_cast<int>(c.residual) << ", " << c.swizzle_d << ", " << c.multicast << ">);\n"
+     << static_cast<int>(c.residual) << ", " << c.swizzle_d << ", " << c.multicast << ", " << c.scale_warps
+     << ">);\n"
      << "}\n";
   return {"sm90_fp8_gemm_nt", os.str()};
 }
@@ -143,10 +155,10 @@ struct Args {
 
 inline void launch(const Config& c, const Args& a) {
   using namespace moe_jit::driver;
-  static moe_jit::KernelMemo<std::array<int, 12>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 12> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 13>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 13> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
-                                   a.device};
+                                   c.scale_warps, a.device};
   const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
 
   const bool masked = c.type == GemmType::kGroupedMasked;
@@ -159,6 +171,15 @@ inline void launch(const Config& c, const Args& a) {
                                      CU_TENSOR_MAP_SWIZZLE_128B, "B");
   const CUtensorMap map_d = make_tma_d(c.fn, a.d, c.n, a.m, a.ldd, c.block_n, c.block_m, c.swizzle_d, masked,
                                        a.num_groups);
+
+  // The scale warps address A's scales with 32-bit element offsets (row x stride_m, k block x
+  // stride_k), the kernel's strides being 32-bit already.
+  const std::uint64_t last_sfa_row = rows_a - 1, last_k_block = static_cast<std::uint64_t>(c.k / kBlockK - 1);
+  MOE_HOST_ASSERT(a.sfa_stride_m >= 0 && a.sfa_stride_k >= 0 &&
+                      last_sfa_row * static_cast<std::uint64_t>(a.sfa_stride_m) < (1ull << 32) &&
+                      last_k_block * static_cast<std::uint64_t>(a.sfa_stride_k) < (1ull << 32),
+                  c.fn << ": the scales of A span more than 2^32 elements (strides " << a.sfa_stride_m << ", "
+                       << a.sfa_stride_k << ")");
 
   moe_jit::LaunchConfig cfg;
   const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);

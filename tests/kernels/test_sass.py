@@ -31,6 +31,22 @@ def sass(name: str, code: str) -> str:
     return proc.stdout
 
 
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
+
+
+def _k_loop_bodies(code: str) -> list[str]:
+    """The instructions of every backward branch's body (target..branch) that is at most 4096 bytes
+    long, one per line: the K loops and their retry loops."""
+    ops = [(int(m.group(1), 16), m.group(2).strip()) for m in _SASS_LINE.finditer(code)]
+    bodies = []
+    for address, text in ops:
+        branch = re.search(r"\bBRA (?:\S+ )?0x([0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < address and address - int(branch.group(1), 16) <= 4096:
+            target = int(branch.group(1), 16)
+            bodies.append("\n".join(t for a, t in ops if target <= a <= address))
+    return bodies
+
+
 GEMM_VARIANTS = [  # (m, n, k, gemm type, groups): dense decode/prefill, grouped contiguous, masked
     (64, 2112, 7168, 0, 1), (4096, 7168, 2048, 0, 1), (8192, 4096, 7168, 1, 4), (16, 7168, 2048, 2, 32),
 ]
@@ -41,10 +57,25 @@ def test_fp8_gemm_uses_qgmma_tma_and_setmaxnreg(m, n, k, gemm_type, groups):
     code = sass(*kernels.jit.native_module().fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, gemm_type, groups))
     for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "LDGSTS"):
         assert instruction in code, instruction
-    if m <= 128:
-        # Block M 128 still spills a few scale-warp registers (L1-resident; rebuilding the
-        # addresses per k block instead cost more at M = 128 on the H200 than it saved).
-        assert "LDL" not in code and "STL" not in code, "register spills"
+    # The scale warps keep 32-bit row offsets per tile: no spills at block M 128 either (they had
+    # spilled hoisted 64-bit row pointers inside their K loop).
+    assert "LDL" not in code and "STL" not in code, "register spills"
+
+
+def test_fp8_gemm_math_loop_is_lean():
+    """4096 x 4096 x 7168 (block 128 x 128): the warpgroup index broadcast from lane 0 keeps the
+    wgmma descriptors in uniform registers (the four QGMMAs issue back to back, no R2UR between
+    them), and the math loop stays at 64 FFMAs plus under 64 other instructions per K block."""
+    code = sass(*kernels.jit.native_module().fp8_gemm_nt_code(4096, 4096, 7168, H200_SMS, False, -1, 0, 1))
+    loops = [body for body in _k_loop_bodies(code) if "QGMMA" in body]
+    assert loops
+    for body in loops:
+        ops = [line for line in body.splitlines() if line.strip()]
+        qgmma = [i for i, line in enumerate(ops) if "QGMMA" in line]
+        assert len(qgmma) == 4
+        assert not any("R2UR" in line for line in ops[qgmma[0]:qgmma[-1]]), "descriptors moved into uniform registers per wgmma"
+        assert sum("FFMA" in line for line in ops) == 64
+        assert len(ops) < 128, f"{len(ops)} instructions per K block"
 
 
 FP4_VARIANTS = [  # (m or expected m, n, k, gemm type, groups): masked decode, contiguous prefill, a tail shape

@@ -8,8 +8,9 @@
 //   warpgroups [0, kNumMathWG): math — 4 x wgmma 64xBNx32 per 128-deep K block, then FP32
 //                               promotion with the block's scales, then the epilogue;
 //   last warpgroup, warp 0:     TMA producer for the A and B tiles;
-//   last warpgroup, warp 1:     scale producer — cp.async gathers of the tile's 1x128 A scales and
-//                               two B scales into the stage, completing on the same mbarrier.
+//   last warpgroup, warps 1-3:  scale producers, taking the stages in turn — cp.async gathers of
+//                               the tile's 1x128 A scales and two B scales into the stage,
+//                               completing on the same mbarrier.
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/epilogue.cuh>
@@ -40,7 +41,8 @@ struct Fp8GemmSmem {
 // shape_m: rows of A (kNormal, kGroupedContiguous) or rows per group (kGroupedMasked, whose
 // group g starts at row g * shape_m of A and D); grouped_layout: m_indices or masked_m.
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
-          uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1>
+          uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
+          uint32_t kScaleWarps = 3>
 __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -55,9 +57,13 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
   constexpr uint32_t kNumKBlocks = kShapeK / kBlockK;
   constexpr uint32_t kNumSfbRows = (kShapeN + 127) / 128;
+  // Scale producers: warps 1.. of the producer warpgroup (warp 0 issues the TMA loads), at most
+  // one per stage.
+  static_assert(kScaleWarps >= 1 && kScaleWarps <= 3, "1 to 3 scale warps");
+  constexpr uint32_t kNumScaleWarps = kScaleWarps < kNumStages ? kScaleWarps : kNumStages;
   // Register budgets: the math warpgroups hold two accumulator sets; the producers get what is left
-  // of the launch allocation (2 x 128 x 232 + 128 x 40 = 384 x 168). At 40 the scale warp spills a
-  // few registers (L1-resident); one math warpgroup leaves room for 48, which does not.
+  // of the launch allocation (2 x 128 x 232 + 128 x 40 = 384 x 168). The scale warps keep
+  // per-tile 32-bit row offsets, which fit 40 without spilling.
   constexpr uint32_t kProducerRegisters = kNumMathWG == 1 ? 48 : 40;
   constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 240 : 232;
   static_assert(128 * (kProducerRegisters + kNumMathWG * kMathRegisters) <=
@@ -137,29 +143,44 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
         // exit once every stage's last fill has been released by the consumers of every CTA.
         for (uint32_t s = 0; s < kNumStages; ++s, pipe.advance()) ring.producer_acquire(pipe);
       }
-    } else if (producer_warp == 1) {
+    } else if (producer_warp >= 1 && producer_warp <= kNumScaleWarps) {
+      // The scale warps take the stages in turn (turn counts K blocks across tiles), so each
+      // issues 1/kNumScaleWarps of the copies. One warp alone was the pipeline's bound: ~140
+      // instructions per K block at ~7 cycles each, never waiting for a free stage while the math
+      // warps waited on the full barrier (ncu, 4096 x 4096 x 7168). A warp's stage is at most one
+      // phase ahead of the consumers' releases because kNumStages >= kNumScaleWarps.
+      const uint32_t my_turn = producer_warp - 1;
+      uint32_t turn = 0;
       while (scheduler.next(t)) {
-        const uint32_t sfb_row = t.n_block * kBlockN / 128;
         const uint32_t row_a = a_row0(t);
         // Rows past the problem (or past a masked group's max_m) read no scale.
         const uint32_t row_end = kType == GemmType::kGroupedMasked ? (t.group + 1) * m : m;
-        const float* sfb_group = sfb + uint64_t(t.group) * sfb_stride_g;
+        // Per tile: 32-bit element offsets of the lane's rows (the launcher checks that every
+        // offset into the scales fits 32 bits), so a K block costs one IMAD.WIDE per copy.
+        uint32_t offset_a[kBlockM / 32];
+        uint32_t valid_a = 0;
+#pragma unroll
+        for (uint32_t i = 0; i < kBlockM / 32; ++i) {
+          const uint32_t row = row_a + i * 32 + lane;
+          const bool valid = row < row_end;
+          offset_a[i] = valid ? row * sfa_stride_m : 0;
+          valid_a |= valid ? 1u << i : 0u;
+        }
+        const uint32_t sfb_row = t.n_block * kBlockN / 128 + lane;
+        const bool valid_b = lane < 2 && sfb_row < kNumSfbRows;
+        const float* sfb_lane = sfb + (valid_b ? uint64_t(t.group) * sfb_stride_g + uint64_t(sfb_row) * sfb_stride_n : 0);
         for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
+          const bool mine = turn == my_turn;
+          turn = turn + 1 == kNumScaleWarps ? 0 : turn + 1;
+          if (!mine) continue;
           ring.producer_acquire(pipe);
           float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
+          const float* sfa_k = sfa + kb * sfa_stride_k;
 #pragma unroll
           for (uint32_t i = 0; i < kBlockM / 32; ++i) {
-            const uint32_t row = row_a + i * 32 + lane;
-            const bool valid = row < row_end;
-            const float* src = valid ? sfa + uint64_t(row) * sfa_stride_m + uint64_t(kb) * sfa_stride_k : sfa;
-            sm90::cp_async_4(sf + i * 32 + lane, src, valid ? 4 : 0);
+            sm90::cp_async_4(sf + i * 32 + lane, sfa_k + offset_a[i], (valid_a >> i) & 1 ? 4 : 0);
           }
-          if (lane < 2) {
-            const bool valid = sfb_row + lane < kNumSfbRows;
-            const float* src =
-                valid ? sfb_group + uint64_t(sfb_row + lane) * sfb_stride_n + uint64_t(kb) * sfb_stride_k : sfb;
-            sm90::cp_async_4(sf + kBlockM + lane, src, valid ? 4 : 0);
-          }
+          if (lane < 2) sm90::cp_async_4(sf + kBlockM + lane, sfb_lane + kb * sfb_stride_k, valid_b ? 4 : 0);
           sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
         }
       }
@@ -168,7 +189,9 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   }
 
   sm90::setmaxnreg_inc<kMathRegisters>();
-  const uint32_t math_wg = threadIdx.x / 128;
+  // Broadcast from lane 0: ptxas then keeps the warpgroup index, and the A descriptor built from
+  // it, in uniform registers (no R2UR moves before each wgmma).
+  const uint32_t math_wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const uint32_t tile_row0 = math_wg * 64 + (warp % 4) * 16 + lane / 4;
   float acc[Wgmma::kNumAccum];
   float final_acc[Wgmma::kNumAccum];
