@@ -126,10 +126,11 @@ inline void launch(const Config& c, const Args& a) {
   const std::uint64_t rows_a = masked ? static_cast<std::uint64_t>(a.m) * a.num_groups : a.m;
   const CUtensorMap map_a = make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK,
                                      c.block_m, CU_TENSOR_MAP_SWIZZLE_128B, "A");
-  // Packed B: plain 64-byte rows, which the converter reads and re-lays out swizzled.
+  // Packed B: 64-byte rows, 64-byte swizzled so that the converter's 16-byte loads (a row per
+  // thread) hit distinct banks; it re-lays them out 128-byte swizzled for wgmma.
   const CUtensorMap map_b = make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k / 2,
                                      static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK / 2, c.block_n,
-                                     CU_TENSOR_MAP_SWIZZLE_NONE, "B");
+                                     CU_TENSOR_MAP_SWIZZLE_64B, "B");
   const CUtensorMap map_d = make_tma_d(c.fn, a.d, c.n, a.m, a.ldd, c.block_n, c.block_m, c.swizzle_d, masked,
                                        a.num_groups);
 

@@ -32,7 +32,7 @@ struct Fp8Fp4GemmSmem {
   static constexpr uint32_t kD = kBlockM * kBlockN * 2;
   static constexpr uint32_t kA = kBlockM * kBlockK;
   static constexpr uint32_t kB = kBlockN * kBlockK;            // converted E4M3, swizzled
-  static constexpr uint32_t kPackedB = kBlockN * kBlockK / 2;  // E2M1 as loaded, plain rows
+  static constexpr uint32_t kPackedB = kBlockN * kBlockK / 2;  // E2M1 as loaded, 64-byte swizzle
   // Per stage: A scales (FP32), B exponent words (4 x UE8M0), B column scales (FP32).
   static constexpr uint32_t kScaleBytes = (kBlockM + 2 * kBlockN) * 4;
   static constexpr uint32_t kOffsetA = kD;
@@ -67,8 +67,8 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   constexpr uint32_t kNumKBlocks = kShapeK / kBlockK;
   // Register budgets (a CTA owns the SM's 64K registers): the scale warp keeps a row pointer per
   // lane for A and kBlockN / 32 for B (at 40 registers it spilled inside its loop and starved the
-  // pipeline), a converter task holds 4 words in and 8 out, math two accumulator sets of
-  // kBlockN / 2 each.
+  // pipeline), a converter task holds up to 16 packed words in and 8 converted ones out, math two
+  // accumulator sets of kBlockN / 2 each.
   constexpr uint32_t kProducerRegisters = kNumMathWG == 1 ? 64 : 48;
   constexpr uint32_t kConverterRegisters = kNumMathWG == 1 ? 80 : 56;
   constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 232 : 200;
@@ -78,8 +78,11 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   static_assert(kShapeK % kBlockK == 0, "K must be a multiple of 128");
   static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
   static_assert(kBlockM == 64 || kBlockM == 128, "block M is 64 or 128");
-  // Converter tasks: 8 chunks of 16 output bytes per row, the 128 threads covering 16 rows at once.
   static_assert(kBlockN % 16 == 0 && kBlockN <= 128, "block N is a multiple of 16 up to 128");
+  // Converter tasks per B row (1, 2 or 4; 4 / kTasksPerRow of the row's 1x32 groups each): as few
+  // as keep every converter thread busy, since each task repeats the row's exponent work.
+  constexpr uint32_t kTasksPerRow = kConverterThreads >= 4 * kBlockN ? 4 : kConverterThreads >= 2 * kBlockN ? 2 : 1;
+  constexpr uint32_t kGroupsPerTask = 4 / kTasksPerRow;
   static_assert(kNumConverterWG == (kBlockM == 64 ? 2 : 1), "the launch bounds assume this converter count");
   constexpr auto kType = static_cast<GemmType>(kGemmType);
   static_assert(kType != GemmType::kNormal, "the FP4-weight GEMM is m-grouped");
@@ -167,10 +170,14 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   if (threadIdx.x >= kNumMathThreads) {
     sm90::setmaxnreg_dec<kConverterRegisters>();
     const uint32_t tid = threadIdx.x - kNumMathThreads;
-    // Task (row, group): one 1x32 group of a B row = 16 packed bytes in, two 16-byte E4M3 chunks
-    // out. Four consecutive threads take a row's four groups, so a warp reads 8 whole rows.
-    constexpr uint32_t kRowsPerPass = kConverterThreads / 4;
-    const uint32_t group = tid % 4;
+    // Task: kGroupsPerTask consecutive 1x32 groups of one B row, 16 packed bytes in and two 16-byte
+    // E4M3 chunks out each. A row's exponent word, largest exponent and column scale are worked out
+    // once per task, so a task takes as many groups as leave no converter thread idle. Lanes hold
+    // consecutive rows, so the swizzles spread each load and store over all banks: packed row r
+    // (64-byte swizzle) has group c at chunk c ^ ((r / 2) % 4), converted row r (128-byte swizzle,
+    // as TMA would place it) output chunk c at c ^ (r % 8).
+    constexpr uint32_t kRowsPerPass = kConverterThreads / kTasksPerRow;
+    const uint32_t first_group = (tid % kTasksPerRow) * kGroupsPerTask;
     while (scheduler.next(t)) {
       for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
         ring.consumer_wait(pipe);
@@ -181,19 +188,31 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
         float* column_scales = scales + kBlockM + kBlockN;
 #pragma unroll
         for (uint32_t i = 0; i < (kBlockN + kRowsPerPass - 1) / kRowsPerPass; ++i) {
-          const uint32_t row = i * kRowsPerPass + tid / 4;
+          const uint32_t row = i * kRowsPerPass + tid / kTasksPerRow;
           if (kBlockN % kRowsPerPass == 0 || row < kBlockN) {
             const uint32_t exps = exponents[row];
             const uint32_t e_max = fp4::max_exponent(exps);
-            if (group == 0) column_scales[row] = fp4::column_scale(e_max);
-            const fp4::Lut lut = fp4::make_lut(e_max - ((exps >> (group * 8)) & 0xFFu));
-            const uint4 in = *reinterpret_cast<const uint4*>(packed + row * (kBlockK / 2) + group * 16);
-            const uint2 c0 = fp4::convert8(in.x, lut), c1 = fp4::convert8(in.y, lut);
-            const uint2 c2 = fp4::convert8(in.z, lut), c3 = fp4::convert8(in.w, lut);
-            // 128-byte swizzle: chunk c of row r sits at chunk c ^ (r % 8), as TMA would place it.
-            uint8_t* dst = tile_b + row * kBlockK;
-            *reinterpret_cast<uint4*>(dst + (((group * 2) ^ (row % 8)) * 16)) = make_uint4(c0.x, c0.y, c1.x, c1.y);
-            *reinterpret_cast<uint4*>(dst + (((group * 2 + 1) ^ (row % 8)) * 16)) = make_uint4(c2.x, c2.y, c3.x, c3.y);
+            if (first_group == 0) column_scales[row] = fp4::column_scale(e_max);
+            // Byte g: e_max - e of the task's group g (no borrows, e_max is the largest byte).
+            const uint32_t shifts = e_max * 0x01010101u - (exps >> (8 * first_group));
+            // All loads first: the groups are independent, their latencies overlap.
+            uint4 in[kGroupsPerTask];
+#pragma unroll
+            for (uint32_t g = 0; g < kGroupsPerTask; ++g) {
+              const uint32_t chunk = (first_group + g) ^ ((row / 2) % 4);
+              in[g] = *reinterpret_cast<const uint4*>(packed + row * (kBlockK / 2) + chunk * 16);
+            }
+#pragma unroll
+            for (uint32_t g = 0; g < kGroupsPerTask; ++g) {
+              const uint32_t group = first_group + g;
+              const fp4::Lut lut = fp4::make_lut_of_byte(shifts, g);
+              const uint2 c0 = fp4::convert8(in[g].x, lut), c1 = fp4::convert8(in[g].y, lut);
+              const uint2 c2 = fp4::convert8(in[g].z, lut), c3 = fp4::convert8(in[g].w, lut);
+              uint8_t* dst = tile_b + row * kBlockK;
+              *reinterpret_cast<uint4*>(dst + (((group * 2) ^ (row % 8)) * 16)) = make_uint4(c0.x, c0.y, c1.x, c1.y);
+              *reinterpret_cast<uint4*>(dst + (((group * 2 + 1) ^ (row % 8)) * 16)) =
+                  make_uint4(c2.x, c2.y, c3.x, c3.y);
+            }
           }
         }
         // The generic-proxy writes must be visible to wgmma's async-proxy reads.
