@@ -51,17 +51,25 @@ inline moe_launchers::moe_exchange::Peers exchange_peers(const ExchangePeersTupl
   return {tables, ranks, rank, pairs};
 }
 
-inline void moe_exchange_dispatch(const ExchangePeersTuple& peers, int num_local, int top_k, int hidden,
-                                  std::uint64_t order, std::uint64_t rows, long long num_rows, std::uint64_t topk_idx,
+// The layout as Python passes it: (counts, counts_stride, num_local, alignment, masked_max_rows,
+// num_layout_rows, first_expert, m_indices, global_ids, masked_m).
+using ExchangeLayoutTuple = std::tuple<std::uint64_t, int, int, int, int, long long, long long, std::uint64_t,
+                                       std::uint64_t, std::uint64_t>;
+
+inline void moe_exchange_dispatch(const ExchangePeersTuple& peers, const ExchangeLayoutTuple& layout, int top_k,
+                                  int hidden, std::uint64_t order, long long num_send, std::uint64_t topk_idx,
                                   std::uint64_t topk_weights, std::uint64_t xq, std::uint64_t xs, int device,
                                   std::uint64_t stream) {
-  moe_launchers::moe_exchange::dispatch(exchange_peers(peers), num_local, top_k, hidden, order, rows, num_rows,
-                                        topk_idx, topk_weights, xq, xs, device, stream);
+  const auto& [counts, stride, local, alignment, masked, rows, first, m_indices, global_ids, masked_m] = layout;
+  moe_launchers::moe_exchange::dispatch(exchange_peers(peers),
+                                        {counts, stride, local, alignment, masked, rows, first, m_indices, global_ids,
+                                         masked_m},
+                                        top_k, hidden, order, num_send, topk_idx, topk_weights, xq, xs, device, stream);
 }
 
-inline void moe_exchange_combine(const ExchangePeersTuple& peers, int hidden, std::uint64_t rows, long long num_rows,
-                                 std::uint64_t expert_out, int device, std::uint64_t stream) {
-  moe_launchers::moe_exchange::combine(exchange_peers(peers), hidden, rows, num_rows, expert_out, device, stream);
+inline void moe_exchange_combine(const ExchangePeersTuple& peers, int hidden, std::uint64_t m_indices,
+                                 long long num_rows, std::uint64_t expert_out, int device, std::uint64_t stream) {
+  moe_launchers::moe_exchange::combine(exchange_peers(peers), hidden, m_indices, num_rows, expert_out, device, stream);
 }
 
 // The transport layout as Python passes it: (peers, off_x, off_sf, off_w, off_src, off_combine,
@@ -131,9 +139,10 @@ inline pybind11::tuple moe_exchange_code(int kernel, int top_k, int hidden) {
 inline void register_apis(pybind11::module_& m) {
   using pybind11::arg;
   m.def("moe_exchange_dispatch", &moe_exchange_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "staged dispatch: sorted pairs' FP8 rows, scales, weights and slot words into their owners' layout rows");
+        "staged dispatch: sorted pairs' FP8 rows, scales, weights and slot words into their owners' layout rows "
+        "(layouts from the count matrix), and this rank's layout index");
   m.def("moe_exchange_combine", &moe_exchange_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "staged combine: received rows' expert outputs into their sources' combine buffers");
+        "staged combine: received rows' (m_indices >= 0) expert outputs into their sources' combine buffers");
   m.def("moe_exchange_code", &moe_exchange_code, "(name, code) of an exchange kernel: 0 dispatch, 1 combine (no GPU)",
         arg("kernel"), arg("top_k"), arg("hidden"));
   m.def("moe_ep_dispatch", &moe_ep_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),

@@ -1,4 +1,4 @@
-"""The staged backend's exchange plan (moe_runtime/backends/staged_plan.py) against a brute-force
+"""The staged backend's exchange plan (kernels/reference/exchange.py) against a brute-force
 layout: contiguous segments padded to the alignment, the masked layout at decode sizes, and the
 row indices each side expands from it (CPU)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_runtime.backends.staged_plan import expand_rows, plan_exchange
+from kernels.reference.exchange import expand_rows, plan_exchange
 
 
 def _brute_force_layouts(counts: torch.Tensor, alignment: int):
