@@ -83,7 +83,8 @@ def plan_exchange(counts: torch.Tensor, rank: int, alignment: int, masked_max_ro
         raise ValueError(f"counts must be non-negative, got {counts.tolist()}")
     per_expert = counts.sum(1)                                   # [P_dst, E_l]
     padded = (per_expert + alignment - 1) // alignment * alignment
-    most = per_expert.max(1).values if per_expert.numel() else torch.zeros(counts.shape[0], dtype=torch.int64)
+    # amax, not max(1): the CPU max with indices takes ~1.2 ms on a [2, 128] tensor (amax ~2 us).
+    most = per_expert.amax(1) if per_expert.numel() else torch.zeros(counts.shape[0], dtype=torch.int64)
     masked = (most > 0) & (most <= min(masked_max_rows, alignment - 1))
     padded = torch.where(masked[:, None], most[:, None].expand_as(padded), padded)
     segment_start = exclusive_cumsum(padded)                   # [P_dst, E_l]
