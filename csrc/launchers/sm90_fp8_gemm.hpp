@@ -62,15 +62,6 @@ inline bool multicast_enabled() {
   return value == nullptr || std::string(value) != "0";
 }
 
-// MOE_FP8_SCALE_WARPS=1|2 runs fewer scale warps than the default 3 (read on every call, for A/B
-// timing: one scale warp was the pipeline's bound at block M 128).
-inline int scale_warps_setting() {
-  const char* value = std::getenv("MOE_FP8_SCALE_WARPS");
-  if (value == nullptr) return 3;
-  const int n = std::atoi(value);
-  return n >= 1 && n <= 3 ? n : 3;
-}
-
 inline int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 
 // A tile's columns may cover at most two 128-wide scale blocks of B.

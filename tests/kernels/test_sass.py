@@ -92,6 +92,31 @@ def test_fp8_fp4_gemm_uses_qgmma_tma_and_byte_permute_conversion(m, n, k, gemm_t
     assert "LDL" not in text and "STL" not in text, "register spills"
 
 
+@pytest.mark.parametrize("m,gemm_type,groups", [(8192, 1, 4), (8, 2, 32)])
+def test_fp8_fp4_gemm_k_loops_are_lean(m, gemm_type, groups):
+    """N x K = 4096 x 7168, contiguous 4 x 8192 (block 128 x 128) and masked decode (block 64 x 128).
+    Math: the warp index and the tile loop's answer broadcast from lane 0 keep the wgmma descriptors
+    in uniform registers (no R2UR in the loop; there were 16 per K block), the column scales come in
+    16-byte loads: 64 FFMAs, 64 FMULs and under 64 other instructions per K block (was 240 in all).
+    Scale warps: (block M + block N) / 32 copies per K block from per-tile 32-bit offsets, under 80
+    instructions per K block with the other warps' turns' bookkeeping (one warp issued ~225)."""
+    name, code, config = kernels.jit.native_module().fp8_fp4_gemm_nt_code(m, 4096, 7168, H200_SMS, gemm_type, groups)
+    assert config["scale_warps"] == 3
+    bodies = [[line for line in body.splitlines() if line.strip()] for body in _k_loop_bodies(sass(name, code))]
+    math = min((ops for ops in bodies if any("QGMMA" in line for line in ops)), key=len)
+    assert sum("QGMMA" in line for line in math) == 4
+    assert not any("R2UR" in line for line in math), "wgmma descriptors moved into uniform registers per K block"
+    assert sum("FFMA" in line for line in math) == 64 and sum("FMUL" in line for line in math) == 64
+    assert sum("LDS.128" in line for line in math) == 8, "column scales in 16-byte loads"
+    assert len(math) < 192, f"{len(math)} math instructions per K block"
+    scale = min((ops for ops in bodies if any("LDGSTS.E" in line for line in ops)), key=len)
+    copies, per_k_block = sum("LDGSTS.E" in line for line in scale), (config["block_m"] + config["block_n"]) // 32
+    assert copies % per_k_block == 0, f"{copies} copies in the scale warps' loop"
+    assert len(scale) / (copies // per_k_block) < 80, f"{len(scale)} instructions for {copies // per_k_block} K blocks"
+    for ops in bodies:
+        assert not any("LDL" in line or "STL" in line for line in ops), "local memory in a K loop"
+
+
 @pytest.mark.parametrize("expected_m,n,k,groups", [(16, 4096, 7168, 32), (1, 7168, 2048, 256), (32, 136, 384, 4)])
 @pytest.mark.parametrize("fragment_layout", [False, True])
 def test_fp8_fp4_swap_ab_gemm_uses_register_operand_qgmma(expected_m, n, k, groups, fragment_layout):
