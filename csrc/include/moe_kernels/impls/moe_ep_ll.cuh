@@ -41,6 +41,7 @@
 //   (kernels.moe_combine sums each token's slots out of the combine buffer).
 
 #include <cuda_bf16.h>
+#include <moe_kernels/common/copy.cuh>
 #include <moe_kernels/common/signals.cuh>
 
 namespace moe_kernels {
@@ -99,9 +100,8 @@ __global__ void __launch_bounds__(kThreads)
     if (slot >= rows_per_expert) continue;
     const uint64_t row = uint64_t(expert) * rows_per_expert + slot;
     const uint32_t token = p / kTopK;
-    const auto* src = reinterpret_cast<const uint4*>(xq + uint64_t(token) * kHidden);
-    auto* dst = view<uint4>(base, off_x + row * kHidden);
-    for (uint32_t i = threadIdx.x; i < kHidden / 16; i += kThreads) dst[i] = __ldg(src + i);
+    copy_row<kHidden / 16, kThreads>(reinterpret_cast<const uint4*>(xq + uint64_t(token) * kHidden),
+                                     view<uint4>(base, off_x + row * kHidden), threadIdx.x);
     float* dst_sf = view<float>(base, off_sf) + row * kScales;
     for (uint32_t i = threadIdx.x; i < kScales; i += kThreads) dst_sf[i] = __ldg(xs + uint64_t(token) * kScales + i);
     if (threadIdx.x == 0) {
@@ -174,9 +174,8 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t src = static_cast<uint32_t>(src_ids[row]);
     const uint32_t source = src / pairs_per_rank, pair = src % pairs_per_rank;
     if (source >= num_ranks) continue;  // cannot come from dispatch_send; never write outside the group
-    const auto* from = reinterpret_cast<const uint4*>(expert_out + row * kHidden);
-    auto* to = view<uint4>(peers[source], off_combine + uint64_t(pair) * kHidden * 2);
-    for (uint32_t i = threadIdx.x; i < kHidden / 8; i += kThreads) to[i] = __ldg(from + i);
+    copy_row<kHidden / 8, kThreads>(reinterpret_cast<const uint4*>(expert_out + row * kHidden),
+                                    view<uint4>(peers[source], off_combine + uint64_t(pair) * kHidden * 2), threadIdx.x);
   }
   if (signals::last_cta_done(signals + sig.finished(1))) {
     for (uint32_t q = 0; q < num_ranks; ++q) {

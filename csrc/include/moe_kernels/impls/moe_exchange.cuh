@@ -2,8 +2,7 @@
 // The staged backend's row exchange, after the count exchange: dispatch writes each sent (token,
 // slot) pair's FP8 row, scales, top-k weight and slot word into the row its owner's layout gives
 // it, and this rank's layout index (expert of each row); combine writes each received row's expert
-// output back into its source's combine buffer. One warp per row, 16-byte vectors, every load of a
-// row issued before its stores: a remote row costs one round of NVLink stores.
+// output back into its source's combine buffer. One warp per row (common/copy.cuh).
 //
 // Peer tables (int64 [kNumTables, P], the addresses of rank q's views in this process, the
 // caller's own rank included): 0 acts uint8 [R, H], 1 acts_sf float32 [R, H/128], 2 weights
@@ -20,28 +19,13 @@
 // layouts in shared memory from the P x E counts, so the host reads the counts only for the sizes.
 
 #include <cuda_bf16.h>
+#include <moe_kernels/common/copy.cuh>
 #include <moe_kernels/common/scan.cuh>
 #include <moe_kernels/common/sm90_ptx.cuh>
 
 namespace moe_kernels {
 
 enum ExchangeTable : uint32_t { kExActs = 0, kExScales, kExWeights, kExSlots, kExCombine, kNumTables };
-
-// kVecs 16-byte vectors spread over a warp's lanes, all loaded before any is stored.
-template <uint32_t kVecs>
-__device__ __forceinline__ void copy_row_warp(const uint4* __restrict__ src, uint4* dst, uint32_t lane) {
-  constexpr uint32_t kPerLane = (kVecs + 31) / 32;
-  uint4 v[kPerLane];
-#pragma unroll
-  for (uint32_t i = 0; i < kPerLane; ++i) {
-    if (i * 32 + lane < kVecs) v[i] = __ldg(src + i * 32 + lane);
-  }
-#pragma unroll
-  for (uint32_t i = 0; i < kPerLane; ++i) {
-    // Addresses from a table are generic: st.global says where they point (peer memory included).
-    if (i * 32 + lane < kVecs) __stcg(dst + i * 32 + lane, v[i]);
-  }
-}
 
 // Shared memory of exchange_layout, 4 E + E_l + 1 + P + kThreads / 32 ints (the launcher sizes it).
 struct ExchangeLayout {
@@ -136,7 +120,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const auto row = static_cast<uint64_t>(l.base[g] + static_cast<int>(i) - l.first_send[g]);
     const uint32_t token = pair / kTopK;
     auto* acts = reinterpret_cast<uint4*>(tables[kExActs * num_ranks + owner] + row * kHidden);
-    copy_row_warp<kHidden / 16>(reinterpret_cast<const uint4*>(xq + uint64_t(token) * kHidden), acts, lane);
+    copy_row<kHidden / 16, 32>(reinterpret_cast<const uint4*>(xq + uint64_t(token) * kHidden), acts, lane);
     auto* scales = reinterpret_cast<float*>(tables[kExScales * num_ranks + owner]) + row * kScales;
     for (uint32_t s = lane; s < kScales; s += 32) scales[s] = __ldg(xs + uint64_t(token) * kScales + s);
     if (lane == 0) {
@@ -178,7 +162,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (source >= num_ranks) continue;  // never written by the dispatch kernel; never write outside the group
     auto* dst = reinterpret_cast<uint4*>(tables[kExCombine * num_ranks + source]) +
                 uint64_t(slot % pairs_per_rank) * (kHidden / 8);
-    copy_row_warp<kHidden / 8>(reinterpret_cast<const uint4*>(expert_out + uint64_t(r) * kHidden), dst, lane);
+    copy_row<kHidden / 8, 32>(reinterpret_cast<const uint4*>(expert_out + uint64_t(r) * kHidden), dst, lane);
   }
 }
 
