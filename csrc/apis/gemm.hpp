@@ -43,6 +43,7 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["swizzle_d"] = c.swizzle_d;
   d["multicast"] = c.multicast;
   d["scale_warps"] = c.scale_warps;
+  d["pingpong"] = c.pingpong;
   return d;
 }
 
