@@ -35,6 +35,7 @@ class ModelShapes:
     num_experts: int
     max_ep: int  # expert-parallel sizes 1, 2, 4, ... up to this
     max_m: int = 16384
+    ep_sizes: tuple[int, ...] = ()  # when given, these expert-parallel sizes instead of 1, 2, .. max_ep
 
     @property
     def expert_nk(self) -> tuple[tuple[int, int], ...]:
@@ -43,6 +44,8 @@ class ModelShapes:
 
     @property
     def local_experts(self) -> tuple[int, ...]:
+        if self.ep_sizes:
+            return tuple(self.num_experts // ep for ep in self.ep_sizes)
         sizes, ep = [], 1
         while ep <= self.max_ep:
             sizes.append(self.num_experts // ep)
@@ -168,16 +171,17 @@ FAMILIES: dict[str, Callable[[ModelShapes, str, int], list[KernelSource]]] = {
 }
 
 
-def collect_sources(families: list[str] | None = None, model: str = "deepseek-v3", arch: str = "sm_90a",
-                    num_sms: int = 132, max_m: int | None = None) -> list[KernelSource]:
-    """The distinct kernel sources the families need for the model (deduplicated by code)."""
-    if model not in MODELS:
-        raise ValueError(f"model={model!r}: expected one of {sorted(MODELS)}")
+def collect_sources(families: list[str] | None = None, model: str | ModelShapes = "deepseek-v3",
+                    arch: str = "sm_90a", num_sms: int = 132, max_m: int | None = None) -> list[KernelSource]:
+    """The distinct kernel sources the families need for the model (a preset name or its own
+    :class:`ModelShapes`), deduplicated by code."""
+    if not isinstance(model, ModelShapes) and model not in MODELS:
+        raise ValueError(f"model={model!r}: expected one of {sorted(MODELS)} or a ModelShapes")
     chosen = families or list(FAMILIES)
     unknown = [f for f in chosen if f not in FAMILIES]
     if unknown:
         raise ValueError(f"family {unknown}: expected names from {sorted(FAMILIES)}")
-    shapes = MODELS[model]
+    shapes = model if isinstance(model, ModelShapes) else MODELS[model]
     if max_m is not None:
         shapes = dataclasses.replace(shapes, max_m=max_m)
     seen, sources = set(), []
@@ -189,7 +193,7 @@ def collect_sources(families: list[str] | None = None, model: str = "deepseek-v3
     return sources
 
 
-def precompile(families: list[str] | None = None, model: str = "deepseek-v3", arch: str = "sm_90a",
+def precompile(families: list[str] | None = None, model: str | ModelShapes = "deepseek-v3", arch: str = "sm_90a",
                num_sms: int = 132, jobs: int | None = None, cache_dir: str | None = None,
                max_m: int | None = None,
                on_result: Callable[[PrecompileResult], None] | None = None) -> list[PrecompileResult]:

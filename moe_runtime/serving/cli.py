@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a rank that does not reach the next step within S seconds is reported as hung")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress lines, only the final summary")
+    p.add_argument("--no-precompile", action="store_true",
+                   help="skip compiling the expert GEMMs before the timed loop (they then compile on first use)")
     return p
 
 
@@ -80,7 +82,7 @@ def options_from_args(args: argparse.Namespace):
         requests_jsonl=args.requests_jsonl, max_batch_tokens=pick(args.max_batch_tokens, "max_batch_tokens"),
         metrics_out=args.metrics_out, spot_check_every=pick(args.spot_check_every, "spot_check_every"),
         spot_check_tol=args.spot_check_tol, log_interval_s=args.log_interval, timeout_s=args.timeout,
-        seed=args.seed, dtype=kDtypes[args.dtype], progress=not args.no_progress)
+        seed=args.seed, dtype=kDtypes[args.dtype], progress=not args.no_progress, precompile=not args.no_precompile)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from .config import MoEModelConfig, config_from_hf, load_hf_config
 from .control import ControlPlane, RankFailureError, ShutdownSignal
 from .metrics import ProgressDisplay, RankMetrics, SpotCheckRecord, summarize, window_summary, write_metrics
 from .model import MoEStack, build_stack
+from .precompile import device_target, precompile_stack
 from .requests import LengthRange, PoissonRequestSource, load_jsonl_requests
 from .scheduler import ContinuousBatcher
 from .spot_check import SpotChecker
@@ -58,6 +59,7 @@ class ServeOptions:
     seed: int = 0
     dtype: torch.dtype = torch.bfloat16
     progress: bool = True
+    precompile: bool = True  # CUDA: compile the expert GEMMs before the timed loop (serving/precompile.py)
 
     def __post_init__(self) -> None:
         if self.duration_s is not None and not self.duration_s > 0:
@@ -177,6 +179,7 @@ class _ServingLoop:
         self.periodic: list[dict] = []
         self.window = _Window()
         self.batch_index = 0
+        self.precompiled: dict | None = None
         self.start = 0.0
         self.last_log = 0.0
 
@@ -184,7 +187,10 @@ class _ServingLoop:
         return time.monotonic() - self.start
 
     def run(self) -> dict:
-        # The first forward compiles kernels (JIT); keep it out of the measured latencies.
+        if self.options.precompile and self.ctx.device.type == "cuda" \
+                and self.stack.layers[0].backend_name != "reference":
+            self._precompile()
+        # The first forward compiles the other kernels (JIT); keep it out of the measured latencies.
         with torch.no_grad():
             self.control.guard("warm-up forward", self.stack, self.make_inputs(min(8, self.options.max_batch_tokens)))
         _synchronize(self.ctx.device)
@@ -195,6 +201,18 @@ class _ServingLoop:
             wall_s = self._now()
         self.display.close()
         return self._finish(stopped_by, wall_s)
+
+    def _precompile(self) -> None:
+        """The first rank of each host compiles the expert GEMMs into the cache its host's ranks
+        share; the others wait."""
+        if self.ctx.local_rank == 0:
+            arch, num_sms = device_target(self.ctx.device)
+            count, compiled, seconds = self.control.guard(
+                "precompiling kernels", lambda: precompile_stack(self.model, self.options.weights,
+                                                                 self.control.world_size, self.options.max_batch_tokens,
+                                                                 arch=arch, num_sms=num_sms))
+            self.precompiled = {"kernels": count, "compiled": compiled, "seconds": round(seconds, 3)}
+        self.control.gather(None, "waiting for rank 0 to precompile kernels")
 
     def _loop(self, shutdown: ShutdownSignal) -> str:
         while True:
@@ -276,6 +294,7 @@ class _ServingLoop:
             "max_batch_tokens": options.max_batch_tokens,
             "request_source": options.requests_jsonl or f"poisson(rate={options.request_rate}/s)",
             "requests_expected": self.expected,
+            "precompiled": self.precompiled,
         }
         result = summarize(per_rank, wall_s=wall_s, run_info=run_info, spot_checks=self.spot_records,
                            periodic=self.periodic, stopped_by=stopped_by)
@@ -300,6 +319,10 @@ def format_summary(metrics: dict) -> str:
         f"[serve] latency p50 {ms(lat['p50'])}  p99 {ms(lat['p99'])}  |  time to first token "
         f"p50 {ms(ttft['p50'])}  p99 {ms(ttft['p99'])}",
     ]
+    if metrics.get("precompiled"):
+        pre = metrics["precompiled"]
+        lines.append(f"[serve] before the loop: {pre['kernels']} expert GEMM kernels ready ({pre['compiled']} compiled "
+                     f"now) in {pre['seconds']:.1f}s")
     if spot["count"]:
         lines.append(f"[serve] spot-checks against the reference backend: {spot['count']}, "
                      f"failures {spot['failures']}, max calc_diff {spot['max_diff']:.3e}")

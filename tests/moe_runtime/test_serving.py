@@ -421,3 +421,37 @@ def test_checkpoint_from_save_pretrained_matches_the_transformers_block(tmp_path
     x = torch.randn(2, 9, config.hidden_size)
     with torch.no_grad():
         assert calc_diff(layer(x), block(x)) < 1e-4
+
+
+@pytest.mark.parametrize("world_size,max_batch_tokens", [(1, 48), (2, 4096), (8, 256)])
+def test_precompile_plans_the_served_expert_gemms(world_size, max_batch_tokens):
+    from kernels import precompile as aot
+    from moe_runtime.serving.precompile import kPaddingRows, stack_shapes
+    model = PRESETS["deepseek-v3"]
+    shapes = stack_shapes(model, world_size, max_batch_tokens)
+    local = model.num_experts // world_size
+    assert shapes.local_experts == (local,)
+    assert shapes.max_m == world_size * max_batch_tokens * min(model.top_k, local) + local * kPaddingRows
+    sources = aot.collect_sources(["m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"], shapes)
+    assert {s.family for s in sources} == {"m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"}
+    assert all(f"G={local} " in s.label for s in sources), "only this world size's local expert count"
+    assert {f"n={n} k={k}" for n, k in shapes.expert_nk} == {" ".join(s.label.split()[:2]) for s in sources}
+    with pytest.raises(ValueError, match="world_size"):
+        stack_shapes(model, 3, 64)
+
+
+def test_precompile_compiles_then_finds_the_cache(tmp_path):
+    from moe_runtime.serving.precompile import precompile_stack
+    kwargs = dict(arch="sm_90a", num_sms=132, cache_dir=str(tmp_path))
+    count, compiled, _ = precompile_stack(kSmall, "fp8", 2, 16, **kwargs)
+    assert count >= 2 and compiled == count
+    assert precompile_stack(kSmall, "fp8", 2, 16, **kwargs)[:2] == (count, 0)
+    with pytest.raises(ValueError, match="weights"):
+        precompile_stack(kSmall, "bf16", 2, 16, **kwargs)
+
+
+def test_cli_precompile_switch():
+    from moe_runtime.serving.cli import build_parser, options_from_args
+    parser = build_parser()
+    assert options_from_args(parser.parse_args(["--preset", "small"])).precompile
+    assert not options_from_args(parser.parse_args(["--preset", "small", "--no-precompile"])).precompile
