@@ -144,8 +144,9 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor, 
 
     ``xq`` E4M3 [T, H] (float8_e4m3fn or uint8 bits), ``xs`` float32 [T, H/128], ``topk_idx`` int64
     [T, k], ``topk_weights`` float32 [T, k], ``order`` int64 [n]: this rank's routed pairs sorted by
-    expert (stable), as many per expert as ``counts[rank]`` says; ``num_layout_rows``: rows of this
-    rank's layout (the plan's; checked on the CPU path only, which would sync on CUDA)."""
+    expert (stable), as many per expert as ``counts[rank]`` says (on CUDA, pairs beyond that or with
+    ids outside [0, E) are dropped rather than written; the CPU path raises); ``num_layout_rows``:
+    rows of this rank's layout (the plan's; checked on the CPU path only, which would sync on CUDA)."""
     fn = "exchange_dispatch"
     if isinstance(xq, torch.Tensor) and xq.dtype == torch.float8_e4m3fn:
         xq = xq.view(torch.uint8)

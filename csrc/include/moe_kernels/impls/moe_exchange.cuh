@@ -47,21 +47,22 @@ struct ExchangeLayout {
         warp_sums(smem + 4 * num_experts + num_local + 1 + num_ranks) {}
 };
 
+// Returns the pairs this rank's counts row sends.
 template <uint32_t kThreads>
-__device__ __forceinline__ void exchange_layout(const ExchangeLayout& l, const int* __restrict__ counts,
+__device__ __forceinline__ int exchange_layout(const ExchangeLayout& l, const int* __restrict__ counts,
                                                 uint32_t counts_stride, uint32_t num_ranks, uint32_t rank,
                                                 uint32_t num_local, uint32_t alignment, uint32_t masked_max_rows) {
   const uint32_t num_experts = num_ranks * num_local, tid = threadIdx.x;
   for (uint32_t g = tid; g < num_experts; g += kThreads) {
     int total = 0, before = 0;
     for (uint32_t src = 0; src < num_ranks; ++src) {
-      const int c = counts[src * counts_stride + g];
+      const int c = counts[uint64_t(src) * counts_stride + g];
       total += c;
       before += src < rank ? c : 0;
     }
     l.total[g] = total;
     l.base[g] = before;
-    l.first_send[g] = counts[rank * counts_stride + g];
+    l.first_send[g] = counts[uint64_t(rank) * counts_stride + g];
   }
   __syncthreads();
   const int masked_limit = static_cast<int>(min(masked_max_rows, alignment - 1));
@@ -77,7 +78,7 @@ __device__ __forceinline__ void exchange_layout(const ExchangeLayout& l, const i
     l.segment[g] = masked > 0 ? masked : (l.total[g] + align - 1) / align * align;
   }
   const int all_rows = block_exclusive_scan<kThreads>(l.segment, num_experts, l.warp_sums);
-  block_exclusive_scan<kThreads>(l.first_send, num_experts, l.warp_sums);
+  const int num_counted = block_exclusive_scan<kThreads>(l.first_send, num_experts, l.warp_sums);
   for (uint32_t g = tid; g < num_experts; g += kThreads) {
     const uint32_t q = g / num_local;
     const int start = l.segment[g] - l.segment[q * num_local];  // inside rank q's layout
@@ -89,11 +90,12 @@ __device__ __forceinline__ void exchange_layout(const ExchangeLayout& l, const i
     l.own_start[num_local] = end - l.segment[rank * num_local];
   }
   __syncthreads();
+  return num_counted;
 }
 
 // Sorted pair i < num_send (pair id order[i] = t * k + j, global expert g = topk_idx[order[i]],
 // in [0, E): the host counted every pair it sends) goes to row base[g] + i - first_send[g] of rank
-// g / E_l. Then this rank's layout index over its num_layout_rows rows: m_indices (local expert or
+// g / E_l. The caller's num_layout_rows must be this rank's layout size (the host's plan). Then this rank's layout index over its num_layout_rows rows: m_indices (local expert or
 // -1 on padding rows), global_ids (global expert or -1), masked_m (rows per local expert).
 template <uint32_t kTopK, uint32_t kHidden, uint32_t kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -109,15 +111,22 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr uint32_t kThreads = kWarps * 32;
   constexpr uint32_t kScales = kHidden / 128;
   extern __shared__ int smem[];
-  const ExchangeLayout l(smem, num_ranks * num_local, num_local, num_ranks);
-  exchange_layout<kThreads>(l, counts, counts_stride, num_ranks, rank, num_local, alignment, masked_max_rows);
+  const uint32_t num_experts = num_ranks * num_local;
+  const ExchangeLayout l(smem, num_experts, num_local, num_ranks);
+  const int num_counted =
+      exchange_layout<kThreads>(l, counts, counts_stride, num_ranks, rank, num_local, alignment, masked_max_rows);
 
   const uint32_t lane = threadIdx.x % 32;
   for (uint32_t i = blockIdx.x * kWarps + threadIdx.x / 32; i < num_send; i += gridDim.x * kWarps) {
     const auto pair = static_cast<uint32_t>(order[i]);
     const auto g = static_cast<uint32_t>(topk_idx[pair]);
+    // An order that disagrees with the counts (an unrouted id, or more pairs of an expert than
+    // counted) loses those pairs instead of writing outside the owner's segment.
+    if (g >= num_experts) continue;
+    const int within = static_cast<int>(i) - l.first_send[g];
+    if (within < 0 || static_cast<int>(i) >= (g + 1 < num_experts ? l.first_send[g + 1] : num_counted)) continue;
     const uint32_t owner = g / num_local;
-    const auto row = static_cast<uint64_t>(l.base[g] + static_cast<int>(i) - l.first_send[g]);
+    const auto row = static_cast<uint64_t>(l.base[g] + within);
     const uint32_t token = pair / kTopK;
     auto* acts = reinterpret_cast<uint4*>(tables[kExActs * num_ranks + owner] + row * kHidden);
     copy_row<kHidden / 16, 32>(reinterpret_cast<const uint4*>(xq + uint64_t(token) * kHidden), acts, lane);
