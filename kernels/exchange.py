@@ -1,6 +1,6 @@
-"""The staged backend's row exchange between the ranks of an expert-parallel group, once the host
-knows every rank's layout (after its count exchange):
+"""The staged backend's row exchange between the ranks of an expert-parallel group:
 
+* :func:`exchange_count`: the pairs' sort keys and this rank's row of the count matrix;
 * :func:`exchange_dispatch`: each sent (token, slot) pair's FP8 row, scales, top-k weight and slot
   word written into the row its owner's layout gives it (the layouts computed on the device from
   the count matrix), and this rank's layout index;
@@ -21,6 +21,7 @@ from . import _checks, _descriptors, jit
 from .reference import exchange as reference_exchange
 
 kExchangeViews = ("acts", "acts_sf", "weights", "slots", "combine")
+kExchangeMaxExperts = 2048  # the CUDA kernels' shared-memory layout and histogram (launchers/moe_exchange.hpp)
 _DTYPES = {"acts": torch.uint8, "acts_sf": torch.float32, "weights": torch.float32, "slots": torch.int32,
            "combine": torch.bfloat16}
 
@@ -110,6 +111,34 @@ def _check_index(fn: str, name: str, t: object, n: int | None = None) -> torch.T
         _checks.fail(fn, ValueError, f"{name} must be a 1-D int64 tensor{'' if n is None else f' of {n} elements'}, "
                                      f"got {getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
     return t.contiguous()
+
+
+def exchange_count(topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's side of the count exchange: ``(key, row)`` from ``topk_idx`` int64 [T, k].
+
+    ``key`` int64 [T * k]: the pair's expert, or ``num_experts`` for a pair not sent (-1 or an id
+    outside [0, E)), so a stable sort puts the sent pairs first, grouped by expert; ``row`` int32
+    [E + 1]: pairs per expert, then the count of ids outside [-1, E) (invalid). One launch on CUDA."""
+    fn = "exchange_count"
+    if not isinstance(topk_idx, torch.Tensor) or topk_idx.dtype != torch.int64 or topk_idx.dim() != 2:
+        _checks.fail(fn, ValueError, f"topk_idx must be an int64 tensor [T, k], got "
+                                     f"{getattr(topk_idx, 'dtype', type(topk_idx).__name__)} "
+                                     f"{list(getattr(topk_idx, 'shape', ()))}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        _checks.fail(fn, ValueError, f"num_experts must be a positive int, got {num_experts!r}")
+    flat = topk_idx.reshape(-1)
+    row = torch.zeros(num_experts + 1, dtype=torch.int32, device=topk_idx.device)
+    if topk_idx.device.type == "cpu" or flat.numel() == 0:
+        sent = (flat >= 0) & (flat < num_experts)
+        key = torch.where(sent, flat, num_experts)
+        row.scatter_add_(0, key, sent.to(torch.int32))
+        row[num_experts] = ((flat < -1) | (flat >= num_experts)).sum()
+        return key, row
+    flat = flat.contiguous()
+    key = torch.empty_like(flat)
+    jit.native_module().moe_exchange_count(flat.data_ptr(), flat.numel(), num_experts, key.data_ptr(), row.data_ptr(),
+                                           topk_idx.device.index, _descriptors.current_stream(topk_idx.device))
+    return key, row
 
 
 @dataclass

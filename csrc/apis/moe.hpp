@@ -67,6 +67,11 @@ inline void moe_exchange_dispatch(const ExchangePeersTuple& peers, const Exchang
                                         top_k, hidden, order, num_send, topk_idx, topk_weights, xq, xs, device, stream);
 }
 
+inline void moe_exchange_count(std::uint64_t topk_idx, long long num_pairs, int num_experts, std::uint64_t key,
+                               std::uint64_t row, int device, std::uint64_t stream) {
+  moe_launchers::moe_exchange::count(topk_idx, num_pairs, num_experts, key, row, device, stream);
+}
+
 inline void moe_exchange_combine(const ExchangePeersTuple& peers, int hidden, std::uint64_t m_indices,
                                  long long num_rows, std::uint64_t expert_out, int device, std::uint64_t stream) {
   moe_launchers::moe_exchange::combine(exchange_peers(peers), hidden, m_indices, num_rows, expert_out, device, stream);
@@ -132,7 +137,8 @@ inline pybind11::tuple moe_ep_ll_code(int kernel, int top_k, int hidden) {
 
 inline pybind11::tuple moe_exchange_code(int kernel, int top_k, int hidden) {
   namespace L = moe_launchers::moe_exchange;
-  MOE_HOST_ASSERT(kernel == 0 || kernel == 1, L::kFn << ": kernel must be 0 (dispatch) or 1 (combine), got " << kernel);
+  MOE_HOST_ASSERT(kernel >= 0 && kernel <= 2,
+                  L::kFn << ": kernel must be 0 (dispatch), 1 (combine) or 2 (count), got " << kernel);
   return as_tuple(L::generate(static_cast<L::Kernel>(kernel), top_k, hidden));
 }
 
@@ -141,9 +147,11 @@ inline void register_apis(pybind11::module_& m) {
   m.def("moe_exchange_dispatch", &moe_exchange_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "staged dispatch: sorted pairs' FP8 rows, scales, weights and slot words into their owners' layout rows "
         "(layouts from the count matrix), and this rank's layout index");
+  m.def("moe_exchange_count", &moe_exchange_count, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "staged count: the pairs' sort keys and this rank's row of the count matrix (pairs per expert, invalid ids)");
   m.def("moe_exchange_combine", &moe_exchange_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "staged combine: received rows' (m_indices >= 0) expert outputs into their sources' combine buffers");
-  m.def("moe_exchange_code", &moe_exchange_code, "(name, code) of an exchange kernel: 0 dispatch, 1 combine (no GPU)",
+  m.def("moe_exchange_code", &moe_exchange_code, "(name, code) of an exchange kernel: 0 dispatch, 1 combine, 2 count (no GPU)",
         arg("kernel"), arg("top_k"), arg("hidden"));
   m.def("moe_ep_dispatch", &moe_ep_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "low-latency EP dispatch (send + wait): this rank's pairs into the owners' buffers, masked_m [E_l]");

@@ -16,10 +16,11 @@ namespace moe_launchers::moe_exchange {
 constexpr int kWarps = 8;          // rows in flight per CTA (one per warp)
 constexpr int kCtasPerSm = 8;      // enough warps per SM to keep NVLink stores in flight
 constexpr int kMaxRanks = 1024;
-constexpr int kMaxExperts = 2048;  // the layout's shared memory: 4 ints per expert
+constexpr int kMaxExperts = 2048;  // the layout's shared memory (4 ints per expert); kernels/exchange.py kExchangeMaxExperts
 constexpr const char* kFn = "moe_exchange";
 
-enum class Kernel : int { kDispatch = 0, kCombine = 1 };
+enum class Kernel : int { kDispatch = 0, kCombine = 1, kCount = 2 };
+constexpr int kCountThreads = 512;
 
 struct GeneratedKernel {
   std::string name;
@@ -42,6 +43,11 @@ inline GeneratedKernel generate(Kernel kernel, int top_k, int hidden) {
                     "unsigned, const long long*, unsigned, const long long*, const float*, const unsigned char*, "
                     "const float*, unsigned, long long, int*, long long*, int*);\n";
     return {"moe_exchange_dispatch", os.str()};
+  }
+  if (kernel == Kernel::kCount) {
+    os << "template __global__ void moe_kernels::moe_exchange_count_kernel<" << kCountThreads
+       << ">(const long long*, unsigned, unsigned, long long*, int*);\n";
+    return {"moe_exchange_count", os.str()};
   }
   os << "template __global__ void moe_kernels::moe_exchange_combine_kernel<" << hidden << ", " << kWarps
      << ">(const long long*, unsigned, unsigned, unsigned, const int*, unsigned, const __nv_bfloat16*);\n";
@@ -78,6 +84,29 @@ inline void launch_kernel(Kernel kernel, int top_k, int hidden, long long ctas, 
   cfg.stream = stream;
   cfg.device = device;
   moe_jit::launch(*compiled, cfg, args...);
+}
+
+// key int64 [num_pairs] and row int32 [E + 1] (zeroed by the caller) from topk_idx int64 [num_pairs].
+inline void count(std::uint64_t topk_idx, long long num_pairs, int num_experts, std::uint64_t key, std::uint64_t row,
+                  int device, std::uint64_t stream) {
+  MOE_HOST_ASSERT(num_experts >= 1 && num_experts <= kMaxExperts,
+                  kFn << ": num_experts must be in [1, " << kMaxExperts << "], got " << num_experts);
+  MOE_HOST_ASSERT(num_pairs >= 1 && num_pairs <= (1LL << 31) - 1, kFn << ": pairs must be in [1, 2^31), got " << num_pairs);
+  static moe_jit::KernelMemo<std::array<int, 2>, moe_jit::IntArrayHash> memo;
+  const auto compiled = memo.get({static_cast<int>(Kernel::kCount), device}, [&] {
+    const GeneratedKernel gen = generate(Kernel::kCount, 1, 128);
+    return moe_jit::build(gen.name, gen.code, moe_jit::device_arch(device));
+  });
+  moe_jit::LaunchConfig cfg;
+  // A few pairs per thread: each CTA adds its whole histogram to `row`.
+  const long long ctas = (num_pairs + 4LL * kCountThreads - 1) / (4LL * kCountThreads);
+  cfg.grid_x = static_cast<unsigned>(std::min<long long>(ctas, moe_jit::get_num_sms(device)));
+  cfg.block_x = kCountThreads;
+  cfg.smem_bytes = static_cast<unsigned>(sizeof(int) * (num_experts + 1));
+  cfg.stream = stream;
+  cfg.device = device;
+  moe_jit::launch(*compiled, cfg, reinterpret_cast<const long long*>(topk_idx), static_cast<unsigned>(num_pairs),
+                  static_cast<unsigned>(num_experts), reinterpret_cast<long long*>(key), reinterpret_cast<int*>(row));
 }
 
 // The layout's inputs: counts int32 [P, counts_stride] (row src: its rows per global expert),

@@ -85,6 +85,9 @@ def is_supported(problem: MoEProblem) -> tuple[bool, str]:
         major, minor = torch.cuda.get_device_capability(device)
         if major != 9:
             return False, f"the grouped GEMM kernels target SM90 (Hopper); this GPU is sm_{major}{minor}"
+        if problem.num_experts > kernels.exchange.kExchangeMaxExperts:
+            return False, (f"the CUDA exchange kernels lay out at most {kernels.exchange.kExchangeMaxExperts} experts, "
+                           f"got {problem.num_experts}")
         if problem.ep_size > 1 and importlib.util.find_spec("torch.distributed._symmetric_memory") is None:
             return False, "expert parallelism on CUDA needs torch.distributed._symmetric_memory"
     transport = "local permutation" if problem.ep_size == 1 else "peer writes into a SymmBuffer"
@@ -264,16 +267,11 @@ class StagedDispatchCombine(DispatchCombine):
                                                gran_k=kActGroup)
         if ids_checked and isinstance(ex, _LocalExchange) and 0 < num_tokens <= self.masked_max_rows:
             return self._dispatch_local_decode(xq, xs, topk_idx, topk_weights, x.dtype)
-        # Pairs (t, j) sorted by global expert; unrouted pairs (-1) sort last and are never sent.
-        flat = topk_idx.reshape(-1)
-        key = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)
-        order = torch.argsort(key, stable=True)
-        # scatter_add_ rather than bincount, which syncs with the device to size its output. The row
-        # exchanged: this rank's rows per global expert, then its invalid ids (checked after the
+        # Pairs (t, j) sorted by global expert; unrouted pairs (-1) sort last and are never sent. The
+        # row exchanged: this rank's pairs per global expert, then its invalid ids (checked after the
         # exchange, where every rank learns every rank's count: all raise together).
-        row = torch.zeros(num_experts + 1, dtype=torch.int32, device=x.device).scatter_add_(
-            0, key, torch.ones_like(key, dtype=torch.int32))
-        row[num_experts:] = ((flat < -1) | (flat >= num_experts)).sum()
+        key, row = kernels.exchange_count(topk_idx, num_experts)
+        order = torch.argsort(key, stable=True)
         counts, host = ex.exchange_counts(row)
         invalid = host[:, num_experts].tolist()
         if any(invalid):

@@ -127,6 +127,30 @@ def test_combine_cpu(seed, num_ranks, rows, hidden):
     check_combine(peers, expert_out, expected)
 
 
+def make_routing(num_tokens: int, top_k: int, num_experts: int) -> torch.Tensor:
+    """Distinct experts per token, about 10% unrouted (-1) and a few invalid ids (< -1 or >= E)."""
+    topk_idx = torch.rand(num_tokens, num_experts).topk(top_k, dim=1).indices
+    topk_idx[torch.rand(num_tokens, top_k) < 0.1] = -1
+    topk_idx[torch.rand(num_tokens, top_k) < 0.02] = num_experts + 3
+    topk_idx[torch.rand(num_tokens, top_k) < 0.02] = -5
+    return topk_idx
+
+
+def expected_count(topk_idx: torch.Tensor, num_experts: int):
+    flat = topk_idx.reshape(-1).tolist()
+    key = [i if 0 <= i < num_experts else num_experts for i in flat]
+    row = [sum(i == g for i in flat) for g in range(num_experts)] + [sum(i < -1 or i >= num_experts for i in flat)]
+    return torch.tensor(key), torch.tensor(row, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("num_tokens,top_k,num_experts", [(1, 1, 1), (37, 4, 15), (300, 8, 256)])
+def test_count_cpu(seed, num_tokens, top_k, num_experts):
+    topk_idx = make_routing(num_tokens, top_k, num_experts)
+    key, row = kernels.exchange_count(topk_idx, num_experts)
+    expected_key, expected_row = expected_count(topk_idx, num_experts)
+    assert torch.equal(key, expected_key) and torch.equal(row, expected_row)
+
+
 def test_bad_arguments_name_the_argument():
     peers, inputs, layout, _ = make_problem(2, 4, 8, 2, 128, 0, "cpu", 3)
     with pytest.raises(ValueError, match="xs must be"):
@@ -137,6 +161,10 @@ def test_bad_arguments_name_the_argument():
         kernels.exchange_dispatch(peers, **inputs, **{**layout, "num_local_experts": 0})
     with pytest.raises(ValueError, match="counts say"):
         kernels.exchange_dispatch(peers, **inputs, **{**layout, "order": layout["order"][:-1]})
+    with pytest.raises(ValueError, match="topk_idx must be an int64"):
+        kernels.exchange_count(inputs["topk_idx"].int(), 8)
+    with pytest.raises(ValueError, match="num_experts must be"):
+        kernels.exchange_count(inputs["topk_idx"], 0)
     with pytest.raises(ValueError, match="expert_out must be"):
         kernels.exchange_combine(peers, torch.zeros(4, 256, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.int32))
     with pytest.raises(ValueError, match="m_indices must be"):
@@ -151,9 +179,12 @@ def test_bad_arguments_name_the_argument():
                               peers.combine, 0, 4)
 
 
-@pytest.mark.parametrize("kernel,top_k,hidden", [(0, 8, 7168), (0, 6, 2048), (1, 8, 7168), (1, 1, 384)])
+@pytest.mark.parametrize("kernel,top_k,hidden", [(0, 8, 7168), (0, 6, 2048), (1, 8, 7168), (1, 1, 384), (2, 1, 128)])
 def test_exchange_kernels_copy_16_bytes_at_a_time_without_spills(kernel, top_k, hidden):
     text = sass(*kernels.jit.native_module().moe_exchange_code(kernel, top_k, hidden))
+    if kernel == 2:  # count: a shared-memory histogram
+        assert "ATOMS.ADD" in text or "ATOMS.POPC.INC" in text
+        return
     assert re.search(r"LDG\.E[.A-Z]*\.128", text) and re.search(r"STG\.E[.A-Z]*\.128", text)
     # The row's 16-byte vectors stay in registers (the dispatch kernel's bounds checks may spill a
     # scalar or two across the copy: L1-resident, off the bandwidth path).
@@ -216,3 +247,12 @@ def test_gpu_dispatch_drops_pairs_the_counts_do_not_cover(seed):
     with pytest.raises(ValueError, match="counts say"):
         kernels.exchange_dispatch(cpu_bad, **{n: t.cpu() for n, t in inputs.items()},
                                   **{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in layout_bad.items()})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens,top_k,num_experts", [(1, 1, 1), (37, 4, 15), (4096, 8, 256), (5000, 8, 2048)])
+def test_gpu_count_matches_cpu(seed, num_tokens, top_k, num_experts):
+    topk_idx = make_routing(num_tokens, top_k, num_experts)
+    key, row = kernels.exchange_count(topk_idx.cuda(), num_experts)
+    expected_key, expected_row = kernels.exchange_count(topk_idx, num_experts)
+    assert torch.equal(key.cpu(), expected_key) and torch.equal(row.cpu(), expected_row)

@@ -1,5 +1,6 @@
 #pragma once
-// The staged backend's row exchange, after the count exchange: dispatch writes each sent (token,
+// The staged backend's row exchange. Count: this rank's pairs per expert and their sort keys, the
+// row every rank's count matrix gets. After the count exchange: dispatch writes each sent (token,
 // slot) pair's FP8 row, scales, top-k weight and slot word into the row its owner's layout gives
 // it, and this rank's layout index (expert of each row); combine writes each received row's expert
 // output back into its source's combine buffer. One warp per row (common/copy.cuh).
@@ -151,6 +152,29 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   if (blockIdx.x == 0) {
     for (uint32_t e = threadIdx.x; e < num_local; e += kThreads) masked_m[e] = own_total[e];
+  }
+}
+
+// This rank's side of the count exchange, for P E_l = E experts: key[p] = the pair's expert, or E
+// when it is not sent (-1 or an id outside [0, E)), which sorts it last; row[g] += the pairs of
+// expert g, row[E] += the ids outside [-1, E) (the caller raises on them after the exchange).
+// `row` [E + 1] is zeroed by the caller; a CTA counts in shared memory, then adds its counts.
+template <uint32_t kThreads>
+__global__ void __launch_bounds__(kThreads)
+    moe_exchange_count_kernel(const long long* __restrict__ topk_idx, uint32_t num_pairs, uint32_t num_experts,
+                              long long* __restrict__ key, int* __restrict__ row) {
+  extern __shared__ int counts[];  // [E + 1]
+  for (uint32_t g = threadIdx.x; g <= num_experts; g += kThreads) counts[g] = 0;
+  __syncthreads();
+  for (uint32_t p = blockIdx.x * kThreads + threadIdx.x; p < num_pairs; p += gridDim.x * kThreads) {
+    const long long id = topk_idx[p];
+    const bool sent = id >= 0 && id < num_experts;
+    key[p] = sent ? id : num_experts;
+    if (sent || id != -1) atomicAdd(&counts[sent ? static_cast<uint32_t>(id) : num_experts], 1);
+  }
+  __syncthreads();
+  for (uint32_t g = threadIdx.x; g <= num_experts; g += kThreads) {
+    if (counts[g] != 0) atomicAdd(row + g, counts[g]);
   }
 }
 
