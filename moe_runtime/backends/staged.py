@@ -5,7 +5,7 @@ One forward, every rank of the expert-parallel group together (``P`` ranks, ``E_
 1. ``per_token_cast_to_fp8`` of this rank's tokens (1x128 scales);
 2. counts: each rank writes how many rows it sends to each global expert into row ``p`` of every
    rank's ``signals`` view (the count matrix [P, E + 1]); barrier; each rank reads its copy of the
-   matrix (one host sync) for the layouts' sizes (:class:`ExchangePlan`);
+   matrix (one host sync) for the layouts' sizes (:class:`LayoutSizes`);
 3. dispatch: each (token, top-k slot) becomes one row, written straight into its place in the
    owner's ``l1_acts`` (FP8 row), ``l1_acts_sf`` (scales), ``l1_weights`` (top-k weight) and
    ``l1_slots`` (its slot word ``source rank * T_cap * k + t * k + j``), all in one launch
@@ -50,7 +50,7 @@ import kernels
 from moe_runtime.backends.base import (CombineHandle, DispatchCombine, DispatchResult, Experts, LocalExperts,
                                        MoEProblem)
 from kernels.exchange import ExchangePeers
-from kernels.reference.exchange import ExchangePlan, plan_exchange
+from kernels.reference.exchange import LayoutSizes, layout_sizes
 from moe_runtime.dist import group_rank, group_size
 from moe_runtime.symm import SymmBuffer, ViewSpec, align_up, compute_layout
 
@@ -109,7 +109,7 @@ class _LocalExchange:
         counts = row.view(1, -1)
         return counts, counts.cpu()
 
-    def buffers(self, plan: ExchangePlan, num_tokens: int) -> ExchangePeers:
+    def buffers(self, plan: LayoutSizes, num_tokens: int) -> ExchangePeers:
         rows, dev, pairs = plan.num_layout_rows, self.device, max(num_tokens * self.top_k, 1)
         return ExchangePeers((torch.empty((rows, self.hidden), dtype=torch.uint8, device=dev),),
                              (torch.empty((rows, self.hidden // kActGroup), dtype=torch.float32, device=dev),),
@@ -175,7 +175,7 @@ class _SymmExchange:
         counts = self.buffer.view("signals")[: self.num_ranks * width].view(self.num_ranks, width)
         return counts, counts.cpu()
 
-    def buffers(self, plan: ExchangePlan, num_tokens: int) -> ExchangePeers:
+    def buffers(self, plan: LayoutSizes, num_tokens: int) -> ExchangePeers:
         # Every rank sees the same plan, so every rank raises here together instead of hanging.
         worst = max(plan.padded_rows)
         if worst > self.capacity:
@@ -199,7 +199,7 @@ class StagedCombineHandle(CombineHandle):
     [T, k]; ``None`` when all are). ``counts`` is left empty: ranks never learn each other's token
     counts."""
 
-    plan: ExchangePlan | None = None
+    plan: LayoutSizes | None = None
     peers: ExchangePeers | None = None
     m_indices: torch.Tensor | None = None
     routed: torch.Tensor | None = None
@@ -280,8 +280,8 @@ class StagedDispatchCombine(DispatchCombine):
         # The sizes only (the dispatch kernel lays the rows out on the device from `counts`). The
         # alignment is read per forward: set_mk_alignment_for_contiguous_layout may change it.
         alignment, num_local = contiguous_alignment(), self.problem.num_local_experts
-        plan = plan_exchange(host[:, :num_experts].to(torch.int64).view(ex.num_ranks, ex.num_ranks, num_local)
-                             .transpose(0, 1), ex.rank, alignment, self.masked_max_rows)
+        plan = layout_sizes(host[:, :num_experts].to(torch.int64).view(ex.num_ranks, ex.num_ranks, num_local)
+                            .transpose(0, 1), ex.rank, alignment, self.masked_max_rows)
         peers = ex.buffers(plan, num_tokens)
         m = plan.num_layout_rows
         index = kernels.exchange_dispatch(peers, xq, xs, topk_idx, topk_weights, order[: plan.num_send_rows], counts,
