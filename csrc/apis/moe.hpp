@@ -88,10 +88,10 @@ inline moe_launchers::moe_ep_ll::Layout ep_layout(const EpLayoutTuple& t) {
 }
 
 inline void moe_ep_dispatch(const EpLayoutTuple& layout, std::uint64_t topk_idx, std::uint64_t topk_weights,
-                            std::uint64_t xq, std::uint64_t xs, long long num_tokens, std::uint64_t masked_m, int device,
-                            std::uint64_t stream) {
-  moe_launchers::moe_ep_ll::dispatch(ep_layout(layout), topk_idx, topk_weights, xq, xs, num_tokens, masked_m, device,
-                                     stream);
+                            std::uint64_t xq, std::uint64_t xs, long long num_tokens, std::uint64_t masked_m,
+                            std::uint64_t routed, int device, std::uint64_t stream) {
+  moe_launchers::moe_ep_ll::dispatch(ep_layout(layout), topk_idx, topk_weights, xq, xs, num_tokens, masked_m, routed,
+                                     device, stream);
 }
 
 inline void moe_ep_combine(const EpLayoutTuple& layout, std::uint64_t expert_out, int device, std::uint64_t stream) {
@@ -154,7 +154,8 @@ inline void register_apis(pybind11::module_& m) {
   m.def("moe_exchange_code", &moe_exchange_code, "(name, code) of an exchange kernel: 0 dispatch, 1 combine, 2 count (no GPU)",
         arg("kernel"), arg("top_k"), arg("hidden"));
   m.def("moe_ep_dispatch", &moe_ep_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "low-latency EP dispatch (send + wait): this rank's pairs into the owners' buffers, masked_m [E_l]");
+        "low-latency EP dispatch (send + wait): this rank's pairs into the owners' buffers, masked_m [E_l], "
+        "routed [T, k]");
   m.def("moe_ep_combine", &moe_ep_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "low-latency EP combine (send + wait): expert outputs [E_l, R, H] into their sources' combine buffers");
   m.def("swiglu_quant_fp8", &swiglu_quant_fp8, pybind11::call_guard<pybind11::gil_scoped_release>(),

@@ -29,8 +29,9 @@
 //
 // Kernels, in stream order on every rank:
 //   dispatch_send   one CTA per (token, slot) pair: slot on the owner (system-scope atomic), then
-//                   the row, scales, weight and source written into the owner's buffer; the last
-//                   CTA raises this rank's dispatch flag on every rank;
+//                   the row, scales, weight and source written into the owner's buffer, and
+//                   routed[pair] (sent or not) for this rank's combine; the last CTA raises this
+//                   rank's dispatch flag on every rank;
 //   dispatch_wait   one CTA: waits for every rank's dispatch flag, writes masked_m [E_l], zeroes
 //                   the next dispatch's counters, counts the dispatch;
 //   (the experts: masked grouped GEMMs on [E_l, R, H] with masked_m)
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(kThreads)
                          uint64_t off_src, uint64_t off_signals, uint32_t rank, uint32_t num_ranks, uint32_t num_local,
                          uint32_t rows_per_expert, uint32_t pairs_per_rank, const long long* __restrict__ topk_idx,
                          const float* __restrict__ topk_weights, const uint8_t* __restrict__ xq,
-                         const float* __restrict__ xs, uint32_t num_tokens) {
+                         const float* __restrict__ xs, uint32_t num_tokens, bool* __restrict__ routed) {
   static_assert(kHidden % 128 == 0, "rows are copied 16 bytes at a time, one scale per 128 columns");
   constexpr uint32_t kScales = kHidden / 128;
   const EpSignals sig{num_ranks, num_local};
@@ -88,7 +89,9 @@ __global__ void __launch_bounds__(kThreads)
 
   for (uint32_t p = blockIdx.x; p < pairs; p += gridDim.x) {
     const long long id = topk_idx[p];
-    if (id < 0 || id >= num_experts) continue;  // unrouted (the same for the whole CTA)
+    const bool sent = id >= 0 && id < num_experts;
+    if (threadIdx.x == 0) routed[p] = sent;  // the combine's mask: the pairs sent
+    if (!sent) continue;  // unrouted (the same for the whole CTA)
     const uint32_t owner = static_cast<uint32_t>(id / num_local), expert = static_cast<uint32_t>(id % num_local);
     const uint64_t base = peers[owner];
     if (threadIdx.x == 0) slot_shared = atomicAdd_system(view<int>(base, off_signals) + sig.counts(parity) + expert, 1);
