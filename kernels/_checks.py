@@ -1,4 +1,4 @@
-"""Argument checks shared by the GEMM front ends. Each raises with the function's name, the
+"""Argument checks shared by the kernel front ends. Each raises with the function's name, the
 argument, what it got and what was expected."""
 
 from __future__ import annotations
@@ -84,3 +84,23 @@ def check_same_device(fn: str, tensors: list[torch.Tensor]) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         fail(fn, ValueError, f"tensors must be on a CPU or CUDA device, got {device}")
     return device
+
+
+def check_token_pairs(fn: str, xq: object, xs: object, topk_idx: object, topk_weights: object, hidden: int,
+                      top_k: int | None = None) -> tuple[torch.Tensor, int, int]:
+    """The routed tokens a dispatch reads: ``xq`` E4M3 [T, hidden] (float8_e4m3fn or its uint8
+    bits), ``xs`` float32 [T, hidden/128], ``topk_idx`` int64 [T, k], ``topk_weights`` float32
+    [T, k], with k = ``top_k`` when given, else topk_idx's. Returns (xq as uint8 bits, T, k)."""
+    if isinstance(xq, torch.Tensor) and xq.dtype == torch.float8_e4m3fn:
+        xq = xq.view(torch.uint8)
+    num_tokens = xq.shape[0] if isinstance(xq, torch.Tensor) and xq.dim() == 2 else -1
+    k = top_k if top_k is not None else (
+        topk_idx.shape[1] if isinstance(topk_idx, torch.Tensor) and topk_idx.dim() == 2 else -1)
+    expected = {"xq": (xq, torch.uint8, (num_tokens, hidden)), "xs": (xs, torch.float32, (num_tokens, hidden // BLOCK)),
+                "topk_idx": (topk_idx, torch.int64, (num_tokens, k)),
+                "topk_weights": (topk_weights, torch.float32, (num_tokens, k))}
+    for name, (t, dtype, shape) in expected.items():
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape:
+            fail(fn, ValueError, f"{name} must be a {dtype} tensor of shape {list(shape)} (hidden {hidden}, top_k {k}), "
+                                 f"got {getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
+    return xq, num_tokens, k

@@ -147,18 +147,7 @@ def ep_dispatch(layout: EpLayout, xq: torch.Tensor, xs: torch.Tensor, topk_idx: 
     distinct (as a router's are): a repeated one can overflow its expert's R rows, and the pairs
     that would are dropped."""
     fn = "ep_dispatch"
-    if isinstance(xq, torch.Tensor) and xq.dtype == torch.float8_e4m3fn:
-        xq = xq.view(torch.uint8)
-    num_tokens = xq.shape[0] if isinstance(xq, torch.Tensor) and xq.dim() == 2 else -1
-    k, hidden = layout.top_k, layout.hidden
-    expected = {"xq": (xq, torch.uint8, (num_tokens, hidden)), "xs": (xs, torch.float32, (num_tokens, hidden // 128)),
-                "topk_idx": (topk_idx, torch.int64, (num_tokens, k)),
-                "topk_weights": (topk_weights, torch.float32, (num_tokens, k))}
-    for name, (t, dtype, shape) in expected.items():
-        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape:
-            _checks.fail(fn, ValueError, f"{name} must be a {dtype} tensor of shape {list(shape)} (hidden {hidden}, "
-                                         f"top_k {k}), got {getattr(t, 'dtype', type(t).__name__)} "
-                                         f"{list(getattr(t, 'shape', ()))}")
+    xq, num_tokens, _ = _checks.check_token_pairs(fn, xq, xs, topk_idx, topk_weights, layout.hidden, layout.top_k)
     if num_tokens > layout.max_tokens:
         _checks.fail(fn, ValueError, f"{num_tokens} tokens, more than the {layout.max_tokens} the buffers hold")
     device = _checks.check_same_device(fn, [xq, xs, topk_idx, topk_weights, layout.peers])

@@ -177,18 +177,8 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor, 
     ids outside [0, E) are dropped rather than written; the CPU path raises); ``num_layout_rows``:
     rows of this rank's layout (the plan's; checked on the CPU path only, which would sync on CUDA)."""
     fn = "exchange_dispatch"
-    if isinstance(xq, torch.Tensor) and xq.dtype == torch.float8_e4m3fn:
-        xq = xq.view(torch.uint8)
-    hidden, num_tokens = peers.hidden, (xq.shape[0] if isinstance(xq, torch.Tensor) and xq.dim() == 2 else -1)
-    k = topk_idx.shape[1] if isinstance(topk_idx, torch.Tensor) and topk_idx.dim() == 2 else -1
-    expected = {"xq": (xq, torch.uint8, (num_tokens, hidden)), "xs": (xs, torch.float32, (num_tokens, hidden // 128)),
-                "topk_idx": (topk_idx, torch.int64, (num_tokens, k)),
-                "topk_weights": (topk_weights, torch.float32, (num_tokens, k))}
-    for name, (t, dtype, shape) in expected.items():
-        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape:
-            _checks.fail(fn, ValueError, f"{name} must be a {dtype} tensor of shape {list(shape)} (hidden "
-                                         f"{hidden}), got {getattr(t, 'dtype', type(t).__name__)} "
-                                         f"{list(getattr(t, 'shape', ()))}")
+    hidden = peers.hidden
+    xq, num_tokens, k = _checks.check_token_pairs(fn, xq, xs, topk_idx, topk_weights, hidden)
     order = _check_index(fn, "order", order)
     for name, value, low in (("num_local_experts", num_local_experts, 1), ("alignment", alignment, 1),
                              ("masked_max_rows", masked_max_rows, 0), ("num_layout_rows", num_layout_rows, 0),

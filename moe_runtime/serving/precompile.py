@@ -24,16 +24,17 @@ kGroupedFamilies = {
     "fp8": ("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"),
     "fp4": ("m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked"),
 }
-kPaddingRows = 127  # a local expert's segment adds at most block M - 1 rows (kernels' contiguous alignment)
 
 
 def stack_shapes(model: MoEModelConfig, world_size: int, max_batch_tokens: int) -> aot.ModelShapes:
     """The expert GEMM shapes of ``model`` served on ``world_size`` ranks: the layout rows of a
-    rank reach ``world_size * max_batch_tokens * min(top_k, E_l)`` plus each expert's padding."""
+    rank reach ``world_size * max_batch_tokens * min(top_k, E_l)`` plus each expert's padding (at
+    most the contiguous layout's alignment - 1 rows)."""
     if world_size < 1 or model.num_experts % world_size:
         raise ValueError(f"world_size: expected a divisor of num_experts={model.num_experts}, got {world_size}")
     local = model.num_experts // world_size
-    rows = world_size * max_batch_tokens * min(model.top_k, local) + local * kPaddingRows
+    padding = kernels.get_mk_alignment_for_contiguous_layout() - 1
+    rows = world_size * max_batch_tokens * min(model.top_k, local) + local * padding
     return aot.ModelShapes(name="served", hidden=model.hidden_size, moe_intermediate=model.intermediate_size,
                            dense_nk=(), num_experts=model.num_experts, max_ep=world_size, max_m=rows,
                            ep_sizes=(world_size,))

@@ -426,12 +426,14 @@ def test_checkpoint_from_save_pretrained_matches_the_transformers_block(tmp_path
 @pytest.mark.parametrize("world_size,max_batch_tokens", [(1, 48), (2, 4096), (8, 256)])
 def test_precompile_plans_the_served_expert_gemms(world_size, max_batch_tokens):
     from kernels import precompile as aot
-    from moe_runtime.serving.precompile import kPaddingRows, stack_shapes
+    import kernels
+    from moe_runtime.serving.precompile import stack_shapes
     model = PRESETS["deepseek-v3"]
     shapes = stack_shapes(model, world_size, max_batch_tokens)
     local = model.num_experts // world_size
     assert shapes.local_experts == (local,)
-    assert shapes.max_m == world_size * max_batch_tokens * min(model.top_k, local) + local * kPaddingRows
+    padding = kernels.get_mk_alignment_for_contiguous_layout() - 1
+    assert shapes.max_m == world_size * max_batch_tokens * min(model.top_k, local) + local * padding
     sources = aot.collect_sources(["m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"], shapes)
     assert {s.family for s in sources} == {"m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"}
     assert all(f"G={local} " in s.label for s in sources), "only this world size's local expert count"

@@ -384,6 +384,25 @@ def test_gpu_layer_staged_matches_reference(seed, router, skew, weights):
             assert calc_diff(got, expected) < kTolerance, (router, skew, num_tokens)
 
 
+def _check_graph_replays(layer, reference_layer, num_tokens: int, hidden: int) -> None:
+    """``layer`` captured once in a CUDA graph (after an eager call compiles its kernels), then
+    replayed twice on new tokens: equal to the eager forward and close to the reference."""
+    static_x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+    with torch.inference_mode():
+        layer(static_x)  # compiles and loads the kernels outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = layer(static_x)
+        for _ in range(2):
+            x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+            static_x.copy_(x)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(static_y, layer(x))
+            assert calc_diff(static_y, reference_layer(x)) < kTolerance
+
+
 @pytest.mark.gpu
 @_kNeedsCuda
 @pytest.mark.parametrize("router,weights", [("mixtral", "fp8"), ("deepseek", "fp4"), ("deepseek", "fp8")])
@@ -392,20 +411,7 @@ def test_gpu_decode_forward_in_a_cuda_graph(seed, router, weights):
     captured once and replayed on new tokens, equal to the eager forward and close to the reference."""
     hidden, num_tokens = 1024, 24
     staged_layer, reference_layer = _layer_pair(router, seed, "cuda", hidden, 512, 16, capacity=64, weights=weights)
-    static_x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
-    with torch.inference_mode():
-        staged_layer(static_x)  # compiles and loads the kernels outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_y = staged_layer(static_x)
-        for _ in range(2):
-            x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
-            static_x.copy_(x)
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(static_y, staged_layer(x))
-            assert calc_diff(static_y, reference_layer(x)) < kTolerance
+    _check_graph_replays(staged_layer, reference_layer, num_tokens, hidden)
 
 
 @pytest.mark.gpu
@@ -452,20 +458,7 @@ def test_gpu_low_latency_forward_in_a_cuda_graph(seed):
     hidden, num_tokens = 1024, 48
     ll_layer, reference_layer = _layer_pair("deepseek", seed, "cuda", hidden, 512, 16, capacity=64,
                                             backend="low_latency")
-    static_x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
-    with torch.inference_mode():
-        ll_layer(static_x)  # compiles and loads the kernels outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_y = ll_layer(static_x)
-        for _ in range(2):
-            x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
-            static_x.copy_(x)
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(static_y, ll_layer(x))
-            assert calc_diff(static_y, reference_layer(x)) < kTolerance
+    _check_graph_replays(ll_layer, reference_layer, num_tokens, hidden)
 
 
 @pytest.mark.gpu
