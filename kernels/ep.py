@@ -158,6 +158,7 @@ def ep_dispatch(layout: EpLayout, xq: torch.Tensor, xs: torch.Tensor, topk_idx: 
             or not masked_m.is_contiguous():
         _checks.fail(fn, ValueError, f"masked_m must be a contiguous int32 tensor of shape "
                                      f"[{layout.num_local_experts}] on {device}")
+    k = layout.top_k
     if routed is None:
         routed = torch.empty((num_tokens, k), dtype=torch.bool, device=device)
     elif not isinstance(routed, torch.Tensor) or routed.dtype != torch.bool or tuple(routed.shape) != (num_tokens, k) \
