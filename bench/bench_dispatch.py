@@ -74,7 +74,7 @@ from kernels.reference.quant import dequantize_per_token  # noqa: E402
 from moe_runtime.backends.base import MoEProblem  # noqa: E402
 from moe_runtime.backends.low_latency import LowLatencyDispatchCombine  # noqa: E402
 from moe_runtime.backends.reference import ReferenceDispatchCombine  # noqa: E402
-from moe_runtime.backends.staged import StagedDispatchCombine, StagedDispatchResult, is_supported  # noqa: E402
+from moe_runtime.backends.staged import StagedDispatchCombine, is_supported  # noqa: E402
 from moe_runtime.dist import (DistContext, apply_multicast_safety_env, expert_placement,  # noqa: E402
                               init_distributed, kMulticastSafetyEnv)
 
@@ -212,14 +212,9 @@ class Traffic:
         return [int(n) * row_bytes for n in send_rows], [int(n) * row_bytes for n in recv_rows]
 
 
-def traffic_of(dispatched: StagedDispatchResult, cfg: BenchConfig) -> Traffic:
-    """The row matrix the staged dispatch itself planned (the same on every rank)."""
-    return Traffic(dispatched.handle.plan.counts.sum(2), cfg.dispatch_row_bytes, cfg.combine_row_bytes)
-
-
 def traffic_of_routing(ctx: DistContext, cfg: BenchConfig, batch: Batch) -> Traffic:
-    """The row matrix of a routing (for the low-latency transport, which plans nothing on the host):
-    every rank counts its pairs per owner rank, then all ranks share the counts."""
+    """The row matrix of a routing: every rank counts its pairs per owner rank, then all ranks
+    share the counts."""
     owners = batch.topk_idx.flatten().cpu() // (cfg.experts // ctx.world_size)
     mine = torch.bincount(owners, minlength=ctx.world_size).to(torch.int64)
     gathered = [torch.empty_like(mine) for _ in range(ctx.world_size)]
@@ -429,7 +424,7 @@ def measure(ctx: DistContext, cfg: BenchConfig, dc: StagedDispatchCombine, clock
             mode: str) -> list[Row]:
     """Dispatch and combine rows of one token count: ours and the all-to-all on the same traffic."""
     dispatched = dc.dispatch(batch.x, batch.topk_idx, batch.topk_weights)
-    traffic = traffic_of(dispatched, cfg)
+    traffic = traffic_of_routing(ctx, cfg, batch)
     g = torch.Generator().manual_seed(1000 * cfg.seed + ctx.rank + 1)
     expert_out = torch.randn(dispatched.x.shape[0], cfg.hidden, generator=g).to(torch.bfloat16).to(ctx.device)
     ours = {"dispatch": lambda: dc.dispatch(batch.x, batch.topk_idx, batch.topk_weights),

@@ -10,7 +10,8 @@ reported as weight bytes read per second (the decode bound) next to the copy cei
 FP4 weights (``m_grouped_fp8_fp4_gemm_nt_*``): the same problems with random packed E2M1 codes and
 UE8M0 exponent bytes per 1x32 (the form ``transform_sf_for_fp4_gemm`` gives); the tables add
 the FP4 kernel's time and its speed-up over the FP8 kernel measured in the same run ("FP8 1-CTA":
-the FP8 kernel with its 2-CTA clusters off, ``MOE_FP8_MULTICAST=0``, where it runs them), and (masked,
+the FP8 kernel with its 2-CTA clusters off, ``MOE_FP8_MULTICAST=0``, where it runs them; "FP8 no
+ping-pong": its two math warpgroups issuing their wgmmas together, ``MOE_FP8_PINGPONG=0``), and (masked,
 <= 32 tokens) the same call on weights in the decode layout (``kernels.transform_fp4_for_decode``).
 Weight bytes: FP8 = N K + 4 ceil(N/128) K/128 per expert; FP4 = N K / 2 + N K / 32 (both layouts).
 """
@@ -115,24 +116,27 @@ def measure(problem: Problem) -> dict:
                 call_us=per_call_us(problem.call))
 
 
-def single_cta_us(problem: Problem, m: int, n: int, k: int, gemm_type: int, groups: int) -> float | None:
-    """The FP8 kernel's time with the 2-CTA clusters off (MOE_FP8_MULTICAST=0) where the heuristic
-    runs them; None where it does not."""
+def fp8_variants_us(problem: Problem, m: int, n: int, k: int, gemm_type: int, groups: int) -> dict:
+    """The FP8 kernel's time with one of its variants off where the heuristic runs it, else None:
+    single_us without the 2-CTA clusters (MOE_FP8_MULTICAST=0), no_pingpong_us with the two math
+    warpgroups issuing their wgmmas together (MOE_FP8_PINGPONG=0)."""
     native = kernels.jit.native_module()
     config = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), False, -1, gemm_type, groups)
-    if config["multicast"] == 1:
-        return None
-    return kernel_us_with_env(problem.call, problem.kernel, MOE_FP8_MULTICAST="0")
+    return dict(
+        single_us=(kernel_us_with_env(problem.call, problem.kernel, MOE_FP8_MULTICAST="0")
+                   if config["multicast"] > 1 else None),
+        no_pingpong_us=(kernel_us_with_env(problem.call, problem.kernel, MOE_FP8_PINGPONG="0")
+                        if config["pingpong"] else None))
 
 
 def contiguous(weights: str, groups: int, rows: int, n: int, k: int) -> dict:
-    """Ours, and for FP8 weights the same kernel without clusters and the torch peer on the same
-    operands."""
+    """Ours, and for FP8 weights the same kernel without clusters or ping-pong and the torch peer on
+    the same operands."""
     problem = make_contiguous(weights, groups, rows, n, k)
     row = measure(problem)
     if weights != "fp8":
         return row
-    row["single_us"] = single_cta_us(problem, groups * rows, n, k, 1, groups)
+    row.update(fp8_variants_us(problem, groups * rows, n, k, 1, groups))
     try:
         theirs = torch_grouped(problem.a, problem.b, [rows] * groups)
         t_ref = bench_kineto(theirs, "").median_s
@@ -158,20 +162,20 @@ def main(argv: list[str] | None = None) -> int:
     copy = copy_ceiling_gbps()
     print(f"copy ceiling (events, read + write): {copy:.0f} GB/s\n")
     if not args.masked_only:
-        print("| contiguous | N x K | FP8 µs | FP8 TFLOP/s | FP8 per call µs | FP8 1-CTA µs | torch µs | torch TFLOP/s "
-              "| FP8 vs torch | FP4 µs | FP4 TFLOP/s | FP4 per call µs |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| contiguous | N x K | FP8 µs | FP8 TFLOP/s | FP8 per call µs | FP8 1-CTA µs | FP8 no ping-pong µs "
+              "| torch µs | torch TFLOP/s | FP8 vs torch | FP4 µs | FP4 TFLOP/s | FP4 per call µs |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for groups, rows in [(4, 8192), (8, 4096)]:
             for n, k in NK:
                 cells = [f"{groups} x {rows}", f"{n} x {k}"]
                 if fp8:
                     r = contiguous("fp8", groups, rows, n, k)
-                    single = "-" if r["single_us"] is None else f"{r['single_us']:.1f}"
+                    single, plain = ("-" if r[key] is None else f"{r[key]:.1f}" for key in ("single_us", "no_pingpong_us"))
                     peer = f"{r['speedup']:.2f}x" + (f" {r['torch_error']}" if "torch_error" in r else "")
                     cells += [f"{r['ours_us']:.1f}", f"{r['tflops']:.0f}", f"{r['call_us']:.1f}", single,
-                              f"{r['torch_us']:.1f}", f"{r['torch_tflops']:.0f}", peer]
+                              plain, f"{r['torch_us']:.1f}", f"{r['torch_tflops']:.0f}", peer]
                 else:
-                    cells += ["-"] * 7
+                    cells += ["-"] * 8
                 if fp4:
                     r4 = contiguous("fp4", groups, rows, n, k)
                     cells += [f"{r4['ours_us']:.1f}", f"{r4['tflops']:.0f}", f"{r4['call_us']:.1f}"]

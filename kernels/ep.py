@@ -134,10 +134,12 @@ class EpLayout:
 
 
 def ep_dispatch(layout: EpLayout, xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tensor,
-                topk_weights: torch.Tensor, masked_m: torch.Tensor | None = None) -> torch.Tensor:
+                topk_weights: torch.Tensor, masked_m: torch.Tensor | None = None,
+                routed: torch.Tensor | None = None) -> torch.Tensor:
     """Sends this rank's (token, slot) pairs to their experts' ranks and waits until every rank's
     pairs for this rank have arrived; returns ``masked_m`` int32 [E_l] (rows received per local
-    expert, written into ``masked_m`` when given).
+    expert, written into ``masked_m`` when given). ``routed``, when given (bool [T, k], contiguous),
+    receives which pairs were sent: the mask :func:`kernels.moe_combine` takes after the combine.
 
     ``xq`` E4M3 [T, H] (float8_e4m3fn or its uint8 bits), ``xs`` float32 [T, H/128] (1x128 scales),
     ``topk_idx`` int64 [T, k] global expert ids (expert e lives on rank e // E_l; -1 or ids outside
@@ -156,10 +158,16 @@ def ep_dispatch(layout: EpLayout, xq: torch.Tensor, xs: torch.Tensor, topk_idx: 
             or not masked_m.is_contiguous():
         _checks.fail(fn, ValueError, f"masked_m must be a contiguous int32 tensor of shape "
                                      f"[{layout.num_local_experts}] on {device}")
+    k = layout.top_k
+    if routed is None:
+        routed = torch.empty((num_tokens, k), dtype=torch.bool, device=device)
+    elif not isinstance(routed, torch.Tensor) or routed.dtype != torch.bool or tuple(routed.shape) != (num_tokens, k) \
+            or routed.device != device or not routed.is_contiguous():
+        _checks.fail(fn, ValueError, f"routed must be a contiguous bool tensor of shape [{num_tokens}, {k}] on {device}")
     xq = xq.contiguous() if not xq.is_contiguous() else (xq.clone() if xq.data_ptr() % 16 else xq)
     xs, topk_idx, topk_weights = xs.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
     jit.native_module().moe_ep_dispatch(layout.native(), topk_idx.data_ptr(), topk_weights.data_ptr(), xq.data_ptr(),
-                                        xs.data_ptr(), num_tokens, masked_m.data_ptr(), device.index,
+                                        xs.data_ptr(), num_tokens, masked_m.data_ptr(), routed.data_ptr(), device.index,
                                         _descriptors.current_stream(device))
     return masked_m
 

@@ -1,8 +1,9 @@
-"""The staged backend's row exchange between the ranks of an expert-parallel group, once the host
-knows every rank's layout (after its count exchange):
+"""The staged backend's row exchange between the ranks of an expert-parallel group:
 
+* :func:`exchange_count`: the pairs' sort keys and this rank's row of the count matrix;
 * :func:`exchange_dispatch`: each sent (token, slot) pair's FP8 row, scales, top-k weight and slot
-  word written into the row its owner's contiguous layout gives it;
+  word written into the row its owner's layout gives it (the layouts computed on the device from
+  the count matrix), and this rank's layout index;
 * :func:`exchange_combine`: each received row's expert output written back into its source
   rank's combine buffer, at the pair's slot.
 
@@ -17,8 +18,10 @@ from dataclasses import dataclass, field
 import torch
 
 from . import _checks, _descriptors, jit
+from .reference import exchange as reference_exchange
 
 kExchangeViews = ("acts", "acts_sf", "weights", "slots", "combine")
+kExchangeMaxExperts = 2048  # the CUDA kernels' shared-memory layout and histogram (launchers/moe_exchange.hpp)
 _DTYPES = {"acts": torch.uint8, "acts_sf": torch.float32, "weights": torch.float32, "slots": torch.int32,
            "combine": torch.bfloat16}
 
@@ -110,57 +113,140 @@ def _check_index(fn: str, name: str, t: object, n: int | None = None) -> torch.T
     return t.contiguous()
 
 
+def exchange_count(topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's side of the count exchange: ``(key, row)`` from ``topk_idx`` int64 [T, k].
+
+    ``key`` int64 [T * k]: the pair's expert, or ``num_experts`` for a pair not sent (-1 or an id
+    outside [0, E)), so a stable sort puts the sent pairs first, grouped by expert; ``row`` int32
+    [E + 1]: pairs per expert, then the count of ids outside [-1, E) (invalid). One launch on CUDA."""
+    fn = "exchange_count"
+    if not isinstance(topk_idx, torch.Tensor) or topk_idx.dtype != torch.int64 or topk_idx.dim() != 2:
+        _checks.fail(fn, ValueError, f"topk_idx must be an int64 tensor [T, k], got "
+                                     f"{getattr(topk_idx, 'dtype', type(topk_idx).__name__)} "
+                                     f"{list(getattr(topk_idx, 'shape', ()))}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        _checks.fail(fn, ValueError, f"num_experts must be a positive int, got {num_experts!r}")
+    flat = topk_idx.reshape(-1)
+    row = torch.zeros(num_experts + 1, dtype=torch.int32, device=topk_idx.device)
+    if topk_idx.device.type == "cpu" or flat.numel() == 0:
+        sent = (flat >= 0) & (flat < num_experts)
+        key = torch.where(sent, flat, num_experts)
+        row.scatter_add_(0, key, sent.to(torch.int32))
+        row[num_experts] = ((flat < -1) | (flat >= num_experts)).sum()
+        return key, row
+    flat = flat.contiguous()
+    key = torch.empty_like(flat)
+    jit.native_module().moe_exchange_count(flat.data_ptr(), flat.numel(), num_experts, key.data_ptr(), row.data_ptr(),
+                                           topk_idx.device.index, _descriptors.current_stream(topk_idx.device))
+    return key, row
+
+
+@dataclass
+class ExchangeIndex:
+    """This rank's layout after :func:`exchange_dispatch`, M rows: ``m_indices`` int32 [M] (local
+    expert of each row, -1 on padding rows), ``global_ids`` int64 [M] (global expert or -1) and
+    ``masked_m`` int32 [E_l] (rows each local expert received)."""
+
+    m_indices: torch.Tensor
+    global_ids: torch.Tensor
+    masked_m: torch.Tensor
+
+
+def _counts_matrix(counts: torch.Tensor, num_ranks: int, num_local: int) -> torch.Tensor:
+    """int32 [P_src, >= E] per-source rows -> int64 [P_dst, P_src, E_l] on the CPU (plan_exchange's)."""
+    return counts[:, : num_ranks * num_local].to(device="cpu", dtype=torch.int64).view(
+        num_ranks, num_ranks, num_local).transpose(0, 1)
+
+
 def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tensor,
-                      topk_weights: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, num_local_experts: int) -> None:
-    """Sorted pair ``i`` (pair id ``order[i] = t * k + j``, global expert ``e = topk_idx[t, j]``)
-    into row ``rows[i]`` of rank ``e // num_local_experts``: ``acts`` <- ``xq[t]``, ``acts_sf`` <-
+                      topk_weights: torch.Tensor, order: torch.Tensor, counts: torch.Tensor, num_local_experts: int,
+                      alignment: int, masked_max_rows: int, num_layout_rows: int,
+                      first_expert: int = 0) -> ExchangeIndex:
+    """Sends this rank's sorted pairs into their owners' layouts and indexes this rank's layout.
+
+    Layouts: :func:`kernels.reference.exchange.plan_exchange` of the count matrix ``counts`` int32
+    [P, C >= P E_l] (row ``src``: the rows rank ``src`` sends to each global expert; on CUDA the
+    kernel computes them on the device from this tensor, the host having read it for the sizes).
+    Sorted pair ``i`` (pair id ``order[i] = t * k + j``, global expert ``e = topk_idx[t, j]``) goes
+    to its row in rank ``e // num_local_experts``'s layout: ``acts`` <- ``xq[t]``, ``acts_sf`` <-
     ``xs[t]``, ``weights`` <- ``topk_weights[t, j]``, ``slots`` <- ``rank * pairs_per_rank + t * k + j``.
 
     ``xq`` E4M3 [T, H] (float8_e4m3fn or uint8 bits), ``xs`` float32 [T, H/128], ``topk_idx`` int64
-    [T, k], ``topk_weights`` float32 [T, k], ``order`` and ``rows`` int64 [n]. The experts of the
-    pairs in ``order`` must be in [0, P * num_local_experts) and ``rows`` inside their owner's views:
-    the caller's plan guarantees both, and checking them on CUDA would sync."""
+    [T, k], ``topk_weights`` float32 [T, k], ``order`` int64 [n]: this rank's routed pairs sorted by
+    expert (stable), as many per expert as ``counts[rank]`` says (on CUDA, pairs beyond that or with
+    ids outside [0, E) are dropped rather than written; the CPU path raises); ``num_layout_rows``:
+    rows of this rank's layout (the plan's; checked on the CPU path only, which would sync on CUDA)."""
     fn = "exchange_dispatch"
     hidden = peers.hidden
     xq, num_tokens, k = _checks.check_token_pairs(fn, xq, xs, topk_idx, topk_weights, hidden)
     order = _check_index(fn, "order", order)
-    rows = _check_index(fn, "rows", rows, order.numel())
-    if isinstance(num_local_experts, bool) or not isinstance(num_local_experts, int) or num_local_experts < 1:
-        _checks.fail(fn, ValueError, f"num_local_experts must be a positive int, got {num_local_experts!r}")
+    for name, value, low in (("num_local_experts", num_local_experts, 1), ("alignment", alignment, 1),
+                             ("masked_max_rows", masked_max_rows, 0), ("num_layout_rows", num_layout_rows, 0),
+                             ("first_expert", first_expert, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            _checks.fail(fn, ValueError, f"{name} must be an int >= {low}, got {value!r}")
+    num_ranks, num_experts = peers.num_ranks, peers.num_ranks * num_local_experts
+    if not isinstance(counts, torch.Tensor) or counts.dtype != torch.int32 or counts.dim() != 2 \
+            or counts.shape[0] != num_ranks or counts.shape[1] < num_experts or counts.stride(1) != 1:
+        _checks.fail(fn, ValueError, f"counts must be an int32 tensor [{num_ranks}, >= {num_experts}] with unit column "
+                                     f"stride, got {getattr(counts, 'dtype', type(counts).__name__)} "
+                                     f"{list(getattr(counts, 'shape', ()))}")
     if num_tokens * k > peers.pairs_per_rank:
         _checks.fail(fn, ValueError, f"{num_tokens} x {k} pairs exceed pairs_per_rank={peers.pairs_per_rank}")
-    device = _checks.check_same_device(fn, [xq, xs, topk_idx, topk_weights, order, rows, peers.acts[0]])
-    if order.numel() == 0:
-        return
+    device = _checks.check_same_device(fn, [xq, xs, topk_idx, topk_weights, order, counts, peers.acts[0]])
+    index = ExchangeIndex(torch.empty((num_layout_rows,), dtype=torch.int32, device=device),
+                          torch.empty((num_layout_rows,), dtype=torch.int64, device=device),
+                          torch.empty((num_local_experts,), dtype=torch.int32, device=device))
     if device.type == "cpu":
-        owner = topk_idx.reshape(-1).index_select(0, order) // num_local_experts
-        tokens = order // k
-        for q in range(peers.num_ranks):
-            mine = (owner == q).nonzero().view(-1)
-            if mine.numel() == 0:
-                continue
-            to, pairs = rows.index_select(0, mine), order.index_select(0, mine)
-            peers.acts[q].index_copy_(0, to, xq.index_select(0, tokens.index_select(0, mine)))
-            peers.acts_sf[q].index_copy_(0, to, xs.index_select(0, tokens.index_select(0, mine)))
-            peers.weights[q].index_copy_(0, to, topk_weights.reshape(-1).index_select(0, pairs))
-            peers.slots[q].index_copy_(0, to, (pairs + peers.rank * peers.pairs_per_rank).to(torch.int32))
-        return
+        _dispatch_reference(peers, xq, xs, topk_idx, topk_weights, order, counts, num_local_experts, alignment,
+                            masked_max_rows, first_expert, index)
+        return index
     # The kernel reads 16-byte vectors of xq's rows.
     xq = xq.contiguous() if not xq.is_contiguous() else (xq.clone() if xq.data_ptr() % 16 else xq)
     xs, topk_idx, topk_weights = xs.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
-    jit.native_module().moe_exchange_dispatch(peers.native(), num_local_experts, k, hidden, order.data_ptr(),
-                                              rows.data_ptr(), order.numel(), topk_idx.data_ptr(),
-                                              topk_weights.data_ptr(), xq.data_ptr(), xs.data_ptr(), device.index,
-                                              _descriptors.current_stream(device))
+    layout = (counts.data_ptr(), counts.stride(0), num_local_experts, alignment, masked_max_rows, num_layout_rows,
+              first_expert, index.m_indices.data_ptr(), index.global_ids.data_ptr(), index.masked_m.data_ptr())
+    jit.native_module().moe_exchange_dispatch(peers.native(), layout, k, hidden, order.data_ptr(), order.numel(),
+                                              topk_idx.data_ptr(), topk_weights.data_ptr(), xq.data_ptr(),
+                                              xs.data_ptr(), device.index, _descriptors.current_stream(device))
+    return index
 
 
-def exchange_combine(peers: ExchangePeers, expert_out: torch.Tensor, rows: torch.Tensor) -> None:
-    """Received row ``rows[i]`` of this rank's layout, slot word ``s = slots[rank][rows[i]]``:
-    ``expert_out[rows[i]]`` into row ``s % pairs_per_rank`` of rank ``s // pairs_per_rank``'s
-    ``combine`` view.
+def _dispatch_reference(peers: ExchangePeers, xq, xs, topk_idx, topk_weights, order, counts, num_local: int,
+                        alignment: int, masked_max_rows: int, first_expert: int, index: ExchangeIndex) -> None:
+    fn = "exchange_dispatch"
+    plan = reference_exchange.plan_exchange(_counts_matrix(counts, peers.num_ranks, num_local), peers.rank,
+                                            alignment, masked_max_rows)
+    if plan.num_send_rows != order.numel() or plan.num_layout_rows != index.m_indices.numel():
+        _checks.fail(fn, ValueError, f"counts say {plan.num_send_rows} pairs to send and {plan.num_layout_rows} layout "
+                                     f"rows here, got {order.numel()} in order and num_layout_rows="
+                                     f"{index.m_indices.numel()}")
+    rows = reference_exchange.expand_rows(plan.send_delta, plan.send_counts, plan.num_send_rows)
+    owner = topk_idx.reshape(-1).index_select(0, order) // num_local
+    tokens = order // topk_idx.shape[1]
+    for q in range(peers.num_ranks):
+        mine = (owner == q).nonzero().view(-1)
+        if mine.numel() == 0:
+            continue
+        to, pairs = rows.index_select(0, mine), order.index_select(0, mine)
+        peers.acts[q].index_copy_(0, to, xq.index_select(0, tokens.index_select(0, mine)))
+        peers.acts_sf[q].index_copy_(0, to, xs.index_select(0, tokens.index_select(0, mine)))
+        peers.weights[q].index_copy_(0, to, topk_weights.reshape(-1).index_select(0, pairs))
+        peers.slots[q].index_copy_(0, to, (pairs + peers.rank * peers.pairs_per_rank).to(torch.int32))
+    index.m_indices.fill_(-1)
+    valid = reference_exchange.expand_rows(plan.expert_delta, plan.expert_rows, plan.num_recv_rows)
+    index.m_indices.index_copy_(0, valid, torch.repeat_interleave(
+        torch.arange(num_local, dtype=torch.int32), plan.expert_rows, output_size=plan.num_recv_rows))
+    index.global_ids.copy_(torch.where(index.m_indices >= 0, index.m_indices.to(torch.int64) + first_expert, -1))
+    index.masked_m.copy_(plan.expert_rows)
 
-    ``expert_out`` bfloat16 [M, H], ``rows`` int64 [n], rows that :func:`exchange_dispatch` wrote
-    (inside ``expert_out`` and this rank's views: not checked on CUDA, which would sync)."""
+
+def exchange_combine(peers: ExchangePeers, expert_out: torch.Tensor, m_indices: torch.Tensor) -> None:
+    """Every received row ``r`` of this rank's layout (``m_indices[r] >= 0``), slot word ``s =
+    slots[rank][r]``: ``expert_out[r]`` into row ``s % pairs_per_rank`` of rank ``s //
+    pairs_per_rank``'s ``combine`` view.
+
+    ``expert_out`` bfloat16 [M, H] and ``m_indices`` int32 [M] (:func:`exchange_dispatch`'s)."""
     fn = "exchange_combine"
     hidden = peers.hidden
     if not isinstance(expert_out, torch.Tensor) or expert_out.dtype != torch.bfloat16 or expert_out.dim() != 2 \
@@ -168,11 +254,18 @@ def exchange_combine(peers: ExchangePeers, expert_out: torch.Tensor, rows: torch
         _checks.fail(fn, ValueError, f"expert_out must be a bfloat16 tensor of shape [M, {hidden}], got "
                                      f"{getattr(expert_out, 'dtype', type(expert_out).__name__)} "
                                      f"{list(getattr(expert_out, 'shape', ()))}")
-    rows = _check_index(fn, "rows", rows)
-    device = _checks.check_same_device(fn, [expert_out, rows, peers.acts[0]])
-    if rows.numel() == 0:
+    num_rows = expert_out.shape[0]
+    if not isinstance(m_indices, torch.Tensor) or m_indices.dtype != torch.int32 \
+            or tuple(m_indices.shape) != (num_rows,) or num_rows > peers.slots[peers.rank].shape[0]:
+        _checks.fail(fn, ValueError, f"m_indices must be an int32 tensor of shape [{num_rows}] (expert_out's rows, at "
+                                     f"most the {peers.slots[peers.rank].shape[0]} of the views), got "
+                                     f"{getattr(m_indices, 'dtype', type(m_indices).__name__)} "
+                                     f"{list(getattr(m_indices, 'shape', ()))}")
+    device = _checks.check_same_device(fn, [expert_out, m_indices, peers.acts[0]])
+    if num_rows == 0:
         return
     if device.type == "cpu":
+        rows = (m_indices >= 0).nonzero().view(-1)
         slots = peers.slots[peers.rank].index_select(0, rows).to(torch.int64)
         source, pair = slots // peers.pairs_per_rank, slots % peers.pairs_per_rank
         for p in range(peers.num_ranks):
@@ -183,5 +276,5 @@ def exchange_combine(peers: ExchangePeers, expert_out: torch.Tensor, rows: torch
         return
     expert_out = expert_out.contiguous() if not expert_out.is_contiguous() else (
         expert_out.clone() if expert_out.data_ptr() % 16 else expert_out)
-    jit.native_module().moe_exchange_combine(peers.native(), hidden, rows.data_ptr(), rows.numel(),
+    jit.native_module().moe_exchange_combine(peers.native(), hidden, m_indices.contiguous().data_ptr(), num_rows,
                                              expert_out.data_ptr(), device.index, _descriptors.current_stream(device))

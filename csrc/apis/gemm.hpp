@@ -43,6 +43,7 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["swizzle_d"] = c.swizzle_d;
   d["multicast"] = c.multicast;
   d["scale_warps"] = c.scale_warps;
+  d["pingpong"] = c.pingpong;
   return d;
 }
 
@@ -195,6 +196,7 @@ inline void register_apis(pybind11::module_& m) {
         d["num_stages"] = cfg.num_stages;
         d["smem_bytes"] = cfg.smem_bytes;
         d["swizzle_d"] = cfg.swizzle_d;
+        d["scale_warps"] = cfg.scale_warps;
         return pybind11::make_tuple(g.name, g.code, d);
       },
       "(name, code, config) of the FP8 x FP4 kernel a grouped shape gets (no GPU needed)", pybind11::arg("m"),

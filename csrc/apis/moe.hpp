@@ -51,17 +51,30 @@ inline moe_launchers::moe_exchange::Peers exchange_peers(const ExchangePeersTupl
   return {tables, ranks, rank, pairs};
 }
 
-inline void moe_exchange_dispatch(const ExchangePeersTuple& peers, int num_local, int top_k, int hidden,
-                                  std::uint64_t order, std::uint64_t rows, long long num_rows, std::uint64_t topk_idx,
+// The layout as Python passes it: (counts, counts_stride, num_local, alignment, masked_max_rows,
+// num_layout_rows, first_expert, m_indices, global_ids, masked_m).
+using ExchangeLayoutTuple = std::tuple<std::uint64_t, int, int, int, int, long long, long long, std::uint64_t,
+                                       std::uint64_t, std::uint64_t>;
+
+inline void moe_exchange_dispatch(const ExchangePeersTuple& peers, const ExchangeLayoutTuple& layout, int top_k,
+                                  int hidden, std::uint64_t order, long long num_send, std::uint64_t topk_idx,
                                   std::uint64_t topk_weights, std::uint64_t xq, std::uint64_t xs, int device,
                                   std::uint64_t stream) {
-  moe_launchers::moe_exchange::dispatch(exchange_peers(peers), num_local, top_k, hidden, order, rows, num_rows,
-                                        topk_idx, topk_weights, xq, xs, device, stream);
+  const auto& [counts, stride, local, alignment, masked, rows, first, m_indices, global_ids, masked_m] = layout;
+  moe_launchers::moe_exchange::dispatch(exchange_peers(peers),
+                                        {counts, stride, local, alignment, masked, rows, first, m_indices, global_ids,
+                                         masked_m},
+                                        top_k, hidden, order, num_send, topk_idx, topk_weights, xq, xs, device, stream);
 }
 
-inline void moe_exchange_combine(const ExchangePeersTuple& peers, int hidden, std::uint64_t rows, long long num_rows,
-                                 std::uint64_t expert_out, int device, std::uint64_t stream) {
-  moe_launchers::moe_exchange::combine(exchange_peers(peers), hidden, rows, num_rows, expert_out, device, stream);
+inline void moe_exchange_count(std::uint64_t topk_idx, long long num_pairs, int num_experts, std::uint64_t key,
+                               std::uint64_t row, int device, std::uint64_t stream) {
+  moe_launchers::moe_exchange::count(topk_idx, num_pairs, num_experts, key, row, device, stream);
+}
+
+inline void moe_exchange_combine(const ExchangePeersTuple& peers, int hidden, std::uint64_t m_indices,
+                                 long long num_rows, std::uint64_t expert_out, int device, std::uint64_t stream) {
+  moe_launchers::moe_exchange::combine(exchange_peers(peers), hidden, m_indices, num_rows, expert_out, device, stream);
 }
 
 // The transport layout as Python passes it: (peers, off_x, off_sf, off_w, off_src, off_combine,
@@ -75,10 +88,10 @@ inline moe_launchers::moe_ep_ll::Layout ep_layout(const EpLayoutTuple& t) {
 }
 
 inline void moe_ep_dispatch(const EpLayoutTuple& layout, std::uint64_t topk_idx, std::uint64_t topk_weights,
-                            std::uint64_t xq, std::uint64_t xs, long long num_tokens, std::uint64_t masked_m, int device,
-                            std::uint64_t stream) {
-  moe_launchers::moe_ep_ll::dispatch(ep_layout(layout), topk_idx, topk_weights, xq, xs, num_tokens, masked_m, device,
-                                     stream);
+                            std::uint64_t xq, std::uint64_t xs, long long num_tokens, std::uint64_t masked_m,
+                            std::uint64_t routed, int device, std::uint64_t stream) {
+  moe_launchers::moe_ep_ll::dispatch(ep_layout(layout), topk_idx, topk_weights, xq, xs, num_tokens, masked_m, routed,
+                                     device, stream);
 }
 
 inline void moe_ep_combine(const EpLayoutTuple& layout, std::uint64_t expert_out, int device, std::uint64_t stream) {
@@ -124,20 +137,25 @@ inline pybind11::tuple moe_ep_ll_code(int kernel, int top_k, int hidden) {
 
 inline pybind11::tuple moe_exchange_code(int kernel, int top_k, int hidden) {
   namespace L = moe_launchers::moe_exchange;
-  MOE_HOST_ASSERT(kernel == 0 || kernel == 1, L::kFn << ": kernel must be 0 (dispatch) or 1 (combine), got " << kernel);
+  MOE_HOST_ASSERT(kernel >= 0 && kernel <= 2,
+                  L::kFn << ": kernel must be 0 (dispatch), 1 (combine) or 2 (count), got " << kernel);
   return as_tuple(L::generate(static_cast<L::Kernel>(kernel), top_k, hidden));
 }
 
 inline void register_apis(pybind11::module_& m) {
   using pybind11::arg;
   m.def("moe_exchange_dispatch", &moe_exchange_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "staged dispatch: sorted pairs' FP8 rows, scales, weights and slot words into their owners' layout rows");
+        "staged dispatch: sorted pairs' FP8 rows, scales, weights and slot words into their owners' layout rows "
+        "(layouts from the count matrix), and this rank's layout index");
+  m.def("moe_exchange_count", &moe_exchange_count, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "staged count: the pairs' sort keys and this rank's row of the count matrix (pairs per expert, invalid ids)");
   m.def("moe_exchange_combine", &moe_exchange_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "staged combine: received rows' expert outputs into their sources' combine buffers");
-  m.def("moe_exchange_code", &moe_exchange_code, "(name, code) of an exchange kernel: 0 dispatch, 1 combine (no GPU)",
+        "staged combine: received rows' (m_indices >= 0) expert outputs into their sources' combine buffers");
+  m.def("moe_exchange_code", &moe_exchange_code, "(name, code) of an exchange kernel: 0 dispatch, 1 combine, 2 count (no GPU)",
         arg("kernel"), arg("top_k"), arg("hidden"));
   m.def("moe_ep_dispatch", &moe_ep_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "low-latency EP dispatch (send + wait): this rank's pairs into the owners' buffers, masked_m [E_l]");
+        "low-latency EP dispatch (send + wait): this rank's pairs into the owners' buffers, masked_m [E_l], "
+        "routed [T, k]");
   m.def("moe_ep_combine", &moe_ep_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "low-latency EP combine (send + wait): expert outputs [E_l, R, H] into their sources' combine buffers");
   m.def("swiglu_quant_fp8", &swiglu_quant_fp8, pybind11::call_guard<pybind11::gil_scoped_release>(),

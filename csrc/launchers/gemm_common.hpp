@@ -1,8 +1,10 @@
 #pragma once
-// Pieces shared by the SM90 GEMM launchers (sm90_fp8_gemm.hpp, sm90_bf16_gemm.hpp): the tile
-// heuristic, TMA descriptors and the epilogue's swizzle choice.
+// Pieces shared by the SM90 GEMM launchers (sm90_fp8_gemm.hpp, sm90_fp8_fp4_gemm.hpp,
+// sm90_bf16_gemm.hpp): the tile heuristic, TMA descriptors, the epilogue's swizzle choice and the
+// scale-warp switch.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "jit/compiler.hpp"
@@ -72,6 +74,15 @@ Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms
   // The widest swizzle whose atom (swizzle / 2 bf16 columns) divides block N.
   t.swizzle_d = t.block_n % 64 == 0 ? 128 : t.block_n % 32 == 0 ? 64 : t.block_n % 16 == 0 ? 32 : 0;
   return t;
+}
+
+// MOE_FP8_SCALE_WARPS=1|2 runs fewer scale warps than the default 3 in the FP8 and FP8 x FP4
+// GEMMs (read on every call, for A/B timing: one scale warp was the pipeline's bound at block M 128).
+inline int scale_warps_setting() {
+  const char* value = std::getenv("MOE_FP8_SCALE_WARPS");
+  if (value == nullptr) return 3;
+  const int n = std::atoi(value);
+  return n >= 1 && n <= 3 ? n : 3;
 }
 
 inline moe_jit::driver::CUtensorMapSwizzle tma_swizzle(int bytes) {

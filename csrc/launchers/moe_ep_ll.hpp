@@ -67,7 +67,7 @@ inline GeneratedKernel generate(Kernel kind, int top_k, int hidden) {
          << kCopyThreads << ">(" << common
          << "moe_kernels::uint64_t, moe_kernels::uint64_t, moe_kernels::uint64_t, moe_kernels::uint64_t, "
             "moe_kernels::uint64_t, unsigned, unsigned, unsigned, unsigned, unsigned, const long long*, const float*, "
-            "const unsigned char*, const float*, unsigned);\n";
+            "const unsigned char*, const float*, unsigned, bool*);\n";
       return {"moe_ep_dispatch_send", os.str()};
     case Kernel::kDispatchWait:
       os << "template __global__ void moe_kernels::moe_ep_dispatch_wait<" << kWaitThreads << ">(" << common
@@ -124,9 +124,11 @@ inline moe_jit::LaunchConfig config(unsigned grid, unsigned threads, int device,
   return cfg;
 }
 
-// dispatch_send + dispatch_wait: this rank's pairs into the owners' buffers; masked_m int32 [E_l].
+// dispatch_send + dispatch_wait: this rank's pairs into the owners' buffers; masked_m int32 [E_l],
+// routed bool [T, k] (which of this rank's pairs were sent).
 inline void dispatch(const Layout& l, std::uint64_t topk_idx, std::uint64_t topk_weights, std::uint64_t xq,
-                     std::uint64_t xs, long long num_tokens, std::uint64_t masked_m, int device, std::uint64_t stream) {
+                     std::uint64_t xs, long long num_tokens, std::uint64_t masked_m, std::uint64_t routed, int device,
+                     std::uint64_t stream) {
   check(l);
   MOE_HOST_ASSERT(num_tokens >= 0 && num_tokens <= l.max_tokens,
                   kFn << ": " << num_tokens << " tokens, more than the " << l.max_tokens << " the buffers hold");
@@ -142,7 +144,7 @@ inline void dispatch(const Layout& l, std::uint64_t topk_idx, std::uint64_t topk
                   static_cast<unsigned>(l.rows_per_expert()), static_cast<unsigned>(l.pairs_per_rank()),
                   reinterpret_cast<const long long*>(topk_idx), reinterpret_cast<const float*>(topk_weights),
                   reinterpret_cast<const unsigned char*>(xq), reinterpret_cast<const float*>(xs),
-                  static_cast<unsigned>(num_tokens));
+                  static_cast<unsigned>(num_tokens), reinterpret_cast<bool*>(routed));
   moe_jit::launch(*kernel(Kernel::kDispatchWait, l, device), config(1, kWaitThreads, device, stream), peers,
                   static_cast<unsigned long long>(l.off_signals), static_cast<unsigned>(l.rank),
                   static_cast<unsigned>(l.num_ranks), static_cast<unsigned>(l.num_local),

@@ -16,9 +16,11 @@ namespace moe_launchers::moe_exchange {
 constexpr int kWarps = 8;          // rows in flight per CTA (one per warp)
 constexpr int kCtasPerSm = 8;      // enough warps per SM to keep NVLink stores in flight
 constexpr int kMaxRanks = 1024;
+constexpr int kMaxExperts = 2048;  // the layout's shared memory (4 ints per expert); kernels/exchange.py kExchangeMaxExperts
 constexpr const char* kFn = "moe_exchange";
 
-enum class Kernel : int { kDispatch = 0, kCombine = 1 };
+enum class Kernel : int { kDispatch = 0, kCombine = 1, kCount = 2 };
+constexpr int kCountThreads = 512;
 
 struct GeneratedKernel {
   std::string name;
@@ -37,12 +39,18 @@ inline GeneratedKernel generate(Kernel kernel, int top_k, int hidden) {
   os << "#include <moe_kernels/impls/moe_exchange.cuh>\n";
   if (kernel == Kernel::kDispatch) {
     os << "template __global__ void moe_kernels::moe_exchange_dispatch_kernel<" << top_k << ", " << hidden << ", "
-       << kWarps << ">(const long long*, unsigned, unsigned, unsigned, unsigned, const long long*, const long long*, "
-                    "unsigned, const long long*, const float*, const unsigned char*, const float*);\n";
+       << kWarps << ">(const long long*, unsigned, unsigned, unsigned, unsigned, const int*, unsigned, unsigned, "
+                    "unsigned, const long long*, unsigned, const long long*, const float*, const unsigned char*, "
+                    "const float*, unsigned, long long, int*, long long*, int*);\n";
     return {"moe_exchange_dispatch", os.str()};
   }
+  if (kernel == Kernel::kCount) {
+    os << "template __global__ void moe_kernels::moe_exchange_count_kernel<" << kCountThreads
+       << ">(const long long*, unsigned, unsigned, long long*, int*);\n";
+    return {"moe_exchange_count", os.str()};
+  }
   os << "template __global__ void moe_kernels::moe_exchange_combine_kernel<" << hidden << ", " << kWarps
-     << ">(const long long*, unsigned, unsigned, unsigned, const long long*, unsigned, const __nv_bfloat16*);\n";
+     << ">(const long long*, unsigned, unsigned, unsigned, const int*, unsigned, const __nv_bfloat16*);\n";
   return {"moe_exchange_combine", os.str()};
 }
 
@@ -51,61 +59,104 @@ struct Peers {
   int num_ranks, rank, pairs_per_rank;
 };
 
-inline moe_jit::LaunchConfig grid_for(long long num_rows, int device, std::uint64_t stream) {
-  moe_jit::LaunchConfig cfg;
-  const long long ctas = (num_rows + kWarps - 1) / kWarps;
-  cfg.grid_x = static_cast<unsigned>(std::min<long long>(ctas, 1LL * kCtasPerSm * moe_jit::get_num_sms(device)));
-  cfg.block_x = kWarps * 32;
-  cfg.stream = stream;
-  cfg.device = device;
-  return cfg;
-}
-
 inline void check_peers(const Peers& p, long long num_rows) {
   MOE_HOST_ASSERT(p.num_ranks >= 1 && p.num_ranks <= kMaxRanks && p.rank >= 0 && p.rank < p.num_ranks,
                   kFn << ": rank " << p.rank << " of " << p.num_ranks << " ranks (at most " << kMaxRanks << ")");
   MOE_HOST_ASSERT(p.pairs_per_rank >= 1 && 1LL * p.pairs_per_rank * p.num_ranks <= (1LL << 31) - 1,
                   kFn << ": ranks x pairs_per_rank must fit an int32 slot word, got " << p.num_ranks << " x "
                       << p.pairs_per_rank);
-  MOE_HOST_ASSERT(num_rows >= 1 && num_rows <= (1LL << 31) - 1, kFn << ": rows must be in [1, 2^31), got " << num_rows);
+  MOE_HOST_ASSERT(num_rows >= 0 && num_rows <= (1LL << 31) - 1, kFn << ": rows must be in [0, 2^31), got " << num_rows);
 }
 
 template <typename... Args>
-inline void launch_kernel(Kernel kernel, int top_k, int hidden, long long num_rows, int device, std::uint64_t stream,
-                          Args... args) {
+inline void launch_kernel(Kernel kernel, int top_k, int hidden, long long ctas, unsigned smem_bytes, int device,
+                          std::uint64_t stream, Args... args) {
   static moe_jit::KernelMemo<std::array<int, 4>, moe_jit::IntArrayHash> memo;
   const std::array<int, 4> key = {static_cast<int>(kernel), kernel == Kernel::kDispatch ? top_k : 0, hidden, device};
   const auto compiled = memo.get(key, [&] {
     const GeneratedKernel gen = generate(kernel, top_k, hidden);
     return moe_jit::build(gen.name, gen.code, moe_jit::device_arch(device));
   });
-  moe_jit::launch(*compiled, grid_for(num_rows, device, stream), args...);
+  moe_jit::LaunchConfig cfg;
+  cfg.grid_x = static_cast<unsigned>(std::max(1LL, std::min(ctas, 1LL * kCtasPerSm * moe_jit::get_num_sms(device))));
+  cfg.block_x = kWarps * 32;
+  cfg.smem_bytes = smem_bytes;
+  cfg.stream = stream;
+  cfg.device = device;
+  moe_jit::launch(*compiled, cfg, args...);
 }
 
-inline void dispatch(const Peers& p, int num_local, int top_k, int hidden, std::uint64_t order, std::uint64_t rows,
-                     long long num_rows, std::uint64_t topk_idx, std::uint64_t topk_weights, std::uint64_t xq,
-                     std::uint64_t xs, int device, std::uint64_t stream) {
+// key int64 [num_pairs] and row int32 [E + 1] (zeroed by the caller) from topk_idx int64 [num_pairs].
+inline void count(std::uint64_t topk_idx, long long num_pairs, int num_experts, std::uint64_t key, std::uint64_t row,
+                  int device, std::uint64_t stream) {
+  MOE_HOST_ASSERT(num_experts >= 1 && num_experts <= kMaxExperts,
+                  kFn << ": num_experts must be in [1, " << kMaxExperts << "], got " << num_experts);
+  MOE_HOST_ASSERT(num_pairs >= 1 && num_pairs <= (1LL << 31) - 1, kFn << ": pairs must be in [1, 2^31), got " << num_pairs);
+  static moe_jit::KernelMemo<std::array<int, 2>, moe_jit::IntArrayHash> memo;
+  const auto compiled = memo.get({static_cast<int>(Kernel::kCount), device}, [&] {
+    const GeneratedKernel gen = generate(Kernel::kCount, 1, 128);
+    return moe_jit::build(gen.name, gen.code, moe_jit::device_arch(device));
+  });
+  moe_jit::LaunchConfig cfg;
+  // A few pairs per thread: each CTA adds its whole histogram to `row`.
+  const long long ctas = (num_pairs + 4LL * kCountThreads - 1) / (4LL * kCountThreads);
+  cfg.grid_x = static_cast<unsigned>(std::min<long long>(ctas, moe_jit::get_num_sms(device)));
+  cfg.block_x = kCountThreads;
+  cfg.smem_bytes = static_cast<unsigned>(sizeof(int) * (num_experts + 1));
+  cfg.stream = stream;
+  cfg.device = device;
+  moe_jit::launch(*compiled, cfg, reinterpret_cast<const long long*>(topk_idx), static_cast<unsigned>(num_pairs),
+                  static_cast<unsigned>(num_experts), reinterpret_cast<long long*>(key), reinterpret_cast<int*>(row));
+}
+
+// The layout's inputs: counts int32 [P, counts_stride] (row src: its rows per global expert),
+// the contiguous layout's alignment, the masked layout's limit; and this rank's layout index outputs.
+struct Layout {
+  std::uint64_t counts;
+  int counts_stride, num_local, alignment, masked_max_rows;
+  long long num_layout_rows, first_expert;
+  std::uint64_t m_indices, global_ids, masked_m;
+};
+
+inline void dispatch(const Peers& p, const Layout& l, int top_k, int hidden, std::uint64_t order, long long num_send,
+                     std::uint64_t topk_idx, std::uint64_t topk_weights, std::uint64_t xq, std::uint64_t xs, int device,
+                     std::uint64_t stream) {
   check_shape(top_k, hidden);
-  check_peers(p, num_rows);
-  MOE_HOST_ASSERT(num_local >= 1, kFn << ": num_local_experts must be positive, got " << num_local);
+  check_peers(p, std::max(num_send, l.num_layout_rows));
+  const long long num_experts = 1LL * l.num_local * p.num_ranks;
+  MOE_HOST_ASSERT(l.num_local >= 1 && num_experts <= kMaxExperts && l.counts_stride >= num_experts,
+                  kFn << ": need 1 <= ranks x local experts <= " << kMaxExperts << " and a counts row of at least "
+                      << num_experts << " entries, got " << p.num_ranks << " x " << l.num_local << ", stride "
+                      << l.counts_stride);
+  MOE_HOST_ASSERT(l.alignment >= 1 && l.masked_max_rows >= 0,
+                  kFn << ": alignment must be positive and masked_max_rows non-negative");
+  MOE_HOST_ASSERT(num_send >= 0 && l.num_layout_rows >= 0, kFn << ": negative row counts");
   MOE_HOST_ASSERT(xq % 16 == 0, kFn << ": xq must be 16-byte aligned");
-  launch_kernel(Kernel::kDispatch, top_k, hidden, num_rows, device, stream,
-                reinterpret_cast<const long long*>(p.tables), static_cast<unsigned>(p.num_ranks),
-                static_cast<unsigned>(p.rank), static_cast<unsigned>(num_local),
-                static_cast<unsigned>(p.pairs_per_rank), reinterpret_cast<const long long*>(order),
-                reinterpret_cast<const long long*>(rows), static_cast<unsigned>(num_rows),
-                reinterpret_cast<const long long*>(topk_idx), reinterpret_cast<const float*>(topk_weights),
-                reinterpret_cast<const unsigned char*>(xq), reinterpret_cast<const float*>(xs));
+  const auto smem = static_cast<unsigned>(
+      sizeof(int) * (4 * num_experts + l.num_local + 1 + p.num_ranks + kWarps));
+  launch_kernel(Kernel::kDispatch, top_k, hidden, std::max((num_send + kWarps - 1) / kWarps,
+                                                           (l.num_layout_rows + kWarps * 32 - 1) / (kWarps * 32)),
+                smem, device, stream, reinterpret_cast<const long long*>(p.tables),
+                static_cast<unsigned>(p.num_ranks), static_cast<unsigned>(p.rank), static_cast<unsigned>(l.num_local),
+                static_cast<unsigned>(p.pairs_per_rank), reinterpret_cast<const int*>(l.counts),
+                static_cast<unsigned>(l.counts_stride), static_cast<unsigned>(l.alignment),
+                static_cast<unsigned>(l.masked_max_rows), reinterpret_cast<const long long*>(order),
+                static_cast<unsigned>(num_send), reinterpret_cast<const long long*>(topk_idx),
+                reinterpret_cast<const float*>(topk_weights), reinterpret_cast<const unsigned char*>(xq),
+                reinterpret_cast<const float*>(xs), static_cast<unsigned>(l.num_layout_rows), l.first_expert,
+                reinterpret_cast<int*>(l.m_indices), reinterpret_cast<long long*>(l.global_ids),
+                reinterpret_cast<int*>(l.masked_m));
 }
 
-inline void combine(const Peers& p, int hidden, std::uint64_t rows, long long num_rows, std::uint64_t expert_out,
+inline void combine(const Peers& p, int hidden, std::uint64_t m_indices, long long num_rows, std::uint64_t expert_out,
                     int device, std::uint64_t stream) {
   check_shape(1, hidden);
   check_peers(p, num_rows);
   MOE_HOST_ASSERT(expert_out % 16 == 0, kFn << ": expert_out must be 16-byte aligned");
-  launch_kernel(Kernel::kCombine, 1, hidden, num_rows, device, stream, reinterpret_cast<const long long*>(p.tables),
-                static_cast<unsigned>(p.num_ranks), static_cast<unsigned>(p.rank),
-                static_cast<unsigned>(p.pairs_per_rank), reinterpret_cast<const long long*>(rows),
+  launch_kernel(Kernel::kCombine, 1, hidden, (num_rows + kWarps - 1) / kWarps, 0, device, stream,
+                reinterpret_cast<const long long*>(p.tables), static_cast<unsigned>(p.num_ranks),
+                static_cast<unsigned>(p.rank), static_cast<unsigned>(p.pairs_per_rank),
+                reinterpret_cast<const int*>(m_indices),
                 static_cast<unsigned>(num_rows), reinterpret_cast<const void*>(expert_out));
 }
 

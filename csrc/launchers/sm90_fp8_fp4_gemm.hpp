@@ -31,14 +31,18 @@ struct Config {
   int num_sms;
   int smem_bytes;
   int swizzle_d;
+  int scale_warps = 3;  // warps issuing the scale copies, taking the stages in turn
 
   int num_tiles(int m) const { return ((m + block_m - 1) / block_m) * ((n + block_n - 1) / block_n); }
 };
 
 // One stage: A, the converted and the packed B tiles, the scales (A rows, B exponent words, B
-// column scales), and the stage's third mbarrier (converted).
+// column scales in ColumnScaleLayout's order: the four quads' runs padded 16 bytes apart when
+// block N / 16 is even), and the stage's third mbarrier (converted).
 inline int stage_bytes(int block_m, int block_n) {
-  return block_m * kBlockK + block_n * kBlockK + block_n * kBlockK / 2 + (block_m + 2 * block_n) * 4 + 8;
+  const int column_scale_floats = block_n + ((block_n / 16) % 2 == 0 ? 3 * 4 : 0);
+  return block_m * kBlockK + block_n * kBlockK + block_n * kBlockK / 2 + (block_m + block_n + column_scale_floats) * 4 +
+         8;
 }
 
 // Math warpgroups (block_m / 64), converter warpgroups (two beside one math warpgroup, else one)
@@ -72,6 +76,7 @@ inline Config get_config(int m, int n, int k, int num_sms, GemmType type, int nu
   cfg.num_stages = t.num_stages;
   cfg.smem_bytes = pipeline_smem(t.block_m, t.block_n, t.num_stages, stage_bytes(t.block_m, t.block_n));
   cfg.swizzle_d = t.swizzle_d;
+  cfg.scale_warps = std::min(scale_warps_setting(), t.num_stages);
   return cfg;
 }
 
@@ -81,7 +86,7 @@ inline GeneratedKernel generate(const Config& c) {
      << "static __device__ void* moe_instantiate() {\n"
      << "  return reinterpret_cast<void*>(&moe_kernels::sm90_fp8_fp4_gemm_nt<" << static_cast<int>(c.type)
      << ", 0, " << c.n << ", " << c.k << ", " << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", "
-     << c.group_n << ", " << c.swizzle_d << ">);\n"
+     << c.group_n << ", " << c.swizzle_d << ", " << c.scale_warps << ">);\n"
      << "}\n";
   return {"sm90_fp8_fp4_gemm_nt", os.str()};
 }
@@ -117,9 +122,9 @@ inline void launch_with(const moe_jit::CompiledKernel& kernel, const moe_jit::La
 inline void launch(const Config& c, const Args& a) {
   using namespace moe_jit::driver;
   check_sfb(c.fn, a);
-  static moe_jit::KernelMemo<std::array<int, 9>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 9> key = {static_cast<int>(c.type), c.n, c.k, c.block_m, c.block_n, c.num_stages,
-                                  c.group_n, c.swizzle_d, a.device};
+  static moe_jit::KernelMemo<std::array<int, 10>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 10> key = {static_cast<int>(c.type), c.n, c.k, c.block_m, c.block_n, c.num_stages,
+                                   c.group_n, c.swizzle_d, c.scale_warps, a.device};
   const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
 
   const bool masked = c.type == GemmType::kGroupedMasked;
@@ -133,6 +138,15 @@ inline void launch(const Config& c, const Args& a) {
                                      CU_TENSOR_MAP_SWIZZLE_64B, "B");
   const CUtensorMap map_d = make_tma_d(c.fn, a.d, c.n, a.m, a.ldd, c.block_n, c.block_m, c.swizzle_d, masked,
                                        a.num_groups);
+
+  // The scale warps address A's scales and a group's exponent rows with 32-bit byte offsets (the
+  // K block's part is added in 64 bits).
+  const std::uint64_t last_sfa_row = rows_a - 1, last_sfb_row = static_cast<std::uint64_t>(c.n - 1);
+  MOE_HOST_ASSERT(a.sfa_stride_m >= 0 && a.sfa_stride_k >= 0 && a.sfb_stride_n >= 0 && a.sfb_stride_g >= 0 &&
+                      last_sfa_row * static_cast<std::uint64_t>(a.sfa_stride_m) * 4 < (1ull << 32) &&
+                      last_sfb_row * static_cast<std::uint64_t>(a.sfb_stride_n) < (1ull << 32),
+                  c.fn << ": the scales span more than 2^32 bytes (SFA stride_m " << a.sfa_stride_m
+                       << " elements, SFB stride_n " << a.sfb_stride_n << " bytes)");
 
   moe_jit::LaunchConfig cfg;
   const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);

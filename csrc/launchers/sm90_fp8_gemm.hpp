@@ -34,6 +34,7 @@ struct Config {
   int swizzle_d;   // bytes of the epilogue's swizzle atom (128, 64, 32) or 0 for plain rows
   int multicast = 1;  // CTAs per cluster sharing A by TMA multicast (1: no cluster)
   int scale_warps = 3;  // warps issuing the scale copies, taking the stages in turn
+  int pingpong = 0;     // 1: the two math warpgroups (block M 128) take turns on the tensor cores
 
   // Tiles of an m-row problem (per group for kGroupedMasked; an upper bound for the grid), n-blocks
   // rounded up to whole clusters.
@@ -55,20 +56,11 @@ constexpr int kMulticastMinRows = 512;
 // (bench/RESULTS.md, 2026-11-30): they stay for wider B only.
 constexpr int kMulticastMinNLargeM = 4097;
 
-// MOE_FP8_MULTICAST=0 turns the clusters off (read on every call, so a benchmark can compare both
-// in one process).
-inline bool multicast_enabled() {
-  const char* value = std::getenv("MOE_FP8_MULTICAST");
+// MOE_FP8_MULTICAST=0 turns the clusters off, MOE_FP8_PINGPONG=0 the math warpgroups' ping-pong
+// (read on every call, so a benchmark can compare both in one process).
+inline bool env_enabled(const char* name) {
+  const char* value = std::getenv(name);
   return value == nullptr || std::string(value) != "0";
-}
-
-// MOE_FP8_SCALE_WARPS=1|2 runs fewer scale warps than the default 3 (read on every call, for A/B
-// timing: one scale warp was the pipeline's bound at block M 128).
-inline int scale_warps_setting() {
-  const char* value = std::getenv("MOE_FP8_SCALE_WARPS");
-  if (value == nullptr) return 3;
-  const int n = std::atoi(value);
-  return n >= 1 && n <= 3 ? n : 3;
 }
 
 inline int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
@@ -113,7 +105,7 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.num_sms = num_sms;
   // Whole clusters on the SMs.
   const bool wants = (type == GemmType::kNormal || m >= kMulticastMinRows) && (m <= 128 || n >= kMulticastMinNLargeM);
-  const int multicast = wants && num_sms % 2 == 0 && multicast_enabled() ? 2 : 1;
+  const int multicast = wants && num_sms % 2 == 0 && env_enabled("MOE_FP8_MULTICAST") ? 2 : 1;
   const Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms,
                                kMaxBlockN, stage_bytes, block_n_fits_scales, multicast);
   cfg.block_m = t.block_m;
@@ -124,6 +116,8 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   // A single n-block would pair with a padding one: nothing to share.
   cfg.multicast = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
   cfg.scale_warps = std::min(scale_warps_setting(), t.num_stages);
+  // One math warpgroup (block M 64) has no partner to take turns with.
+  cfg.pingpong = t.block_m == 128 && env_enabled("MOE_FP8_PINGPONG") ? 1 : 0;
   return cfg;
 }
 
@@ -137,7 +131,7 @@ inline GeneratedKernel generate(const Config& c) {
      << c.m_compiled << ", " << c.n << ", "
      << c.k << ", " << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", " << c.group_n << ", "
      << static_cast<int>(c.residual) << ", " << c.swizzle_d << ", " << c.multicast << ", " << c.scale_warps
-     << ">);\n"
+     << ", " << (c.pingpong ? "true" : "false") << ">);\n"
      << "}\n";
   return {"sm90_fp8_gemm_nt", os.str()};
 }
@@ -155,10 +149,10 @@ struct Args {
 
 inline void launch(const Config& c, const Args& a) {
   using namespace moe_jit::driver;
-  static moe_jit::KernelMemo<std::array<int, 13>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 13> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 14>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 14> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
-                                   c.scale_warps, a.device};
+                                   c.scale_warps, c.pingpong, a.device};
   const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
 
   const bool masked = c.type == GemmType::kGroupedMasked;

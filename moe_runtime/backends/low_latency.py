@@ -139,8 +139,8 @@ class LowLatencyDispatchCombine(DispatchCombine):
             raise ValueError(f"{num_tokens} tokens exceed num_max_tokens_per_rank={p.num_max_tokens_per_rank}")
         xq, xs = kernels.per_token_cast_to_fp8(x if x.stride(-1) == 1 else x.contiguous(), use_ue8m0=False,
                                                gran_k=kActGroup)
-        masked_m = kernels.ep_dispatch(self.layout, xq, xs, topk_idx, topk_weights)
-        routed = (topk_idx >= 0) & (topk_idx < p.num_experts)
+        routed = torch.empty((num_tokens, p.top_k), dtype=torch.bool, device=x.device)
+        masked_m = kernels.ep_dispatch(self.layout, xq, xs, topk_idx, topk_weights, routed=routed)
         handle = LowLatencyCombineHandle(num_tokens, [], x.dtype, masked_m, routed)
         buf = self.buffer
         m = p.num_local_experts * self.rows

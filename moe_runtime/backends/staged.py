@@ -3,13 +3,14 @@
 One forward, every rank of the expert-parallel group together (``P`` ranks, ``E_l`` local experts):
 
 1. ``per_token_cast_to_fp8`` of this rank's tokens (1x128 scales);
-2. counts: each rank writes how many rows it sends to each local expert of rank ``q`` into ``q``'s
-   ``signals`` view; barrier; every rank reads every rank's ``[P, E_l]`` counts (one host sync) and
-   computes the same :class:`ExchangePlan`;
+2. counts: each rank writes how many rows it sends to each global expert into row ``p`` of every
+   rank's ``signals`` view (the count matrix [P, E + 1]); barrier; each rank reads its copy of the
+   matrix (one host sync) for the layouts' sizes (:class:`LayoutSizes`);
 3. dispatch: each (token, top-k slot) becomes one row, written straight into its place in the
    owner's ``l1_acts`` (FP8 row), ``l1_acts_sf`` (scales), ``l1_weights`` (top-k weight) and
    ``l1_slots`` (its slot word ``source rank * T_cap * k + t * k + j``), all in one launch
-   (``kernels.exchange_dispatch``); barrier. The owner's rows are then already
+   (``kernels.exchange_dispatch``, which lays every rank's rows out on the device from the count
+   matrix and writes this rank's ``m_indices``); barrier. The owner's rows are then already
    in the contiguous layout of the grouped GEMM: one segment per local expert, padded to
    ``kernels.get_mk_alignment_for_contiguous_layout()`` rows, sources in rank order inside a
    segment, a source's rows in its (token, slot) order;
@@ -49,9 +50,8 @@ import kernels
 from moe_runtime.backends.base import (CombineHandle, DispatchCombine, DispatchResult, Experts, LocalExperts,
                                        MoEProblem)
 from kernels.exchange import ExchangePeers
-from moe_runtime.backends.staged_plan import ExchangePlan, expand_rows, plan_exchange
+from kernels.reference.exchange import LayoutSizes, layout_sizes
 from moe_runtime.dist import group_rank, group_size
-from moe_runtime.mega import SignalSlots
 from moe_runtime.symm import SymmBuffer, ViewSpec, align_up, compute_layout
 
 kActGroup = 128
@@ -85,6 +85,9 @@ def is_supported(problem: MoEProblem) -> tuple[bool, str]:
         major, minor = torch.cuda.get_device_capability(device)
         if major != 9:
             return False, f"the grouped GEMM kernels target SM90 (Hopper); this GPU is sm_{major}{minor}"
+        if problem.num_experts > kernels.exchange.kExchangeMaxExperts:
+            return False, (f"the CUDA exchange kernels lay out at most {kernels.exchange.kExchangeMaxExperts} experts, "
+                           f"got {problem.num_experts}")
         if problem.ep_size > 1 and importlib.util.find_spec("torch.distributed._symmetric_memory") is None:
             return False, "expert parallelism on CUDA needs torch.distributed._symmetric_memory"
     transport = "local permutation" if problem.ep_size == 1 else "peer writes into a SymmBuffer"
@@ -102,11 +105,11 @@ class _LocalExchange:
     def __init__(self, hidden: int, top_k: int, device: torch.device):
         self.hidden, self.top_k, self.device = hidden, top_k, device
 
-    def exchange_counts(self, send_counts: torch.Tensor, num_invalid: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-        host = torch.cat([send_counts, num_invalid.view(1)]).cpu()
-        return host[:-1].view(1, 1, -1), host[-1:].tolist()
+    def exchange_counts(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        counts = row.view(1, -1)
+        return counts, counts.cpu()
 
-    def buffers(self, plan: ExchangePlan, num_tokens: int) -> ExchangePeers:
+    def buffers(self, plan: LayoutSizes, num_tokens: int) -> ExchangePeers:
         rows, dev, pairs = plan.num_layout_rows, self.device, max(num_tokens * self.top_k, 1)
         return ExchangePeers((torch.empty((rows, self.hidden), dtype=torch.uint8, device=dev),),
                              (torch.empty((rows, self.hidden // kActGroup), dtype=torch.float32, device=dev),),
@@ -125,7 +128,9 @@ def staged_view_specs(num_ranks: int, num_local_experts: int, num_max_tokens_per
     ``R``: each token of each rank sends at most ``min(k, E_l)`` rows to one rank (its experts are
     distinct), and each local expert's segment adds at most ``alignment - 1`` padding rows.
     Views not in the Mega MoE layout: ``l1_weights`` and ``l1_slots`` (per received row), because
-    rows are pushed whole and the receiver never reads the sender's routing.
+    rows are pushed whole and the receiver never reads the sender's routing; ``signals`` holds the
+    count matrix, int32 [P, E + 1]: row ``p`` is written by rank ``p`` (its rows per global expert,
+    then its count of invalid ids).
     """
     rows = num_ranks * num_max_tokens_per_rank * min(top_k, num_local_experts)
     capacity = align_up(rows + num_local_experts * (alignment - 1), alignment)
@@ -134,7 +139,7 @@ def staged_view_specs(num_ranks: int, num_local_experts: int, num_max_tokens_per
              ViewSpec("l1_weights", (capacity,), torch.float32),
              ViewSpec("l1_slots", (capacity,), torch.int32),
              ViewSpec("combine", (num_max_tokens_per_rank * top_k, hidden), torch.bfloat16),
-             ViewSpec("signals", (SignalSlots(num_ranks, num_local_experts).total,), torch.int32)]
+             ViewSpec("signals", (num_ranks * (num_ranks * num_local_experts + 1),), torch.int32)]
     return specs, capacity
 
 
@@ -146,7 +151,6 @@ class _SymmExchange:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.rank, self.num_ranks = group_rank(group), group_size(group)
-        self.slots = SignalSlots(self.num_ranks, problem.num_local_experts)
         specs, self.capacity = staged_view_specs(self.num_ranks, problem.num_local_experts,
                                                  problem.num_max_tokens_per_rank, problem.top_k, problem.hidden,
                                                  alignment)
@@ -159,22 +163,19 @@ class _SymmExchange:
                                     self.rank, problem.num_max_tokens_per_rank * problem.top_k)
         self.buffer.barrier()
 
-    def _recv_counts(self, peer: int) -> torch.Tensor:
-        return self.buffer.peer_view("signals", peer)[self.slots.recv_counts].view(self.num_ranks, -1)
-
-    def exchange_counts(self, send_counts: torch.Tensor, num_invalid: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-        per_rank = send_counts.view(self.num_ranks, -1)
-        flag = self.slots.barrier.start + self.rank
+    def exchange_counts(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``row`` int32 [E + 1] (this rank's rows per global expert, then its invalid ids) into
+        every rank's count matrix; barrier; returns this rank's matrix int32 [P, E + 1] on the device
+        (which the dispatch kernel reads: a peer rewrites its row only after the barrier that ends
+        this forward's dispatch) and a host copy."""
+        width = row.numel()
         for q in range(self.num_ranks):
-            self._recv_counts(q)[self.rank].copy_(per_rank[q])
-            self.buffer.peer_view("signals", q)[flag: flag + 1].copy_(num_invalid.view(1))
+            self.buffer.peer_view("signals", q)[self.rank * width: (self.rank + 1) * width].copy_(row)
         self.barrier()
-        matrices = [self._recv_counts(q).reshape(-1) for q in range(self.num_ranks)]
-        host = torch.cat([*matrices, self.buffer.view("signals")[self.slots.barrier]]).cpu()
-        split = self.num_ranks * per_rank.numel()
-        return host[:split].view(self.num_ranks, self.num_ranks, -1), host[split:].tolist()
+        counts = self.buffer.view("signals")[: self.num_ranks * width].view(self.num_ranks, width)
+        return counts, counts.cpu()
 
-    def buffers(self, plan: ExchangePlan, num_tokens: int) -> ExchangePeers:
+    def buffers(self, plan: LayoutSizes, num_tokens: int) -> ExchangePeers:
         # Every rank sees the same plan, so every rank raises here together instead of hanging.
         worst = max(plan.padded_rows)
         if worst > self.capacity:
@@ -193,14 +194,14 @@ class _SymmExchange:
 
 @dataclass
 class StagedCombineHandle(CombineHandle):
-    """What ``combine`` needs: the plan, every rank's buffers, this rank's received rows (int64
-    layout rows) and which of this rank's (token, slot) pairs are routed (bool
+    """What ``combine`` needs: the plan, every rank's buffers, this rank's layout index (int32
+    [M], -1 on padding rows) and which of this rank's (token, slot) pairs are routed (bool
     [T, k]; ``None`` when all are). ``counts`` is left empty: ranks never learn each other's token
     counts."""
 
-    plan: ExchangePlan | None = None
+    plan: LayoutSizes | None = None
     peers: ExchangePeers | None = None
-    rows_by_source: torch.Tensor | None = None
+    m_indices: torch.Tensor | None = None
     routed: torch.Tensor | None = None
     pair_rows: torch.Tensor | None = None   # local decode: int64 [T * k], the layout row of each (t, j)
     num_rows: int = 0                       # rows of the dispatched layout (expert_out's M)
@@ -266,48 +267,34 @@ class StagedDispatchCombine(DispatchCombine):
                                                gran_k=kActGroup)
         if ids_checked and isinstance(ex, _LocalExchange) and 0 < num_tokens <= self.masked_max_rows:
             return self._dispatch_local_decode(xq, xs, topk_idx, topk_weights, x.dtype)
-        # Pairs (t, j) sorted by global expert; unrouted pairs (-1) sort last and are never sent.
-        flat = topk_idx.reshape(-1)
-        key = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)
+        # Pairs (t, j) sorted by global expert; unrouted pairs (-1) sort last and are never sent. The
+        # row exchanged: this rank's pairs per global expert, then its invalid ids (checked after the
+        # exchange, where every rank learns every rank's count: all raise together).
+        key, row = kernels.exchange_count(topk_idx, num_experts)
         order = torch.argsort(key, stable=True)
-        # scatter_add_ rather than bincount, which syncs with the device to size its output.
-        send_counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=x.device).scatter_add_(
-            0, key, torch.ones_like(key))[:num_experts].to(torch.int32)
-        # Checked after the exchange, where every rank learns every rank's count: all raise together.
-        num_invalid = ((flat < -1) | (flat >= num_experts)).sum().to(torch.int32)
-        counts, invalid = ex.exchange_counts(send_counts, num_invalid)
+        counts, host = ex.exchange_counts(row)
+        invalid = host[:, num_experts].tolist()
         if any(invalid):
             raise ValueError(f"topk_idx must hold expert ids in [0, {num_experts}) or -1; ids outside that per "
                              f"rank: {invalid}")
-        # Read per forward: set_mk_alignment_for_contiguous_layout may change it between calls.
-        plan = plan_exchange(counts, ex.rank, contiguous_alignment(), self.masked_max_rows)
+        # The sizes only (the dispatch kernel lays the rows out on the device from `counts`). The
+        # alignment is read per forward: set_mk_alignment_for_contiguous_layout may change it.
+        alignment, num_local = contiguous_alignment(), self.problem.num_local_experts
+        plan = layout_sizes(host[:, :num_experts].to(torch.int64).view(ex.num_ranks, ex.num_ranks, num_local)
+                            .transpose(0, 1), ex.rank, alignment, self.masked_max_rows)
         peers = ex.buffers(plan, num_tokens)
-
-        device = x.device
-        packed = torch.cat([plan.send_counts, plan.send_delta, plan.recv_counts, plan.recv_delta, plan.expert_rows,
-                            plan.expert_delta]).to(device)
-        sizes = [num_experts] * 2 + [plan.recv_counts.numel()] * 2 + [plan.num_local_experts] * 2
-        send_n, send_d, recv_n, recv_d, expert_n, expert_d = torch.split(packed, sizes)
-
-        kernels.exchange_dispatch(peers, xq, xs, topk_idx, topk_weights, order[: plan.num_send_rows],
-                                  expand_rows(send_d, send_n, plan.num_send_rows), plan.num_local_experts)
+        m = plan.num_layout_rows
+        index = kernels.exchange_dispatch(peers, xq, xs, topk_idx, topk_weights, order[: plan.num_send_rows], counts,
+                                          num_local, alignment, self.masked_max_rows, m, self.first_expert)
         ex.barrier()
 
-        m = plan.num_layout_rows
-        m_indices = torch.full((m,), -1, dtype=torch.int32, device=device)
-        valid = expand_rows(expert_d, expert_n, plan.num_recv_rows)
-        local_ids = torch.repeat_interleave(torch.arange(plan.num_local_experts, device=device, dtype=torch.int32),
-                                            expert_n, output_size=plan.num_recv_rows)
-        m_indices.index_copy_(0, valid, local_ids)
-        global_ids = torch.where(m_indices >= 0, m_indices.to(torch.int64) + self.first_expert, -1)
         me = peers.rank
         routed = None if plan.num_send_rows == num_tokens * k else (topk_idx >= 0)
-        handle = StagedCombineHandle(num_tokens, [], x.dtype, plan, peers,
-                                     expand_rows(recv_d, recv_n, plan.num_recv_rows), routed)
-        masked_m = expert_n.to(torch.int32) if plan.masked_max_m else None
+        handle = StagedCombineHandle(num_tokens, [], x.dtype, plan, peers, index.m_indices, routed)
         return StagedDispatchResult(peers.acts[me][:m].view(torch.float8_e4m3fn), peers.acts_sf[me][:m],
-                                    global_ids.unsqueeze(1), peers.weights[me][:m].unsqueeze(1), handle, m_indices,
-                                    masked_m, plan.masked_max_m)
+                                    index.global_ids.unsqueeze(1), peers.weights[me][:m].unsqueeze(1), handle,
+                                    index.m_indices, index.masked_m if plan.masked_max_m else None,
+                                    plan.masked_max_m)
 
     def _dispatch_local_decode(self, xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tensor,
                                topk_weights: torch.Tensor, out_dtype: torch.dtype) -> StagedDispatchResult:
@@ -335,7 +322,7 @@ class StagedDispatchCombine(DispatchCombine):
         num_tokens, k = handle.num_local_tokens, self.problem.top_k
         if handle.pair_rows is not None:
             return kernels.moe_combine(expert_out, handle.pair_rows, handle.routed, num_tokens, k, handle.out_dtype)
-        kernels.exchange_combine(peers, expert_out, handle.rows_by_source)
+        kernels.exchange_combine(peers, expert_out, handle.m_indices)
         self.exchange.barrier()
 
         # Slot order and float32, as the reference sums; unrouted slots hold stale data and add 0.

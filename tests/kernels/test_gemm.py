@@ -162,6 +162,28 @@ def test_gpu_clusters_match_single_ctas(m, n, k, seed, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(129, 2112, 7168), (170, 264, 640), (4096, 576, 7168), (4096, 4096, 7168),
+                                   (540, 4232, 1536), (300, 7168, 2048), (4096, 7168, 16384)])
+def test_gpu_pingpong_matches_no_pingpong(m, n, k, seed, monkeypatch):
+    """Block M 128, the two math warpgroups taking turns on the tensor cores: a last m-block whose
+    second warpgroup has no valid row (M = 129, 170), block N 8, a scale split known only at run
+    time (block N 144), a CTA with more tiles than others (1024 tiles on 132 SMs), 2-CTA clusters
+    with an n-block past N (540 x 4232), 7168 x 16384. Same inputs with MOE_FP8_PINGPONG=0: the same
+    wgmmas and FFMAs per warpgroup, only their issue order differs, so D is bit for bit the same."""
+    assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["pingpong"] == 1
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+    monkeypatch.setenv("MOE_FP8_PINGPONG", "0")
+    plain = torch.full_like(d, float("nan"))
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, plain)
+    torch.cuda.synchronize()
+    assert torch.isfinite(d).all(), "output not fully written"
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+    assert torch.equal(d, plain)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("c_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("m,n,k", [(77, 576, 7168), (300, 2112, 1536)])
 def test_gpu_residual_ue8m0_mn_major(m, n, k, c_dtype, seed):

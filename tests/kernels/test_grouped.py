@@ -192,3 +192,48 @@ def test_gpu_contiguous_bad_group_ids_are_skipped(seed):
 @pytest.mark.parametrize("n,k", GROUPED_NK)
 def test_gpu_masked(masked, max_m, expected_m, n, k, warm_grouped_cache, seed):
     check_masked(masked, max_m, n, k, expected_m, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("masked,max_m,expected_m", [
+    ([0, 300, 0, 129, 1], 384, 256),  # empty groups, m-blocks whose second warpgroup has no valid row
+    ([0, 0, 0, 0], 256, 256),         # masked: no tile on any CTA, the turns' first and last barriers only
+    ([600, 0, 513], 1024, 600),       # 2-CTA clusters at N = 7168
+])
+@pytest.mark.parametrize("n,k", GROUPED_NK)
+def test_gpu_pingpong_matches_no_pingpong(masked, max_m, expected_m, n, k, seed, monkeypatch):
+    """Block M 128 with the two math warpgroups taking turns on the tensor cores, masked and
+    contiguous (the same row counts, padding rows included), against MOE_FP8_PINGPONG=0: the same
+    wgmmas and FFMAs per warpgroup, only their issue order differs, so bit for bit the same rows."""
+    native, sms = kernels.jit.native_module(), kernels.get_num_sms()
+    g = len(masked)
+    counts = masked if any(masked) else [129]
+    a_c, m_indices = make_contiguous(counts, k, "cuda")
+    assert native.fp8_gemm_nt_config(min(expected_m, max_m), n, k, sms, False, -1, 2, g)["pingpong"] == 1
+    assert native.fp8_gemm_nt_config(m_indices.shape[0], n, k, sms, False, -1, 1, len(counts))["pingpong"] == 1
+    b_fp8 = make_weights(g, n, k, "cuda")
+    b_c = make_weights(len(counts), n, k, "cuda")
+    a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
+    a = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
+    masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+    outputs = {}
+    for pingpong in ("1", "0"):
+        monkeypatch.setenv("MOE_FP8_PINGPONG", pingpong)
+        d = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.m_grouped_fp8_gemm_nt_masked(a, b_fp8, d, masked_m, expected_m)
+        d_c = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.m_grouped_fp8_gemm_nt_contiguous(a_c, b_c, d_c, m_indices)
+        outputs[pingpong] = d, d_c
+    torch.cuda.synchronize()
+    (d, d_c), (plain, plain_c) = outputs["1"], outputs["0"]
+    valid = m_indices >= 0
+    assert calc_diff(d_c[valid], expected_contiguous(a_c, b_c, m_indices)[valid]) < 1e-3
+    assert torch.equal(d_c[valid], plain_c[valid])
+    rhs = dequantize_b(*b_fp8).double()
+    for i, count in enumerate(masked):
+        if count:
+            ref = dequantize_a(a[0][i, :count], a[1][i, :count]).double() @ rhs[i].t()
+            assert calc_diff(d[i, :count], ref) < 1e-3, f"group {i}"
+            assert torch.equal(d[i, :count], plain[i, :count]), f"group {i}"
+        else:
+            assert torch.isnan(d[i]).all(), f"group {i} has no rows but was written"

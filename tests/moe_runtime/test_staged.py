@@ -1,6 +1,6 @@
 """The staged MoE backend against the reference backend.
 
-CPU (the exchange plan itself: test_staged_plan.py): the dispatched contiguous and masked layouts,
+CPU (the exchange plan itself: tests/kernels/test_reference_exchange.py): the dispatched contiguous and masked layouts,
 the device-built decode layout of one rank; the staged
 pair and ``MegaMoELayer(backend="staged")`` (FP8 and FP4 weights) against the reference for
 random, skewed, empty and partly unrouted batches; the reasons ``is_supported`` gives; two ranks

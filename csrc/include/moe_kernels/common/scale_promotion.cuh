@@ -59,15 +59,32 @@ __device__ __forceinline__ void with_static_split(uint32_t tile_col0, F&& f) {
 }
 
 // One weight scale per output column (FP4 weights: a row of B's largest 1x32 scale in the K
-// block, see common/fp4.cuh). The thread's pairs of columns are copied out of the stage first, so
-// the stage can be released before the FMAs.
+// block, see common/fp4.cuh), stored in the order the accumulator fragment uses them: the kN / 4
+// columns of quad q (those with (col / 2) % 4 == q, held by the lanes with lane % 4 == q) are
+// contiguous, so a thread reads its scales with kN / 16 16-byte loads at fixed offsets from one
+// address instead of kN / 8 8-byte ones. The quads' runs start an odd number of 16-byte chunks
+// apart, so the four addresses of each load fall in distinct banks.
+template <uint32_t kN>
+struct ColumnScaleLayout {
+  static_assert(kN % 16 == 0, "whole 16-byte chunks per quad");
+  static constexpr uint32_t kQuadStride = kN / 4 + ((kN / 16) % 2 == 0 ? 4 : 0);  // floats
+  static constexpr uint32_t kFloats = 3 * kQuadStride + kN / 4;
+  __device__ __forceinline__ static uint32_t slot(uint32_t col) {
+    return (col / 2) % 4 * kQuadStride + col / 8 * 2 + col % 2;  // the thread's index j * 2 + col % 2
+  }
+};
+
+// The thread's scales, copied out of the stage first so that it can be released before the FMAs.
 template <uint32_t kN>
 __device__ __forceinline__ void load_column_scales(float* sb, const float* column_scale, uint32_t lane) {
+  const float* quad_scales = column_scale + lane % 4 * ColumnScaleLayout<kN>::kQuadStride;
 #pragma unroll
-  for (uint32_t j = 0; j < kN / 8; ++j) {
-    const float2 pair = *reinterpret_cast<const float2*>(column_scale + j * 8 + (lane % 4) * 2);
-    sb[j * 2] = pair.x;
-    sb[j * 2 + 1] = pair.y;
+  for (uint32_t c = 0; c < kN / 16; ++c) {
+    const float4 v = *reinterpret_cast<const float4*>(quad_scales + c * 4);
+    sb[c * 4 + 0] = v.x;
+    sb[c * 4 + 1] = v.y;
+    sb[c * 4 + 2] = v.z;
+    sb[c * 4 + 3] = v.w;
   }
 }
 

@@ -194,6 +194,10 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+// Counts the calling warps towards barrier `id` without waiting for it to complete.
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 
 // Shared-memory matrix descriptor for a K-major tile written by TMA with the 128-byte swizzle:
 // rows of 128 bytes, 8-row swizzle atoms 1024 bytes apart (stride byte offset); the leading

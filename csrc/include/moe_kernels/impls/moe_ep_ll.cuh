@@ -29,8 +29,9 @@
 //
 // Kernels, in stream order on every rank:
 //   dispatch_send   one CTA per (token, slot) pair: slot on the owner (system-scope atomic), then
-//                   the row, scales, weight and source written into the owner's buffer; the last
-//                   CTA raises this rank's dispatch flag on every rank;
+//                   the row, scales, weight and source written into the owner's buffer, and
+//                   routed[pair] (sent or not) for this rank's combine; the last CTA raises this
+//                   rank's dispatch flag on every rank;
 //   dispatch_wait   one CTA: waits for every rank's dispatch flag, writes masked_m [E_l], zeroes
 //                   the next dispatch's counters, counts the dispatch;
 //   (the experts: masked grouped GEMMs on [E_l, R, H] with masked_m)
@@ -41,6 +42,7 @@
 //   (kernels.moe_combine sums each token's slots out of the combine buffer).
 
 #include <cuda_bf16.h>
+#include <moe_kernels/common/copy.cuh>
 #include <moe_kernels/common/signals.cuh>
 
 namespace moe_kernels {
@@ -74,7 +76,7 @@ __global__ void __launch_bounds__(kThreads)
                          uint64_t off_src, uint64_t off_signals, uint32_t rank, uint32_t num_ranks, uint32_t num_local,
                          uint32_t rows_per_expert, uint32_t pairs_per_rank, const long long* __restrict__ topk_idx,
                          const float* __restrict__ topk_weights, const uint8_t* __restrict__ xq,
-                         const float* __restrict__ xs, uint32_t num_tokens) {
+                         const float* __restrict__ xs, uint32_t num_tokens, bool* __restrict__ routed) {
   static_assert(kHidden % 128 == 0, "rows are copied 16 bytes at a time, one scale per 128 columns");
   constexpr uint32_t kScales = kHidden / 128;
   const EpSignals sig{num_ranks, num_local};
@@ -87,7 +89,9 @@ __global__ void __launch_bounds__(kThreads)
 
   for (uint32_t p = blockIdx.x; p < pairs; p += gridDim.x) {
     const long long id = topk_idx[p];
-    if (id < 0 || id >= num_experts) continue;  // unrouted (the same for the whole CTA)
+    const bool sent = id >= 0 && id < num_experts;
+    if (threadIdx.x == 0) routed[p] = sent;  // the combine's mask: the pairs sent
+    if (!sent) continue;  // unrouted (the same for the whole CTA)
     const uint32_t owner = static_cast<uint32_t>(id / num_local), expert = static_cast<uint32_t>(id % num_local);
     const uint64_t base = peers[owner];
     if (threadIdx.x == 0) slot_shared = atomicAdd_system(view<int>(base, off_signals) + sig.counts(parity) + expert, 1);
@@ -99,9 +103,8 @@ __global__ void __launch_bounds__(kThreads)
     if (slot >= rows_per_expert) continue;
     const uint64_t row = uint64_t(expert) * rows_per_expert + slot;
     const uint32_t token = p / kTopK;
-    const auto* src = reinterpret_cast<const uint4*>(xq + uint64_t(token) * kHidden);
-    auto* dst = view<uint4>(base, off_x + row * kHidden);
-    for (uint32_t i = threadIdx.x; i < kHidden / 16; i += kThreads) dst[i] = __ldg(src + i);
+    copy_row<kHidden / 16, kThreads>(reinterpret_cast<const uint4*>(xq + uint64_t(token) * kHidden),
+                                     view<uint4>(base, off_x + row * kHidden), threadIdx.x);
     float* dst_sf = view<float>(base, off_sf) + row * kScales;
     for (uint32_t i = threadIdx.x; i < kScales; i += kThreads) dst_sf[i] = __ldg(xs + uint64_t(token) * kScales + i);
     if (threadIdx.x == 0) {
@@ -174,9 +177,8 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t src = static_cast<uint32_t>(src_ids[row]);
     const uint32_t source = src / pairs_per_rank, pair = src % pairs_per_rank;
     if (source >= num_ranks) continue;  // cannot come from dispatch_send; never write outside the group
-    const auto* from = reinterpret_cast<const uint4*>(expert_out + row * kHidden);
-    auto* to = view<uint4>(peers[source], off_combine + uint64_t(pair) * kHidden * 2);
-    for (uint32_t i = threadIdx.x; i < kHidden / 8; i += kThreads) to[i] = __ldg(from + i);
+    copy_row<kHidden / 8, kThreads>(reinterpret_cast<const uint4*>(expert_out + row * kHidden),
+                                    view<uint4>(peers[source], off_combine + uint64_t(pair) * kHidden * 2), threadIdx.x);
   }
   if (signals::last_cta_done(signals + sig.finished(1))) {
     for (uint32_t q = 0; q < num_ranks; ++q) {

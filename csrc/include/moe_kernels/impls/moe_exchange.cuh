@@ -1,60 +1,136 @@
 #pragma once
-// The staged backend's row exchange (the contiguous layout of every rank, sized by a count
-// exchange the host has already read): dispatch writes each sent (token, slot) pair's FP8 row,
-// scales, top-k weight and source into the row its owner's layout gives it; combine writes each
-// received row's expert output back into its source's combine buffer. One warp per row, 16-byte
-// vectors, every load of a row issued before its stores: a remote row costs one NVLink round of
-// stores instead of the per-byte index kernels of torch's index_copy_.
+// The staged backend's row exchange. Count: this rank's pairs per expert and their sort keys, the
+// row every rank's count matrix gets. After the count exchange: dispatch writes each sent (token,
+// slot) pair's FP8 row, scales, top-k weight and slot word into the row its owner's layout gives
+// it, and this rank's layout index (expert of each row); combine writes each received row's expert
+// output back into its source's combine buffer. One warp per row (common/copy.cuh).
 //
 // Peer tables (int64 [kNumTables, P], the addresses of rank q's views in this process, the
 // caller's own rank included): 0 acts uint8 [R, H], 1 acts_sf float32 [R, H/128], 2 weights
 // float32 [R], 3 slots int32 [R], 4 combine bfloat16 [C, H].
 // A row's slot word is source * pairs_per_rank + t * k + j: the combine finds the source rank and
-// the pair in it without a per-source row list.
+// the pair in it from the row alone.
+//
+// Layouts (kernels/reference/exchange.py's plan_exchange, which the host runs for the sizes):
+// counts[src * counts_stride + g] are the rows rank src sends to global expert g = q * E_l + e.
+// Expert e of rank q owns a segment of align_up(its rows from all sources, alignment) rows, or of
+// the largest expert count of q when every expert of q receives at most min(masked_max_rows,
+// alignment - 1) rows and some receive rows (the masked layout); segments in expert order, sources
+// in rank order inside a segment, a source's rows in its sorted-pair order. Every CTA computes the
+// layouts in shared memory from the P x E counts, so the host reads the counts only for the sizes.
 
 #include <cuda_bf16.h>
+#include <moe_kernels/common/copy.cuh>
+#include <moe_kernels/common/scan.cuh>
 #include <moe_kernels/common/sm90_ptx.cuh>
 
 namespace moe_kernels {
 
 enum ExchangeTable : uint32_t { kExActs = 0, kExScales, kExWeights, kExSlots, kExCombine, kNumTables };
 
-// kVecs 16-byte vectors spread over a warp's lanes, all loaded before any is stored.
-template <uint32_t kVecs>
-__device__ __forceinline__ void copy_row_warp(const uint4* __restrict__ src, uint4* dst, uint32_t lane) {
-  constexpr uint32_t kPerLane = (kVecs + 31) / 32;
-  uint4 v[kPerLane];
-#pragma unroll
-  for (uint32_t i = 0; i < kPerLane; ++i) {
-    if (i * 32 + lane < kVecs) v[i] = __ldg(src + i * 32 + lane);
+// Shared memory of exchange_layout, 4 E + E_l + 1 + P + kThreads / 32 ints (the launcher sizes it).
+struct ExchangeLayout {
+  int* total;       // [E]: rows expert g receives from all sources
+  int* base;        // [E]: row, on its owner, of this rank's first pair for expert g
+  int* first_send;  // [E]: sorted index of this rank's first pair for expert g
+  int* segment;     // [E]: scratch (padded segment lengths, then their prefix sums)
+  int* own_start;   // [E_l + 1]: this rank's segment starts, then the rows of its layout
+  int* masked;      // [P]: rows per segment of rank q's masked layout, 0 when contiguous
+  int* warp_sums;   // [kThreads / 32]
+
+  __device__ ExchangeLayout(int* smem, uint32_t num_experts, uint32_t num_local, uint32_t num_ranks)
+      : total(smem),
+        base(smem + num_experts),
+        first_send(smem + 2 * num_experts),
+        segment(smem + 3 * num_experts),
+        own_start(smem + 4 * num_experts),
+        masked(smem + 4 * num_experts + num_local + 1),
+        warp_sums(smem + 4 * num_experts + num_local + 1 + num_ranks) {}
+};
+
+// Returns the pairs this rank's counts row sends.
+template <uint32_t kThreads>
+__device__ __forceinline__ int exchange_layout(const ExchangeLayout& l, const int* __restrict__ counts,
+                                                uint32_t counts_stride, uint32_t num_ranks, uint32_t rank,
+                                                uint32_t num_local, uint32_t alignment, uint32_t masked_max_rows) {
+  const uint32_t num_experts = num_ranks * num_local, tid = threadIdx.x;
+  for (uint32_t g = tid; g < num_experts; g += kThreads) {
+    int total = 0, before = 0;
+    for (uint32_t src = 0; src < num_ranks; ++src) {
+      const int c = counts[uint64_t(src) * counts_stride + g];
+      total += c;
+      before += src < rank ? c : 0;
+    }
+    l.total[g] = total;
+    l.base[g] = before;
+    l.first_send[g] = counts[uint64_t(rank) * counts_stride + g];
   }
-#pragma unroll
-  for (uint32_t i = 0; i < kPerLane; ++i) {
-    // Addresses from a table are generic: st.global says where they point (peer memory included).
-    if (i * 32 + lane < kVecs) __stcg(dst + i * 32 + lane, v[i]);
+  __syncthreads();
+  const int masked_limit = static_cast<int>(min(masked_max_rows, alignment - 1));
+  for (uint32_t q = tid; q < num_ranks; q += kThreads) {
+    int most = 0;
+    for (uint32_t e = 0; e < num_local; ++e) most = max(most, l.total[q * num_local + e]);
+    l.masked[q] = most > 0 && most <= masked_limit ? most : 0;
   }
+  __syncthreads();
+  const int align = static_cast<int>(alignment);
+  for (uint32_t g = tid; g < num_experts; g += kThreads) {
+    const int masked = l.masked[g / num_local];
+    l.segment[g] = masked > 0 ? masked : (l.total[g] + align - 1) / align * align;
+  }
+  const int all_rows = block_exclusive_scan<kThreads>(l.segment, num_experts, l.warp_sums);
+  const int num_counted = block_exclusive_scan<kThreads>(l.first_send, num_experts, l.warp_sums);
+  for (uint32_t g = tid; g < num_experts; g += kThreads) {
+    const uint32_t q = g / num_local;
+    const int start = l.segment[g] - l.segment[q * num_local];  // inside rank q's layout
+    l.base[g] += start;
+    if (q == rank) l.own_start[g - q * num_local] = start;
+  }
+  if (tid == 0) {
+    const int end = rank + 1 < num_ranks ? l.segment[(rank + 1) * num_local] : all_rows;
+    l.own_start[num_local] = end - l.segment[rank * num_local];
+  }
+  __syncthreads();
+  return num_counted;
 }
 
-// Sorted pair i (pair id order[i] = t * k + j, routed to global expert topk_idx[order[i]]) goes to
-// row rows[i] of rank topk_idx[order[i]] / num_local. Ids are in [0, num_local * P): the host
-// counted every pair it sends.
+// Sorted pair i < num_send (pair id order[i] = t * k + j, global expert g = topk_idx[order[i]],
+// in [0, E): the host counted every pair it sends) goes to row base[g] + i - first_send[g] of rank
+// g / E_l. The caller's num_layout_rows must be this rank's layout size (the host's plan). Then this rank's layout index over its num_layout_rows rows: m_indices (local expert or
+// -1 on padding rows), global_ids (global expert or -1), masked_m (rows per local expert).
 template <uint32_t kTopK, uint32_t kHidden, uint32_t kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_exchange_dispatch_kernel(const long long* __restrict__ tables, uint32_t num_ranks, uint32_t rank,
-                                 uint32_t num_local, uint32_t pairs_per_rank, const long long* __restrict__ order,
-                                 const long long* __restrict__ rows, uint32_t num_rows,
+                                 uint32_t num_local, uint32_t pairs_per_rank, const int* __restrict__ counts,
+                                 uint32_t counts_stride, uint32_t alignment, uint32_t masked_max_rows,
+                                 const long long* __restrict__ order, uint32_t num_send,
                                  const long long* __restrict__ topk_idx, const float* __restrict__ topk_weights,
-                                 const uint8_t* __restrict__ xq, const float* __restrict__ xs) {
+                                 const uint8_t* __restrict__ xq, const float* __restrict__ xs,
+                                 uint32_t num_layout_rows, long long first_expert, int* __restrict__ m_indices,
+                                 long long* __restrict__ global_ids, int* __restrict__ masked_m) {
   static_assert(kHidden % 128 == 0, "one scale per 128 columns, rows copied 16 bytes at a time");
+  constexpr uint32_t kThreads = kWarps * 32;
   constexpr uint32_t kScales = kHidden / 128;
+  extern __shared__ int smem[];
+  const uint32_t num_experts = num_ranks * num_local;
+  const ExchangeLayout l(smem, num_experts, num_local, num_ranks);
+  const int num_counted =
+      exchange_layout<kThreads>(l, counts, counts_stride, num_ranks, rank, num_local, alignment, masked_max_rows);
+
   const uint32_t lane = threadIdx.x % 32;
-  for (uint32_t i = blockIdx.x * kWarps + threadIdx.x / 32; i < num_rows; i += gridDim.x * kWarps) {
+  for (uint32_t i = blockIdx.x * kWarps + threadIdx.x / 32; i < num_send; i += gridDim.x * kWarps) {
     const auto pair = static_cast<uint32_t>(order[i]);
-    const auto owner = static_cast<uint32_t>(topk_idx[pair] / num_local);
-    const auto row = static_cast<uint64_t>(rows[i]);
+    const auto g = static_cast<uint32_t>(topk_idx[pair]);
+    // An order that disagrees with the counts (an unrouted id, or more pairs of an expert than
+    // counted) loses those pairs instead of writing outside the owner's segment.
+    if (g >= num_experts) continue;
+    const int within = static_cast<int>(i) - l.first_send[g];
+    if (within < 0 || static_cast<int>(i) >= (g + 1 < num_experts ? l.first_send[g + 1] : num_counted)) continue;
+    const uint32_t owner = g / num_local;
+    const auto row = static_cast<uint64_t>(l.base[g] + within);
     const uint32_t token = pair / kTopK;
     auto* acts = reinterpret_cast<uint4*>(tables[kExActs * num_ranks + owner] + row * kHidden);
-    copy_row_warp<kHidden / 16>(reinterpret_cast<const uint4*>(xq + uint64_t(token) * kHidden), acts, lane);
+    copy_row<kHidden / 16, 32>(reinterpret_cast<const uint4*>(xq + uint64_t(token) * kHidden), acts, lane);
     auto* scales = reinterpret_cast<float*>(tables[kExScales * num_ranks + owner]) + row * kScales;
     for (uint32_t s = lane; s < kScales; s += 32) scales[s] = __ldg(xs + uint64_t(token) * kScales + s);
     if (lane == 0) {
@@ -62,25 +138,64 @@ __global__ void __launch_bounds__(kWarps * 32)
       reinterpret_cast<int*>(tables[kExSlots * num_ranks + owner])[row] = static_cast<int>(rank * pairs_per_rank + pair);
     }
   }
+
+  const int* own_total = l.total + rank * num_local;
+  for (uint32_t r = blockIdx.x * kThreads + threadIdx.x; r < num_layout_rows; r += gridDim.x * kThreads) {
+    uint32_t lo = 0, hi = num_local;  // the segment e with own_start[e] <= r < own_start[e + 1]
+    while (hi - lo > 1) {
+      const uint32_t mid = (lo + hi) / 2;
+      (static_cast<uint32_t>(l.own_start[mid]) <= r ? lo : hi) = mid;
+    }
+    const bool valid = static_cast<int>(r) - l.own_start[lo] < own_total[lo];
+    m_indices[r] = valid ? static_cast<int>(lo) : -1;
+    global_ids[r] = valid ? first_expert + lo : -1;
+  }
+  if (blockIdx.x == 0) {
+    for (uint32_t e = threadIdx.x; e < num_local; e += kThreads) masked_m[e] = own_total[e];
+  }
 }
 
-// Received row rows[i] of this rank's layout: its slot word names the source rank and the pair.
+// This rank's side of the count exchange, for P E_l = E experts: key[p] = the pair's expert, or E
+// when it is not sent (-1 or an id outside [0, E)), which sorts it last; row[g] += the pairs of
+// expert g, row[E] += the ids outside [-1, E) (the caller raises on them after the exchange).
+// `row` [E + 1] is zeroed by the caller; a CTA counts in shared memory, then adds its counts.
+template <uint32_t kThreads>
+__global__ void __launch_bounds__(kThreads)
+    moe_exchange_count_kernel(const long long* __restrict__ topk_idx, uint32_t num_pairs, uint32_t num_experts,
+                              long long* __restrict__ key, int* __restrict__ row) {
+  extern __shared__ int counts[];  // [E + 1]
+  for (uint32_t g = threadIdx.x; g <= num_experts; g += kThreads) counts[g] = 0;
+  __syncthreads();
+  for (uint32_t p = blockIdx.x * kThreads + threadIdx.x; p < num_pairs; p += gridDim.x * kThreads) {
+    const long long id = topk_idx[p];
+    const bool sent = id >= 0 && id < num_experts;
+    key[p] = sent ? id : num_experts;
+    if (sent || id != -1) atomicAdd(&counts[sent ? static_cast<uint32_t>(id) : num_experts], 1);
+  }
+  __syncthreads();
+  for (uint32_t g = threadIdx.x; g <= num_experts; g += kThreads) {
+    if (counts[g] != 0) atomicAdd(row + g, counts[g]);
+  }
+}
+
+// Row r < num_rows of this rank's layout with m_indices[r] >= 0 (a received row): its slot word
+// names the source rank and the pair in it.
 template <uint32_t kHidden, uint32_t kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_exchange_combine_kernel(const long long* __restrict__ tables, uint32_t num_ranks, uint32_t rank,
-                                uint32_t pairs_per_rank, const long long* __restrict__ rows, uint32_t num_rows,
+                                uint32_t pairs_per_rank, const int* __restrict__ m_indices, uint32_t num_rows,
                                 const __nv_bfloat16* __restrict__ expert_out) {
   static_assert(kHidden % 8 == 0, "rows are copied 16 bytes at a time");
   const uint32_t lane = threadIdx.x % 32;
   const int* slots = reinterpret_cast<const int*>(tables[kExSlots * num_ranks + rank]);
-  for (uint32_t i = blockIdx.x * kWarps + threadIdx.x / 32; i < num_rows; i += gridDim.x * kWarps) {
-    const auto row = static_cast<uint64_t>(rows[i]);
-    const auto slot = static_cast<uint32_t>(slots[row]);
+  for (uint32_t r = blockIdx.x * kWarps + threadIdx.x / 32; r < num_rows; r += gridDim.x * kWarps) {
+    if (m_indices[r] < 0) continue;
+    const auto slot = static_cast<uint32_t>(slots[r]);
     const uint32_t source = slot / pairs_per_rank;
     if (source >= num_ranks) continue;  // never written by the dispatch kernel; never write outside the group
     auto* dst = reinterpret_cast<uint4*>(tables[kExCombine * num_ranks + source]) +
                 uint64_t(slot % pairs_per_rank) * (kHidden / 8);
-    copy_row_warp<kHidden / 8>(reinterpret_cast<const uint4*>(expert_out + row * kHidden), dst, lane);
+    copy_row<kHidden / 8, 32>(reinterpret_cast<const uint4*>(expert_out + uint64_t(r) * kHidden), dst, lane);
   }
 }
 

@@ -12,8 +12,9 @@
 //   warpgroup kNumMathWG:       converter — packed B tile -> E4M3 tile in the 128-byte swizzled
 //                               layout wgmma reads, plus one FP32 column scale per row of B;
 //   last warpgroup, warp 0:     TMA producer for A and packed B;
-//   last warpgroup, warp 1:     scale producer — cp.async of the A scales and of one 32-bit word
-//                               of four exponent bytes per B row, on the same mbarrier.
+//   last warpgroup, warps 1-3:  scale producers, taking the stages in turn — cp.async of the A
+//                               scales and of one 32-bit word of four exponent bytes per B row,
+//                               on the same mbarrier.
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/epilogue.cuh>
@@ -33,8 +34,9 @@ struct Fp8Fp4GemmSmem {
   static constexpr uint32_t kA = kBlockM * kBlockK;
   static constexpr uint32_t kB = kBlockN * kBlockK;            // converted E4M3, swizzled
   static constexpr uint32_t kPackedB = kBlockN * kBlockK / 2;  // E2M1 as loaded, 64-byte swizzle
-  // Per stage: A scales (FP32), B exponent words (4 x UE8M0), B column scales (FP32).
-  static constexpr uint32_t kScaleBytes = (kBlockM + 2 * kBlockN) * 4;
+  // Per stage: A scales (FP32), B exponent words (4 x UE8M0), B column scales (FP32, in
+  // ColumnScaleLayout's order; launchers/sm90_fp8_fp4_gemm.hpp's stage_bytes mirrors the size).
+  static constexpr uint32_t kScaleBytes = (kBlockM + kBlockN + ColumnScaleLayout<kBlockN>::kFloats) * 4;
   static constexpr uint32_t kOffsetA = kD;
   static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kA;
   static constexpr uint32_t kOffsetPackedB = kOffsetB + kNumStages * kB;
@@ -47,7 +49,7 @@ struct Fp8Fp4GemmSmem {
 
 // shape_m and grouped_layout as in sm90_fp8_gemm_nt; sfb: exponent bytes, 4-byte aligned rows.
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
-          uint32_t kNumStages, uint32_t kGroupN, uint32_t kSwizzleDBytes>
+          uint32_t kNumStages, uint32_t kGroupN, uint32_t kSwizzleDBytes, uint32_t kScaleWarps = 3>
 __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) * 128, 1)
     sm90_fp8_fp4_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                          const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -65,10 +67,14 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   constexpr uint32_t kNumConverterWG = kNumMathWG == 1 ? 2 : 1;
   constexpr uint32_t kConverterThreads = kNumConverterWG * 128;
   constexpr uint32_t kNumKBlocks = kShapeK / kBlockK;
-  // Register budgets (a CTA owns the SM's 64K registers): the scale warp keeps a row pointer per
-  // lane for A and kBlockN / 32 for B (at 40 registers it spilled inside its loop and starved the
-  // pipeline), a converter task holds up to 16 packed words in and 8 converted ones out, math two
-  // accumulator sets of kBlockN / 2 each.
+  // Scale producers: warps 1.. of the producer warpgroup (warp 0 issues the TMA loads), at most
+  // one per stage.
+  static_assert(kScaleWarps >= 1 && kScaleWarps <= 3, "1 to 3 scale warps");
+  constexpr uint32_t kNumScaleWarps = kScaleWarps < kNumStages ? kScaleWarps : kNumStages;
+  // Register budgets (a CTA owns the SM's 64K registers): the scale warps keep per-tile 32-bit
+  // row offsets, kBlockM / 32 for A and kBlockN / 32 for B (under 40 registers at 128 x 128; the
+  // 64-bit row pointers they replaced spilled at 40), a converter task holds up to 16 packed words
+  // in and 8 converted ones out, math two accumulator sets of kBlockN / 2 each.
   constexpr uint32_t kProducerRegisters = kNumMathWG == 1 ? 64 : 48;
   constexpr uint32_t kConverterRegisters = kNumMathWG == 1 ? 80 : 56;
   constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 232 : 200;
@@ -93,12 +99,15 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   auto* barriers = reinterpret_cast<uint64_t*>(smem + Smem::kOffsetBarriers);
   const StageRing<kNumStages> ring{barriers, barriers + kNumStages};
   uint64_t* converted = barriers + 2 * kNumStages;
-  // Stage s's scales: A's kBlockM floats, then kBlockN exponent words, then kBlockN column scales.
+  // Stage s's scales: A's kBlockM floats, then kBlockN exponent words, then the column scales.
   const auto stage_scales = [&](uint32_t stage) {
     return reinterpret_cast<float*>(smem + Smem::kOffsetScales + stage * Smem::kScaleBytes);
   };
 
-  const uint32_t warp = threadIdx.x / 32;
+  // Broadcast from lane 0, the warp index is provably warp-uniform: so are the roles' branches on
+  // it (the scale warps' turns, the math warpgroup's wgmma descriptors), which then live in uniform
+  // registers instead of being moved there (R2UR) before every use.
+  const uint32_t warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);
   const uint32_t lane = sm90::lane_id();
   if (threadIdx.x == kNumMathThreads + kConverterThreads) {
     sm90::tma_prefetch_descriptor(&map_a);
@@ -118,47 +127,84 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   const auto a_row0 = [&](const Tile& tile) {
     return (kType == GemmType::kGroupedMasked ? tile.group * m : 0) + tile.m_block * kBlockM;
   };
+  // The tile loop of a whole warp. The scheduler reads group ids from global memory, values ptxas
+  // cannot prove warp-uniform, so the loop would count as divergent and the K loop inside it could
+  // not keep its stage, phase and addresses (the wgmma descriptors) in uniform registers: every
+  // lane gets the same answer, broadcast from lane 0 the loop is provably uniform.
+  const auto next_tile = [&](Tile& tile) { return __shfl_sync(0xffffffffu, scheduler.next(tile), 0); };
 
   if (threadIdx.x >= kNumMathThreads + kConverterThreads) {
     sm90::setmaxnreg_dec<kProducerRegisters>();
     const uint32_t producer_warp = warp - (kNumMathWG + kNumConverterWG) * 4;
-    if (producer_warp == 0 && lane == 0) {
-      while (scheduler.next(t)) {
-        const uint32_t row_a = a_row0(t), row_b = t.group * kShapeN + t.n_block * kBlockN;
-        for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
-          ring.producer_acquire(pipe);
-          uint64_t* full = ring.full + pipe.stage;
-          sm90::mbarrier_arrive_expect_tx(full, Smem::kA + Smem::kPackedB);
-          sm90::tma_load_2d(smem + Smem::kOffsetA + pipe.stage * Smem::kA, &map_a, full, kb * kBlockK, row_a);
-          sm90::tma_load_2d(smem + Smem::kOffsetPackedB + pipe.stage * Smem::kPackedB, &map_b, full,
-                            kb * kBlockK / 2, row_b);
+    // The lane test nested inside the warp test: as part of one condition it would make the scale
+    // warps' branch the else of a lane-divergent one, and ptxas would keep none of their loop state
+    // in uniform registers.
+    if (producer_warp == 0) {
+      if (lane == 0) {
+        while (scheduler.next(t)) {
+          const uint32_t row_a = a_row0(t), row_b = t.group * kShapeN + t.n_block * kBlockN;
+          for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
+            ring.producer_acquire(pipe);
+            uint64_t* full = ring.full + pipe.stage;
+            sm90::mbarrier_arrive_expect_tx(full, Smem::kA + Smem::kPackedB);
+            sm90::tma_load_2d(smem + Smem::kOffsetA + pipe.stage * Smem::kA, &map_a, full, kb * kBlockK, row_a);
+            sm90::tma_load_2d(smem + Smem::kOffsetPackedB + pipe.stage * Smem::kPackedB, &map_b, full,
+                              kb * kBlockK / 2, row_b);
+          }
         }
       }
-    } else if (producer_warp == 1) {
-      constexpr int kScaleUnroll = kNumMathWG == 1 ? 4 : 1;
-      while (scheduler.next(t)) {
+    } else if (producer_warp >= 1 && producer_warp <= kNumScaleWarps) {
+      // The scale warps take the stages in turn (turn counts K blocks across tiles). One warp issued
+      // ~225 instructions per K block (64-bit addresses rebuilt per copy in a loop), as many as a
+      // math warp, all on one SM sub-partition. A warp's stage is at most one phase ahead of the
+      // consumers' releases because kNumStages >= kNumScaleWarps.
+      const uint32_t my_turn = producer_warp - 1;
+      uint32_t turn = 0;
+      while (next_tile(t)) {
+        // Per tile: 32-bit byte offsets of the lane's rows (the launcher checks that they fit), so a
+        // copy costs one 64-bit add per K block. Rows past the problem (or a masked group's max_m)
+        // read no A scale; rows past N read no exponents: their words are zero, their (zero-filled)
+        // B rows too.
         const uint32_t row_a = a_row0(t);
         const uint32_t row_end = kType == GemmType::kGroupedMasked ? (t.group + 1) * m : m;
-        const uint8_t* sfb_tile = sfb + uint64_t(t.group) * sfb_stride_g + uint64_t(t.n_block * kBlockN) * sfb_stride_n;
+        uint32_t offset_a[kBlockM / 32];
+        uint32_t valid_a = 0;
+#pragma unroll
+        for (uint32_t i = 0; i < kBlockM / 32; ++i) {
+          const uint32_t row = row_a + i * 32 + lane;
+          const bool valid = row < row_end;
+          offset_a[i] = valid ? row * sfa_stride_m * 4 : 0;
+          valid_a |= valid ? 1u << i : 0u;
+        }
+        constexpr uint32_t kRowsBPerLane = (kBlockN + 31) / 32;
         const uint32_t rows_b = min(kBlockN, kShapeN - t.n_block * kBlockN);
+        const uint8_t* sfb_group = sfb + uint64_t(t.group) * sfb_stride_g;
+        uint32_t offset_b[kRowsBPerLane];
+        uint32_t valid_b = 0;
+#pragma unroll
+        for (uint32_t i = 0; i < kRowsBPerLane; ++i) {
+          const uint32_t row = i * 32 + lane;
+          const bool valid = row < rows_b;
+          offset_b[i] = valid ? (t.n_block * kBlockN + row) * sfb_stride_n : 0;
+          valid_b |= valid ? 1u << i : 0u;
+        }
         for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
+          const bool mine = turn == my_turn;
+          turn = turn + 1 == kNumScaleWarps ? 0 : turn + 1;
+          if (!mine) continue;
           ring.producer_acquire(pipe);
           float* scales = stage_scales(pipe.stage);
-          // Beside two math warpgroups (48 registers) the unrolled loops' hoisted 64-bit row pointers
-          // spilled inside the k loop; there the addresses are rebuilt per k block instead.
-#pragma unroll kScaleUnroll
+          const uint8_t* sfa_k = reinterpret_cast<const uint8_t*>(sfa + uint64_t(kb) * sfa_stride_k);
+          const uint8_t* sfb_k = sfb_group + kb * 4;
+#pragma unroll
           for (uint32_t i = 0; i < kBlockM / 32; ++i) {
-            const uint32_t row = row_a + i * 32 + lane;
-            const bool valid = row < row_end;
-            const float* src = valid ? sfa + uint64_t(row) * sfa_stride_m + uint64_t(kb) * sfa_stride_k : sfa;
-            sm90::cp_async_4(scales + i * 32 + lane, src, valid ? 4 : 0);
+            sm90::cp_async_4(scales + i * 32 + lane, sfa_k + offset_a[i], (valid_a >> i) & 1 ? 4 : 0);
           }
-          // Rows past N read no exponents: their words are zero, their (zero-filled) B rows too.
-#pragma unroll kScaleUnroll
-          for (uint32_t row = lane; row < kBlockN; row += 32) {
-            const bool valid = row < rows_b;
-            const uint8_t* src = valid ? sfb_tile + row * sfb_stride_n + kb * 4 : sfb;
-            sm90::cp_async_4(scales + kBlockM + row, src, valid ? 4 : 0);
+#pragma unroll
+          for (uint32_t i = 0; i < kRowsBPerLane; ++i) {
+            if (kBlockN % 32 == 0 || i * 32 + lane < kBlockN) {
+              sm90::cp_async_4(scales + kBlockM + i * 32 + lane, sfb_k + offset_b[i], (valid_b >> i) & 1 ? 4 : 0);
+            }
           }
           sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
         }
@@ -192,7 +238,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
           if (kBlockN % kRowsPerPass == 0 || row < kBlockN) {
             const uint32_t exps = exponents[row];
             const uint32_t e_max = fp4::max_exponent(exps);
-            if (first_group == 0) column_scales[row] = fp4::column_scale(e_max);
+            if (first_group == 0) column_scales[ColumnScaleLayout<kBlockN>::slot(row)] = fp4::column_scale(e_max);
             // Byte g: e_max - e of the task's group g (no borrows, e_max is the largest byte).
             const uint32_t shifts = e_max * 0x01010101u - (exps >> (8 * first_group));
             // All loads first: the groups are independent, their latencies overlap.
@@ -224,12 +270,16 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   }
 
   sm90::setmaxnreg_inc<kMathRegisters>();
-  const uint32_t math_wg = threadIdx.x / 128;
+  const uint32_t math_wg = warp / 4;
   const uint32_t tile_row0 = math_wg * 64 + (warp % 4) * 16 + lane / 4;
+  // Stage 0's descriptors; stage s's lie s x its tile's bytes / 16 further (the 14-bit address field
+  // holds them all: shared memory ends below 2^18 bytes, so the sum never carries out of it).
+  const uint64_t desc_a0 = sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetA + math_wg * 64 * kBlockK);
+  const uint64_t desc_b0 = sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetB);
   float acc[Wgmma::kNumAccum];
   float final_acc[Wgmma::kNumAccum];
 
-  while (scheduler.next(t)) {
+  while (next_tile(t)) {
 #pragma unroll
     for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
 
@@ -237,10 +287,8 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
       // A arrives on full; the converted B tile and its column scales on `converted`.
       ring.consumer_wait(pipe);
       sm90::mbarrier_wait(converted + pipe.stage, pipe.phase);
-      const uint8_t* tile_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + math_wg * 64 * kBlockK;
-      const uint8_t* tile_b = smem + Smem::kOffsetB + pipe.stage * Smem::kB;
-      const uint64_t desc_a = sm90::make_sw128_kmajor_desc(tile_a);
-      const uint64_t desc_b = sm90::make_sw128_kmajor_desc(tile_b);
+      const uint64_t desc_a = desc_a0 + pipe.stage * (Smem::kA / 16);
+      const uint64_t desc_b = desc_b0 + pipe.stage * (Smem::kB / 16);
 #pragma unroll
       for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
       sm90::wgmma_fence();

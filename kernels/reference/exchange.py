@@ -66,12 +66,29 @@ def exclusive_cumsum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return x.cumsum(dim) - x
 
 
-def plan_exchange(counts: torch.Tensor, rank: int, alignment: int, masked_max_rows: int = 0) -> ExchangePlan:
-    """Build the :class:`ExchangePlan` of rank ``rank`` from ``counts`` int [P_dst, P_src, E_l] (host).
+@dataclass(frozen=True)
+class LayoutSizes:
+    """What a host needs of the layouts (the device lays the rows out): ``padded_rows`` [P_dst]
+    rows of each rank's layout, padding included; ``masked_rows`` [P_dst] rows per segment of a
+    masked layout, 0 for a contiguous one; ``num_send_rows`` pairs rank ``rank`` sends."""
 
-    A destination whose experts each receive at most ``min(masked_max_rows, alignment - 1)`` rows
-    (and some receive rows) gets the masked layout: never more rows than the contiguous layout's
-    worst case, so the receive buffers sized for that hold it."""
+    rank: int
+    padded_rows: tuple[int, ...]
+    masked_rows: tuple[int, ...]
+    num_send_rows: int
+
+    @property
+    def num_layout_rows(self) -> int:
+        return self.padded_rows[self.rank]
+
+    @property
+    def masked_max_m(self) -> int:
+        return self.masked_rows[self.rank]
+
+
+def _segments(counts: torch.Tensor, rank: int, alignment: int, masked_max_rows: int):
+    """Checked int64 counts, rows per expert [P_dst, E_l], segment lengths [P_dst, E_l] and the
+    masked layouts' rows per segment [P_dst] (0: contiguous)."""
     if counts.dim() != 3 or counts.shape[0] != counts.shape[1] or counts.is_floating_point():
         raise ValueError(f"counts must be an integer tensor [P, P, E_local], got {counts.dtype} {tuple(counts.shape)}")
     if not 0 <= rank < counts.shape[0]:
@@ -85,8 +102,24 @@ def plan_exchange(counts: torch.Tensor, rank: int, alignment: int, masked_max_ro
     padded = (per_expert + alignment - 1) // alignment * alignment
     # amax, not max(1): the CPU max with indices takes ~1.2 ms on a [2, 128] tensor (amax ~2 us).
     most = per_expert.amax(1) if per_expert.numel() else torch.zeros(counts.shape[0], dtype=torch.int64)
-    masked = (most > 0) & (most <= min(masked_max_rows, alignment - 1))
-    padded = torch.where(masked[:, None], most[:, None].expand_as(padded), padded)
+    masked = torch.where((most > 0) & (most <= min(masked_max_rows, alignment - 1)), most, 0)
+    padded = torch.where(masked[:, None] > 0, masked[:, None].expand_as(padded), padded)
+    return counts, per_expert, padded, masked
+
+
+def layout_sizes(counts: torch.Tensor, rank: int, alignment: int, masked_max_rows: int = 0) -> LayoutSizes:
+    """The :class:`LayoutSizes` of :func:`plan_exchange`'s layouts, without the row offsets."""
+    counts, _, padded, masked = _segments(counts, rank, alignment, masked_max_rows)
+    return LayoutSizes(rank, tuple(padded.sum(1).tolist()), tuple(masked.tolist()), int(counts[:, rank].sum()))
+
+
+def plan_exchange(counts: torch.Tensor, rank: int, alignment: int, masked_max_rows: int = 0) -> ExchangePlan:
+    """Build the :class:`ExchangePlan` of rank ``rank`` from ``counts`` int [P_dst, P_src, E_l] (host).
+
+    A destination whose experts each receive at most ``min(masked_max_rows, alignment - 1)`` rows
+    (and some receive rows) gets the masked layout: never more rows than the contiguous layout's
+    worst case, so the receive buffers sized for that hold it."""
+    counts, per_expert, padded, masked = _segments(counts, rank, alignment, masked_max_rows)
     segment_start = exclusive_cumsum(padded)                   # [P_dst, E_l]
     start = segment_start[:, None, :] + exclusive_cumsum(counts, 1)  # [P_dst, P_src, E_l]
     send_counts = counts[:, rank, :].reshape(-1)
@@ -97,8 +130,7 @@ def plan_exchange(counts: torch.Tensor, rank: int, alignment: int, masked_max_ro
     expert_delta = segment_start[rank] - exclusive_cumsum(expert_rows)
     return ExchangePlan(rank, alignment, counts, tuple(padded.sum(1).tolist()), send_counts, send_delta,
                         tuple(counts[:, rank, :].sum(1).tolist()), recv_counts, recv_delta,
-                        tuple(counts[rank].sum(1).tolist()), expert_rows, expert_delta,
-                        tuple(torch.where(masked, most, 0).tolist()))
+                        tuple(counts[rank].sum(1).tolist()), expert_rows, expert_delta, tuple(masked.tolist()))
 
 
 def expand_rows(delta: torch.Tensor, repeats: torch.Tensor, total: int) -> torch.Tensor:

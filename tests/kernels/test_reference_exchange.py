@@ -1,4 +1,4 @@
-"""The staged backend's exchange plan (moe_runtime/backends/staged_plan.py) against a brute-force
+"""The staged backend's exchange plan (kernels/reference/exchange.py) against a brute-force
 layout: contiguous segments padded to the alignment, the masked layout at decode sizes, and the
 row indices each side expands from it (CPU)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_runtime.backends.staged_plan import expand_rows, plan_exchange
+from kernels.reference.exchange import expand_rows, layout_sizes, plan_exchange
 
 
 def _brute_force_layouts(counts: torch.Tensor, alignment: int):
@@ -89,3 +89,15 @@ def test_plan_rejects_bad_counts():
         plan_exchange(-torch.ones(1, 1, 4, dtype=torch.int64), 0, 128)
     with pytest.raises(ValueError, match=r"rank must be in \[0, 2\)"):
         plan_exchange(torch.zeros(2, 2, 4, dtype=torch.int64), 2, 128)
+
+
+@pytest.mark.parametrize("num_ranks,num_local,high", [(1, 4, 3), (2, 128, 40), (8, 32, 2), (4, 8, 0)])
+def test_layout_sizes_match_the_plan(seed, num_ranks, num_local, high):
+    counts = torch.randint(0, high + 1, (num_ranks, num_ranks, num_local))
+    for rank in range(num_ranks):
+        for alignment, masked in ((128, 32), (16, 8), (1, 32)):
+            plan = plan_exchange(counts, rank, alignment, masked)
+            sizes = layout_sizes(counts, rank, alignment, masked)
+            assert (sizes.padded_rows, sizes.masked_rows, sizes.num_send_rows) == (
+                plan.padded_rows, plan.masked_rows, plan.num_send_rows)
+            assert (sizes.num_layout_rows, sizes.masked_max_m) == (plan.num_layout_rows, plan.masked_max_m)
