@@ -56,8 +56,15 @@ constexpr int kMulticastMinRows = 512;
 // (bench/RESULTS.md, 2026-11-30): they stay for wider B only.
 constexpr int kMulticastMinNLargeM = 4097;
 
-// MOE_FP8_MULTICAST=0 turns the clusters off, MOE_FP8_PINGPONG=0 the math warpgroups' ping-pong
-// (read on every call, so a benchmark can compare both in one process).
+// The math warpgroups take turns on the tensor cores only where a K block's wgmmas (block N > 128)
+// are long enough to cover the other warpgroup's promotion: at 128 x 128 the strict turns measured
+// 0.86x (4096 x 4096 x 7168) and at block N 144 0.97x, at block N 192 0.96-1.14x, 1.08x at
+// 7168 x 16384 (bench/RESULTS.md, 2026-11-30, session 6).
+constexpr int kPingPongMinBlockN = 129;
+
+// MOE_FP8_MULTICAST=0 turns the clusters off; MOE_FP8_PINGPONG=0 turns the math warpgroups' ping-pong
+// off and =1 on at any block N (block M 128) (read on every call, so a benchmark can compare both in
+// one process).
 inline bool env_enabled(const char* name) {
   const char* value = std::getenv(name);
   return value == nullptr || std::string(value) != "0";
@@ -117,7 +124,9 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.multicast = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
   cfg.scale_warps = std::min(scale_warps_setting(), t.num_stages);
   // One math warpgroup (block M 64) has no partner to take turns with.
-  cfg.pingpong = t.block_m == 128 && env_enabled("MOE_FP8_PINGPONG") ? 1 : 0;
+  const char* pingpong = std::getenv("MOE_FP8_PINGPONG");
+  const bool wants_pingpong = pingpong == nullptr ? t.block_n >= kPingPongMinBlockN : std::string(pingpong) != "0";
+  cfg.pingpong = t.block_m == 128 && wants_pingpong ? 1 : 0;
   return cfg;
 }
 

@@ -102,6 +102,19 @@ def test_heuristic_is_valid(m, n, k):
         assert cfg["grid"] >= min(cfg["num_tiles"], 0.8 * H200_SMS) or cfg["num_tiles"] < H200_SMS
 
 
+@pytest.mark.parametrize("env", [None, "0", "1"])
+def test_pingpong_follows_block_n(env, monkeypatch):
+    """Block M 128: the math warpgroups take turns by default only at block N > 128 (where it
+    measured faster); MOE_FP8_PINGPONG=0 turns it off, =1 on at any block N; block M 64 never."""
+    if env is not None:
+        monkeypatch.setenv("MOE_FP8_PINGPONG", env)
+    native = kernels.jit.native_module()
+    for m, n, k in [(4096, 4096, 7168), (4096, 7168, 16384), (4096, 576, 7168), (64, 7168, 2048)]:
+        cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+        wanted = cfg["block_n"] > 128 if env is None else env == "1"
+        assert cfg["pingpong"] == int(cfg["block_m"] == 128 and wanted), (m, n, k, cfg)
+
+
 @pytest.mark.parametrize("m,n,k,c_dtype", [(64, 2112, 7168, -1), (4096, 7168, 2048, -1), (129, 576, 7168, 1),
                                            (8191, 32768, 512, 0)])
 def test_compiles_for_sm90a(m, n, k, c_dtype):
@@ -169,7 +182,9 @@ def test_gpu_pingpong_matches_no_pingpong(m, n, k, seed, monkeypatch):
     second warpgroup has no valid row (M = 129, 170), block N 8, a scale split known only at run
     time (block N 144), a CTA with more tiles than others (1024 tiles on 132 SMs), 2-CTA clusters
     with an n-block past N (540 x 4232), 7168 x 16384. Same inputs with MOE_FP8_PINGPONG=0: the same
-    wgmmas and FFMAs per warpgroup, only their issue order differs, so D is bit for bit the same."""
+    wgmmas and FFMAs per warpgroup, only their issue order differs, so D is bit for bit the same.
+    MOE_FP8_PINGPONG=1 turns it on where the heuristic would not (block N <= 128)."""
+    monkeypatch.setenv("MOE_FP8_PINGPONG", "1")
     assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["pingpong"] == 1
     a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
     d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")

@@ -206,6 +206,7 @@ def test_gpu_pingpong_matches_no_pingpong(masked, max_m, expected_m, n, k, seed,
     contiguous (the same row counts, padding rows included), against MOE_FP8_PINGPONG=0: the same
     wgmmas and FFMAs per warpgroup, only their issue order differs, so bit for bit the same rows."""
     native, sms = kernels.jit.native_module(), kernels.get_num_sms()
+    monkeypatch.setenv("MOE_FP8_PINGPONG", "1")
     g = len(masked)
     counts = masked if any(masked) else [129]
     a_c, m_indices = make_contiguous(counts, k, "cuda")
