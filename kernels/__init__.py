@@ -8,7 +8,7 @@ call. Public functions that share a name with DeepGEMM's keep DeepGEMM's signatu
 from . import jit, reference, testing
 from ._fp4_fragment import transform_fp4_for_decode
 from .ep import EpLayout, ep_buffer_views, ep_combine, ep_dispatch, ep_signal_ints
-from .exchange import ExchangePeers, exchange_combine, exchange_count, exchange_dispatch
+from .exchange import ExchangePeers, exchange_combine, exchange_count, exchange_dispatch, exchange_sizes
 from .gemm import bf16_gemm_nt, fp8_gemm_nt
 from .grouped import (
     get_mk_alignment_for_contiguous_layout,
@@ -43,6 +43,7 @@ __all__ = [
     "exchange_combine",
     "exchange_count",
     "exchange_dispatch",
+    "exchange_sizes",
     "fp8_gemm_nt",
     "get_mk_alignment_for_contiguous_layout",
     "get_mn_major_tma_aligned_tensor",

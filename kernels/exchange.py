@@ -1,6 +1,9 @@
 """The staged backend's row exchange between the ranks of an expert-parallel group:
 
-* :func:`exchange_count`: the pairs' sort keys and this rank's row of the count matrix;
+* :func:`exchange_count`: each pair's position among its expert's pairs and this rank's row of the
+  count matrix;
+* :func:`exchange_sizes`: after the count exchange, the few ints the host needs (every rank's
+  layout size, masked rows, invalid ids; this rank's pairs sent), the dispatch's one host sync;
 * :func:`exchange_dispatch`: each sent (token, slot) pair's FP8 row, scales, top-k weight and slot
   word written into the row its owner's layout gives it (the layouts computed on the device from
   the count matrix), and this rank's layout index;
@@ -106,19 +109,14 @@ class ExchangePeers:
         return (self.tables.data_ptr(), self.num_ranks, self.rank, self.pairs_per_rank)
 
 
-def _check_index(fn: str, name: str, t: object, n: int | None = None) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 1 or (n is not None and t.numel() != n):
-        _checks.fail(fn, ValueError, f"{name} must be a 1-D int64 tensor{'' if n is None else f' of {n} elements'}, "
-                                     f"got {getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
-    return t.contiguous()
-
-
 def exchange_count(topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's side of the count exchange: ``(key, row)`` from ``topk_idx`` int64 [T, k].
+    """This rank's side of the count exchange: ``(within, row)`` from ``topk_idx`` int64 [T, k].
 
-    ``key`` int64 [T * k]: the pair's expert, or ``num_experts`` for a pair not sent (-1 or an id
-    outside [0, E)), so a stable sort puts the sent pairs first, grouped by expert; ``row`` int32
-    [E + 1]: pairs per expert, then the count of ids outside [-1, E) (invalid). One launch on CUDA."""
+    ``within`` int32 [T * k]: the pair's position among this rank's pairs of its expert, in [0,
+    row[expert]), or -1 for a pair not sent (-1 or an id outside [0, E)); the CPU path numbers them
+    in pair order, the CUDA kernel in any order (its atomics'), which only moves rows inside their
+    expert's segment. ``row`` int32 [E + 1]: pairs per expert, then the count of ids outside [-1, E)
+    (invalid). One launch on CUDA."""
     fn = "exchange_count"
     if not isinstance(topk_idx, torch.Tensor) or topk_idx.dtype != torch.int64 or topk_idx.dim() != 2:
         _checks.fail(fn, ValueError, f"topk_idx must be an int64 tensor [T, k], got "
@@ -133,12 +131,64 @@ def exchange_count(topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tens
         key = torch.where(sent, flat, num_experts)
         row.scatter_add_(0, key, sent.to(torch.int32))
         row[num_experts] = ((flat < -1) | (flat >= num_experts)).sum()
-        return key, row
+        order = torch.argsort(key, stable=True)
+        first = reference_exchange.exclusive_cumsum(torch.bincount(key, minlength=num_experts + 1))
+        within = torch.empty(flat.numel(), dtype=torch.int32, device=flat.device)
+        within.scatter_(0, order, (torch.arange(flat.numel(), device=flat.device) - first[key[order]]).to(torch.int32))
+        return within.masked_fill_(~sent, -1), row
     flat = flat.contiguous()
-    key = torch.empty_like(flat)
-    jit.native_module().moe_exchange_count(flat.data_ptr(), flat.numel(), num_experts, key.data_ptr(), row.data_ptr(),
-                                           topk_idx.device.index, _descriptors.current_stream(topk_idx.device))
-    return key, row
+    within = torch.empty(flat.numel(), dtype=torch.int32, device=flat.device)
+    jit.native_module().moe_exchange_count(flat.data_ptr(), flat.numel(), num_experts, within.data_ptr(),
+                                           row.data_ptr(), topk_idx.device.index,
+                                           _descriptors.current_stream(topk_idx.device))
+    return within, row
+
+
+def _check_counts(fn: str, counts: object, num_ranks: int, min_width: int) -> torch.Tensor:
+    if not isinstance(counts, torch.Tensor) or counts.dtype != torch.int32 or counts.dim() != 2 \
+            or counts.shape[0] != num_ranks or counts.shape[1] < min_width or counts.stride(1) != 1:
+        _checks.fail(fn, ValueError, f"counts must be an int32 tensor [{num_ranks}, >= {min_width}] with unit column "
+                                     f"stride, got {getattr(counts, 'dtype', type(counts).__name__)} "
+                                     f"{list(getattr(counts, 'shape', ()))}")
+    return counts
+
+
+def _check_ints(fn: str, values: tuple) -> None:
+    for name, value, low in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            _checks.fail(fn, ValueError, f"{name} must be an int >= {low}, got {value!r}")
+
+
+def exchange_sizes(counts: torch.Tensor, rank: int, num_local_experts: int, alignment: int,
+                   masked_max_rows: int = 0) -> reference_exchange.LayoutSizes:
+    """What the host needs of the layouts, from the count matrix ``counts`` int32 [P, >= P E_l + 1]
+    (row ``src``: the rows rank ``src`` sends to each global expert, then its invalid ids): every
+    rank's layout rows and masked rows, every source's invalid ids and the pairs rank ``rank``
+    sends (:class:`kernels.reference.exchange.LayoutSizes`, host ints). On CUDA one one-CTA launch
+    and one read of 3 P + 1 ints: the staged dispatch's only host sync."""
+    fn = "exchange_sizes"
+    _check_ints(fn, (("num_local_experts", num_local_experts, 1), ("alignment", alignment, 1),
+                     ("masked_max_rows", masked_max_rows, 0), ("rank", rank, 0)))
+    num_ranks = counts.shape[0] if isinstance(counts, torch.Tensor) and counts.dim() == 2 else 0
+    num_experts = num_ranks * num_local_experts
+    counts = _check_counts(fn, counts, max(num_ranks, 1), num_experts + 1)
+    if rank >= num_ranks:
+        _checks.fail(fn, ValueError, f"rank must be in [0, {num_ranks}), got {rank}")
+    if counts.device.type == "cpu":
+        sizes = reference_exchange.layout_sizes(_counts_matrix(counts, num_ranks, num_local_experts), rank, alignment,
+                                                masked_max_rows)
+        return reference_exchange.LayoutSizes(rank, sizes.padded_rows, sizes.masked_rows, sizes.num_send_rows,
+                                              tuple(counts[:, num_experts].tolist()))
+    if num_experts > kExchangeMaxExperts:
+        _checks.fail(fn, ValueError, f"at most {kExchangeMaxExperts} experts on CUDA, got {num_experts}")
+    out = torch.empty(3 * num_ranks + 1, dtype=torch.int32, device=counts.device)
+    jit.native_module().moe_exchange_sizes(counts.data_ptr(), counts.stride(0), num_ranks, rank, num_local_experts,
+                                           alignment, masked_max_rows, out.data_ptr(), counts.device.index,
+                                           _descriptors.current_stream(counts.device))
+    host = out.tolist()
+    p = num_ranks
+    return reference_exchange.LayoutSizes(rank, tuple(host[:p]), tuple(host[p: 2 * p]), host[3 * p],
+                                          tuple(host[2 * p: 3 * p]))
 
 
 @dataclass
@@ -159,46 +209,43 @@ def _counts_matrix(counts: torch.Tensor, num_ranks: int, num_local: int) -> torc
 
 
 def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tensor,
-                      topk_weights: torch.Tensor, order: torch.Tensor, counts: torch.Tensor, num_local_experts: int,
+                      topk_weights: torch.Tensor, within: torch.Tensor, counts: torch.Tensor, num_local_experts: int,
                       alignment: int, masked_max_rows: int, num_layout_rows: int,
                       first_expert: int = 0) -> ExchangeIndex:
-    """Sends this rank's sorted pairs into their owners' layouts and indexes this rank's layout.
+    """Sends this rank's pairs into their owners' layouts and indexes this rank's layout.
 
     Layouts: :func:`kernels.reference.exchange.plan_exchange` of the count matrix ``counts`` int32
     [P, C >= P E_l] (row ``src``: the rows rank ``src`` sends to each global expert; on CUDA the
-    kernel computes them on the device from this tensor, the host having read it for the sizes).
-    Sorted pair ``i`` (pair id ``order[i] = t * k + j``, global expert ``e = topk_idx[t, j]``) goes
-    to its row in rank ``e // num_local_experts``'s layout: ``acts`` <- ``xq[t]``, ``acts_sf`` <-
-    ``xs[t]``, ``weights`` <- ``topk_weights[t, j]``, ``slots`` <- ``rank * pairs_per_rank + t * k + j``.
+    kernel computes them on the device from this tensor). Pair ``p = t * k + j`` with global expert
+    ``e = topk_idx[t, j]`` in [0, E) goes to the row of its owner ``e // num_local_experts``'s layout
+    that this rank's ``within[p]``-th row of expert ``e`` takes: ``acts`` <- ``xq[t]``, ``acts_sf``
+    <- ``xs[t]``, ``weights`` <- ``topk_weights[t, j]``, ``slots`` <- ``rank * pairs_per_rank + p``.
 
     ``xq`` E4M3 [T, H] (float8_e4m3fn or uint8 bits), ``xs`` float32 [T, H/128], ``topk_idx`` int64
-    [T, k], ``topk_weights`` float32 [T, k], ``order`` int64 [n]: this rank's routed pairs sorted by
-    expert (stable), as many per expert as ``counts[rank]`` says (on CUDA, pairs beyond that or with
-    ids outside [0, E) are dropped rather than written; the CPU path raises); ``num_layout_rows``:
-    rows of this rank's layout (the plan's; checked on the CPU path only, which would sync on CUDA)."""
+    [T, k], ``topk_weights`` float32 [T, k], ``within`` int32 [T * k] (:func:`exchange_count`'s:
+    distinct positions in [0, counts[rank, e]) per expert; on CUDA a pair whose id or position the
+    counts do not cover is dropped rather than written, the CPU path raises); ``num_layout_rows``:
+    rows of this rank's layout (:func:`exchange_sizes`'s; checked on the CPU path only)."""
     fn = "exchange_dispatch"
     hidden = peers.hidden
     xq, num_tokens, k = _checks.check_token_pairs(fn, xq, xs, topk_idx, topk_weights, hidden)
-    order = _check_index(fn, "order", order)
-    for name, value, low in (("num_local_experts", num_local_experts, 1), ("alignment", alignment, 1),
-                             ("masked_max_rows", masked_max_rows, 0), ("num_layout_rows", num_layout_rows, 0),
-                             ("first_expert", first_expert, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            _checks.fail(fn, ValueError, f"{name} must be an int >= {low}, got {value!r}")
+    if not isinstance(within, torch.Tensor) or within.dtype != torch.int32 or tuple(within.shape) != (num_tokens * k,):
+        _checks.fail(fn, ValueError, f"within must be an int32 tensor of shape [{num_tokens * k}] (T x k), got "
+                                     f"{getattr(within, 'dtype', type(within).__name__)} "
+                                     f"{list(getattr(within, 'shape', ()))}")
+    _check_ints(fn, (("num_local_experts", num_local_experts, 1), ("alignment", alignment, 1),
+                     ("masked_max_rows", masked_max_rows, 0), ("num_layout_rows", num_layout_rows, 0),
+                     ("first_expert", first_expert, 0)))
     num_ranks, num_experts = peers.num_ranks, peers.num_ranks * num_local_experts
-    if not isinstance(counts, torch.Tensor) or counts.dtype != torch.int32 or counts.dim() != 2 \
-            or counts.shape[0] != num_ranks or counts.shape[1] < num_experts or counts.stride(1) != 1:
-        _checks.fail(fn, ValueError, f"counts must be an int32 tensor [{num_ranks}, >= {num_experts}] with unit column "
-                                     f"stride, got {getattr(counts, 'dtype', type(counts).__name__)} "
-                                     f"{list(getattr(counts, 'shape', ()))}")
+    counts = _check_counts(fn, counts, num_ranks, num_experts)
     if num_tokens * k > peers.pairs_per_rank:
         _checks.fail(fn, ValueError, f"{num_tokens} x {k} pairs exceed pairs_per_rank={peers.pairs_per_rank}")
-    device = _checks.check_same_device(fn, [xq, xs, topk_idx, topk_weights, order, counts, peers.acts[0]])
+    device = _checks.check_same_device(fn, [xq, xs, topk_idx, topk_weights, within, counts, peers.acts[0]])
     index = ExchangeIndex(torch.empty((num_layout_rows,), dtype=torch.int32, device=device),
                           torch.empty((num_layout_rows,), dtype=torch.int64, device=device),
                           torch.empty((num_local_experts,), dtype=torch.int32, device=device))
     if device.type == "cpu":
-        _dispatch_reference(peers, xq, xs, topk_idx, topk_weights, order, counts, num_local_experts, alignment,
+        _dispatch_reference(peers, xq, xs, topk_idx, topk_weights, within, counts, num_local_experts, alignment,
                             masked_max_rows, first_expert, index)
         return index
     # The kernel reads 16-byte vectors of xq's rows.
@@ -206,33 +253,41 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor, 
     xs, topk_idx, topk_weights = xs.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
     layout = (counts.data_ptr(), counts.stride(0), num_local_experts, alignment, masked_max_rows, num_layout_rows,
               first_expert, index.m_indices.data_ptr(), index.global_ids.data_ptr(), index.masked_m.data_ptr())
-    jit.native_module().moe_exchange_dispatch(peers.native(), layout, k, hidden, order.data_ptr(), order.numel(),
+    jit.native_module().moe_exchange_dispatch(peers.native(), layout, k, hidden, within.data_ptr(), within.numel(),
                                               topk_idx.data_ptr(), topk_weights.data_ptr(), xq.data_ptr(),
                                               xs.data_ptr(), device.index, _descriptors.current_stream(device))
     return index
 
 
-def _dispatch_reference(peers: ExchangePeers, xq, xs, topk_idx, topk_weights, order, counts, num_local: int,
+def _dispatch_reference(peers: ExchangePeers, xq, xs, topk_idx, topk_weights, within, counts, num_local: int,
                         alignment: int, masked_max_rows: int, first_expert: int, index: ExchangeIndex) -> None:
     fn = "exchange_dispatch"
     plan = reference_exchange.plan_exchange(_counts_matrix(counts, peers.num_ranks, num_local), peers.rank,
                                             alignment, masked_max_rows)
-    if plan.num_send_rows != order.numel() or plan.num_layout_rows != index.m_indices.numel():
+    flat = topk_idx.reshape(-1)
+    pairs = ((flat >= 0) & (flat < plan.send_counts.numel())).nonzero().view(-1)
+    expert, position = flat.index_select(0, pairs), within.index_select(0, pairs).to(torch.int64)
+    per_expert = plan.send_counts.index_select(0, expert)
+    if plan.num_send_rows != pairs.numel() or plan.num_layout_rows != index.m_indices.numel() \
+            or bool(((position < 0) | (position >= per_expert)).any()) \
+            or torch.unique(expert * (pairs.numel() + 1) + position).numel() != pairs.numel():
         _checks.fail(fn, ValueError, f"counts say {plan.num_send_rows} pairs to send and {plan.num_layout_rows} layout "
-                                     f"rows here, got {order.numel()} in order and num_layout_rows="
-                                     f"{index.m_indices.numel()}")
-    rows = reference_exchange.expand_rows(plan.send_delta, plan.send_counts, plan.num_send_rows)
-    owner = topk_idx.reshape(-1).index_select(0, order) // num_local
-    tokens = order // topk_idx.shape[1]
+                                     f"rows here, got {pairs.numel()} routed pairs, num_layout_rows="
+                                     f"{index.m_indices.numel()} and positions that are not distinct in "
+                                     "[0, counts[rank, expert]) per expert")
+    # The row on its owner of this rank's first pair of each global expert, plus the pair's position.
+    rows = (plan.send_delta + reference_exchange.exclusive_cumsum(plan.send_counts)).index_select(0, expert) + position
+    owner = expert // num_local
+    tokens = pairs // topk_idx.shape[1]
     for q in range(peers.num_ranks):
         mine = (owner == q).nonzero().view(-1)
         if mine.numel() == 0:
             continue
-        to, pairs = rows.index_select(0, mine), order.index_select(0, mine)
+        to, sent = rows.index_select(0, mine), pairs.index_select(0, mine)
         peers.acts[q].index_copy_(0, to, xq.index_select(0, tokens.index_select(0, mine)))
         peers.acts_sf[q].index_copy_(0, to, xs.index_select(0, tokens.index_select(0, mine)))
-        peers.weights[q].index_copy_(0, to, topk_weights.reshape(-1).index_select(0, pairs))
-        peers.slots[q].index_copy_(0, to, (pairs + peers.rank * peers.pairs_per_rank).to(torch.int32))
+        peers.weights[q].index_copy_(0, to, topk_weights.reshape(-1).index_select(0, sent))
+        peers.slots[q].index_copy_(0, to, (sent + peers.rank * peers.pairs_per_rank).to(torch.int32))
     index.m_indices.fill_(-1)
     valid = reference_exchange.expand_rows(plan.expert_delta, plan.expert_rows, plan.num_recv_rows)
     index.m_indices.index_copy_(0, valid, torch.repeat_interleave(

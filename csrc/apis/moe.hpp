@@ -57,19 +57,27 @@ using ExchangeLayoutTuple = std::tuple<std::uint64_t, int, int, int, int, long l
                                        std::uint64_t, std::uint64_t>;
 
 inline void moe_exchange_dispatch(const ExchangePeersTuple& peers, const ExchangeLayoutTuple& layout, int top_k,
-                                  int hidden, std::uint64_t order, long long num_send, std::uint64_t topk_idx,
+                                  int hidden, std::uint64_t within, long long num_pairs, std::uint64_t topk_idx,
                                   std::uint64_t topk_weights, std::uint64_t xq, std::uint64_t xs, int device,
                                   std::uint64_t stream) {
   const auto& [counts, stride, local, alignment, masked, rows, first, m_indices, global_ids, masked_m] = layout;
   moe_launchers::moe_exchange::dispatch(exchange_peers(peers),
                                         {counts, stride, local, alignment, masked, rows, first, m_indices, global_ids,
                                          masked_m},
-                                        top_k, hidden, order, num_send, topk_idx, topk_weights, xq, xs, device, stream);
+                                        top_k, hidden, within, num_pairs, topk_idx, topk_weights, xq, xs, device,
+                                        stream);
 }
 
-inline void moe_exchange_count(std::uint64_t topk_idx, long long num_pairs, int num_experts, std::uint64_t key,
+inline void moe_exchange_count(std::uint64_t topk_idx, long long num_pairs, int num_experts, std::uint64_t within,
                                std::uint64_t row, int device, std::uint64_t stream) {
-  moe_launchers::moe_exchange::count(topk_idx, num_pairs, num_experts, key, row, device, stream);
+  moe_launchers::moe_exchange::count(topk_idx, num_pairs, num_experts, within, row, device, stream);
+}
+
+inline void moe_exchange_sizes(std::uint64_t counts, int counts_stride, int num_ranks, int rank, int num_local,
+                               int alignment, int masked_max_rows, std::uint64_t sizes, int device,
+                               std::uint64_t stream) {
+  moe_launchers::moe_exchange::sizes(counts, counts_stride, num_ranks, rank, num_local, alignment, masked_max_rows,
+                                     sizes, device, stream);
 }
 
 inline void moe_exchange_combine(const ExchangePeersTuple& peers, int hidden, std::uint64_t m_indices,
@@ -137,21 +145,24 @@ inline pybind11::tuple moe_ep_ll_code(int kernel, int top_k, int hidden) {
 
 inline pybind11::tuple moe_exchange_code(int kernel, int top_k, int hidden) {
   namespace L = moe_launchers::moe_exchange;
-  MOE_HOST_ASSERT(kernel >= 0 && kernel <= 2,
-                  L::kFn << ": kernel must be 0 (dispatch), 1 (combine) or 2 (count), got " << kernel);
+  MOE_HOST_ASSERT(kernel >= 0 && kernel <= 3,
+                  L::kFn << ": kernel must be 0 (dispatch), 1 (combine), 2 (count) or 3 (sizes), got " << kernel);
   return as_tuple(L::generate(static_cast<L::Kernel>(kernel), top_k, hidden));
 }
 
 inline void register_apis(pybind11::module_& m) {
   using pybind11::arg;
   m.def("moe_exchange_dispatch", &moe_exchange_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "staged dispatch: sorted pairs' FP8 rows, scales, weights and slot words into their owners' layout rows "
-        "(layouts from the count matrix), and this rank's layout index");
+        "staged dispatch: the pairs' FP8 rows, scales, weights and slot words into their owners' layout rows "
+        "(layouts from the count matrix, positions from the count kernel), and this rank's layout index");
   m.def("moe_exchange_count", &moe_exchange_count, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "staged count: the pairs' sort keys and this rank's row of the count matrix (pairs per expert, invalid ids)");
+        "staged count: each pair's position among its expert's pairs and this rank's row of the count matrix "
+        "(pairs per expert, invalid ids)");
+  m.def("moe_exchange_sizes", &moe_exchange_sizes, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "staged sizes: every rank's layout rows, masked rows and invalid ids, and this rank's pairs sent, int32 [3P + 1]");
   m.def("moe_exchange_combine", &moe_exchange_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "staged combine: received rows' (m_indices >= 0) expert outputs into their sources' combine buffers");
-  m.def("moe_exchange_code", &moe_exchange_code, "(name, code) of an exchange kernel: 0 dispatch, 1 combine, 2 count (no GPU)",
+  m.def("moe_exchange_code", &moe_exchange_code, "(name, code) of an exchange kernel: 0 dispatch, 1 combine, 2 count, 3 sizes (no GPU)",
         arg("kernel"), arg("top_k"), arg("hidden"));
   m.def("moe_ep_dispatch", &moe_ep_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "low-latency EP dispatch (send + wait): this rank's pairs into the owners' buffers, masked_m [E_l], "

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <sstream>
 #include <string>
 
@@ -19,8 +20,8 @@ constexpr int kMaxRanks = 1024;
 constexpr int kMaxExperts = 2048;  // the layout's shared memory (4 ints per expert); kernels/exchange.py kExchangeMaxExperts
 constexpr const char* kFn = "moe_exchange";
 
-enum class Kernel : int { kDispatch = 0, kCombine = 1, kCount = 2 };
-constexpr int kCountThreads = 512;
+enum class Kernel : int { kDispatch = 0, kCombine = 1, kCount = 2, kSizes = 3 };
+constexpr int kCountThreads = 512;  // the count kernel's and the sizes kernel's (one CTA) block
 
 struct GeneratedKernel {
   std::string name;
@@ -40,14 +41,19 @@ inline GeneratedKernel generate(Kernel kernel, int top_k, int hidden) {
   if (kernel == Kernel::kDispatch) {
     os << "template __global__ void moe_kernels::moe_exchange_dispatch_kernel<" << top_k << ", " << hidden << ", "
        << kWarps << ">(const long long*, unsigned, unsigned, unsigned, unsigned, const int*, unsigned, unsigned, "
-                    "unsigned, const long long*, unsigned, const long long*, const float*, const unsigned char*, "
+                    "unsigned, const int*, unsigned, const long long*, const float*, const unsigned char*, "
                     "const float*, unsigned, long long, int*, long long*, int*);\n";
     return {"moe_exchange_dispatch", os.str()};
   }
   if (kernel == Kernel::kCount) {
     os << "template __global__ void moe_kernels::moe_exchange_count_kernel<" << kCountThreads
-       << ">(const long long*, unsigned, unsigned, long long*, int*);\n";
+       << ">(const long long*, unsigned, unsigned, int*, int*);\n";
     return {"moe_exchange_count", os.str()};
+  }
+  if (kernel == Kernel::kSizes) {
+    os << "template __global__ void moe_kernels::moe_exchange_sizes_kernel<" << kCountThreads
+       << ">(const int*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, int*);\n";
+    return {"moe_exchange_sizes", os.str()};
   }
   os << "template __global__ void moe_kernels::moe_exchange_combine_kernel<" << hidden << ", " << kWarps
      << ">(const long long*, unsigned, unsigned, unsigned, const int*, unsigned, const __nv_bfloat16*);\n";
@@ -86,17 +92,22 @@ inline void launch_kernel(Kernel kernel, int top_k, int hidden, long long ctas, 
   moe_jit::launch(*compiled, cfg, args...);
 }
 
-// key int64 [num_pairs] and row int32 [E + 1] (zeroed by the caller) from topk_idx int64 [num_pairs].
-inline void count(std::uint64_t topk_idx, long long num_pairs, int num_experts, std::uint64_t key, std::uint64_t row,
-                  int device, std::uint64_t stream) {
+// A one-CTA-shape kernel (count, sizes: kCountThreads threads, no template parameter but the kind).
+inline std::shared_ptr<const moe_jit::CompiledKernel> fixed_kernel(Kernel kernel, int device) {
+  static moe_jit::KernelMemo<std::array<int, 2>, moe_jit::IntArrayHash> memo;
+  return memo.get({static_cast<int>(kernel), device}, [&] {
+    const GeneratedKernel gen = generate(kernel, 1, 128);
+    return moe_jit::build(gen.name, gen.code, moe_jit::device_arch(device));
+  });
+}
+
+// within int32 [num_pairs] and row int32 [E + 1] (zeroed by the caller) from topk_idx int64 [num_pairs].
+inline void count(std::uint64_t topk_idx, long long num_pairs, int num_experts, std::uint64_t within,
+                  std::uint64_t row, int device, std::uint64_t stream) {
   MOE_HOST_ASSERT(num_experts >= 1 && num_experts <= kMaxExperts,
                   kFn << ": num_experts must be in [1, " << kMaxExperts << "], got " << num_experts);
   MOE_HOST_ASSERT(num_pairs >= 1 && num_pairs <= (1LL << 31) - 1, kFn << ": pairs must be in [1, 2^31), got " << num_pairs);
-  static moe_jit::KernelMemo<std::array<int, 2>, moe_jit::IntArrayHash> memo;
-  const auto compiled = memo.get({static_cast<int>(Kernel::kCount), device}, [&] {
-    const GeneratedKernel gen = generate(Kernel::kCount, 1, 128);
-    return moe_jit::build(gen.name, gen.code, moe_jit::device_arch(device));
-  });
+  const auto compiled = fixed_kernel(Kernel::kCount, device);
   moe_jit::LaunchConfig cfg;
   // A few pairs per thread: each CTA adds its whole histogram to `row`.
   const long long ctas = (num_pairs + 4LL * kCountThreads - 1) / (4LL * kCountThreads);
@@ -106,7 +117,39 @@ inline void count(std::uint64_t topk_idx, long long num_pairs, int num_experts, 
   cfg.stream = stream;
   cfg.device = device;
   moe_jit::launch(*compiled, cfg, reinterpret_cast<const long long*>(topk_idx), static_cast<unsigned>(num_pairs),
-                  static_cast<unsigned>(num_experts), reinterpret_cast<long long*>(key), reinterpret_cast<int*>(row));
+                  static_cast<unsigned>(num_experts), reinterpret_cast<int*>(within), reinterpret_cast<int*>(row));
+}
+
+inline unsigned layout_smem_bytes(long long num_experts, int num_local, int num_ranks, int threads) {
+  return static_cast<unsigned>(sizeof(int) * (4 * num_experts + num_local + 1 + num_ranks + threads / 32));
+}
+
+inline void check_layout_counts(int num_ranks, int num_local, int counts_stride, long long min_stride) {
+  const long long num_experts = 1LL * num_local * num_ranks;
+  MOE_HOST_ASSERT(num_local >= 1 && num_experts <= kMaxExperts && counts_stride >= min_stride,
+                  kFn << ": need 1 <= ranks x local experts <= " << kMaxExperts << " and a counts row of at least "
+                      << min_stride << " entries, got " << num_ranks << " x " << num_local << ", stride "
+                      << counts_stride);
+}
+
+// sizes int32 [3 P + 1] (the sizes kernel's) from counts int32 [P, counts_stride > P E_l].
+inline void sizes(std::uint64_t counts, int counts_stride, int num_ranks, int rank, int num_local, int alignment,
+                  int masked_max_rows, std::uint64_t out, int device, std::uint64_t stream) {
+  MOE_HOST_ASSERT(num_ranks >= 1 && num_ranks <= kMaxRanks && rank >= 0 && rank < num_ranks,
+                  kFn << ": rank " << rank << " of " << num_ranks << " ranks (at most " << kMaxRanks << ")");
+  check_layout_counts(num_ranks, num_local, counts_stride, 1LL * num_local * num_ranks + 1);
+  MOE_HOST_ASSERT(alignment >= 1 && masked_max_rows >= 0,
+                  kFn << ": alignment must be positive and masked_max_rows non-negative");
+  const auto compiled = fixed_kernel(Kernel::kSizes, device);
+  moe_jit::LaunchConfig cfg;
+  cfg.grid_x = 1;
+  cfg.block_x = kCountThreads;
+  cfg.smem_bytes = layout_smem_bytes(1LL * num_local * num_ranks, num_local, num_ranks, kCountThreads);
+  cfg.stream = stream;
+  cfg.device = device;
+  moe_jit::launch(*compiled, cfg, reinterpret_cast<const int*>(counts), static_cast<unsigned>(counts_stride),
+                  static_cast<unsigned>(num_ranks), static_cast<unsigned>(rank), static_cast<unsigned>(num_local),
+                  static_cast<unsigned>(alignment), static_cast<unsigned>(masked_max_rows), reinterpret_cast<int*>(out));
 }
 
 // The layout's inputs: counts int32 [P, counts_stride] (row src: its rows per global expert),
@@ -118,30 +161,26 @@ struct Layout {
   std::uint64_t m_indices, global_ids, masked_m;
 };
 
-inline void dispatch(const Peers& p, const Layout& l, int top_k, int hidden, std::uint64_t order, long long num_send,
+inline void dispatch(const Peers& p, const Layout& l, int top_k, int hidden, std::uint64_t within, long long num_pairs,
                      std::uint64_t topk_idx, std::uint64_t topk_weights, std::uint64_t xq, std::uint64_t xs, int device,
                      std::uint64_t stream) {
   check_shape(top_k, hidden);
-  check_peers(p, std::max(num_send, l.num_layout_rows));
+  check_peers(p, std::max(num_pairs, l.num_layout_rows));
   const long long num_experts = 1LL * l.num_local * p.num_ranks;
-  MOE_HOST_ASSERT(l.num_local >= 1 && num_experts <= kMaxExperts && l.counts_stride >= num_experts,
-                  kFn << ": need 1 <= ranks x local experts <= " << kMaxExperts << " and a counts row of at least "
-                      << num_experts << " entries, got " << p.num_ranks << " x " << l.num_local << ", stride "
-                      << l.counts_stride);
+  check_layout_counts(p.num_ranks, l.num_local, l.counts_stride, num_experts);
   MOE_HOST_ASSERT(l.alignment >= 1 && l.masked_max_rows >= 0,
                   kFn << ": alignment must be positive and masked_max_rows non-negative");
-  MOE_HOST_ASSERT(num_send >= 0 && l.num_layout_rows >= 0, kFn << ": negative row counts");
+  MOE_HOST_ASSERT(num_pairs >= 0 && l.num_layout_rows >= 0, kFn << ": negative row counts");
   MOE_HOST_ASSERT(xq % 16 == 0, kFn << ": xq must be 16-byte aligned");
-  const auto smem = static_cast<unsigned>(
-      sizeof(int) * (4 * num_experts + l.num_local + 1 + p.num_ranks + kWarps));
-  launch_kernel(Kernel::kDispatch, top_k, hidden, std::max((num_send + kWarps - 1) / kWarps,
+  launch_kernel(Kernel::kDispatch, top_k, hidden, std::max((num_pairs + kWarps - 1) / kWarps,
                                                            (l.num_layout_rows + kWarps * 32 - 1) / (kWarps * 32)),
-                smem, device, stream, reinterpret_cast<const long long*>(p.tables),
-                static_cast<unsigned>(p.num_ranks), static_cast<unsigned>(p.rank), static_cast<unsigned>(l.num_local),
+                layout_smem_bytes(num_experts, l.num_local, p.num_ranks, kWarps * 32), device, stream,
+                reinterpret_cast<const long long*>(p.tables), static_cast<unsigned>(p.num_ranks),
+                static_cast<unsigned>(p.rank), static_cast<unsigned>(l.num_local),
                 static_cast<unsigned>(p.pairs_per_rank), reinterpret_cast<const int*>(l.counts),
                 static_cast<unsigned>(l.counts_stride), static_cast<unsigned>(l.alignment),
-                static_cast<unsigned>(l.masked_max_rows), reinterpret_cast<const long long*>(order),
-                static_cast<unsigned>(num_send), reinterpret_cast<const long long*>(topk_idx),
+                static_cast<unsigned>(l.masked_max_rows), reinterpret_cast<const int*>(within),
+                static_cast<unsigned>(num_pairs), reinterpret_cast<const long long*>(topk_idx),
                 reinterpret_cast<const float*>(topk_weights), reinterpret_cast<const unsigned char*>(xq),
                 reinterpret_cast<const float*>(xs), static_cast<unsigned>(l.num_layout_rows), l.first_expert,
                 reinterpret_cast<int*>(l.m_indices), reinterpret_cast<long long*>(l.global_ids),

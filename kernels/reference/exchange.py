@@ -70,12 +70,15 @@ def exclusive_cumsum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 class LayoutSizes:
     """What a host needs of the layouts (the device lays the rows out): ``padded_rows`` [P_dst]
     rows of each rank's layout, padding included; ``masked_rows`` [P_dst] rows per segment of a
-    masked layout, 0 for a contiguous one; ``num_send_rows`` pairs rank ``rank`` sends."""
+    masked layout, 0 for a contiguous one; ``num_send_rows`` pairs rank ``rank`` sends;
+    ``invalid_ids`` [P_src] each source's expert ids outside [-1, E) (``kernels.exchange_sizes``
+    reads them from the count matrix's last column; empty from :func:`layout_sizes`)."""
 
     rank: int
     padded_rows: tuple[int, ...]
     masked_rows: tuple[int, ...]
     num_send_rows: int
+    invalid_ids: tuple[int, ...] = ()
 
     @property
     def num_layout_rows(self) -> int:

@@ -4,8 +4,9 @@ One forward, every rank of the expert-parallel group together (``P`` ranks, ``E_
 
 1. ``per_token_cast_to_fp8`` of this rank's tokens (1x128 scales);
 2. counts: each rank writes how many rows it sends to each global expert into row ``p`` of every
-   rank's ``signals`` view (the count matrix [P, E + 1]); barrier; each rank reads its copy of the
-   matrix (one host sync) for the layouts' sizes (:class:`LayoutSizes`);
+   rank's ``signals`` view (the count matrix [P, E + 1]); barrier; a one-CTA kernel reduces the
+   matrix to the few ints the host needs (every rank's layout size, this rank's pairs, invalid ids:
+   ``kernels.exchange_sizes``, :class:`LayoutSizes`), read in the forward's one host sync;
 3. dispatch: each (token, top-k slot) becomes one row, written straight into its place in the
    owner's ``l1_acts`` (FP8 row), ``l1_acts_sf`` (scales), ``l1_weights`` (top-k weight) and
    ``l1_slots`` (its slot word ``source rank * T_cap * k + t * k + j``), all in one launch
@@ -13,7 +14,7 @@ One forward, every rank of the expert-parallel group together (``P`` ranks, ``E_
    matrix and writes this rank's ``m_indices``); barrier. The owner's rows are then already
    in the contiguous layout of the grouped GEMM: one segment per local expert, padded to
    ``kernels.get_mk_alignment_for_contiguous_layout()`` rows, sources in rank order inside a
-   segment, a source's rows in its (token, slot) order;
+   segment, a source's rows of one expert in the count kernel's order (its atomics');
 4. L1 ``m_grouped_fp8_gemm_nt_contiguous`` (``m_indices``: the local expert of each row, -1 on
    padding rows) -> bf16 [M, 2I]; SwiGLU in float32 x top-k weight; ``per_token_cast_to_fp8``;
    L2 ``m_grouped_fp8_gemm_nt_contiguous`` -> bf16 [M, H] (FP4 weights: the
@@ -50,7 +51,7 @@ import kernels
 from moe_runtime.backends.base import (CombineHandle, DispatchCombine, DispatchResult, Experts, LocalExperts,
                                        MoEProblem)
 from kernels.exchange import ExchangePeers
-from kernels.reference.exchange import LayoutSizes, layout_sizes
+from kernels.reference.exchange import LayoutSizes
 from moe_runtime.dist import group_rank, group_size
 from moe_runtime.symm import SymmBuffer, ViewSpec, align_up, compute_layout
 
@@ -105,9 +106,8 @@ class _LocalExchange:
     def __init__(self, hidden: int, top_k: int, device: torch.device):
         self.hidden, self.top_k, self.device = hidden, top_k, device
 
-    def exchange_counts(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        counts = row.view(1, -1)
-        return counts, counts.cpu()
+    def exchange_counts(self, row: torch.Tensor) -> torch.Tensor:
+        return row.view(1, -1)
 
     def buffers(self, plan: LayoutSizes, num_tokens: int) -> ExchangePeers:
         rows, dev, pairs = plan.num_layout_rows, self.device, max(num_tokens * self.top_k, 1)
@@ -163,17 +163,16 @@ class _SymmExchange:
                                     self.rank, problem.num_max_tokens_per_rank * problem.top_k)
         self.buffer.barrier()
 
-    def exchange_counts(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def exchange_counts(self, row: torch.Tensor) -> torch.Tensor:
         """``row`` int32 [E + 1] (this rank's rows per global expert, then its invalid ids) into
         every rank's count matrix; barrier; returns this rank's matrix int32 [P, E + 1] on the device
-        (which the dispatch kernel reads: a peer rewrites its row only after the barrier that ends
-        this forward's dispatch) and a host copy."""
+        (which the sizes and dispatch kernels read: a peer rewrites its row only after the barrier
+        that ends this forward's dispatch)."""
         width = row.numel()
         for q in range(self.num_ranks):
             self.buffer.peer_view("signals", q)[self.rank * width: (self.rank + 1) * width].copy_(row)
         self.barrier()
-        counts = self.buffer.view("signals")[: self.num_ranks * width].view(self.num_ranks, width)
-        return counts, counts.cpu()
+        return self.buffer.view("signals")[: self.num_ranks * width].view(self.num_ranks, width)
 
     def buffers(self, plan: LayoutSizes, num_tokens: int) -> ExchangePeers:
         # Every rank sees the same plan, so every rank raises here together instead of hanging.
@@ -267,25 +266,22 @@ class StagedDispatchCombine(DispatchCombine):
                                                gran_k=kActGroup)
         if ids_checked and isinstance(ex, _LocalExchange) and 0 < num_tokens <= self.masked_max_rows:
             return self._dispatch_local_decode(xq, xs, topk_idx, topk_weights, x.dtype)
-        # Pairs (t, j) sorted by global expert; unrouted pairs (-1) sort last and are never sent. The
-        # row exchanged: this rank's pairs per global expert, then its invalid ids (checked after the
+        # Each pair's position among its expert's pairs (unrouted pairs (-1) are never sent). The row
+        # exchanged: this rank's pairs per global expert, then its invalid ids (checked after the
         # exchange, where every rank learns every rank's count: all raise together).
-        key, row = kernels.exchange_count(topk_idx, num_experts)
-        order = torch.argsort(key, stable=True)
-        counts, host = ex.exchange_counts(row)
-        invalid = host[:, num_experts].tolist()
-        if any(invalid):
-            raise ValueError(f"topk_idx must hold expert ids in [0, {num_experts}) or -1; ids outside that per "
-                             f"rank: {invalid}")
+        within, row = kernels.exchange_count(topk_idx, num_experts)
+        counts = ex.exchange_counts(row)
         # The sizes only (the dispatch kernel lays the rows out on the device from `counts`). The
         # alignment is read per forward: set_mk_alignment_for_contiguous_layout may change it.
         alignment, num_local = contiguous_alignment(), self.problem.num_local_experts
-        plan = layout_sizes(host[:, :num_experts].to(torch.int64).view(ex.num_ranks, ex.num_ranks, num_local)
-                            .transpose(0, 1), ex.rank, alignment, self.masked_max_rows)
+        plan = kernels.exchange_sizes(counts, ex.rank, num_local, alignment, self.masked_max_rows)
+        if any(plan.invalid_ids):
+            raise ValueError(f"topk_idx must hold expert ids in [0, {num_experts}) or -1; ids outside that per "
+                             f"rank: {list(plan.invalid_ids)}")
         peers = ex.buffers(plan, num_tokens)
         m = plan.num_layout_rows
-        index = kernels.exchange_dispatch(peers, xq, xs, topk_idx, topk_weights, order[: plan.num_send_rows], counts,
-                                          num_local, alignment, self.masked_max_rows, m, self.first_expert)
+        index = kernels.exchange_dispatch(peers, xq, xs, topk_idx, topk_weights, within, counts, num_local, alignment,
+                                          self.masked_max_rows, m, self.first_expert)
         ex.barrier()
 
         me = peers.rank

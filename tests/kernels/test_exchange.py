@@ -1,5 +1,5 @@
-"""kernels.exchange_dispatch / kernels.exchange_combine (kernels/exchange.py): the staged backend's
-row exchange. P ranks simulated in one process (every rank's views ordinary tensors, "peer"
+"""kernels.exchange_count / exchange_sizes / exchange_dispatch / exchange_combine (kernels/exchange.py):
+the staged backend's row exchange. P ranks simulated in one process (every rank's views ordinary tensors, "peer"
 addresses plain pointers), views poisoned first: each pair's row, scales, weight and slot word
 must land in the row kernels.reference.exchange.plan_exchange gives it on its owner (the kernel
 computes the layouts itself from the count matrix, contiguous and masked), this rank's layout
@@ -20,14 +20,15 @@ from test_sass import sass
 
 def make_problem(num_ranks: int, num_local: int, num_tokens: int, top_k: int, hidden: int, rank: int, device: str,
                  others: int, alignment: int = 16, masked_max_rows: int = 8):
-    """``rank``'s routing (distinct experts per token, some pairs unrouted), its pairs sorted by
-    expert, a count matrix whose other rows send up to ``others`` rows per expert, and every
-    rank's views poisoned. Returns (peers, inputs, order, counts, plan)."""
+    """``rank``'s routing (distinct experts per token, some pairs unrouted), each pair's position
+    among its expert's pairs (``within``, a random order per expert, as the CUDA count kernel's
+    atomics may give), a count matrix whose other rows send up to ``others`` rows per expert, and
+    every rank's views poisoned. Returns (peers, inputs, layout, plan)."""
     num_experts = num_ranks * num_local
     topk_idx = torch.rand(num_tokens, num_experts).topk(top_k, dim=1).indices
     topk_idx[torch.rand(num_tokens, top_k) < 0.1] = -1
     flat = topk_idx.reshape(-1)
-    order = torch.argsort(torch.where(flat >= 0, flat, num_experts), stable=True)[: int((flat >= 0).sum())]
+    within = shuffled_positions(flat, num_experts)
     counts = torch.randint(0, others + 1, (num_ranks, num_experts + 1), dtype=torch.int32)
     counts[rank, :num_experts] = torch.bincount(flat[flat >= 0], minlength=num_experts).to(torch.int32)
     plan = exchange_reference.plan_exchange(counts[:, :num_experts].long().view(num_ranks, num_ranks, num_local)
@@ -45,19 +46,32 @@ def make_problem(num_ranks: int, num_local: int, num_tokens: int, top_k: int, hi
     inputs = {"xq": torch.randint(0, 256, (num_tokens, hidden), dtype=torch.uint8).to(device),
               "xs": torch.rand(num_tokens, hidden // 128).add_(0.5).to(device),
               "topk_idx": topk_idx.to(device), "topk_weights": torch.rand(num_tokens, top_k).to(device)}
-    layout = {"order": order.to(device), "counts": counts.to(device), "num_local_experts": num_local,
+    layout = {"within": within.to(device), "counts": counts.to(device), "num_local_experts": num_local,
               "alignment": alignment, "masked_max_rows": masked_max_rows, "num_layout_rows": plan.num_layout_rows,
               "first_expert": rank * num_local}
     return peers, inputs, layout, plan
 
 
+def shuffled_positions(flat: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """int32 [n]: each routed pair's position among its expert's pairs, in a random order per
+    expert; -1 for unrouted pairs."""
+    within = torch.full((flat.numel(),), -1, dtype=torch.int32)
+    for g in range(num_experts):
+        pairs = (flat == g).nonzero().view(-1)
+        within[pairs] = torch.randperm(pairs.numel()).to(torch.int32)
+    return within
+
+
 def check_dispatch(peers, inputs, layout, plan):
-    """Each pair in its plan row on its owner; the layout index against the plan."""
+    """Each pair in its plan row on its owner (the plan's first row of its expert from this rank,
+    plus its position); the layout index against the plan."""
     k, num_local = inputs["topk_idx"].shape[1], layout["num_local_experts"]
-    rows = exchange_reference.expand_rows(plan.send_delta, plan.send_counts, plan.num_send_rows)
-    for i, pair in enumerate(layout["order"].tolist()):
-        q = int(inputs["topk_idx"].reshape(-1)[pair]) // num_local
-        row, t = int(rows[i]), pair // k
+    first = plan.send_delta + exchange_reference.exclusive_cumsum(plan.send_counts)
+    flat, within = inputs["topk_idx"].reshape(-1).cpu(), layout["within"].cpu()
+    for pair in (flat >= 0).nonzero().view(-1).tolist():
+        g = int(flat[pair])
+        q = g // num_local
+        row, t = int(first[g]) + int(within[pair]), pair // k
         assert torch.equal(peers.acts[q][row].cpu(), inputs["xq"][t].cpu())
         assert torch.equal(peers.acts_sf[q][row].cpu(), inputs["xs"][t].cpu())
         assert float(peers.weights[q][row]) == float(inputs["topk_weights"].reshape(-1)[pair])
@@ -137,18 +151,43 @@ def make_routing(num_tokens: int, top_k: int, num_experts: int) -> torch.Tensor:
 
 
 def expected_count(topk_idx: torch.Tensor, num_experts: int):
+    """Brute force: positions in pair order per expert (-1: not sent) and the count row."""
     flat = topk_idx.reshape(-1).tolist()
-    key = [i if 0 <= i < num_experts else num_experts for i in flat]
+    within = [flat[:p].count(i) if 0 <= i < num_experts else -1 for p, i in enumerate(flat)]
     row = [sum(i == g for i in flat) for g in range(num_experts)] + [sum(i < -1 or i >= num_experts for i in flat)]
-    return torch.tensor(key), torch.tensor(row, dtype=torch.int32)
+    return torch.tensor(within, dtype=torch.int32), torch.tensor(row, dtype=torch.int32)
 
 
 @pytest.mark.parametrize("num_tokens,top_k,num_experts", [(1, 1, 1), (37, 4, 15), (300, 8, 256)])
 def test_count_cpu(seed, num_tokens, top_k, num_experts):
     topk_idx = make_routing(num_tokens, top_k, num_experts)
-    key, row = kernels.exchange_count(topk_idx, num_experts)
-    expected_key, expected_row = expected_count(topk_idx, num_experts)
-    assert torch.equal(key, expected_key) and torch.equal(row, expected_row)
+    within, row = kernels.exchange_count(topk_idx, num_experts)
+    expected_within, expected_row = expected_count(topk_idx, num_experts)
+    assert torch.equal(within, expected_within) and torch.equal(row, expected_row)
+
+
+def make_counts(num_ranks: int, num_local: int, high: int) -> torch.Tensor:
+    """int32 [P, E + 1]: random rows per expert (some experts empty), then a few invalid ids."""
+    counts = torch.randint(0, high + 1, (num_ranks, num_ranks * num_local + 1), dtype=torch.int32)
+    counts[torch.rand(counts.shape) < 0.3] = 0
+    return counts
+
+
+# (ranks, local experts, rows per expert at most, alignment, masked_max_rows): contiguous and masked.
+kSizeCases = [(1, 4, 3, 16, 8), (2, 128, 40, 128, 32), (3, 5, 200, 64, 0), (8, 32, 6, 128, 32), (4, 512, 9, 8, 4)]
+
+
+@pytest.mark.parametrize("num_ranks,num_local,high,alignment,masked_max_rows", kSizeCases)
+def test_sizes_cpu(seed, num_ranks, num_local, high, alignment, masked_max_rows):
+    counts = make_counts(num_ranks, num_local, high)
+    num_experts = num_ranks * num_local
+    for rank in range(num_ranks):
+        plan = exchange_reference.plan_exchange(counts[:, :num_experts].long().view(num_ranks, num_ranks, num_local)
+                                                .transpose(0, 1), rank, alignment, masked_max_rows)
+        sizes = kernels.exchange_sizes(counts, rank, num_local, alignment, masked_max_rows)
+        assert sizes.padded_rows == plan.padded_rows and sizes.masked_rows == plan.masked_rows
+        assert sizes.num_send_rows == plan.num_send_rows and sizes.num_layout_rows == plan.num_layout_rows
+        assert sizes.invalid_ids == tuple(counts[:, num_experts].tolist())
 
 
 def test_bad_arguments_name_the_argument():
@@ -159,8 +198,18 @@ def test_bad_arguments_name_the_argument():
         kernels.exchange_dispatch(peers, **inputs, **{**layout, "counts": layout["counts"][:, :3]})
     with pytest.raises(ValueError, match="num_local_experts must be"):
         kernels.exchange_dispatch(peers, **inputs, **{**layout, "num_local_experts": 0})
+    with pytest.raises(ValueError, match="within must be an int32 tensor of shape"):
+        kernels.exchange_dispatch(peers, **inputs, **{**layout, "within": layout["within"][:-1]})
+    out_of_range = layout["within"].clone()
+    out_of_range[int((out_of_range >= 0).nonzero()[0])] = 10**6
     with pytest.raises(ValueError, match="counts say"):
-        kernels.exchange_dispatch(peers, **inputs, **{**layout, "order": layout["order"][:-1]})
+        kernels.exchange_dispatch(peers, **inputs, **{**layout, "within": out_of_range})
+    with pytest.raises(ValueError, match="counts must be an int32 tensor \\[2, >= 9\\]"):
+        kernels.exchange_sizes(layout["counts"][:, :8], 0, 4, 16)
+    with pytest.raises(ValueError, match="rank must be in"):
+        kernels.exchange_sizes(layout["counts"], 2, 4, 16)
+    with pytest.raises(ValueError, match="alignment must be"):
+        kernels.exchange_sizes(layout["counts"], 0, 4, 0)
     with pytest.raises(ValueError, match="topk_idx must be an int64"):
         kernels.exchange_count(inputs["topk_idx"].int(), 8)
     with pytest.raises(ValueError, match="num_experts must be"):
@@ -179,11 +228,16 @@ def test_bad_arguments_name_the_argument():
                               peers.combine, 0, 4)
 
 
-@pytest.mark.parametrize("kernel,top_k,hidden", [(0, 8, 7168), (0, 6, 2048), (1, 8, 7168), (1, 1, 384), (2, 1, 128)])
+@pytest.mark.parametrize("kernel,top_k,hidden", [(0, 8, 7168), (0, 6, 2048), (1, 8, 7168), (1, 1, 384), (2, 1, 128),
+                                                 (3, 1, 128)])
 def test_exchange_kernels_copy_16_bytes_at_a_time_without_spills(kernel, top_k, hidden):
     text = sass(*kernels.jit.native_module().moe_exchange_code(kernel, top_k, hidden))
-    if kernel == 2:  # count: a shared-memory histogram
+    if kernel == 2:  # count: a shared-memory histogram whose atomics number the pairs, one global add per expert
         assert "ATOMS.ADD" in text or "ATOMS.POPC.INC" in text
+        assert "ATOMG.E.ADD" in text or "ATOM.E.ADD" in text
+        return
+    if kernel == 3:  # sizes: one CTA over shared memory, no spills
+        assert "STL" not in text and "LDL" not in text
         return
     assert re.search(r"LDG\.E[.A-Z]*\.128", text) and re.search(r"STG\.E[.A-Z]*\.128", text)
     # The row's 16-byte vectors stay in registers (the dispatch kernel's bounds checks may spill a
@@ -223,36 +277,66 @@ def test_gpu_combine(seed, num_ranks, rows, hidden):
 
 @pytest.mark.gpu
 def test_gpu_dispatch_drops_pairs_the_counts_do_not_cover(seed):
-    """An order that disagrees with the counts (an unrouted pair, an extra pair of a counted expert)
-    writes nothing beyond what the well-formed order writes (the CPU path raises instead)."""
+    """Positions the counts do not cover (on unrouted pairs, past an expert's count, negative)
+    write nothing: the views equal the well-formed call's but for the rows of the pairs whose
+    positions were spoiled, which keep their poison (the CPU path raises instead)."""
     args = (3, 5, 37, 4, 384, 1, "cuda", 20)
-    good, inputs, layout, _ = make_problem(*args)
-    torch.manual_seed(seed)
-    bad, inputs_bad, layout_bad, _ = make_problem(*args)
-    for name in kernels.exchange.kExchangeViews:  # the same poisoned views and inputs
-        for q in range(good.num_ranks):
-            getattr(bad, name)[q].copy_(getattr(good, name)[q])
-    inputs_bad, layout_bad = inputs, dict(layout)
-    unrouted = (inputs["topk_idx"].reshape(-1) < 0).nonzero().view(-1)
-    assert unrouted.numel(), "the problem has unrouted pairs"
-    layout_bad["order"] = torch.cat([layout["order"], unrouted[:1], layout["order"][-1:]])
+    good, inputs, layout, plan = make_problem(*args)
+    poisoned = {name: tuple(t.clone() for t in getattr(good, name)) for name in kernels.exchange.kExchangeViews}
+    bad = kernels.ExchangePeers(*(tuple(t.clone() for t in poisoned[name]) for name in kernels.exchange.kExchangeViews),
+                                good.rank, good.pairs_per_rank)
+    flat, within = inputs["topk_idx"].reshape(-1).cpu(), layout["within"].cpu().clone()
+    unrouted, routed = (flat < 0).nonzero().view(-1), (flat >= 0).nonzero().view(-1)
+    assert unrouted.numel() and routed.numel() >= 2, "the problem has unrouted and routed pairs"
+    within[unrouted] = 0
+    first = plan.send_delta + exchange_reference.exclusive_cumsum(plan.send_counts)
+    spoiled = []
+    for pair, value in ((int(routed[0]), int(plan.send_counts[flat[routed[0]]])), (int(routed[-1]), -3)):
+        g = int(flat[pair])
+        spoiled.append((g // layout["num_local_experts"], int(first[g]) + int(within[pair])))
+        within[pair] = value
     kernels.exchange_dispatch(good, **inputs, **layout)
-    kernels.exchange_dispatch(bad, **inputs_bad, **layout_bad)
+    kernels.exchange_dispatch(bad, **inputs, **{**layout, "within": within.cuda()})
     torch.cuda.synchronize()
     for name in ("acts", "acts_sf", "weights", "slots"):
         for q in range(good.num_ranks):
-            assert torch.equal(getattr(bad, name)[q].nan_to_num(-1), getattr(good, name)[q].nan_to_num(-1)), name
-    cpu_bad = kernels.ExchangePeers(*(tuple(t.cpu() for t in getattr(bad, n)) for n in kernels.exchange.kExchangeViews),
-                                   bad.rank, bad.pairs_per_rank)
+            expected = getattr(good, name)[q].clone()
+            for owner, row in spoiled:
+                if owner == q:
+                    expected[row] = poisoned[name][q][row]
+            assert torch.equal(getattr(bad, name)[q].nan_to_num(-1), expected.nan_to_num(-1)), name
+    cpu = kernels.ExchangePeers(*(tuple(t.cpu() for t in poisoned[n]) for n in kernels.exchange.kExchangeViews),
+                                good.rank, good.pairs_per_rank)
     with pytest.raises(ValueError, match="counts say"):
-        kernels.exchange_dispatch(cpu_bad, **{n: t.cpu() for n, t in inputs.items()},
-                                  **{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in layout_bad.items()})
+        kernels.exchange_dispatch(cpu, **{n: t.cpu() for n, t in inputs.items()},
+                                  **{**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in layout.items()},
+                                     "within": within})
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_tokens,top_k,num_experts", [(1, 1, 1), (37, 4, 15), (4096, 8, 256), (5000, 8, 2048)])
 def test_gpu_count_matches_cpu(seed, num_tokens, top_k, num_experts):
+    """The row exactly; the positions, numbered by atomics in any order, as a permutation of
+    [0, count) per expert (-1 where not sent)."""
     topk_idx = make_routing(num_tokens, top_k, num_experts)
-    key, row = kernels.exchange_count(topk_idx.cuda(), num_experts)
-    expected_key, expected_row = kernels.exchange_count(topk_idx, num_experts)
-    assert torch.equal(key.cpu(), expected_key) and torch.equal(row.cpu(), expected_row)
+    within, row = kernels.exchange_count(topk_idx.cuda(), num_experts)
+    expected_within, expected_row = kernels.exchange_count(topk_idx, num_experts)
+    assert torch.equal(row.cpu(), expected_row)
+    within, flat = within.cpu().long(), topk_idx.reshape(-1)
+    assert torch.equal(within < 0, expected_within < 0)
+    n = flat.numel() + 1
+    sent = within >= 0
+    assert torch.equal(torch.sort(flat[sent] * n + within[sent]).values,
+                       torch.sort(flat[sent] * n + expected_within.long()[sent]).values)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_ranks,num_local,high,alignment,masked_max_rows", kSizeCases)
+def test_gpu_sizes_match_cpu(seed, num_ranks, num_local, high, alignment, masked_max_rows):
+    counts = make_counts(num_ranks, num_local, high)
+    padded = torch.full((num_ranks, counts.shape[1] + 5), -9, dtype=torch.int32)
+    padded[:, : counts.shape[1]] = counts  # a row stride past E + 1
+    for rank in range(num_ranks):
+        assert kernels.exchange_sizes(padded.cuda()[:, : counts.shape[1] + 3], rank, num_local, alignment,
+                                      masked_max_rows) == kernels.exchange_sizes(counts, rank, num_local, alignment,
+                                                                                 masked_max_rows)

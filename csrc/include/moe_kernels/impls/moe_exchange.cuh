@@ -1,9 +1,11 @@
 #pragma once
-// The staged backend's row exchange. Count: this rank's pairs per expert and their sort keys, the
-// row every rank's count matrix gets. After the count exchange: dispatch writes each sent (token,
-// slot) pair's FP8 row, scales, top-k weight and slot word into the row its owner's layout gives
-// it, and this rank's layout index (expert of each row); combine writes each received row's expert
-// output back into its source's combine buffer. One warp per row (common/copy.cuh).
+// The staged backend's row exchange. Count: this rank's pairs per expert and each pair's position
+// among its expert's pairs, the row every rank's count matrix gets. Sizes (after the count exchange):
+// every rank's layout size, masked rows and invalid ids, the few ints the host reads. Dispatch:
+// each sent (token, slot) pair's FP8 row, scales, top-k weight and slot word into the row its
+// owner's layout gives it, and this rank's layout index (expert of each row). Combine: each
+// received row's expert output back into its source's combine buffer. One warp per row
+// (common/copy.cuh).
 //
 // Peer tables (int64 [kNumTables, P], the addresses of rank q's views in this process, the
 // caller's own rank included): 0 acts uint8 [R, H], 1 acts_sf float32 [R, H/128], 2 weights
@@ -11,13 +13,14 @@
 // A row's slot word is source * pairs_per_rank + t * k + j: the combine finds the source rank and
 // the pair in it from the row alone.
 //
-// Layouts (kernels/reference/exchange.py's plan_exchange, which the host runs for the sizes):
+// Layouts (kernels/reference/exchange.py's plan_exchange, the CPU path's and the tests' oracle):
 // counts[src * counts_stride + g] are the rows rank src sends to global expert g = q * E_l + e.
 // Expert e of rank q owns a segment of align_up(its rows from all sources, alignment) rows, or of
 // the largest expert count of q when every expert of q receives at most min(masked_max_rows,
 // alignment - 1) rows and some receive rows (the masked layout); segments in expert order, sources
-// in rank order inside a segment, a source's rows in its sorted-pair order. Every CTA computes the
-// layouts in shared memory from the P x E counts, so the host reads the counts only for the sizes.
+// in rank order inside a segment, a source's rows in the order of their positions (`within`, from
+// the count kernel's atomics: any order, which moves rows inside a segment and changes no result).
+// Every CTA computes the layouts in shared memory from the P x E counts.
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/copy.cuh>
@@ -30,25 +33,25 @@ enum ExchangeTable : uint32_t { kExActs = 0, kExScales, kExWeights, kExSlots, kE
 
 // Shared memory of exchange_layout, 4 E + E_l + 1 + P + kThreads / 32 ints (the launcher sizes it).
 struct ExchangeLayout {
-  int* total;       // [E]: rows expert g receives from all sources
-  int* base;        // [E]: row, on its owner, of this rank's first pair for expert g
-  int* first_send;  // [E]: sorted index of this rank's first pair for expert g
-  int* segment;     // [E]: scratch (padded segment lengths, then their prefix sums)
-  int* own_start;   // [E_l + 1]: this rank's segment starts, then the rows of its layout
-  int* masked;      // [P]: rows per segment of rank q's masked layout, 0 when contiguous
-  int* warp_sums;   // [kThreads / 32]
+  int* total;      // [E]: rows expert g receives from all sources
+  int* base;       // [E]: row, on its owner, of this rank's first pair for expert g
+  int* sent;       // [E]: this rank's pairs for expert g
+  int* segment;    // [E]: padded segment lengths, then their exclusive prefix sums over all ranks
+  int* own_start;  // [E_l + 1]: this rank's segment starts, then the rows of its layout
+  int* masked;     // [P]: rows per segment of rank q's masked layout, 0 when contiguous
+  int* warp_sums;  // [kThreads / 32]
 
   __device__ ExchangeLayout(int* smem, uint32_t num_experts, uint32_t num_local, uint32_t num_ranks)
       : total(smem),
         base(smem + num_experts),
-        first_send(smem + 2 * num_experts),
+        sent(smem + 2 * num_experts),
         segment(smem + 3 * num_experts),
         own_start(smem + 4 * num_experts),
         masked(smem + 4 * num_experts + num_local + 1),
         warp_sums(smem + 4 * num_experts + num_local + 1 + num_ranks) {}
 };
 
-// Returns the pairs this rank's counts row sends.
+// Returns the rows of all ranks' layouts together (the end of the last segment).
 template <uint32_t kThreads>
 __device__ __forceinline__ int exchange_layout(const ExchangeLayout& l, const int* __restrict__ counts,
                                                 uint32_t counts_stride, uint32_t num_ranks, uint32_t rank,
@@ -63,7 +66,7 @@ __device__ __forceinline__ int exchange_layout(const ExchangeLayout& l, const in
     }
     l.total[g] = total;
     l.base[g] = before;
-    l.first_send[g] = counts[uint64_t(rank) * counts_stride + g];
+    l.sent[g] = counts[uint64_t(rank) * counts_stride + g];
   }
   __syncthreads();
   const int masked_limit = static_cast<int>(min(masked_max_rows, alignment - 1));
@@ -79,7 +82,6 @@ __device__ __forceinline__ int exchange_layout(const ExchangeLayout& l, const in
     l.segment[g] = masked > 0 ? masked : (l.total[g] + align - 1) / align * align;
   }
   const int all_rows = block_exclusive_scan<kThreads>(l.segment, num_experts, l.warp_sums);
-  const int num_counted = block_exclusive_scan<kThreads>(l.first_send, num_experts, l.warp_sums);
   for (uint32_t g = tid; g < num_experts; g += kThreads) {
     const uint32_t q = g / num_local;
     const int start = l.segment[g] - l.segment[q * num_local];  // inside rank q's layout
@@ -91,19 +93,21 @@ __device__ __forceinline__ int exchange_layout(const ExchangeLayout& l, const in
     l.own_start[num_local] = end - l.segment[rank * num_local];
   }
   __syncthreads();
-  return num_counted;
+  return all_rows;
 }
 
-// Sorted pair i < num_send (pair id order[i] = t * k + j, global expert g = topk_idx[order[i]],
-// in [0, E): the host counted every pair it sends) goes to row base[g] + i - first_send[g] of rank
-// g / E_l. The caller's num_layout_rows must be this rank's layout size (the host's plan). Then this rank's layout index over its num_layout_rows rows: m_indices (local expert or
-// -1 on padding rows), global_ids (global expert or -1), masked_m (rows per local expert).
+// Pair p = t * k + j < num_pairs with global expert g = topk_idx[p] in [0, E) and position
+// w = within[p] in [0, sent[g]) goes to row base[g] + w of rank g / E_l; other pairs (unrouted, or
+// a position the counts do not cover) are dropped, never written outside the owner's segment. The
+// caller's num_layout_rows must be this rank's layout size (the sizes kernel's). Then this rank's
+// layout index over its num_layout_rows rows: m_indices (local expert or -1 on padding rows),
+// global_ids (global expert or -1), masked_m (rows per local expert).
 template <uint32_t kTopK, uint32_t kHidden, uint32_t kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_exchange_dispatch_kernel(const long long* __restrict__ tables, uint32_t num_ranks, uint32_t rank,
                                  uint32_t num_local, uint32_t pairs_per_rank, const int* __restrict__ counts,
                                  uint32_t counts_stride, uint32_t alignment, uint32_t masked_max_rows,
-                                 const long long* __restrict__ order, uint32_t num_send,
+                                 const int* __restrict__ within, uint32_t num_pairs,
                                  const long long* __restrict__ topk_idx, const float* __restrict__ topk_weights,
                                  const uint8_t* __restrict__ xq, const float* __restrict__ xs,
                                  uint32_t num_layout_rows, long long first_expert, int* __restrict__ m_indices,
@@ -114,20 +118,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   extern __shared__ int smem[];
   const uint32_t num_experts = num_ranks * num_local;
   const ExchangeLayout l(smem, num_experts, num_local, num_ranks);
-  const int num_counted =
-      exchange_layout<kThreads>(l, counts, counts_stride, num_ranks, rank, num_local, alignment, masked_max_rows);
+  exchange_layout<kThreads>(l, counts, counts_stride, num_ranks, rank, num_local, alignment, masked_max_rows);
 
   const uint32_t lane = threadIdx.x % 32;
-  for (uint32_t i = blockIdx.x * kWarps + threadIdx.x / 32; i < num_send; i += gridDim.x * kWarps) {
-    const auto pair = static_cast<uint32_t>(order[i]);
-    const auto g = static_cast<uint32_t>(topk_idx[pair]);
-    // An order that disagrees with the counts (an unrouted id, or more pairs of an expert than
-    // counted) loses those pairs instead of writing outside the owner's segment.
-    if (g >= num_experts) continue;
-    const int within = static_cast<int>(i) - l.first_send[g];
-    if (within < 0 || static_cast<int>(i) >= (g + 1 < num_experts ? l.first_send[g + 1] : num_counted)) continue;
+  for (uint32_t pair = blockIdx.x * kWarps + threadIdx.x / 32; pair < num_pairs; pair += gridDim.x * kWarps) {
+    const long long id = topk_idx[pair];
+    if (id < 0 || id >= num_experts) continue;
+    const auto g = static_cast<uint32_t>(id);
+    const int w = within[pair];
+    if (w < 0 || w >= l.sent[g]) continue;
     const uint32_t owner = g / num_local;
-    const auto row = static_cast<uint64_t>(l.base[g] + within);
+    const auto row = static_cast<uint64_t>(l.base[g] + w);
     const uint32_t token = pair / kTopK;
     auto* acts = reinterpret_cast<uint4*>(tables[kExActs * num_ranks + owner] + row * kHidden);
     copy_row<kHidden / 16, 32>(reinterpret_cast<const uint4*>(xq + uint64_t(token) * kHidden), acts, lane);
@@ -155,27 +156,58 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// This rank's side of the count exchange, for P E_l = E experts: key[p] = the pair's expert, or E
-// when it is not sent (-1 or an id outside [0, E)), which sorts it last; row[g] += the pairs of
-// expert g, row[E] += the ids outside [-1, E) (the caller raises on them after the exchange).
-// `row` [E + 1] is zeroed by the caller; a CTA counts in shared memory, then adds its counts.
+// This rank's side of the count exchange, for P E_l = E experts: row[g] += the pairs of expert g,
+// row[E] += the ids outside [-1, E) (the caller raises on them after the exchange); within[p] = the
+// pair's position among this rank's pairs of its expert, -1 when it is not sent (-1 or an id outside
+// [0, E)). `row` [E + 1] is zeroed by the caller. A CTA counts in shared memory, where each pair's
+// atomic returns its position inside the CTA; the CTA's atomic add of its counts to `row` returns
+// the CTA's first position, which the second pass adds.
 template <uint32_t kThreads>
 __global__ void __launch_bounds__(kThreads)
     moe_exchange_count_kernel(const long long* __restrict__ topk_idx, uint32_t num_pairs, uint32_t num_experts,
-                              long long* __restrict__ key, int* __restrict__ row) {
-  extern __shared__ int counts[];  // [E + 1]
+                              int* __restrict__ within, int* __restrict__ row) {
+  extern __shared__ int counts[];  // [E + 1]: the CTA's pairs per expert, then its first positions
   for (uint32_t g = threadIdx.x; g <= num_experts; g += kThreads) counts[g] = 0;
   __syncthreads();
   for (uint32_t p = blockIdx.x * kThreads + threadIdx.x; p < num_pairs; p += gridDim.x * kThreads) {
     const long long id = topk_idx[p];
     const bool sent = id >= 0 && id < num_experts;
-    key[p] = sent ? id : num_experts;
-    if (sent || id != -1) atomicAdd(&counts[sent ? static_cast<uint32_t>(id) : num_experts], 1);
+    int position = -1;
+    if (sent || id != -1) position = atomicAdd(&counts[sent ? static_cast<uint32_t>(id) : num_experts], 1);
+    within[p] = sent ? position : -1;
   }
   __syncthreads();
   for (uint32_t g = threadIdx.x; g <= num_experts; g += kThreads) {
-    if (counts[g] != 0) atomicAdd(row + g, counts[g]);
+    if (counts[g] != 0) counts[g] = atomicAdd(row + g, counts[g]);
   }
+  __syncthreads();
+  for (uint32_t p = blockIdx.x * kThreads + threadIdx.x; p < num_pairs; p += gridDim.x * kThreads) {
+    const long long id = topk_idx[p];
+    if (id >= 0 && id < num_experts) within[p] += counts[id];
+  }
+}
+
+// After the count exchange, one CTA: sizes [3 P + 1] <- every rank's layout rows (padding
+// included) [P], its masked layout's rows per segment (0: contiguous) [P], every source's invalid
+// ids (counts[src][E]) [P], then the pairs this rank sends. counts_stride > E.
+template <uint32_t kThreads>
+__global__ void __launch_bounds__(kThreads)
+    moe_exchange_sizes_kernel(const int* __restrict__ counts, uint32_t counts_stride, uint32_t num_ranks,
+                              uint32_t rank, uint32_t num_local, uint32_t alignment, uint32_t masked_max_rows,
+                              int* __restrict__ sizes) {
+  extern __shared__ int smem[];
+  const uint32_t num_experts = num_ranks * num_local;
+  const ExchangeLayout l(smem, num_experts, num_local, num_ranks);
+  const int all_rows =
+      exchange_layout<kThreads>(l, counts, counts_stride, num_ranks, rank, num_local, alignment, masked_max_rows);
+  for (uint32_t q = threadIdx.x; q < num_ranks; q += kThreads) {
+    const int end = q + 1 < num_ranks ? l.segment[(q + 1) * num_local] : all_rows;
+    sizes[q] = end - l.segment[q * num_local];
+    sizes[num_ranks + q] = l.masked[q];
+    sizes[2 * num_ranks + q] = counts[uint64_t(q) * counts_stride + num_experts];
+  }
+  const int num_send = block_exclusive_scan<kThreads>(l.sent, num_experts, l.warp_sums);
+  if (threadIdx.x == 0) sizes[3 * num_ranks] = num_send;
 }
 
 // Row r < num_rows of this rank's layout with m_indices[r] >= 0 (a received row): its slot word
