@@ -109,14 +109,19 @@ class ExchangePeers:
         return (self.tables.data_ptr(), self.num_ranks, self.rank, self.pairs_per_rank)
 
 
-def exchange_count(topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+def exchange_count(topk_idx: torch.Tensor, num_experts: int,
+                   peer_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """This rank's side of the count exchange: ``(within, row)`` from ``topk_idx`` int64 [T, k].
 
     ``within`` int32 [T * k]: the pair's position among this rank's pairs of its expert, in [0,
     row[expert]), or -1 for a pair not sent (-1 or an id outside [0, E)); the CPU path numbers them
     in pair order, the CUDA kernel in any order (its atomics'), which only moves rows inside their
     expert's segment. ``row`` int32 [E + 1]: pairs per expert, then the count of ids outside [-1, E)
-    (invalid). One launch on CUDA."""
+    (invalid). One launch on CUDA.
+
+    ``peer_rows`` (CUDA only): int64 [P] on the device, the addresses of P int32 [E + 1] rows (this
+    rank's row of every rank's count matrix, peer memory included) that the kernel fills instead
+    of a new ``row``; then ``row`` is None."""
     fn = "exchange_count"
     if not isinstance(topk_idx, torch.Tensor) or topk_idx.dtype != torch.int64 or topk_idx.dim() != 2:
         _checks.fail(fn, ValueError, f"topk_idx must be an int64 tensor [T, k], got "
@@ -124,11 +129,18 @@ def exchange_count(topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tens
                                      f"{list(getattr(topk_idx, 'shape', ()))}")
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
         _checks.fail(fn, ValueError, f"num_experts must be a positive int, got {num_experts!r}")
+    if peer_rows is not None and (not isinstance(peer_rows, torch.Tensor) or peer_rows.dtype != torch.int64
+                                  or peer_rows.dim() != 1 or not peer_rows.is_contiguous()
+                                  or peer_rows.device != topk_idx.device or peer_rows.device.type != "cuda"):
+        _checks.fail(fn, ValueError, f"peer_rows must be None or a contiguous 1-D int64 tensor of row addresses on "
+                                     f"topk_idx's CUDA device ({topk_idx.device}), got "
+                                     f"{getattr(peer_rows, 'dtype', type(peer_rows).__name__)} on "
+                                     f"{getattr(peer_rows, 'device', '-')}")
     flat = topk_idx.reshape(-1)
-    row = torch.zeros(num_experts + 1, dtype=torch.int32, device=topk_idx.device)
-    if topk_idx.device.type == "cpu" or flat.numel() == 0:
+    if topk_idx.device.type == "cpu":
         sent = (flat >= 0) & (flat < num_experts)
         key = torch.where(sent, flat, num_experts)
+        row = torch.zeros(num_experts + 1, dtype=torch.int32, device=topk_idx.device)
         row.scatter_add_(0, key, sent.to(torch.int32))
         row[num_experts] = ((flat < -1) | (flat >= num_experts)).sum()
         order = torch.argsort(key, stable=True)
@@ -138,8 +150,11 @@ def exchange_count(topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tens
         return within.masked_fill_(~sent, -1), row
     flat = flat.contiguous()
     within = torch.empty(flat.numel(), dtype=torch.int32, device=flat.device)
+    row = torch.empty(num_experts + 1, dtype=torch.int32, device=flat.device) if peer_rows is None else None
     jit.native_module().moe_exchange_count(flat.data_ptr(), flat.numel(), num_experts, within.data_ptr(),
-                                           row.data_ptr(), topk_idx.device.index,
+                                           0 if row is None else row.data_ptr(),
+                                           0 if peer_rows is None else peer_rows.data_ptr(),
+                                           0 if peer_rows is None else peer_rows.numel(), topk_idx.device.index,
                                            _descriptors.current_stream(topk_idx.device))
     return within, row
 

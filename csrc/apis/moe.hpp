@@ -69,8 +69,8 @@ inline void moe_exchange_dispatch(const ExchangePeersTuple& peers, const Exchang
 }
 
 inline void moe_exchange_count(std::uint64_t topk_idx, long long num_pairs, int num_experts, std::uint64_t within,
-                               std::uint64_t row, int device, std::uint64_t stream) {
-  moe_launchers::moe_exchange::count(topk_idx, num_pairs, num_experts, within, row, device, stream);
+                               std::uint64_t row, std::uint64_t rows, int num_rows, int device, std::uint64_t stream) {
+  moe_launchers::moe_exchange::count(topk_idx, num_pairs, num_experts, within, row, rows, num_rows, device, stream);
 }
 
 inline void moe_exchange_sizes(std::uint64_t counts, int counts_stride, int num_ranks, int rank, int num_local,
@@ -157,7 +157,7 @@ inline void register_apis(pybind11::module_& m) {
         "(layouts from the count matrix, positions from the count kernel), and this rank's layout index");
   m.def("moe_exchange_count", &moe_exchange_count, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "staged count: each pair's position among its expert's pairs and this rank's row of the count matrix "
-        "(pairs per expert, invalid ids)");
+        "(pairs per expert, invalid ids) into a local row and/or every rank's matrix (row addresses)");
   m.def("moe_exchange_sizes", &moe_exchange_sizes, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "staged sizes: every rank's layout rows, masked rows and invalid ids, and this rank's pairs sent, int32 [3P + 1]");
   m.def("moe_exchange_combine", &moe_exchange_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),

@@ -21,7 +21,7 @@ constexpr int kMaxExperts = 2048;  // the layout's shared memory (4 ints per exp
 constexpr const char* kFn = "moe_exchange";
 
 enum class Kernel : int { kDispatch = 0, kCombine = 1, kCount = 2, kSizes = 3 };
-constexpr int kCountThreads = 512;  // the count kernel's and the sizes kernel's (one CTA) block
+constexpr int kCountThreads = 1024;  // the count and sizes kernels' one CTA
 
 struct GeneratedKernel {
   std::string name;
@@ -47,7 +47,7 @@ inline GeneratedKernel generate(Kernel kernel, int top_k, int hidden) {
   }
   if (kernel == Kernel::kCount) {
     os << "template __global__ void moe_kernels::moe_exchange_count_kernel<" << kCountThreads
-       << ">(const long long*, unsigned, unsigned, int*, int*);\n";
+       << ">(const long long*, unsigned, unsigned, int*, int*, const long long*, unsigned);\n";
     return {"moe_exchange_count", os.str()};
   }
   if (kernel == Kernel::kSizes) {
@@ -101,23 +101,25 @@ inline std::shared_ptr<const moe_jit::CompiledKernel> fixed_kernel(Kernel kernel
   });
 }
 
-// within int32 [num_pairs] and row int32 [E + 1] (zeroed by the caller) from topk_idx int64 [num_pairs].
+// within int32 [num_pairs] from topk_idx int64 [num_pairs]; the count row int32 [E + 1] into `row`
+// (0: none) and into the num_rows rows whose addresses the device array `rows` holds (0: none).
 inline void count(std::uint64_t topk_idx, long long num_pairs, int num_experts, std::uint64_t within,
-                  std::uint64_t row, int device, std::uint64_t stream) {
+                  std::uint64_t row, std::uint64_t rows, int num_rows, int device, std::uint64_t stream) {
   MOE_HOST_ASSERT(num_experts >= 1 && num_experts <= kMaxExperts,
                   kFn << ": num_experts must be in [1, " << kMaxExperts << "], got " << num_experts);
-  MOE_HOST_ASSERT(num_pairs >= 1 && num_pairs <= (1LL << 31) - 1, kFn << ": pairs must be in [1, 2^31), got " << num_pairs);
+  MOE_HOST_ASSERT(num_pairs >= 0 && num_pairs <= (1LL << 31) - 1, kFn << ": pairs must be in [0, 2^31), got " << num_pairs);
+  MOE_HOST_ASSERT(num_rows >= 0 && num_rows <= kMaxRanks && (rows != 0 || num_rows == 0),
+                  kFn << ": need 0 <= rows <= " << kMaxRanks << " row addresses, got " << num_rows);
   const auto compiled = fixed_kernel(Kernel::kCount, device);
   moe_jit::LaunchConfig cfg;
-  // A few pairs per thread: each CTA adds its whole histogram to `row`.
-  const long long ctas = (num_pairs + 4LL * kCountThreads - 1) / (4LL * kCountThreads);
-  cfg.grid_x = static_cast<unsigned>(std::min<long long>(ctas, moe_jit::get_num_sms(device)));
+  cfg.grid_x = 1;
   cfg.block_x = kCountThreads;
   cfg.smem_bytes = static_cast<unsigned>(sizeof(int) * (num_experts + 1));
   cfg.stream = stream;
   cfg.device = device;
   moe_jit::launch(*compiled, cfg, reinterpret_cast<const long long*>(topk_idx), static_cast<unsigned>(num_pairs),
-                  static_cast<unsigned>(num_experts), reinterpret_cast<int*>(within), reinterpret_cast<int*>(row));
+                  static_cast<unsigned>(num_experts), reinterpret_cast<int*>(within), reinterpret_cast<int*>(row),
+                  reinterpret_cast<const long long*>(rows), static_cast<unsigned>(num_rows));
 }
 
 inline unsigned layout_smem_bytes(long long num_experts, int num_local, int num_ranks, int threads) {

@@ -120,6 +120,12 @@ class LowLatencyDispatchCombine(DispatchCombine):
         # The rows' global expert ids never change: expert e's segment is rows [e R, (e + 1) R).
         self.row_experts = (torch.arange(e_l, device=device, dtype=torch.int64) + first_expert).repeat_interleave(
             self.rows).unsqueeze(1)
+        # The views a forward returns, made once (each view costs the host a few µs per call).
+        m, buf = e_l * self.rows, self.buffer
+        self._x = buf.view("ep_x").view(torch.float8_e4m3fn).view(m, problem.hidden)
+        self._x_sf = buf.view("ep_sf").view(m, problem.hidden // kActGroup)
+        self._weights = buf.view("ep_w").view(m, 1)
+        self._combine = buf.view("ep_combine")
         self.buffer.barrier()  # every rank's signals are zero before any rank's first send
 
     @classmethod
@@ -142,13 +148,10 @@ class LowLatencyDispatchCombine(DispatchCombine):
         routed = torch.empty((num_tokens, p.top_k), dtype=torch.bool, device=x.device)
         masked_m = kernels.ep_dispatch(self.layout, xq, xs, topk_idx, topk_weights, routed=routed)
         handle = LowLatencyCombineHandle(num_tokens, [], x.dtype, masked_m, routed)
-        buf = self.buffer
-        m = p.num_local_experts * self.rows
         # Rows per expert if the group's tokens spread evenly: the masked GEMMs' tile hint.
         expected = max(1, -(-num_tokens * p.top_k * self.num_ranks // p.num_experts))
-        return StagedDispatchResult(buf.view("ep_x").view(torch.float8_e4m3fn).view(m, p.hidden),
-                                    buf.view("ep_sf").view(m, p.hidden // kActGroup), self.row_experts,
-                                    buf.view("ep_w").view(m, 1), handle, None, masked_m, self.rows, expected)
+        return StagedDispatchResult(self._x, self._x_sf, self.row_experts, self._weights, handle, None, masked_m,
+                                    self.rows, expected)
 
     def combine(self, expert_out: torch.Tensor, handle: CombineHandle) -> torch.Tensor:
         """``expert_out`` bfloat16 [E_l x R, H] -> [T, H] of this rank in ``handle.out_dtype``."""
@@ -161,8 +164,7 @@ class LowLatencyDispatchCombine(DispatchCombine):
                              f"{list(expert_out.shape)}")
         kernels.ep_combine(self.layout, expert_out.view(p.num_local_experts, self.rows, p.hidden))
         t, k = handle.num_local_tokens, p.top_k
-        return kernels.moe_combine(self.buffer.view("ep_combine")[: t * k], None, handle.routed, t, k,
-                                   handle.out_dtype)
+        return kernels.moe_combine(self._combine[: t * k], None, handle.routed, t, k, handle.out_dtype)
 
 
 def create(problem: MoEProblem, experts: LocalExperts, group) -> tuple[DispatchCombine, Experts]:

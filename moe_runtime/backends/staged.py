@@ -3,8 +3,9 @@
 One forward, every rank of the expert-parallel group together (``P`` ranks, ``E_l`` local experts):
 
 1. ``per_token_cast_to_fp8`` of this rank's tokens (1x128 scales);
-2. counts: each rank writes how many rows it sends to each global expert into row ``p`` of every
-   rank's ``signals`` view (the count matrix [P, E + 1]); barrier; a one-CTA kernel reduces the
+2. counts: one launch numbers each pair among its expert's pairs and writes how many rows this
+   rank sends to each global expert into row ``p`` of every rank's ``signals`` view (the count
+   matrix [P, E + 1]; ``kernels.exchange_count``); barrier; a one-CTA kernel reduces the
    matrix to the few ints the host needs (every rank's layout size, this rank's pairs, invalid ids:
    ``kernels.exchange_sizes``, :class:`LayoutSizes`), read in the forward's one host sync;
 3. dispatch: each (token, top-k slot) becomes one row, written straight into its place in the
@@ -106,8 +107,10 @@ class _LocalExchange:
     def __init__(self, hidden: int, top_k: int, device: torch.device):
         self.hidden, self.top_k, self.device = hidden, top_k, device
 
-    def exchange_counts(self, row: torch.Tensor) -> torch.Tensor:
-        return row.view(1, -1)
+    def count(self, topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``kernels.exchange_count``'s positions and the count matrix int32 [1, E + 1]."""
+        within, row = kernels.exchange_count(topk_idx, num_experts)
+        return within, row.view(1, -1)
 
     def buffers(self, plan: LayoutSizes, num_tokens: int) -> ExchangePeers:
         rows, dev, pairs = plan.num_layout_rows, self.device, max(num_tokens * self.top_k, 1)
@@ -157,22 +160,35 @@ class _SymmExchange:
         self.buffer = SymmBuffer(compute_layout(specs), group=group, device=device)
         self.buffer.view("signals").zero_()
         ranks = range(self.num_ranks)
+        # The count matrix int32 [P, E + 1] (row p: rank p's) and, on CUDA, the addresses of this
+        # rank's row in every rank's matrix, which the count kernel writes directly.
+        width = self.num_ranks * problem.num_local_experts + 1
+        self._counts = self.buffer.view("signals")[: self.num_ranks * width].view(self.num_ranks, width)
+        self._count_rows = None
+        if device.type == "cuda":
+            self._count_rows = torch.tensor([self.buffer.peer_view("signals", q).data_ptr() + 4 * self.rank * width
+                                             for q in ranks], dtype=torch.int64, device=device)
         self._peers = ExchangePeers(tuple(self.buffer.peer_view("l1_acts", r).view(torch.uint8) for r in ranks),
                                     *(tuple(self.buffer.peer_view(name, r) for r in ranks)
                                       for name in ("l1_acts_sf", "l1_weights", "l1_slots", "combine")),
                                     self.rank, problem.num_max_tokens_per_rank * problem.top_k)
         self.buffer.barrier()
 
-    def exchange_counts(self, row: torch.Tensor) -> torch.Tensor:
-        """``row`` int32 [E + 1] (this rank's rows per global expert, then its invalid ids) into
-        every rank's count matrix; barrier; returns this rank's matrix int32 [P, E + 1] on the device
-        (which the sizes and dispatch kernels read: a peer rewrites its row only after the barrier
-        that ends this forward's dispatch)."""
-        width = row.numel()
-        for q in range(self.num_ranks):
-            self.buffer.peer_view("signals", q)[self.rank * width: (self.rank + 1) * width].copy_(row)
+    def count(self, topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``kernels.exchange_count``'s positions, its row (this rank's rows per global expert, then
+        its invalid ids) in every rank's count matrix (written by the kernel on CUDA, copied on the
+        CPU), barrier; returns the positions and this rank's matrix int32 [P, E + 1] (which the sizes
+        and dispatch kernels read: a peer rewrites its row only after the barrier that ends this
+        forward's dispatch)."""
+        if self._count_rows is not None:
+            within, _ = kernels.exchange_count(topk_idx, num_experts, self._count_rows)
+        else:
+            within, row = kernels.exchange_count(topk_idx, num_experts)
+            width = row.numel()
+            for q in range(self.num_ranks):
+                self.buffer.peer_view("signals", q)[self.rank * width: (self.rank + 1) * width].copy_(row)
         self.barrier()
-        return self.buffer.view("signals")[: self.num_ranks * width].view(self.num_ranks, width)
+        return within, self._counts
 
     def buffers(self, plan: LayoutSizes, num_tokens: int) -> ExchangePeers:
         # Every rank sees the same plan, so every rank raises here together instead of hanging.
@@ -269,8 +285,7 @@ class StagedDispatchCombine(DispatchCombine):
         # Each pair's position among its expert's pairs (unrouted pairs (-1) are never sent). The row
         # exchanged: this rank's pairs per global expert, then its invalid ids (checked after the
         # exchange, where every rank learns every rank's count: all raise together).
-        within, row = kernels.exchange_count(topk_idx, num_experts)
-        counts = ex.exchange_counts(row)
+        within, counts = ex.count(topk_idx, num_experts)
         # The sizes only (the dispatch kernel lays the rows out on the device from `counts`). The
         # alignment is read per forward: set_mk_alignment_for_contiguous_layout may change it.
         alignment, num_local = contiguous_alignment(), self.problem.num_local_experts

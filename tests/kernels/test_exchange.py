@@ -214,6 +214,8 @@ def test_bad_arguments_name_the_argument():
         kernels.exchange_count(inputs["topk_idx"].int(), 8)
     with pytest.raises(ValueError, match="num_experts must be"):
         kernels.exchange_count(inputs["topk_idx"], 0)
+    with pytest.raises(ValueError, match="peer_rows must be None or"):
+        kernels.exchange_count(inputs["topk_idx"], 8, torch.zeros(2, dtype=torch.int64))
     with pytest.raises(ValueError, match="expert_out must be"):
         kernels.exchange_combine(peers, torch.zeros(4, 256, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.int32))
     with pytest.raises(ValueError, match="m_indices must be"):
@@ -232,9 +234,10 @@ def test_bad_arguments_name_the_argument():
                                                  (3, 1, 128)])
 def test_exchange_kernels_copy_16_bytes_at_a_time_without_spills(kernel, top_k, hidden):
     text = sass(*kernels.jit.native_module().moe_exchange_code(kernel, top_k, hidden))
-    if kernel == 2:  # count: a shared-memory histogram whose atomics number the pairs, one global add per expert
+    if kernel == 2:  # count, one CTA: shared-memory atomics number the pairs; no global atomics, no spills
         assert "ATOMS.ADD" in text or "ATOMS.POPC.INC" in text
-        assert "ATOMG.E.ADD" in text or "ATOM.E.ADD" in text
+        assert "ATOMG" not in text and "RED.E" not in text
+        assert "STL" not in text and "LDL" not in text
         return
     if kernel == 3:  # sizes: one CTA over shared memory, no spills
         assert "STL" not in text and "LDL" not in text
@@ -328,6 +331,24 @@ def test_gpu_count_matches_cpu(seed, num_tokens, top_k, num_experts):
     sent = within >= 0
     assert torch.equal(torch.sort(flat[sent] * n + within[sent]).values,
                        torch.sort(flat[sent] * n + expected_within.long()[sent]).values)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens,top_k,num_experts", [(0, 8, 16), (37, 4, 15), (4096, 8, 256)])
+def test_gpu_count_writes_every_row_it_is_given(seed, num_tokens, top_k, num_experts):
+    """peer_rows: the row lands in each destination (addresses inside one poisoned matrix, as this
+    rank's row of every rank's count matrix would), the cells around them untouched; no local row."""
+    topk_idx = make_routing(num_tokens, top_k, num_experts) if num_tokens else torch.empty(0, top_k, dtype=torch.int64)
+    _, expected_row = kernels.exchange_count(topk_idx, num_experts)
+    matrix = torch.full((4, num_experts + 3), -5, dtype=torch.int32, device="cuda")
+    targets = [0, 2, 3]
+    peer_rows = torch.tensor([matrix[i].data_ptr() + 4 for i in targets], dtype=torch.int64, device="cuda")
+    within, row = kernels.exchange_count(topk_idx.cuda(), num_experts, peer_rows)
+    torch.cuda.synchronize()
+    assert row is None and within.numel() == topk_idx.numel()
+    expected = torch.full((4, num_experts + 3), -5, dtype=torch.int32)
+    expected[targets, 1: num_experts + 2] = expected_row
+    assert torch.equal(matrix.cpu(), expected)
 
 
 @pytest.mark.gpu

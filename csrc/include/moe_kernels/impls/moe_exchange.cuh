@@ -1,6 +1,6 @@
 #pragma once
 // The staged backend's row exchange. Count: this rank's pairs per expert and each pair's position
-// among its expert's pairs, the row every rank's count matrix gets. Sizes (after the count exchange):
+// among its expert's pairs, the row written into every rank's count matrix. Sizes (after the count exchange):
 // every rank's layout size, masked rows and invalid ids, the few ints the host reads. Dispatch:
 // each sent (token, slot) pair's FP8 row, scales, top-k weight and slot word into the row its
 // owner's layout gives it, and this rank's layout index (expert of each row). Combine: each
@@ -156,34 +156,43 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// This rank's side of the count exchange, for P E_l = E experts: row[g] += the pairs of expert g,
-// row[E] += the ids outside [-1, E) (the caller raises on them after the exchange); within[p] = the
-// pair's position among this rank's pairs of its expert, -1 when it is not sent (-1 or an id outside
-// [0, E)). `row` [E + 1] is zeroed by the caller. A CTA counts in shared memory, where each pair's
-// atomic returns its position inside the CTA; the CTA's atomic add of its counts to `row` returns
-// the CTA's first position, which the second pass adds.
+// This rank's side of the count exchange, one CTA (the row is final when its histogram is), for
+// P E_l = E experts: within[p] = the pair's position among this rank's pairs of its expert (the
+// shared-memory atomic's return; -1 when not sent: -1 or an id outside [0, E)); the row, pairs per
+// expert then the count of ids outside [-1, E) (the caller raises on them after the exchange),
+// written to `row` when not null and to each of the num_rows int32 [E + 1] rows at the addresses
+// rows[i] (this rank's row of every rank's count matrix, peers' included).
 template <uint32_t kThreads>
 __global__ void __launch_bounds__(kThreads)
     moe_exchange_count_kernel(const long long* __restrict__ topk_idx, uint32_t num_pairs, uint32_t num_experts,
-                              int* __restrict__ within, int* __restrict__ row) {
-  extern __shared__ int counts[];  // [E + 1]: the CTA's pairs per expert, then its first positions
+                              int* __restrict__ within, int* __restrict__ row, const long long* __restrict__ rows,
+                              uint32_t num_rows) {
+  // Loads of a few pairs in flight per thread before their atomics: one CTA walks every pair.
+  constexpr uint32_t kUnroll = 4;
+  extern __shared__ int counts[];  // [E + 1]
   for (uint32_t g = threadIdx.x; g <= num_experts; g += kThreads) counts[g] = 0;
   __syncthreads();
-  for (uint32_t p = blockIdx.x * kThreads + threadIdx.x; p < num_pairs; p += gridDim.x * kThreads) {
-    const long long id = topk_idx[p];
-    const bool sent = id >= 0 && id < num_experts;
-    int position = -1;
-    if (sent || id != -1) position = atomicAdd(&counts[sent ? static_cast<uint32_t>(id) : num_experts], 1);
-    within[p] = sent ? position : -1;
+  for (uint32_t base = 0; base < num_pairs; base += kThreads * kUnroll) {
+    long long ids[kUnroll];
+#pragma unroll
+    for (uint32_t u = 0; u < kUnroll; ++u) {
+      const uint32_t p = base + u * kThreads + threadIdx.x;
+      ids[u] = p < num_pairs ? __ldg(topk_idx + p) : -1;
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < kUnroll; ++u) {
+      const uint32_t p = base + u * kThreads + threadIdx.x;
+      const bool sent = ids[u] >= 0 && ids[u] < num_experts;
+      int position = -1;
+      if (sent || ids[u] != -1) position = atomicAdd(&counts[sent ? static_cast<uint32_t>(ids[u]) : num_experts], 1);
+      if (p < num_pairs) within[p] = sent ? position : -1;
+    }
   }
   __syncthreads();
   for (uint32_t g = threadIdx.x; g <= num_experts; g += kThreads) {
-    if (counts[g] != 0) counts[g] = atomicAdd(row + g, counts[g]);
-  }
-  __syncthreads();
-  for (uint32_t p = blockIdx.x * kThreads + threadIdx.x; p < num_pairs; p += gridDim.x * kThreads) {
-    const long long id = topk_idx[p];
-    if (id >= 0 && id < num_experts) within[p] += counts[id];
+    const int c = counts[g];
+    if (row != nullptr) row[g] = c;
+    for (uint32_t i = 0; i < num_rows; ++i) reinterpret_cast<int*>(rows[i])[g] = c;
   }
 }
 
