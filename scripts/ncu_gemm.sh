@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Where the FP8 GEMMs' time goes, in one GPU call: ncu on one call of each problem below (after a
+# warm-up call), clocks left alone (--clock-control none: the GPU runs at its own boost clock, as in
+# the benchmarks). Per problem, $out/ncu_<name>.txt holds ncu's details page, and the summary printed
+# at the end is: duration, SM clock, SM and tensor-pipe throughput, L2 and DRAM throughput,
+# and the warp stall reasons.
+#   bash scripts/ncu_gemm.sh [NAME ...]     (default: every problem)
+# Environment switches reach the kernels (MOE_FP8_MULTICAST=0, MOE_FP8_PINGPONG=0|1); the build,
+# wheels and $out come from scripts/gpu_env.sh.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh
+ncu="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
+
+declare -A problems=(
+  [dense_4096x7168x16384]="scripts/gemm_once.py --m 4096 --n 7168 --k 16384"
+  [dense_4096x4096x7168]="scripts/gemm_once.py --m 4096 --n 4096 --k 7168"
+  [dense_128x4096x7168]="scripts/gemm_once.py --m 128 --n 4096 --k 7168"
+  [contiguous_4x8192_4096x7168]="scripts/grouped_once.py --weights fp8 --groups 4 --contiguous 8192 --n 4096 --k 7168"
+  [masked_32x16_7168x2048]="scripts/grouped_once.py --weights fp8 --groups 32 --tokens 16 --n 7168 --k 2048"
+  [decode_fp4_32x16_7168x2048]="scripts/grouped_once.py --weights fp4-fragment --groups 32 --tokens 16 --n 7168 --k 2048"
+)
+names=("$@")
+[[ ${#names[@]} == 0 ]] && names=(dense_4096x7168x16384 dense_4096x4096x7168 dense_128x4096x7168
+                                  contiguous_4x8192_4096x7168 masked_32x16_7168x2048 decode_fp4_32x16_7168x2048)
+
+status=0
+for name in "${names[@]}"; do
+  cmd="${problems[$name]:-}"
+  [[ -n "$cmd" ]] || { echo "unknown problem $name (known: ${!problems[*]})"; status=1; continue; }
+  # -s 1 -c 1: skip the warm-up call's kernel, profile the next one.
+  timeout "${NCU_TIMEOUT:-240}" "$ncu" --clock-control none -k regex:sm90_fp8 -s 1 -c 1 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    --section WarpStateStats --section LaunchStats \
+    --metrics sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second \
+    python3 $cmd > "$out/ncu_$name.txt" 2>&1 || { echo "!! ncu $name failed"; tail -5 "$out/ncu_$name.txt"; status=1; }
+  echo "== $name ($cmd)"
+  grep -E "^\s+(Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|sm__cycles_elapsed|sm__pipe_tensor_op_gmma|lts__t_bytes|Block Size|Grid Size|Registers Per Thread|Warp Cycles Per Issued Instruction)\b" \
+    "$out/ncu_$name.txt" | sed 's/^ */   /'
+  # The stall reasons ncu ranks (WarpStateStats' rule text names the largest).
+  grep -A2 -E "^\s+(OPT|INF)\s+.*[Ss]tall" "$out/ncu_$name.txt" | head -6 | sed 's/^ */   /'
+done
+exit $status
