@@ -256,6 +256,7 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor, 
     if num_tokens * k > peers.pairs_per_rank:
         _checks.fail(fn, ValueError, f"{num_tokens} x {k} pairs exceed pairs_per_rank={peers.pairs_per_rank}")
     device = _checks.check_same_device(fn, [xq, xs, topk_idx, topk_weights, within, counts, peers.acts[0]])
+    within = within.contiguous()  # the kernel indexes it by pair
     index = ExchangeIndex(torch.empty((num_layout_rows,), dtype=torch.int32, device=device),
                           torch.empty((num_layout_rows,), dtype=torch.int64, device=device),
                           torch.empty((num_local_experts,), dtype=torch.int32, device=device))

@@ -56,11 +56,11 @@ constexpr int kMulticastMinRows = 512;
 // (bench/RESULTS.md, 2026-11-30): they stay for wider B only.
 constexpr int kMulticastMinNLargeM = 4097;
 
-// The math warpgroups take turns on the tensor cores only where a K block's wgmmas (block N > 128)
-// are long enough to cover the other warpgroup's promotion: at 128 x 128 the strict turns measured
-// 0.86x (4096 x 4096 x 7168) and at block N 144 0.97x, at block N 192 0.96-1.14x, 1.08x at
-// 7168 x 16384 (bench/RESULTS.md, 2026-11-30, session 6).
-constexpr int kPingPongMinBlockN = 129;
+// The math warpgroups take turns on the tensor cores only where a K block's wgmmas (block N 160 and
+// up) are long enough to cover the other warpgroup's promotion: at 128 x 128 the strict turns
+// measured 0.86x (4096 x 4096 x 7168) and at block N 144 0.97x in two runs, at block N 192
+// 0.96-1.14x, 1.03-1.08x at 7168 x 16384 (bench/RESULTS.md, 2026-11-30, session 6).
+constexpr int kPingPongMinBlockN = 145;
 
 // MOE_FP8_MULTICAST=0 turns the clusters off; MOE_FP8_PINGPONG=0 turns the math warpgroups' ping-pong
 // off and =1 on at any block N (block M 128) (read on every call, so a benchmark can compare both in

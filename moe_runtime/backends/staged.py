@@ -244,6 +244,9 @@ class StagedDispatchCombine(DispatchCombine):
         self.first_expert = first_expert
         self.masked_max_rows = masked_max_rows  # 0: always the contiguous layout
         device = torch.device(problem.device)
+        if group_size(group) != problem.ep_size:
+            # The count rows are E + 1 wide for the group's experts: another ep_size would overrun them.
+            raise ValueError(f"the group has {group_size(group)} ranks, the problem ep_size={problem.ep_size}")
         if group_size(group) == 1:
             self.exchange = _LocalExchange(problem.hidden, problem.top_k, device)
         else:

@@ -26,6 +26,7 @@ import kernels
 from kernels.testing.numeric import calc_diff
 from moe_runtime import MegaMoELayer, RouterConfig
 from moe_runtime.backends import LocalExperts, MoEProblem, create_backend
+from moe_runtime.backends.staged import StagedDispatchCombine
 from moe_runtime.backends import low_latency, staged
 from moe_runtime.quant_weights import quantize_expert_weight
 from torchrun_helper import exit_worker, run_torchrun
@@ -241,6 +242,13 @@ def test_dispatch_builds_the_contiguous_layout(seed):
     assert torch.equal(out.x_sf[valid], xs[tokens])
     assert torch.equal(out.topk_weights[valid, 0], weights[tokens, slots])
     assert torch.equal(out.topk_idx[:, 0], torch.where(m_indices >= 0, m_indices.long(), -1))
+
+
+def test_group_must_match_ep_size():
+    """The count exchange's rows are sized for the group's experts: an ep_size the group does not
+    have is refused at construction instead of overrunning them."""
+    with pytest.raises(ValueError, match="the group has 1 ranks, the problem ep_size=2"):
+        StagedDispatchCombine(_problem("cpu", ep_size=2), None, 0)
 
 
 def test_dispatch_rejects_bad_input(seed):
