@@ -41,8 +41,16 @@ inline int pipeline_smem(int block_m, int block_n, int stages, int stage_bytes) 
   return block_m * block_n * 2 + stages * stage_bytes + 2 * stages * 8;
 }
 
+// An integer environment switch, 0 when unset or empty.
+inline int env_int(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr || *value == '\0' ? 0 : std::atoi(value);
+}
+
 // Analytic choice: fewest waves of tiles weighted by a tile's cost, then the larger block N, then
-// as many stages as shared memory holds. `problems` independent problems of m x n each.
+// as many stages as shared memory holds. For A/B timing (read per call, like the kernels' other
+// switches): MOE_GEMM_BLOCK_M=64|128, MOE_GEMM_BLOCK_N=<multiple of 8> and MOE_GEMM_STAGES=<at
+// most this many> replace the heuristic's choice; a value the kernel cannot take raises. `problems` independent problems of m x n each.
 // `stage_bytes(block_m, block_n)` is one stage; `block_n_ok` filters candidates. With clusters of
 // `n_block_multiple` CTAs on adjacent n-blocks the n-blocks are counted rounded up to whole
 // clusters, so a block N whose padding would add a wave loses to one that does not.
@@ -53,6 +61,10 @@ Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms
   // Up to 128 rows the weights dominate the bytes: one math warpgroup per CTA leaves shared memory
   // to deep B stages (two 64-row CTAs share each B tile through L2).
   t.block_m = m <= 128 ? 64 : 128;
+  if (const int forced = env_int("MOE_GEMM_BLOCK_M")) {
+    MOE_HOST_ASSERT(forced == 64 || forced == 128, fn << ": MOE_GEMM_BLOCK_M must be 64 or 128, got " << forced);
+    t.block_m = forced;
+  }
   long long best_score = -1;
   for (int bn = 8; bn <= max_block_n; bn += 8) {
     if (!block_n_ok(bn)) continue;
@@ -65,9 +77,19 @@ Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms
       t.block_n = bn;
     }
   }
+  if (const int forced = env_int("MOE_GEMM_BLOCK_N")) {
+    MOE_HOST_ASSERT(forced >= 8 && forced % 8 == 0 && forced <= max_block_n && block_n_ok(forced),
+                    fn << ": MOE_GEMM_BLOCK_N=" << forced << " is not a block N this kernel takes (multiples of 8 up to "
+                       << max_block_n << " whose columns span at most two 128-wide scale blocks)");
+    t.block_n = forced;
+  }
   const int per_stage = stage_bytes(t.block_m, t.block_n);
   const int fixed = pipeline_smem(t.block_m, t.block_n, 0, per_stage);
   t.num_stages = std::min(kMaxStages, (kSmemLimit - fixed) / (per_stage + 16));
+  if (const int cap = env_int("MOE_GEMM_STAGES")) {
+    MOE_HOST_ASSERT(cap >= 2, fn << ": MOE_GEMM_STAGES must be at least 2, got " << cap);
+    t.num_stages = std::min(t.num_stages, cap);
+  }
   MOE_HOST_ASSERT(t.num_stages >= 2,
                   fn << ": no pipeline fits shared memory for block " << t.block_m << "x" << t.block_n);
   t.smem_bytes = pipeline_smem(t.block_m, t.block_n, t.num_stages, per_stage);

@@ -102,6 +102,26 @@ def test_heuristic_is_valid(m, n, k):
         assert cfg["grid"] >= min(cfg["num_tiles"], 0.8 * H200_SMS) or cfg["num_tiles"] < H200_SMS
 
 
+def test_tile_overrides_replace_the_heuristic(monkeypatch):
+    """MOE_GEMM_BLOCK_M / _BLOCK_N / _STAGES (A/B timing) replace the heuristic's tiles, and a value
+    the kernel cannot take raises naming the switch."""
+    native = kernels.jit.native_module()
+    base = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+    assert (base["block_m"], base["block_n"]) == (128, 128)
+    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "192")
+    monkeypatch.setenv("MOE_GEMM_STAGES", "3")
+    cfg = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+    assert (cfg["block_m"], cfg["block_n"], cfg["num_stages"]) == (128, 192, 3)
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "64")
+    assert native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)["block_m"] == 64
+    for name, value in (("MOE_GEMM_BLOCK_N", "100"), ("MOE_GEMM_BLOCK_N", "264"), ("MOE_GEMM_BLOCK_M", "96"),
+                        ("MOE_GEMM_STAGES", "1")):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(RuntimeError, match=name):
+            native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+        monkeypatch.delenv(name)
+
+
 @pytest.mark.parametrize("env", [None, "0", "1"])
 def test_pingpong_follows_block_n(env, monkeypatch):
     """Block M 128: the math warpgroups take turns by default only at block N > 144 (where it
