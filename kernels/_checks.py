@@ -14,7 +14,7 @@ def fail(fn: str, kind: type[Exception], message: str):
 
 def check_recipe(fn: str, recipe: object) -> None:
     """Only DeepSeek-V3's recipe exists: 1x128 activation scales, 128x128 weight scales."""
-    if recipe is not None and tuple(recipe) != (1, BLOCK, BLOCK):
+    if recipe is not None and (not isinstance(recipe, (tuple, list)) or tuple(recipe) != (1, BLOCK, BLOCK)):
         fail(fn, NotImplementedError, f"recipe {recipe!r} is not supported; only (1, 128, 128) "
                                       "(1x128 activation scales, 128x128 weight scales)")
 

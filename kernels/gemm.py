@@ -98,7 +98,7 @@ def _launch_args(a, b, d, c, compile_m: bool):
         return None
     c_ptr, c_code, ldc = 0, -1, 0
     if c is not None:
-        if c.dtype not in (_BF16, _F32) or c.shape != (m, n) or c.stride(1) != 1 \
+        if not isinstance(c, torch.Tensor) or c.dtype not in (_BF16, _F32) or c.shape != (m, n) or c.stride(1) != 1 \
                 or c.get_device() != device:
             return None
         c_ptr, c_code, ldc = c.data_ptr(), _descriptors.DTYPE_CODES[c.dtype], c.stride(0)

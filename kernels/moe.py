@@ -28,7 +28,12 @@ kDispatchMaxPairs = 65536
 
 def _combine_reference(src: torch.Tensor, rows: torch.Tensor | None, routed: torch.Tensor | None, num_tokens: int,
                        top_k: int, out_dtype: torch.dtype) -> torch.Tensor:
-    slots = (src[: num_tokens * top_k] if rows is None else src.index_select(0, rows)).view(num_tokens, top_k, -1)
+    if rows is not None and routed is not None:  # unrouted slots' rows are never read: any value goes
+        rows = torch.where(routed.reshape(-1), rows, 0)
+    if rows is not None and src.shape[0] == 0:  # nothing to read: every slot is unrouted
+        slots = src.new_zeros((num_tokens, top_k, src.shape[1]))
+    else:
+        slots = (src[: num_tokens * top_k] if rows is None else src.index_select(0, rows)).view(num_tokens, top_k, -1)
     if routed is not None:
         slots = torch.where(routed.unsqueeze(-1), slots, 0)
     acc = slots[:, 0].float()
@@ -74,9 +79,10 @@ def moe_combine(src: torch.Tensor, rows: torch.Tensor | None, routed: torch.Tens
     device = _checks.check_same_device(fn, [t for t in (src, rows, routed) if t is not None])
     if num_tokens == 0:
         return torch.empty((0, hidden), dtype=out_dtype, device=device)
-    if device.type == "cpu" or hidden % 8 or top_k > kCombineMaxTopK:
-        if rows is not None and rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < src.shape[0]:
-            _checks.fail(fn, ValueError, f"rows must index src's {src.shape[0]} rows")
+    if device.type == "cpu" or hidden == 0 or hidden % 8 or top_k == 0 or top_k > kCombineMaxTopK:
+        read = rows if rows is None or routed is None else rows[routed.reshape(-1)]
+        if read is not None and read.numel() and not 0 <= int(read.min()) <= int(read.max()) < src.shape[0]:
+            _checks.fail(fn, ValueError, f"rows must index src's {src.shape[0]} rows (routed slots)")
         return _combine_reference(src, rows, routed, num_tokens, top_k, out_dtype)
     # The kernel reads 16-byte vectors from dense rows: other layouts are copied (the allocator aligns).
     if not src.is_contiguous() or src.data_ptr() % 16:
@@ -166,7 +172,7 @@ def moe_local_dispatch(xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tenso
             _checks.fail(fn, ValueError, f"{name} must be an int >= {low}, got {value!r}")
     device = _checks.check_same_device(fn, [xq, xs, topk_idx, topk_weights])
     if device.type == "cpu" or num_tokens == 0 or num_local_experts > kDispatchMaxLocalExperts \
-            or num_tokens * k > kDispatchMaxPairs:
+            or num_tokens * k > kDispatchMaxPairs or k == 0 or k > kCombineMaxTopK or hidden == 0:
         return _local_dispatch_reference(xq, xs, topk_idx, topk_weights, num_local_experts, first_expert)
     xq = xq.contiguous() if not xq.is_contiguous() else (xq.clone() if xq.data_ptr() % 16 else xq)
     xs, topk_idx, topk_weights = xs.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()

@@ -53,6 +53,8 @@ def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
     """Round positive float32 values up to a power of two, exactly; any shape, any device."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"ceil_to_ue8m0: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype == torch.float32 and bool((x <= 0).any()):
+        raise ValueError("ceil_to_ue8m0: x must hold values > 0 (NaN and inf pass through), got a value <= 0")
     return reference.ceil_to_ue8m0(x)
 
 

@@ -25,8 +25,9 @@ def _ceil_div(a: int, b: int) -> int:
 def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
     """Round positive float32 values up to the next power of two (exact, bit-level).
 
-    ``x`` float32, any shape, values > 0. Returns float32 of the same shape. A value that is
-    already a power of two is returned unchanged. Computed with ``frexp`` rather than ``log2``
+    ``x`` float32, any shape, values > 0 (NaN and +inf are returned unchanged, as the kernels
+    do). Returns float32 of the same shape. A value that is already a power of two is returned
+    unchanged. Computed with ``frexp`` rather than ``log2``
     so that a value one ulp above a power of two rounds up on every device.
     """
     if x.dtype != torch.float32:
@@ -34,7 +35,8 @@ def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
     mantissa, exponent = torch.frexp(x)  # x = mantissa * 2**exponent, mantissa in [0.5, 1)
     exact = mantissa == 0.5
     exponent = torch.where(exact, exponent - 1, exponent)
-    return torch.ldexp(torch.ones_like(x), exponent)
+    # NaN and inf pass through, as in the kernels (frexp's exponent of them is 0: a false 1.0).
+    return torch.where(torch.isfinite(x), torch.ldexp(torch.ones_like(x), exponent), x)
 
 
 def _scale_from_amax(amax: torch.Tensor, use_ue8m0: bool) -> torch.Tensor:

@@ -82,6 +82,15 @@ def test_bad_arguments(overrides, match):
         _bad_call(**overrides)
 
 
+def test_c_and_recipe_of_the_wrong_type_raise():
+    a = (torch.zeros(8, 128, dtype=torch.float8_e4m3fn), torch.ones(8, 1))
+    b = (torch.zeros(16, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1))
+    with pytest.raises(ValueError, match="c must be None or a row-major"):
+        kernels.fp8_gemm_nt(a, b, torch.empty(8, 16, dtype=torch.bfloat16), c="x")
+    with pytest.raises(NotImplementedError, match="recipe 5 is not supported"):
+        kernels.fp8_gemm_nt(a, b, torch.empty(8, 16, dtype=torch.bfloat16), recipe=5)
+
+
 def test_k_not_multiple_of_128():
     a = (torch.zeros(8, 96, dtype=torch.float8_e4m3fn), torch.ones(8, 1))
     b = (torch.zeros(16, 96, dtype=torch.float8_e4m3fn), torch.ones(1, 1))

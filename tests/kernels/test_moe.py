@@ -47,6 +47,15 @@ def test_unrouted_rows_are_not_read(seed):
     assert torch.isfinite(out).all()
 
 
+def test_unrouted_rows_may_be_anything(seed):
+    """As on CUDA, an unrouted slot's row index is never used, even out of range (-1, past src)."""
+    src, rows, routed = _problem(4, 2, 64, spare=0)
+    routed[1, 0] = routed[3, 1] = False
+    bad = rows.clone()
+    bad[2], bad[7] = -1, 10**6
+    assert torch.equal(kernels.moe_combine(src, bad, routed, 4, 2), kernels.moe_combine(src, rows, routed, 4, 2))
+
+
 def test_zero_tokens():
     out = kernels.moe_combine(torch.zeros(3, 16, dtype=torch.bfloat16), None, None, 0, 4, torch.float32)
     assert out.shape == (0, 16) and out.dtype == torch.float32

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+import kernels
+
 import kernels.jit
 import kernels.quant as quant
 from kernels.reference import quant as reference
@@ -72,6 +74,18 @@ def test_all_zero_group_gets_the_floor_scale(use_ue8m0):
     assert sf[1, 1].item() == (2.0 ** -22 if use_ue8m0 else floor)
     assert (x_fp8[1, 128:].view(torch.uint8) == 0).all()
     assert sf[0, 0].item() > floor
+
+
+def test_ue8m0_scale_of_inf_and_nan_passes_through():
+    """A group with inf (or NaN) gets an inf (NaN) scale, as the kernels give, not a false 1.0."""
+    x = torch.randn(3, 256)
+    x[0, 5], x[1, 130] = float("inf"), float("nan")
+    _, sf = quant.per_token_cast_to_fp8(x, use_ue8m0=True)
+    assert sf[0, 0].item() == float("inf") and math.isnan(sf[1, 1].item())
+    assert bool(torch.isfinite(sf[2]).all()) and sf[0, 1].item() < float("inf")
+    assert kernels.ceil_to_ue8m0(torch.tensor([3.0, float("inf")])).tolist() == [4.0, float("inf")]
+    with pytest.raises(ValueError, match="values > 0"):
+        kernels.ceil_to_ue8m0(torch.tensor([1.0, 0.0]))
 
 
 def test_ue8m0_one_ulp_above_a_power_of_two():
