@@ -85,6 +85,8 @@ class MegaMoELayer(nn.Module):
                              f"{shared_intermediate_size} must be even")
         self.router_config = router if router is not None else RouterConfig()
         self.router_config.validate(num_experts, top_k)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         self.weights = weights
         self.dtype = dtype
         self.shared_expert_gate = bool(shared_expert_gate)
@@ -156,8 +158,9 @@ class MegaMoELayer(nn.Module):
         # The gate keeps the precision its logits are computed in (DeepSeek-V3's is float32 even in
         # bf16 models): rounding it to the layer dtype can flip near-tied routing decisions.
         gate_dtype = self.router_config.logits_dtype or torch.float32
-        self.register_buffer("router_weight", self._expect(router_weight, "router_weight", (e, h))
-                             .to(device=device, dtype=gate_dtype))
+        # Everything is checked and quantized before any buffer changes: a bad argument leaves the
+        # layer as it was (a half-replaced layer would keep serving mixed weights).
+        router = self._expect(router_weight, "router_weight", (e, h)).to(device=device, dtype=gate_dtype)
         if self.router_config.use_score_bias:
             if score_bias is None:
                 raise ValueError("router.use_score_bias=True needs score_bias [E]")
@@ -166,26 +169,44 @@ class MegaMoELayer(nn.Module):
             raise ValueError("score_bias was given but router.use_score_bias is False")
         else:
             bias = None
-        self.register_buffer("score_bias", bias)
         w13 = self._local_slice(gate_up, "gate_up", 2 * i, h).to(device)
         w2 = self._local_slice(down, "down", h, i).to(device)
-        self._store("w13", quantize_expert_weight(w13, self.weights, self.dtype))
-        self._store("w2", quantize_expert_weight(w2, self.weights, self.dtype))
         if (shared_gate_up is None) != (s == 0) or (shared_down is None) != (s == 0):
             raise ValueError(f"shared_gate_up and shared_down are needed iff shared_intermediate_size > 0 "
                              f"(it is {s})")
         if s:
             sw13 = self._expect(shared_gate_up, "shared_gate_up", (2 * s, h)).to(device)
             sw2 = self._expect(shared_down, "shared_down", (h, s)).to(device)
-            self._store("shared_w13", quantize_expert_weight(sw13.unsqueeze(0), self.weights, self.dtype))
-            self._store("shared_w2", quantize_expert_weight(sw2.unsqueeze(0), self.weights, self.dtype))
         if (shared_gate is None) == self.shared_expert_gate:
             raise ValueError(f"shared_gate [1, H] is needed iff shared_expert_gate=True (it is {self.shared_expert_gate})")
-        self.register_buffer("shared_gate_weight", None if shared_gate is None else
-                             self._expect(shared_gate, "shared_gate", (1, h)).to(device=device, dtype=self.dtype))
+        gate = None if shared_gate is None else self._expect(shared_gate, "shared_gate", (1, h)).to(device=device,
+                                                                                                   dtype=self.dtype)
+        stored = {"w13": quantize_expert_weight(w13, self.weights, self.dtype),
+                  "w2": quantize_expert_weight(w2, self.weights, self.dtype)}
+        if s:
+            stored["shared_w13"] = quantize_expert_weight(sw13.unsqueeze(0), self.weights, self.dtype)
+            stored["shared_w2"] = quantize_expert_weight(sw2.unsqueeze(0), self.weights, self.dtype)
+        self.register_buffer("router_weight", router)
+        self.register_buffer("score_bias", bias)
+        for prefix, weight in stored.items():
+            self._store(prefix, weight)
+        self.register_buffer("shared_gate_weight", gate)
         self._backend_cache = None
         self.loaded = True
         return self
+
+    # Buffers whose dtype module.to(dtype) / .half() must not change (the gate's logits are computed
+    # in their dtype; rounding them flips near-tied routing decisions). Devices still move.
+    _kKeepDtype = ("router_weight", "score_bias")
+
+    def _apply(self, fn, recurse=True):
+        kept = {name: self._buffers[name] for name in self._kKeepDtype if self._buffers.get(name) is not None}
+        result = super()._apply(fn, recurse)
+        for name, before in kept.items():
+            after = self._buffers[name]
+            if after.dtype != before.dtype:
+                self._buffers[name] = before.to(device=after.device)
+        return result
 
     @contextlib.contextmanager
     def use_backend(self, backend: str):
@@ -200,8 +221,11 @@ class MegaMoELayer(nn.Module):
             self.backend_name, self._backend_cache = saved
 
     def _backend(self, device: torch.device):
-        # Rebuilt when the weight tensors change (load_weights, module.to(...)).
-        key = (device, *(t.data_ptr() for t in (self.w13_data, self.w2_data)))
+        # Rebuilt when the weight tensors change (load_weights, module.to(...), load_state_dict).
+        # In-place updates (load_state_dict) bump the tensors' versions: the backends' converted
+        # copies (FP4 scales, decode layouts) are rebuilt from the new values.
+        tensors = [t for t in (self.w13_data, self.w2_data, self.w13_sf, self.w2_sf) if t is not None]
+        key = (device, *((t.data_ptr(), t._version) for t in tensors))
         if self._backend_cache is None or self._backend_cache[0] != key:
             experts = LocalExperts(self._restore("w13"), self._restore("w2"), self.placement.first_expert)
             pair = create_backend(self.backend_name, self._problem(device), experts, self.ep_group)
@@ -227,7 +251,11 @@ class MegaMoELayer(nn.Module):
         """``hidden_states`` [..., H] floating point -> [..., H] of the same dtype: routed experts
         (plus shared experts) of every token. Under expert parallelism every rank of ``ep_group``
         must call it, with zero tokens if it has none; more than ``num_max_tokens_per_rank``
-        tokens is an error."""
+        tokens is an error. That error and the other input checks here are local: a rank that
+        raises leaves its peers waiting in the backend's collectives until the process group's
+        timeout, so split batches to the capacity before calling under expert parallelism (the
+        staged backend's own checks, on expert ids and buffer sizes, raise on every rank together).
+        fp16 and fp64 activations run as float32 and come back in their dtype."""
         if not self.loaded:
             raise RuntimeError("MegaMoELayer.forward before load_weights()")
         if not isinstance(hidden_states, torch.Tensor) or not hidden_states.is_floating_point():
@@ -240,6 +268,8 @@ class MegaMoELayer(nn.Module):
             raise ValueError(f"hidden_states is on {hidden_states.device} but the layer's weights are on {device}")
         shape, out_dtype = hidden_states.shape, hidden_states.dtype
         x = hidden_states.reshape(-1, self.hidden_size)
+        if x.dtype not in (torch.bfloat16, torch.float32):  # the kernels take bf16 or fp32 activations
+            x = x.float()
         if x.shape[0] > self.num_max_tokens_per_rank:
             raise ValueError(f"{x.shape[0]} tokens on this rank exceed num_max_tokens_per_rank="
                              f"{self.num_max_tokens_per_rank}: split the batch or build the layer with a "

@@ -46,6 +46,13 @@ class RouterConfig:
 
     def validate(self, num_experts: int, top_k: int) -> None:
         """Raise ValueError when this config cannot route ``top_k`` of ``num_experts``."""
+        if self.logits_dtype is not None and (not isinstance(self.logits_dtype, torch.dtype)
+                                              or not self.logits_dtype.is_floating_point):
+            raise TypeError(f"logits_dtype must be None or a floating torch.dtype, got {self.logits_dtype!r}")
+        for name in ("n_group", "topk_group"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{name} must be None or an int, got {value!r}")
         if self.scoring_func not in kScoringFuncs:
             raise ValueError(f"scoring_func must be one of {kScoringFuncs}, got {self.scoring_func!r}")
         if not isinstance(top_k, int) or not 0 < top_k <= num_experts:

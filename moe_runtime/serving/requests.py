@@ -118,7 +118,8 @@ def parse_request_line(line: str, where: str) -> Request:
 
     Fields: ``prompt_tokens`` (int >= 1; ``num_tokens`` is accepted as a synonym), optional
     ``output_tokens`` (int >= 0, default 0), ``arrival_s`` (float >= 0, default 0: all at start),
-    ``id`` (any JSON scalar, default the line label). ``where`` names the file and line in errors.
+    ``id`` (any JSON scalar, default the line label; unique in a file, compared as strings).
+    ``where`` names the file and line in errors.
     """
     try:
         obj = json.loads(line)
@@ -152,6 +153,7 @@ def load_jsonl_requests(path: str | Path, *, rank: int, world_size: int,
         raise FileNotFoundError(f"requests_jsonl: no such file: {path}")
     mine: list[Request] = []
     index = 0
+    first_line: dict[str, int] = {}  # id -> line: the scheduler tracks requests by id
     with path.open() as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
@@ -159,6 +161,10 @@ def load_jsonl_requests(path: str | Path, *, rank: int, world_size: int,
             if num_requests is not None and index >= num_requests:
                 break
             request = parse_request_line(line, f"{path}:{line_no}")
+            if request.request_id in first_line:
+                raise ValueError(f"{path}:{line_no}: request id {request.request_id!r} repeats line "
+                                 f"{first_line[request.request_id]} (ids are compared as strings)")
+            first_line[request.request_id] = line_no
             if index % world_size == rank:
                 mine.append(request)
             index += 1

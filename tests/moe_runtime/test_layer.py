@@ -220,3 +220,67 @@ def test_use_backend_switches_and_restores():
         reference = layer(x)
     assert layer.backend_name == "staged" and layer._backend_cache is cache
     assert torch.isfinite(staged).all() and torch.isfinite(reference).all()
+
+
+def test_a_failed_reload_leaves_the_layer_as_it_was():
+    """A bad argument anywhere in load_weights changes no buffer (else the router and gate_up would
+    be new and down old)."""
+    layer, w = _layer("fp8")
+    x = torch.randn(8, H, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    before = layer(x)
+    other = _weights(1)
+    other.pop("score_bias")
+    with pytest.raises(ValueError, match="down must have shape"):
+        layer.load_weights(router_weight=other["router_weight"], gate_up=other["gate_up"], down=other["down"][:, :8])
+    assert torch.equal(layer.router_weight, w["router_weight"].float())
+    assert torch.equal(layer(x), before)
+
+
+def test_module_casts_keep_the_gate_in_its_dtype():
+    """module.to(bf16) / .half() move the router weight and score bias but keep them float32 (the
+    logits' precision): rounding them flips near-tied routing decisions."""
+    layer, w = _layer("fp8", router="deepseek")
+    x = torch.randn(64, H, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    before = layer(x)
+    layer.to(torch.bfloat16)
+    assert layer.router_weight.dtype == torch.float32 and layer.score_bias.dtype == torch.float32
+    assert torch.equal(layer.router_weight, w["router_weight"].float())
+    assert torch.equal(layer(x), before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+def test_staged_takes_fp16_and_fp64_inputs(dtype):
+    """Activations the kernels do not take (fp16, fp64) run as float32 and come back in their dtype."""
+    w = _weights(0)
+    w.pop("score_bias")
+    staged = MegaMoELayer(H, I, E, 2, weights="fp8", backend="staged").load_weights(**w)
+    x = torch.randn(12, H, generator=torch.Generator().manual_seed(5)).to(dtype)
+    got = staged(x)
+    assert got.dtype == dtype and got.shape == x.shape
+    assert torch.equal(got, staged(x.float()).to(dtype))
+
+
+@pytest.mark.parametrize("weights", ["fp8", "fp4"])
+def test_in_place_weight_update_reaches_the_staged_backend(weights, calc_diff):
+    """load_state_dict copies into the existing buffers: the backend's converted copies (FP4
+    scales) must follow, not keep the first weights'."""
+    w_a, w_b = _weights(0), _weights(1)
+    for w in (w_a, w_b):
+        w.pop("score_bias")
+    a = MegaMoELayer(H, I, E, 2, weights=weights, backend="staged").load_weights(**w_a)
+    b = MegaMoELayer(H, I, E, 2, weights=weights, backend="staged").load_weights(**w_b)
+    x = torch.randn(12, H, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    a(x)
+    a.load_state_dict(b.state_dict())
+    assert torch.equal(a(x), b(x))
+
+
+def test_dtype_arguments_must_be_floating():
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+        MegaMoELayer(H, I, E, 2, dtype=torch.int32)
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+        MegaMoELayer(H, I, E, 2, dtype="bfloat16")
+    with pytest.raises(TypeError, match="logits_dtype must be None or a floating"):
+        MegaMoELayer(H, I, E, 2, router=RouterConfig(logits_dtype=torch.int32))
+    with pytest.raises(TypeError, match="topk_group must be None or an int"):
+        MegaMoELayer(H, I, E, 2, router=RouterConfig(n_group=4, topk_group=True))

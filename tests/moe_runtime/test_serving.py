@@ -98,6 +98,16 @@ def test_jsonl_errors_name_file_and_line(tmp_path, line, message):
     assert f"{path}:2" in str(info.value)
 
 
+@pytest.mark.parametrize("first,second", [('"a"', '"a"'), ('1', '"1"')])
+def test_jsonl_repeated_ids_are_refused(tmp_path, first, second):
+    """The scheduler tracks requests by id: a repeat would lose a request and never finish."""
+    path = tmp_path / "dup.jsonl"
+    path.write_text(f'{{"prompt_tokens": 3, "id": {first}}}\n{{"prompt_tokens": 2}}\n'
+                    f'{{"prompt_tokens": 4, "id": {second}}}\n')
+    with pytest.raises(ValueError, match=f"{path}:3: request id '.*' repeats line 1"):
+        load_jsonl_requests(path, rank=0, world_size=2)
+
+
 def test_jsonl_num_tokens_synonym_and_missing_file(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text('{"num_tokens": 5}\n')
