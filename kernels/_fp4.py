@@ -85,8 +85,19 @@ def sfb_bytes(fn: str, sfb: torch.Tensor) -> torch.Tensor:
     return sfb.view(torch.uint8)
 
 
-def sfb_float32(sfb_bytes: torch.Tensor) -> torch.Tensor:
-    """uint8 exponent bytes -> float32 ``2^(byte - 127)`` (byte 255: NaN, as float8_e8m0fnu)."""
+def check_sfb_range(fn: str, sfb_bytes: torch.Tensor) -> None:
+    """Exponent bytes must lie in [1, 254]: the kernels read 0 and 255 differently from UE8M0
+    (0 as a zero scale, 255 as a finite or infinite one; UE8M0 says 2^-127 and NaN). The quantizers
+    never write them. Checked where a pass over the scales is cheap: the CPU path and the one-time
+    decode-layout transform (the CUDA GEMMs take the bytes as they are)."""
+    if sfb_bytes.numel() and bool(((sfb_bytes == 0) | (sfb_bytes == 255)).any()):
+        _checks.fail(fn, ValueError, "b[1] (SFB) holds exponent bytes 0 or 255; scales must be 2^-126 .. 2^127 "
+                                     "(bytes 1 .. 254)")
+
+
+def sfb_float32(fn: str, sfb_bytes: torch.Tensor) -> torch.Tensor:
+    """uint8 exponent bytes in [1, 254] -> float32 ``2^(byte - 127)``."""
+    check_sfb_range(fn, sfb_bytes)
     return sfb_bytes.view(_E8M0).float()
 
 

@@ -54,6 +54,7 @@ def transform_fp4_for_decode(packed: torch.Tensor, sf: torch.Tensor) -> torch.Te
     if k % kBlockK:
         raise ValueError(f"{fn}: K must be a multiple of {kBlockK}, got {k}")
     exponents = _fp4.sfb_bytes(fn, _fp4.check_sfb(fn, sf, g, n, k))
+    _fp4.check_sfb_range(fn, exponents)
     if exponents.device != packed.device:
         raise ValueError(f"{fn}: sf must be on {packed.device} like packed, got {exponents.device}")
     n_pad = (n + kRowsPerBlock - 1) // kRowsPerBlock * kRowsPerBlock

@@ -202,7 +202,7 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
     device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, d, m_indices])
     sfb_bytes = _fp4.sfb_bytes(fn, sfb)
     if device.type == "cpu":
-        reference.m_grouped_fp8_fp4_gemm_nt_contiguous((a_t, sfa), (b_t, _fp4.sfb_float32(sfb_bytes)), m_indices, d)
+        reference.m_grouped_fp8_fp4_gemm_nt_contiguous((a_t, sfa), (b_t, _fp4.sfb_float32(fn, sfb_bytes)), m_indices, d)
         return
     _fp4.check_pointers(fn, b_t, sfb_bytes)
     if m == 0:
@@ -241,7 +241,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, d, masked_m])
     sfb_bytes = _fp4.sfb_bytes(fn, sfb)
     if device.type == "cpu":
-        reference.m_grouped_fp8_fp4_gemm_nt_masked((a_t, sfa), (b_t, _fp4.sfb_float32(sfb_bytes)), masked_m, d)
+        reference.m_grouped_fp8_fp4_gemm_nt_masked((a_t, sfa), (b_t, _fp4.sfb_float32(fn, sfb_bytes)), masked_m, d)
         return
     _fp4.check_pointers(fn, b_t, sfb_bytes)
     if max_m == 0:

@@ -13,6 +13,8 @@ the CPU:
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -231,6 +233,14 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
     num_tokens, num_experts = logits.shape
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 < top_k <= num_experts:
         _checks.fail(fn, ValueError, f"top_k must be an int in [1, {num_experts}], got {top_k!r}")
+    for name, value in (("n_group", n_group), ("topk_group", topk_group)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            _checks.fail(fn, TypeError, f"{name} must be None or an int, got {value!r}")
+    for name, value in (("sigmoid", sigmoid), ("norm", norm)):
+        if not isinstance(value, bool):
+            _checks.fail(fn, TypeError, f"{name} must be a bool, got {value!r}")
+    if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not math.isfinite(scaling):
+        _checks.fail(fn, TypeError, f"scaling must be a finite number, got {scaling!r}")
     if (n_group is None) != (topk_group is None):
         _checks.fail(fn, ValueError, f"n_group and topk_group go together, got {n_group} and {topk_group}")
     if n_group is not None:
@@ -240,8 +250,10 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
                                          f"topk_group in [1, n_group] must keep >= top_k experts, got n_group={n_group}, "
                                          f"topk_group={topk_group}, top_k={top_k}")
     if score_bias is not None:
-        if not isinstance(score_bias, torch.Tensor) or tuple(score_bias.shape) != (num_experts,):
-            _checks.fail(fn, ValueError, f"score_bias must be a [{num_experts}] tensor, got "
+        if not isinstance(score_bias, torch.Tensor) or tuple(score_bias.shape) != (num_experts,) \
+                or not score_bias.is_floating_point():
+            _checks.fail(fn, ValueError, f"score_bias must be a floating [{num_experts}] tensor, got "
+                                         f"{getattr(score_bias, 'dtype', type(score_bias).__name__)} "
                                          f"{list(getattr(score_bias, 'shape', ()))}")
         score_bias = score_bias.to(device=logits.device, dtype=torch.float32).contiguous()
     fits = (num_experts <= kRouteMaxExperts and top_k <= 32 and (n_group is None or n_group <= 32))

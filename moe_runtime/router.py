@@ -112,6 +112,6 @@ def route(logits: torch.Tensor, top_k: int, config: RouterConfig | None = None,
     # One launch on CUDA (kernels.moe_route), the torch code on the CPU.
     topk_idx, weights = kernels.moe_route(logits.float(), top_k, sigmoid=config.scoring_func == "sigmoid",
                                           n_group=config.n_group, topk_group=config.topk_group,
-                                          norm=config.norm_topk_prob, scaling=config.routed_scaling_factor,
+                                          norm=bool(config.norm_topk_prob), scaling=float(config.routed_scaling_factor),
                                           score_bias=bias)
     return RoutingResult(topk_idx, weights)

@@ -303,6 +303,18 @@ def test_masked_bad_arguments(over, error, match):
         kernels.m_grouped_fp8_fp4_gemm_nt_masked(**_masked_args(**over))
 
 
+@pytest.mark.parametrize("byte", [0, 255])
+def test_exponent_bytes_outside_ue8m0_normals_are_refused(byte):
+    """Bytes 0 and 255 mean 2^-127 and NaN in UE8M0 but a zero and a finite or infinite scale to
+    the kernels: the CPU path refuses them (as does the decode-layout transform)."""
+    sfb = torch.full((2, 16, 4), 127, dtype=torch.uint8)
+    sfb[1, 2, 3] = byte
+    with pytest.raises(ValueError, match="exponent bytes 0 or 255"):
+        kernels.m_grouped_fp8_fp4_gemm_nt_masked(**_masked_args(b=_b(sfb=sfb)))
+    with pytest.raises(ValueError, match="exponent bytes 0 or 255"):
+        kernels.transform_fp4_for_decode(torch.zeros(2, 16, 64, dtype=torch.uint8), sfb)
+
+
 # ---- GPU ----------------------------------------------------------------------------------------
 
 CONTIGUOUS_CASES = [  # (counts, n, k)

@@ -243,7 +243,8 @@ def test_gpu_route_nan_logits_still_give_distinct_valid_ids(seed, name):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(score_bias=torch.zeros(3)), r"score_bias must be a \[8\] tensor"),
+    (dict(score_bias=torch.zeros(3)), r"score_bias must be a floating \[8\] tensor"),
+    (dict(score_bias=torch.zeros(8, dtype=torch.int64)), r"score_bias must be a floating \[8\] tensor"),
     (dict(n_group=8, topk_group=4), "groups of >= 2"),
     (dict(n_group=4), "go together"),
     (dict(n_group=4, topk_group=0), "topk_group in \\[1, n_group\\]"),
@@ -254,3 +255,16 @@ def test_route_bad_input(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         kernels.moe_route(torch.randn(3, 8), **args)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(n_group=True, topk_group=1), "n_group must be None or an int"),
+    (dict(n_group=4, topk_group=2.0), "topk_group must be None or an int"),
+    (dict(norm=1), "norm must be a bool"),
+    (dict(sigmoid="yes"), "sigmoid must be a bool"),
+    (dict(scaling="x"), "scaling must be a finite number"),
+    (dict(scaling=float("nan")), "scaling must be a finite number"),
+])
+def test_route_argument_types(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        kernels.moe_route(torch.randn(3, 8), 2, **kwargs)
