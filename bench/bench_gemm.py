@@ -15,6 +15,7 @@ warp instead of three): "NAME=VALUE us" and our default's speed-up over it.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -55,6 +56,23 @@ def cublas_call(a_fp8, b_fp8, d_ref):
     raise RuntimeError("no torch scaled_mm variant ran") from last_error
 
 
+def tile_label(m: int, n: int, k: int, **env: str) -> str:
+    """The heuristic's tile for the call, with ``env`` switches set: block M x block N, stages
+    ("s4"), 2-CTA clusters ("c2"), ping-pong ("pp"), e.g. "128x192s4c2pp"."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        c = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return (f"{c['block_m']}x{c['block_n']}s{c['num_stages']}" + ("c2" if c["multicast"] > 1 else "")
+            + ("pp" if c["pingpong"] else ""))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", default="64,128,4096")
@@ -70,9 +88,9 @@ def main() -> int:
         print("bench_gemm: needs a CUDA device", file=sys.stderr)
         return 1
     rows = []
-    header = (f"{'M':>5} {'N':>6} {'K':>6} | {'ours us':>8} {'TFLOP/s':>8} {'GB/s':>7} {'call us':>8} | "
+    header = (f"{'M':>5} {'N':>6} {'K':>6} {'tile':>14} | {'ours us':>8} {'TFLOP/s':>8} {'GB/s':>7} {'call us':>8} | "
               f"{'cuBLAS':>8} {'us':>8} {'TFLOP/s':>8} {'call us':>8} | {'speedup':>7} {'diff':>8} | "
-              f"{'1-CTA us':>8} {'clusters':>8}" + "".join(f" | {n}={v} us  gain" for n, v in variants))
+              f"{'1-CTA us':>8} {'clusters':>8}" + "".join(f" | {n}={v} us  gain {'tile':>14}" for n, v in variants))
     print(header)
     for m in [int(x) for x in args.ms.split(",")]:
         for n, k in SHAPES:
@@ -97,18 +115,20 @@ def main() -> int:
             single_us = None
             if kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["multicast"] > 1:
                 single_us = kernel_us_with_env(ours, "sm90_fp8_gemm_nt", MOE_FP8_MULTICAST="0")
-            row = dict(m=m, n=n, k=k, us=t * 1e6, tflops=flops / t / 1e12, gbps=nbytes / t / 1e9, call_us=call,
+            tile = tile_label(m, n, k)
+            row = dict(m=m, n=n, k=k, tile=tile, us=t * 1e6, tflops=flops / t / 1e12, gbps=nbytes / t / 1e9, call_us=call,
                        cublas=kind, cublas_us=t_ref * 1e6, cublas_tflops=flops / t_ref / 1e12, cublas_call_us=call_ref,
                        speedup=t_ref / t, diff=diff, single_us=single_us)
             extra = ""
             for name, value in variants:
                 v_us = kernel_us_with_env(ours, "sm90_fp8_gemm_nt", **{name: value})
-                row[f"{name}={value}_us"] = v_us
-                extra += f" | {v_us:>{len(name) + len(value) + 4}.1f} {v_us / row['us']:>5.2f}x"
+                v_tile = tile_label(m, n, k, **{name: value})
+                row[f"{name}={value}_us"], row[f"{name}={value}_tile"] = v_us, v_tile
+                extra += f" | {v_us:>{len(name) + len(value) + 4}.1f} {v_us / row['us']:>5.2f}x {v_tile:>14}"
             rows.append(row)
             single = "-" if single_us is None else f"{single_us:.1f}"
             gain = "-" if single_us is None else f"{single_us / row['us']:.2f}x"
-            print(f"{m:>5} {n:>6} {k:>6} | {row['us']:>8.1f} {row['tflops']:>8.0f} {row['gbps']:>7.0f} "
+            print(f"{m:>5} {n:>6} {k:>6} {tile:>14} | {row['us']:>8.1f} {row['tflops']:>8.0f} {row['gbps']:>7.0f} "
                   f"{call:>8.1f} | {kind:>8} {row['cublas_us']:>8.1f} {row['cublas_tflops']:>8.0f} "
                   f"{call_ref:>8.1f} | {row['speedup']:>6.2f}x {diff:>8.1e} | {single:>8} {gain:>8}{extra}", flush=True)
     block = [r["speedup"] for r in rows if r["cublas"] == "block"]
