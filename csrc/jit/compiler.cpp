@@ -270,8 +270,27 @@ void write_sass(const JitConfig& config, const std::string& dir) {
   }
 }
 
+// An ELF64 image whose program and section header tables lie inside it: a cubin cut short (a
+// crash or power loss before the bytes reached the disk) or emptied fails, and is rebuilt.
+bool is_whole_cubin(const std::string& bytes) {
+  if (bytes.size() < 64 || bytes.compare(0, 4, "\x7f" "ELF") != 0 || bytes[4] != 2) return false;
+  const auto read = [&](std::size_t offset, std::size_t width) {
+    std::uint64_t value = 0;
+    for (std::size_t i = 0; i < width; ++i) value |= std::uint64_t(static_cast<unsigned char>(bytes[offset + i])) << (8 * i);
+    return value;
+  };
+  const std::uint64_t ph_end = read(0x20, 8) + read(0x36, 2) * read(0x38, 2);
+  const std::uint64_t sh_end = read(0x28, 8) + read(0x3A, 2) * read(0x3C, 2);
+  return ph_end <= bytes.size() && sh_end <= bytes.size() && read(0x3C, 2) > 0;
+}
+
+bool has_whole_cubin(const std::string& dir) {
+  std::string bytes;
+  return files::try_read(files::join(dir, "kernel.cubin"), bytes) && is_whole_cubin(bytes);
+}
+
 // Moves the finished tmp folder to `final_dir`. Returns false when another process got there
-// first (its files are then used and tmp is dropped).
+// first with a whole cubin (its files are then used and tmp is dropped).
 bool publish(const std::string& tmp_dir, const std::string& final_dir) {
   files::make_dirs(files::dir_name(final_dir));
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -279,11 +298,11 @@ bool publish(const std::string& tmp_dir, const std::string& final_dir) {
     const int err = errno;
     MOE_HOST_ASSERT(err == EEXIST || err == ENOTEMPTY,
                     "cannot move " << tmp_dir << " to " << final_dir << ": " << std::strerror(err));
-    if (files::is_file(files::join(final_dir, "kernel.cubin"))) {
+    if (has_whole_cubin(final_dir)) {
       files::remove_tree(tmp_dir);
       return false;
     }
-    // A folder without a cubin was not made by a finished compile; replace it.
+    // A folder without a whole cubin was not made by a finished compile; replace it.
     files::remove_tree(final_dir);
   }
   MOE_JIT_THROW("cannot move " << tmp_dir << " to " << final_dir << ": it keeps reappearing");
@@ -325,7 +344,7 @@ KernelPtr compile_or_load(const JitConfig& config, const std::string& name,
   kernel->cubin_path = files::join(final_dir, "kernel.cubin");
   kernel->source_path = files::join(final_dir, "kernel.cu");
 
-  if (files::try_read(kernel->cubin_path, kernel->cubin) && !kernel->cubin.empty()) {
+  if (files::try_read(kernel->cubin_path, kernel->cubin) && is_whole_cubin(kernel->cubin)) {
     kernel->from_cache = true;
     kernel->compile_seconds = seconds_since(start);
     if (config.print_command) {
@@ -379,6 +398,7 @@ KernelPtr compile_or_load(const JitConfig& config, const std::string& name,
     if (!publish(tmp_dir, final_dir)) {
       kernel->from_cache = true;
       kernel->cubin = files::read(kernel->cubin_path);
+      if (!is_whole_cubin(kernel->cubin)) kernel->cubin = std::move(output.cubin);  // damaged since: ours is whole
       kernel->compile_seconds = seconds_since(start);
       return kernel;
     }
@@ -425,6 +445,7 @@ void set_config(const JitConfig& config) {
   ++s.generation;
   s.ready.clear();
   s.pending.clear();
+  s.include_digests.clear();  // headers edited since are hashed again
 }
 
 BuildOutcome build_with_outcome(const std::string& name, const std::string& code,

@@ -174,10 +174,14 @@ ProcessResult run(const std::vector<std::string>& argv, const std::string& outpu
     return result;
   }
   int status = 0;
+  bool waited = true;
   while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) break;
+    if (errno != EINTR) {  // e.g. ECHILD with SIGCHLD ignored: the exit status is unknown, not 0
+      waited = false;
+      break;
+    }
   }
-  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  if (waited && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
   try_read(output_path, result.output);
   ::unlink(output_path.c_str());
   return result;

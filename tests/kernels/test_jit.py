@@ -160,6 +160,39 @@ def test_key_depends_on_project_headers(settings, tmp_path):
     assert after["key"] != before["key"] and not after["from_cache"]
 
 
+def test_header_edits_reach_the_key_after_configure(settings, tmp_path):
+    """In one process: configure() hashes the project headers again (an edit after the first build
+    gives a new key, not the stale cubin)."""
+    include = tmp_path / "include"
+    (include / "moe_kernels").mkdir(parents=True)
+    header = include / "moe_kernels" / "probe.cuh"
+    header.write_text("#define PROBE_VALUE 1\n")
+    own = dataclasses.replace(settings, project_include_dir=str(include),
+                              include_dirs=[str(include), *settings.include_dirs[1:]])
+    code = "#include <moe_kernels/probe.cuh>\n" + kernel_source(random.randrange(1, 1 << 30))
+    jit.configure(own)
+    before = jit.build("fill", code, ARCH)
+    header.write_text("#define PROBE_VALUE 2\n")
+    jit.configure(own)
+    after = jit.build("fill", code, ARCH)
+    assert after.key != before.key and not after.from_cache
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "not_elf"])
+def test_a_damaged_cached_cubin_is_rebuilt(settings, damage):
+    """A cubin cut short on disk (a crash before its bytes were written) is not loaded: the next
+    build (new process or configure) compiles it again and replaces it."""
+    code = kernel_source(random.randrange(1, 1 << 30))
+    first = jit.build("fill", code, ARCH)
+    path = Path(first.cubin_path)
+    whole = path.read_bytes()
+    path.write_bytes({"empty": b"", "truncated": whole[: len(whole) // 2], "not_elf": b"x" * len(whole)}[damage])
+    jit.configure(settings)  # forget the in-memory copy
+    again = jit.build("fill", code, ARCH)
+    assert not again.from_cache and again.key == first.key
+    assert again.cubin == whole and path.read_bytes() == whole
+
+
 def test_compile_error_reports_log_and_source(settings):
     bad_line = 3
     code = "// line 1\n__global__ void broken(long long* out) {\n  out[0] = not_declared_anywhere;\n}\n"
