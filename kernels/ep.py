@@ -99,6 +99,10 @@ class EpLayout:
         if self.max_tokens < 1 or not 1 <= self.top_k <= 64 or self.hidden < 128 or self.hidden % 128:
             _checks.fail(fn, ValueError, f"need max_tokens >= 1, top_k in [1, 64] and hidden a positive multiple of "
                                          f"128, got {self.max_tokens}, {self.top_k}, {self.hidden}")
+        if self.num_ranks * self.max_tokens * self.top_k >= 2**31:
+            _checks.fail(fn, ValueError, f"num_ranks x max_tokens x top_k = "
+                                         f"{self.num_ranks * self.max_tokens * self.top_k} must stay below 2^31 "
+                                         "(the int32 source words)")
         bases = tuple(self.bases)
         if len(bases) != self.num_ranks or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 or b % 16
                                                for b in bases):

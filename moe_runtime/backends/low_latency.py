@@ -66,6 +66,10 @@ def is_supported(problem: MoEProblem) -> tuple[bool, str]:
         return False, reason
     if torch.device(problem.device).type != "cuda":
         return False, "the low-latency transport writes peer GPU memory: CUDA only"
+    if problem.top_k > 64:
+        return False, f"the transport's kernels take top_k <= 64, got {problem.top_k}"
+    if problem.ep_size * problem.num_max_tokens_per_rank * problem.top_k >= 2**31:
+        return False, "ranks x num_max_tokens_per_rank x top_k must stay below 2^31 (int32 source words)"
     if problem.num_local_experts > kernels.ep.kEpMaxLocalExperts or problem.ep_size > kernels.ep.kEpMaxRanks:
         return False, (f"at most {kernels.ep.kEpMaxRanks} ranks of {kernels.ep.kEpMaxLocalExperts} local experts, "
                        f"got {problem.ep_size} x {problem.num_local_experts}")

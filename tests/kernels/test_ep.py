@@ -210,6 +210,7 @@ def _layout_args(**overrides):
     (dict(offsets=(0, 4, 8, 12, 20, 24)), "aligned"),
     (dict(offsets=(0, 128, 256, 384, 512, 640)), "overlap"),
     (dict(buffer_bytes=1024), "past the 1024-byte buffer"),
+    (dict(max_tokens=2**29, top_k=4), "must stay below 2\\^31"),
     (dict(), "runs on CUDA devices, got cpu"),
 ])
 def test_layout_checks(overrides, match):

@@ -352,6 +352,11 @@ def test_backend_selection(monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(low_latency, "staged_is_supported", lambda problem: (True, ""))
         assert low_latency.is_supported(decode)[0]
+    wide = MoEProblem(7168, 2048, 256, 72, "fp8", torch.bfloat16, torch.device("cuda"), 8, 128, True)
+    with monkeypatch.context() as m:
+        m.setattr(low_latency, "staged_is_supported", lambda problem: (True, ""))
+        ok, reason = low_latency.is_supported(wide)
+    assert not ok and "top_k <= 64" in reason
 
 
 # ---- several ranks under torchrun -------------------------------------------------------------------
