@@ -177,10 +177,19 @@ def collect_sources(families: list[str] | None = None, model: str | ModelShapes 
     :class:`ModelShapes`), deduplicated by code."""
     if not isinstance(model, ModelShapes) and model not in MODELS:
         raise ValueError(f"model={model!r}: expected one of {sorted(MODELS)} or a ModelShapes")
-    chosen = families or list(FAMILIES)
+    if families is not None and (isinstance(families, str) or not isinstance(families, (list, tuple))
+                                 or not families):
+        raise ValueError(f"families must be None (all) or a non-empty list of names from {sorted(FAMILIES)}, "
+                         f"got {families!r}")
+    chosen = list(families) if families is not None else list(FAMILIES)
     unknown = [f for f in chosen if f not in FAMILIES]
     if unknown:
         raise ValueError(f"family {unknown}: expected names from {sorted(FAMILIES)}")
+    if arch != "sm_90a":  # every family's kernels are written for Hopper (wgmma, TMA, setmaxnreg)
+        raise ValueError(f"arch={arch!r}: the kernels are built for sm_90a (H100/H200) only")
+    for name, value in (("num_sms", num_sms), ("max_m", max_m)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     shapes = model if isinstance(model, ModelShapes) else MODELS[model]
     if max_m is not None:
         shapes = dataclasses.replace(shapes, max_m=max_m)
@@ -197,7 +206,13 @@ def precompile(families: list[str] | None = None, model: str | ModelShapes = "de
                num_sms: int = 132, jobs: int | None = None, cache_dir: str | None = None,
                max_m: int | None = None,
                on_result: Callable[[PrecompileResult], None] | None = None) -> list[PrecompileResult]:
-    """Compile (or find in the cache) every kernel of ``families`` for ``model`` on ``arch``."""
+    """Compile (or find in the cache) every kernel of ``families`` for ``model`` on ``arch``.
+
+    ``cache_dir`` reconfigures this process's JIT for the call (and restores it after): other
+    threads' builds meanwhile land in that folder too, so pass it from a process of its own (the
+    CLI) rather than next to a running server. The first failing compile cancels those not started."""
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ValueError(f"jobs must be None or a positive int, got {jobs!r}")
     from . import jit
 
     previous = jit.ensure_configured()
@@ -225,19 +240,34 @@ def _build_all(sources: list[KernelSource], arch: str, jobs: int | None,
                 on_result(result)
         return result
 
-    with ThreadPoolExecutor(max_workers=jobs or max(1, os.cpu_count() or 1)) as pool:
-        return list(pool.map(build, sources))
+    pool = ThreadPoolExecutor(max_workers=jobs or max(1, os.cpu_count() or 1))
+    try:
+        futures = [pool.submit(build, src) for src in sources]
+        return [f.result() for f in futures]
+    finally:
+        # After a failure, the sources not started yet are dropped instead of compiled for nothing.
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.precompile", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", default="sm_90a", help="target architecture (default sm_90a)")
+    parser.add_argument("--arch", default="sm_90a", choices=["sm_90a"], help="target architecture (sm_90a)")
     parser.add_argument("--cache-dir", default=None, help="cache folder (default: MOE_JIT_CACHE_DIR or ~/.cache)")
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES), help="repeatable; default: all")
     parser.add_argument("--model", default="deepseek-v3", choices=sorted(MODELS))
-    parser.add_argument("--num-sms", type=int, default=132, help="SM count of the target GPU (H100/H200: 132)")
-    parser.add_argument("--max-m", type=int, default=None, help="largest token count to plan GEMMs for")
-    parser.add_argument("--jobs", type=int, default=None, help="parallel compilations (default: CPU count)")
+    parser.add_argument("--num-sms", type=_positive_int, default=132, help="SM count of the target GPU (H100/H200: 132)")
+    parser.add_argument("--max-m", type=_positive_int, default=None, help="largest token count to plan GEMMs for")
+    parser.add_argument("--jobs", type=_positive_int, default=None, help="parallel compilations (default: CPU count)")
     args = parser.parse_args(argv)
 
     def report(r: PrecompileResult) -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import kernels.jit
+
 from kernels import precompile
 
 
@@ -47,3 +49,38 @@ def test_gemm_family_compiles(tmp_path: Path):
 def test_bad_names(bad, match):
     with pytest.raises(ValueError, match=match):
         precompile.collect_sources(bad, model="deepseek-v3" if bad else "llama")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(families=[]), "non-empty list"),
+    (dict(families="fp8_gemm_nt"), "non-empty list"),
+    (dict(arch="sm_100a"), "sm_90a"),
+    (dict(num_sms=0), "num_sms must be a positive int"),
+    (dict(max_m=-5), "max_m must be a positive int"),
+])
+def test_bad_arguments_raise_before_compiling(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        precompile.collect_sources(**kwargs)
+
+
+@pytest.mark.parametrize("argv", [["--jobs", "-1"], ["--num-sms", "0"], ["--max-m", "x"], ["--arch", "bogus"]])
+def test_cli_refuses_bad_numbers_and_arch(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        precompile.main(argv)
+    assert info.value.code == 2 and "error" in capsys.readouterr().err
+
+
+def test_a_failing_compile_cancels_the_rest(monkeypatch):
+    """The first error stops the pool: sources not started are not compiled."""
+    started = []
+
+    def build(name, code, arch):
+        started.append(name)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(kernels.jit, "build", build)
+    sources = precompile.collect_sources(["fp8_gemm_nt"], max_m=4096)
+    assert len(sources) > 8
+    with pytest.raises(RuntimeError, match="boom"):
+        precompile._build_all(sources, "sm_90a", 1, None)
+    assert len(started) < len(sources)
