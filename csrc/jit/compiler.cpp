@@ -2,12 +2,16 @@
 
 #include <atomic>
 
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <future>
 #include <map>
 #include <mutex>
@@ -431,6 +435,29 @@ JitConfig get_config() {
   return s.config;
 }
 
+// Removes what compiles killed mid-way left in <cache>/tmp: entries (named <...>.<pid>.<thread>.
+// <counter>) whose process is gone and that are over an hour old (a process of another host
+// sharing the folder may have a pid unknown here; no compile takes an hour).
+void sweep_tmp(const std::string& cache_dir) {
+  const std::string tmp_root = files::join(cache_dir, "tmp");
+  if (!files::is_dir(tmp_root)) return;
+  const std::time_t now = std::time(nullptr);
+  for (const auto& entry : files::list_dir(tmp_root)) {
+    const auto last = entry.rfind('.');
+    const auto middle = last == std::string::npos || last == 0 ? std::string::npos : entry.rfind('.', last - 1);
+    const auto first = middle == std::string::npos || middle == 0 ? std::string::npos : entry.rfind('.', middle - 1);
+    if (first == std::string::npos) continue;
+    const std::string pid_text = entry.substr(first + 1, middle - first - 1);
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
+    const std::string path = files::join(tmp_root, entry);
+    struct stat info {};
+    if (::stat(path.c_str(), &info) != 0 || now - info.st_mtime < 3600) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    files::remove_tree(path);
+  }
+}
+
 void set_config(const JitConfig& config) {
   MOE_HOST_ASSERT(config.compiler == "nvrtc" || config.compiler == "nvcc",
                   "JIT compiler must be 'nvrtc' or 'nvcc', got '" << config.compiler << "'");
@@ -439,6 +466,10 @@ void set_config(const JitConfig& config) {
   MOE_HOST_ASSERT(!config.cache_dir.empty(), "the JIT cache dir must not be empty");
   JitConfig copy = config;
   copy.cache_dir = files::absolute(config.cache_dir);
+  try {
+    sweep_tmp(copy.cache_dir);
+  } catch (...) {  // a folder another process is removing: the sweep is best effort
+  }
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   s.config = std::move(copy);

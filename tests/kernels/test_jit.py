@@ -178,6 +178,27 @@ def test_header_edits_reach_the_key_after_configure(settings, tmp_path):
     assert after.key != before.key and not after.from_cache
 
 
+def test_configure_sweeps_what_killed_compiles_left(settings):
+    """<cache>/tmp entries of dead processes older than an hour go at configure(); a live
+    process's, or a recent one's, stay."""
+    tmp = Path(settings.cache_dir) / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    old = time.time() - 7200
+    entries = {"dead_old": f"fill-abc.{dead}.1.0", "dead_new": f"fill-abd.{dead}.1.1",
+               "alive_old": f"fill-abe.{os.getpid()}.1.2"}
+    for key, name in entries.items():
+        (tmp / name).mkdir()
+        (tmp / name / "kernel.cu").write_text("//")
+        if key.endswith("old"):
+            os.utime(tmp / name, (old, old))
+    jit.configure(settings)
+    left = set(os.listdir(tmp))
+    assert entries["dead_old"] not in left
+    assert entries["dead_new"] in left and entries["alive_old"] in left
+
+
 @pytest.mark.parametrize("damage", ["empty", "truncated", "not_elf"])
 def test_a_damaged_cached_cubin_is_rebuilt(settings, damage):
     """A cubin cut short on disk (a crash before its bytes were written) is not loaded: the next
