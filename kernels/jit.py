@@ -223,7 +223,7 @@ def find_cuobjdump() -> str:
     return next((str(c) for c in candidates if c.is_file()), "")
 
 
-def _cache_salt(nvrtc_path: str, include_dirs: list[Path]) -> str:
+def _cache_salt(include_dirs: list[Path]) -> str:
     """Versions of what the cache key's content hash does not cover: the header packages and, for
     toolkit headers, the CUDA version in cuda.h."""
     parts = []
@@ -232,14 +232,14 @@ def _cache_salt(nvrtc_path: str, include_dirs: list[Path]) -> str:
             parts.append(f"{package}={importlib.metadata.version(package)}")
         except importlib.metadata.PackageNotFoundError:
             parts.append(f"{package}=absent")
-    if nvrtc_path:
-        parts.append(f"nvrtc={os.path.realpath(nvrtc_path)}")
+    # Versions, not paths: the same packages in another install location share the cache (the
+    # compiler's version is in the key; its library's path says nothing more).
     for folder in include_dirs:
         cuda_h = folder / "cuda.h"
         if cuda_h.is_file():
             with open(cuda_h, encoding="utf-8", errors="replace") as f:
                 version = next((line.strip() for line in f if line.startswith("#define CUDA_VERSION")), "")
-            parts.append(f"{folder}:{version}")
+            parts.append(f"cuda.h:{version}")
     return ";".join(parts)
 
 
@@ -266,7 +266,7 @@ def resolve_settings() -> JitSettings:
         nvcc_path=nvcc,
         cuobjdump_path=find_cuobjdump() if keep_ptx else "",
         extra_flags=shlex.split(os.environ.get("MOE_JIT_EXTRA_FLAGS", "")),
-        cache_salt=_cache_salt(nvrtc, [d for d in include_dirs if d != project]),
+        cache_salt=_cache_salt([d for d in include_dirs if d != project]),
         debug=env_flag("MOE_JIT_DEBUG"),
         lineinfo=env_flag("MOE_JIT_LINEINFO"),
         ptxas_verbose=env_flag("MOE_JIT_PTXAS_VERBOSE"),

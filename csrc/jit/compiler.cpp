@@ -336,7 +336,10 @@ KernelPtr compile_or_load(const JitConfig& config, const std::string& name,
   Hasher hasher;
   hasher.field(kKeyVersion).field(name).field(compiler_id).field(arch);
   hasher.field(static_cast<std::uint64_t>(flags.size()));
-  for (const auto& flag : flags) hasher.field(flag);
+  // Include folders enter the key by what they hold, not where they are (a cache built in one
+  // install location serves another): the project headers' content digest, and in the salt the
+  // header packages' versions and the toolkit's CUDA_VERSION.
+  for (const auto& flag : flags) hasher.field(flag.rfind("-I", 0) == 0 ? std::string("-I") : flag);
   hasher.field(config.cache_salt).field(include_digest(config.project_include_dir)).field(code);
 
   auto kernel = std::make_shared<CompiledKernel>();

@@ -199,6 +199,21 @@ def test_configure_sweeps_what_killed_compiles_left(settings):
     assert entries["dead_new"] in left and entries["alive_old"] in left
 
 
+def test_key_does_not_depend_on_where_the_headers_are(settings, tmp_path):
+    """The same include folders reached through another path (a symlinked venv, a copied image)
+    give the same key: a cache built in one location serves another."""
+    code = kernel_source(random.randrange(1, 1 << 30))
+    first = jit.build("fill", code, ARCH)
+    moved = []
+    for i, folder in enumerate(settings.include_dirs):
+        link = tmp_path / f"inc{i}"
+        link.symlink_to(folder)
+        moved.append(str(link))
+    jit.configure(dataclasses.replace(settings, include_dirs=moved))
+    again = jit.build("fill", code, ARCH)
+    assert again.key == first.key and again.from_cache
+
+
 @pytest.mark.parametrize("damage", ["empty", "truncated", "not_elf"])
 def test_a_damaged_cached_cubin_is_rebuilt(settings, damage):
     """A cubin cut short on disk (a crash before its bytes were written) is not loaded: the next
