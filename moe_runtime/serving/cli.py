@@ -24,37 +24,55 @@ kPresetDefaults = {
 kDtypes = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Each option's default in its help, unless it is none or the help already says it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        hidden = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if not hidden and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="serve_moe.py",
+        prog="serve_moe.py", formatter_class=_HelpFormatter,
         description="Serve the MoE layers of a model across the ranks of torchrun (expert parallelism). "
                     "With no arguments: a small embedded config that runs on CPU.")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="small",
-                   help="embedded layer shape and routing (default: small)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="small", help="embedded layer shape and routing")
     p.add_argument("--checkpoint", metavar="DIR",
                    help="safetensors checkpoint in the transformers layout; its MoE layers replace the preset")
     p.add_argument("--layers", type=int,
                    help="number of MoE layers to serve (default: per preset; all of a checkpoint)")
-    p.add_argument("--backend", default="auto", choices=["auto", "reference", "staged", "low_latency", "fused"])
-    p.add_argument("--weights", default="fp8", choices=["bf16", "fp8", "fp4"])
-    p.add_argument("--dtype", default="bf16", choices=sorted(kDtypes), help="activation dtype (default: bf16)")
-    p.add_argument("--num-requests", type=int, help="requests over all ranks (default: per preset)")
+    p.add_argument("--backend", default="auto", choices=["auto", "reference", "staged", "low_latency", "fused"],
+                   help="MegaMoELayer backend (auto: staged on CUDA, reference on CPU; fused is not implemented "
+                        "yet and says so)")
+    p.add_argument("--weights", default="fp8", choices=["bf16", "fp8", "fp4"], help="expert weight format")
+    p.add_argument("--dtype", default="bf16", choices=sorted(kDtypes), help="activation dtype")
+    p.add_argument("--num-requests", type=int, help="requests over all ranks (default: per preset: small 128, "
+                                                    "deepseek-v3 2048)")
     p.add_argument("--duration", type=float, metavar="S",
                    help="stop admitting requests after S seconds, finish those admitted and exit")
-    p.add_argument("--request-rate", type=float, help="Poisson arrivals per second over all ranks")
-    p.add_argument("--prompt-tokens", help="synthetic prompt length, N or LOW-HIGH")
-    p.add_argument("--output-tokens", help="synthetic decode steps per request, N or LOW-HIGH")
+    p.add_argument("--request-rate", type=float, help="Poisson arrivals per second over all ranks (default: per "
+                                                      "preset: small 100, deepseek-v3 2000)")
+    p.add_argument("--prompt-tokens", help="synthetic prompt length, N or LOW-HIGH (default: per preset: small 8-48, "
+                                           "deepseek-v3 64-1024)")
+    p.add_argument("--output-tokens", help="synthetic decode steps per request, N or LOW-HIGH (default: per preset: "
+                                           "small 2-16, deepseek-v3 16-128)")
     p.add_argument("--requests-jsonl", metavar="FILE",
                    help="requests from a file, one JSON object a line: prompt_tokens, output_tokens, arrival_s, id")
-    p.add_argument("--max-batch-tokens", type=int, help="tokens per rank per step (the layer capacity)")
+    p.add_argument("--max-batch-tokens", type=int, help="tokens per rank per step, the layer capacity (default: per "
+                                                        "preset: small 256, deepseek-v3 4096)")
     p.add_argument("--metrics-out", metavar="FILE", help="write the final metrics as JSON")
     p.add_argument("--spot-check-every", type=int, metavar="N",
-                   help="compare against the reference backend every N batches (0: never)")
+                   help="compare against the reference backend every N batches, 0: never (default: per preset: "
+                        "small 16, deepseek-v3 64)")
     p.add_argument("--spot-check-tol", type=float, default=1e-3, help="calc_diff above which a spot-check fails")
     p.add_argument("--log-interval", type=float, default=0.5, metavar="S", help="seconds between progress lines")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S",
                    help="a rank that does not reach the next step within S seconds is reported as hung")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and of the synthetic requests")
     p.add_argument("--no-progress", action="store_true", help="no progress lines, only the final summary")
     p.add_argument("--no-precompile", action="store_true",
                    help="skip compiling the expert GEMMs before the timed loop (they then compile on first use)")

@@ -303,6 +303,9 @@ class _ServingLoop:
         return result
 
 
+_kStopReasons = {"completed": "all requests completed", "duration": "duration reached, admitted requests finished"}
+
+
 def format_summary(metrics: dict) -> str:
     """A few human-readable lines of the final metrics."""
     lat, ttft = metrics["latency_ms"], metrics["ttft_ms"]
@@ -311,7 +314,8 @@ def format_summary(metrics: dict) -> str:
     def ms(v):
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f} ms"
     lines = [
-        f"[serve] stopped by {metrics['stopped_by']} after {metrics['wall_time_s']:.2f}s on "
+        f"[serve] {_kStopReasons.get(metrics['stopped_by'], 'stopped by ' + metrics['stopped_by'])} after "
+        f"{metrics['wall_time_s']:.2f}s on "
         f"{metrics['world_size']} rank(s): {metrics['requests_finished']} requests finished, "
         f"{metrics['requests_unfinished']} unfinished",
         f"[serve] {metrics['tokens']} tokens ({metrics['prefill_tokens']} prefill, {metrics['decode_tokens']} decode), "

@@ -164,7 +164,7 @@ class ProgressDisplay:
         expected = "?" if total_expected is None else str(total_expected)
         tps = window["tokens_per_s"]
         line = (f"[serve] {elapsed_s:7.1f}s  requests {total_finished}/{expected}  "
-                f"{0.0 if tps is None else tps:10.1f} tok/s  "
+                f"{0.0 if tps is None else tps:10.1f} tok/s (last interval)  "
                 f"p50 {self._fmt(latency['p50'])}  p99 {self._fmt(latency['p99'])}")
         if self._tty:
             self._stream.write("\r" + line.ljust(100))
