@@ -12,7 +12,14 @@ source scripts/gpu_env.sh
 status=0
 if [[ "$what" == tests || "$what" == all ]]; then
   # CPU tests run in CI; here only what needs the GPU.
-  timeout "${TEST_TIMEOUT:-3000}" python3 -m pytest -q -m gpu -p no:cacheprovider ${select:+-k "$select"} tests 2>&1 | tee "$out/tests.log" | tail -30
+  # With pytest-xdist (a wheel in .whl/), test files run in parallel processes sharing the GPU:
+  # most of a cold run is JIT compiles, which then overlap. A file stays on one worker (its module
+  # fixtures warm the cache once). GPU_TEST_WORKERS=0: one process.
+  workers=()
+  if [[ "${GPU_TEST_WORKERS:-6}" != 0 ]] && python3 -c "import xdist" 2>/dev/null; then
+    workers=(-n "${GPU_TEST_WORKERS:-6}" --dist loadfile)
+  fi
+  timeout "${TEST_TIMEOUT:-3000}" python3 -m pytest -q -m gpu -p no:cacheprovider ${workers[@]+"${workers[@]}"} ${select:+-k "$select"} tests 2>&1 | tee "$out/tests.log" | tail -30
   status=${PIPESTATUS[0]}
 fi
 if [[ "$what" == bench || "$what" == all ]]; then

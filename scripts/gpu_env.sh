@@ -1,7 +1,8 @@
 # Sourced by scripts/gpu_check.sh and scripts/multi_gpu_check.sh, from the repository root: the log
 # folder ($out: $OUT, the device tool's output folder, or ./gpu-logs), the environment (NVLink
 # multicast off: it can take the host's shared GPUs out of service), the wheels the machine lacks
-# (.whl/: nvidia-cutlass, nvshmem4py-cu13), $out/env.log, and kernels._C built in place.
+# (.whl/: nvidia-cutlass, nvshmem4py-cu13, pytest-xdist + execnet), $out/env.log, and kernels._C built in
+# place.
 out="${OUT:-$PWD/gpu-logs}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
