@@ -478,7 +478,7 @@ def format_table(ctx: DistContext, cfg: BenchConfig, rows: list[Row], diffs: dic
         "",
     ]
     header = ["op", "mode", "tokens/rank", "MB out/rank", "ours µs", "ours GB/s", "all-to-all µs",
-              "all-to-all GB/s", "ours / all-to-all"]
+              "all-to-all GB/s", "speed-up over all-to-all"]
     if cfg.link_gbps is not None:
         header.append(f"ours of {cfg.link_gbps:g} GB/s link")
     lines += ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]

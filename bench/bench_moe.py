@@ -138,8 +138,16 @@ def main() -> int:
             if num_tokens <= kCompareLayoutsUpTo:
                 dispatch_combine = layer._backend(device)[0]
                 dispatch_combine.masked_max_rows = 0
-                contiguous_us = per_call_us(lambda: layer(x), args.iters)
-                dispatch_combine.masked_max_rows = staged.kMaskedMaxRows
+                try:
+                    # The same forward in the contiguous layout: the same rows, the same numbers up to
+                    # the kernels' accumulation order.
+                    contiguous_out = layer(x)
+                    if not args.no_check and calc_diff(contiguous_out, staged_out) > 1e-4:
+                        raise RuntimeError(f"{num_tokens} tokens: the contiguous layout's forward differs from the "
+                                           f"masked one (calc_diff {calc_diff(contiguous_out, staged_out):.1e})")
+                    contiguous_us = per_call_us(lambda: layer(x), args.iters)
+                finally:
+                    dispatch_combine.masked_max_rows = staged.kMaskedMaxRows
             graph_us = None
             if num_tokens <= staged.kMaskedMaxRows:
                 graph = torch.cuda.CUDAGraph()

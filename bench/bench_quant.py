@@ -59,6 +59,8 @@ def main() -> None:
     parser.add_argument("--gran-k", type=int, default=128, choices=(32, 64, 128))
     parser.add_argument("--ue8m0", action="store_true")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_quant: needs a CUDA device")
     dtype = _DTYPES[args.dtype]
 
     ceiling = copy_ceiling_gbps_kineto()

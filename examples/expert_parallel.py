@@ -11,6 +11,7 @@ import os
 import sys
 
 import torch
+import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -46,10 +47,14 @@ def main() -> None:
     sharded.load_weights(**weights)
     tokens = torch.Generator().manual_seed(ctx.rank)
     x = torch.randn(32 + 16 * ctx.rank, kHidden, generator=tokens).bfloat16().to(ctx.device)
+    # The reference: every expert in this one process. Its group must hold this rank alone (None
+    # would mean the whole world under torchrun, i.e. the same sharding); new_group is collective.
+    alone = [dist.new_group([r]) for r in range(ctx.world_size)][ctx.rank] if ctx.world_size > 1 else None
     with torch.no_grad():
         out = sharded(x)
-        whole = make_layer(None, ctx.device)
+        whole = make_layer(alone, ctx.device)
         whole.load_weights(**weights)
+        assert whole.num_local_experts == kExperts, "the reference holds every expert"
         expected = whole(x)
     rank_print(f"{x.shape[0]} tokens, experts {list(ctx.placement(kExperts).local_experts)}: "
                f"calc_diff vs single process {calc_diff(out, expected):.2e}")

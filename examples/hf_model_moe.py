@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--family", default="qwen3_moe", choices=["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"])
     parser.add_argument("--model", help="a transformers checkpoint (directory or hub id) instead of a tiny model")
     parser.add_argument("--weights", default="fp8", choices=["bf16", "fp8", "fp4"])
-    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--backend", default="auto", choices=["auto", "reference", "staged", "low_latency", "fused"])
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)

@@ -282,7 +282,13 @@ def rank_print(*args, group: dist.ProcessGroup | None = None, only_rank: int | N
     rank, world = group_rank(group), group_size(group)
     if only_rank is not None and rank != only_rank:
         return
-    print(f"[rank {rank}/{world}]", *args, file=file if file is not None else sys.stdout, flush=True, **kwargs)
+    # One write per line: two ranks' prefixes and messages must not interleave.
+    sep, end = kwargs.pop("sep", " "), kwargs.pop("end", "\n")
+    if kwargs:
+        raise TypeError(f"rank_print: unexpected arguments {sorted(kwargs)}")
+    stream = file if file is not None else sys.stdout
+    stream.write(sep.join([f"[rank {rank}/{world}]", *map(str, args)]) + end)
+    stream.flush()
 
 
 def hostname() -> str:
