@@ -14,6 +14,8 @@ the FP8 kernel with its 2-CTA clusters off, ``MOE_FP8_MULTICAST=0``, where it ru
 ping-pong": its two math warpgroups issuing their wgmmas together, ``MOE_FP8_PINGPONG=0``), and (masked,
 <= 32 tokens) the same call on weights in the decode layout (``kernels.transform_fp4_for_decode``).
 Weight bytes: FP8 = N K + 4 ceil(N/128) K/128 per expert; FP4 = N K / 2 + N K / 32 (both layouts).
+"worst diff": the largest calc_diff of any kernel of the row against float32 math on its
+dequantized operands, over the first and last group, outputs NaN-poisoned before the run.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Callable
 import torch
 
 import kernels
-from kernels.testing import bench_kineto, copy_ceiling_gbps, kernel_us_with_env, per_call_us
+from kernels.testing import bench_kineto, calc_diff, copy_ceiling_gbps, kernel_us_with_env, per_call_us
 
 NK = [(4096, 7168), (7168, 2048)]
 _KERNELS = {"fp8": "sm90_fp8_gemm_nt", "fp4": "sm90_fp8_fp4_gemm_nt"}  # profiler names
@@ -57,6 +59,35 @@ class Problem:
     out: torch.Tensor
     weight_bytes: int
     flops: int
+    weights: str = "fp8"           # the weights' format: "fp8" or "fp4"
+    rows: int = 0                  # rows per group (contiguous) or valid tokens per group (masked)
+    masked: bool = False
+    ref_b: tuple | None = None     # the weights in their quantized form (b, unless b is a decode layout)
+
+
+def sample_diff(problem: Problem) -> float:
+    """Worst calc_diff of the output against float32 math on the dequantized operands, over the
+    first and the last group (all of them would take the dequantized weights of every expert)."""
+    b, sfb = problem.ref_b if problem.ref_b is not None else problem.b
+    groups = b.shape[0]
+    worst = 0.0
+    for g in sorted({0, groups - 1}):
+        if problem.masked:
+            a, sfa, got = problem.a[0][g, : problem.rows], problem.a[1][g, : problem.rows], problem.out[g, : problem.rows]
+        else:
+            rows = slice(g * problem.rows, (g + 1) * problem.rows)
+            a, sfa, got = problem.a[0][rows], problem.a[1][rows], problem.out[rows]
+        if got.shape[0] == 0:
+            continue
+        k = a.shape[1]
+        lhs = a.float() * sfa.repeat_interleave(128, dim=1)[:, :k]
+        if problem.weights == "fp8":
+            n = b.shape[1]
+            rhs = b[g].float() * sfb[g].repeat_interleave(128, dim=0)[:n].repeat_interleave(128, dim=1)[:, :k]
+        else:
+            rhs = kernels.cast_back_from_fp4(b[g], sfb[g].view(torch.float8_e8m0fnu).float(), gran_k=32)
+        worst = max(worst, calc_diff(got.float(), lhs @ rhs.t()))
+    return worst
 
 
 def fp4_weights(groups: int, n: int, k: int, device="cuda"):
@@ -84,7 +115,7 @@ def make_contiguous(weights: str, groups: int, rows: int, n: int, k: int, device
     gemm = (kernels.m_grouped_fp8_gemm_nt_contiguous if weights == "fp8"
             else kernels.m_grouped_fp8_fp4_gemm_nt_contiguous)
     return Problem(lambda: gemm(a, b, d, m_indices), _KERNELS[weights], a, b, d, weight_bytes,
-                   2 * groups * rows * n * k)
+                   2 * groups * rows * n * k, weights, rows)
 
 
 def make_masked(weights: str, groups: int, tokens: int, n: int, k: int, device="cuda") -> Problem:
@@ -96,7 +127,7 @@ def make_masked(weights: str, groups: int, tokens: int, n: int, k: int, device="
     d = torch.empty(groups, max_m, n, device=device, dtype=torch.bfloat16)
     gemm = kernels.m_grouped_fp8_gemm_nt_masked if weights == "fp8" else kernels.m_grouped_fp8_fp4_gemm_nt_masked
     return Problem(lambda: gemm(a, b, d, masked_m, tokens), _KERNELS[weights], a, b, d, weight_bytes,
-                   2 * groups * tokens * n * k)
+                   2 * groups * tokens * n * k, weights, tokens, masked=True)
 
 
 def make_masked_fragment(groups: int, tokens: int, n: int, k: int, device="cuda") -> Problem:
@@ -106,14 +137,17 @@ def make_masked_fragment(groups: int, tokens: int, n: int, k: int, device="cuda"
     b = kernels.transform_fp4_for_decode(packed, exponents)
     a, d, masked_m = problem.a, problem.out, torch.full((groups,), tokens, device=device, dtype=torch.int32)
     return Problem(lambda: kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, tokens),
-                   "sm90_fp8_fp4_gemm_nt_swap_ab", a, b, d, problem.weight_bytes, problem.flops)
+                   "sm90_fp8_fp4_gemm_nt_swap_ab", a, b, d, problem.weight_bytes, problem.flops, "fp4", tokens,
+                   masked=True, ref_b=problem.b)
 
 
 def measure(problem: Problem) -> dict:
+    problem.out.fill_(float("nan"))
     problem.call()
+    diff = sample_diff(problem)
     t = bench_kineto(problem.call, problem.kernel).median_s
     return dict(ours_us=t * 1e6, tflops=problem.flops / t / 1e12, weight_gbps=problem.weight_bytes / t / 1e9,
-                call_us=per_call_us(problem.call))
+                call_us=per_call_us(problem.call), diff=diff)
 
 
 def fp8_variants_us(problem: Problem, m: int, n: int, k: int, gemm_type: int, groups: int) -> dict:
@@ -163,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"copy ceiling (events, read + write): {copy:.0f} GB/s\n")
     if not args.masked_only:
         print("| contiguous | N x K | FP8 µs | FP8 TFLOP/s | FP8 per call µs | FP8 1-CTA µs | FP8 no ping-pong µs "
-              "| torch µs | torch TFLOP/s | FP8 vs torch | FP4 µs | FP4 TFLOP/s | FP4 per call µs |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+              "| torch µs | torch TFLOP/s | FP8 vs torch | FP4 µs | FP4 TFLOP/s | FP4 per call µs | worst diff |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for groups, rows in [(4, 8192), (8, 4096)]:
             for n, k in NK:
                 cells = [f"{groups} x {rows}", f"{n} x {k}"]
@@ -181,11 +215,12 @@ def main(argv: list[str] | None = None) -> int:
                     cells += [f"{r4['ours_us']:.1f}", f"{r4['tflops']:.0f}", f"{r4['call_us']:.1f}"]
                 else:
                     cells += ["-"] * 3
+                cells.append(f"{max(x['diff'] for x in (r if fp8 else None, r4 if fp4 else None) if x):.1e}")
                 print("| " + " | ".join(cells) + " |", flush=True)
     print("\n| masked | N x K | tokens/expert | FP8 µs | FP8 weights GB/s | FP8 of copy | FP8 per call µs "
           "| FP4 µs | FP4 weights GB/s | FP4 per call µs | FP4 speed-up over FP8 "
-          "| FP4 decode-layout µs | FP4 decode-layout weights GB/s | FP4 decode-layout speed-up over FP8 |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| FP4 decode-layout µs | FP4 decode-layout weights GB/s | FP4 decode-layout speed-up over FP8 | worst diff |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for groups in (32, 256):
         for n, k in NK:
             for tokens in (1, 4, 16, 64, 256):
@@ -200,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 v2 = measure(make_masked_fragment(groups, tokens, n, k)) if fp4 and tokens <= 32 else None
                 cells += ([f"{v2['ours_us']:.1f}", f"{v2['weight_gbps']:.0f}",
                            f"{r['ours_us'] / v2['ours_us']:.2f}x" if r else "-"] if v2 else ["-"] * 3)
+                cells.append(f"{max(x['diff'] for x in (r, r4, v2) if x):.1e}")
                 print("| " + " | ".join(cells) + " |", flush=True)
     return 0
 

@@ -65,3 +65,16 @@ def test_kernel_us_with_env_restores_the_environment(monkeypatch, before):
                                           MOE_FP8_MULTICAST="0")
     assert us == pytest.approx(2.0) and seen == ["0", "0"]
     assert os.environ.get("MOE_FP8_MULTICAST") == before
+
+
+@pytest.mark.parametrize("weights", ["fp8", "fp4"])
+def test_sample_diff_checks_first_and_last_group(weights, seed):
+    """The benchmark's correctness column: small against the dequantized operands, large when a
+    group's output is wrong."""
+    for problem in (bench.make_contiguous(weights, 3, 16, 128, 256, device="cpu"),
+                    bench.make_masked(weights, 3, 5, 128, 256, device="cpu")):
+        problem.call()
+        assert bench.sample_diff(problem) < 2e-3
+        last = problem.out[2, :5] if problem.masked else problem.out[32:48]
+        last.mul_(-1)
+        assert bench.sample_diff(problem) > 0.5
