@@ -53,14 +53,21 @@ def _validate(a, b, d, c) -> None:
     _checks.check_scales(_FN, "a[1] (SFA)", sfa, (m, kb))
     _checks.check_scales(_FN, "b[1] (SFB)", sfb, ((n + _BLOCK - 1) // _BLOCK, kb))
     _checks.check_output(_FN, d, (m, n))
+    for name, t, rows in (("a[1] (SFA)", sfa, m), ("b[1] (SFB)", sfb, (n + _BLOCK - 1) // _BLOCK)):
+        if (rows - 1) * t.stride(0) >= _SPAN or (kb - 1) * t.stride(1) >= _SPAN:
+            _fail(ValueError, f"{name} spans 2^32 elements or more (strides {t.stride()}): the kernel's scale "
+                              "offsets are 32-bit; pass a compact copy")
     if c is not None:
         if not isinstance(c, torch.Tensor) or c.dtype not in (torch.bfloat16, torch.float32) \
                 or tuple(c.shape) != (m, n) or c.stride(1) != 1:
             _fail(ValueError, f"c must be None or a row-major bfloat16/float32 tensor of shape [{m}, {n}], got "
                               f"{getattr(c, 'dtype', type(c).__name__)} {tuple(getattr(c, 'shape', ()))}")
+        if c.stride(0) >= _SPAN:
+            _fail(ValueError, f"c's row stride {c.stride(0)} must be below 2^32 (the kernel's is 32-bit)")
     _checks.check_same_device(_FN, [a_t, sfa, b_t, sfb, d] + ([c] if c is not None else []))
 
 
+_SPAN = 1 << 32  # the kernels' scale offsets and C's row stride are 32-bit
 _COMPILED_DIMS = {dims: "m" in dims for dims in ("nk", "kn", "mnk", "mkn", "nmk", "nkm", "kmn", "knm")}
 _FP8, _F32, _BF16 = torch.float8_e4m3fn, torch.float32, torch.bfloat16
 
@@ -90,7 +97,9 @@ def _launch_args(a, b, d, c, compile_m: bool):
     if k == 0 or k % _BLOCK or n == 0 or n % 8 or b_t.shape[1] != k or d.shape != (m, n) \
             or sfa.shape != (m, kb) or sfb.shape != ((n + _BLOCK - 1) // _BLOCK, kb) \
             or a_inner != 1 or lda % 16 or lda < k or b_inner != 1 or ldb % 16 or ldb < k \
-            or d_inner != 1 or ldd % 8 or ldd < n or min(sfa_sm, sfa_sk, sfb_sn, sfb_sk) < 0:
+            or d_inner != 1 or ldd % 8 or ldd < n or min(sfa_sm, sfa_sk, sfb_sn, sfb_sk) < 0 \
+            or (m - 1) * sfa_sm >= _SPAN or (kb - 1) * sfa_sk >= _SPAN \
+            or ((n - 1) // _BLOCK) * sfb_sn >= _SPAN or (kb - 1) * sfb_sk >= _SPAN:
         return None
     device = d.get_device()
     if a_t.get_device() != device or b_t.get_device() != device or sfa.get_device() != device \
@@ -99,6 +108,7 @@ def _launch_args(a, b, d, c, compile_m: bool):
     c_ptr, c_code, ldc = 0, -1, 0
     if c is not None:
         if not isinstance(c, torch.Tensor) or c.dtype not in (_BF16, _F32) or c.shape != (m, n) or c.stride(1) != 1 \
+                or c.stride(0) >= _SPAN \
                 or c.get_device() != device:
             return None
         c_ptr, c_code, ldc = c.data_ptr(), _descriptors.DTYPE_CODES[c.dtype], c.stride(0)

@@ -127,6 +127,10 @@ inline moe_jit::driver::CUtensorMap make_tma(const char* fn, std::uint64_t ptr, 
   MOE_HOST_ASSERT((row_stride * elem_bytes) % 16 == 0 && (outer2_stride * elem_bytes) % 16 == 0,
                   fn << ": the strides of " << what << " must be multiples of 16 bytes, got "
                      << row_stride * elem_bytes << " and " << outer2_stride * elem_bytes);
+  // The kernels address rows with signed 32-bit TMA coordinates (group * rows + row).
+  MOE_HOST_ASSERT(outer * std::max<std::uint64_t>(outer2, 1) < (1ull << 31),
+                  fn << ": " << what << " has " << outer * std::max<std::uint64_t>(outer2, 1)
+                     << " rows; the kernels address at most 2^31");
   CUtensorMap map{};
   const cuuint32_t rank = outer2 > 0 ? 3 : 2;
   const cuuint64_t dims[3] = {inner, outer, outer2 > 0 ? outer2 : 1};

@@ -91,6 +91,21 @@ def test_c_and_recipe_of_the_wrong_type_raise():
         kernels.fp8_gemm_nt(a, b, torch.empty(8, 16, dtype=torch.bfloat16), recipe=5)
 
 
+def test_strides_past_32_bits_raise():
+    """The kernel's scale offsets and C's row stride are 32-bit: views spanning 2^32 elements are
+    refused (meta tensors: no storage needed for such strides)."""
+    m, n, k = 4, 16, 256
+    a = (torch.empty(m, k, dtype=torch.float8_e4m3fn, device="meta"), torch.empty(m, 2, device="meta"))
+    b = (torch.empty(n, k, dtype=torch.float8_e4m3fn, device="meta"), torch.empty(1, 2, device="meta"))
+    d = torch.empty(m, n, dtype=torch.bfloat16, device="meta")
+    wide_sfb = torch.empty_strided((1, 2), (1, 1 << 32), device="meta")
+    with pytest.raises(ValueError, match=r"b\[1\] \(SFB\) spans 2\^32"):
+        kernels.fp8_gemm_nt(a, (b[0], wide_sfb), d)
+    wide_c = torch.empty_strided((m, n), (1 << 32, 1), dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match="c's row stride"):
+        kernels.fp8_gemm_nt(a, b, d, c=wide_c)
+
+
 def test_k_not_multiple_of_128():
     a = (torch.zeros(8, 96, dtype=torch.float8_e4m3fn), torch.ones(8, 1))
     b = (torch.zeros(16, 96, dtype=torch.float8_e4m3fn), torch.ones(1, 1))
