@@ -223,7 +223,9 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     ``a`` = (A [G, max_m, K] e4m3, SFA [G, max_m, K/128] f32), ``b`` = (B [G, N, K/2]
     int8/uint8, SFB [G, N, K/32] float8_e8m0fnu/uint8/float32) as in the module docstring, or the
     same weights in the decode layout, ``transform_fp4_for_decode(B, SFB)`` (uint8 [G, K/128,
-    ceil(N/64), 4352], min(expected_m, max_m) <= 32: about 1.8x faster than the packed form);
+    ceil(N/64), 4352], min(expected_m, max_m) <= 32: about 1.8x faster than the packed form;
+    the layout keeps only ceil(N/64), so N comes from ``d``, which must be the weights' N: a ``d``
+    up to 63 columns wider gets zeros there instead of an error);
     ``d`` [G, max_m, N] bf16, ``masked_m`` int32 [G], ``expected_m`` a positive int.
     """
     fn = "m_grouped_fp8_fp4_gemm_nt_masked"
