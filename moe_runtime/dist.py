@@ -142,6 +142,8 @@ def _pick_device(local_rank: int, local_world_size: int, device) -> tuple[torch.
     """The rank's device, and whether several ranks share one GPU."""
     if device is not None:
         device = torch.device(device)
+        if device.type == "cuda" and torch.cuda.device_count() == 0:
+            raise RuntimeError(f"init_distributed: device={device} was asked for, but no CUDA device is visible")
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", local_rank % torch.cuda.device_count())
     elif torch.cuda.is_available():
@@ -232,9 +234,9 @@ def uneven_all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None = No
     counts = [int(s.item()) for s in all_sizes]
     max_count = max(counts)
     trailing = tensor.shape[1:]
-    if max_count == 0:
-        return torch.empty((0, *trailing), dtype=tensor.dtype, device=device), counts
     row_bytes = math.prod(trailing) * tensor.element_size()
+    if max_count == 0 or row_bytes == 0:  # nothing to move: zero rows everywhere, or rows of no bytes
+        return torch.empty((sum(counts), *trailing), dtype=tensor.dtype, device=device), counts
     send = torch.zeros((max_count, row_bytes), dtype=torch.uint8, device=comm_device)
     if tensor.shape[0]:
         send[: tensor.shape[0]] = tensor.contiguous().view(torch.uint8).reshape(tensor.shape[0], row_bytes)
@@ -282,8 +284,11 @@ def rank_print(*args, group: dist.ProcessGroup | None = None, only_rank: int | N
     rank, world = group_rank(group), group_size(group)
     if only_rank is not None and rank != only_rank:
         return
-    # One write per line: two ranks' prefixes and messages must not interleave.
-    sep, end = kwargs.pop("sep", " "), kwargs.pop("end", "\n")
+    # One write per line: two ranks' prefixes and messages must not interleave. print's sep/end
+    # (None: the defaults) and flush (always done) are taken.
+    sep, end = kwargs.pop("sep", None), kwargs.pop("end", None)
+    sep, end = " " if sep is None else sep, "\n" if end is None else end
+    kwargs.pop("flush", None)
     if kwargs:
         raise TypeError(f"rank_print: unexpected arguments {sorted(kwargs)}")
     stream = file if file is not None else sys.stdout

@@ -133,19 +133,26 @@ class _HostBackend:
         paths = [os.path.join(folder, f"{tag[0]}_r{r}") for r in range(self.world_size)]
         fd = os.open(paths[self.rank], os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            # Reserve the pages now: a full tmpfs then fails here with ENOSPC instead of killing the
-            # process with SIGBUS on first touch.
-            os.posix_fallocate(fd, 0, nbytes)
-        except OSError as err:
-            os.close(fd)
+            try:
+                # Reserve the pages now: a full tmpfs then fails here with ENOSPC instead of killing
+                # the process with SIGBUS on first touch.
+                os.posix_fallocate(fd, 0, nbytes)
+                error = ""
+            except OSError as err:
+                error = f"rank {self.rank} cannot reserve {nbytes} bytes in {folder}: {err}"
+            finally:
+                os.close(fd)
+            # Every rank learns whether every file exists before any maps one: all raise together.
+            errors = [error] * self.world_size
+            if self.world_size > 1:
+                dist.all_gather_object(errors, error, group=group)
+            if any(errors):
+                raise RuntimeError("host SymmBuffer: " + "; ".join(e for e in errors if e))
+            self.buffers = [torch.from_file(p, shared=True, size=nbytes, dtype=torch.uint8) for p in paths]
+            self.barrier()  # every rank has mapped every file; the mappings outlive the names
+        finally:
+            # Also on any failure: a named file left in /dev/shm would outlive every process.
             os.unlink(paths[self.rank])
-            raise RuntimeError(f"host SymmBuffer: cannot reserve {nbytes} bytes in {folder}: {err}") from err
-        os.close(fd)
-        self.barrier()
-        self.buffers = [torch.from_file(p, shared=True, size=nbytes, dtype=torch.uint8) for p in paths]
-        self.barrier()
-        # Every rank has mapped every file; the mappings outlive the names.
-        os.unlink(paths[self.rank])
 
     def barrier(self) -> None:
         if self.world_size > 1:
@@ -267,14 +274,16 @@ class SymmBuffer:
                  device=None, config=None):
         if not isinstance(layout, SymmLayout):
             raise TypeError(f"layout must be a SymmLayout (see compute_layout), got {type(layout).__name__}")
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device()) if (
-                torch.cuda.is_available() and backend != "host") else torch.device("cpu")
-        device = torch.device(device)
-        backend = backend if backend is not None else default_backend(device)
         impls = {"host": _HostBackend, "torch": _TorchBackend, "nvshmem": _NvshmemBackend}
-        if backend not in impls:
-            raise ValueError(f"backend must be one of {kBackends} or None, got {backend!r}")
+        requested = backend if backend is not None else os.environ.get("MOE_SYMM_BACKEND") or None
+        if requested is not None and requested not in impls:
+            source = "backend" if backend is not None else "MOE_SYMM_BACKEND"
+            raise ValueError(f"{source} must be one of {kBackends}, got {requested!r}")
+        if device is None:  # the backend first: "host" (argument or environment) allocates CPU memory
+            device = torch.device("cuda", torch.cuda.current_device()) if (
+                torch.cuda.is_available() and requested != "host") else torch.device("cpu")
+        device = torch.device(device)
+        backend = requested if requested is not None else default_backend(device)
         self.layout = layout
         self.group = group
         self.config = config

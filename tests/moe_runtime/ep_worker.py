@@ -125,6 +125,40 @@ def check_expert_parallel(ctx, alone, device: torch.device) -> None:
                 _check(False, f"{fmt} step {step}: EP differs from the single process by up to {gap}")
 
 
+def check_host_buffer_failure_leaves_nothing(ctx) -> None:
+    """Rank 1 cannot reserve its shared-memory file: every rank raises the same error (none waits
+    for the others) and no file is left in /dev/shm; a buffer made after it works."""
+    import glob
+    import os
+
+    from moe_runtime.symm import SymmBuffer, ViewSpec, compute_layout
+
+    layout = compute_layout([ViewSpec("x", (64,), torch.float32)])
+    before = set(glob.glob("/dev/shm/moe_symm_*"))
+    real = os.posix_fallocate
+
+    def failing(fd, offset, length):
+        raise OSError(28, "No space left on device (test)")
+
+    if ctx.rank == 1:
+        os.posix_fallocate = failing
+    message = ""
+    try:
+        SymmBuffer(layout, backend="host", device="cpu")
+    except RuntimeError as err:
+        message = str(err)
+    finally:
+        os.posix_fallocate = real
+    _check("rank 1 cannot reserve" in message, f"every rank raises rank 1's error, got {message!r}")
+    dist.barrier()
+    _check(set(glob.glob("/dev/shm/moe_symm_*")) <= before, "a shared-memory file was left behind")
+    buf = SymmBuffer(layout, backend="host", device="cpu")
+    buf.peer_view("x", (ctx.rank + 1) % ctx.world_size).fill_(ctx.rank + 1)
+    buf.barrier()
+    _check(bool((buf.view("x") == (ctx.rank - 1) % ctx.world_size + 1).all()), "a buffer made afterwards works")
+    buf.destroy()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -137,6 +171,8 @@ def main() -> None:
     alone = [dist.new_group([r]) for r in range(world)][rank]
     check_collectives(rank, world, ctx.device)
     check_symm_buffer(ctx, args.symm_backend, ctx.device)
+    if args.device == "cpu" and world > 1:
+        check_host_buffer_failure_leaves_nothing(ctx)
     check_expert_parallel(ctx, alone, ctx.device)
     dist.barrier()
     rank_print(f"ep worker ok: {world} ranks, {ctx.device.type}, {args.symm_backend} SymmBuffer, "
