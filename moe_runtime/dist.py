@@ -168,6 +168,10 @@ def init_distributed(backend: str | None = None, device=None,
     world_size = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
     local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
+    if not 0 <= local_rank < max(local_world_size, 1) or local_world_size > max(world_size, 1):
+        # A wrapped LOCAL_RANK would put two ranks on one GPU unannounced.
+        raise RuntimeError(f"init_distributed: need 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE, got "
+                           f"LOCAL_RANK={local_rank}, LOCAL_WORLD_SIZE={local_world_size}, WORLD_SIZE={world_size}")
     device, shared_gpu = _pick_device(local_rank, local_world_size, device)
     if device.type == "cuda":
         torch.cuda.set_device(device)

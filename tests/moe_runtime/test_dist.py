@@ -58,6 +58,24 @@ def test_single_process_context(monkeypatch):
     ctx.destroy()
 
 
+@pytest.mark.parametrize("env", [dict(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", LOCAL_RANK="2"),
+                                 dict(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", LOCAL_RANK="-1"),
+                                 dict(WORLD_SIZE="2", LOCAL_WORLD_SIZE="4", LOCAL_RANK="0")])
+def test_inconsistent_torchrun_environment_is_refused(monkeypatch, env):
+    for name in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RuntimeError, match="need 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE"):
+        init_distributed(device="cpu")
+
+
+def test_rank_print_takes_print_arguments(capsys):
+    rank_print("a", 1, sep="-", end="!\n", flush=True)
+    rank_print("b", sep=None, end=None)
+    assert capsys.readouterr().out == "[rank 0/1]-a-1!\n[rank 0/1] b\n"
+
+
 def test_single_process_collectives():
     torch.manual_seed(0)
     x = torch.randn(5, 3, 2).to(torch.bfloat16)
