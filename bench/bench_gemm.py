@@ -15,13 +15,12 @@ warp instead of three): "NAME=VALUE us" and our default's speed-up over it.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 
 import kernels
-from kernels.testing import bench_kineto, calc_diff, kernel_us_with_env, per_call_us
+from kernels.testing import bench_kineto, calc_diff, env_switches, kernel_us_with_env, per_call_us
 
 SHAPES = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168)]
 
@@ -70,16 +69,8 @@ def cublas_call(a_fp8, b_fp8, d_ref):
 def tile_label(m: int, n: int, k: int, **env: str) -> str:
     """The heuristic's tile for the call, with ``env`` switches set: block M x block N, stages
     ("s4"), 2-CTA clusters ("c2"), ping-pong ("pp"), e.g. "128x192s4c2pp"."""
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
+    with env_switches(**env):
         c = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     return (f"{c['block_m']}x{c['block_n']}s{c['num_stages']}" + ("c2" if c["multicast"] > 1 else "")
             + ("pp" if c["pingpong"] else ""))
 

@@ -76,6 +76,13 @@ def check_nk(fn: str, n: int, k: int) -> None:
         fail(fn, ValueError, f"N must be a positive multiple of 8, got {n}")
 
 
+def check_ints(fn: str, values: tuple) -> None:
+    """``values``: (name, value, lowest allowed) triples; each must be an int (not a bool) >= lowest."""
+    for name, value, low in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            fail(fn, ValueError, f"{name} must be an int >= {low}, got {value!r}")
+
+
 def check_same_device(fn: str, tensors: list[torch.Tensor]) -> torch.device:
     devices = sorted({str(t.device) for t in tensors})
     if len(devices) != 1:

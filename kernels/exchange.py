@@ -168,12 +168,6 @@ def _check_counts(fn: str, counts: object, num_ranks: int, min_width: int) -> to
     return counts
 
 
-def _check_ints(fn: str, values: tuple) -> None:
-    for name, value, low in values:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            _checks.fail(fn, ValueError, f"{name} must be an int >= {low}, got {value!r}")
-
-
 def exchange_sizes(counts: torch.Tensor, rank: int, num_local_experts: int, alignment: int,
                    masked_max_rows: int = 0) -> reference_exchange.LayoutSizes:
     """What the host needs of the layouts, from the count matrix ``counts`` int32 [P, >= P E_l + 1]
@@ -182,7 +176,7 @@ def exchange_sizes(counts: torch.Tensor, rank: int, num_local_experts: int, alig
     sends (:class:`kernels.reference.exchange.LayoutSizes`, host ints). On CUDA one one-CTA launch
     and one read of 3 P + 1 ints: the staged dispatch's only host sync."""
     fn = "exchange_sizes"
-    _check_ints(fn, (("num_local_experts", num_local_experts, 1), ("alignment", alignment, 1),
+    _checks.check_ints(fn, (("num_local_experts", num_local_experts, 1), ("alignment", alignment, 1),
                      ("masked_max_rows", masked_max_rows, 0), ("rank", rank, 0)))
     num_ranks = counts.shape[0] if isinstance(counts, torch.Tensor) and counts.dim() == 2 else 0
     num_experts = num_ranks * num_local_experts
@@ -248,7 +242,7 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor, 
         _checks.fail(fn, ValueError, f"within must be an int32 tensor of shape [{num_tokens * k}] (T x k), got "
                                      f"{getattr(within, 'dtype', type(within).__name__)} "
                                      f"{list(getattr(within, 'shape', ()))}")
-    _check_ints(fn, (("num_local_experts", num_local_experts, 1), ("alignment", alignment, 1),
+    _checks.check_ints(fn, (("num_local_experts", num_local_experts, 1), ("alignment", alignment, 1),
                      ("masked_max_rows", masked_max_rows, 0), ("num_layout_rows", num_layout_rows, 0),
                      ("first_expert", first_expert, 0)))
     num_ranks, num_experts = peers.num_ranks, peers.num_ranks * num_local_experts

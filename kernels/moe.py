@@ -169,9 +169,7 @@ def moe_local_dispatch(xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tenso
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != shape:
             _checks.fail(fn, ValueError, f"{name} must be a float32 tensor of shape {list(shape)}, got "
                                          f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
-    for name, value, low in (("num_local_experts", num_local_experts, 1), ("first_expert", first_expert, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            _checks.fail(fn, ValueError, f"{name} must be an int >= {low}, got {value!r}")
+    _checks.check_ints(fn, (("num_local_experts", num_local_experts, 1), ("first_expert", first_expert, 0)))
     device = _checks.check_same_device(fn, [xq, xs, topk_idx, topk_weights])
     if device.type == "cpu" or num_tokens == 0 or num_local_experts > kDispatchMaxLocalExperts \
             or num_tokens * k > kDispatchMaxPairs or k == 0 or k > kCombineMaxTopK or hidden == 0:

@@ -9,6 +9,7 @@ Two numbers per benchmark, as the project reports them:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 from dataclasses import dataclass
@@ -101,18 +102,25 @@ def copy_ceiling_gbps(num_bytes: int = 2 << 30, iters: int = 20) -> float:
     return 2 * num_bytes / statistics.median(samples) / 1e9
 
 
-def kernel_us_with_env(fn: Callable[[], object], kernel_name: str, **env: str) -> float:
-    """Kernel time in µs (bench_kineto's median) with environment variables set for the call, e.g. a
-    kernel variant switched off (MOE_FP8_MULTICAST="0"); the environment is restored afterwards. The
-    launchers read these switches on every call, so one process compares both variants."""
+@contextlib.contextmanager
+def env_switches(**env: str):
+    """Environment variables set inside the block, restored (or removed) after it. The launchers
+    read their switches on every call, so one process compares both variants."""
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     try:
-        fn()
-        return bench_kineto(fn, kernel_name).median_s * 1e6
+        yield
     finally:
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def kernel_us_with_env(fn: Callable[[], object], kernel_name: str, **env: str) -> float:
+    """Kernel time in µs (bench_kineto's median) with environment variables set for the call, e.g. a
+    kernel variant switched off (MOE_FP8_MULTICAST="0"); the environment is restored afterwards."""
+    with env_switches(**env):
+        fn()
+        return bench_kineto(fn, kernel_name).median_s * 1e6

@@ -198,6 +198,21 @@ def test_gpu_matches_float64(m, n, k, warm_gemm_cache, seed):
     assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
 
 
+def _with_switch_off(m, n, k, switch, monkeypatch):
+    """Fresh operands; D from the kernel as configured (fully written, against float64), then from
+    the same call with ``switch=0``, both outputs NaN-poisoned first. Returns (a, b, d, d_off)."""
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+    monkeypatch.setenv(switch, "0")
+    off = torch.full_like(d, float("nan"))
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, off)
+    torch.cuda.synchronize()
+    assert torch.isfinite(d).all(), "output not fully written"
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+    return a_fp8, b_fp8, d, off
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(540, 4232, 1536), (1025, 7168, 2048), (4096, 7168, 16384),
                                    (1, 2112, 7168), (33, 576, 7168), (128, 7168, 16384)])
@@ -206,15 +221,7 @@ def test_gpu_clusters_match_single_ctas(m, n, k, seed, monkeypatch):
     odd n-block counts padded to whole clusters. Same inputs with the clusters off
     (MOE_FP8_MULTICAST=0)."""
     assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["multicast"] == 2
-    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
-    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
-    monkeypatch.setenv("MOE_FP8_MULTICAST", "0")
-    single = torch.full_like(d, float("nan"))
-    kernels.fp8_gemm_nt(a_fp8, b_fp8, single)
-    torch.cuda.synchronize()
-    assert torch.isfinite(d).all(), "output not fully written"
-    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+    a_fp8, b_fp8, d, single = _with_switch_off(m, n, k, "MOE_FP8_MULTICAST", monkeypatch)
     assert calc_diff(single, reference_f64(a_fp8, b_fp8)) < 1e-3
 
 
@@ -230,15 +237,7 @@ def test_gpu_pingpong_matches_no_pingpong(m, n, k, seed, monkeypatch):
     MOE_FP8_PINGPONG=1 turns it on where the heuristic would not (block N <= 128)."""
     monkeypatch.setenv("MOE_FP8_PINGPONG", "1")
     assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["pingpong"] == 1
-    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
-    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
-    monkeypatch.setenv("MOE_FP8_PINGPONG", "0")
-    plain = torch.full_like(d, float("nan"))
-    kernels.fp8_gemm_nt(a_fp8, b_fp8, plain)
-    torch.cuda.synchronize()
-    assert torch.isfinite(d).all(), "output not fully written"
-    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+    _, _, d, plain = _with_switch_off(m, n, k, "MOE_FP8_PINGPONG", monkeypatch)
     assert torch.equal(d, plain)
 
 

@@ -144,14 +144,20 @@ def test_key_depends_on_inputs(settings, change):
     assert other.key != base.key and not other.from_cache
 
 
-def test_key_depends_on_project_headers(settings, tmp_path):
+def _probe_header(settings, tmp_path):
+    """A project include folder of its own with one header, settings that use it, and a kernel
+    source including it: (header path, settings, code)."""
     include = tmp_path / "include"
     (include / "moe_kernels").mkdir(parents=True)
     header = include / "moe_kernels" / "probe.cuh"
     header.write_text("#define PROBE_VALUE 1\n")
     own = dataclasses.replace(settings, project_include_dir=str(include),
                               include_dirs=[str(include), *settings.include_dirs[1:]])
-    code = "#include <moe_kernels/probe.cuh>\n" + kernel_source(random.randrange(1, 1 << 30))
+    return header, own, "#include <moe_kernels/probe.cuh>\n" + kernel_source(random.randrange(1, 1 << 30))
+
+
+def test_key_depends_on_project_headers(settings, tmp_path):
+    header, own, code = _probe_header(settings, tmp_path)
     [before] = run_children(own, "fill", code, 1)
     [again] = run_children(own, "fill", code, 1)
     header.write_text("#define PROBE_VALUE 2\n")
@@ -163,13 +169,7 @@ def test_key_depends_on_project_headers(settings, tmp_path):
 def test_header_edits_reach_the_key_after_configure(settings, tmp_path):
     """In one process: configure() hashes the project headers again (an edit after the first build
     gives a new key, not the stale cubin)."""
-    include = tmp_path / "include"
-    (include / "moe_kernels").mkdir(parents=True)
-    header = include / "moe_kernels" / "probe.cuh"
-    header.write_text("#define PROBE_VALUE 1\n")
-    own = dataclasses.replace(settings, project_include_dir=str(include),
-                              include_dirs=[str(include), *settings.include_dirs[1:]])
-    code = "#include <moe_kernels/probe.cuh>\n" + kernel_source(random.randrange(1, 1 << 30))
+    header, own, code = _probe_header(settings, tmp_path)
     jit.configure(own)
     before = jit.build("fill", code, ARCH)
     header.write_text("#define PROBE_VALUE 2\n")
