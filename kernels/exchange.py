@@ -168,13 +168,33 @@ def _check_counts(fn: str, counts: object, num_ranks: int, min_width: int) -> to
     return counts
 
 
+@dataclass
+class PendingLayoutSizes:
+    """:func:`exchange_sizes` launched, not yet read: ``sizes`` int32 [3 P + 1] (every rank's layout
+    rows, masked rows, invalid ids, then this rank's pairs sent) on the device, or the result
+    already computed (CPU). :meth:`wait` reads it: a host sync on CUDA, which also waits for what
+    the stream ran after the launch."""
+
+    rank: int
+    sizes: torch.Tensor | None = None
+    result: reference_exchange.LayoutSizes | None = None
+
+    def wait(self) -> reference_exchange.LayoutSizes:
+        if self.result is None:
+            host, p = self.sizes.tolist(), (self.sizes.numel() - 1) // 3
+            self.result = reference_exchange.LayoutSizes(self.rank, tuple(host[:p]), tuple(host[p: 2 * p]), host[3 * p],
+                                                         tuple(host[2 * p: 3 * p]))
+        return self.result
+
+
 def exchange_sizes(counts: torch.Tensor, rank: int, num_local_experts: int, alignment: int,
-                   masked_max_rows: int = 0) -> reference_exchange.LayoutSizes:
+                   masked_max_rows: int = 0, wait: bool = True):
     """What the host needs of the layouts, from the count matrix ``counts`` int32 [P, >= P E_l + 1]
     (row ``src``: the rows rank ``src`` sends to each global expert, then its invalid ids): every
     rank's layout rows and masked rows, every source's invalid ids and the pairs rank ``rank``
     sends (:class:`kernels.reference.exchange.LayoutSizes`, host ints). On CUDA one one-CTA launch
-    and one read of 3 P + 1 ints: the staged dispatch's only host sync."""
+    and one read of 3 P + 1 ints: the staged dispatch's only host sync. ``wait=False`` returns a
+    :class:`PendingLayoutSizes` instead, to read after more work is queued."""
     fn = "exchange_sizes"
     _checks.check_ints(fn, (("num_local_experts", num_local_experts, 1), ("alignment", alignment, 1),
                      ("masked_max_rows", masked_max_rows, 0), ("rank", rank, 0)))
@@ -186,18 +206,17 @@ def exchange_sizes(counts: torch.Tensor, rank: int, num_local_experts: int, alig
     if counts.device.type == "cpu":
         sizes = reference_exchange.layout_sizes(_counts_matrix(counts, num_ranks, num_local_experts), rank, alignment,
                                                 masked_max_rows)
-        return reference_exchange.LayoutSizes(rank, sizes.padded_rows, sizes.masked_rows, sizes.num_send_rows,
-                                              tuple(counts[:, num_experts].tolist()))
+        pending = PendingLayoutSizes(rank, result=reference_exchange.LayoutSizes(
+            rank, sizes.padded_rows, sizes.masked_rows, sizes.num_send_rows, tuple(counts[:, num_experts].tolist())))
+        return pending.wait() if wait else pending
     if num_experts > kExchangeMaxExperts:
         _checks.fail(fn, ValueError, f"at most {kExchangeMaxExperts} experts on CUDA, got {num_experts}")
     out = torch.empty(3 * num_ranks + 1, dtype=torch.int32, device=counts.device)
     jit.native_module().moe_exchange_sizes(counts.data_ptr(), counts.stride(0), num_ranks, rank, num_local_experts,
                                            alignment, masked_max_rows, out.data_ptr(), counts.device.index,
                                            _descriptors.current_stream(counts.device))
-    host = out.tolist()
-    p = num_ranks
-    return reference_exchange.LayoutSizes(rank, tuple(host[:p]), tuple(host[p: 2 * p]), host[3 * p],
-                                          tuple(host[2 * p: 3 * p]))
+    pending = PendingLayoutSizes(rank, sizes=out)
+    return pending.wait() if wait else pending
 
 
 @dataclass
@@ -234,7 +253,11 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor, 
     [T, k], ``topk_weights`` float32 [T, k], ``within`` int32 [T * k] (:func:`exchange_count`'s:
     distinct positions in [0, counts[rank, e]) per expert; on CUDA a pair whose id or position the
     counts do not cover is dropped rather than written, the CPU path raises); ``num_layout_rows``:
-    rows of this rank's layout (:func:`exchange_sizes`'s; checked on the CPU path only)."""
+    rows of the returned index, normally this rank's layout's (:func:`exchange_sizes`'s): rows past
+    the layout get -1, so a caller that learns the size after the launch passes its receive
+    capacity and slices. A row at or past the peers' view rows (a layout larger than the buffers)
+    is dropped, and the layout's rows past ``num_layout_rows`` are not indexed, on both paths: the
+    caller raises on such sizes (after a collective step, so that every rank raises together)."""
     fn = "exchange_dispatch"
     hidden = peers.hidden
     xq, num_tokens, k = _checks.check_token_pairs(fn, xq, xs, topk_idx, topk_weights, hidden)
@@ -261,8 +284,9 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor, 
     # The kernel reads 16-byte vectors of xq's rows.
     xq = xq.contiguous() if not xq.is_contiguous() else (xq.clone() if xq.data_ptr() % 16 else xq)
     xs, topk_idx, topk_weights = xs.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
-    layout = (counts.data_ptr(), counts.stride(0), num_local_experts, alignment, masked_max_rows, num_layout_rows,
-              first_expert, index.m_indices.data_ptr(), index.global_ids.data_ptr(), index.masked_m.data_ptr())
+    layout = (counts.data_ptr(), counts.stride(0), num_local_experts, alignment, masked_max_rows,
+              min(t.shape[0] for t in peers.acts), num_layout_rows, first_expert, index.m_indices.data_ptr(),
+              index.global_ids.data_ptr(), index.masked_m.data_ptr())
     jit.native_module().moe_exchange_dispatch(peers.native(), layout, k, hidden, within.data_ptr(), within.numel(),
                                               topk_idx.data_ptr(), topk_weights.data_ptr(), xq.data_ptr(),
                                               xs.data_ptr(), device.index, _descriptors.current_stream(device))
@@ -278,19 +302,18 @@ def _dispatch_reference(peers: ExchangePeers, xq, xs, topk_idx, topk_weights, wi
     pairs = ((flat >= 0) & (flat < plan.send_counts.numel())).nonzero().view(-1)
     expert, position = flat.index_select(0, pairs), within.index_select(0, pairs).to(torch.int64)
     per_expert = plan.send_counts.index_select(0, expert)
-    if plan.num_send_rows != pairs.numel() or plan.num_layout_rows != index.m_indices.numel() \
+    if plan.num_send_rows != pairs.numel() \
             or bool(((position < 0) | (position >= per_expert)).any()) \
             or torch.unique(expert * (pairs.numel() + 1) + position).numel() != pairs.numel():
-        _checks.fail(fn, ValueError, f"counts say {plan.num_send_rows} pairs to send and {plan.num_layout_rows} layout "
-                                     f"rows here, got {pairs.numel()} routed pairs, num_layout_rows="
-                                     f"{index.m_indices.numel()} and positions that are not distinct in "
-                                     "[0, counts[rank, expert]) per expert")
+        _checks.fail(fn, ValueError, f"counts say {plan.num_send_rows} pairs to send, got {pairs.numel()} routed pairs "
+                                     "or positions that are not distinct in [0, counts[rank, expert]) per expert")
     # The row on its owner of this rank's first pair of each global expert, plus the pair's position.
     rows = (plan.send_delta + reference_exchange.exclusive_cumsum(plan.send_counts)).index_select(0, expert) + position
     owner = expert // num_local
     tokens = pairs // topk_idx.shape[1]
+    capacity = min(t.shape[0] for t in peers.acts)
     for q in range(peers.num_ranks):
-        mine = (owner == q).nonzero().view(-1)
+        mine = ((owner == q) & (rows < capacity)).nonzero().view(-1)
         if mine.numel() == 0:
             continue
         to, sent = rows.index_select(0, mine), pairs.index_select(0, mine)
@@ -300,8 +323,10 @@ def _dispatch_reference(peers: ExchangePeers, xq, xs, topk_idx, topk_weights, wi
         peers.slots[q].index_copy_(0, to, (sent + peers.rank * peers.pairs_per_rank).to(torch.int32))
     index.m_indices.fill_(-1)
     valid = reference_exchange.expand_rows(plan.expert_delta, plan.expert_rows, plan.num_recv_rows)
-    index.m_indices.index_copy_(0, valid, torch.repeat_interleave(
-        torch.arange(num_local, dtype=torch.int32), plan.expert_rows, output_size=plan.num_recv_rows))
+    experts = torch.repeat_interleave(torch.arange(num_local, dtype=torch.int32), plan.expert_rows,
+                                      output_size=plan.num_recv_rows)
+    indexed = valid < index.m_indices.numel()  # the index may be shorter than the layout (a caller's error)
+    index.m_indices.index_copy_(0, valid[indexed], experts[indexed])
     index.global_ids.copy_(torch.where(index.m_indices >= 0, index.m_indices.to(torch.int64) + first_expert, -1))
     index.masked_m.copy_(plan.expert_rows)
 

@@ -52,18 +52,19 @@ inline moe_launchers::moe_exchange::Peers exchange_peers(const ExchangePeersTupl
 }
 
 // The layout as Python passes it: (counts, counts_stride, num_local, alignment, masked_max_rows,
-// num_layout_rows, first_expert, m_indices, global_ids, masked_m).
-using ExchangeLayoutTuple = std::tuple<std::uint64_t, int, int, int, int, long long, long long, std::uint64_t,
-                                       std::uint64_t, std::uint64_t>;
+// row_capacity, num_layout_rows, first_expert, m_indices, global_ids, masked_m).
+using ExchangeLayoutTuple = std::tuple<std::uint64_t, int, int, int, int, long long, long long, long long,
+                                       std::uint64_t, std::uint64_t, std::uint64_t>;
 
 inline void moe_exchange_dispatch(const ExchangePeersTuple& peers, const ExchangeLayoutTuple& layout, int top_k,
                                   int hidden, std::uint64_t within, long long num_pairs, std::uint64_t topk_idx,
                                   std::uint64_t topk_weights, std::uint64_t xq, std::uint64_t xs, int device,
                                   std::uint64_t stream) {
-  const auto& [counts, stride, local, alignment, masked, rows, first, m_indices, global_ids, masked_m] = layout;
+  const auto& [counts, stride, local, alignment, masked, capacity, rows, first, m_indices, global_ids, masked_m] =
+      layout;
   moe_launchers::moe_exchange::dispatch(exchange_peers(peers),
-                                        {counts, stride, local, alignment, masked, rows, first, m_indices, global_ids,
-                                         masked_m},
+                                        {counts, stride, local, alignment, masked, capacity, rows, first, m_indices,
+                                         global_ids, masked_m},
                                         top_k, hidden, within, num_pairs, topk_idx, topk_weights, xq, xs, device,
                                         stream);
 }

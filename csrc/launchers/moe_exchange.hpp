@@ -41,7 +41,7 @@ inline GeneratedKernel generate(Kernel kernel, int top_k, int hidden) {
   if (kernel == Kernel::kDispatch) {
     os << "template __global__ void moe_kernels::moe_exchange_dispatch_kernel<" << top_k << ", " << hidden << ", "
        << kWarps << ">(const long long*, unsigned, unsigned, unsigned, unsigned, const int*, unsigned, unsigned, "
-                    "unsigned, const int*, unsigned, const long long*, const float*, const unsigned char*, "
+                    "unsigned, unsigned, const int*, unsigned, const long long*, const float*, const unsigned char*, "
                     "const float*, unsigned, long long, int*, long long*, int*);\n";
     return {"moe_exchange_dispatch", os.str()};
   }
@@ -159,7 +159,9 @@ inline void sizes(std::uint64_t counts, int counts_stride, int num_ranks, int ra
 struct Layout {
   std::uint64_t counts;
   int counts_stride, num_local, alignment, masked_max_rows;
-  long long num_layout_rows, first_expert;
+  long long row_capacity;     // rows of every rank's receive views: rows at or past it are dropped
+  long long num_layout_rows;  // rows of the index outputs (at least this rank's layout)
+  long long first_expert;
   std::uint64_t m_indices, global_ids, masked_m;
 };
 
@@ -172,7 +174,9 @@ inline void dispatch(const Peers& p, const Layout& l, int top_k, int hidden, std
   check_layout_counts(p.num_ranks, l.num_local, l.counts_stride, num_experts);
   MOE_HOST_ASSERT(l.alignment >= 1 && l.masked_max_rows >= 0,
                   kFn << ": alignment must be positive and masked_max_rows non-negative");
-  MOE_HOST_ASSERT(num_pairs >= 0 && l.num_layout_rows >= 0, kFn << ": negative row counts");
+  MOE_HOST_ASSERT(num_pairs >= 0 && l.num_layout_rows >= 0 && l.row_capacity >= 0 &&
+                      l.row_capacity <= (1LL << 31) - 1,
+                  kFn << ": negative row counts, or a row capacity past 2^31");
   MOE_HOST_ASSERT(xq % 16 == 0, kFn << ": xq must be 16-byte aligned");
   launch_kernel(Kernel::kDispatch, top_k, hidden, std::max((num_pairs + kWarps - 1) / kWarps,
                                                            (l.num_layout_rows + kWarps * 32 - 1) / (kWarps * 32)),
@@ -181,7 +185,8 @@ inline void dispatch(const Peers& p, const Layout& l, int top_k, int hidden, std
                 static_cast<unsigned>(p.rank), static_cast<unsigned>(l.num_local),
                 static_cast<unsigned>(p.pairs_per_rank), reinterpret_cast<const int*>(l.counts),
                 static_cast<unsigned>(l.counts_stride), static_cast<unsigned>(l.alignment),
-                static_cast<unsigned>(l.masked_max_rows), reinterpret_cast<const int*>(within),
+                static_cast<unsigned>(l.masked_max_rows), static_cast<unsigned>(l.row_capacity),
+                reinterpret_cast<const int*>(within),
                 static_cast<unsigned>(num_pairs), reinterpret_cast<const long long*>(topk_idx),
                 reinterpret_cast<const float*>(topk_weights), reinterpret_cast<const unsigned char*>(xq),
                 reinterpret_cast<const float*>(xs), static_cast<unsigned>(l.num_layout_rows), l.first_expert,

@@ -45,13 +45,14 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 import kernels
 from moe_runtime.backends.base import (CombineHandle, DispatchCombine, DispatchResult, Experts, LocalExperts,
                                        MoEProblem)
-from kernels.exchange import ExchangePeers
+from kernels.exchange import ExchangeIndex, ExchangePeers
 from kernels.reference.exchange import LayoutSizes
 from moe_runtime.dist import group_rank, group_size
 from moe_runtime.symm import SymmBuffer, ViewSpec, align_up, compute_layout
@@ -99,6 +100,39 @@ def is_supported(problem: MoEProblem) -> tuple[bool, str]:
 # ---- buffers: every rank's receive and combine areas as seen from this process --------------------------
 
 
+class _Pairs(NamedTuple):
+    """``kernels.exchange_dispatch``'s per-pair inputs, in its argument order."""
+
+    xq: torch.Tensor
+    xs: torch.Tensor
+    topk_idx: torch.Tensor
+    topk_weights: torch.Tensor
+    within: torch.Tensor
+
+
+@dataclass(frozen=True)
+class _LayoutArgs:
+    num_experts: int
+    num_local: int
+    alignment: int
+    masked_max_rows: int
+    first_expert: int
+
+
+def check_plan(plan: LayoutSizes, num_experts: int, capacity: int | None) -> None:
+    """Raises on invalid expert ids (any rank's) and on a layout larger than the receive buffers
+    (``capacity`` rows; None: sized per forward)."""
+    if any(plan.invalid_ids):
+        raise ValueError(f"topk_idx must hold expert ids in [0, {num_experts}) or -1; ids outside that per "
+                         f"rank: {list(plan.invalid_ids)}")
+    worst = max(plan.padded_rows)
+    if capacity is not None and worst > capacity:
+        owner = plan.padded_rows.index(worst)
+        raise RuntimeError(f"staged dispatch: rank {owner} would receive {worst} rows (padding included), "
+                           f"more than the {capacity} its SymmBuffer holds; a token's top-k experts must "
+                           "be distinct")
+
+
 class _LocalExchange:
     """One rank: buffers are allocated per forward at the size the plan needs."""
 
@@ -112,13 +146,20 @@ class _LocalExchange:
         within, row = kernels.exchange_count(topk_idx, num_experts)
         return within, row.view(1, -1)
 
-    def buffers(self, plan: LayoutSizes, num_tokens: int) -> ExchangePeers:
-        rows, dev, pairs = plan.num_layout_rows, self.device, max(num_tokens * self.top_k, 1)
-        return ExchangePeers((torch.empty((rows, self.hidden), dtype=torch.uint8, device=dev),),
-                             (torch.empty((rows, self.hidden // kActGroup), dtype=torch.float32, device=dev),),
-                             (torch.empty((rows,), dtype=torch.float32, device=dev),),
-                             (torch.empty((rows,), dtype=torch.int32, device=dev),),
-                             (torch.empty((pairs, self.hidden), dtype=torch.bfloat16, device=dev),), 0, pairs)
+    def dispatch(self, pairs: "_Pairs", counts: torch.Tensor, layout: "_LayoutArgs"):
+        """Sizes first (the buffers are allocated per forward at the plan's size), then the rows:
+        returns (plan, peers, index)."""
+        plan = kernels.exchange_sizes(counts, 0, layout.num_local, layout.alignment, layout.masked_max_rows)
+        check_plan(plan, layout.num_experts, None)
+        rows, dev, num_pairs = plan.num_layout_rows, self.device, max(pairs.topk_idx.numel(), 1)
+        peers = ExchangePeers((torch.empty((rows, self.hidden), dtype=torch.uint8, device=dev),),
+                              (torch.empty((rows, self.hidden // kActGroup), dtype=torch.float32, device=dev),),
+                              (torch.empty((rows,), dtype=torch.float32, device=dev),),
+                              (torch.empty((rows,), dtype=torch.int32, device=dev),),
+                              (torch.empty((num_pairs, self.hidden), dtype=torch.bfloat16, device=dev),), 0, num_pairs)
+        index = kernels.exchange_dispatch(peers, *pairs, counts, layout.num_local, layout.alignment,
+                                          layout.masked_max_rows, rows, layout.first_expert)
+        return plan, peers, index
 
     def barrier(self) -> None:
         """Nothing crosses processes."""
@@ -190,15 +231,20 @@ class _SymmExchange:
         self.barrier()
         return within, self._counts
 
-    def buffers(self, plan: LayoutSizes, num_tokens: int) -> ExchangePeers:
-        # Every rank sees the same plan, so every rank raises here together instead of hanging.
-        worst = max(plan.padded_rows)
-        if worst > self.capacity:
-            owner = plan.padded_rows.index(worst)
-            raise RuntimeError(f"staged dispatch: rank {owner} would receive {worst} rows (padding included), "
-                               f"more than the {self.capacity} its SymmBuffer holds; a token's top-k experts must "
-                               "be distinct")
-        return self._peers
+    def dispatch(self, pairs: "_Pairs", counts: torch.Tensor, layout: "_LayoutArgs"):
+        """The rows before the host reads the sizes: the sizes kernel, the dispatch (its index over
+        the whole receive capacity; rows a too-large layout would put past it are dropped) and the
+        barrier are queued back to back, then one read returns (plan, peers, index), the index
+        sliced to this rank's layout. Every rank sees the same plan and raises on it together."""
+        pending = kernels.exchange_sizes(counts, self.rank, layout.num_local, layout.alignment,
+                                         layout.masked_max_rows, wait=False)
+        index = kernels.exchange_dispatch(self._peers, *pairs, counts, layout.num_local, layout.alignment,
+                                          layout.masked_max_rows, self.capacity, layout.first_expert)
+        self.barrier()
+        plan = pending.wait()
+        check_plan(plan, layout.num_experts, self.capacity)
+        m = plan.num_layout_rows
+        return plan, self._peers, ExchangeIndex(index.m_indices[:m], index.global_ids[:m], index.masked_m)
 
     def barrier(self) -> None:
         self.buffer.barrier()
@@ -289,18 +335,11 @@ class StagedDispatchCombine(DispatchCombine):
         # exchanged: this rank's pairs per global expert, then its invalid ids (checked after the
         # exchange, where every rank learns every rank's count: all raise together).
         within, counts = ex.count(topk_idx, num_experts)
-        # The sizes only (the dispatch kernel lays the rows out on the device from `counts`). The
-        # alignment is read per forward: set_mk_alignment_for_contiguous_layout may change it.
-        alignment, num_local = contiguous_alignment(), self.problem.num_local_experts
-        plan = kernels.exchange_sizes(counts, ex.rank, num_local, alignment, self.masked_max_rows)
-        if any(plan.invalid_ids):
-            raise ValueError(f"topk_idx must hold expert ids in [0, {num_experts}) or -1; ids outside that per "
-                             f"rank: {list(plan.invalid_ids)}")
-        peers = ex.buffers(plan, num_tokens)
+        # The alignment is read per forward: set_mk_alignment_for_contiguous_layout may change it.
+        layout = _LayoutArgs(num_experts, self.problem.num_local_experts, contiguous_alignment(), self.masked_max_rows,
+                             self.first_expert)
+        plan, peers, index = ex.dispatch(_Pairs(xq, xs, topk_idx, topk_weights, within), counts, layout)
         m = plan.num_layout_rows
-        index = kernels.exchange_dispatch(peers, xq, xs, topk_idx, topk_weights, within, counts, num_local, alignment,
-                                          self.masked_max_rows, m, self.first_expert)
-        ex.barrier()
 
         me = peers.rank
         routed = None if plan.num_send_rows == num_tokens * k else (topk_idx >= 0)

@@ -134,6 +134,45 @@ def test_dispatch_cpu(seed, num_ranks, num_local, num_tokens, top_k, hidden, oth
     check_index(index, plan, layout["first_expert"])
 
 
+def _cut(views: dict, peers, rows: int):
+    """ExchangePeers over the first ``rows`` rows of ``views`` (slices of the same storage, so a
+    write past them would land in the rows after); combine as in ``peers``."""
+    return kernels.ExchangePeers(*(tuple(t[:rows] for t in views[n]) for n in ("acts", "acts_sf", "weights", "slots")),
+                                 peers.combine, peers.rank, peers.pairs_per_rank)
+
+
+def check_index_past_layout_and_rows_past_views(device: str, seed: int):
+    """An index longer than the layout (a caller that learns the size after the launch) gets -1
+    past it; views shorter than the layout keep what fits, drop the rest (the rows after them in
+    the same storage keep their poison) and raise nothing."""
+    peers, inputs, layout, plan = make_problem(3, 5, 37, 4, 384, 1, device, 20)
+    names = ("acts", "acts_sf", "weights", "slots")
+    poisoned = {n: tuple(t.clone() for t in getattr(peers, n)) for n in names}
+    spare = {n: tuple(t.clone() for t in poisoned[n]) for n in names}
+    index = kernels.exchange_dispatch(peers, **inputs, **layout)
+    m = plan.num_layout_rows
+    longer = kernels.exchange_dispatch(_cut(spare, peers, spare["acts"][0].shape[0]), **inputs,
+                                       **{**layout, "num_layout_rows": m + 7})
+    assert torch.equal(longer.m_indices[:m].cpu(), index.m_indices.cpu())
+    assert bool((longer.m_indices[m:] == -1).all()) and bool((longer.global_ids[m:] == -1).all())
+    # The last row written on any owner: cutting there drops at least that one.
+    cut = max(int((s.cpu() != -7).nonzero().max()) for s in peers.slots if bool((s != -7).any()))
+    assert cut > 0
+    short = {n: tuple(t.clone() for t in poisoned[n]) for n in names}
+    kernels.exchange_dispatch(_cut(short, peers, cut), **inputs, **layout)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    for n in names:
+        for q in range(peers.num_ranks):
+            full, part, poison = getattr(peers, n)[q].cpu(), short[n][q].cpu(), poisoned[n][q].cpu()
+            assert torch.equal(part[:cut].nan_to_num(-1), full[:cut].nan_to_num(-1)), n
+            assert torch.equal(part[cut:].nan_to_num(-1), poison[cut:].nan_to_num(-1)), f"{n}: written past the views"
+
+
+def test_dispatch_index_past_layout_and_rows_past_views_cpu(seed):
+    check_index_past_layout_and_rows_past_views("cpu", seed)
+
+
 @pytest.mark.parametrize("num_ranks,rows,hidden", [(1, 7, 128), (3, 130, 384)])
 def test_combine_cpu(seed, num_ranks, rows, hidden):
     peers, expert_out, m_indices, expected = make_combine(num_ranks, rows, hidden, num_ranks - 1, 50, "cpu")
@@ -267,6 +306,11 @@ def test_gpu_dispatch_matches_cpu(seed, num_ranks, num_local, num_tokens, top_k,
     check_dispatch(gpu, inputs, layout, plan)
     check_index(index, plan, layout["first_expert"])
     check_index(cpu_index, plan, layout["first_expert"])
+
+
+@pytest.mark.gpu
+def test_gpu_dispatch_index_past_layout_and_rows_past_views(seed):
+    check_index_past_layout_and_rows_past_views("cuda", seed)
 
 
 @pytest.mark.gpu

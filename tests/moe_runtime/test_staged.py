@@ -498,6 +498,30 @@ def _worker_check(condition: bool, message: str) -> None:
         raise AssertionError(f"rank {dist.get_rank()}: {message}")
 
 
+def _check_every_rank_raises_on_one_ranks_invalid_id(layer, ctx, hidden: int, num_experts: int) -> None:
+    """An expert id outside [-1, E) on rank 1 only: every rank raises the same ValueError (the ids
+    are counted in the exchanged count matrix), none waits for the others, and the buffers stay
+    usable (the caller's forwards follow)."""
+    import torch.distributed as dist
+
+    dispatch_combine, _ = layer._backend(ctx.device)
+    g = torch.Generator().manual_seed(7 + ctx.rank)
+    x = torch.randn(6, hidden, generator=g).to(device=ctx.device, dtype=torch.bfloat16)
+    idx = torch.stack([torch.randperm(num_experts, generator=g)[: layer.top_k] for _ in range(6)]).to(ctx.device)
+    weights = torch.rand(6, layer.top_k, generator=g).to(ctx.device)
+    if ctx.rank == 1:
+        idx[2, 0] = num_experts + 5
+    message = ""
+    try:
+        dispatch_combine.dispatch(x, idx, weights)
+    except ValueError as err:
+        message = str(err)
+    expected = [0] * dist.get_world_size()
+    expected[1] = 1
+    _worker_check(f"ids outside that per rank: {expected}" in message,
+                  f"every rank raises on rank 1's invalid id, got {message!r}")
+
+
 def worker_main() -> None:
     """Staged EP layer vs the single-process reference layer on each rank's slice of the tokens.
 
@@ -540,6 +564,8 @@ def worker_main() -> None:
                                  ep_group=ctx.ep_group, reference_group=alone, capacity=capacity,
                                  shared_inter=shared_inter, backend=args.backend)
         _worker_check(ep.backend_name == args.backend and ep.num_local_experts == num_experts // world, "placement")
+        if args.backend == "staged" and case == 0:
+            _check_every_rank_raises_on_one_ranks_invalid_id(ep, ctx, hidden, num_experts)
         for step, counts in enumerate(steps):
             tokens = torch.randn(sum(counts), hidden, generator=torch.Generator().manual_seed(100 + step))
             tokens = tokens.to(device=ctx.device, dtype=torch.bfloat16)

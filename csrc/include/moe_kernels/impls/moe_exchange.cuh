@@ -97,17 +97,18 @@ __device__ __forceinline__ int exchange_layout(const ExchangeLayout& l, const in
 }
 
 // Pair p = t * k + j < num_pairs with global expert g = topk_idx[p] in [0, E) and position
-// w = within[p] in [0, sent[g]) goes to row base[g] + w of rank g / E_l; other pairs (unrouted, or
-// a position the counts do not cover) are dropped, never written outside the owner's segment. The
-// caller's num_layout_rows must be this rank's layout size (the sizes kernel's). Then this rank's
-// layout index over its num_layout_rows rows: m_indices (local expert or -1 on padding rows),
+// w = within[p] in [0, sent[g]) goes to row base[g] + w of rank g / E_l; other pairs (unrouted, a
+// position the counts do not cover, or a row at or past row_capacity, the rows every rank's views
+// hold) are dropped, never written outside the owner's segment or views. Then this rank's layout
+// index over num_layout_rows rows (at least its layout's, which the caller may learn only after
+// this launch): m_indices (local expert, or -1 on padding rows and rows past the layout),
 // global_ids (global expert or -1), masked_m (rows per local expert).
 template <uint32_t kTopK, uint32_t kHidden, uint32_t kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_exchange_dispatch_kernel(const long long* __restrict__ tables, uint32_t num_ranks, uint32_t rank,
                                  uint32_t num_local, uint32_t pairs_per_rank, const int* __restrict__ counts,
                                  uint32_t counts_stride, uint32_t alignment, uint32_t masked_max_rows,
-                                 const int* __restrict__ within, uint32_t num_pairs,
+                                 uint32_t row_capacity, const int* __restrict__ within, uint32_t num_pairs,
                                  const long long* __restrict__ topk_idx, const float* __restrict__ topk_weights,
                                  const uint8_t* __restrict__ xq, const float* __restrict__ xs,
                                  uint32_t num_layout_rows, long long first_expert, int* __restrict__ m_indices,
@@ -129,6 +130,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (w < 0 || w >= l.sent[g]) continue;
     const uint32_t owner = g / num_local;
     const auto row = static_cast<uint64_t>(l.base[g] + w);
+    if (row >= row_capacity) continue;
     const uint32_t token = pair / kTopK;
     auto* acts = reinterpret_cast<uint4*>(tables[kExActs * num_ranks + owner] + row * kHidden);
     copy_row<kHidden / 16, 32>(reinterpret_cast<const uint4*>(xq + uint64_t(token) * kHidden), acts, lane);
@@ -147,6 +149,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const uint32_t mid = (lo + hi) / 2;
       (static_cast<uint32_t>(l.own_start[mid]) <= r ? lo : hi) = mid;
     }
+    // Rows past the layout (r >= own_start[E_l]) fall past the last segment's count too.
     const bool valid = static_cast<int>(r) - l.own_start[lo] < own_total[lo];
     m_indices[r] = valid ? static_cast<int>(lo) : -1;
     global_ids[r] = valid ? first_expert + lo : -1;
