@@ -143,7 +143,8 @@ def ep_dispatch(layout: EpLayout, xq: torch.Tensor, xs: torch.Tensor, topk_idx: 
     """Sends this rank's (token, slot) pairs to their experts' ranks and waits until every rank's
     pairs for this rank have arrived; returns ``masked_m`` int32 [E_l] (rows received per local
     expert, written into ``masked_m`` when given). ``routed``, when given (bool [T, k], contiguous),
-    receives which pairs were sent: the mask :func:`kernels.moe_combine` takes after the combine.
+    receives which pairs were written into their expert's rows (routed, and not dropped by an
+    expert that ran out of rows): the mask :func:`kernels.moe_combine` takes after the combine.
 
     ``xq`` E4M3 [T, H] (float8_e4m3fn or its uint8 bits), ``xs`` float32 [T, H/128] (1x128 scales),
     ``topk_idx`` int64 [T, k] global expert ids (expert e lives on rank e // E_l; -1 or ids outside

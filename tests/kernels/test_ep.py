@@ -130,6 +130,49 @@ def round_trip(seed, num_ranks, num_local, max_tokens, top_k, hidden):
         assert signals[steps] == 3 and signals[steps + 1] == 3, "three dispatches and three combines counted"
 
 
+def overflow(seed):
+    """Repeated ids overflow expert 0's R = 4 rows (6 pairs from 2 ranks): the dropped pairs are
+    not in the routed mask (whichever rank's the atomics dropped), so the combine sums only written
+    slots (the combine views are NaN-poisoned first)."""
+    num_ranks, num_local, max_tokens, top_k, hidden = 2, 2, 2, 2, 128
+    group = make_group(num_ranks, num_local, max_tokens, top_k, hidden)
+    rows = num_ranks * max_tokens
+    streams = [torch.cuda.Stream() for _ in range(num_ranks)]
+    gen = torch.Generator().manual_seed(seed)
+    ids = [torch.tensor([[0, 0], [0, 0]]), torch.tensor([[0, 1], [0, 1]])]
+    inputs = []
+    for r in range(num_ranks):
+        xq, xs = kernels.per_token_cast_to_fp8(torch.randn(max_tokens, hidden, generator=gen).to("cuda", torch.bfloat16))
+        inputs.append((xq.view(torch.uint8), xs, ids[r].cuda(), torch.rand(max_tokens, top_k, generator=gen).cuda()))
+        group.view(r, "ep_combine").fill_(float("nan"))
+    torch.cuda.synchronize()
+    sent = [torch.ones(max_tokens, top_k, dtype=torch.bool, device="cuda") for _ in range(num_ranks)]
+    for r in range(num_ranks):
+        with torch.cuda.stream(streams[r]):
+            kernels.ep_dispatch(group.layouts[r], *inputs[r], routed=sent[r])
+    outs = [None] * num_ranks
+    for r in range(num_ranks):
+        with torch.cuda.stream(streams[r]):
+            src = group.view(r, "ep_src")
+            gids = torch.where(src >= 0, torch.arange(num_local, device="cuda").view(-1, 1) + r * num_local, 0)
+            out = expert_step(group.view(r, "ep_x"), group.view(r, "ep_sf"), group.view(r, "ep_w"), gids)
+            kernels.ep_combine(group.layouts[r], out.view(num_local, rows, hidden))
+    for r in range(num_ranks):
+        with torch.cuda.stream(streams[r]):
+            outs[r] = kernels.moe_combine(group.view(r, "ep_combine")[: max_tokens * top_k], None, sent[r],
+                                          max_tokens, top_k)
+    torch.cuda.synchronize()
+    written = sum(int((sent[r] & (inputs[r][2] == 0)).sum()) for r in range(num_ranks))
+    assert written == rows, f"expert 0 has {rows} rows: {written} of its 6 pairs marked written"
+    for r in range(num_ranks):
+        xq, xs, idx, w = inputs[r]
+        assert bool((sent[r] <= (idx >= 0)).all()), "only routed pairs are marked"
+        pairs = expert_step(xq.unsqueeze(1).expand(max_tokens, top_k, hidden),
+                            xs.unsqueeze(1).expand(max_tokens, top_k, -1), w, idx).reshape(-1, hidden)
+        assert torch.isfinite(outs[r]).all(), f"rank {r}: a dropped pair's slot was summed"
+        assert torch.equal(outs[r], kernels.moe_combine(pairs, None, sent[r], max_tokens, top_k)), f"rank {r}"
+
+
 def dispatch_twice(seed):
     """Rank 0 dispatches twice without a combine: its second wait can never be satisfied."""
     group = make_group(2, 2, 4, 2, 128)
@@ -157,6 +200,12 @@ def _in_child(function: str, timeout_s: float, **kwargs) -> subprocess.Completed
 def test_gpu_transport_round_trips_every_pair(seed, num_ranks, num_local, max_tokens, top_k, hidden):
     done = _in_child("round_trip", 20, seed=seed, num_ranks=num_ranks, num_local=num_local, max_tokens=max_tokens,
                      top_k=top_k, hidden=hidden)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.mark.gpu
+def test_gpu_pairs_past_an_experts_rows_are_not_combined(seed):
+    done = _in_child("overflow", 20, seed=seed)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 

@@ -90,16 +90,20 @@ __global__ void __launch_bounds__(kThreads)
   for (uint32_t p = blockIdx.x; p < pairs; p += gridDim.x) {
     const long long id = topk_idx[p];
     const bool sent = id >= 0 && id < num_experts;
-    if (threadIdx.x == 0) routed[p] = sent;  // the combine's mask: the pairs sent
-    if (!sent) continue;  // unrouted (the same for the whole CTA)
+    if (!sent) {  // unrouted (the same for the whole CTA)
+      if (threadIdx.x == 0) routed[p] = false;
+      continue;
+    }
     const uint32_t owner = static_cast<uint32_t>(id / num_local), expert = static_cast<uint32_t>(id % num_local);
     const uint64_t base = peers[owner];
     if (threadIdx.x == 0) slot_shared = atomicAdd_system(view<int>(base, off_signals) + sig.counts(parity) + expert, 1);
     __syncthreads();
     const uint32_t slot = static_cast<uint32_t>(slot_shared);
     __syncthreads();  // slot_shared is rewritten for the CTA's next pair
-    // Only repeated ids within a token overflow an expert's R rows: those pairs are dropped (their
-    // combine slots keep stale data) rather than written past the expert.
+    // The combine's mask: the pairs written. Only repeated ids within a token overflow an expert's R
+    // rows (any rank's: the atomic order decides whose pair is dropped), and a dropped pair must not
+    // be summed: its combine slot holds stale data (or nothing yet).
+    if (threadIdx.x == 0) routed[p] = slot < rows_per_expert;
     if (slot >= rows_per_expert) continue;
     const uint64_t row = uint64_t(expert) * rows_per_expert + slot;
     const uint32_t token = p / kTopK;
