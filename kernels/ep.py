@@ -180,8 +180,8 @@ def ep_dispatch(layout: EpLayout, xq: torch.Tensor, xs: torch.Tensor, topk_idx: 
 def ep_combine(layout: EpLayout, expert_out: torch.Tensor) -> None:
     """Sends each row this rank received in the last :func:`ep_dispatch` back to its source rank as
     its expert output, and waits until every rank has sent this rank's: then (in stream order) this
-    rank's ``ep_combine`` view holds the output of its pair (t, j) in row t * k + j (rows of
-    unrouted pairs are stale).
+    rank's ``ep_combine`` view holds the output of its pair (t, j) in row t * k + j (rows of pairs
+    not written by the dispatch, unrouted or dropped, are stale).
 
     ``expert_out`` bfloat16 [E_l, R, H], valid in the rows the dispatch counted (its ``masked_m``;
     the transport reads its own counts, not the caller's)."""

@@ -253,11 +253,13 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor, 
     [T, k], ``topk_weights`` float32 [T, k], ``within`` int32 [T * k] (:func:`exchange_count`'s:
     distinct positions in [0, counts[rank, e]) per expert; on CUDA a pair whose id or position the
     counts do not cover is dropped rather than written, the CPU path raises); ``num_layout_rows``:
-    rows of the returned index, normally this rank's layout's (:func:`exchange_sizes`'s): rows past
-    the layout get -1, so a caller that learns the size after the launch passes its receive
-    capacity and slices. A row at or past the peers' view rows (a layout larger than the buffers)
-    is dropped, and the layout's rows past ``num_layout_rows`` are not indexed, on both paths: the
-    caller raises on such sizes (after a collective step, so that every rank raises together)."""
+    rows of the returned index, normally this rank's layout's (:func:`exchange_sizes`'s); a caller
+    that learns the size only after the launch passes its receive capacity and slices the index to
+    the layout (rows past the layout are left unwritten on CUDA, -1 on the CPU). A row at or past
+    the peers' view rows (a layout larger than the buffers) is dropped and the layout's rows past
+    ``num_layout_rows`` are not indexed: the caller raises on such sizes after a collective step,
+    so that every rank raises together. On the CPU path, a ``num_layout_rows`` below a layout that
+    fits the views raises."""
     fn = "exchange_dispatch"
     hidden = peers.hidden
     xq, num_tokens, k = _checks.check_token_pairs(fn, xq, xs, topk_idx, topk_weights, hidden)
@@ -302,6 +304,10 @@ def _dispatch_reference(peers: ExchangePeers, xq, xs, topk_idx, topk_weights, wi
     pairs = ((flat >= 0) & (flat < plan.send_counts.numel())).nonzero().view(-1)
     expert, position = flat.index_select(0, pairs), within.index_select(0, pairs).to(torch.int64)
     per_expert = plan.send_counts.index_select(0, expert)
+    capacity = min(t.shape[0] for t in peers.acts)
+    if index.m_indices.numel() < plan.num_layout_rows <= capacity:
+        _checks.fail(fn, ValueError, f"num_layout_rows={index.m_indices.numel()} is below this rank's layout of "
+                                     f"{plan.num_layout_rows} rows")
     if plan.num_send_rows != pairs.numel() \
             or bool(((position < 0) | (position >= per_expert)).any()) \
             or torch.unique(expert * (pairs.numel() + 1) + position).numel() != pairs.numel():
@@ -311,7 +317,6 @@ def _dispatch_reference(peers: ExchangePeers, xq, xs, topk_idx, topk_weights, wi
     rows = (plan.send_delta + reference_exchange.exclusive_cumsum(plan.send_counts)).index_select(0, expert) + position
     owner = expert // num_local
     tokens = pairs // topk_idx.shape[1]
-    capacity = min(t.shape[0] for t in peers.acts)
     for q in range(peers.num_ranks):
         mine = ((owner == q) & (rows < capacity)).nonzero().view(-1)
         if mine.numel() == 0:

@@ -125,7 +125,7 @@ inline moe_jit::LaunchConfig config(unsigned grid, unsigned threads, int device,
 }
 
 // dispatch_send + dispatch_wait: this rank's pairs into the owners' buffers; masked_m int32 [E_l],
-// routed bool [T, k] (which of this rank's pairs were sent).
+// routed bool [T, k] (which of this rank's pairs were written into their experts' rows).
 inline void dispatch(const Layout& l, std::uint64_t topk_idx, std::uint64_t topk_weights, std::uint64_t xq,
                      std::uint64_t xs, long long num_tokens, std::uint64_t masked_m, std::uint64_t routed, int device,
                      std::uint64_t stream) {

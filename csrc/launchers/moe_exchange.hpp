@@ -178,8 +178,11 @@ inline void dispatch(const Peers& p, const Layout& l, int top_k, int hidden, std
                       l.row_capacity <= (1LL << 31) - 1,
                   kFn << ": negative row counts, or a row capacity past 2^31");
   MOE_HOST_ASSERT(xq % 16 == 0, kFn << ": xq must be 16-byte aligned");
-  launch_kernel(Kernel::kDispatch, top_k, hidden, std::max((num_pairs + kWarps - 1) / kWarps,
-                                                           (l.num_layout_rows + kWarps * 32 - 1) / (kWarps * 32)),
+  // A warp per pair; the index rows (at most num_layout_rows, often the whole receive capacity of
+  // which the layout uses a part) need no more than one CTA per SM.
+  const long long index_ctas = std::min<long long>((l.num_layout_rows + kWarps * 32 - 1) / (kWarps * 32),
+                                                   moe_jit::get_num_sms(device));
+  launch_kernel(Kernel::kDispatch, top_k, hidden, std::max((num_pairs + kWarps - 1) / kWarps, index_ctas),
                 layout_smem_bytes(num_experts, l.num_local, p.num_ranks, kWarps * 32), device, stream,
                 reinterpret_cast<const long long*>(p.tables), static_cast<unsigned>(p.num_ranks),
                 static_cast<unsigned>(p.rank), static_cast<unsigned>(l.num_local),

@@ -90,7 +90,8 @@ def is_supported(problem: MoEProblem) -> tuple[bool, str]:
 
 @dataclass
 class LowLatencyCombineHandle(CombineHandle):
-    """``masked_m`` int32 [E_l] from the dispatch; ``routed`` bool [T, k]: the pairs that were sent."""
+    """``masked_m`` int32 [E_l] from the dispatch; ``routed`` bool [T, k]: the pairs that were written
+    into their experts' rows (sent, and not past an expert's rows)."""
 
     masked_m: torch.Tensor | None = None
     routed: torch.Tensor | None = None

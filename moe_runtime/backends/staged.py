@@ -7,7 +7,8 @@ One forward, every rank of the expert-parallel group together (``P`` ranks, ``E_
    rank sends to each global expert into row ``p`` of every rank's ``signals`` view (the count
    matrix [P, E + 1]; ``kernels.exchange_count``); barrier; a one-CTA kernel reduces the
    matrix to the few ints the host needs (every rank's layout size, this rank's pairs, invalid ids:
-   ``kernels.exchange_sizes``, :class:`LayoutSizes`), read in the forward's one host sync;
+   ``kernels.exchange_sizes``, :class:`LayoutSizes`); with several ranks they are read in the
+   forward's one host sync after step 3 is queued (one rank: before it, to size its buffers);
 3. dispatch: each (token, top-k slot) becomes one row, written straight into its place in the
    owner's ``l1_acts`` (FP8 row), ``l1_acts_sf`` (scales), ``l1_weights`` (top-k weight) and
    ``l1_slots`` (its slot word ``source rank * T_cap * k + t * k + j``), all in one launch
@@ -235,7 +236,9 @@ class _SymmExchange:
         """The rows before the host reads the sizes: the sizes kernel, the dispatch (its index over
         the whole receive capacity; rows a too-large layout would put past it are dropped) and the
         barrier are queued back to back, then one read returns (plan, peers, index), the index
-        sliced to this rank's layout. Every rank sees the same plan and raises on it together."""
+        sliced to this rank's layout. Every rank sees the same plan and raises on it together; an
+        error of one rank's own before the barrier (its arguments, a failed compile) leaves the
+        others waiting in the barrier until the process group's timeout."""
         pending = kernels.exchange_sizes(counts, self.rank, layout.num_local, layout.alignment,
                                          layout.masked_max_rows, wait=False)
         index = kernels.exchange_dispatch(self._peers, *pairs, counts, layout.num_local, layout.alignment,

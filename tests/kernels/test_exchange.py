@@ -142,9 +142,10 @@ def _cut(views: dict, peers, rows: int):
 
 
 def check_index_past_layout_and_rows_past_views(device: str, seed: int):
-    """An index longer than the layout (a caller that learns the size after the launch) gets -1
-    past it; views shorter than the layout keep what fits, drop the rest (the rows after them in
-    the same storage keep their poison) and raise nothing."""
+    """An index longer than the layout (a caller that learns the size after the launch) matches
+    the exact one on the layout's rows (-1 past them on the CPU, unwritten on CUDA); a shorter one
+    raises on the CPU; views shorter than the layout keep what fits, drop the rest (the rows after
+    them in the same storage keep their poison) and raise nothing."""
     peers, inputs, layout, plan = make_problem(3, 5, 37, 4, 384, 1, device, 20)
     names = ("acts", "acts_sf", "weights", "slots")
     poisoned = {n: tuple(t.clone() for t in getattr(peers, n)) for n in names}
@@ -154,7 +155,12 @@ def check_index_past_layout_and_rows_past_views(device: str, seed: int):
     longer = kernels.exchange_dispatch(_cut(spare, peers, spare["acts"][0].shape[0]), **inputs,
                                        **{**layout, "num_layout_rows": m + 7})
     assert torch.equal(longer.m_indices[:m].cpu(), index.m_indices.cpu())
-    assert bool((longer.m_indices[m:] == -1).all()) and bool((longer.global_ids[m:] == -1).all())
+    assert torch.equal(longer.global_ids[:m].cpu(), index.global_ids.cpu())
+    if device == "cpu":
+        assert bool((longer.m_indices[m:] == -1).all()) and bool((longer.global_ids[m:] == -1).all())
+        with pytest.raises(ValueError, match="is below this rank's layout"):
+            kernels.exchange_dispatch(_cut(spare, peers, spare["acts"][0].shape[0]), **inputs,
+                                      **{**layout, "num_layout_rows": m - 1})
     # The last row written on any owner: cutting there drops at least that one.
     cut = max(int((s.cpu() != -7).nonzero().max()) for s in peers.slots if bool((s != -7).any()))
     assert cut > 0

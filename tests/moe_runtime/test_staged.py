@@ -522,6 +522,41 @@ def _check_every_rank_raises_on_one_ranks_invalid_id(layer, ctx, hidden: int, nu
                   f"every rank raises on rank 1's invalid id, got {message!r}")
 
 
+def _check_every_rank_raises_on_an_oversized_layout(ctx, hidden: int) -> None:
+    """Top-k larger than a rank's experts with every id on expert 0 (a router never does this):
+    rank 0's layout outgrows the receive capacity. Every rank raises the same RuntimeError after
+    the dispatch (rows past the views dropped, none written outside them), and the next forward on
+    the same buffers matches a per-token sum of the pairs sent."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    num_local, top_k, capacity = 2, 3, 200
+    problem = MoEProblem(hidden, 64, num_local * world, top_k, "fp8", torch.bfloat16, ctx.device, world, capacity,
+                         use_fp8_dispatch=True)
+    pair = StagedDispatchCombine(problem, ctx.ep_group, ctx.rank * num_local)
+    x = torch.randn(capacity, hidden, generator=torch.Generator().manual_seed(11 + ctx.rank))
+    x = x.to(device=ctx.device, dtype=torch.bfloat16)
+    weights = torch.rand(capacity, top_k, generator=torch.Generator().manual_seed(3)).to(ctx.device)
+    message = ""
+    try:
+        pair.dispatch(x, torch.zeros(capacity, top_k, dtype=torch.int64, device=ctx.device), weights)
+    except RuntimeError as err:
+        message = str(err)
+    _worker_check("rank 0 would receive" in message, f"every rank raises on the oversized layout, got {message!r}")
+    idx = torch.stack([torch.randperm(num_local * world, generator=torch.Generator().manual_seed(ctx.rank * 100 + t))
+                       [:top_k] for t in range(5)]).to(ctx.device)
+    small = x[:5]
+    out = pair.dispatch(small, idx, weights[:5])
+    # A stand-in for the experts: the dequantized row times the pair's weight.
+    expert_out = (out.x.float() * out.x_sf.repeat_interleave(128, dim=1) * out.topk_weights).to(torch.bfloat16)
+    out.handle.out_dtype = torch.float32
+    y = pair.combine(expert_out, out.handle)
+    xq, xs = kernels.per_token_cast_to_fp8(small, use_ue8m0=False, gran_k=128)
+    rows = xq.float() * xs.repeat_interleave(128, dim=1)
+    expected = (rows.unsqueeze(1) * weights[:5].unsqueeze(-1)).to(torch.bfloat16).float().sum(1)
+    _worker_check(calc_diff(y, expected) < 1e-6, "a forward after the raise still combines every pair")
+
+
 def worker_main() -> None:
     """Staged EP layer vs the single-process reference layer on each rank's slice of the tokens.
 
@@ -566,6 +601,8 @@ def worker_main() -> None:
         _worker_check(ep.backend_name == args.backend and ep.num_local_experts == num_experts // world, "placement")
         if args.backend == "staged" and case == 0:
             _check_every_rank_raises_on_one_ranks_invalid_id(ep, ctx, hidden, num_experts)
+            if args.preset == "small":
+                _check_every_rank_raises_on_an_oversized_layout(ctx, hidden)
         for step, counts in enumerate(steps):
             tokens = torch.randn(sum(counts), hidden, generator=torch.Generator().manual_seed(100 + step))
             tokens = tokens.to(device=ctx.device, dtype=torch.bfloat16)

@@ -30,7 +30,8 @@
 // Kernels, in stream order on every rank:
 //   dispatch_send   one CTA per (token, slot) pair: slot on the owner (system-scope atomic), then
 //                   the row, scales, weight and source written into the owner's buffer, and
-//                   routed[pair] (sent or not) for this rank's combine; the last CTA raises this
+//                   routed[pair] (written or not: unrouted, or past its expert's R rows) for this
+//                   rank's combine; the last CTA raises this
 //                   rank's dispatch flag on every rank;
 //   dispatch_wait   one CTA: waits for every rank's dispatch flag, writes masked_m [E_l], zeroes
 //                   the next dispatch's counters, counts the dispatch;

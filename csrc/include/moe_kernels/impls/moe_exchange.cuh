@@ -100,9 +100,9 @@ __device__ __forceinline__ int exchange_layout(const ExchangeLayout& l, const in
 // w = within[p] in [0, sent[g]) goes to row base[g] + w of rank g / E_l; other pairs (unrouted, a
 // position the counts do not cover, or a row at or past row_capacity, the rows every rank's views
 // hold) are dropped, never written outside the owner's segment or views. Then this rank's layout
-// index over num_layout_rows rows (at least its layout's, which the caller may learn only after
-// this launch): m_indices (local expert, or -1 on padding rows and rows past the layout),
-// global_ids (global expert or -1), masked_m (rows per local expert).
+// index over its first min(num_layout_rows, layout rows) rows (the caller may learn the layout's
+// size only after this launch and pass its capacity): m_indices (local expert, or -1 on padding
+// rows), global_ids (global expert or -1), masked_m (rows per local expert).
 template <uint32_t kTopK, uint32_t kHidden, uint32_t kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_exchange_dispatch_kernel(const long long* __restrict__ tables, uint32_t num_ranks, uint32_t rank,
@@ -143,13 +143,15 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 
   const int* own_total = l.total + rank * num_local;
-  for (uint32_t r = blockIdx.x * kThreads + threadIdx.x; r < num_layout_rows; r += gridDim.x * kThreads) {
+  // Rows past this rank's layout are left alone: a caller that passed its receive capacity slices
+  // them away (writing them would cost every forward the whole capacity).
+  const uint32_t indexed = min(num_layout_rows, static_cast<uint32_t>(l.own_start[num_local]));
+  for (uint32_t r = blockIdx.x * kThreads + threadIdx.x; r < indexed; r += gridDim.x * kThreads) {
     uint32_t lo = 0, hi = num_local;  // the segment e with own_start[e] <= r < own_start[e + 1]
     while (hi - lo > 1) {
       const uint32_t mid = (lo + hi) / 2;
       (static_cast<uint32_t>(l.own_start[mid]) <= r ? lo : hi) = mid;
     }
-    // Rows past the layout (r >= own_start[E_l]) fall past the last segment's count too.
     const bool valid = static_cast<int>(r) - l.own_start[lo] < own_total[lo];
     m_indices[r] = valid ? static_cast<int>(lo) : -1;
     global_ids[r] = valid ? first_expert + lo : -1;
