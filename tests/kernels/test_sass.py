@@ -82,6 +82,18 @@ def test_fp8_gemm_math_loop_is_lean(pingpong, max_ops, monkeypatch):
         assert len(ops) < max_ops, f"{len(ops)} instructions per K block"
 
 
+@pytest.mark.parametrize("m,n,k,groups", [(16, 7168, 2048, 32), (16, 4096, 7168, 32), (256, 4096, 7168, 32)])
+def test_fp8_masked_math_loop_keeps_descriptors_uniform(m, n, k, groups):
+    """Masked: the stage index broadcast from lane 0 keeps the wgmma descriptors in uniform
+    registers although the tile loop runs on per-thread masked_m loads (16 R2UR per K block
+    before, 1-3 after)."""
+    code = sass(*kernels.jit.native_module().fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, 2, groups))
+    loops = [body for body in _k_loop_bodies(code) if "QGMMA" in body]
+    assert loops
+    for body in loops:
+        assert sum("R2UR" in line for line in body.splitlines()) <= 4
+
+
 @pytest.mark.parametrize("pingpong", ["1", "0"])
 @pytest.mark.parametrize("m,n,k,gemm_type,groups", GEMM_VARIANTS + [
     (4096, 4096, 7168, 0, 1), (4096, 7168, 16384, 0, 1), (4096, 576, 7168, 0, 1), (384, 7168, 2048, 2, 5),

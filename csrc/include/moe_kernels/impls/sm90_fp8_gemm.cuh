@@ -228,6 +228,10 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   if constexpr (kPingPong) turns.start();
   float acc[Wgmma::kNumAccum];
   float final_acc[Wgmma::kNumAccum];
+  // Masked groups: the scheduler's loop runs on masked_m loaded per thread, which ptxas cannot prove
+  // warp-uniform, so it kept the stage index out of uniform registers: 16 R2UR per K block rebuilt
+  // the wgmma descriptors. Lane 0's stage, broadcast, is uniform (1-3 left).
+  constexpr bool kBroadcastStage = kType == GemmType::kGroupedMasked;
 
   while (scheduler.next(t)) {
 #pragma unroll
@@ -241,11 +245,12 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
         if constexpr (kPingPong) turns.take();
         ring.consumer_wait(pipe);
         // Scales first: their shared-memory latency hides behind the wgmmas.
-        const float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
+        const uint32_t stage = kBroadcastStage ? __shfl_sync(0xffffffffu, pipe.stage, 0) : pipe.stage;
+        const float* sf = smem_sf + stage * Smem::kSfFloats;
         const float sa0 = sf[tile_row0], sa1 = sf[tile_row0 + 8];
         const float sb0 = sf[kBlockM], sb1 = sf[kBlockM + 1];
-        const uint8_t* tile_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + math_wg * 64 * kBlockK;
-        const uint8_t* tile_b = smem + Smem::kOffsetB + pipe.stage * Smem::kB;
+        const uint8_t* tile_a = smem + Smem::kOffsetA + stage * Smem::kA + math_wg * 64 * kBlockK;
+        const uint8_t* tile_b = smem + Smem::kOffsetB + stage * Smem::kB;
         const uint64_t desc_a = sm90::make_sw128_kmajor_desc(tile_a);
         const uint64_t desc_b = sm90::make_sw128_kmajor_desc(tile_b);
 #pragma unroll
