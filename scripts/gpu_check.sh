@@ -19,8 +19,21 @@ if [[ "$what" == tests || "$what" == all ]]; then
   if [[ "${GPU_TEST_WORKERS:-6}" != 0 ]] && python3 -c "import xdist" 2>/dev/null; then
     workers=(-n "${GPU_TEST_WORKERS:-6}" --dist loadfile)
   fi
-  timeout "${TEST_TIMEOUT:-3000}" python3 -m pytest -q -m gpu -p no:cacheprovider ${workers[@]+"${workers[@]}"} ${select:+-k "$select"} tests 2>&1 | tee "$out/tests.log" | tail -30
+  # Tests marked exclusive take most of every GPU's memory: they run alone, after the parallel pass.
+  start=$SECONDS
+  timeout "${TEST_TIMEOUT:-3000}" python3 -m pytest -q -m "gpu and not exclusive" -p no:cacheprovider \
+    ${workers[@]+"${workers[@]}"} ${select:+-k "$select"} tests 2>&1 | tee "$out/tests.log" | tail -30
   status=${PIPESTATUS[0]}
+  [[ $status == 5 ]] && status=0  # nothing selected
+  left=$(( ${TEST_TIMEOUT:-3000} - (SECONDS - start) ))
+  if (( left > 0 )); then
+    timeout "$left" python3 -m pytest -q -m "gpu and exclusive" -p no:cacheprovider ${select:+-k "$select"} tests \
+      2>&1 | tee "$out/tests_exclusive.log" | tail -15
+    s=${PIPESTATUS[0]}
+    [[ $s != 0 && $s != 5 ]] && status=$s
+  else
+    echo "no time left for the exclusive tests"; status=124
+  fi
 fi
 if [[ "$what" == bench || "$what" == all ]]; then
   # BENCHES="bench/bench_gemm.py --ms 64" picks benchmarks (with arguments); default: all.

@@ -476,6 +476,7 @@ def test_gpu_low_latency_forward_in_a_cuda_graph(seed):
 
 @pytest.mark.gpu
 @pytest.mark.multirank
+@pytest.mark.exclusive
 @_kNeedsCuda
 @pytest.mark.parametrize("backend", ["torch", "nvshmem"])
 def test_gpu_staged_deepseek_v3_one_rank_per_gpu(backend):
