@@ -94,20 +94,31 @@ def check_same_device(fn: str, tensors: list[torch.Tensor]) -> torch.device:
 
 
 def check_token_pairs(fn: str, xq: object, xs: object, topk_idx: object, topk_weights: object, hidden: int,
-                      top_k: int | None = None) -> tuple[torch.Tensor, int, int]:
+                      top_k: int | None = None, x_name: str = "xq",
+                      unquantized: bool = False) -> tuple[torch.Tensor, int, int]:
     """The routed tokens a dispatch reads: ``xq`` E4M3 [T, hidden] (float8_e4m3fn or its uint8
-    bits), ``xs`` float32 [T, hidden/128], ``topk_idx`` int64 [T, k], ``topk_weights`` float32
-    [T, k], with k = ``top_k`` when given, else topk_idx's. Returns (xq as uint8 bits, T, k)."""
+    bits) with ``xs`` float32 [T, hidden/128], or, where ``unquantized`` and ``xs`` is None,
+    bfloat16 / float16 / float32 rows [T, hidden] to be quantized; ``topk_idx`` int64 [T, k],
+    ``topk_weights`` float32 [T, k], with k = ``top_k`` when given, else topk_idx's. ``x_name``
+    names ``xq`` in messages. Returns (xq, as uint8 bits when E4M3, T, k)."""
+    unquantized = unquantized and xs is None
     if isinstance(xq, torch.Tensor) and xq.dtype == torch.float8_e4m3fn:
         xq = xq.view(torch.uint8)
     num_tokens = xq.shape[0] if isinstance(xq, torch.Tensor) and xq.dim() == 2 else -1
     k = top_k if top_k is not None else (
         topk_idx.shape[1] if isinstance(topk_idx, torch.Tensor) and topk_idx.dim() == 2 else -1)
-    expected = {"xq": (xq, torch.uint8, (num_tokens, hidden)), "xs": (xs, torch.float32, (num_tokens, hidden // BLOCK)),
-                "topk_idx": (topk_idx, torch.int64, (num_tokens, k)),
-                "topk_weights": (topk_weights, torch.float32, (num_tokens, k))}
-    for name, (t, dtype, shape) in expected.items():
-        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape:
-            fail(fn, ValueError, f"{name} must be a {dtype} tensor of shape {list(shape)} (hidden {hidden}, top_k {k}), "
+    rows = (xq, (torch.bfloat16, torch.float16, torch.float32) if unquantized else (torch.uint8,), (num_tokens, hidden))
+    expected = {x_name: rows}
+    if not unquantized:
+        expected["xs"] = (xs, (torch.float32,), (num_tokens, hidden // BLOCK))
+    expected.update(topk_idx=(topk_idx, (torch.int64,), (num_tokens, k)),
+                    topk_weights=(topk_weights, (torch.float32,), (num_tokens, k)))
+    for name, (t, dtypes, shape) in expected.items():
+        if not isinstance(t, torch.Tensor) or t.dtype not in dtypes or tuple(t.shape) != shape:
+            want = " or ".join(str(d) for d in dtypes)
+            if name == x_name:
+                want = ("bfloat16, float16 or float32 (xs None: quantized in the kernel)" if unquantized else
+                        "E4M3 (float8_e4m3fn or its uint8 bits)")
+            fail(fn, ValueError, f"{name} must be a {want} tensor of shape {list(shape)} (hidden {hidden}, top_k {k}), "
                                  f"got {getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
     return xq, num_tokens, k

@@ -137,25 +137,28 @@ class EpLayout:
                 self.max_tokens, self.top_k, self.hidden)
 
 
-def ep_dispatch(layout: EpLayout, xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tensor,
+def ep_dispatch(layout: EpLayout, x: torch.Tensor, xs: torch.Tensor | None, topk_idx: torch.Tensor,
                 topk_weights: torch.Tensor, masked_m: torch.Tensor | None = None,
                 routed: torch.Tensor | None = None) -> torch.Tensor:
     """Sends this rank's (token, slot) pairs to their experts' ranks and waits until every rank's
-    pairs for this rank have arrived; returns ``masked_m`` int32 [E_l] (rows received per local
-    expert, written into ``masked_m`` when given). ``routed``, when given (bool [T, k], contiguous),
-    receives which pairs were written into their expert's rows (routed, and not dropped by an
-    expert that ran out of rows): the mask :func:`kernels.moe_combine` takes after the combine.
+    pairs for this rank have arrived (one launch); returns ``masked_m`` int32 [E_l] (rows received
+    per local expert, written into ``masked_m`` when given). ``routed``, when given (bool [T, k],
+    contiguous), receives which pairs were written into their expert's rows (routed, and not dropped
+    by an expert that ran out of rows): the mask :func:`kernels.moe_combine` takes after the combine.
 
-    ``xq`` E4M3 [T, H] (float8_e4m3fn or its uint8 bits), ``xs`` float32 [T, H/128] (1x128 scales),
-    ``topk_idx`` int64 [T, k] global expert ids (expert e lives on rank e // E_l; -1 or ids outside
-    [0, P E_l): not sent), ``topk_weights`` float32 [T, k]; T <= max_tokens. A token's ids must be
-    distinct (as a router's are): a repeated one can overflow its expert's R rows, and the pairs
-    that would are dropped."""
+    ``x`` [T, H]: E4M3 rows (float8_e4m3fn or its uint8 bits) with ``xs`` float32 [T, H/128] (1x128
+    scales), or bfloat16 / float16 / float32 rows with ``xs=None``, quantized in the kernel exactly as
+    ``kernels.per_token_cast_to_fp8(x, gran_k=128)`` would (no separate cast launch); the last dim
+    contiguous, 16-byte aligned rows. ``topk_idx`` int64 [T, k] global expert ids (expert e lives on
+    rank e // E_l; -1 or ids outside [0, P E_l): not sent), ``topk_weights`` float32 [T, k];
+    T <= max_tokens. A token's ids must be distinct (as a router's are): a repeated one can overflow
+    its expert's R rows, and the pairs that would are dropped."""
     fn = "ep_dispatch"
-    xq, num_tokens, _ = _checks.check_token_pairs(fn, xq, xs, topk_idx, topk_weights, layout.hidden, layout.top_k)
+    x, num_tokens, _ = _checks.check_token_pairs(fn, x, xs, topk_idx, topk_weights, layout.hidden, layout.top_k,
+                                                 x_name="x", unquantized=True)
     if num_tokens > layout.max_tokens:
         _checks.fail(fn, ValueError, f"{num_tokens} tokens, more than the {layout.max_tokens} the buffers hold")
-    device = _checks.check_same_device(fn, [xq, xs, topk_idx, topk_weights, layout.peers])
+    device = _checks.check_same_device(fn, [x, topk_idx, topk_weights, layout.peers] + ([] if xs is None else [xs]))
     if masked_m is None:
         masked_m = torch.empty((layout.num_local_experts,), dtype=torch.int32, device=device)
     elif not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 \
@@ -169,11 +172,15 @@ def ep_dispatch(layout: EpLayout, xq: torch.Tensor, xs: torch.Tensor, topk_idx: 
     elif not isinstance(routed, torch.Tensor) or routed.dtype != torch.bool or tuple(routed.shape) != (num_tokens, k) \
             or routed.device != device or not routed.is_contiguous():
         _checks.fail(fn, ValueError, f"routed must be a contiguous bool tensor of shape [{num_tokens}, {k}] on {device}")
-    xq = xq.contiguous() if not xq.is_contiguous() else (xq.clone() if xq.data_ptr() % 16 else xq)
-    xs, topk_idx, topk_weights = xs.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
-    jit.native_module().moe_ep_dispatch(layout.native(), topk_idx.data_ptr(), topk_weights.data_ptr(), xq.data_ptr(),
-                                        xs.data_ptr(), num_tokens, masked_m.data_ptr(), routed.data_ptr(), device.index,
-                                        _descriptors.current_stream(device))
+    # Rows the kernel reads 16 bytes at a time: a contiguous last dim, aligned base and row stride.
+    if x.stride(-1) != 1 or x.data_ptr() % 16 or (x.stride(0) * x.element_size()) % 16 or x.stride(0) < layout.hidden:
+        x = x.clone(memory_format=torch.contiguous_format)
+    xs = xs.contiguous() if xs is not None else None
+    topk_idx, topk_weights = topk_idx.contiguous(), topk_weights.contiguous()
+    jit.native_module().moe_ep_dispatch(layout.native(), topk_idx.data_ptr(), topk_weights.data_ptr(), x.data_ptr(),
+                                        _descriptors.dtype_code(x, "x"), x.stride(0),
+                                        0 if xs is None else xs.data_ptr(), num_tokens, masked_m.data_ptr(),
+                                        routed.data_ptr(), device.index, _descriptors.current_stream(device))
     return masked_m
 
 

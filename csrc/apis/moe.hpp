@@ -97,10 +97,10 @@ inline moe_launchers::moe_ep_ll::Layout ep_layout(const EpLayoutTuple& t) {
 }
 
 inline void moe_ep_dispatch(const EpLayoutTuple& layout, std::uint64_t topk_idx, std::uint64_t topk_weights,
-                            std::uint64_t xq, std::uint64_t xs, long long num_tokens, std::uint64_t masked_m,
-                            std::uint64_t routed, int device, std::uint64_t stream) {
-  moe_launchers::moe_ep_ll::dispatch(ep_layout(layout), topk_idx, topk_weights, xq, xs, num_tokens, masked_m, routed,
-                                     device, stream);
+                            std::uint64_t x, int x_dtype, long long x_row_stride, std::uint64_t xs, long long num_tokens,
+                            std::uint64_t masked_m, std::uint64_t routed, int device, std::uint64_t stream) {
+  moe_launchers::moe_ep_ll::dispatch(ep_layout(layout), topk_idx, topk_weights, x, static_cast<DType>(x_dtype),
+                                     x_row_stride, xs, num_tokens, masked_m, routed, device, stream);
 }
 
 inline void moe_ep_combine(const EpLayoutTuple& layout, std::uint64_t expert_out, int device, std::uint64_t stream) {
@@ -138,10 +138,10 @@ inline pybind11::tuple swiglu_quant_code(int inter) {
   return as_tuple(moe_launchers::swiglu_quant::generate(inter));
 }
 
-inline pybind11::tuple moe_ep_ll_code(int kernel, int top_k, int hidden) {
+inline pybind11::tuple moe_ep_ll_code(int kernel, int top_k, int hidden, int in_dtype) {
   namespace L = moe_launchers::moe_ep_ll;
-  MOE_HOST_ASSERT(kernel >= 0 && kernel <= 3, L::kFn << ": kernel must be 0..3, got " << kernel);
-  return as_tuple(L::generate(static_cast<L::Kernel>(kernel), top_k, hidden));
+  MOE_HOST_ASSERT(kernel >= 0 && kernel <= 1, L::kFn << ": kernel must be 0 (dispatch) or 1 (combine), got " << kernel);
+  return as_tuple(L::generate(static_cast<L::Kernel>(kernel), top_k, hidden, static_cast<DType>(in_dtype)));
 }
 
 inline pybind11::tuple moe_exchange_code(int kernel, int top_k, int hidden) {
@@ -166,17 +166,17 @@ inline void register_apis(pybind11::module_& m) {
   m.def("moe_exchange_code", &moe_exchange_code, "(name, code) of an exchange kernel: 0 dispatch, 1 combine, 2 count, 3 sizes (no GPU)",
         arg("kernel"), arg("top_k"), arg("hidden"));
   m.def("moe_ep_dispatch", &moe_ep_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "low-latency EP dispatch (send + wait): this rank's pairs into the owners' buffers, masked_m [E_l], "
-        "routed [T, k]");
+        "low-latency EP dispatch (one launch: send, then the last CTA waits): this rank's tokens (E4M3 with "
+        "scales, or quantized in the kernel) into the owners' buffers, masked_m [E_l], routed [T, k]");
   m.def("moe_ep_combine", &moe_ep_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "low-latency EP combine (send + wait): expert outputs [E_l, R, H] into their sources' combine buffers");
+        "low-latency EP combine (one launch: send, then the last CTA waits): expert outputs [E_l, R, H] into their sources' combine buffers");
   m.def("swiglu_quant_fp8", &swiglu_quant_fp8, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "silu(gate) * up * w, quantized to E4M3 per 1x128 (masked layout: valid rows only)");
   m.def("swiglu_quant_code", &swiglu_quant_code, "(name, code) of the SwiGLU + quantization kernel (no GPU)",
         arg("inter"));
   m.def("moe_ep_ll_code", &moe_ep_ll_code,
-        "(name, code) of a transport kernel: 0 dispatch_send, 1 dispatch_wait, 2 combine_send, 3 combine_wait",
-        arg("kernel"), arg("top_k"), arg("hidden"));
+        "(name, code) of a transport kernel (no GPU): 0 dispatch (in_dtype: its input rows' dtype code), 1 combine",
+        arg("kernel"), arg("top_k"), arg("hidden"), arg("in_dtype") = 1);
   m.def("moe_route", &moe_route, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "top-k routing from float32 logits [T, E]: softmax/sigmoid, bias, grouped top-k, weights");
   m.def("moe_route_code", &moe_route_code, "(name, code) of the routing kernel (no GPU)", arg("num_experts"),

@@ -1,6 +1,6 @@
 #pragma once
 // Low-latency expert-parallel transport (impls/moe_ep_ll.cuh): code generation, memo and launch
-// of its four kernels. One Layout describes a group's buffers; every call passes it.
+// of its two kernels. One Layout describes a group's buffers; every call passes it.
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -12,17 +12,17 @@
 #include "jit/device_runtime.hpp"
 #include "jit/exception.hpp"
 #include "jit/kernel_runtime.hpp"
+#include "apis/dtypes.hpp"
 
 namespace moe_launchers::moe_ep_ll {
 
 constexpr const char* kFn = "moe_ep_ll";
-constexpr int kCopyThreads = 128;  // a 7168-byte FP8 row is 448 16-byte vectors: 3.5 per thread
-constexpr int kWaitThreads = 128;
-constexpr int kMaxCopyCtas = 1024;  // grid-stride beyond this: enough CTAs in flight to cover NVLink latency
+constexpr int kThreads = 128;  // a 7168-byte FP8 row is 448 16-byte vectors: 3.5 per thread
+constexpr int kMaxCtas = 1024;  // grid-stride beyond this: enough CTAs in flight to cover NVLink latency
 constexpr int kMaxRanks = 64;
 constexpr int kMaxLocalExperts = 1024;
 
-enum class Kernel : int { kDispatchSend = 0, kDispatchWait = 1, kCombineSend = 2, kCombineWait = 3 };
+enum class Kernel : int { kDispatch = 0, kCombine = 1 };
 
 // A group's transport buffers as this process sees them: `peers` the device address of an int64
 // [P] array of every rank's symmetric-buffer base (in this process's address space), the views'
@@ -57,45 +57,46 @@ struct GeneratedKernel {
   std::string code;
 };
 
-inline GeneratedKernel generate(Kernel kind, int top_k, int hidden) {
+// in_dtype: the dispatch's input rows (E4M3 bits: read with their scales; bf16 / fp16 / fp32:
+// quantized in the kernel). The combine ignores it.
+inline GeneratedKernel generate(Kernel kind, int top_k, int hidden, moe_apis::DType in_dtype) {
   std::ostringstream os;
   os << "#include <moe_kernels/impls/moe_ep_ll.cuh>\n";
-  const char* common = "const moe_kernels::uint64_t*, ";
+  const char* u64 = "moe_kernels::uint64_t";
   switch (kind) {
-    case Kernel::kDispatchSend:
-      os << "template __global__ void moe_kernels::moe_ep_dispatch_send<" << top_k << ", " << hidden << ", "
-         << kCopyThreads << ">(" << common
-         << "moe_kernels::uint64_t, moe_kernels::uint64_t, moe_kernels::uint64_t, moe_kernels::uint64_t, "
-            "moe_kernels::uint64_t, unsigned, unsigned, unsigned, unsigned, unsigned, const long long*, const float*, "
-            "const unsigned char*, const float*, unsigned, bool*);\n";
-      return {"moe_ep_dispatch_send", os.str()};
-    case Kernel::kDispatchWait:
-      os << "template __global__ void moe_kernels::moe_ep_dispatch_wait<" << kWaitThreads << ">(" << common
-         << "moe_kernels::uint64_t, unsigned, unsigned, unsigned, unsigned, moe_kernels::uint64_t, int*);\n";
-      return {"moe_ep_dispatch_wait", os.str()};
-    case Kernel::kCombineSend:
-      os << "template __global__ void moe_kernels::moe_ep_combine_send<" << hidden << ", " << kCopyThreads << ">("
-         << common
-         << "moe_kernels::uint64_t, moe_kernels::uint64_t, moe_kernels::uint64_t, unsigned, unsigned, unsigned, "
-            "unsigned, unsigned, const __nv_bfloat16*);\n";
-      return {"moe_ep_combine_send", os.str()};
-    case Kernel::kCombineWait:
-      os << "template __global__ void moe_kernels::moe_ep_combine_wait<" << kWaitThreads << ">(" << common
-         << "moe_kernels::uint64_t, unsigned, unsigned, unsigned, moe_kernels::uint64_t);\n";
-      return {"moe_ep_combine_wait", os.str()};
+    case Kernel::kDispatch: {
+      const bool fp8 = in_dtype == moe_apis::DType::kFloat8E4M3 || in_dtype == moe_apis::DType::kUInt8;
+      MOE_HOST_ASSERT(fp8 || in_dtype == moe_apis::DType::kBFloat16 || in_dtype == moe_apis::DType::kFloat16 ||
+                          in_dtype == moe_apis::DType::kFloat32,
+                      kFn << ": dispatch rows must be E4M3 (with scales), bfloat16, float16 or float32, got "
+                          << moe_apis::dtype_name(in_dtype));
+      const char* in_type = fp8 ? "moe_kernels::uint8_t" : moe_apis::dtype_cuda_name(in_dtype);
+      os << "template __global__ void moe_kernels::moe_ep_dispatch<" << in_type << ", " << top_k << ", " << hidden
+         << ", " << kThreads << ">(const " << u64 << "*, " << u64 << ", " << u64 << ", " << u64 << ", " << u64 << ", "
+         << u64 << ", unsigned, unsigned, unsigned, unsigned, unsigned, const long long*, const float*, const "
+         << in_type << "*, " << u64 << ", const float*, unsigned, bool*, " << u64 << ", int*);\n";
+      return {"moe_ep_dispatch", os.str()};
+    }
+    case Kernel::kCombine:
+      os << "template __global__ void moe_kernels::moe_ep_combine<" << hidden << ", " << kThreads << ">(const " << u64
+         << "*, " << u64 << ", " << u64 << ", " << u64 << ", unsigned, unsigned, unsigned, unsigned, unsigned, "
+         << "const __nv_bfloat16*, " << u64 << ");\n";
+      return {"moe_ep_combine", os.str()};
   }
   MOE_HOST_ASSERT(false, kFn << ": unknown kernel " << static_cast<int>(kind));
   return {};
 }
 
-inline auto kernel(Kernel kind, const Layout& l, int device) {
-  static moe_jit::KernelMemo<std::array<int, 4>, moe_jit::IntArrayHash> memo;
-  // The copy kernels are specialised on hidden, dispatch_send on top-k too.
-  const std::array<int, 4> key = {static_cast<int>(kind), kind == Kernel::kDispatchSend ? l.top_k : 0,
-                                  kind == Kernel::kDispatchSend || kind == Kernel::kCombineSend ? l.hidden : 0,
+inline auto kernel(Kernel kind, const Layout& l, moe_apis::DType in_dtype, int device) {
+  static moe_jit::KernelMemo<std::array<int, 5>, moe_jit::IntArrayHash> memo;
+  // Both are specialised on hidden, the dispatch on top-k and its input rows too.
+  const bool dispatch = kind == Kernel::kDispatch;
+  const int dtype = in_dtype == moe_apis::DType::kUInt8 ? static_cast<int>(moe_apis::DType::kFloat8E4M3)
+                                                        : static_cast<int>(in_dtype);
+  const std::array<int, 5> key = {static_cast<int>(kind), dispatch ? l.top_k : 0, l.hidden, dispatch ? dtype : 0,
                                   device};
   return memo.get(key, [&] {
-    const GeneratedKernel gen = generate(kind, l.top_k, l.hidden);
+    const GeneratedKernel gen = generate(kind, l.top_k, l.hidden, in_dtype);
     return moe_jit::build(gen.name, gen.code, moe_jit::device_arch(device));
   });
 }
@@ -124,53 +125,52 @@ inline moe_jit::LaunchConfig config(unsigned grid, unsigned threads, int device,
   return cfg;
 }
 
-// dispatch_send + dispatch_wait: this rank's pairs into the owners' buffers; masked_m int32 [E_l],
-// routed bool [T, k] (which of this rank's pairs were written into their experts' rows).
-inline void dispatch(const Layout& l, std::uint64_t topk_idx, std::uint64_t topk_weights, std::uint64_t xq,
-                     std::uint64_t xs, long long num_tokens, std::uint64_t masked_m, std::uint64_t routed, int device,
-                     std::uint64_t stream) {
+// One launch: this rank's tokens into the owners' buffers, then (the last CTA) every rank's waited
+// for; masked_m int32 [E_l], routed bool [T, k] (which of this rank's pairs were written into their
+// experts' rows). x: [T, H] rows with row stride x_row_stride (elements), E4M3 with xs float32
+// [T, H / 128] contiguous, or bf16 / fp16 / fp32 (xs = 0) quantized in the kernel.
+inline void dispatch(const Layout& l, std::uint64_t topk_idx, std::uint64_t topk_weights, std::uint64_t x,
+                     moe_apis::DType x_dtype, long long x_row_stride, std::uint64_t xs, long long num_tokens,
+                     std::uint64_t masked_m, std::uint64_t routed, int device, std::uint64_t stream) {
   check(l);
   MOE_HOST_ASSERT(num_tokens >= 0 && num_tokens <= l.max_tokens,
                   kFn << ": " << num_tokens << " tokens, more than the " << l.max_tokens << " the buffers hold");
-  MOE_HOST_ASSERT(xq % 16 == 0, kFn << ": xq must be 16-byte aligned");
+  const bool fp8 = x_dtype == moe_apis::DType::kFloat8E4M3 || x_dtype == moe_apis::DType::kUInt8;
+  const int elem = x_dtype == moe_apis::DType::kFloat32 ? 4 : fp8 ? 1 : 2;
+  MOE_HOST_ASSERT(x % 16 == 0 && x_row_stride >= l.hidden && (x_row_stride * elem) % 16 == 0,
+                  kFn << ": x must be 16-byte aligned with rows of at least hidden elements, 16-byte aligned");
+  MOE_HOST_ASSERT(fp8 == (xs != 0), kFn << ": E4M3 rows take their scales (xs), other rows none");
   const auto* peers = reinterpret_cast<const unsigned long long*>(l.peers);
-  const unsigned pairs = static_cast<unsigned>(num_tokens * l.top_k);
-  moe_jit::launch(*kernel(Kernel::kDispatchSend, l, device),
-                  config(std::min<unsigned>(pairs, kMaxCopyCtas), kCopyThreads, device, stream), peers,
-                  static_cast<unsigned long long>(l.off_x), static_cast<unsigned long long>(l.off_sf),
+  moe_jit::launch(*kernel(Kernel::kDispatch, l, x_dtype, device),
+                  config(static_cast<unsigned>(std::min<long long>(num_tokens, kMaxCtas)), kThreads, device, stream),
+                  peers, static_cast<unsigned long long>(l.off_x), static_cast<unsigned long long>(l.off_sf),
                   static_cast<unsigned long long>(l.off_w), static_cast<unsigned long long>(l.off_src),
                   static_cast<unsigned long long>(l.off_signals), static_cast<unsigned>(l.rank),
                   static_cast<unsigned>(l.num_ranks), static_cast<unsigned>(l.num_local),
                   static_cast<unsigned>(l.rows_per_expert()), static_cast<unsigned>(l.pairs_per_rank()),
                   reinterpret_cast<const long long*>(topk_idx), reinterpret_cast<const float*>(topk_weights),
-                  reinterpret_cast<const unsigned char*>(xq), reinterpret_cast<const float*>(xs),
-                  static_cast<unsigned>(num_tokens), reinterpret_cast<bool*>(routed));
-  moe_jit::launch(*kernel(Kernel::kDispatchWait, l, device), config(1, kWaitThreads, device, stream), peers,
-                  static_cast<unsigned long long>(l.off_signals), static_cast<unsigned>(l.rank),
-                  static_cast<unsigned>(l.num_ranks), static_cast<unsigned>(l.num_local),
-                  static_cast<unsigned>(l.rows_per_expert()), timeout_ns(), reinterpret_cast<int*>(masked_m));
+                  reinterpret_cast<const void*>(x), static_cast<unsigned long long>(x_row_stride),
+                  reinterpret_cast<const float*>(xs), static_cast<unsigned>(num_tokens), reinterpret_cast<bool*>(routed),
+                  timeout_ns(), reinterpret_cast<int*>(masked_m));
 }
 
-// combine_send + combine_wait: expert outputs bf16 [E_l, R, H] (the rows the last dispatch
-// received) back into their sources' combine buffers; on return (in stream order) this rank's
-// combine buffer holds its pairs' outputs.
+// One launch: expert outputs bf16 [E_l, R, H] (the rows the last dispatch received) back into their
+// sources' combine buffers, then (the last CTA) every rank's waited for; on return (in stream order)
+// this rank's combine buffer holds its pairs' outputs.
 inline void combine(const Layout& l, std::uint64_t expert_out, int device, std::uint64_t stream) {
   check(l);
   MOE_HOST_ASSERT(expert_out % 16 == 0, kFn << ": expert_out must be 16-byte aligned");
   const auto* peers = reinterpret_cast<const unsigned long long*>(l.peers);
   // Received rows are at most every rank's pairs; the grid strides over the actual count.
   const long long rows = static_cast<long long>(l.num_ranks) * l.pairs_per_rank();
-  moe_jit::LaunchConfig cfg =
-      config(static_cast<unsigned>(std::min<long long>(rows, kMaxCopyCtas)), kCopyThreads, device, stream);
+  moe_jit::LaunchConfig cfg = config(static_cast<unsigned>(std::min<long long>(rows, kMaxCtas)), kThreads, device, stream);
   cfg.smem_bytes = static_cast<unsigned>((l.num_local + 1) * sizeof(unsigned));
-  moe_jit::launch(*kernel(Kernel::kCombineSend, l, device), cfg, peers, static_cast<unsigned long long>(l.off_src),
-                  static_cast<unsigned long long>(l.off_combine), static_cast<unsigned long long>(l.off_signals),
-                  static_cast<unsigned>(l.rank), static_cast<unsigned>(l.num_ranks),
-                  static_cast<unsigned>(l.num_local), static_cast<unsigned>(l.rows_per_expert()),
-                  static_cast<unsigned>(l.pairs_per_rank()), reinterpret_cast<const void*>(expert_out));
-  moe_jit::launch(*kernel(Kernel::kCombineWait, l, device), config(1, kWaitThreads, device, stream), peers,
+  moe_jit::launch(*kernel(Kernel::kCombine, l, moe_apis::DType::kBFloat16, device), cfg, peers,
+                  static_cast<unsigned long long>(l.off_src), static_cast<unsigned long long>(l.off_combine),
                   static_cast<unsigned long long>(l.off_signals), static_cast<unsigned>(l.rank),
-                  static_cast<unsigned>(l.num_ranks), static_cast<unsigned>(l.num_local), timeout_ns());
+                  static_cast<unsigned>(l.num_ranks), static_cast<unsigned>(l.num_local),
+                  static_cast<unsigned>(l.rows_per_expert()), static_cast<unsigned>(l.pairs_per_rank()),
+                  reinterpret_cast<const void*>(expert_out), timeout_ns());
 }
 
 }  // namespace moe_launchers::moe_ep_ll

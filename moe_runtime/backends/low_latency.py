@@ -131,6 +131,8 @@ class LowLatencyDispatchCombine(DispatchCombine):
         self._x_sf = buf.view("ep_sf").view(m, problem.hidden // kActGroup)
         self._weights = buf.view("ep_w").view(m, 1)
         self._combine = buf.view("ep_combine")
+        self._masked_m = torch.empty(e_l, dtype=torch.int32, device=device)
+        self._routed = torch.empty(t_cap * problem.top_k, dtype=torch.bool, device=device)
         self.buffer.barrier()  # every rank's signals are zero before any rank's first send
 
     @classmethod
@@ -148,10 +150,12 @@ class LowLatencyDispatchCombine(DispatchCombine):
             raise ValueError(f"x must be [T, {p.hidden}], got {tuple(x.shape)}")
         if num_tokens > p.num_max_tokens_per_rank:
             raise ValueError(f"{num_tokens} tokens exceed num_max_tokens_per_rank={p.num_max_tokens_per_rank}")
-        xq, xs = kernels.per_token_cast_to_fp8(x if x.stride(-1) == 1 else x.contiguous(), use_ue8m0=False,
-                                               gran_k=kActGroup)
-        routed = torch.empty((num_tokens, p.top_k), dtype=torch.bool, device=x.device)
-        masked_m = kernels.ep_dispatch(self.layout, xq, xs, topk_idx, topk_weights, routed=routed)
+        # The dispatch quantizes the rows itself (one launch). masked_m and routed live in buffers
+        # made once: a forward's are read by its experts and combine, in stream order before the
+        # next dispatch rewrites them.
+        routed = self._routed[: num_tokens * p.top_k].view(num_tokens, p.top_k)
+        masked_m = kernels.ep_dispatch(self.layout, x, None, topk_idx, topk_weights, masked_m=self._masked_m,
+                                       routed=routed)
         handle = LowLatencyCombineHandle(num_tokens, [], x.dtype, masked_m, routed)
         # Rows per expert if the group's tokens spread evenly: the masked GEMMs' tile hint.
         expected = max(1, -(-num_tokens * p.top_k * self.num_ranks // p.num_experts))

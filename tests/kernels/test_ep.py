@@ -75,8 +75,11 @@ def routing(num_tokens, top_k, num_experts, unrouted, gen):
     return torch.where(drop, torch.full_like(idx, -1), idx)
 
 
-def round_trip(seed, num_ranks, num_local, max_tokens, top_k, hidden):
-    """Three forwards of every simulated rank; raises on the first mismatch."""
+def round_trip(seed, num_ranks, num_local, max_tokens, top_k, hidden, rows="e4m3"):
+    """Three forwards of every simulated rank; raises on the first mismatch. ``rows``: what the
+    dispatch gets, E4M3 rows with their scales, or bfloat16 / float32 rows (every other row
+    stride wider than hidden) that it quantizes itself: the outputs must then match those of
+    kernels.per_token_cast_to_fp8's rows bit for bit."""
     gen = torch.Generator().manual_seed(seed)
     num_experts = num_ranks * num_local
     top_k = min(top_k, num_experts)
@@ -86,20 +89,23 @@ def round_trip(seed, num_ranks, num_local, max_tokens, top_k, hidden):
     for forward in range(3):
         # Token counts per rank vary per forward: a full rank, an empty one, a few tokens.
         counts = [[max_tokens, 0, 1 + forward][(r + forward) % 3] for r in range(num_ranks)]
-        inputs = []
+        inputs, sends = [], []
         for r in range(num_ranks):
-            x = torch.randn(counts[r], hidden, generator=gen).to("cuda", torch.bfloat16)
+            dtype = torch.float32 if rows == "float32" else torch.bfloat16
+            pad = 64 if (r + forward) % 2 else 0
+            x = torch.randn(counts[r], hidden + pad, generator=gen).to("cuda", dtype)[:, :hidden]
             xq, xs = kernels.per_token_cast_to_fp8(x)
             idx = routing(counts[r], top_k, num_experts, 0.2, gen).cuda()
             w = torch.rand(counts[r], top_k, generator=gen).cuda()
             inputs.append((xq.view(torch.uint8), xs, idx, w))
+            sends.append(inputs[-1] if rows == "e4m3" else (x, None, idx, w))
         torch.cuda.synchronize()
         masked, outs = [None] * num_ranks, [None] * num_ranks
         sent = [torch.ones(counts[r], top_k, dtype=torch.bool, device="cuda") for r in range(num_ranks)]  # poisoned
         # Every rank's step is enqueued before the next step of any: the waits are on the device.
         for r in range(num_ranks):
             with torch.cuda.stream(streams[r]):
-                masked[r] = kernels.ep_dispatch(group.layouts[r], *inputs[r], routed=sent[r])
+                masked[r] = kernels.ep_dispatch(group.layouts[r], *sends[r], routed=sent[r])
         for r in range(num_ranks):
             with torch.cuda.stream(streams[r]):
                 src = group.view(r, "ep_src")
@@ -195,11 +201,12 @@ def _in_child(function: str, timeout_s: float, **kwargs) -> subprocess.Completed
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_ranks,num_local,max_tokens,top_k,hidden", [
-    (1, 4, 8, 2, 256), (2, 4, 16, 8, 256), (3, 3, 8, 4, 384), (4, 8, 32, 8, 7168)])
-def test_gpu_transport_round_trips_every_pair(seed, num_ranks, num_local, max_tokens, top_k, hidden):
+@pytest.mark.parametrize("num_ranks,num_local,max_tokens,top_k,hidden,rows", [
+    (1, 4, 8, 2, 256, "e4m3"), (2, 4, 16, 8, 256, "e4m3"), (3, 3, 8, 4, 384, "e4m3"), (4, 8, 32, 8, 7168, "e4m3"),
+    (1, 4, 8, 2, 256, "bfloat16"), (3, 3, 8, 4, 384, "float32"), (2, 8, 160, 8, 7168, "bfloat16")])
+def test_gpu_transport_round_trips_every_pair(seed, num_ranks, num_local, max_tokens, top_k, hidden, rows):
     done = _in_child("round_trip", 20, seed=seed, num_ranks=num_ranks, num_local=num_local, max_tokens=max_tokens,
-                     top_k=top_k, hidden=hidden)
+                     top_k=top_k, hidden=hidden, rows=rows)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -233,6 +240,10 @@ def test_gpu_bad_arguments_raise_before_any_launch():
         kernels.ep_dispatch(layout, xq[:4], xs[:4], idx[:4].int(), w[:4])
     with pytest.raises(ValueError, match="routed must be"):
         kernels.ep_dispatch(layout, xq[:4], xs[:4], idx[:4], w[:4], routed=torch.ones(4, 3, dtype=torch.bool, device="cuda"))
+    with pytest.raises(ValueError, match="x must be a E4M3"):
+        kernels.ep_dispatch(layout, xq[:4].bfloat16(), xs[:4], idx[:4], w[:4])
+    with pytest.raises(ValueError, match="x must be a bfloat16, float16 or float32"):
+        kernels.ep_dispatch(layout, xq[:4].double(), None, idx[:4], w[:4])
     with pytest.raises(ValueError, match="expert_out must be"):
         kernels.ep_combine(layout, torch.zeros(2, 8, 64, dtype=torch.bfloat16, device="cuda"))
 
@@ -274,23 +285,27 @@ def test_buffer_views_and_signal_words():
     assert views["ep_signals"] == ((2 * 8 + 2 * 4 + 4,), torch.int32)
 
 
-@pytest.mark.parametrize("kernel", range(4))
-def test_transport_kernels_machine_code(kernel):
-    """Sends: 16-byte row copies, the slot from a system-scope atomic on the owner, one system fence
-    per thread and relaxed flag stores after it (not a fence per flag). Waits: acquire loads, a
-    sleep between them, a trap when a rank never arrives."""
-    text = sass(*kernels.jit.native_module().moe_ep_ll_code(kernel, 8, 7168))
-    if kernel in (0, 2):
-        assert re.search(r"LDG\.E[.A-Z]*\.128", text) and re.search(r"STG\.E\.128", text)
-        assert "MEMBAR.SC.SYS" in text and "MEMBAR.ALL.SYS" not in text
-        assert "STG.E.STRONG.SYS" in text
+@pytest.mark.parametrize("kernel,in_dtype", [(0, torch.bfloat16), (0, torch.float8_e4m3fn), (0, torch.float32),
+                                             (1, torch.bfloat16)])
+def test_transport_kernels_machine_code(kernel, in_dtype):
+    """Sends: 16-byte row loads and stores, the slot from a system-scope atomic on the owner, one
+    system fence per thread and relaxed flag stores after it (not a fence per flag); the dispatch
+    quantizes with the E4M3 conversion instruction. The last CTA's waits: acquire loads, a sleep
+    between them, a trap when a rank never arrives. No spills (loads from local memory: the trap's
+    printf stores its arguments there)."""
+    code = kernels.jit.native_module().moe_ep_ll_code(kernel, 8, 7168, kernels._descriptors.DTYPE_CODES[in_dtype])
+    text = sass(*code)
+    assert re.search(r"LDG\.E[.A-Z]*\.128", text) and re.search(r"STG\.E[.A-Z]*\.128", text)
+    assert "MEMBAR.SC.SYS" in text and "MEMBAR.ALL.SYS" not in text
+    assert "STG.E.STRONG.SYS" in text
+    # ld.acquire.sys: a strong system-scope load, then the L1 invalidation that makes later loads
+    # see what the peer released.
+    assert "LDG.E.STRONG.SYS" in text and "CCTL.IVALL" in text
+    assert "NANOSLEEP" in text and "BPT.TRAP" in text
+    assert "LDL" not in text, "register spills"
     if kernel == 0:
         assert "ATOM.E.ADD.STRONG.SYS" in text
-    if kernel in (1, 3):
-        # ld.acquire.sys: a strong system-scope load, then the L1 invalidation that makes later
-        # loads see what the peer released.
-        assert "LDG.E.STRONG.SYS" in text and "CCTL.IVALL" in text
-        assert "NANOSLEEP" in text and "BPT.TRAP" in text
+        assert ("F2FP.SATFINITE.E4M3" in text) == (in_dtype != torch.float8_e4m3fn), "in-kernel quantization"
 
 
 if __name__ == "__main__":  # a child of _in_child: one scenario, exit status 0 when it passes

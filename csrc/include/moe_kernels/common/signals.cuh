@@ -57,4 +57,14 @@ __device__ __forceinline__ bool last_cta_done(int* counter) {
   return last;
 }
 
+// last_cta_done for the whole CTA: every thread of the last CTA gets true (a CTA-uniform branch
+// may then hold __syncthreads).
+__device__ __forceinline__ bool last_cta_done_all(int* counter) {
+  __shared__ bool last;
+  const bool mine = last_cta_done(counter);
+  if (threadIdx.x == 0) last = mine;
+  __syncthreads();
+  return last;
+}
+
 }  // namespace moe_kernels::signals

@@ -18,33 +18,40 @@
 // expert are in no particular order; every step is row-local and the combine sums each token's
 // slots in slot order, so results do not depend on it.
 //
-// Epochs: each rank counts its finished dispatches and combines in its own memory (dispatch_wait
-// and combine_wait increment them); a step's flags carry its count, so they never need resetting,
-// and a dispatch not followed by its combine (or the reverse) waits for flags no peer raises and
-// times out instead of reading half-written rows. The slot counters alternate between two sets by
-// the dispatch's parity, and the next dispatch's set is zeroed by its owner in this dispatch_wait.
-// That zeroing is seen by any sender of the next dispatch: a sender starts it only after its
-// combine_wait saw this owner's combine flag, released after. No flag runs ahead of a waiter: a
-// rank raises its next flag only after every rank's flag of the step before.
+// Epochs: each rank counts its finished dispatches and combines in its own memory (the last CTA
+// of each step's kernel increments them); a step's flags carry its count, so they never need
+// resetting, and a dispatch not followed by its combine (or the reverse) waits for flags no peer
+// raises and times out instead of reading half-written rows. The slot counters alternate between
+// two sets by the dispatch's parity, and the next dispatch's set is zeroed by its owner at the end
+// of this dispatch. That zeroing is seen by any sender of the next dispatch: a sender starts it
+// only after its combine saw this owner's combine flag, released after. No flag runs ahead of a
+// waiter: a rank raises its next flag only after every rank's flag of the step before.
 //
-// Kernels, in stream order on every rank:
-//   dispatch_send   one CTA per (token, slot) pair: slot on the owner (system-scope atomic), then
-//                   the row, scales, weight and source written into the owner's buffer, and
-//                   routed[pair] (written or not: unrouted, or past its expert's R rows) for this
-//                   rank's combine; the last CTA raises this
-//                   rank's dispatch flag on every rank;
-//   dispatch_wait   one CTA: waits for every rank's dispatch flag, writes masked_m [E_l], zeroes
-//                   the next dispatch's counters, counts the dispatch;
+// Kernels, in stream order on every rank (one launch per step, so a decode round is three
+// launches with kernels.moe_combine):
+//   dispatch   one CTA per token (grid-stride): the token's slots on its owners (system-scope
+//              atomics, one thread per top-k slot), its row quantized to E4M3 in registers (or
+//              read as E4M3 with its scales), then the row, scales, weight and source written
+//              into every owner's buffer, and routed[pair] (written or not: unrouted, or past its
+//              expert's R rows) for this rank's combine. The last CTA raises this rank's dispatch
+//              flag on every rank, waits for every rank's, writes masked_m [E_l], zeroes the next
+//              dispatch's counters and counts the dispatch;
 //   (the experts: masked grouped GEMMs on [E_l, R, H] with masked_m)
-//   combine_send    each received row's expert output to its source's combine buffer (the rows
-//                   as counted on this rank, not as the caller says); the last CTA raises this
-//                   rank's combine flag on every rank;
-//   combine_wait    one CTA: waits for every rank's combine flag, counts the combine;
+//   combine    each received row's expert output to its source's combine buffer (the rows as
+//              counted on this rank, not as the caller says); the last CTA raises this rank's
+//              combine flag on every rank, waits for every rank's and counts the combine;
 //   (kernels.moe_combine sums each token's slots out of the combine buffer).
+// Only the last CTA waits, after every other CTA of its grid finished: the waits need no CTA to
+// be co-resident with another.
 
+#include <cuda/std/type_traits>
 #include <cuda_bf16.h>
+#include <moe_kernels/common/convert.cuh>
 #include <moe_kernels/common/copy.cuh>
+#include <moe_kernels/common/fp8.cuh>
+#include <moe_kernels/common/reduce.cuh>
 #include <moe_kernels/common/signals.cuh>
+#include <moe_kernels/common/vec.cuh>
 
 namespace moe_kernels {
 
@@ -71,68 +78,120 @@ __device__ __forceinline__ uint32_t next_step(const int* signals, uint32_t word)
   return static_cast<uint32_t>(*reinterpret_cast<const volatile int*>(signals + word)) + 1u;
 }
 
-template <uint32_t kTopK, uint32_t kHidden, uint32_t kThreads>
-__global__ void __launch_bounds__(kThreads)
-    moe_ep_dispatch_send(const uint64_t* __restrict__ peers, uint64_t off_x, uint64_t off_sf, uint64_t off_w,
-                         uint64_t off_src, uint64_t off_signals, uint32_t rank, uint32_t num_ranks, uint32_t num_local,
-                         uint32_t rows_per_expert, uint32_t pairs_per_rank, const long long* __restrict__ topk_idx,
-                         const float* __restrict__ topk_weights, const uint8_t* __restrict__ xq,
-                         const float* __restrict__ xs, uint32_t num_tokens, bool* __restrict__ routed) {
-  static_assert(kHidden % 128 == 0, "rows are copied 16 bytes at a time, one scale per 128 columns");
-  constexpr uint32_t kScales = kHidden / 128;
-  const EpSignals sig{num_ranks, num_local};
-  int* signals = view<int>(peers[rank], off_signals);
-  const uint32_t epoch = next_step(signals, sig.dispatches());
-  const uint32_t parity = epoch & 1;
-  const uint32_t pairs = num_tokens * kTopK;
-  const long long num_experts = static_cast<long long>(num_local) * num_ranks;
-  __shared__ int slot_shared;
-
-  for (uint32_t p = blockIdx.x; p < pairs; p += gridDim.x) {
-    const long long id = topk_idx[p];
-    const bool sent = id >= 0 && id < num_experts;
-    if (!sent) {  // unrouted (the same for the whole CTA)
-      if (threadIdx.x == 0) routed[p] = false;
-      continue;
-    }
-    const uint32_t owner = static_cast<uint32_t>(id / num_local), expert = static_cast<uint32_t>(id % num_local);
-    const uint64_t base = peers[owner];
-    if (threadIdx.x == 0) slot_shared = atomicAdd_system(view<int>(base, off_signals) + sig.counts(parity) + expert, 1);
-    __syncthreads();
-    const uint32_t slot = static_cast<uint32_t>(slot_shared);
-    __syncthreads();  // slot_shared is rewritten for the CTA's next pair
-    // The combine's mask: the pairs written. Only repeated ids within a token overflow an expert's R
-    // rows (any rank's: the atomic order decides whose pair is dropped), and a dropped pair must not
-    // be summed: its combine slot holds stale data (or nothing yet).
-    if (threadIdx.x == 0) routed[p] = slot < rows_per_expert;
-    if (slot >= rows_per_expert) continue;
-    const uint64_t row = uint64_t(expert) * rows_per_expert + slot;
-    const uint32_t token = p / kTopK;
-    copy_row<kHidden / 16, kThreads>(reinterpret_cast<const uint4*>(xq + uint64_t(token) * kHidden),
-                                     view<uint4>(base, off_x + row * kHidden), threadIdx.x);
-    float* dst_sf = view<float>(base, off_sf) + row * kScales;
-    for (uint32_t i = threadIdx.x; i < kScales; i += kThreads) dst_sf[i] = __ldg(xs + uint64_t(token) * kScales + i);
-    if (threadIdx.x == 0) {
-      view<float>(base, off_w)[row] = __ldg(topk_weights + p);
-      view<int>(base, off_src)[row] = static_cast<int>(rank * pairs_per_rank + p);
-    }
-  }
-  if (signals::last_cta_done(signals + sig.finished(0))) {
-    for (uint32_t q = 0; q < num_ranks; ++q) {
-      signals::store_relaxed_sys(view<int>(peers[q], off_signals) + sig.dispatch_done() + rank, static_cast<int>(epoch));
+// A token's row as E4M3 16-byte vectors, vector c = i * kThreads + threadIdx.x in q[i], and the
+// scale of its 128-column group in scale[i] (used by the group's first lane, c % 8 == 0). InT
+// uint8_t: the row is E4M3 already, its scales in xs_row. Otherwise the row is quantized here,
+// bit for bit as kernels.per_token_cast_to_fp8 (1 x 128 groups, IEEE scale, no UE8M0): a group is
+// 8 consecutive lanes. Every lane of every warp runs the shuffles, past the row's end too.
+template <typename InT, uint32_t kHidden, uint32_t kThreads, uint32_t kPerThread>
+__device__ __forceinline__ void load_row_e4m3(const InT* __restrict__ x_row, const float* __restrict__ xs_row,
+                                              uint4 (&q)[kPerThread], float (&scale)[kPerThread]) {
+  constexpr uint32_t kVecs = kHidden / 16;
+  constexpr uint32_t kLanesPerGroup = 8;
+#pragma unroll
+  for (uint32_t i = 0; i < kPerThread; ++i) {
+    const uint32_t c = i * kThreads + threadIdx.x;
+    const bool valid = c < kVecs;
+    if constexpr (cuda::std::is_same_v<InT, uint8_t>) {
+      q[i] = valid ? __ldg(reinterpret_cast<const uint4*>(x_row) + c) : make_uint4(0, 0, 0, 0);
+      scale[i] = valid && c % kLanesPerGroup == 0 ? __ldg(xs_row + c / kLanesPerGroup) : 0.0f;
+    } else {
+      constexpr int kPerLoad = 16 / sizeof(InT);
+      float values[16];
+      float amax = 0.0f;
+#pragma unroll
+      for (int l = 0; l < 16 / kPerLoad; ++l) {
+        const auto raw = valid ? load_stream<kPerLoad>(x_row + c * 16 + l * kPerLoad) : zero_vec<InT, kPerLoad>();
+#pragma unroll
+        for (int e = 0; e < kPerLoad; ++e) {
+          values[l * kPerLoad + e] = to_float(raw.elems[e]);
+          amax = fmax_nan(amax, fabsf(values[l * kPerLoad + e]));
+        }
+      }
+      amax = warp_reduce_max<kLanesPerGroup>(amax);
+      scale[i] = fp8_scale_from_amax<false>(amax);
+      Vec<unsigned char, 16> packed;
+      scale_to_e4m3<16>(values, __frcp_rn(scale[i]), packed.elems);
+      q[i] = *reinterpret_cast<const uint4*>(&packed);
     }
   }
 }
 
-template <uint32_t kThreads>
-__global__ void __launch_bounds__(kThreads)
-    moe_ep_dispatch_wait(const uint64_t* __restrict__ peers, uint64_t off_signals, uint32_t rank, uint32_t num_ranks,
-                         uint32_t num_local, uint32_t rows_per_expert, uint64_t timeout_ns,
-                         int* __restrict__ masked_m) {
+template <typename InT, uint32_t kTopK, uint32_t kHidden, uint32_t kThreads>
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_ep_dispatch(const uint64_t* __restrict__ peers, uint64_t off_x, uint64_t off_sf, uint64_t off_w,
+                    uint64_t off_src, uint64_t off_signals, uint32_t rank, uint32_t num_ranks, uint32_t num_local,
+                    uint32_t rows_per_expert, uint32_t pairs_per_rank, const long long* __restrict__ topk_idx,
+                    const float* __restrict__ topk_weights, const InT* __restrict__ x, uint64_t x_row_stride,
+                    const float* __restrict__ xs, uint32_t num_tokens, bool* __restrict__ routed,
+                    uint64_t timeout_ns, int* __restrict__ masked_m) {
+  static_assert(kHidden % 128 == 0, "rows move 16 bytes at a time, one scale per 128 columns");
+  static_assert(kThreads % 32 == 0 && kTopK <= kThreads, "whole warps, a thread per top-k slot");
+  constexpr uint32_t kScales = kHidden / 128;
+  constexpr uint32_t kVecs = kHidden / 16;
+  constexpr uint32_t kPerThread = (kVecs + kThreads - 1) / kThreads;
+  constexpr uint32_t kNotWritten = ~0u;
   const EpSignals sig{num_ranks, num_local};
   int* signals = view<int>(peers[rank], off_signals);
   const uint32_t epoch = next_step(signals, sig.dispatches());
   const uint32_t parity = epoch & 1;
+  const long long num_experts = static_cast<long long>(num_local) * num_ranks;
+  __shared__ uint32_t slot_owner[kTopK];
+  __shared__ uint64_t slot_row[kTopK];
+
+  for (uint32_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    if (threadIdx.x < kTopK) {
+      const uint32_t p = t * kTopK + threadIdx.x;
+      const long long id = topk_idx[p];
+      uint32_t owner = kNotWritten;
+      uint64_t row = 0;
+      if (id >= 0 && id < num_experts) {
+        const uint32_t o = static_cast<uint32_t>(id / num_local), expert = static_cast<uint32_t>(id % num_local);
+        const uint32_t slot = static_cast<uint32_t>(
+            atomicAdd_system(view<int>(peers[o], off_signals) + sig.counts(parity) + expert, 1));
+        // Only repeated ids within a token overflow an expert's R rows (any rank's: the atomic order
+        // decides whose pair is dropped), and a dropped pair must not be summed by the combine: its
+        // combine slot holds stale data (or nothing yet).
+        if (slot < rows_per_expert) {
+          owner = o;
+          row = uint64_t(expert) * rows_per_expert + slot;
+          view<float>(peers[o], off_w)[row] = __ldg(topk_weights + p);
+          view<int>(peers[o], off_src)[row] = static_cast<int>(rank * pairs_per_rank + p);
+        }
+      }
+      routed[p] = owner != kNotWritten;
+      slot_owner[threadIdx.x] = owner;
+      slot_row[threadIdx.x] = row;
+    }
+    // The row's loads (and its quantization) overlap the slots' atomics.
+    uint4 q[kPerThread];
+    float scale[kPerThread];
+    const float* xs_row = cuda::std::is_same_v<InT, uint8_t> ? xs + uint64_t(t) * kScales : nullptr;
+    load_row_e4m3<InT, kHidden, kThreads>(x + t * x_row_stride, xs_row, q, scale);
+    __syncthreads();
+    for (uint32_t j = 0; j < kTopK; ++j) {
+      const uint32_t owner = slot_owner[j];
+      if (owner == kNotWritten) continue;
+      const uint64_t base = peers[owner], row = slot_row[j];
+      uint4* dst = view<uint4>(base, off_x + row * kHidden);
+      float* dst_sf = view<float>(base, off_sf) + row * kScales;
+#pragma unroll
+      for (uint32_t i = 0; i < kPerThread; ++i) {
+        const uint32_t c = i * kThreads + threadIdx.x;
+        if (c >= kVecs) continue;
+        __stcg(dst + c, q[i]);
+        if (c % 8 == 0) dst_sf[c / 8] = scale[i];
+      }
+    }
+    __syncthreads();  // the slots are rewritten for the CTA's next token
+  }
+
+  if (!signals::last_cta_done_all(signals + sig.finished(0))) return;
+  if (threadIdx.x == 0) {
+    for (uint32_t r = 0; r < num_ranks; ++r) {
+      signals::store_relaxed_sys(view<int>(peers[r], off_signals) + sig.dispatch_done() + rank, static_cast<int>(epoch));
+    }
+  }
   for (uint32_t s = threadIdx.x; s < num_ranks; s += kThreads) {
     signals::wait_flag(signals + sig.dispatch_done() + s, static_cast<int>(epoch), timeout_ns, "the dispatch",
                        static_cast<int>(s));
@@ -147,20 +206,19 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) signals[sig.dispatches()] = static_cast<int>(epoch);
 }
 
-// Rows of a grid-stride loop over the received rows of all local experts, flattened: expert e's
-// valid rows are [prefix[e], prefix[e + 1]).
+// A grid-stride loop over the received rows of all local experts, flattened: expert e's valid rows
+// are [prefix[e], prefix[e + 1]).
 template <uint32_t kHidden, uint32_t kThreads>
 __global__ void __launch_bounds__(kThreads)
-    moe_ep_combine_send(const uint64_t* __restrict__ peers, uint64_t off_src, uint64_t off_combine,
-                        uint64_t off_signals, uint32_t rank, uint32_t num_ranks, uint32_t num_local,
-                        uint32_t rows_per_expert, uint32_t pairs_per_rank,
-                        const __nv_bfloat16* __restrict__ expert_out) {
+    moe_ep_combine(const uint64_t* __restrict__ peers, uint64_t off_src, uint64_t off_combine, uint64_t off_signals,
+                   uint32_t rank, uint32_t num_ranks, uint32_t num_local, uint32_t rows_per_expert,
+                   uint32_t pairs_per_rank, const __nv_bfloat16* __restrict__ expert_out, uint64_t timeout_ns) {
   static_assert(kHidden % 8 == 0, "rows are copied 16 bytes at a time");
   extern __shared__ uint32_t prefix[];  // [num_local + 1]
   const EpSignals sig{num_ranks, num_local};
   int* signals = view<int>(peers[rank], off_signals);
   const uint32_t epoch = next_step(signals, sig.combines());
-  // The rows the last dispatch counted (its counter set stays intact until the next dispatch_wait).
+  // The rows the last dispatch counted (its counter set stays intact until the next dispatch).
   const uint32_t parity = static_cast<uint32_t>(signals[sig.dispatches()]) & 1;
   if (threadIdx.x == 0) {
     uint32_t sum = 0;
@@ -181,24 +239,17 @@ __global__ void __launch_bounds__(kThreads)
     const uint64_t row = uint64_t(lo) * rows_per_expert + (f - prefix[lo]);
     const uint32_t src = static_cast<uint32_t>(src_ids[row]);
     const uint32_t source = src / pairs_per_rank, pair = src % pairs_per_rank;
-    if (source >= num_ranks) continue;  // cannot come from dispatch_send; never write outside the group
+    if (source >= num_ranks) continue;  // cannot come from the dispatch; never write outside the group
     copy_row<kHidden / 8, kThreads>(reinterpret_cast<const uint4*>(expert_out + row * kHidden),
                                     view<uint4>(peers[source], off_combine + uint64_t(pair) * kHidden * 2), threadIdx.x);
   }
-  if (signals::last_cta_done(signals + sig.finished(1))) {
-    for (uint32_t q = 0; q < num_ranks; ++q) {
-      signals::store_relaxed_sys(view<int>(peers[q], off_signals) + sig.combine_done() + rank, static_cast<int>(epoch));
+
+  if (!signals::last_cta_done_all(signals + sig.finished(1))) return;
+  if (threadIdx.x == 0) {
+    for (uint32_t r = 0; r < num_ranks; ++r) {
+      signals::store_relaxed_sys(view<int>(peers[r], off_signals) + sig.combine_done() + rank, static_cast<int>(epoch));
     }
   }
-}
-
-template <uint32_t kThreads>
-__global__ void __launch_bounds__(kThreads)
-    moe_ep_combine_wait(const uint64_t* __restrict__ peers, uint64_t off_signals, uint32_t rank, uint32_t num_ranks,
-                        uint32_t num_local, uint64_t timeout_ns) {
-  const EpSignals sig{num_ranks, num_local};
-  int* signals = view<int>(peers[rank], off_signals);
-  const uint32_t epoch = next_step(signals, sig.combines());
   for (uint32_t s = threadIdx.x; s < num_ranks; s += kThreads) {
     signals::wait_flag(signals + sig.combine_done() + s, static_cast<int>(epoch), timeout_ns, "the combine",
                        static_cast<int>(s));
