@@ -116,6 +116,22 @@ def _launch_args(a, b, d, c, compile_m: bool):
             sfb_sk, d.data_ptr(), ldd, c_ptr, c_code, ldc, m, n, k, compile_m, device)
 
 
+# The tail split's workspace (partial sums, then counters the kernel leaves zero), one per (device,
+# stream): launches on one stream run in order, so they can share it; another stream gets its own.
+_split_workspaces: dict[tuple[int, int], tuple[int, int, torch.Tensor]] = {}
+
+
+def _split_workspace(device: int, stream: int) -> tuple[int, int]:
+    """``(address, bytes)`` of the tail-split workspace of ``stream`` on ``device``."""
+    entry = _split_workspaces.get((device, stream))
+    if entry is None:
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        nbytes = jit.native_module().fp8_gemm_split_workspace_bytes(num_sms)
+        workspace = torch.zeros(nbytes, dtype=torch.uint8, device=torch.device("cuda", device))
+        entry = _split_workspaces[(device, stream)] = (workspace.data_ptr(), nbytes, workspace)
+    return entry[0], entry[1]
+
+
 def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], d: torch.Tensor,
                 c: torch.Tensor | None = None, recipe=None, compiled_dims: str = "nk",
                 disable_ue8m0_cast: bool = False) -> None:
@@ -142,7 +158,8 @@ def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, tor
         return
     if args[15] == 0:  # m == 0: nothing to compute
         return
-    jit.native_module().fp8_gemm_nt(*args, _descriptors.current_stream(d.device))
+    stream = _descriptors.current_stream(d.device)
+    jit.native_module().fp8_gemm_nt(*args, *_split_workspace(args[19], stream), stream)
 
 
 def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None,

@@ -44,6 +44,7 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["multicast"] = c.multicast;
   d["scale_warps"] = c.scale_warps;
   d["pingpong"] = c.pingpong;
+  d["tail_splits"] = c.tail_splits(m);
   return d;
 }
 
@@ -53,12 +54,16 @@ inline void fp8_gemm_nt(std::uint64_t a, long long lda, std::uint64_t sfa, long 
                         long long sfa_stride_k, std::uint64_t b, long long ldb, std::uint64_t sfb,
                         long long sfb_stride_n, long long sfb_stride_k, std::uint64_t d, long long ldd,
                         std::uint64_t c, int c_dtype, long long ldc, int m, int n, int k, bool compile_m,
-                        int device, std::uint64_t stream) {
+                        int device, std::uint64_t split_workspace, std::uint64_t split_workspace_bytes,
+                        std::uint64_t stream) {
   namespace L = moe_launchers::sm90_fp8_gemm;
   const auto config =
       L::get_config(m, n, k, moe_jit::get_num_sms(device), compile_m, detail::residual_type(c_dtype));
-  L::launch(config, L::Args{a, sfa, b, sfb, d, c, lda, ldb, ldd, ldc, sfa_stride_m, sfa_stride_k, 0, sfb_stride_n,
-                            sfb_stride_k, m, 1, 0, device, stream});
+  L::Args args{a, sfa, b, sfb, d, c, lda, ldb, ldd, ldc, sfa_stride_m, sfa_stride_k, 0, sfb_stride_n,
+               sfb_stride_k, m, 1, 0, device, stream};
+  args.split_workspace = split_workspace;
+  args.split_workspace_bytes = split_workspace_bytes;
+  L::launch(config, args);
 }
 
 // m_indices: int32 [m] on the device. Rows of a group are contiguous and every aligned block of
@@ -153,12 +158,14 @@ inline void bf16_gemm_nt(std::uint64_t a, long long lda, std::uint64_t b, long l
 inline void register_apis(pybind11::module_& m) {
   namespace L = moe_launchers::sm90_fp8_gemm;
   m.def("fp8_gemm_nt", &fp8_gemm_nt, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "D[M,N] (bf16) = (A*SFA) @ (B*SFB)^T (+ C) on the current stream; raw pointers and strides in elements",
+        "D[M,N] (bf16) = (A*SFA) @ (B*SFB)^T (+ C) on the current stream; raw pointers and strides in elements; "
+        "split_workspace: fp8_gemm_split_workspace_bytes(num_sms) bytes for the tail split (0: none)",
         pybind11::arg("a"), pybind11::arg("lda"), pybind11::arg("sfa"), pybind11::arg("sfa_stride_m"),
         pybind11::arg("sfa_stride_k"), pybind11::arg("b"), pybind11::arg("ldb"), pybind11::arg("sfb"),
         pybind11::arg("sfb_stride_n"), pybind11::arg("sfb_stride_k"), pybind11::arg("d"), pybind11::arg("ldd"),
         pybind11::arg("c"), pybind11::arg("c_dtype"), pybind11::arg("ldc"), pybind11::arg("m"), pybind11::arg("n"),
-        pybind11::arg("k"), pybind11::arg("compile_m"), pybind11::arg("device"), pybind11::arg("stream"));
+        pybind11::arg("k"), pybind11::arg("compile_m"), pybind11::arg("device"), pybind11::arg("split_workspace"),
+        pybind11::arg("split_workspace_bytes"), pybind11::arg("stream"));
   m.def("bf16_gemm_nt", &bf16_gemm_nt, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "D[M,N] (bf16) = A @ B^T (+ C) for bf16 A [M,K], B [N,K]; raw pointers and strides in elements");
   m.def(
@@ -222,6 +229,10 @@ inline void register_apis(pybind11::module_& m) {
       pybind11::arg("expected_m"), pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"),
       pybind11::arg("num_groups"), pybind11::arg("fragment_layout") = false);
   // gemm_type: 0 dense, 1 m-grouped contiguous, 2 m-grouped masked (m = expected rows per group).
+  m.def("fp8_gemm_split_workspace_bytes", &L::split_workspace_bytes,
+        "bytes of fp8_gemm_nt's tail-split workspace for a device of num_sms SMs (zeroed once, then reused on "
+        "one stream)",
+        pybind11::arg("num_sms"));
   m.def(
       "fp8_gemm_nt_config",
       [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype, int gemm_type, int num_groups) {

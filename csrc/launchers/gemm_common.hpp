@@ -47,6 +47,24 @@ inline int env_int(const char* name) {
   return value == nullptr || *value == '\0' ? 0 : std::atoi(value);
 }
 
+// The tail split of dense FP8 GEMMs (common/scheduler.cuh): a last wave holding fewer tiles than
+// the grid has clusters runs each of them split over K into units, as many per tile as the clusters
+// hold, each unit at least kMinSplitKBlocks K blocks (the pipeline's fill and the partials' round
+// trip are paid per unit), at most kMaxTailSplits. MOE_GEMM_TAIL_SPLIT=0 turns it off (read per
+// call). Returns the units per tail tile, 1 for none.
+constexpr int kMinSplitKBlocks = 4;
+constexpr int kMaxTailSplits = 8;
+
+inline int tail_split_ways(long long tiles, int grid, int k, int multicast) {
+  const char* value = std::getenv("MOE_GEMM_TAIL_SPLIT");
+  if (value != nullptr && std::string(value) == "0") return 1;
+  const long long clusters = grid / multicast, cluster_tiles = tiles / multicast;
+  const long long tail = clusters > 0 ? cluster_tiles % clusters : 0;
+  if (cluster_tiles <= clusters || tail == 0) return 1;
+  return static_cast<int>(std::max<long long>(
+      1, std::min<long long>({clusters / tail, k / 128 / kMinSplitKBlocks, kMaxTailSplits})));
+}
+
 // Analytic choice: fewest waves of tiles weighted by a tile's cost, then the larger block N, then
 // as many stages as shared memory holds. For A/B timing (read per call, like the kernels' other
 // switches): MOE_GEMM_BLOCK_M=64|128, MOE_GEMM_BLOCK_N=<multiple of 8> and MOE_GEMM_STAGES=<at
@@ -56,7 +74,7 @@ inline int env_int(const char* name) {
 // clusters, so a block N whose padding would add a wave loses to one that does not.
 template <typename StageBytes, typename BlockNOk>
 Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms, int max_block_n,
-                   StageBytes stage_bytes, BlockNOk block_n_ok, int n_block_multiple = 1) {
+                   StageBytes stage_bytes, BlockNOk block_n_ok, int n_block_multiple = 1, int tail_split_k = 0) {
   Tiles t{};
   // Up to 128 rows the weights dominate the bytes: one math warpgroup per CTA leaves shared memory
   // to deep B stages (two 64-row CTAs share each B tile through L2).
@@ -70,7 +88,12 @@ Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms
     if (!block_n_ok(bn)) continue;
     const long long n_blocks = ((n + bn - 1) / bn + n_block_multiple - 1) / n_block_multiple * n_block_multiple;
     const long long tiles = problems * ((m + t.block_m - 1) / t.block_m) * n_blocks;
-    const long long waves = (tiles + num_sms - 1) / num_sms;
+    // In sixteenths of a wave. A split tail (tail_split_k: the K of a kernel that splits it) costs
+    // 1/splits of a wave plus an eighth for the units' fill and the partials' round trip.
+    const int grid = static_cast<int>(std::min<long long>(tiles, num_sms)) / n_block_multiple * n_block_multiple;
+    const int splits = tail_split_k > 0 ? tail_split_ways(tiles, grid, tail_split_k, n_block_multiple) : 1;
+    const long long waves = splits > 1 ? tiles / grid * 16 + (16 + splits - 1) / splits + 2
+                                       : (tiles + num_sms - 1) / num_sms * 16;
     const long long score = waves * (bn + kTileOverheadN);
     if (best_score < 0 || score < best_score || (score == best_score && bn > t.block_n)) {
       best_score = score;

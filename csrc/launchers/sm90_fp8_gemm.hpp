@@ -22,6 +22,14 @@ using namespace moe_launchers::sm90_gemm;
 constexpr int kBlockK = 128;
 constexpr int kMaxBlockN = 192;  // two FP32 accumulator sets of kBlockN/2 registers fit 232
 
+constexpr int kMaxTileFloats = 128 * 256;
+
+// The tail split's workspace: partials of every CTA (one unit each at most), then a counter per CTA
+// tile of the tail.
+inline std::uint64_t split_workspace_bytes(int num_sms) {
+  return static_cast<std::uint64_t>(num_sms) * kMaxTileFloats * 4 + static_cast<std::uint64_t>(num_sms) * 4;
+}
+
 struct Config {
   const char* fn;  // the public function, for error messages
   GemmType type;
@@ -35,6 +43,12 @@ struct Config {
   int multicast = 1;  // CTAs per cluster sharing A by TMA multicast (1: no cluster)
   int scale_warps = 3;  // warps issuing the scale copies, taking the stages in turn
   int pingpong = 0;     // 1: the two math warpgroups (block M 128) take turns on the tensor cores
+
+  // Units each tile of the last, partial wave is split into over K (1: none); kNormal only.
+  int tail_splits(int m) const {
+    return type == GemmType::kNormal ? tail_split_ways(num_tiles(m), grid(m), k, multicast) : 1;
+  }
+  int grid(int m) const { return std::max(multicast, std::min(num_tiles(m), num_sms) / multicast * multicast); }
 
   // Tiles of an m-row problem (per group for kGroupedMasked; an upper bound for the grid), n-blocks
   // rounded up to whole clusters.
@@ -114,7 +128,8 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   const bool wants = (type == GemmType::kNormal || m >= kMulticastMinRows) && (m <= 128 || n >= kMulticastMinNLargeM);
   const int multicast = wants && num_sms % 2 == 0 && env_enabled("MOE_FP8_MULTICAST") ? 2 : 1;
   const Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms,
-                               kMaxBlockN, stage_bytes, block_n_fits_scales, multicast);
+                               kMaxBlockN, stage_bytes, block_n_fits_scales, multicast,
+                               type == GemmType::kNormal ? k : 0);
   cfg.block_m = t.block_m;
   cfg.block_n = t.block_n;
   cfg.num_stages = t.num_stages;
@@ -154,6 +169,10 @@ struct Args {
   std::uint64_t grouped_layout;  // m_indices or masked_m (int32, device)
   int device;
   std::uint64_t stream;
+  // kNormal's tail split: split_workspace_bytes(num_sms) bytes, float partials then int counters
+  // (zero before the first launch, left zero by every launch). 0: no workspace, so no split.
+  std::uint64_t split_workspace = 0;
+  std::uint64_t split_workspace_bytes = 0;
 };
 
 inline void launch(const Config& c, const Args& a) {
@@ -188,6 +207,14 @@ inline void launch(const Config& c, const Args& a) {
   const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);
   // Whole clusters: the tile count is a multiple of the cluster size already.
   const int grid = std::min(tiles, c.num_sms) / c.multicast * c.multicast;
+  const int splits = c.tail_splits(a.m);
+  const int k_blocks = c.k / kBlockK;
+  // Tiles (per cluster) of the last, partial wave, which the kernel splits.
+  const int tail_tiles = splits > 1 ? tiles / c.multicast % (grid / c.multicast) : 0;
+  MOE_HOST_ASSERT(splits == 1 || (a.split_workspace != 0 && a.split_workspace_bytes >= split_workspace_bytes(c.num_sms)),
+                  c.fn << ": the tail split needs its workspace (" << split_workspace_bytes(c.num_sms) << " bytes)");
+  const std::uint64_t split_counters =
+      a.split_workspace == 0 ? 0 : a.split_workspace + static_cast<std::uint64_t>(c.num_sms) * kMaxTileFloats * 4;
   cfg.grid_x = static_cast<unsigned>(std::max(c.multicast, grid));
   cfg.cluster_dim = static_cast<unsigned>(c.multicast);
   cfg.block_x = static_cast<unsigned>((c.block_m / 64 + 1) * 128);
@@ -199,7 +226,11 @@ inline void launch(const Config& c, const Args& a) {
                   static_cast<std::uint32_t>(a.sfa_stride_m), static_cast<std::uint32_t>(a.sfa_stride_k),
                   reinterpret_cast<const float*>(a.sfb), static_cast<std::uint32_t>(a.sfb_stride_g),
                   static_cast<std::uint32_t>(a.sfb_stride_n), static_cast<std::uint32_t>(a.sfb_stride_k),
-                  reinterpret_cast<const void*>(a.c), static_cast<std::uint32_t>(a.ldc), map_a, map_b, map_d);
+                  reinterpret_cast<const void*>(a.c), static_cast<std::uint32_t>(a.ldc),
+                  static_cast<std::uint32_t>(splits), static_cast<std::uint32_t>(tail_tiles),
+                  static_cast<std::uint32_t>(k_blocks / splits), static_cast<std::uint32_t>(k_blocks % splits),
+                  reinterpret_cast<float*>(a.split_workspace),
+                  reinterpret_cast<int*>(split_counters), map_a, map_b, map_d);
 }
 
 }  // namespace moe_launchers::sm90_fp8_gemm

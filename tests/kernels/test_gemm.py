@@ -130,6 +130,7 @@ def test_tile_overrides_replace_the_heuristic(monkeypatch):
     """MOE_GEMM_BLOCK_M / _BLOCK_N / _STAGES (A/B timing) replace the heuristic's tiles, and a value
     the kernel cannot take raises naming the switch."""
     native = kernels.jit.native_module()
+    monkeypatch.setenv("MOE_GEMM_TAIL_SPLIT", "0")
     base = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
     assert (base["block_m"], base["block_n"]) == (128, 128)
     monkeypatch.setenv("MOE_GEMM_BLOCK_N", "192")
@@ -144,6 +145,27 @@ def test_tile_overrides_replace_the_heuristic(monkeypatch):
         with pytest.raises(RuntimeError, match=name):
             native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
         monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize("m,n,k,tiles,splits", [
+    (4096, 7168, 16384, 1216, 4),   # 608 cluster tiles on 66 clusters: 14 left, 4 units each
+    (4096, 4096, 7168, 704, 3),     # no clusters (N < 4097): 44 tiles left over 132 SMs, 3 units each
+    (4096, 7168, 2048, 1216, 4),    # 16 K blocks: 4 units of 4
+    (4096, 24576, 1536, 4096, 3),   # 2 cluster tiles left, 12 K blocks: 3 units of 4 (the K bound)
+    (4096, 32768, 512, 5504, 1),    # 4 K blocks: too few to split
+    (4096, 2112, 7168, 352, 1),     # 88 tiles left over 132 SMs: one unit each is the whole tile
+    (128, 7168, 16384, 128, 1),     # one partial wave: the grid shrinks to the tiles
+])
+def test_tail_split_follows_the_last_wave(m, n, k, tiles, splits, monkeypatch):
+    """Dense FP8: the tiles of a last, partial wave are split over K, as many units per tile as the
+    clusters hold and each unit at least 4 K blocks (at most 8); MOE_GEMM_TAIL_SPLIT=0 turns it
+    off (and the tile choice then counts whole waves); grouped GEMMs never split."""
+    native = kernels.jit.native_module()
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert (cfg["num_tiles"], cfg["tail_splits"]) == (tiles, splits)
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, gemm_type=1, num_groups=4)["tail_splits"] == 1
+    monkeypatch.setenv("MOE_GEMM_TAIL_SPLIT", "0")
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS)["tail_splits"] == 1
 
 
 @pytest.mark.parametrize("env", [None, "0", "1"])
@@ -239,6 +261,34 @@ def test_gpu_pingpong_matches_no_pingpong(m, n, k, seed, monkeypatch):
     assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["pingpong"] == 1
     _, _, d, plain = _with_switch_off(m, n, k, "MOE_FP8_PINGPONG", monkeypatch)
     assert torch.equal(d, plain)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,num_sms", [(4096, 4096, 7168, None), (1000, 7168, 2048, None), (300, 2112, 4096, 16),
+                                           (777, 2056, 3072, 24)])
+def test_gpu_tail_split_matches_whole_tiles(m, n, k, num_sms, seed, monkeypatch):
+    """The last wave's tiles split over K (3 units without clusters, 3 with 2-CTA clusters, 8 and 4
+    on a grid cut to 16 / 24 SMs, with partial m- and n-blocks among the split tiles): D against
+    float64 and against the same call with MOE_GEMM_TAIL_SPLIT=0, both NaN-poisoned. A second
+    call gives the same bits (the partials are added in split order, and the counters were left
+    zero), and a residual C is added once."""
+    if num_sms is not None:
+        kernels.set_num_sms(num_sms)
+    try:
+        assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["tail_splits"] > 1
+        a_fp8, b_fp8, d, whole = _with_switch_off(m, n, k, "MOE_GEMM_TAIL_SPLIT", monkeypatch)
+        assert calc_diff(whole, reference_f64(a_fp8, b_fp8)) < 1e-3
+        monkeypatch.delenv("MOE_GEMM_TAIL_SPLIT")
+        again = torch.full_like(d, float("nan"))
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, again)
+        c = torch.randn(m, n, device="cuda")
+        with_c = torch.full_like(d, float("nan"))
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c)
+        torch.cuda.synchronize()
+        assert torch.equal(again, d)
+        assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
+    finally:
+        kernels.jit.reset_num_sms()
 
 
 @pytest.mark.gpu

@@ -70,6 +70,7 @@ def test_fp8_gemm_math_loop_is_lean(pingpong, max_ops, monkeypatch):
     ping-pong adds the turn's two barriers, and ptxas then recomputes the barrier ids and the
     warpgroup's scale rows from the uniform warpgroup index in every K block (137 in all)."""
     monkeypatch.setenv("MOE_FP8_PINGPONG", pingpong)
+    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "128")
     code = sass(*kernels.jit.native_module().fp8_gemm_nt_code(4096, 4096, 7168, H200_SMS, False, -1, 0, 1))
     loops = [body for body in _k_loop_bodies(code) if "QGMMA" in body]
     assert loops
@@ -80,6 +81,24 @@ def test_fp8_gemm_math_loop_is_lean(pingpong, max_ops, monkeypatch):
         assert not any("R2UR" in line for line in ops[qgmma[0]:qgmma[-1]]), "descriptors moved into uniform registers per wgmma"
         assert sum("FFMA" in line for line in ops) == 64
         assert len(ops) < max_ops, f"{len(ops)} instructions per K block"
+
+
+@pytest.mark.parametrize("m,n,k,splits", [(4096, 7168, 16384, 4), (4096, 4096, 7168, 3), (4096, 7168, 2048, 4)])
+def test_fp8_gemm_tail_split_keeps_whole_tiles_lean(m, n, k, splits):
+    """The tail split: whole tiles run their compile-time K range in their own loop (one per static
+    scale split of the tile's columns), 96 FFMAs and at most 175 instructions per K block at block
+    128 x 192 with the wgmma descriptors in uniform registers; the tail unit's run-time range gets
+    loops of its own. A run-time range in the one loop had cost 16 R2UR per K block (192-198)."""
+    native = kernels.jit.native_module()
+    config = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert (config["block_n"], config["tail_splits"]) == (192, splits)
+    loops = sorted((body.splitlines() for body in _k_loop_bodies(sass(*native.fp8_gemm_nt_code(m, n, k, H200_SMS)))
+                    if "QGMMA" in body), key=len)
+    assert len(loops) == 4, "whole tiles and the tail unit, each at both static scale splits"
+    for ops in loops[:2]:
+        ops = [line for line in ops if line.strip()]
+        assert sum("FFMA" in line for line in ops) == 96
+        assert sum("R2UR" in line for line in ops) <= 4 and len(ops) <= 175, f"{len(ops)} instructions per K block"
 
 
 @pytest.mark.parametrize("m,n,k,groups", [(16, 7168, 2048, 32), (16, 4096, 7168, 32), (256, 4096, 7168, 32)])

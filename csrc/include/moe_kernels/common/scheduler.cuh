@@ -10,6 +10,12 @@
 // run the same number of K blocks. A CTA's n-block may lie past N (N not a multiple of the
 // cluster's width): it still loads and computes, in step with its peer, and stores nothing.
 //
+// Tail split (kNormal, set_tail_split): when the tiles leave a last, partial wave of `tail` tiles
+// (per cluster), each of them is split over K into `splits` units, tail * splits <= the clusters,
+// so the last wave takes about 1/splits of a wave instead of a whole one. Unit u of the tail is
+// tile full + u % tail, split s = u / tail, the splits' K ranges consecutive. The kernel
+// adds a tile's partial sums (common/split_reduce.cuh); tiles before the tail run whole.
+//
 // GEMM types:
 //   kNormal:          one problem, M rows.
 //   kGroupedContiguous: rows sorted by group, each block_m-aligned block in one group; the group
@@ -28,6 +34,11 @@ struct Tile {
   uint32_t m_block;  // within the group for kGroupedMasked, global otherwise
   uint32_t n_block;
   uint32_t group;    // 0 for kNormal
+  // Tail split: this unit's K blocks [k_begin, k_end), split index and count, and the tail tile's
+  // index (of the cluster: the CTA's own adds its rank). num_splits == 1: the whole K, k_end unset.
+  uint32_t k_begin = 0, k_end = 0;
+  uint32_t split = 0, num_splits = 1;
+  uint32_t tail_tile = 0;
 };
 
 template <GemmType kType, uint32_t kBlockM, uint32_t kBlockN, uint32_t kGroupN, uint32_t kNumMulticast = 1>
@@ -40,6 +51,7 @@ struct TileScheduler {
   uint32_t rows_per_group;     // kGroupedMasked: max_m
   uint32_t group = 0;          // kGroupedMasked: the group next_tile is searched from
   uint32_t group_first_tile = 0;
+  uint32_t splits = 1, tail = 0, full = 0, quot = 0, rem = 0;  // tail split (kNormal)
 
   __device__ __forceinline__ TileScheduler(uint32_t m, uint32_t n, const int* layout, uint32_t groups)
       : num_m_blocks((m + kBlockM - 1) / kBlockM),
@@ -49,6 +61,42 @@ struct TileScheduler {
         next_tile(blockIdx.x / kNumMulticast),
         rows_per_group(m) {
     if constexpr (kType == GemmType::kGroupedMasked) num_m_blocks = masked_blocks(0);
+  }
+
+  // kNormal: split the last `tail_tiles` tiles (per cluster; fewer than the clusters) `num_splits`
+  // ways over the K blocks, split s getting k_quot + (s < k_rem) of them (the launcher's quotient
+  // and remainder of the K blocks by num_splits). The launcher chooses tail_splits * num_splits <=
+  // the clusters. Only subtractions and compares on kernel arguments here: a division would leave
+  // the K range, the pipeline's trip count, in vector registers, and ptxas then rebuilds the wgmma
+  // descriptors from them in every K block.
+  __device__ __forceinline__ void set_tail_split(uint32_t num_splits, uint32_t tail_tiles, uint32_t k_quot,
+                                                 uint32_t k_rem) {
+    static_assert(kType == GemmType::kNormal, "the tail split is for dense GEMMs");
+    if (num_splits <= 1 || tail_tiles == 0) return;
+    splits = num_splits;
+    tail = tail_tiles;
+    full = num_m_blocks * num_n_blocks - tail_tiles;
+    quot = k_quot;
+    rem = k_rem;
+  }
+
+  // After next() returned false: this CTA's unit of the split tail, if it has one (tile, split and
+  // K range in t). Unit u = next_tile - full: tile full + u % tail, split u / tail.
+  __device__ __forceinline__ bool tail_unit(Tile& t) {
+    if (kType != GemmType::kNormal || tail == 0 || next_tile < full) return false;
+    uint32_t unit = next_tile - full, split = 0;
+    if (unit >= tail * splits) return false;
+    for (; unit >= tail; unit -= tail) ++split;
+    next_tile += gridDim.x / kNumMulticast;
+    raster(full + unit, t.m_block, t.n_block);
+    t.n_block = t.n_block * kNumMulticast + blockIdx.x % kNumMulticast;
+    t.group = 0;
+    t.split = split;
+    t.num_splits = splits;
+    t.tail_tile = unit;
+    t.k_begin = split * quot + min(split, rem);
+    t.k_end = t.k_begin + quot + (split < rem ? 1 : 0);
+    return true;
   }
 
   // Counts outside [0, max_m] are clamped, so bad masked_m values cannot address other groups.
@@ -94,7 +142,8 @@ struct TileScheduler {
     } else {
       while (true) {
         const uint32_t tile = next_tile;
-        if (tile >= num_m_blocks * num_n_blocks) return false;
+        // With a split tail, the whole tiles end where it starts (tail_unit takes it from there).
+        if (tile >= (kType == GemmType::kNormal && tail != 0 ? full : num_m_blocks * num_n_blocks)) return false;
         next_tile += gridDim.x / kNumMulticast;  // one step per cluster
         raster(tile, t.m_block, t.n_block);
         if constexpr (kType == GemmType::kGroupedContiguous) {

@@ -20,6 +20,7 @@
 #include <moe_kernels/common/scheduler.cuh>
 #include <moe_kernels/common/sm90_ptx.cuh>
 #include <moe_kernels/common/sm90_wgmma.cuh>
+#include <moe_kernels/common/split_reduce.cuh>
 
 namespace moe_kernels {
 
@@ -70,6 +71,9 @@ struct MathTurns {
 
 // shape_m: rows of A (kNormal, kGroupedContiguous) or rows per group (kGroupedMasked, whose
 // group g starts at row g * shape_m of A and D); grouped_layout: m_indices or masked_m.
+// kNormal's tail split (common/scheduler.cuh): num_splits > 1 splits the last tail_tiles tiles (per
+// cluster) over K, split s taking split_k_quot + (s < split_k_rem) K blocks, their partial sums
+// added through split_workspace / split_counters (common/split_reduce.cuh); 1 runs every tile whole.
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false>
@@ -77,8 +81,11 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
                      const float* __restrict__ sfb, uint32_t sfb_stride_g, uint32_t sfb_stride_n,
-                     uint32_t sfb_stride_k, const void* c, uint32_t ldc, const __grid_constant__ TmaDescriptor map_a,
-                     const __grid_constant__ TmaDescriptor map_b, const __grid_constant__ TmaDescriptor map_d) {
+                     uint32_t sfb_stride_k, const void* c, uint32_t ldc, uint32_t num_splits,
+                     uint32_t tail_tiles, uint32_t split_k_quot, uint32_t split_k_rem,
+                     float* __restrict__ split_workspace, int* __restrict__ split_counters,
+                     const __grid_constant__ TmaDescriptor map_a, const __grid_constant__ TmaDescriptor map_b,
+                     const __grid_constant__ TmaDescriptor map_d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages>;
   using Wgmma = sm90::Fp8Wgmma<kBlockN>;
@@ -141,8 +148,13 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   }
 
   TileScheduler<kType, kBlockM, kBlockN, kGroupN, kNumMulticast> scheduler(m, kShapeN, grouped_layout, num_groups);
+  if constexpr (kType == GemmType::kNormal) scheduler.set_tail_split(num_splits, tail_tiles, split_k_quot, split_k_rem);
   PipelineState<kNumStages> pipe;
   Tile t;
+  // Every role runs its whole tiles in a loop with the compile-time K range, then its cluster's unit of
+  // the split tail (if any) with its own range: a run-time range inside the loop left the pipeline's
+  // stage index in vector registers, and ptxas rebuilt the wgmma descriptors from it in every K block
+  // (16 R2UR: 192-198 instructions per K block at block N 192 against 173-175).
   // First row of the tile in A (and D) viewed as 2-D, first row of its B slice.
   const auto a_row0 = [&](const Tile& tile) {
     return (kType == GemmType::kGroupedMasked ? tile.group * m : 0) + tile.m_block * kBlockM;
@@ -154,9 +166,9 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
     const uint32_t producer_warp = warp - kNumMathWG * 4;
     if (producer_warp == 0 && lane == 0) {
       const uint32_t rank = kNumMulticast > 1 ? sm90::cluster_ctarank() : 0;
-      while (scheduler.next(t)) {
+      const auto load_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
         const uint32_t row_a = a_row0(t) + rank * kMulticastRowsA, row_b = b_row0(t);
-        for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
+        for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
           ring.producer_acquire(pipe);
           uint64_t* full = ring.full + pipe.stage;
           sm90::mbarrier_arrive_expect_tx(full, Smem::kA + Smem::kB);
@@ -168,7 +180,9 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
           }
           sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, &map_b, full, kb * kBlockK, row_b);
         }
-      }
+      };
+      while (scheduler.next(t)) load_tile(t, 0, kNumKBlocks);
+      if (scheduler.tail_unit(t)) load_tile(t, t.k_begin, t.k_end);
       if constexpr (kNumMulticast > 1) {
         // The peers arrive on this CTA's empty barriers and multicast into its stages: it may only
         // exit once every stage's last fill has been released by the consumers of every CTA.
@@ -182,7 +196,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
       // phase ahead of the consumers' releases because kNumStages >= kNumScaleWarps.
       const uint32_t my_turn = producer_warp - 1;
       uint32_t turn = 0;
-      while (scheduler.next(t)) {
+      const auto load_scales = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
         const uint32_t row_a = a_row0(t);
         // Rows past the problem (or past a masked group's max_m) read no scale.
         const uint32_t row_end = kType == GemmType::kGroupedMasked ? (t.group + 1) * m : m;
@@ -200,7 +214,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
         const uint32_t sfb_row = t.n_block * kBlockN / 128 + lane;
         const bool valid_b = lane < 2 && sfb_row < kNumSfbRows;
         const float* sfb_lane = sfb + (valid_b ? uint64_t(t.group) * sfb_stride_g + uint64_t(sfb_row) * sfb_stride_n : 0);
-        for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
+        for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
           const bool mine = turn == my_turn;
           turn = turn + 1 == kNumScaleWarps ? 0 : turn + 1;
           if (!mine) continue;
@@ -214,7 +228,9 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
           if (lane < 2) sm90::cp_async_4(sf + kBlockM + lane, sfb_lane + kb * sfb_stride_k, valid_b ? 4 : 0);
           sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
         }
-      }
+      };
+      while (scheduler.next(t)) load_scales(t, 0, kNumKBlocks);
+      if (scheduler.tail_unit(t)) load_scales(t, t.k_begin, t.k_end);
     }
     return;
   }
@@ -233,13 +249,13 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   // the wgmma descriptors. Lane 0's stage, broadcast, is uniform (1-3 left).
   constexpr bool kBroadcastStage = kType == GemmType::kGroupedMasked;
 
-  while (scheduler.next(t)) {
+  const auto math_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
 #pragma unroll
     for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
 
     with_static_split<kBlockN>(t.n_block * kBlockN, [&](auto split) {
       const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
-      for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
+      for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
         // The turn before the full barrier: the same order, and ptxas schedules the K block in fewer
         // instructions (block N 192: 175 per K block against 198 with the turn next to the wgmmas).
         if constexpr (kPingPong) turns.take();
@@ -278,11 +294,24 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
     });
 
     // A cluster's n-block past N was computed only to keep the peers in step: nothing to store.
-    if (kNumMulticast > 1 && t.n_block * kBlockN >= kShapeN) continue;
+    if (kNumMulticast > 1 && t.n_block * kBlockN >= kShapeN) return;
+    if constexpr (kType == GemmType::kNormal) {
+      // A split tile's units but the last to finish leave their partial sums to it.
+      const uint32_t slot = t.tail_tile * kNumMulticast + (kNumMulticast > 1 ? sm90::cluster_ctarank() : 0);
+      if (t.num_splits > 1 &&
+          !split_reduce<Wgmma::kNumAccum, kNumMathThreads, 1>(final_acc, split_workspace, split_counters, slot,
+                                                               t.split, t.num_splits, threadIdx.x)) {
+        return;
+      }
+    }
     constexpr bool kMasked = kType == GemmType::kGroupedMasked;
     store_tile<kBlockM, kBlockN, kSwizzleDBytes, kResidualType, kMasked, kNumMathThreads>(
         &map_d, smem_d, final_acc, tile_row0, lane, c, ldc, a_row0(t), t.n_block * kBlockN, m, kShapeN,
         kMasked ? t.m_block * kBlockM : a_row0(t), t.group);
+  };
+  while (scheduler.next(t)) math_tile(t, 0, kNumKBlocks);
+  if constexpr (kType == GemmType::kNormal) {
+    if (scheduler.tail_unit(t)) math_tile(t, t.k_begin, t.k_end);
   }
   if constexpr (kPingPong) turns.finish();
   if (threadIdx.x == 0) sm90::tma_store_wait_all<0>();
