@@ -49,10 +49,13 @@ inline int env_int(const char* name) {
 
 // The tail split of dense FP8 GEMMs (common/scheduler.cuh): a last wave holding fewer tiles than
 // the grid has clusters runs each of them split over K into units, as many per tile as the clusters
-// hold, each unit at least kMinSplitKBlocks K blocks (the pipeline's fill and the partials' round
-// trip are paid per unit), at most kMaxTailSplits. MOE_GEMM_TAIL_SPLIT=0 turns it off (read per
-// call). Returns the units per tail tile, 1 for none.
-constexpr int kMinSplitKBlocks = 4;
+// hold, each unit at least kMinSplitKBlocks K blocks, at most kMaxTailSplits. Measured on an H200
+// (bench/RESULTS.md, session 7): 4 units of 32 K blocks at 4096 x 7168 x 16384, 1.10x; units of 4
+// to 19 K blocks (K = 1536, 2048, 7168) 0.94-1.00x: a last wave that few SMs run is already shorter
+// than a full one (those SMs get the clock and memory to themselves), which short units do not
+// beat. MOE_GEMM_TAIL_SPLIT=0 turns it off (read per call). Returns the units per tail tile, 1 for
+// none.
+constexpr int kMinSplitKBlocks = 32;
 constexpr int kMaxTailSplits = 8;
 
 inline int tail_split_ways(long long tiles, int grid, int k, int multicast) {

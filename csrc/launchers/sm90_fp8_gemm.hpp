@@ -211,10 +211,13 @@ inline void launch(const Config& c, const Args& a) {
   const int k_blocks = c.k / kBlockK;
   // Tiles (per cluster) of the last, partial wave, which the kernel splits.
   const int tail_tiles = splits > 1 ? tiles / c.multicast % (grid / c.multicast) : 0;
-  MOE_HOST_ASSERT(splits == 1 || (a.split_workspace != 0 && a.split_workspace_bytes >= split_workspace_bytes(c.num_sms)),
-                  c.fn << ": the tail split needs its workspace (" << split_workspace_bytes(c.num_sms) << " bytes)");
+  // The workspace is laid out for the device's own SM count, whatever set_num_sms plans for: its
+  // counters stay where the last launch left them zero.
+  const int device_sms = moe_jit::device_info(a.device).num_sms;
+  MOE_HOST_ASSERT(splits == 1 || (a.split_workspace != 0 && a.split_workspace_bytes >= split_workspace_bytes(device_sms)),
+                  c.fn << ": the tail split needs its workspace (" << split_workspace_bytes(device_sms) << " bytes)");
   const std::uint64_t split_counters =
-      a.split_workspace == 0 ? 0 : a.split_workspace + static_cast<std::uint64_t>(c.num_sms) * kMaxTileFloats * 4;
+      a.split_workspace == 0 ? 0 : a.split_workspace + static_cast<std::uint64_t>(device_sms) * kMaxTileFloats * 4;
   cfg.grid_x = static_cast<unsigned>(std::max(c.multicast, grid));
   cfg.cluster_dim = static_cast<unsigned>(c.multicast);
   cfg.block_x = static_cast<unsigned>((c.block_m / 64 + 1) * 128);

@@ -148,17 +148,16 @@ def test_tile_overrides_replace_the_heuristic(monkeypatch):
 
 
 @pytest.mark.parametrize("m,n,k,tiles,splits", [
-    (4096, 7168, 16384, 1216, 4),   # 608 cluster tiles on 66 clusters: 14 left, 4 units each
-    (4096, 4096, 7168, 704, 3),     # no clusters (N < 4097): 44 tiles left over 132 SMs, 3 units each
-    (4096, 7168, 2048, 1216, 4),    # 16 K blocks: 4 units of 4
-    (4096, 24576, 1536, 4096, 3),   # 2 cluster tiles left, 12 K blocks: 3 units of 4 (the K bound)
-    (4096, 32768, 512, 5504, 1),    # 4 K blocks: too few to split
-    (4096, 2112, 7168, 352, 1),     # 88 tiles left over 132 SMs: one unit each is the whole tile
+    (4096, 7168, 16384, 1216, 4),   # 608 cluster tiles on 66 clusters: 14 left, 4 units of 32 K blocks
+    (4096, 7168, 8192, 1216, 2),    # 64 K blocks: 2 units of 32
+    (4096, 4096, 7168, 1024, 1),    # 56 K blocks: too few to split (block 128 x 128 then)
+    (4096, 7168, 2048, 1216, 1),    # 16 K blocks
+    (4096, 2112, 16384, 352, 1),    # 88 tiles left over 132 SMs: one unit each is the whole tile
     (128, 7168, 16384, 128, 1),     # one partial wave: the grid shrinks to the tiles
 ])
 def test_tail_split_follows_the_last_wave(m, n, k, tiles, splits, monkeypatch):
     """Dense FP8: the tiles of a last, partial wave are split over K, as many units per tile as the
-    clusters hold and each unit at least 4 K blocks (at most 8); MOE_GEMM_TAIL_SPLIT=0 turns it
+    clusters hold and each unit at least 32 K blocks (at most 8); MOE_GEMM_TAIL_SPLIT=0 turns it
     off (and the tile choice then counts whole waves); grouped GEMMs never split."""
     native = kernels.jit.native_module()
     cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
@@ -264,11 +263,13 @@ def test_gpu_pingpong_matches_no_pingpong(m, n, k, seed, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,num_sms", [(4096, 4096, 7168, None), (1000, 7168, 2048, None), (300, 2112, 4096, 16),
-                                           (777, 2056, 3072, 24)])
+@pytest.mark.parametrize("m,n,k,num_sms", [(4096, 7168, 8192, None), (1000, 7168, 16384, None), (4096, 4096, 16384, None),
+                                           (300, 3080, 12288, 16), (520, 3080, 16384, 16), (1000, 2056, 8192, 16)])
 def test_gpu_tail_split_matches_whole_tiles(m, n, k, num_sms, seed, monkeypatch):
-    """The last wave's tiles split over K (3 units without clusters, 3 with 2-CTA clusters, 8 and 4
-    on a grid cut to 16 / 24 SMs, with partial m- and n-blocks among the split tiles): D against
+    """The last wave's tiles split over K (2-CTA clusters, 2 and 3 units, a partial m-block; no
+    clusters at N = 4096, 3 units; on a grid cut to 16 SMs, 3, 4 and 2 units with partial m- and
+    n-blocks among the split tiles, block N 136 (a run-time scale split), 160 and 192, and
+    counters where a 132-SM plan leaves them): D against
     float64 and against the same call with MOE_GEMM_TAIL_SPLIT=0, both NaN-poisoned. A second
     call gives the same bits (the partials are added in split order, and the counters were left
     zero), and a residual C is added once."""
