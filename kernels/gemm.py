@@ -118,11 +118,18 @@ def _launch_args(a, b, d, c, compile_m: bool):
 
 # The tail split's workspace (partial sums, then counters the kernel leaves zero), one per (device,
 # stream): launches on one stream run in order, so they can share it; another stream gets its own.
+# Not inside a CUDA graph capture: a graph would bake in one workspace, which graphs captured on the
+# same stream and replayed at the same time would share (and one made during a capture is zeroed
+# only when that graph runs), so captured GEMMs run every tile whole.
 _split_workspaces: dict[tuple[int, int], tuple[int, int, torch.Tensor]] = {}
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
 
 
 def _split_workspace(device: int, stream: int) -> tuple[int, int]:
-    """``(address, bytes)`` of the tail-split workspace of ``stream`` on ``device``."""
+    """``(address, bytes)`` of the tail-split workspace of ``stream`` on ``device``; ``(0, 0)``
+    (no split) while the stream is being captured."""
+    if _capturing():
+        return 0, 0
     entry = _split_workspaces.get((device, stream))
     if entry is None:
         num_sms = torch.cuda.get_device_properties(device).multi_processor_count

@@ -207,14 +207,15 @@ inline void launch(const Config& c, const Args& a) {
   const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);
   // Whole clusters: the tile count is a multiple of the cluster size already.
   const int grid = std::min(tiles, c.num_sms) / c.multicast * c.multicast;
-  const int splits = c.tail_splits(a.m);
+  // No workspace (a call inside a CUDA graph capture): every tile runs whole.
+  const int splits = a.split_workspace == 0 ? 1 : c.tail_splits(a.m);
   const int k_blocks = c.k / kBlockK;
   // Tiles (per cluster) of the last, partial wave, which the kernel splits.
   const int tail_tiles = splits > 1 ? tiles / c.multicast % (grid / c.multicast) : 0;
   // The workspace is laid out for the device's own SM count, whatever set_num_sms plans for: its
   // counters stay where the last launch left them zero.
   const int device_sms = moe_jit::device_info(a.device).num_sms;
-  MOE_HOST_ASSERT(splits == 1 || (a.split_workspace != 0 && a.split_workspace_bytes >= split_workspace_bytes(device_sms)),
+  MOE_HOST_ASSERT(splits == 1 || a.split_workspace_bytes >= split_workspace_bytes(device_sms),
                   c.fn << ": the tail split needs its workspace (" << split_workspace_bytes(device_sms) << " bytes)");
   const std::uint64_t split_counters =
       a.split_workspace == 0 ? 0 : a.split_workspace + static_cast<std::uint64_t>(device_sms) * kMaxTileFloats * 4;

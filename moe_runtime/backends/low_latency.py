@@ -143,7 +143,9 @@ class LowLatencyDispatchCombine(DispatchCombine):
                  ids_checked: bool = False) -> DispatchResult:
         """``x`` [T, H] float, ``topk_idx`` int64 [T, k] (ids outside [0, E) are not sent, whether or
         not ``ids_checked``: checking them would sync), ``topk_weights`` float32 [T, k] -> the
-        masked layout ``[E_l x R, H]`` of this rank (:class:`StagedDispatchResult`)."""
+        masked layout ``[E_l x R, H]`` of this rank (:class:`StagedDispatchResult`). The result's
+        views, ``masked_m`` and the handle's ``routed`` are buffers of this object, rewritten by the
+        next dispatch: copy what must outlive it."""
         p = self.problem
         num_tokens = x.shape[0]
         if x.dim() != 2 or x.shape[1] != p.hidden:

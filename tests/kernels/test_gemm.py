@@ -167,6 +167,16 @@ def test_tail_split_follows_the_last_wave(m, n, k, tiles, splits, monkeypatch):
     assert native.fp8_gemm_nt_config(m, n, k, H200_SMS)["tail_splits"] == 1
 
 
+def test_tail_split_has_no_workspace_inside_a_graph_capture(monkeypatch):
+    """A GEMM captured in a CUDA graph gets no tail-split workspace (so it runs every tile whole):
+    graphs captured on one stream would share one, and one made during a capture would be zeroed
+    only when that graph runs. Nothing is allocated or remembered for the capture."""
+    monkeypatch.setattr(kernels.gemm, "_capturing", lambda: True)
+    before = dict(kernels.gemm._split_workspaces)
+    assert kernels.gemm._split_workspace(0, 12345) == (0, 0)
+    assert kernels.gemm._split_workspaces == before
+
+
 @pytest.mark.parametrize("env", [None, "0", "1"])
 def test_pingpong_follows_block_n(env, monkeypatch):
     """Block M 128: the math warpgroups take turns by default only at block N > 144 (where it
