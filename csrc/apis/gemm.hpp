@@ -38,7 +38,7 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["group_n"] = c.group_n;
   d["smem_bytes"] = c.smem_bytes;
   d["num_tiles"] = c.num_tiles(m);
-  d["grid"] = std::max(c.multicast, std::min(c.num_tiles(m), c.num_sms) / c.multicast * c.multicast);
+  d["grid"] = c.grid(m);
   d["m_compiled"] = c.m_compiled;
   d["swizzle_d"] = c.swizzle_d;
   d["multicast"] = c.multicast;

@@ -48,6 +48,7 @@ struct Config {
   int tail_splits(int m) const {
     return type == GemmType::kNormal ? tail_split_ways(num_tiles(m), grid(m), k, multicast) : 1;
   }
+  // The persistent grid of an m-row problem: whole clusters, at most one CTA per SM.
   int grid(int m) const { return std::max(multicast, std::min(num_tiles(m), num_sms) / multicast * multicast); }
 
   // Tiles of an m-row problem (per group for kGroupedMasked; an upper bound for the grid), n-blocks

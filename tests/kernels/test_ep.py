@@ -68,6 +68,15 @@ def expert_step(x_bits: torch.Tensor, sf: torch.Tensor, w: torch.Tensor, ids: to
     return (x * (ids.float() + 1).unsqueeze(-1) * w.unsqueeze(-1)).to(torch.bfloat16)
 
 
+def experts_then_combine(group: Group, r: int, num_local: int, rows: int, hidden: int) -> None:
+    """Rank r's step after its dispatch, on the current stream: :func:`expert_step` on the rows it
+    received (each row's global expert from its segment), then ``kernels.ep_combine``."""
+    src = group.view(r, "ep_src")
+    ids = torch.where(src >= 0, torch.arange(num_local, device="cuda").view(-1, 1) + r * num_local, 0)
+    out = expert_step(group.view(r, "ep_x"), group.view(r, "ep_sf"), group.view(r, "ep_w"), ids)
+    kernels.ep_combine(group.layouts[r], out.view(num_local, rows, hidden))
+
+
 def routing(num_tokens, top_k, num_experts, unrouted, gen):
     idx = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(num_tokens)]) \
         if num_tokens else torch.empty((0, top_k), dtype=torch.int64)
@@ -108,10 +117,7 @@ def round_trip(seed, num_ranks, num_local, max_tokens, top_k, hidden, rows="e4m3
                 masked[r] = kernels.ep_dispatch(group.layouts[r], *sends[r], routed=sent[r])
         for r in range(num_ranks):
             with torch.cuda.stream(streams[r]):
-                src = group.view(r, "ep_src")
-                ids = torch.where(src >= 0, torch.arange(num_local, device="cuda").view(-1, 1) + r * num_local, 0)
-                out = expert_step(group.view(r, "ep_x"), group.view(r, "ep_sf"), group.view(r, "ep_w"), ids)
-                kernels.ep_combine(group.layouts[r], out.view(num_local, rows, hidden))
+                experts_then_combine(group, r, num_local, rows, hidden)
         for r in range(num_ranks):
             with torch.cuda.stream(streams[r]):
                 t = counts[r]
@@ -159,10 +165,7 @@ def overflow(seed):
     outs = [None] * num_ranks
     for r in range(num_ranks):
         with torch.cuda.stream(streams[r]):
-            src = group.view(r, "ep_src")
-            gids = torch.where(src >= 0, torch.arange(num_local, device="cuda").view(-1, 1) + r * num_local, 0)
-            out = expert_step(group.view(r, "ep_x"), group.view(r, "ep_sf"), group.view(r, "ep_w"), gids)
-            kernels.ep_combine(group.layouts[r], out.view(num_local, rows, hidden))
+            experts_then_combine(group, r, num_local, rows, hidden)
     for r in range(num_ranks):
         with torch.cuda.stream(streams[r]):
             outs[r] = kernels.moe_combine(group.view(r, "ep_combine")[: max_tokens * top_k], None, sent[r],
