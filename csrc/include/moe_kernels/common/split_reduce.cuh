@@ -23,9 +23,11 @@ __device__ __forceinline__ bool split_reduce(float* final_acc, float* __restrict
   float* mine = workspace + (uint64_t(slot) * num_splits + split) * kPartial + thread;
 #pragma unroll
   for (uint32_t i = 0; i < kNumAccum; ++i) __stcg(mine + i * kNumThreads, final_acc[i]);
-  // Each thread's partial is visible GPU-wide before its unit is counted.
+  // Each thread's partial is visible GPU-wide before its unit is counted: its own fence, the barrier,
+  // then the counting thread's fence (the release, by the thread that does the atomic).
   __threadfence();
   sm90::named_barrier_sync(kBarrier, kNumThreads);
+  if (thread == 0) __threadfence();
   const bool last = thread == 0 && atomicAdd(counters + slot, 1) == static_cast<int>(num_splits) - 1;
   if (!sm90::named_barrier_or(kBarrier, kNumThreads, last)) return false;
   __threadfence();
