@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import _checks, _descriptors, jit
+from . import _checks, _descriptors, jit, quant
 from .reference import exchange as reference_exchange
 
 kExchangeViews = ("acts", "acts_sf", "weights", "slots", "combine")
@@ -236,7 +236,7 @@ def _counts_matrix(counts: torch.Tensor, num_ranks: int, num_local: int) -> torc
         num_ranks, num_ranks, num_local).transpose(0, 1)
 
 
-def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tensor,
+def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor | None, topk_idx: torch.Tensor,
                       topk_weights: torch.Tensor, within: torch.Tensor, counts: torch.Tensor, num_local_experts: int,
                       alignment: int, masked_max_rows: int, num_layout_rows: int,
                       first_expert: int = 0) -> ExchangeIndex:
@@ -249,7 +249,10 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor, 
     that this rank's ``within[p]``-th row of expert ``e`` takes: ``acts`` <- ``xq[t]``, ``acts_sf``
     <- ``xs[t]``, ``weights`` <- ``topk_weights[t, j]``, ``slots`` <- ``rank * pairs_per_rank + p``.
 
-    ``xq`` E4M3 [T, H] (float8_e4m3fn or uint8 bits), ``xs`` float32 [T, H/128], ``topk_idx`` int64
+    ``xq`` E4M3 [T, H] (float8_e4m3fn or uint8 bits) with ``xs`` float32 [T, H/128], or bfloat16 /
+    float16 / float32 rows [T, H] with ``xs=None``: the kernel quantizes each token's row once, bit
+    for bit as ``kernels.per_token_cast_to_fp8(xq, gran_k=128)`` would, and sends it to each of its
+    pairs (no cast launch; the CPU path casts first); 16-byte aligned rows. ``topk_idx`` int64
     [T, k], ``topk_weights`` float32 [T, k], ``within`` int32 [T * k] (:func:`exchange_count`'s:
     distinct positions in [0, counts[rank, e]) per expert; on CUDA a pair whose id or position the
     counts do not cover is dropped rather than written, the CPU path raises); ``num_layout_rows``:
@@ -262,7 +265,7 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor, 
     fits the views raises."""
     fn = "exchange_dispatch"
     hidden = peers.hidden
-    xq, num_tokens, k = _checks.check_token_pairs(fn, xq, xs, topk_idx, topk_weights, hidden)
+    xq, num_tokens, k = _checks.check_token_pairs(fn, xq, xs, topk_idx, topk_weights, hidden, unquantized=True)
     if not isinstance(within, torch.Tensor) or within.dtype != torch.int32 or tuple(within.shape) != (num_tokens * k,):
         _checks.fail(fn, ValueError, f"within must be an int32 tensor of shape [{num_tokens * k}] (T x k), got "
                                      f"{getattr(within, 'dtype', type(within).__name__)} "
@@ -274,24 +277,32 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor, 
     counts = _check_counts(fn, counts, num_ranks, num_experts)
     if num_tokens * k > peers.pairs_per_rank:
         _checks.fail(fn, ValueError, f"{num_tokens} x {k} pairs exceed pairs_per_rank={peers.pairs_per_rank}")
-    device = _checks.check_same_device(fn, [xq, xs, topk_idx, topk_weights, within, counts, peers.acts[0]])
+    device = _checks.check_same_device(fn, [xq, topk_idx, topk_weights, within, counts, peers.acts[0]]
+                                       + ([] if xs is None else [xs]))
     within = within.contiguous()  # the kernel indexes it by pair
     index = ExchangeIndex(torch.empty((num_layout_rows,), dtype=torch.int32, device=device),
                           torch.empty((num_layout_rows,), dtype=torch.int64, device=device),
                           torch.empty((num_local_experts,), dtype=torch.int32, device=device))
     if device.type == "cpu":
+        if xs is None:
+            xq, xs = quant.per_token_cast_to_fp8(xq, use_ue8m0=False, gran_k=128)
+            xq = xq.view(torch.uint8)
         _dispatch_reference(peers, xq, xs, topk_idx, topk_weights, within, counts, num_local_experts, alignment,
                             masked_max_rows, first_expert, index)
         return index
-    # The kernel reads 16-byte vectors of xq's rows.
-    xq = xq.contiguous() if not xq.is_contiguous() else (xq.clone() if xq.data_ptr() % 16 else xq)
-    xs, topk_idx, topk_weights = xs.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
+    # The kernel reads 16-byte vectors of the rows: a contiguous last dim, aligned base and row stride.
+    if xq.stride(-1) != 1 or xq.data_ptr() % 16 or (xq.stride(0) * xq.element_size()) % 16 or xq.stride(0) < hidden:
+        xq = xq.clone(memory_format=torch.contiguous_format)
+    xs = xs.contiguous() if xs is not None else None
+    topk_idx, topk_weights = topk_idx.contiguous(), topk_weights.contiguous()
     layout = (counts.data_ptr(), counts.stride(0), num_local_experts, alignment, masked_max_rows,
               min(t.shape[0] for t in peers.acts), num_layout_rows, first_expert, index.m_indices.data_ptr(),
               index.global_ids.data_ptr(), index.masked_m.data_ptr())
     jit.native_module().moe_exchange_dispatch(peers.native(), layout, k, hidden, within.data_ptr(), within.numel(),
                                               topk_idx.data_ptr(), topk_weights.data_ptr(), xq.data_ptr(),
-                                              xs.data_ptr(), device.index, _descriptors.current_stream(device))
+                                              _descriptors.dtype_code(xq, "xq"), xq.stride(0),
+                                              0 if xs is None else xs.data_ptr(), device.index,
+                                              _descriptors.current_stream(device))
     return index
 
 

@@ -58,15 +58,15 @@ using ExchangeLayoutTuple = std::tuple<std::uint64_t, int, int, int, int, long l
 
 inline void moe_exchange_dispatch(const ExchangePeersTuple& peers, const ExchangeLayoutTuple& layout, int top_k,
                                   int hidden, std::uint64_t within, long long num_pairs, std::uint64_t topk_idx,
-                                  std::uint64_t topk_weights, std::uint64_t xq, std::uint64_t xs, int device,
-                                  std::uint64_t stream) {
+                                  std::uint64_t topk_weights, std::uint64_t x, int x_dtype, long long x_row_stride,
+                                  std::uint64_t xs, int device, std::uint64_t stream) {
   const auto& [counts, stride, local, alignment, masked, capacity, rows, first, m_indices, global_ids, masked_m] =
       layout;
   moe_launchers::moe_exchange::dispatch(exchange_peers(peers),
                                         {counts, stride, local, alignment, masked, capacity, rows, first, m_indices,
                                          global_ids, masked_m},
-                                        top_k, hidden, within, num_pairs, topk_idx, topk_weights, xq, xs, device,
-                                        stream);
+                                        top_k, hidden, within, num_pairs, topk_idx, topk_weights, x,
+                                        static_cast<DType>(x_dtype), x_row_stride, xs, device, stream);
 }
 
 inline void moe_exchange_count(std::uint64_t topk_idx, long long num_pairs, int num_experts, std::uint64_t within,
@@ -144,18 +144,19 @@ inline pybind11::tuple moe_ep_ll_code(int kernel, int top_k, int hidden, int in_
   return as_tuple(L::generate(static_cast<L::Kernel>(kernel), top_k, hidden, static_cast<DType>(in_dtype)));
 }
 
-inline pybind11::tuple moe_exchange_code(int kernel, int top_k, int hidden) {
+inline pybind11::tuple moe_exchange_code(int kernel, int top_k, int hidden, int in_dtype) {
   namespace L = moe_launchers::moe_exchange;
   MOE_HOST_ASSERT(kernel >= 0 && kernel <= 3,
                   L::kFn << ": kernel must be 0 (dispatch), 1 (combine), 2 (count) or 3 (sizes), got " << kernel);
-  return as_tuple(L::generate(static_cast<L::Kernel>(kernel), top_k, hidden));
+  return as_tuple(L::generate(static_cast<L::Kernel>(kernel), top_k, hidden, static_cast<DType>(in_dtype)));
 }
 
 inline void register_apis(pybind11::module_& m) {
   using pybind11::arg;
   m.def("moe_exchange_dispatch", &moe_exchange_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "staged dispatch: the pairs' FP8 rows, scales, weights and slot words into their owners' layout rows "
-        "(layouts from the count matrix, positions from the count kernel), and this rank's layout index");
+        "staged dispatch: the pairs' FP8 rows (E4M3 with scales, or quantized in the kernel), scales, weights and "
+        "slot words into their owners' layout rows (layouts from the count matrix, positions from the count "
+        "kernel), and this rank's layout index");
   m.def("moe_exchange_count", &moe_exchange_count, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "staged count: each pair's position among its expert's pairs and this rank's row of the count matrix "
         "(pairs per expert, invalid ids) into a local row and/or every rank's matrix (row addresses)");
@@ -163,8 +164,10 @@ inline void register_apis(pybind11::module_& m) {
         "staged sizes: every rank's layout rows, masked rows and invalid ids, and this rank's pairs sent, int32 [3P + 1]");
   m.def("moe_exchange_combine", &moe_exchange_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "staged combine: received rows' (m_indices >= 0) expert outputs into their sources' combine buffers");
-  m.def("moe_exchange_code", &moe_exchange_code, "(name, code) of an exchange kernel: 0 dispatch, 1 combine, 2 count, 3 sizes (no GPU)",
-        arg("kernel"), arg("top_k"), arg("hidden"));
+  m.def("moe_exchange_code", &moe_exchange_code,
+        "(name, code) of an exchange kernel: 0 dispatch (in_dtype: its input rows' dtype code), 1 combine, 2 count, "
+        "3 sizes (no GPU)",
+        arg("kernel"), arg("top_k"), arg("hidden"), arg("in_dtype") = 3);
   m.def("moe_ep_dispatch", &moe_ep_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "low-latency EP dispatch (one launch: send, then the last CTA waits): this rank's tokens (E4M3 with "
         "scales, or quantized in the kernel) into the owners' buffers, masked_m [E_l], routed [T, k]");

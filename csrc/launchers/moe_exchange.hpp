@@ -11,10 +11,11 @@
 #include "jit/device_runtime.hpp"
 #include "jit/exception.hpp"
 #include "jit/kernel_runtime.hpp"
+#include "apis/dtypes.hpp"
 
 namespace moe_launchers::moe_exchange {
 
-constexpr int kWarps = 8;          // rows in flight per CTA (one per warp)
+constexpr int kWarps = 8;          // rows (combine) or tokens (dispatch) in flight per CTA, one per warp
 constexpr int kCtasPerSm = 8;      // enough warps per SM to keep NVLink stores in flight
 constexpr int kMaxRanks = 1024;
 constexpr int kMaxExperts = 2048;  // the layout's shared memory (4 ints per expert); kernels/exchange.py kExchangeMaxExperts
@@ -34,15 +35,28 @@ inline void check_shape(int top_k, int hidden) {
                   kFn << ": hidden must be a multiple of 128 in [128, 16384], got " << hidden);
 }
 
-inline GeneratedKernel generate(Kernel kernel, int top_k, int hidden) {
+// E4M3 bits (read with their scales) or a dtype the dispatch quantizes: the kernel's InT.
+inline const char* dispatch_input_type(moe_apis::DType in_dtype) {
+  using moe_apis::DType;
+  const bool fp8 = in_dtype == DType::kFloat8E4M3 || in_dtype == DType::kUInt8;
+  MOE_HOST_ASSERT(fp8 || in_dtype == DType::kBFloat16 || in_dtype == DType::kFloat16 || in_dtype == DType::kFloat32,
+                  kFn << ": dispatch rows must be E4M3 (with scales), bfloat16, float16 or float32, got "
+                      << moe_apis::dtype_name(in_dtype));
+  return fp8 ? "moe_kernels::uint8_t" : moe_apis::dtype_cuda_name(in_dtype);
+}
+
+inline GeneratedKernel generate(Kernel kernel, int top_k, int hidden,
+                                moe_apis::DType in_dtype = moe_apis::DType::kFloat8E4M3) {
   check_shape(top_k, hidden);
   std::ostringstream os;
   os << "#include <moe_kernels/impls/moe_exchange.cuh>\n";
   if (kernel == Kernel::kDispatch) {
-    os << "template __global__ void moe_kernels::moe_exchange_dispatch_kernel<" << top_k << ", " << hidden << ", "
-       << kWarps << ">(const long long*, unsigned, unsigned, unsigned, unsigned, const int*, unsigned, unsigned, "
-                    "unsigned, unsigned, const int*, unsigned, const long long*, const float*, const unsigned char*, "
-                    "const float*, unsigned, long long, int*, long long*, int*);\n";
+    const char* in_type = dispatch_input_type(in_dtype);
+    os << "template __global__ void moe_kernels::moe_exchange_dispatch_kernel<" << in_type << ", " << top_k << ", "
+       << hidden << ", " << kWarps
+       << ">(const long long*, unsigned, unsigned, unsigned, unsigned, const int*, unsigned, unsigned, unsigned, "
+          "unsigned, const int*, unsigned, const long long*, const float*, const "
+       << in_type << "*, moe_kernels::uint64_t, const float*, unsigned, long long, int*, long long*, int*);\n";
     return {"moe_exchange_dispatch", os.str()};
   }
   if (kernel == Kernel::kCount) {
@@ -74,13 +88,17 @@ inline void check_peers(const Peers& p, long long num_rows) {
   MOE_HOST_ASSERT(num_rows >= 0 && num_rows <= (1LL << 31) - 1, kFn << ": rows must be in [0, 2^31), got " << num_rows);
 }
 
+// in_dtype: the dispatch's input rows (the other kernels ignore it).
 template <typename... Args>
-inline void launch_kernel(Kernel kernel, int top_k, int hidden, long long ctas, unsigned smem_bytes, int device,
-                          std::uint64_t stream, Args... args) {
-  static moe_jit::KernelMemo<std::array<int, 4>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 4> key = {static_cast<int>(kernel), kernel == Kernel::kDispatch ? top_k : 0, hidden, device};
+inline void launch_kernel(Kernel kernel, int top_k, int hidden, moe_apis::DType in_dtype, long long ctas,
+                          unsigned smem_bytes, int device, std::uint64_t stream, Args... args) {
+  static moe_jit::KernelMemo<std::array<int, 5>, moe_jit::IntArrayHash> memo;
+  const bool dispatch = kernel == Kernel::kDispatch;
+  const int dtype = in_dtype == moe_apis::DType::kUInt8 ? static_cast<int>(moe_apis::DType::kFloat8E4M3)
+                                                        : static_cast<int>(in_dtype);
+  const std::array<int, 5> key = {static_cast<int>(kernel), dispatch ? top_k : 0, hidden, dispatch ? dtype : 0, device};
   const auto compiled = memo.get(key, [&] {
-    const GeneratedKernel gen = generate(kernel, top_k, hidden);
+    const GeneratedKernel gen = generate(kernel, top_k, hidden, in_dtype);
     return moe_jit::build(gen.name, gen.code, moe_jit::device_arch(device));
   });
   moe_jit::LaunchConfig cfg;
@@ -165,9 +183,11 @@ struct Layout {
   std::uint64_t m_indices, global_ids, masked_m;
 };
 
+// x: [T, H] rows, row stride x_row_stride elements: E4M3 bits with xs float32 [T, H / 128]
+// contiguous, or bf16 / fp16 / fp32 (xs = 0), quantized in the kernel. num_pairs = T * top_k.
 inline void dispatch(const Peers& p, const Layout& l, int top_k, int hidden, std::uint64_t within, long long num_pairs,
-                     std::uint64_t topk_idx, std::uint64_t topk_weights, std::uint64_t xq, std::uint64_t xs, int device,
-                     std::uint64_t stream) {
+                     std::uint64_t topk_idx, std::uint64_t topk_weights, std::uint64_t x, moe_apis::DType x_dtype,
+                     long long x_row_stride, std::uint64_t xs, int device, std::uint64_t stream) {
   check_shape(top_k, hidden);
   check_peers(p, std::max(num_pairs, l.num_layout_rows));
   const long long num_experts = 1LL * l.num_local * p.num_ranks;
@@ -177,12 +197,18 @@ inline void dispatch(const Peers& p, const Layout& l, int top_k, int hidden, std
   MOE_HOST_ASSERT(num_pairs >= 0 && l.num_layout_rows >= 0 && l.row_capacity >= 0 &&
                       l.row_capacity <= (1LL << 31) - 1,
                   kFn << ": negative row counts, or a row capacity past 2^31");
-  MOE_HOST_ASSERT(xq % 16 == 0, kFn << ": xq must be 16-byte aligned");
-  // A warp per pair; the index rows (at most num_layout_rows, often the whole receive capacity of
+  MOE_HOST_ASSERT(num_pairs % top_k == 0, kFn << ": " << num_pairs << " pairs are not whole tokens of " << top_k);
+  const bool fp8 = x_dtype == moe_apis::DType::kFloat8E4M3 || x_dtype == moe_apis::DType::kUInt8;
+  const int elem = x_dtype == moe_apis::DType::kFloat32 ? 4 : fp8 ? 1 : 2;
+  MOE_HOST_ASSERT(x % 16 == 0 && x_row_stride >= hidden && (x_row_stride * elem) % 16 == 0,
+                  kFn << ": x must be 16-byte aligned with rows of at least hidden elements, 16-byte aligned");
+  MOE_HOST_ASSERT(fp8 == (xs != 0), kFn << ": E4M3 rows take their scales (xs), other rows none");
+  const long long num_tokens = num_pairs / top_k;
+  // A warp per token; the index rows (at most num_layout_rows, often the whole receive capacity of
   // which the layout uses a part) need no more than one CTA per SM.
   const long long index_ctas = std::min<long long>((l.num_layout_rows + kWarps * 32 - 1) / (kWarps * 32),
                                                    moe_jit::get_num_sms(device));
-  launch_kernel(Kernel::kDispatch, top_k, hidden, std::max((num_pairs + kWarps - 1) / kWarps, index_ctas),
+  launch_kernel(Kernel::kDispatch, top_k, hidden, x_dtype, std::max((num_tokens + kWarps - 1) / kWarps, index_ctas),
                 layout_smem_bytes(num_experts, l.num_local, p.num_ranks, kWarps * 32), device, stream,
                 reinterpret_cast<const long long*>(p.tables), static_cast<unsigned>(p.num_ranks),
                 static_cast<unsigned>(p.rank), static_cast<unsigned>(l.num_local),
@@ -190,9 +216,10 @@ inline void dispatch(const Peers& p, const Layout& l, int top_k, int hidden, std
                 static_cast<unsigned>(l.counts_stride), static_cast<unsigned>(l.alignment),
                 static_cast<unsigned>(l.masked_max_rows), static_cast<unsigned>(l.row_capacity),
                 reinterpret_cast<const int*>(within),
-                static_cast<unsigned>(num_pairs), reinterpret_cast<const long long*>(topk_idx),
-                reinterpret_cast<const float*>(topk_weights), reinterpret_cast<const unsigned char*>(xq),
-                reinterpret_cast<const float*>(xs), static_cast<unsigned>(l.num_layout_rows), l.first_expert,
+                static_cast<unsigned>(num_tokens), reinterpret_cast<const long long*>(topk_idx),
+                reinterpret_cast<const float*>(topk_weights), reinterpret_cast<const void*>(x),
+                static_cast<unsigned long long>(x_row_stride), reinterpret_cast<const float*>(xs),
+                static_cast<unsigned>(l.num_layout_rows), l.first_expert,
                 reinterpret_cast<int*>(l.m_indices), reinterpret_cast<long long*>(l.global_ids),
                 reinterpret_cast<int*>(l.masked_m));
 }
@@ -202,7 +229,8 @@ inline void combine(const Peers& p, int hidden, std::uint64_t m_indices, long lo
   check_shape(1, hidden);
   check_peers(p, num_rows);
   MOE_HOST_ASSERT(expert_out % 16 == 0, kFn << ": expert_out must be 16-byte aligned");
-  launch_kernel(Kernel::kCombine, 1, hidden, (num_rows + kWarps - 1) / kWarps, 0, device, stream,
+  launch_kernel(Kernel::kCombine, 1, hidden, moe_apis::DType::kBFloat16, (num_rows + kWarps - 1) / kWarps, 0, device,
+                stream,
                 reinterpret_cast<const long long*>(p.tables), static_cast<unsigned>(p.num_ranks),
                 static_cast<unsigned>(p.rank), static_cast<unsigned>(p.pairs_per_rank),
                 reinterpret_cast<const int*>(m_indices),

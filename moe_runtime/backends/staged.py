@@ -2,14 +2,16 @@
 
 One forward, every rank of the expert-parallel group together (``P`` ranks, ``E_l`` local experts):
 
-1. ``per_token_cast_to_fp8`` of this rank's tokens (1x128 scales);
+1. (one rank's decode layout only: ``per_token_cast_to_fp8`` of this rank's tokens, 1x128 scales;
+   otherwise the dispatch of step 3 quantizes each token's row itself, the same bits);
 2. counts: one launch numbers each pair among its expert's pairs and writes how many rows this
    rank sends to each global expert into row ``p`` of every rank's ``signals`` view (the count
    matrix [P, E + 1]; ``kernels.exchange_count``); barrier; a one-CTA kernel reduces the
    matrix to the few ints the host needs (every rank's layout size, this rank's pairs, invalid ids:
    ``kernels.exchange_sizes``, :class:`LayoutSizes`); with several ranks they are read in the
    forward's one host sync after step 3 is queued (one rank: before it, to size its buffers);
-3. dispatch: each (token, top-k slot) becomes one row, written straight into its place in the
+3. dispatch: each (token, top-k slot) becomes one row (the token's row read once and quantized to
+   E4M3 on the way), written straight into its place in the
    owner's ``l1_acts`` (FP8 row), ``l1_acts_sf`` (scales), ``l1_weights`` (top-k weight) and
    ``l1_slots`` (its slot word ``source rank * T_cap * k + t * k + j``), all in one launch
    (``kernels.exchange_dispatch``, which lays every rank's rows out on the device from the count
@@ -102,10 +104,11 @@ def is_supported(problem: MoEProblem) -> tuple[bool, str]:
 
 
 class _Pairs(NamedTuple):
-    """``kernels.exchange_dispatch``'s per-pair inputs, in its argument order."""
+    """``kernels.exchange_dispatch``'s per-pair inputs, in its argument order: the rows as E4M3
+    with their scales, or unquantized with ``xs`` None."""
 
     xq: torch.Tensor
-    xs: torch.Tensor
+    xs: torch.Tensor | None
     topk_idx: torch.Tensor
     topk_weights: torch.Tensor
     within: torch.Tensor
@@ -309,6 +312,8 @@ class StagedDispatchCombine(DispatchCombine):
         num_tokens, k = x.shape[0], self.problem.top_k
         if x.dim() != 2 or x.shape[1] != self.problem.hidden:
             raise ValueError(f"x must be [T, {self.problem.hidden}], got {tuple(x.shape)}")
+        if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
         if tuple(topk_idx.shape) != (num_tokens, k) or topk_idx.dtype != torch.int64:
             raise ValueError(f"topk_idx must be int64 [{num_tokens}, {k}], got {topk_idx.dtype} "
                              f"{tuple(topk_idx.shape)}")
@@ -330,9 +335,9 @@ class StagedDispatchCombine(DispatchCombine):
         self._check(x, topk_idx, topk_weights)
         num_tokens, k, num_experts = x.shape[0], self.problem.top_k, self.problem.num_experts
         ex = self.exchange
-        xq, xs = kernels.per_token_cast_to_fp8(x if x.stride(-1) == 1 else x.contiguous(), use_ue8m0=False,
-                                               gran_k=kActGroup)
         if ids_checked and isinstance(ex, _LocalExchange) and 0 < num_tokens <= self.masked_max_rows:
+            xq, xs = kernels.per_token_cast_to_fp8(x if x.stride(-1) == 1 else x.contiguous(), use_ue8m0=False,
+                                                   gran_k=kActGroup)
             return self._dispatch_local_decode(xq, xs, topk_idx, topk_weights, x.dtype)
         # Each pair's position among its expert's pairs (unrouted pairs (-1) are never sent). The row
         # exchanged: this rank's pairs per global expert, then its invalid ids (checked after the
@@ -341,7 +346,9 @@ class StagedDispatchCombine(DispatchCombine):
         # The alignment is read per forward: set_mk_alignment_for_contiguous_layout may change it.
         layout = _LayoutArgs(num_experts, self.problem.num_local_experts, contiguous_alignment(), self.masked_max_rows,
                              self.first_expert)
-        plan, peers, index = ex.dispatch(_Pairs(xq, xs, topk_idx, topk_weights, within), counts, layout)
+        # The exchange quantizes each token's row once on its way to the owners (1x128 scales, as
+        # per_token_cast_to_fp8): no cast launch, and the row is read once, not once per pair.
+        plan, peers, index = ex.dispatch(_Pairs(x, None, topk_idx, topk_weights, within), counts, layout)
         m = plan.num_layout_rows
 
         me = peers.rank

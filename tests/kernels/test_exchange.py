@@ -275,10 +275,17 @@ def test_bad_arguments_name_the_argument():
                               peers.combine, 0, 4)
 
 
-@pytest.mark.parametrize("kernel,top_k,hidden", [(0, 8, 7168), (0, 6, 2048), (1, 8, 7168), (1, 1, 384), (2, 1, 128),
-                                                 (3, 1, 128)])
-def test_exchange_kernels_copy_16_bytes_at_a_time_without_spills(kernel, top_k, hidden):
-    text = sass(*kernels.jit.native_module().moe_exchange_code(kernel, top_k, hidden))
+@pytest.mark.parametrize("kernel,top_k,hidden,in_dtype", [
+    (0, 8, 7168, torch.float8_e4m3fn), (0, 6, 2048, torch.float8_e4m3fn), (0, 8, 7168, torch.bfloat16),
+    (0, 40, 16384, torch.float32), (1, 8, 7168, None), (1, 1, 384, None), (2, 1, 128, None), (3, 1, 128, None)])
+def test_exchange_kernels_copy_16_bytes_at_a_time_without_spills(kernel, top_k, hidden, in_dtype):
+    """16-byte row loads and stores; the dispatch quantizes bf16 / fp32 rows itself (the E4M3
+    conversion instruction; E4M3 rows are copied), a token's row in registers a chunk at a time at
+    any hidden size and top-k (two lanes' rounds of pairs past 32)."""
+    code_dtype = kernels._descriptors.DTYPE_CODES[in_dtype or torch.float8_e4m3fn]
+    text = sass(*kernels.jit.native_module().moe_exchange_code(kernel, top_k, hidden, code_dtype))
+    if kernel == 0:
+        assert ("F2FP.SATFINITE.E4M3" in text) == (in_dtype != torch.float8_e4m3fn), "in-kernel quantization"
     if kernel == 2:  # count, one CTA: shared-memory atomics number the pairs; no global atomics, no spills
         assert "ATOMS.ADD" in text or "ATOMS.POPC.INC" in text
         assert "ATOMG" not in text and "RED.E" not in text
@@ -312,6 +319,30 @@ def test_gpu_dispatch_matches_cpu(seed, num_ranks, num_local, num_tokens, top_k,
     check_dispatch(gpu, inputs, layout, plan)
     check_index(index, plan, layout["first_expert"])
     check_index(cpu_index, plan, layout["first_expert"])
+
+
+def dispatch_unquantized_rows(device: str, case, dtype: torch.dtype) -> None:
+    """``kCases``' problem with bfloat16 / float32 rows (a row stride wider than hidden) and no
+    scales: every pair's row and scales equal kernels.per_token_cast_to_fp8's, bit for bit."""
+    num_ranks, num_local, num_tokens, top_k, hidden, others = case
+    peers, inputs, layout, plan = make_problem(num_ranks, num_local, num_tokens, top_k, hidden, 1 % num_ranks, device,
+                                               others)
+    x = torch.randn(num_tokens, hidden + 64).to(device, dtype)[:, :hidden]
+    xq, xs = kernels.per_token_cast_to_fp8(x)
+    kernels.exchange_dispatch(peers, **dict(inputs, xq=x, xs=None), **layout)
+    check_dispatch(peers, dict(inputs, xq=xq.view(torch.uint8), xs=xs), layout, plan)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cpu_dispatch_quantizes_unquantized_rows(seed, dtype):
+    dispatch_unquantized_rows("cpu", kCases[1], dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("case", kCases)
+def test_gpu_dispatch_quantizes_unquantized_rows(seed, case, dtype):
+    dispatch_unquantized_rows("cuda", case, dtype)
 
 
 @pytest.mark.gpu

@@ -46,12 +46,9 @@
 
 #include <cuda/std/type_traits>
 #include <cuda_bf16.h>
-#include <moe_kernels/common/convert.cuh>
 #include <moe_kernels/common/copy.cuh>
-#include <moe_kernels/common/fp8.cuh>
-#include <moe_kernels/common/reduce.cuh>
+#include <moe_kernels/common/fp8_row.cuh>
 #include <moe_kernels/common/signals.cuh>
-#include <moe_kernels/common/vec.cuh>
 
 namespace moe_kernels {
 
@@ -76,45 +73,6 @@ __device__ __forceinline__ T* view(uint64_t base, uint64_t offset) {
 // keeps alternating).
 __device__ __forceinline__ uint32_t next_step(const int* signals, uint32_t word) {
   return static_cast<uint32_t>(*reinterpret_cast<const volatile int*>(signals + word)) + 1u;
-}
-
-// A token's row as E4M3 16-byte vectors, vector c = i * kThreads + threadIdx.x in q[i], and the
-// scale of its 128-column group in scale[i] (used by the group's first lane, c % 8 == 0). InT
-// uint8_t: the row is E4M3 already, its scales in xs_row. Otherwise the row is quantized here,
-// bit for bit as kernels.per_token_cast_to_fp8 (1 x 128 groups, IEEE scale, no UE8M0): a group is
-// 8 consecutive lanes. Every lane of every warp runs the shuffles, past the row's end too.
-template <typename InT, uint32_t kHidden, uint32_t kThreads, uint32_t kPerThread>
-__device__ __forceinline__ void load_row_e4m3(const InT* __restrict__ x_row, const float* __restrict__ xs_row,
-                                              uint4 (&q)[kPerThread], float (&scale)[kPerThread]) {
-  constexpr uint32_t kVecs = kHidden / 16;
-  constexpr uint32_t kLanesPerGroup = 8;
-#pragma unroll
-  for (uint32_t i = 0; i < kPerThread; ++i) {
-    const uint32_t c = i * kThreads + threadIdx.x;
-    const bool valid = c < kVecs;
-    if constexpr (cuda::std::is_same_v<InT, uint8_t>) {
-      q[i] = valid ? __ldg(reinterpret_cast<const uint4*>(x_row) + c) : make_uint4(0, 0, 0, 0);
-      scale[i] = valid && c % kLanesPerGroup == 0 ? __ldg(xs_row + c / kLanesPerGroup) : 0.0f;
-    } else {
-      constexpr int kPerLoad = 16 / sizeof(InT);
-      float values[16];
-      float amax = 0.0f;
-#pragma unroll
-      for (int l = 0; l < 16 / kPerLoad; ++l) {
-        const auto raw = valid ? load_stream<kPerLoad>(x_row + c * 16 + l * kPerLoad) : zero_vec<InT, kPerLoad>();
-#pragma unroll
-        for (int e = 0; e < kPerLoad; ++e) {
-          values[l * kPerLoad + e] = to_float(raw.elems[e]);
-          amax = fmax_nan(amax, fabsf(values[l * kPerLoad + e]));
-        }
-      }
-      amax = warp_reduce_max<kLanesPerGroup>(amax);
-      scale[i] = fp8_scale_from_amax<false>(amax);
-      Vec<unsigned char, 16> packed;
-      scale_to_e4m3<16>(values, __frcp_rn(scale[i]), packed.elems);
-      q[i] = *reinterpret_cast<const uint4*>(&packed);
-    }
-  }
 }
 
 template <typename InT, uint32_t kTopK, uint32_t kHidden, uint32_t kThreads>
@@ -167,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint4 q[kPerThread];
     float scale[kPerThread];
     const float* xs_row = cuda::std::is_same_v<InT, uint8_t> ? xs + uint64_t(t) * kScales : nullptr;
-    load_row_e4m3<InT, kHidden, kThreads>(x + t * x_row_stride, xs_row, q, scale);
+    load_row_e4m3<InT, kVecs, kThreads>(x + t * x_row_stride, xs_row, 0, threadIdx.x, q, scale);
     __syncthreads();
     for (uint32_t j = 0; j < kTopK; ++j) {
       const uint32_t owner = slot_owner[j];

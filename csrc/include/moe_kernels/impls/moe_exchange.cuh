@@ -2,10 +2,10 @@
 // The staged backend's row exchange. Count: this rank's pairs per expert and each pair's position
 // among its expert's pairs, the row written into every rank's count matrix. Sizes (after the count exchange):
 // every rank's layout size, masked rows and invalid ids, the few ints the host reads. Dispatch:
-// each sent (token, slot) pair's FP8 row, scales, top-k weight and slot word into the row its
-// owner's layout gives it, and this rank's layout index (expert of each row). Combine: each
-// received row's expert output back into its source's combine buffer. One warp per row
-// (common/copy.cuh).
+// each sent (token, slot) pair's FP8 row (quantized on the way when the caller passes bf16 / fp16 /
+// fp32 rows), scales, top-k weight and slot word into the row its owner's layout gives it, a warp
+// per token, and this rank's layout index (expert of each row). Combine: each received row's expert
+// output back into its source's combine buffer, a warp per row (common/copy.cuh).
 //
 // Peer tables (int64 [kNumTables, P], the addresses of rank q's views in this process, the
 // caller's own rank included): 0 acts uint8 [R, H], 1 acts_sf float32 [R, H/128], 2 weights
@@ -22,8 +22,10 @@
 // the count kernel's atomics: any order, which moves rows inside a segment and changes no result).
 // Every CTA computes the layouts in shared memory from the P x E counts.
 
+#include <cuda/std/type_traits>
 #include <cuda_bf16.h>
 #include <moe_kernels/common/copy.cuh>
+#include <moe_kernels/common/fp8_row.cuh>
 #include <moe_kernels/common/scan.cuh>
 #include <moe_kernels/common/sm90_ptx.cuh>
 
@@ -96,49 +98,88 @@ __device__ __forceinline__ int exchange_layout(const ExchangeLayout& l, const in
   return all_rows;
 }
 
-// Pair p = t * k + j < num_pairs with global expert g = topk_idx[p] in [0, E) and position
+// Pair p = t * k + j < num_tokens * k with global expert g = topk_idx[p] in [0, E) and position
 // w = within[p] in [0, sent[g]) goes to row base[g] + w of rank g / E_l; other pairs (unrouted, a
 // position the counts do not cover, or a row at or past row_capacity, the rows every rank's views
-// hold) are dropped, never written outside the owner's segment or views. Then this rank's layout
-// index over its first min(num_layout_rows, layout rows) rows (the caller may learn the layout's
-// size only after this launch and pass its capacity): m_indices (local expert, or -1 on padding
-// rows), global_ids (global expert or -1), masked_m (rows per local expert).
-template <uint32_t kTopK, uint32_t kHidden, uint32_t kWarps>
+// hold) are dropped, never written outside the owner's segment or views. A warp per token: its row
+// is read once (E4M3 with its scales, or bf16 / fp16 / fp32 quantized here as
+// kernels.per_token_cast_to_fp8 would, common/fp8_row.cuh), kChunkVecs vectors at a time, and each
+// chunk written into every pair's row. Then this rank's layout index over its first
+// min(num_layout_rows, layout rows) rows (the caller may learn the layout's size only after this
+// launch and pass its capacity): m_indices (local expert, or -1 on padding rows), global_ids (global
+// expert or -1), masked_m (rows per local expert).
+template <typename InT, uint32_t kTopK, uint32_t kHidden, uint32_t kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_exchange_dispatch_kernel(const long long* __restrict__ tables, uint32_t num_ranks, uint32_t rank,
                                  uint32_t num_local, uint32_t pairs_per_rank, const int* __restrict__ counts,
                                  uint32_t counts_stride, uint32_t alignment, uint32_t masked_max_rows,
-                                 uint32_t row_capacity, const int* __restrict__ within, uint32_t num_pairs,
+                                 uint32_t row_capacity, const int* __restrict__ within, uint32_t num_tokens,
                                  const long long* __restrict__ topk_idx, const float* __restrict__ topk_weights,
-                                 const uint8_t* __restrict__ xq, const float* __restrict__ xs,
+                                 const InT* __restrict__ x, uint64_t x_row_stride, const float* __restrict__ xs,
                                  uint32_t num_layout_rows, long long first_expert, int* __restrict__ m_indices,
                                  long long* __restrict__ global_ids, int* __restrict__ masked_m) {
-  static_assert(kHidden % 128 == 0, "one scale per 128 columns, rows copied 16 bytes at a time");
+  static_assert(kHidden % 128 == 0, "one scale per 128 columns, rows moved 16 bytes at a time");
   constexpr uint32_t kThreads = kWarps * 32;
   constexpr uint32_t kScales = kHidden / 128;
+  constexpr uint32_t kVecs = kHidden / 16;
+  // Vectors per lane in flight per chunk: the row's loads (and quantization) of a chunk, then its
+  // stores to every pair's row; registers stay bounded at any hidden size.
+  constexpr uint32_t kChunk = 4;
+  constexpr uint32_t kChunkVecs = 32 * kChunk;
+  constexpr uint32_t kPairRounds = (kTopK + 31) / 32;  // a lane per pair
+  constexpr uint64_t kDropped = ~0ull;
   extern __shared__ int smem[];
   const uint32_t num_experts = num_ranks * num_local;
   const ExchangeLayout l(smem, num_experts, num_local, num_ranks);
   exchange_layout<kThreads>(l, counts, counts_stride, num_ranks, rank, num_local, alignment, masked_max_rows);
 
   const uint32_t lane = threadIdx.x % 32;
-  for (uint32_t pair = blockIdx.x * kWarps + threadIdx.x / 32; pair < num_pairs; pair += gridDim.x * kWarps) {
-    const long long id = topk_idx[pair];
-    if (id < 0 || id >= num_experts) continue;
-    const auto g = static_cast<uint32_t>(id);
-    const int w = within[pair];
-    if (w < 0 || w >= l.sent[g]) continue;
-    const uint32_t owner = g / num_local;
-    const auto row = static_cast<uint64_t>(l.base[g] + w);
-    if (row >= row_capacity) continue;
-    const uint32_t token = pair / kTopK;
-    auto* acts = reinterpret_cast<uint4*>(tables[kExActs * num_ranks + owner] + row * kHidden);
-    copy_row<kHidden / 16, 32>(reinterpret_cast<const uint4*>(xq + uint64_t(token) * kHidden), acts, lane);
-    auto* scales = reinterpret_cast<float*>(tables[kExScales * num_ranks + owner]) + row * kScales;
-    for (uint32_t s = lane; s < kScales; s += 32) scales[s] = __ldg(xs + uint64_t(token) * kScales + s);
-    if (lane == 0) {
+  for (uint32_t token = blockIdx.x * kWarps + threadIdx.x / 32; token < num_tokens; token += gridDim.x * kWarps) {
+    // Lane j % 32 of round j / 32: the owner's row of pair j (kDropped when it is not sent), its
+    // weight and slot word written.
+    uint64_t dst[kPairRounds];
+    uint32_t dst_owner[kPairRounds];
+#pragma unroll
+    for (uint32_t round = 0; round < kPairRounds; ++round) {
+      const uint32_t j = round * 32 + lane;
+      dst[round] = kDropped;
+      dst_owner[round] = 0;
+      if (j >= kTopK) continue;
+      const uint32_t pair = token * kTopK + j;
+      const long long id = topk_idx[pair];
+      if (id < 0 || id >= num_experts) continue;
+      const auto g = static_cast<uint32_t>(id);
+      const int w = within[pair];
+      if (w < 0 || w >= l.sent[g]) continue;
+      const uint32_t owner = g / num_local;
+      const auto row = static_cast<uint64_t>(l.base[g] + w);
+      if (row >= row_capacity) continue;
+      dst[round] = row;
+      dst_owner[round] = owner;
       reinterpret_cast<float*>(tables[kExWeights * num_ranks + owner])[row] = __ldg(topk_weights + pair);
       reinterpret_cast<int*>(tables[kExSlots * num_ranks + owner])[row] = static_cast<int>(rank * pairs_per_rank + pair);
+    }
+    const InT* x_row = x + token * x_row_stride;
+    const float* xs_row = cuda::std::is_same_v<InT, uint8_t> ? xs + uint64_t(token) * kScales : nullptr;
+    for (uint32_t c0 = 0; c0 < kVecs; c0 += kChunkVecs) {
+      uint4 q[kChunk];
+      float scale[kChunk];
+      load_row_e4m3<InT, kVecs, 32>(x_row, xs_row, c0, lane, q, scale);
+#pragma unroll
+      for (uint32_t j = 0; j < kTopK; ++j) {
+        const uint64_t row = __shfl_sync(0xffffffffu, dst[j / 32], j % 32);
+        const uint32_t owner = __shfl_sync(0xffffffffu, dst_owner[j / 32], j % 32);
+        if (row == kDropped) continue;
+        auto* acts = reinterpret_cast<uint4*>(tables[kExActs * num_ranks + owner] + row * kHidden);
+        auto* scales = reinterpret_cast<float*>(tables[kExScales * num_ranks + owner]) + row * kScales;
+#pragma unroll
+        for (uint32_t i = 0; i < kChunk; ++i) {
+          const uint32_t c = c0 + i * 32 + lane;
+          if (c >= kVecs) continue;
+          __stcg(acts + c, q[i]);
+          if (c % 8 == 0) scales[c / 8] = scale[i];
+        }
+      }
     }
   }
 
