@@ -2,8 +2,9 @@
 # Where the FP8 GEMMs' time goes, in one GPU call: ncu on one call of each problem below (after a
 # warm-up call), clocks left alone (--clock-control none: the GPU runs at its own boost clock, as in
 # the benchmarks). Per problem, $out/ncu_<name>.txt holds ncu's details page, and the summary printed
-# at the end is: duration, SM clock, SM and tensor-pipe throughput, L2 and DRAM throughput,
-# and the warp stall reasons.
+# at the end is: duration, SM clock, SM and tensor-pipe throughput, L2 and DRAM throughput, shared
+# memory bank reads / writes as a share of their peak (the suspected bound of 128 x 128 tiles: TMA
+# fills plus the wgmmas' operand reads), and the warp stall reasons.
 #   bash scripts/ncu_gemm.sh [NAME ...]     (default: every problem)
 # Environment switches reach the kernels (MOE_FP8_MULTICAST=0, MOE_FP8_PINGPONG=0|1); the build,
 # wheels and $out come from scripts/gpu_env.sh.
@@ -31,14 +32,14 @@ for name in "${names[@]}"; do
   # -s 1 -c 1: skip the warm-up call's kernel, profile the next one.
   timeout "${NCU_TIMEOUT:-240}" "$ncu" --clock-control none -k regex:sm90_fp8 -s 1 -c 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-    --section WarpStateStats --section LaunchStats \
+    --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis_Tables \
     python3 $cmd > "$out/ncu_$name.txt" 2>&1 || { echo "!! ncu $name failed"; tail -5 "$out/ncu_$name.txt"; status=1; }
   # Raw metrics in a pass of their own: a name this ncu does not know fails only this pass.
   timeout "${NCU_TIMEOUT:-240}" "$ncu" --clock-control none -k regex:sm90_fp8 -s 1 -c 1 \
-    --metrics sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,lts__t_sectors_srcunit_tex.sum \
+    --metrics sm__cycles_elapsed.avg.per_second,lts__t_bytes.sum.per_second,lts__t_sectors_srcunit_tex.sum,l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed \
     python3 $cmd >> "$out/ncu_$name.txt" 2>&1 || echo "   (raw metrics pass failed: see $out/ncu_$name.txt)"
   echo "== $name ($cmd)"
-  grep -E "^\s+(Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|sm__cycles_elapsed|sm__pipe_tensor_op_gmma|lts__t_bytes|Block Size|Grid Size|Registers Per Thread|Warp Cycles Per Issued Instruction)\b" \
+  grep -E "^\s+(Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|sm__cycles_elapsed|lts__t_bytes|l1tex__data_bank|l1tex__data_pipe_lsu_wavefronts_mem_shared|Shared Memory|Block Size|Grid Size|Registers Per Thread|Warp Cycles Per Issued Instruction)\b" \
     "$out/ncu_$name.txt" | sed 's/^ */   /'
   # The stall reasons ncu ranks (WarpStateStats' rule text names the largest).
   grep -A2 -E "^\s+(OPT|INF)\s+.*[Ss]tall" "$out/ncu_$name.txt" | head -6 | sed 's/^ */   /'
