@@ -285,7 +285,8 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor |
                           torch.empty((num_local_experts,), dtype=torch.int32, device=device))
     if device.type == "cpu":
         if xs is None:
-            xq, xs = quant.per_token_cast_to_fp8(xq, use_ue8m0=False, gran_k=128)
+            xq, xs = quant.per_token_cast_to_fp8(xq if xq.stride(-1) == 1 else xq.contiguous(), use_ue8m0=False,
+                                                 gran_k=128)
             xq = xq.view(torch.uint8)
         _dispatch_reference(peers, xq, xs, topk_idx, topk_weights, within, counts, num_local_experts, alignment,
                             masked_max_rows, first_expert, index)

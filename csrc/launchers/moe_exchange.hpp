@@ -17,6 +17,10 @@ namespace moe_launchers::moe_exchange {
 
 constexpr int kWarps = 8;          // rows (combine) or tokens (dispatch) in flight per CTA, one per warp
 constexpr int kCtasPerSm = 8;      // enough warps per SM to keep NVLink stores in flight
+// The dispatch keeps a chunk of a token's row per lane (64-70 registers unbounded): 4 resident CTAs
+// per SM cap it at 64, and its grid at 4 per SM (more would run as a second wave, each CTA laying
+// the layouts out again).
+constexpr int kDispatchCtasPerSm = 4;
 constexpr int kMaxRanks = 1024;
 constexpr int kMaxExperts = 2048;  // the layout's shared memory (4 ints per expert); kernels/exchange.py kExchangeMaxExperts
 constexpr const char* kFn = "moe_exchange";
@@ -53,7 +57,7 @@ inline GeneratedKernel generate(Kernel kernel, int top_k, int hidden,
   if (kernel == Kernel::kDispatch) {
     const char* in_type = dispatch_input_type(in_dtype);
     os << "template __global__ void moe_kernels::moe_exchange_dispatch_kernel<" << in_type << ", " << top_k << ", "
-       << hidden << ", " << kWarps
+       << hidden << ", " << kWarps << ", " << kDispatchCtasPerSm
        << ">(const long long*, unsigned, unsigned, unsigned, unsigned, const int*, unsigned, unsigned, unsigned, "
           "unsigned, const int*, unsigned, const long long*, const float*, const "
        << in_type << "*, moe_kernels::uint64_t, const float*, unsigned, long long, int*, long long*, int*);\n";
@@ -102,7 +106,8 @@ inline void launch_kernel(Kernel kernel, int top_k, int hidden, moe_apis::DType 
     return moe_jit::build(gen.name, gen.code, moe_jit::device_arch(device));
   });
   moe_jit::LaunchConfig cfg;
-  cfg.grid_x = static_cast<unsigned>(std::max(1LL, std::min(ctas, 1LL * kCtasPerSm * moe_jit::get_num_sms(device))));
+  const int per_sm = dispatch ? kDispatchCtasPerSm : kCtasPerSm;
+  cfg.grid_x = static_cast<unsigned>(std::max(1LL, std::min(ctas, 1LL * per_sm * moe_jit::get_num_sms(device))));
   cfg.block_x = kWarps * 32;
   cfg.smem_bytes = smem_bytes;
   cfg.stream = stream;

@@ -321,28 +321,45 @@ def test_gpu_dispatch_matches_cpu(seed, num_ranks, num_local, num_tokens, top_k,
     check_index(cpu_index, plan, layout["first_expert"])
 
 
-def dispatch_unquantized_rows(device: str, case, dtype: torch.dtype) -> None:
-    """``kCases``' problem with bfloat16 / float32 rows (a row stride wider than hidden) and no
-    scales: every pair's row and scales equal kernels.per_token_cast_to_fp8's, bit for bit."""
-    num_ranks, num_local, num_tokens, top_k, hidden, others = case
-    peers, inputs, layout, plan = make_problem(num_ranks, num_local, num_tokens, top_k, hidden, 1 % num_ranks, device,
-                                               others)
-    x = torch.randn(num_tokens, hidden + 64).to(device, dtype)[:, :hidden]
-    xq, xs = kernels.per_token_cast_to_fp8(x)
+def test_cpu_dispatch_casts_unquantized_rows(seed):
+    """The CPU path casts bfloat16 rows (here with a non-contiguous last dim) with
+    per_token_cast_to_fp8 before its reference dispatch."""
+    num_ranks, num_local, num_tokens, top_k, hidden, others = kCases[1]
+    peers, inputs, layout, plan = make_problem(num_ranks, num_local, num_tokens, top_k, hidden, 1, "cpu", others)
+    x = torch.randn(hidden, num_tokens).to(torch.bfloat16).t()
+    xq, xs = kernels.per_token_cast_to_fp8(x.contiguous())
     kernels.exchange_dispatch(peers, **dict(inputs, xq=x, xs=None), **layout)
     check_dispatch(peers, dict(inputs, xq=xq.view(torch.uint8), xs=xs), layout, plan)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_cpu_dispatch_quantizes_unquantized_rows(seed, dtype):
-    dispatch_unquantized_rows("cpu", kCases[1], dtype)
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("case", kCases)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn])
+@pytest.mark.parametrize("case", kCases + [(2, 24, 17, 40, 384, 5)])
 def test_gpu_dispatch_quantizes_unquantized_rows(seed, case, dtype):
-    dispatch_unquantized_rows("cuda", case, dtype)
+    """bfloat16 / float16 / float32 rows (a row stride wider than hidden) and no scales, or E4M3
+    rows with such a stride and their scales: every view of every rank equals the CPU path's
+    (which casts with the reference first: the kernel's quantization is bit for bit the same),
+    dropped pairs' rows keeping their poison; top-k 40 takes a second round of lanes."""
+    num_ranks, num_local, num_tokens, top_k, hidden, others = case
+    rank = 1 % num_ranks
+    gpu, inputs, layout, plan = make_problem(num_ranks, num_local, num_tokens, top_k, hidden, rank, "cuda", others)
+    cpu = kernels.ExchangePeers(*(tuple(t.cpu() for t in getattr(gpu, name)) for name in kernels.exchange.kExchangeViews),
+                                rank, gpu.pairs_per_rank)
+    wide = torch.randn(num_tokens, hidden + 64).to("cuda", torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype)
+    if dtype == torch.float8_e4m3fn:
+        xq, xs = kernels.per_token_cast_to_fp8(wide)
+        x, xs_gpu = xq.view(torch.uint8)[:, :hidden], xs[:, : hidden // 128]
+        x_cpu, xs_cpu = x.cpu(), xs_gpu.cpu()
+    else:
+        x, xs_gpu = wide[:, :hidden], None
+        x_cpu, xs_cpu = x.cpu(), None
+    kernels.exchange_dispatch(gpu, **dict(inputs, xq=x, xs=xs_gpu), **layout)
+    kernels.exchange_dispatch(cpu, **{n: t.cpu() for n, t in inputs.items() if n not in ("xq", "xs")}, xq=x_cpu,
+                              xs=xs_cpu, **{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in layout.items()})
+    torch.cuda.synchronize()
+    for name in ("acts", "acts_sf", "weights", "slots"):
+        for q in range(num_ranks):
+            assert torch.equal(getattr(gpu, name)[q].cpu().nan_to_num(-1), getattr(cpu, name)[q].nan_to_num(-1)), name
 
 
 @pytest.mark.gpu

@@ -263,6 +263,8 @@ def test_dispatch_rejects_bad_input(seed):
         dispatch_combine.dispatch(x, idx, weights.double())
     with pytest.raises(ValueError, match=r"x must be \[T, 256\]"):
         dispatch_combine.dispatch(x[:, :128], idx, weights)
+    with pytest.raises(ValueError, match="x must be bfloat16, float16 or float32, got torch.float64"):
+        dispatch_combine.dispatch(x.double(), idx, weights)
     with pytest.raises(ValueError, match="exceed num_max_tokens_per_rank=16"):
         dispatch_combine.dispatch(torch.randn(17, H), *_routing("random", 17, 2, E, "cpu"))
     idx[1, 1] = E

@@ -108,8 +108,8 @@ __device__ __forceinline__ int exchange_layout(const ExchangeLayout& l, const in
 // min(num_layout_rows, layout rows) rows (the caller may learn the layout's size only after this
 // launch and pass its capacity): m_indices (local expert, or -1 on padding rows), global_ids (global
 // expert or -1), masked_m (rows per local expert).
-template <typename InT, uint32_t kTopK, uint32_t kHidden, uint32_t kWarps>
-__global__ void __launch_bounds__(kWarps * 32)
+template <typename InT, uint32_t kTopK, uint32_t kHidden, uint32_t kWarps, uint32_t kMinCtasPerSm>
+__global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm)
     moe_exchange_dispatch_kernel(const long long* __restrict__ tables, uint32_t num_ranks, uint32_t rank,
                                  uint32_t num_local, uint32_t pairs_per_rank, const int* __restrict__ counts,
                                  uint32_t counts_stride, uint32_t alignment, uint32_t masked_max_rows,
@@ -123,8 +123,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr uint32_t kScales = kHidden / 128;
   constexpr uint32_t kVecs = kHidden / 16;
   // Vectors per lane in flight per chunk: the row's loads (and quantization) of a chunk, then its
-  // stores to every pair's row; registers stay bounded at any hidden size.
-  constexpr uint32_t kChunk = 4;
+  // stores to every pair's row; registers stay bounded at any hidden size (float32 rows: 2, which
+  // fit kMinCtasPerSm = 4's 64 registers but for a scalar spilled; 4 spilled 44 bytes).
+  constexpr uint32_t kChunk = sizeof(InT) == 4 ? 2 : 4;
   constexpr uint32_t kChunkVecs = 32 * kChunk;
   constexpr uint32_t kPairRounds = (kTopK + 31) / 32;  // a lane per pair
   constexpr uint64_t kDropped = ~0ull;
@@ -134,7 +135,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   exchange_layout<kThreads>(l, counts, counts_stride, num_ranks, rank, num_local, alignment, masked_max_rows);
 
   const uint32_t lane = threadIdx.x % 32;
-  for (uint32_t token = blockIdx.x * kWarps + threadIdx.x / 32; token < num_tokens; token += gridDim.x * kWarps) {
+  // Tokens spread over the CTAs first, then over their warps: the grid is sized for the index rows
+  // too, so a few tokens (decode) would otherwise crowd onto the first CTAs' SMs.
+  for (uint32_t token = blockIdx.x + threadIdx.x / 32 * gridDim.x; token < num_tokens; token += gridDim.x * kWarps) {
     // Lane j % 32 of round j / 32: the owner's row of pair j (kDropped when it is not sent), its
     // weight and slot word written.
     uint64_t dst[kPairRounds];
