@@ -8,10 +8,11 @@
   word written into the row its owner's layout gives it (the layouts computed on the device from
   the count matrix), and this rank's layout index;
 * :func:`exchange_combine`: each received row's expert output written back into its source
-  rank's combine buffer, at the pair's slot.
+  rank's combine buffer, at the pair's slot;
+* :func:`exchange_barrier`: the group's barrier between those steps, on the device (CUDA).
 
-On CUDA each is one launch (a warp per row, 16-byte vectors, peer writes through the addresses of
-:class:`ExchangePeers`), on the CPU the same moves as torch index copies.
+On CUDA each is one launch (a warp per token or row, 16-byte vectors, peer writes through the
+addresses of :class:`ExchangePeers`), on the CPU the same moves as torch index copies.
 """
 
 from __future__ import annotations
@@ -217,6 +218,32 @@ def exchange_sizes(counts: torch.Tensor, rank: int, num_local_experts: int, alig
                                            _descriptors.current_stream(counts.device))
     pending = PendingLayoutSizes(rank, sizes=out)
     return pending.wait() if wait else pending
+
+
+def exchange_barrier(flag_rows: torch.Tensor, flags: torch.Tensor, rank: int) -> None:
+    """The group's barrier on the device, in stream order (CUDA only; one one-CTA launch): what this
+    rank's stream wrote before it, peers' memory included, is visible to every rank's work queued
+    after theirs. ``flag_rows`` int64 [P]: the address of every rank's ``flags`` int32 [P + 1] (in
+    symmetric memory, mapped in this process), this rank's ``flags`` included, all zero before the
+    group's first barrier and touched by nothing else. Every rank must run the same barriers; one
+    that never arrives makes the others' kernels trap after ``MOE_EP_TIMEOUT_S`` seconds."""
+    fn = "exchange_barrier"
+    if not isinstance(flag_rows, torch.Tensor) or flag_rows.dtype != torch.int64 or flag_rows.dim() != 1 \
+            or not flag_rows.is_contiguous() or flag_rows.numel() < 1:
+        _checks.fail(fn, ValueError, "flag_rows must be a contiguous int64 tensor [P] of the ranks' flag addresses")
+    num_ranks = flag_rows.numel()
+    if not isinstance(flags, torch.Tensor) or flags.dtype != torch.int32 or tuple(flags.shape) != (num_ranks + 1,) \
+            or not flags.is_contiguous():
+        _checks.fail(fn, ValueError, f"flags must be a contiguous int32 tensor [{num_ranks + 1}] (P flags, then the "
+                                     f"barrier count)")
+    _checks.check_ints(fn, (("rank", rank, 0),))
+    if rank >= num_ranks:
+        _checks.fail(fn, ValueError, f"rank must be in [0, {num_ranks}), got {rank}")
+    device = _checks.check_same_device(fn, [flag_rows, flags])
+    if device.type != "cuda":
+        _checks.fail(fn, ValueError, f"the device barrier runs on CUDA, got {device}")
+    jit.native_module().moe_exchange_barrier(flag_rows.data_ptr(), flags.data_ptr(), rank, num_ranks, device.index,
+                                             _descriptors.current_stream(device))
 
 
 @dataclass

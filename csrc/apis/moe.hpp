@@ -146,8 +146,9 @@ inline pybind11::tuple moe_ep_ll_code(int kernel, int top_k, int hidden, int in_
 
 inline pybind11::tuple moe_exchange_code(int kernel, int top_k, int hidden, int in_dtype) {
   namespace L = moe_launchers::moe_exchange;
-  MOE_HOST_ASSERT(kernel >= 0 && kernel <= 3,
-                  L::kFn << ": kernel must be 0 (dispatch), 1 (combine), 2 (count) or 3 (sizes), got " << kernel);
+  MOE_HOST_ASSERT(kernel >= 0 && kernel <= 4,
+                  L::kFn << ": kernel must be 0 (dispatch), 1 (combine), 2 (count), 3 (sizes) or 4 (barrier), got "
+                         << kernel);
   return as_tuple(L::generate(static_cast<L::Kernel>(kernel), top_k, hidden, static_cast<DType>(in_dtype)));
 }
 
@@ -164,9 +165,13 @@ inline void register_apis(pybind11::module_& m) {
         "staged sizes: every rank's layout rows, masked rows and invalid ids, and this rank's pairs sent, int32 [3P + 1]");
   m.def("moe_exchange_combine", &moe_exchange_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "staged combine: received rows' (m_indices >= 0) expert outputs into their sources' combine buffers");
+  m.def("moe_exchange_barrier", &moe_launchers::moe_exchange::barrier,
+        pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "staged barrier on the device: raise this rank's flag on every rank, wait for every rank's (one CTA)",
+        arg("flag_rows"), arg("flags"), arg("rank"), arg("num_ranks"), arg("device"), arg("stream"));
   m.def("moe_exchange_code", &moe_exchange_code,
         "(name, code) of an exchange kernel: 0 dispatch (in_dtype: its input rows' dtype code), 1 combine, 2 count, "
-        "3 sizes (no GPU)",
+        "3 sizes, 4 barrier (no GPU)",
         arg("kernel"), arg("top_k"), arg("hidden"), arg("in_dtype") = 3);
   m.def("moe_ep_dispatch", &moe_ep_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "low-latency EP dispatch (one launch: send, then the last CTA waits): this rank's tokens (E4M3 with "

@@ -13,6 +13,7 @@
 #include "jit/exception.hpp"
 #include "jit/kernel_runtime.hpp"
 #include "apis/dtypes.hpp"
+#include "launchers/peer_wait.hpp"
 
 namespace moe_launchers::moe_ep_ll {
 
@@ -101,21 +102,6 @@ inline auto kernel(Kernel kind, const Layout& l, moe_apis::DType in_dtype, int d
   });
 }
 
-// How long a wait kernel spins for a peer before it traps: MOE_EP_TIMEOUT_S seconds (read per
-// call), default 120 — long enough for a peer that compiles its expert kernels on a cold cache
-// between dispatch and combine.
-inline unsigned long long timeout_ns() {
-  const char* value = std::getenv("MOE_EP_TIMEOUT_S");
-  double seconds = 120.0;
-  if (value != nullptr) {
-    char* end = nullptr;
-    seconds = std::strtod(value, &end);
-    MOE_HOST_ASSERT(end != value && *end == '\0' && seconds > 0 && seconds < 1e9,
-                    kFn << ": MOE_EP_TIMEOUT_S must be a positive number of seconds, got '" << value << "'");
-  }
-  return static_cast<unsigned long long>(seconds * 1e9);
-}
-
 inline moe_jit::LaunchConfig config(unsigned grid, unsigned threads, int device, std::uint64_t stream) {
   moe_jit::LaunchConfig cfg;
   cfg.grid_x = std::max(1u, grid);
@@ -151,7 +137,7 @@ inline void dispatch(const Layout& l, std::uint64_t topk_idx, std::uint64_t topk
                   reinterpret_cast<const long long*>(topk_idx), reinterpret_cast<const float*>(topk_weights),
                   reinterpret_cast<const void*>(x), static_cast<unsigned long long>(x_row_stride),
                   reinterpret_cast<const float*>(xs), static_cast<unsigned>(num_tokens), reinterpret_cast<bool*>(routed),
-                  timeout_ns(), reinterpret_cast<int*>(masked_m));
+                  peer_timeout_ns(), reinterpret_cast<int*>(masked_m));
 }
 
 // One launch: expert outputs bf16 [E_l, R, H] (the rows the last dispatch received) back into their
@@ -170,7 +156,7 @@ inline void combine(const Layout& l, std::uint64_t expert_out, int device, std::
                   static_cast<unsigned long long>(l.off_signals), static_cast<unsigned>(l.rank),
                   static_cast<unsigned>(l.num_ranks), static_cast<unsigned>(l.num_local),
                   static_cast<unsigned>(l.rows_per_expert()), static_cast<unsigned>(l.pairs_per_rank()),
-                  reinterpret_cast<const void*>(expert_out), timeout_ns());
+                  reinterpret_cast<const void*>(expert_out), peer_timeout_ns());
 }
 
 }  // namespace moe_launchers::moe_ep_ll

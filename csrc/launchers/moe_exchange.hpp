@@ -12,6 +12,7 @@
 #include "jit/exception.hpp"
 #include "jit/kernel_runtime.hpp"
 #include "apis/dtypes.hpp"
+#include "launchers/peer_wait.hpp"
 
 namespace moe_launchers::moe_exchange {
 
@@ -25,7 +26,8 @@ constexpr int kMaxRanks = 1024;
 constexpr int kMaxExperts = 2048;  // the layout's shared memory (4 ints per expert); kernels/exchange.py kExchangeMaxExperts
 constexpr const char* kFn = "moe_exchange";
 
-enum class Kernel : int { kDispatch = 0, kCombine = 1, kCount = 2, kSizes = 3 };
+enum class Kernel : int { kDispatch = 0, kCombine = 1, kCount = 2, kSizes = 3, kBarrier = 4 };
+constexpr int kBarrierThreads = 128;
 constexpr int kCountThreads = 1024;  // the count and sizes kernels' one CTA
 
 struct GeneratedKernel {
@@ -67,6 +69,11 @@ inline GeneratedKernel generate(Kernel kernel, int top_k, int hidden,
     os << "template __global__ void moe_kernels::moe_exchange_count_kernel<" << kCountThreads
        << ">(const long long*, unsigned, unsigned, int*, int*, const long long*, unsigned);\n";
     return {"moe_exchange_count", os.str()};
+  }
+  if (kernel == Kernel::kBarrier) {
+    os << "template __global__ void moe_kernels::moe_exchange_barrier_kernel<" << kBarrierThreads
+       << ">(const long long*, int*, unsigned, unsigned, moe_kernels::uint64_t);\n";
+    return {"moe_exchange_barrier", os.str()};
   }
   if (kernel == Kernel::kSizes) {
     os << "template __global__ void moe_kernels::moe_exchange_sizes_kernel<" << kCountThreads
@@ -143,6 +150,24 @@ inline void count(std::uint64_t topk_idx, long long num_pairs, int num_experts, 
   moe_jit::launch(*compiled, cfg, reinterpret_cast<const long long*>(topk_idx), static_cast<unsigned>(num_pairs),
                   static_cast<unsigned>(num_experts), reinterpret_cast<int*>(within), reinterpret_cast<int*>(row),
                   reinterpret_cast<const long long*>(rows), static_cast<unsigned>(num_rows));
+}
+
+// The group's barrier: flag_rows int64 [P] (device), the address of every rank's flags int32 [P + 1]
+// (this rank's included, zero before the first barrier); flags this rank's own.
+inline void barrier(std::uint64_t flag_rows, std::uint64_t flags, int rank, int num_ranks, int device,
+                    std::uint64_t stream) {
+  MOE_HOST_ASSERT(num_ranks >= 1 && num_ranks <= kMaxRanks && rank >= 0 && rank < num_ranks,
+                  kFn << ": rank " << rank << " of " << num_ranks << " ranks (at most " << kMaxRanks << ")");
+  MOE_HOST_ASSERT(flag_rows % 8 == 0 && flag_rows != 0 && flags % 4 == 0 && flags != 0,
+                  kFn << ": the barrier's flag addresses must be aligned and non-null");
+  moe_jit::LaunchConfig cfg;
+  cfg.grid_x = 1;
+  cfg.block_x = kBarrierThreads;
+  cfg.stream = stream;
+  cfg.device = device;
+  moe_jit::launch(*fixed_kernel(Kernel::kBarrier, device), cfg, reinterpret_cast<const long long*>(flag_rows),
+                  reinterpret_cast<int*>(flags), static_cast<unsigned>(rank), static_cast<unsigned>(num_ranks),
+                  peer_timeout_ns());
 }
 
 inline unsigned layout_smem_bytes(long long num_experts, int num_local, int num_ranks, int threads) {

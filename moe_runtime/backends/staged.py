@@ -178,7 +178,8 @@ def staged_view_specs(num_ranks: int, num_local_experts: int, num_max_tokens_per
     Views not in the Mega MoE layout: ``l1_weights`` and ``l1_slots`` (per received row), because
     rows are pushed whole and the receiver never reads the sender's routing; ``signals`` holds the
     count matrix, int32 [P, E + 1]: row ``p`` is written by rank ``p`` (its rows per global expert,
-    then its count of invalid ids).
+    then its count of invalid ids), then the device barrier's flags, int32 [P + 1]
+    (:func:`kernels.exchange_barrier`).
     """
     rows = num_ranks * num_max_tokens_per_rank * min(top_k, num_local_experts)
     capacity = align_up(rows + num_local_experts * (alignment - 1), alignment)
@@ -187,7 +188,7 @@ def staged_view_specs(num_ranks: int, num_local_experts: int, num_max_tokens_per
              ViewSpec("l1_weights", (capacity,), torch.float32),
              ViewSpec("l1_slots", (capacity,), torch.int32),
              ViewSpec("combine", (num_max_tokens_per_rank * top_k, hidden), torch.bfloat16),
-             ViewSpec("signals", (num_ranks * (num_ranks * num_local_experts + 1),), torch.int32)]
+             ViewSpec("signals", (num_ranks * (num_ranks * num_local_experts + 1) + num_ranks + 1,), torch.int32)]
     return specs, capacity
 
 
@@ -209,10 +210,17 @@ class _SymmExchange:
         # rank's row in every rank's matrix, which the count kernel writes directly.
         width = self.num_ranks * problem.num_local_experts + 1
         self._counts = self.buffer.view("signals")[: self.num_ranks * width].view(self.num_ranks, width)
-        self._count_rows = None
+        # The barrier's flags after the matrix: on CUDA the group's barriers run on the device
+        # (one launch; torch's symmetric-memory barrier cost the host several times that).
+        matrix = self.num_ranks * width
+        self._barrier_flags = self.buffer.view("signals")[matrix: matrix + self.num_ranks + 1]
+        self._count_rows = self._barrier_rows = None
         if device.type == "cuda":
-            self._count_rows = torch.tensor([self.buffer.peer_view("signals", q).data_ptr() + 4 * self.rank * width
-                                             for q in ranks], dtype=torch.int64, device=device)
+            signals = [self.buffer.peer_view("signals", q).data_ptr() for q in ranks]
+            self._count_rows = torch.tensor([base + 4 * self.rank * width for base in signals], dtype=torch.int64,
+                                            device=device)
+            self._barrier_rows = torch.tensor([base + 4 * matrix for base in signals], dtype=torch.int64,
+                                              device=device)
         self._peers = ExchangePeers(tuple(self.buffer.peer_view("l1_acts", r).view(torch.uint8) for r in ranks),
                                     *(tuple(self.buffer.peer_view(name, r) for r in ranks)
                                       for name in ("l1_acts_sf", "l1_weights", "l1_slots", "combine")),
@@ -241,7 +249,8 @@ class _SymmExchange:
         barrier are queued back to back, then one read returns (plan, peers, index), the index
         sliced to this rank's layout. Every rank sees the same plan and raises on it together; an
         error of one rank's own before the barrier (its arguments, a failed compile) leaves the
-        others waiting in the barrier until the process group's timeout."""
+        others waiting in the barrier, whose kernel traps after ``MOE_EP_TIMEOUT_S`` seconds on CUDA
+        (the process group's timeout on the CPU)."""
         pending = kernels.exchange_sizes(counts, self.rank, layout.num_local, layout.alignment,
                                          layout.masked_max_rows, wait=False)
         index = kernels.exchange_dispatch(self._peers, *pairs, counts, layout.num_local, layout.alignment,
@@ -253,7 +262,11 @@ class _SymmExchange:
         return plan, self._peers, ExchangeIndex(index.m_indices[:m], index.global_ids[:m], index.masked_m)
 
     def barrier(self) -> None:
-        self.buffer.barrier()
+        """Collective, stream-ordered: every rank's writes before it are visible after it."""
+        if self._barrier_rows is not None:
+            kernels.exchange_barrier(self._barrier_rows, self._barrier_flags, self.rank)
+        else:
+            self.buffer.barrier()
 
 
 # ---- the backend pair --------------------------------------------------------------------------------

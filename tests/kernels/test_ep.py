@@ -10,22 +10,17 @@ kernels' machine code."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
 
 import kernels
+from device_waits import assert_passed, assert_timed_out, child_main, run_in_child
 from test_sass import sass
 
 kAlign = 128
-kRepo = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -196,37 +191,23 @@ def dispatch_twice(seed):
     torch.cuda.synchronize()
 
 
-def _in_child(function: str, timeout_s: float, **kwargs) -> subprocess.CompletedProcess:
-    env = dict(os.environ, MOE_EP_TIMEOUT_S=str(timeout_s),
-               PYTHONPATH=os.pathsep.join([str(kRepo), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, __file__, function, json.dumps(kwargs)], capture_output=True, text=True,
-                          env=env, timeout=300)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_ranks,num_local,max_tokens,top_k,hidden,rows", [
     (1, 4, 8, 2, 256, "e4m3"), (2, 4, 16, 8, 256, "e4m3"), (3, 3, 8, 4, 384, "e4m3"), (4, 8, 32, 8, 7168, "e4m3"),
     (1, 4, 8, 2, 256, "bfloat16"), (3, 3, 8, 4, 384, "float32"), (2, 8, 160, 8, 7168, "bfloat16")])
 def test_gpu_transport_round_trips_every_pair(seed, num_ranks, num_local, max_tokens, top_k, hidden, rows):
-    done = _in_child("round_trip", 20, seed=seed, num_ranks=num_ranks, num_local=num_local, max_tokens=max_tokens,
-                     top_k=top_k, hidden=hidden, rows=rows)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert_passed(run_in_child(__file__, "round_trip", 20, seed=seed, num_ranks=num_ranks, num_local=num_local,
+                               max_tokens=max_tokens, top_k=top_k, hidden=hidden, rows=rows))
 
 
 @pytest.mark.gpu
 def test_gpu_pairs_past_an_experts_rows_are_not_combined(seed):
-    done = _in_child("overflow", 20, seed=seed)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert_passed(run_in_child(__file__, "overflow", 20, seed=seed))
 
 
 @pytest.mark.gpu
 def test_gpu_dispatch_without_its_combine_times_out():
-    done = _in_child("dispatch_twice", 2, seed=0)
-    log = done.stdout[-2000:] + done.stderr[-2000:]
-    assert done.returncode != 0, log
-    # The kernel's printf may be lost with the context it ends; the trap itself reaches the host as
-    # a launch failure.
-    assert "moe_ep: timed out waiting for the dispatch of rank 1" in done.stdout or "launch failure" in log, log
+    assert_timed_out(run_in_child(__file__, "dispatch_twice", 2, seed=0), "the dispatch of rank 1")
 
 
 @pytest.mark.gpu
@@ -311,5 +292,5 @@ def test_transport_kernels_machine_code(kernel, in_dtype):
         assert ("F2FP.SATFINITE.E4M3" in text) == (in_dtype != torch.float8_e4m3fn), "in-kernel quantization"
 
 
-if __name__ == "__main__":  # a child of _in_child: one scenario, exit status 0 when it passes
-    globals()[sys.argv[1]](**json.loads(sys.argv[2]))
+if __name__ == "__main__":  # a child of run_in_child
+    child_main(globals())

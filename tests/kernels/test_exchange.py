@@ -15,6 +15,7 @@ import torch
 
 import kernels
 from kernels.reference import exchange as exchange_reference
+from device_waits import assert_passed, assert_timed_out, child_main, run_in_child
 from test_sass import sass
 
 
@@ -459,3 +460,88 @@ def test_gpu_sizes_match_cpu(seed, num_ranks, num_local, high, alignment, masked
         assert kernels.exchange_sizes(padded.cuda()[:, : counts.shape[1] + 3], rank, num_local, alignment,
                                       masked_max_rows) == kernels.exchange_sizes(counts, rank, num_local, alignment,
                                                                                  masked_max_rows)
+
+
+# ---- the device barrier ------------------------------------------------------------------------------
+
+
+def barrier_group(num_ranks: int):
+    """P simulated ranks' flags (int32 [P + 1] each, zero) in one process: (flag_rows, flags)."""
+    flags = [torch.zeros(num_ranks + 1, dtype=torch.int32, device="cuda") for _ in range(num_ranks)]
+    rows = torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64, device="cuda")
+    return rows, flags
+
+
+def barriers_order_writes(seed: int, num_ranks: int) -> None:
+    """Three barriers in a row on every rank's stream; before each, rank r writes a token into
+    rank (r + 1)'s slot, and after it reads its own slot: it holds the previous rank's token of
+    this round (the barrier ordered the peer's write before the read). A flag a peer raised past
+    the awaited count (here: preset) also lets the barrier pass."""
+    rows, flags = barrier_group(num_ranks)
+    slots = [torch.zeros(1, dtype=torch.int64, device="cuda") for _ in range(num_ranks)]
+    seen = [[] for _ in range(num_ranks)]
+    streams = [torch.cuda.Stream() for _ in range(num_ranks)]
+    for step in range(3):
+        for r in range(num_ranks):
+            with torch.cuda.stream(streams[r]):
+                torch.cuda._sleep(200_000 * ((r + step) % 3))  # ranks arrive in varying orders
+                slots[(r + 1) % num_ranks].fill_(1000 * step + r)
+                kernels.exchange_barrier(rows, flags[r], r)
+                seen[r].append(slots[r].clone())
+        for r in range(num_ranks):  # the next round's writes wait for this round's reads
+            with torch.cuda.stream(streams[r]):
+                kernels.exchange_barrier(rows, flags[r], r)
+    torch.cuda.synchronize()
+    for r in range(num_ranks):
+        assert [int(t) for t in seen[r]] == [1000 * step + (r - 1) % num_ranks for step in range(3)], r
+        assert int(flags[r][num_ranks]) == 6, "six barriers counted"
+    rows, flags = barrier_group(2)
+    flags[0][1] = 5  # rank 1 already past this barrier: rank 0 passes alone
+    kernels.exchange_barrier(rows, flags[0], 0)
+    torch.cuda.synchronize()
+    assert int(flags[0][2]) == 1 and int(flags[1][0]) == 1
+
+
+def barrier_alone(seed: int) -> None:
+    """Rank 0 of 2 enters a barrier rank 1 never reaches."""
+    rows, flags = barrier_group(2)
+    kernels.exchange_barrier(rows, flags[0], 0)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_ranks", [2, 3, 8])
+def test_gpu_barrier_orders_peer_writes(seed, num_ranks):
+    assert_passed(run_in_child(__file__, "barriers_order_writes", 20, seed=seed, num_ranks=num_ranks))
+
+
+@pytest.mark.gpu
+def test_gpu_barrier_without_a_peer_times_out():
+    assert_timed_out(run_in_child(__file__, "barrier_alone", 2, seed=0), "the exchange barrier of rank 1")
+
+
+def test_barrier_machine_code():
+    """One system fence per raising thread, then relaxed flag stores (not a fence per flag); the
+    waits: acquire loads (strong system-scope loads, then the L1 invalidation), a sleep between
+    them, a trap when a rank never arrives."""
+    text = sass(*kernels.jit.native_module().moe_exchange_code(4, 1, 128))
+    assert "MEMBAR.SC.SYS" in text and "MEMBAR.ALL.SYS" not in text and "STG.E.STRONG.SYS" in text
+    assert "LDG.E.STRONG.SYS" in text and "CCTL.IVALL" in text
+    assert "NANOSLEEP" in text and "BPT.TRAP" in text
+
+
+def test_barrier_argument_checks():
+    rows = torch.zeros(2, dtype=torch.int64)
+    flags = torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(ValueError, match="flag_rows must be"):
+        kernels.exchange_barrier(rows.int(), flags, 0)
+    with pytest.raises(ValueError, match=r"flags must be a contiguous int32 tensor \[3\]"):
+        kernels.exchange_barrier(rows, flags[:2], 0)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\)"):
+        kernels.exchange_barrier(rows, flags, 2)
+    with pytest.raises(ValueError, match="runs on CUDA"):
+        kernels.exchange_barrier(rows, flags, 1)
+
+
+if __name__ == "__main__":  # a child of run_in_child
+    child_main(globals())

@@ -25,13 +25,20 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return t;
 }
 
-// Spins until *flag == expected. A peer that never arrives (a rank that died, or one that runs a
+// Spins until *flag == expected (kAtLeast: until it has reached expected, for flags that only grow
+// and that a peer may raise past `expected` before this thread looks). A peer that never arrives (a rank that died, or one that runs a
 // different number of steps) must not hang the GPU forever: after timeout_ns the kernel traps,
 // which surfaces as a CUDA error on the host's next synchronisation (and ends the context).
+template <bool kAtLeast = false>
 __device__ __forceinline__ void wait_flag(const int* flag, int expected, uint64_t timeout_ns, const char* what,
                                           int peer) {
   const uint64_t start = global_timer_ns();
-  while (load_acquire_sys(flag) != expected) {
+  // Wrapping compare: epochs are unsigned counters.
+  const auto reached = [&](int value) {
+    return kAtLeast ? static_cast<int>(static_cast<unsigned>(value) - static_cast<unsigned>(expected)) >= 0
+                    : value == expected;
+  };
+  while (!reached(load_acquire_sys(flag))) {
     if (global_timer_ns() - start > timeout_ns) {
       printf("moe_ep: timed out waiting for %s of rank %d (step %d, flag %d)\n", what, peer, expected,
              load_acquire_sys(flag));

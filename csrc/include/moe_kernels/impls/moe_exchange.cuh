@@ -27,6 +27,7 @@
 #include <moe_kernels/common/copy.cuh>
 #include <moe_kernels/common/fp8_row.cuh>
 #include <moe_kernels/common/scan.cuh>
+#include <moe_kernels/common/signals.cuh>
 #include <moe_kernels/common/sm90_ptx.cuh>
 
 namespace moe_kernels {
@@ -287,6 +288,30 @@ __global__ void __launch_bounds__(kWarps * 32)
                 uint64_t(slot % pairs_per_rank) * (kHidden / 8);
     copy_row<kHidden / 8, 32>(reinterpret_cast<const uint4*>(expert_out + uint64_t(r) * kHidden), dst, lane);
   }
+}
+
+// The group's barrier between the exchange's steps, on the device (one CTA): flags[q] (int32
+// [P + 1] in rank q's symmetric memory, its address flag_rows[q]) holds in word src the last
+// barrier rank src reached, and in word P rank q's own count of barriers. Each thread r < P
+// fences (a release of everything this rank's stream wrote before, peers' memory included) and
+// raises this rank's word on rank r to the new count; then this rank's words are waited for. A
+// peer that passed may raise its next barrier's count before this rank looks, so the wait is for
+// "at least" (the counts only grow, wrapping harmlessly). A rank that never arrives makes the
+// kernel trap after timeout_ns instead of hanging.
+template <uint32_t kThreads>
+__global__ void __launch_bounds__(kThreads)
+    moe_exchange_barrier_kernel(const long long* __restrict__ flag_rows, int* __restrict__ flags, uint32_t rank,
+                                uint32_t num_ranks, uint64_t timeout_ns) {
+  const int epoch = static_cast<int>(static_cast<uint32_t>(*reinterpret_cast<volatile int*>(flags + num_ranks)) + 1u);
+  for (uint32_t r = threadIdx.x; r < num_ranks; r += kThreads) {
+    __threadfence_system();
+    signals::store_relaxed_sys(reinterpret_cast<int*>(flag_rows[r]) + rank, epoch);
+  }
+  for (uint32_t s = threadIdx.x; s < num_ranks; s += kThreads) {
+    signals::wait_flag<true>(flags + s, epoch, timeout_ns, "the exchange barrier", static_cast<int>(s));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) flags[num_ranks] = epoch;
 }
 
 }  // namespace moe_kernels
