@@ -200,6 +200,10 @@ class _SymmExchange:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.rank, self.num_ranks = group_rank(group), group_size(group)
+        if problem.num_experts != self.num_ranks * problem.num_local_experts:
+            # The count rows are P E_l + 1 wide, the barrier's flags right after them.
+            raise ValueError(f"num_experts={problem.num_experts} must be the {self.num_ranks} ranks' local experts "
+                             f"together (a multiple of the group's size)")
         specs, self.capacity = staged_view_specs(self.num_ranks, problem.num_local_experts,
                                                  problem.num_max_tokens_per_rank, problem.top_k, problem.hidden,
                                                  alignment)
@@ -250,7 +254,8 @@ class _SymmExchange:
         sliced to this rank's layout. Every rank sees the same plan and raises on it together; an
         error of one rank's own before the barrier (its arguments, a failed compile) leaves the
         others waiting in the barrier, whose kernel traps after ``MOE_EP_TIMEOUT_S`` seconds on CUDA
-        (the process group's timeout on the CPU)."""
+        (the process group's timeout on the CPU) unless that rank goes on to enter a later barrier,
+        which the waiting ones would take for this one: the group is then out of step."""
         pending = kernels.exchange_sizes(counts, self.rank, layout.num_local, layout.alignment,
                                          layout.masked_max_rows, wait=False)
         index = kernels.exchange_dispatch(self._peers, *pairs, counts, layout.num_local, layout.alignment,

@@ -17,7 +17,9 @@ kRepo = Path(__file__).resolve().parents[2]
 def run_in_child(test_file: str, function: str, timeout_s: float, **kwargs) -> subprocess.CompletedProcess:
     """``function(**kwargs)`` of ``test_file`` in a child process, device waits trapping after
     ``timeout_s`` seconds (MOE_EP_TIMEOUT_S)."""
-    env = dict(os.environ, MOE_EP_TIMEOUT_S=str(timeout_s),
+    # Enough hardware queues for every simulated rank's stream: two streams on one queue can hold a
+    # rank's waiting kernel behind another's.
+    env = dict(os.environ, MOE_EP_TIMEOUT_S=str(timeout_s), CUDA_DEVICE_MAX_CONNECTIONS="32",
                PYTHONPATH=os.pathsep.join([str(kRepo), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, test_file, function, json.dumps(kwargs)], capture_output=True, text=True,
                           env=env, timeout=300)

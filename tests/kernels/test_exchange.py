@@ -473,27 +473,35 @@ def barrier_group(num_ranks: int):
 
 
 def barriers_order_writes(seed: int, num_ranks: int) -> None:
-    """Three barriers in a row on every rank's stream; before each, rank r writes a token into
-    rank (r + 1)'s slot, and after it reads its own slot: it holds the previous rank's token of
-    this round (the barrier ordered the peer's write before the read). A flag a peer raised past
-    the awaited count (here: preset) also lets the barrier pass."""
+    """Three rounds on every rank's stream: rank r writes a token into rank (r + 1)'s slot, barrier,
+    reads its own slot (it must hold the previous rank's token of the round: the barrier ordered the
+    peer's write before the read), barrier (the next round's writes after every read). Each phase
+    is queued on every rank before the next (a rank's later work queued behind its barrier could
+    otherwise block a peer's barrier on a shared hardware queue). A flag a peer raised past the
+    awaited count (here: preset) also lets the barrier pass. The simulated ranks share one GPU:
+    this checks the waits and counts, not ordering across GPUs (the staged torchrun tests do)."""
     rows, flags = barrier_group(num_ranks)
     slots = [torch.zeros(1, dtype=torch.int64, device="cuda") for _ in range(num_ranks)]
     seen = [[] for _ in range(num_ranks)]
     streams = [torch.cuda.Stream() for _ in range(num_ranks)]
-    for step in range(3):
+    torch.cuda.synchronize()  # the setup's copies and fills, on the default stream, before the ranks' streams
+
+    def each_rank(step):
         for r in range(num_ranks):
             with torch.cuda.stream(streams[r]):
-                torch.cuda._sleep(200_000 * ((r + step) % 3))  # ranks arrive in varying orders
-                slots[(r + 1) % num_ranks].fill_(1000 * step + r)
-                kernels.exchange_barrier(rows, flags[r], r)
-                seen[r].append(slots[r].clone())
-        for r in range(num_ranks):  # the next round's writes wait for this round's reads
-            with torch.cuda.stream(streams[r]):
-                kernels.exchange_barrier(rows, flags[r], r)
+                step(r)
+
+    for round_ in range(3):
+        def write(r):
+            torch.cuda._sleep(200_000 * ((r + round_) % 3))  # ranks arrive in varying orders
+            slots[(r + 1) % num_ranks].fill_(1000 * round_ + r)
+        each_rank(write)
+        each_rank(lambda r: kernels.exchange_barrier(rows, flags[r], r))
+        each_rank(lambda r: seen[r].append(slots[r].clone()))
+        each_rank(lambda r: kernels.exchange_barrier(rows, flags[r], r))
     torch.cuda.synchronize()
     for r in range(num_ranks):
-        assert [int(t) for t in seen[r]] == [1000 * step + (r - 1) % num_ranks for step in range(3)], r
+        assert [int(t) for t in seen[r]] == [1000 * i + (r - 1) % num_ranks for i in range(3)], r
         assert int(flags[r][num_ranks]) == 6, "six barriers counted"
     rows, flags = barrier_group(2)
     flags[0][1] = 5  # rank 1 already past this barrier: rank 0 passes alone
