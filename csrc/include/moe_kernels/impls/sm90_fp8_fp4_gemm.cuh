@@ -21,6 +21,7 @@
 #include <moe_kernels/common/fp4.cuh>
 #include <moe_kernels/common/pipeline.cuh>
 #include <moe_kernels/common/scale_promotion.cuh>
+#include <moe_kernels/common/scale_rows.cuh>
 #include <moe_kernels/common/scheduler.cuh>
 #include <moe_kernels/common/sm90_ptx.cuh>
 #include <moe_kernels/common/sm90_wgmma.cuh>
@@ -161,33 +162,14 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
       const uint32_t my_turn = producer_warp - 1;
       uint32_t turn = 0;
       while (next_tile(t)) {
-        // Per tile: 32-bit byte offsets of the lane's rows (the launcher checks that they fit), so a
-        // copy costs one 64-bit add per K block. Rows past the problem (or a masked group's max_m)
-        // read no A scale; rows past N read no exponents: their words are zero, their (zero-filled)
-        // B rows too.
-        const uint32_t row_a = a_row0(t);
+        // Per tile: byte offsets of the lane's rows (common/scale_rows.cuh). Rows past the problem
+        // (or a masked group's max_m) read no A scale; rows past N read no exponents: their words
+        // are zero, their (zero-filled) B rows too.
         const uint32_t row_end = kType == GemmType::kGroupedMasked ? (t.group + 1) * m : m;
-        uint32_t offset_a[kBlockM / 32];
-        uint32_t valid_a = 0;
-#pragma unroll
-        for (uint32_t i = 0; i < kBlockM / 32; ++i) {
-          const uint32_t row = row_a + i * 32 + lane;
-          const bool valid = row < row_end;
-          offset_a[i] = valid ? row * sfa_stride_m * 4 : 0;
-          valid_a |= valid ? 1u << i : 0u;
-        }
+        const LaneScaleRows<kBlockM / 32> rows_a(a_row0(t), row_end, sfa_stride_m * 4, lane);
         constexpr uint32_t kRowsBPerLane = (kBlockN + 31) / 32;
-        const uint32_t rows_b = min(kBlockN, kShapeN - t.n_block * kBlockN);
-        const uint8_t* sfb_group = sfb + uint64_t(t.group) * sfb_stride_g;
-        uint32_t offset_b[kRowsBPerLane];
-        uint32_t valid_b = 0;
-#pragma unroll
-        for (uint32_t i = 0; i < kRowsBPerLane; ++i) {
-          const uint32_t row = i * 32 + lane;
-          const bool valid = row < rows_b;
-          offset_b[i] = valid ? (t.n_block * kBlockN + row) * sfb_stride_n : 0;
-          valid_b |= valid ? 1u << i : 0u;
-        }
+        const LaneScaleRows<kRowsBPerLane> rows_b(0, min(kBlockN, kShapeN - t.n_block * kBlockN), sfb_stride_n, lane);
+        const uint8_t* sfb_group = sfb + uint64_t(t.group) * sfb_stride_g + uint64_t(t.n_block * kBlockN) * sfb_stride_n;
         for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
           const bool mine = turn == my_turn;
           turn = turn + 1 == kNumScaleWarps ? 0 : turn + 1;
@@ -198,12 +180,12 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
           const uint8_t* sfb_k = sfb_group + kb * 4;
 #pragma unroll
           for (uint32_t i = 0; i < kBlockM / 32; ++i) {
-            sm90::cp_async_4(scales + i * 32 + lane, sfa_k + offset_a[i], (valid_a >> i) & 1 ? 4 : 0);
+            sm90::cp_async_4(scales + i * 32 + lane, sfa_k + rows_a.offset[i], rows_a.bytes(i));
           }
 #pragma unroll
           for (uint32_t i = 0; i < kRowsBPerLane; ++i) {
             if (kBlockN % 32 == 0 || i * 32 + lane < kBlockN) {
-              sm90::cp_async_4(scales + kBlockM + i * 32 + lane, sfb_k + offset_b[i], (valid_b >> i) & 1 ? 4 : 0);
+              sm90::cp_async_4(scales + kBlockM + i * 32 + lane, sfb_k + rows_b.offset[i], rows_b.bytes(i));
             }
           }
           sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);

@@ -17,6 +17,7 @@
 #include <moe_kernels/common/epilogue.cuh>
 #include <moe_kernels/common/pipeline.cuh>
 #include <moe_kernels/common/scale_promotion.cuh>
+#include <moe_kernels/common/scale_rows.cuh>
 #include <moe_kernels/common/scheduler.cuh>
 #include <moe_kernels/common/sm90_ptx.cuh>
 #include <moe_kernels/common/sm90_wgmma.cuh>
@@ -200,17 +201,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
         const uint32_t row_a = a_row0(t);
         // Rows past the problem (or past a masked group's max_m) read no scale.
         const uint32_t row_end = kType == GemmType::kGroupedMasked ? (t.group + 1) * m : m;
-        // Per tile: 32-bit element offsets of the lane's rows (the launcher checks that every
-        // offset into the scales fits 32 bits), so a K block costs one IMAD.WIDE per copy.
-        uint32_t offset_a[kBlockM / 32];
-        uint32_t valid_a = 0;
-#pragma unroll
-        for (uint32_t i = 0; i < kBlockM / 32; ++i) {
-          const uint32_t row = row_a + i * 32 + lane;
-          const bool valid = row < row_end;
-          offset_a[i] = valid ? row * sfa_stride_m : 0;
-          valid_a |= valid ? 1u << i : 0u;
-        }
+        const LaneScaleRows<kBlockM / 32> rows_a(row_a, row_end, sfa_stride_m, lane);
         const uint32_t sfb_row = t.n_block * kBlockN / 128 + lane;
         const bool valid_b = lane < 2 && sfb_row < kNumSfbRows;
         const float* sfb_lane = sfb + (valid_b ? uint64_t(t.group) * sfb_stride_g + uint64_t(sfb_row) * sfb_stride_n : 0);
@@ -223,7 +214,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
           const float* sfa_k = sfa + kb * sfa_stride_k;
 #pragma unroll
           for (uint32_t i = 0; i < kBlockM / 32; ++i) {
-            sm90::cp_async_4(sf + i * 32 + lane, sfa_k + offset_a[i], (valid_a >> i) & 1 ? 4 : 0);
+            sm90::cp_async_4(sf + i * 32 + lane, sfa_k + rows_a.offset[i], rows_a.bytes(i));
           }
           if (lane < 2) sm90::cp_async_4(sf + kBlockM + lane, sfb_lane + kb * sfb_stride_k, valid_b ? 4 : 0);
           sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
