@@ -122,3 +122,11 @@ def check_token_pairs(fn: str, xq: object, xs: object, topk_idx: object, topk_we
             fail(fn, ValueError, f"{name} must be a {want} tensor of shape {list(shape)} (hidden {hidden}, top_k {k}), "
                                  f"got {getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
     return xq, num_tokens, k
+
+
+def vector_rows(x: torch.Tensor, row_elems: int) -> torch.Tensor:
+    """``x`` [T, H] as rows a kernel reads 16 bytes at a time: a contiguous last dim, a 16-byte aligned
+    base and row stride, rows at least ``row_elems`` apart; a copy where ``x`` is not."""
+    if x.stride(-1) != 1 or x.data_ptr() % 16 or (x.stride(0) * x.element_size()) % 16 or x.stride(0) < row_elems:
+        return x.clone(memory_format=torch.contiguous_format)
+    return x

@@ -172,9 +172,7 @@ def ep_dispatch(layout: EpLayout, x: torch.Tensor, xs: torch.Tensor | None, topk
     elif not isinstance(routed, torch.Tensor) or routed.dtype != torch.bool or tuple(routed.shape) != (num_tokens, k) \
             or routed.device != device or not routed.is_contiguous():
         _checks.fail(fn, ValueError, f"routed must be a contiguous bool tensor of shape [{num_tokens}, {k}] on {device}")
-    # Rows the kernel reads 16 bytes at a time: a contiguous last dim, aligned base and row stride.
-    if x.stride(-1) != 1 or x.data_ptr() % 16 or (x.stride(0) * x.element_size()) % 16 or x.stride(0) < layout.hidden:
-        x = x.clone(memory_format=torch.contiguous_format)
+    x = _checks.vector_rows(x, layout.hidden)
     xs = xs.contiguous() if xs is not None else None
     topk_idx, topk_weights = topk_idx.contiguous(), topk_weights.contiguous()
     jit.native_module().moe_ep_dispatch(layout.native(), topk_idx.data_ptr(), topk_weights.data_ptr(), x.data_ptr(),

@@ -318,9 +318,7 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor |
         _dispatch_reference(peers, xq, xs, topk_idx, topk_weights, within, counts, num_local_experts, alignment,
                             masked_max_rows, first_expert, index)
         return index
-    # The kernel reads 16-byte vectors of the rows: a contiguous last dim, aligned base and row stride.
-    if xq.stride(-1) != 1 or xq.data_ptr() % 16 or (xq.stride(0) * xq.element_size()) % 16 or xq.stride(0) < hidden:
-        xq = xq.clone(memory_format=torch.contiguous_format)
+    xq = _checks.vector_rows(xq, hidden)
     xs = xs.contiguous() if xs is not None else None
     topk_idx, topk_weights = topk_idx.contiguous(), topk_weights.contiguous()
     layout = (counts.data_ptr(), counts.stride(0), num_local_experts, alignment, masked_max_rows,

@@ -13,6 +13,7 @@
 #include "jit/exception.hpp"
 #include "jit/kernel_runtime.hpp"
 #include "apis/dtypes.hpp"
+#include "launchers/dispatch_rows.hpp"
 #include "launchers/peer_wait.hpp"
 
 namespace moe_launchers::moe_ep_ll {
@@ -66,12 +67,7 @@ inline GeneratedKernel generate(Kernel kind, int top_k, int hidden, moe_apis::DT
   const char* u64 = "moe_kernels::uint64_t";
   switch (kind) {
     case Kernel::kDispatch: {
-      const bool fp8 = in_dtype == moe_apis::DType::kFloat8E4M3 || in_dtype == moe_apis::DType::kUInt8;
-      MOE_HOST_ASSERT(fp8 || in_dtype == moe_apis::DType::kBFloat16 || in_dtype == moe_apis::DType::kFloat16 ||
-                          in_dtype == moe_apis::DType::kFloat32,
-                      kFn << ": dispatch rows must be E4M3 (with scales), bfloat16, float16 or float32, got "
-                          << moe_apis::dtype_name(in_dtype));
-      const char* in_type = fp8 ? "moe_kernels::uint8_t" : moe_apis::dtype_cuda_name(in_dtype);
+      const char* in_type = dispatch_rows::input_type(kFn, in_dtype);
       os << "template __global__ void moe_kernels::moe_ep_dispatch<" << in_type << ", " << top_k << ", " << hidden
          << ", " << kThreads << ">(const " << u64 << "*, " << u64 << ", " << u64 << ", " << u64 << ", " << u64 << ", "
          << u64 << ", unsigned, unsigned, unsigned, unsigned, unsigned, const long long*, const float*, const "
@@ -92,10 +88,8 @@ inline auto kernel(Kernel kind, const Layout& l, moe_apis::DType in_dtype, int d
   static moe_jit::KernelMemo<std::array<int, 5>, moe_jit::IntArrayHash> memo;
   // Both are specialised on hidden, the dispatch on top-k and its input rows too.
   const bool dispatch = kind == Kernel::kDispatch;
-  const int dtype = in_dtype == moe_apis::DType::kUInt8 ? static_cast<int>(moe_apis::DType::kFloat8E4M3)
-                                                        : static_cast<int>(in_dtype);
-  const std::array<int, 5> key = {static_cast<int>(kind), dispatch ? l.top_k : 0, l.hidden, dispatch ? dtype : 0,
-                                  device};
+  const std::array<int, 5> key = {static_cast<int>(kind), dispatch ? l.top_k : 0, l.hidden,
+                                  dispatch ? dispatch_rows::memo_key(in_dtype) : 0, device};
   return memo.get(key, [&] {
     const GeneratedKernel gen = generate(kind, l.top_k, l.hidden, in_dtype);
     return moe_jit::build(gen.name, gen.code, moe_jit::device_arch(device));
@@ -121,11 +115,7 @@ inline void dispatch(const Layout& l, std::uint64_t topk_idx, std::uint64_t topk
   check(l);
   MOE_HOST_ASSERT(num_tokens >= 0 && num_tokens <= l.max_tokens,
                   kFn << ": " << num_tokens << " tokens, more than the " << l.max_tokens << " the buffers hold");
-  const bool fp8 = x_dtype == moe_apis::DType::kFloat8E4M3 || x_dtype == moe_apis::DType::kUInt8;
-  const int elem = x_dtype == moe_apis::DType::kFloat32 ? 4 : fp8 ? 1 : 2;
-  MOE_HOST_ASSERT(x % 16 == 0 && x_row_stride >= l.hidden && (x_row_stride * elem) % 16 == 0,
-                  kFn << ": x must be 16-byte aligned with rows of at least hidden elements, 16-byte aligned");
-  MOE_HOST_ASSERT(fp8 == (xs != 0), kFn << ": E4M3 rows take their scales (xs), other rows none");
+  dispatch_rows::check(kFn, x, x_dtype, x_row_stride, l.hidden, xs);
   const auto* peers = reinterpret_cast<const unsigned long long*>(l.peers);
   moe_jit::launch(*kernel(Kernel::kDispatch, l, x_dtype, device),
                   config(static_cast<unsigned>(std::min<long long>(num_tokens, kMaxCtas)), kThreads, device, stream),

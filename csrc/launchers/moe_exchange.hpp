@@ -12,6 +12,7 @@
 #include "jit/exception.hpp"
 #include "jit/kernel_runtime.hpp"
 #include "apis/dtypes.hpp"
+#include "launchers/dispatch_rows.hpp"
 #include "launchers/peer_wait.hpp"
 
 namespace moe_launchers::moe_exchange {
@@ -41,23 +42,13 @@ inline void check_shape(int top_k, int hidden) {
                   kFn << ": hidden must be a multiple of 128 in [128, 16384], got " << hidden);
 }
 
-// E4M3 bits (read with their scales) or a dtype the dispatch quantizes: the kernel's InT.
-inline const char* dispatch_input_type(moe_apis::DType in_dtype) {
-  using moe_apis::DType;
-  const bool fp8 = in_dtype == DType::kFloat8E4M3 || in_dtype == DType::kUInt8;
-  MOE_HOST_ASSERT(fp8 || in_dtype == DType::kBFloat16 || in_dtype == DType::kFloat16 || in_dtype == DType::kFloat32,
-                  kFn << ": dispatch rows must be E4M3 (with scales), bfloat16, float16 or float32, got "
-                      << moe_apis::dtype_name(in_dtype));
-  return fp8 ? "moe_kernels::uint8_t" : moe_apis::dtype_cuda_name(in_dtype);
-}
-
 inline GeneratedKernel generate(Kernel kernel, int top_k, int hidden,
                                 moe_apis::DType in_dtype = moe_apis::DType::kFloat8E4M3) {
   check_shape(top_k, hidden);
   std::ostringstream os;
   os << "#include <moe_kernels/impls/moe_exchange.cuh>\n";
   if (kernel == Kernel::kDispatch) {
-    const char* in_type = dispatch_input_type(in_dtype);
+    const char* in_type = dispatch_rows::input_type(kFn, in_dtype);
     os << "template __global__ void moe_kernels::moe_exchange_dispatch_kernel<" << in_type << ", " << top_k << ", "
        << hidden << ", " << kWarps << ", " << kDispatchCtasPerSm
        << ">(const long long*, unsigned, unsigned, unsigned, unsigned, const int*, unsigned, unsigned, unsigned, "
@@ -105,9 +96,8 @@ inline void launch_kernel(Kernel kernel, int top_k, int hidden, moe_apis::DType 
                           unsigned smem_bytes, int device, std::uint64_t stream, Args... args) {
   static moe_jit::KernelMemo<std::array<int, 5>, moe_jit::IntArrayHash> memo;
   const bool dispatch = kernel == Kernel::kDispatch;
-  const int dtype = in_dtype == moe_apis::DType::kUInt8 ? static_cast<int>(moe_apis::DType::kFloat8E4M3)
-                                                        : static_cast<int>(in_dtype);
-  const std::array<int, 5> key = {static_cast<int>(kernel), dispatch ? top_k : 0, hidden, dispatch ? dtype : 0, device};
+  const std::array<int, 5> key = {static_cast<int>(kernel), dispatch ? top_k : 0, hidden,
+                                  dispatch ? dispatch_rows::memo_key(in_dtype) : 0, device};
   const auto compiled = memo.get(key, [&] {
     const GeneratedKernel gen = generate(kernel, top_k, hidden, in_dtype);
     return moe_jit::build(gen.name, gen.code, moe_jit::device_arch(device));
@@ -228,11 +218,7 @@ inline void dispatch(const Peers& p, const Layout& l, int top_k, int hidden, std
                       l.row_capacity <= (1LL << 31) - 1,
                   kFn << ": negative row counts, or a row capacity past 2^31");
   MOE_HOST_ASSERT(num_pairs % top_k == 0, kFn << ": " << num_pairs << " pairs are not whole tokens of " << top_k);
-  const bool fp8 = x_dtype == moe_apis::DType::kFloat8E4M3 || x_dtype == moe_apis::DType::kUInt8;
-  const int elem = x_dtype == moe_apis::DType::kFloat32 ? 4 : fp8 ? 1 : 2;
-  MOE_HOST_ASSERT(x % 16 == 0 && x_row_stride >= hidden && (x_row_stride * elem) % 16 == 0,
-                  kFn << ": x must be 16-byte aligned with rows of at least hidden elements, 16-byte aligned");
-  MOE_HOST_ASSERT(fp8 == (xs != 0), kFn << ": E4M3 rows take their scales (xs), other rows none");
+  dispatch_rows::check(kFn, x, x_dtype, x_row_stride, hidden, xs);
   const long long num_tokens = num_pairs / top_k;
   // A warp per token; the index rows (at most num_layout_rows, often the whole receive capacity of
   // which the layout uses a part) need no more than one CTA per SM.

@@ -89,7 +89,7 @@ struct TileScheduler {
     for (; unit >= tail; unit -= tail) ++split;
     next_tile += gridDim.x / kNumMulticast;
     raster(full + unit, t.m_block, t.n_block);
-    t.n_block = t.n_block * kNumMulticast + blockIdx.x % kNumMulticast;
+    t.n_block = own_n_block(t.n_block);
     t.group = 0;
     t.split = split;
     t.num_splits = splits;
@@ -119,9 +119,14 @@ struct TileScheduler {
 
   __device__ __forceinline__ bool next(Tile& t) {
     if (!next_cluster_tile(t)) return false;
-    // A 1-D cluster along x: the rank of a CTA is its x index modulo the cluster size.
-    t.n_block = t.n_block * kNumMulticast + blockIdx.x % kNumMulticast;
+    t.n_block = own_n_block(t.n_block);
     return true;
+  }
+
+  // This CTA's n-block within its cluster's n-block (a 1-D cluster along x: the rank of a CTA is
+  // its x index modulo the cluster size).
+  __device__ __forceinline__ static uint32_t own_n_block(uint32_t cluster_n_block) {
+    return cluster_n_block * kNumMulticast + blockIdx.x % kNumMulticast;
   }
 
   // The next tile of this CTA's cluster (n_block in units of kNumMulticast n-blocks).
