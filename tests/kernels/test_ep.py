@@ -103,9 +103,10 @@ def round_trip(seed, num_ranks, num_local, max_tokens, top_k, hidden, rows="e4m3
             w = torch.rand(counts[r], top_k, generator=gen).cuda()
             inputs.append((xq.view(torch.uint8), xs, idx, w))
             sends.append(inputs[-1] if rows == "e4m3" else (x, None, idx, w))
+        # Poisoned on the default stream: filled before the ranks' streams write them.
+        sent = [torch.ones(counts[r], top_k, dtype=torch.bool, device="cuda") for r in range(num_ranks)]
         torch.cuda.synchronize()
         masked, outs = [None] * num_ranks, [None] * num_ranks
-        sent = [torch.ones(counts[r], top_k, dtype=torch.bool, device="cuda") for r in range(num_ranks)]  # poisoned
         # Every rank's step is enqueued before the next step of any: the waits are on the device.
         for r in range(num_ranks):
             with torch.cuda.stream(streams[r]):
@@ -152,8 +153,8 @@ def overflow(seed):
         xq, xs = kernels.per_token_cast_to_fp8(torch.randn(max_tokens, hidden, generator=gen).to("cuda", torch.bfloat16))
         inputs.append((xq.view(torch.uint8), xs, ids[r].cuda(), torch.rand(max_tokens, top_k, generator=gen).cuda()))
         group.view(r, "ep_combine").fill_(float("nan"))
-    torch.cuda.synchronize()
     sent = [torch.ones(max_tokens, top_k, dtype=torch.bool, device="cuda") for _ in range(num_ranks)]
+    torch.cuda.synchronize()  # the fills above, on the default stream, before the ranks' streams
     for r in range(num_ranks):
         with torch.cuda.stream(streams[r]):
             kernels.ep_dispatch(group.layouts[r], *inputs[r], routed=sent[r])
