@@ -7,9 +7,9 @@ and D over kernel time), cuBLAS measured the same way in the same run (block sca
 128x128 where it accepts them, else row-wise scales, marked), the speed-up, and the time per
 call from Python on an idle stream for both. Where our heuristic runs 2-CTA clusters sharing A
 (TMA multicast), the same call with them off (``MOE_FP8_MULTICAST=0``) is timed too:
-"1-CTA us" and the clusters' speed-up over it. ``--variant NAME=VALUE`` (repeatable) also times
-each call with that environment switch set, e.g. ``--variant MOE_FP8_SCALE_WARPS=1`` (one scale
-warp instead of three): "NAME=VALUE us" and our default's speed-up over it.
+"1-CTA us" and the clusters' speed-up over it. ``--variant NAME=VALUE[,NAME=VALUE...]`` (repeatable) also
+times each call with those environment switches set, e.g. ``--variant MOE_FP8_SCALE_WARPS=1`` (one
+scale warp instead of three): "NAME=VALUE us" and our default's speed-up over it.
 """
 
 from __future__ import annotations
@@ -80,23 +80,34 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", default="64,128,4096")
     parser.add_argument("--csv", default=None)
+    parser.add_argument("--nk", default=None, metavar="NxK[,NxK...]",
+                        help="only these of the DeepSeek-V3 shapes (a long GEMM before a shape heats the GPU "
+                             "and slows the next shape's first timings)")
     parser.add_argument("--bf16", action="store_true", help="also time bf16_gemm_nt against torch.mm (cuBLAS)")
-    parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE",
-                        help="also time each call with this environment switch set (repeatable)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
+                        help="also time each call with these environment switches set (repeatable)")
     args = parser.parse_args()
-    variants = [tuple(v.split("=", 1)) for v in args.variant]
-    if any(len(v) != 2 for v in variants):
-        parser.error("--variant takes NAME=VALUE")
+    variants = []
+    for v in args.variant:
+        pairs = [p.split("=", 1) for p in v.split(",")]
+        if any(len(p) != 2 or not p[0] for p in pairs):
+            parser.error(f"--variant takes NAME=VALUE[,NAME=VALUE...], got {v!r}")
+        variants.append((v, dict(pairs)))
+    shapes = SHAPES
+    if args.nk:
+        shapes = [tuple(int(v) for v in nk.split("x")) for nk in args.nk.split(",")]
+        if any(s not in SHAPES for s in shapes):
+            parser.error(f"--nk takes N x K pairs of {SHAPES}, got {args.nk!r}")
     if not torch.cuda.is_available():
         print("bench_gemm: needs a CUDA device", file=sys.stderr)
         return 1
     rows = []
     header = (f"{'M':>5} {'N':>6} {'K':>6} {'tile':>14} | {'ours us':>8} {'TFLOP/s':>8} {'GB/s':>7} {'call us':>8} | "
               f"{'cuBLAS':>8} {'us':>8} {'TFLOP/s':>8} {'call us':>8} | {'speedup':>7} {'diff':>8} | "
-              f"{'1-CTA us':>8} {'clusters':>8}" + "".join(f" | {n}={v} us  gain {'tile':>14}" for n, v in variants))
+              f"{'1-CTA us':>8} {'clusters':>8}" + "".join(f" | {label} us  gain {'tile':>14} diff" for label, _ in variants))
     print(header)
     for m in [int(x) for x in args.ms.split(",")]:
-        for n, k in SHAPES:
+        for n, k in shapes:
             a, b = block_scaled(m, k, 1), block_scaled(n, k, 128)
             a_fp8 = kernels.per_token_cast_to_fp8(a)
             b_fp8 = kernels.per_block_cast_to_fp8(b)
@@ -122,11 +133,13 @@ def main() -> int:
                        cublas=kind, cublas_us=t_ref * 1e6, cublas_tflops=flops / t_ref / 1e12, cublas_call_us=call_ref,
                        speedup=t_ref / t, diff=diff, single_us=single_us)
             extra = ""
-            for name, value in variants:
-                v_us = kernel_us_with_env(ours, "sm90_fp8_gemm_nt", **{name: value})
-                v_tile = tile_label(m, n, k, **{name: value})
-                row[f"{name}={value}_us"], row[f"{name}={value}_tile"] = v_us, v_tile
-                extra += f" | {v_us:>{len(name) + len(value) + 4}.1f} {v_us / row['us']:>5.2f}x {v_tile:>14}"
+            for label, env in variants:
+                d.fill_(float("nan"))
+                v_us = kernel_us_with_env(ours, "sm90_fp8_gemm_nt", **env)
+                v_diff = calc_diff(d, ref)  # the variant's last run: a fast wrong kernel must show
+                v_tile = tile_label(m, n, k, **env)
+                row[f"{label}_us"], row[f"{label}_tile"], row[f"{label}_diff"] = v_us, v_tile, v_diff
+                extra += f" | {v_us:>{len(label) + 3}.1f} {v_us / row['us']:>5.2f}x {v_tile:>14} {v_diff:.0e}"
             rows.append(row)
             single = "-" if single_us is None else f"{single_us:.1f}"
             gain = "-" if single_us is None else f"{single_us / row['us']:.2f}x"

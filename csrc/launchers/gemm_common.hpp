@@ -32,7 +32,8 @@ struct GeneratedKernel {
 
 struct Tiles {
   int block_m, block_n, num_stages, smem_bytes;
-  int swizzle_d;  // bytes of the epilogue's swizzle atom (128, 64, 32) or 0 for plain rows
+  int swizzle_d;     // bytes of the epilogue's swizzle atom (128, 64, 32) or 0 for plain rows
+  long long score;   // the chosen block N's cost: sixteenths of a wave x (block_n + kTileOverheadN)
 };
 
 // Shared-memory bytes of a pipeline: the D tile plus `stages` stages of `stage_bytes`, plus the
@@ -53,39 +54,51 @@ inline int env_int(const char* name) {
 // (bench/RESULTS.md, session 7): 4 units of 32 K blocks at 4096 x 7168 x 16384, 1.10x; units of 4
 // to 19 K blocks (K = 1536, 2048, 7168) 0.94-1.00x: a last wave that few SMs run is already shorter
 // than a full one (those SMs get the clock and memory to themselves), which short units do not
-// beat. MOE_GEMM_TAIL_SPLIT=0 turns it off (read per call). Returns the units per tail tile, 1 for
-// none.
+// beat. MOE_GEMM_TAIL_SPLIT=0 turns it off (read per call).
 constexpr int kMinSplitKBlocks = 32;
 constexpr int kMaxTailSplits = 8;
 
-inline int tail_split_ways(long long tiles, int grid, int k, int multicast) {
+struct TailSplit {
+  int ways = 1;        // units per tail tile (1: none)
+  int tail_tiles = 0;  // tiles per cluster in the last, partial wave (0 where ways is 1)
+};
+
+inline TailSplit tail_split(long long tiles, int grid, int k, int multicast) {
   const char* value = std::getenv("MOE_GEMM_TAIL_SPLIT");
-  if (value != nullptr && std::string(value) == "0") return 1;
+  if (value != nullptr && std::string(value) == "0") return {};
   const long long clusters = grid / multicast, cluster_tiles = tiles / multicast;
   const long long tail = clusters > 0 ? cluster_tiles % clusters : 0;
-  if (cluster_tiles <= clusters || tail == 0) return 1;
-  return static_cast<int>(std::max<long long>(
+  if (cluster_tiles <= clusters || tail == 0) return {};
+  const int ways = static_cast<int>(std::max<long long>(
       1, std::min<long long>({clusters / tail, k / 128 / kMinSplitKBlocks, kMaxTailSplits})));
+  return ways > 1 ? TailSplit{ways, static_cast<int>(tail)} : TailSplit{};
 }
 
 // Analytic choice: fewest waves of tiles weighted by a tile's cost, then the larger block N, then
 // as many stages as shared memory holds. For A/B timing (read per call, like the kernels' other
-// switches): MOE_GEMM_BLOCK_M=64|128, MOE_GEMM_BLOCK_N=<multiple of 8> and MOE_GEMM_STAGES=<at
-// most this many> replace the heuristic's choice; a value the kernel cannot take raises. `problems` independent problems of m x n each.
+// switches): MOE_GEMM_BLOCK_M=64|128 (|256 where max_block_m allows; block N then at most 128),
+// MOE_GEMM_BLOCK_N=<multiple of 8> and MOE_GEMM_STAGES=<at most this many> replace the
+// heuristic's choice; a value the kernel cannot take raises. `problems` independent problems of
+// m x n each.
 // `stage_bytes(block_m, block_n)` is one stage; `block_n_ok` filters candidates. With clusters of
 // `n_block_multiple` CTAs on adjacent n-blocks the n-blocks are counted rounded up to whole
 // clusters, so a block N whose padding would add a wave loses to one that does not.
 template <typename StageBytes, typename BlockNOk>
 Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms, int max_block_n,
-                   StageBytes stage_bytes, BlockNOk block_n_ok, int n_block_multiple = 1, int tail_split_k = 0) {
+                   StageBytes stage_bytes, BlockNOk block_n_ok, int n_block_multiple = 1, int tail_split_k = 0,
+                   int max_block_m = 128, int block_m = 0) {
   Tiles t{};
   // Up to 128 rows the weights dominate the bytes: one math warpgroup per CTA leaves shared memory
-  // to deep B stages (two 64-row CTAs share each B tile through L2).
-  t.block_m = m <= 128 ? 64 : 128;
+  // to deep B stages (two 64-row CTAs share each B tile through L2). block_m: the caller's choice.
+  t.block_m = block_m != 0 ? block_m : m <= 128 ? 64 : 128;
   if (const int forced = env_int("MOE_GEMM_BLOCK_M")) {
-    MOE_HOST_ASSERT(forced == 64 || forced == 128, fn << ": MOE_GEMM_BLOCK_M must be 64 or 128, got " << forced);
+    MOE_HOST_ASSERT(forced == 64 || forced == 128 || (forced == 256 && max_block_m >= 256),
+                    fn << ": MOE_GEMM_BLOCK_M must be 64 or 128" << (max_block_m >= 256 ? " or 256" : "") << ", got "
+                       << forced);
     t.block_m = forced;
   }
+  // A 256-row tile holds two accumulator sets of block N / 2 registers per thread.
+  if (t.block_m == 256) max_block_n = std::min(max_block_n, 128);
   long long best_score = -1;
   for (int bn = 8; bn <= max_block_n; bn += 8) {
     if (!block_n_ok(bn)) continue;
@@ -94,13 +107,14 @@ Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms
     // In sixteenths of a wave. A split tail (tail_split_k: the K of a kernel that splits it) costs
     // 1/splits of a wave plus an eighth for the units' fill and the partials' round trip.
     const int grid = static_cast<int>(std::min<long long>(tiles, num_sms)) / n_block_multiple * n_block_multiple;
-    const int splits = tail_split_k > 0 ? tail_split_ways(tiles, grid, tail_split_k, n_block_multiple) : 1;
+    const int splits = tail_split_k > 0 ? tail_split(tiles, grid, tail_split_k, n_block_multiple).ways : 1;
     const long long waves = splits > 1 ? tiles / grid * 16 + (16 + splits - 1) / splits + 2
                                        : (tiles + num_sms - 1) / num_sms * 16;
     const long long score = waves * (bn + kTileOverheadN);
     if (best_score < 0 || score < best_score || (score == best_score && bn > t.block_n)) {
       best_score = score;
       t.block_n = bn;
+      t.score = score;
     }
   }
   if (const int forced = env_int("MOE_GEMM_BLOCK_N")) {

@@ -22,7 +22,10 @@ using namespace moe_launchers::sm90_gemm;
 constexpr int kBlockK = 128;
 constexpr int kMaxBlockN = 192;  // two FP32 accumulator sets of kBlockN/2 registers fit 232
 
-constexpr int kMaxTileFloats = 128 * 256;
+constexpr int kMaxTileFloats = 128 * 256;  // the largest tile: 128 x 192, 256 x 128
+
+// Block M 64 runs one math warpgroup; 128 two; 256 the same two, in two waves of 128 rows.
+inline int math_warpgroups(int block_m) { return block_m == 64 ? 1 : 2; }
 
 // The tail split's workspace: partials of every CTA (one unit each at most), then a counter per CTA
 // tile of the tail.
@@ -44,9 +47,9 @@ struct Config {
   int scale_warps = 3;  // warps issuing the scale copies, taking the stages in turn
   int pingpong = 0;     // 1: the two math warpgroups (block M 128) take turns on the tensor cores
 
-  // Units each tile of the last, partial wave is split into over K (1: none); kNormal only.
-  int tail_splits(int m) const {
-    return type == GemmType::kNormal ? tail_split_ways(num_tiles(m), grid(m), k, multicast) : 1;
+  // The last, partial wave's tiles split over K; kNormal only.
+  TailSplit tail_split_of(int m) const {
+    return type == GemmType::kNormal ? tail_split(num_tiles(m), grid(m), k, multicast) : TailSplit{};
   }
   // The persistent grid of an m-row problem: whole clusters, at most one CTA per SM.
   int grid(int m) const { return std::max(multicast, std::min(num_tiles(m), num_sms) / multicast * multicast); }
@@ -77,9 +80,20 @@ constexpr int kMulticastMinNLargeM = 4097;
 // 0.96-1.14x, 1.03-1.08x at 7168 x 16384 (bench/RESULTS.md, 2026-11-30, session 6).
 constexpr int kPingPongMinBlockN = 145;
 
-// MOE_FP8_MULTICAST=0 turns the clusters off; MOE_FP8_PINGPONG=0 turns the math warpgroups' ping-pong
-// off and =1 on at any block N (block M 128) (read on every call, so a benchmark can compare both in
-// one process).
+// Dense GEMMs of at least kWideTileMinRows rows may run 256 x 128 tiles (two waves of 128 rows on
+// the two math warpgroups, 2-CTA clusters): per FLOP they fill half the B tiles of 128-row tiles
+// and read less from L2. Measured on an H200 at M = 4096 (bench/RESULTS.md, session 8), 256 x 128
+// against the 128-row heuristic's tile: 0.90x the time at N x K = 4096 x 7168, 0.91x at 7168 x
+// 2048, 0.97x at 7168 x 16384, 0.95x at 32768 x 512; at narrow or odd block N (256 x 88, x 120,
+// x 72) 1.09-1.25x. The wave count weighs them: a 256 x 128 tile costs 2 x 15/16 of a 128 x 128
+// one, which picks it at the first three shapes and keeps 128-row tiles at the others.
+constexpr int kWideTileMinRows = 512;
+constexpr int kWideTileCost = 14;  // sixteenths
+
+// MOE_FP8_MULTICAST=0 turns the clusters off and =2 on wherever the kernel takes them (dense, or
+// grouped with kMulticastMinRows rows); MOE_FP8_PINGPONG=0 turns the math warpgroups' ping-pong off
+// and =1 on at any block N (block M 128); MOE_GEMM_GROUP_N sets the scheduler's band width in
+// n-blocks (read on every call, so a benchmark can compare both in one process).
 inline bool env_enabled(const char* name) {
   const char* value = std::getenv(name);
   return value == nullptr || std::string(value) != "0";
@@ -122,15 +136,29 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.m_compiled = compile_m ? m : 0;
   cfg.n = n;
   cfg.k = k;
-  cfg.group_n = kGroupN;
+  cfg.group_n = env_int("MOE_GEMM_GROUP_N") > 0 ? env_int("MOE_GEMM_GROUP_N") : kGroupN;
   cfg.residual = residual;
   cfg.num_sms = num_sms;
   // Whole clusters on the SMs.
-  const bool wants = (type == GemmType::kNormal || m >= kMulticastMinRows) && (m <= 128 || n >= kMulticastMinNLargeM);
-  const int multicast = wants && num_sms % 2 == 0 && env_enabled("MOE_FP8_MULTICAST") ? 2 : 1;
-  const Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms,
-                               kMaxBlockN, stage_bytes, block_n_fits_scales, multicast,
-                               type == GemmType::kNormal ? k : 0);
+  const bool legal = type == GemmType::kNormal || m >= kMulticastMinRows;
+  const bool wants = legal && (m <= 128 || n >= kMulticastMinNLargeM);
+  const char* multicast_env = std::getenv("MOE_FP8_MULTICAST");
+  const bool forced = multicast_env != nullptr && std::string(multicast_env) == "2";
+  int multicast = (forced ? legal : wants) && num_sms % 2 == 0 && env_enabled("MOE_FP8_MULTICAST") ? 2 : 1;
+  const int max_block_m = type == GemmType::kNormal ? 256 : 128;
+  Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms, kMaxBlockN,
+                         stage_bytes, block_n_fits_scales, multicast, type == GemmType::kNormal ? k : 0, max_block_m);
+  if (type == GemmType::kNormal && m >= kWideTileMinRows && n >= 256 && env_int("MOE_GEMM_BLOCK_M") == 0 &&
+      env_int("MOE_GEMM_BLOCK_N") == 0) {
+    const int wide_multicast = num_sms % 2 == 0 && env_enabled("MOE_FP8_MULTICAST") ? 2 : 1;
+    const Tiles wide = choose_tiles(fn, 1, m, n, num_sms, 128, stage_bytes, [](int bn) { return bn == 128; },
+                                    wide_multicast, k, max_block_m, 256);
+    // A 256-row tile does two 128-row tiles' work in kWideTileCost sixteenths of their time.
+    if (wide.score * 2 * kWideTileCost < t.score * 16) {
+      t = wide;
+      multicast = wide_multicast;
+    }
+  }
   cfg.block_m = t.block_m;
   cfg.block_n = t.block_n;
   cfg.num_stages = t.num_stages;
@@ -209,10 +237,9 @@ inline void launch(const Config& c, const Args& a) {
   // Whole clusters: the tile count is a multiple of the cluster size already.
   const int grid = std::min(tiles, c.num_sms) / c.multicast * c.multicast;
   // No workspace (a call inside a CUDA graph capture): every tile runs whole.
-  const int splits = a.split_workspace == 0 ? 1 : c.tail_splits(a.m);
+  const TailSplit split = a.split_workspace == 0 ? TailSplit{} : c.tail_split_of(a.m);
+  const int splits = split.ways;
   const int k_blocks = c.k / kBlockK;
-  // Tiles (per cluster) of the last, partial wave, which the kernel splits.
-  const int tail_tiles = splits > 1 ? tiles / c.multicast % (grid / c.multicast) : 0;
   // The workspace is laid out for the device's own SM count, whatever set_num_sms plans for: its
   // counters stay where the last launch left them zero.
   const int device_sms = moe_jit::device_info(a.device).num_sms;
@@ -222,7 +249,7 @@ inline void launch(const Config& c, const Args& a) {
       a.split_workspace == 0 ? 0 : a.split_workspace + static_cast<std::uint64_t>(device_sms) * kMaxTileFloats * 4;
   cfg.grid_x = static_cast<unsigned>(std::max(c.multicast, grid));
   cfg.cluster_dim = static_cast<unsigned>(c.multicast);
-  cfg.block_x = static_cast<unsigned>((c.block_m / 64 + 1) * 128);
+  cfg.block_x = static_cast<unsigned>((math_warpgroups(c.block_m) + 1) * 128);
   cfg.smem_bytes = static_cast<unsigned>(c.smem_bytes);
   cfg.stream = a.stream;
   cfg.device = a.device;
@@ -232,7 +259,7 @@ inline void launch(const Config& c, const Args& a) {
                   reinterpret_cast<const float*>(a.sfb), static_cast<std::uint32_t>(a.sfb_stride_g),
                   static_cast<std::uint32_t>(a.sfb_stride_n), static_cast<std::uint32_t>(a.sfb_stride_k),
                   reinterpret_cast<const void*>(a.c), static_cast<std::uint32_t>(a.ldc),
-                  static_cast<std::uint32_t>(splits), static_cast<std::uint32_t>(tail_tiles),
+                  static_cast<std::uint32_t>(splits), static_cast<std::uint32_t>(split.tail_tiles),
                   static_cast<std::uint32_t>(k_blocks / splits), static_cast<std::uint32_t>(k_blocks % splits),
                   reinterpret_cast<float*>(a.split_workspace),
                   reinterpret_cast<int*>(split_counters), map_a, map_b, map_d);

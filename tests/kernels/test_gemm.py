@@ -132,6 +132,9 @@ def test_tile_overrides_replace_the_heuristic(monkeypatch):
     native = kernels.jit.native_module()
     monkeypatch.setenv("MOE_GEMM_TAIL_SPLIT", "0")
     base = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+    assert (base["block_m"], base["block_n"]) == (256, 128)
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")
+    base = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
     assert (base["block_m"], base["block_n"]) == (128, 128)
     monkeypatch.setenv("MOE_GEMM_BLOCK_N", "192")
     monkeypatch.setenv("MOE_GEMM_STAGES", "3")
@@ -139,6 +142,16 @@ def test_tile_overrides_replace_the_heuristic(monkeypatch):
     assert (cfg["block_m"], cfg["block_n"], cfg["num_stages"]) == (128, 192, 3)
     monkeypatch.setenv("MOE_GEMM_BLOCK_M", "64")
     assert native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)["block_m"] == 64
+    # 256 rows: dense only, block N at most 128 (a forced wider one raises).
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
+    with pytest.raises(RuntimeError, match="MOE_GEMM_BLOCK_N"):
+        native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+    monkeypatch.delenv("MOE_GEMM_BLOCK_N")
+    cfg = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+    assert cfg["block_m"] == 256 and cfg["block_n"] <= 128 and cfg["pingpong"] == 0
+    with pytest.raises(RuntimeError, match="MOE_GEMM_BLOCK_M"):
+        native.fp8_gemm_nt_config(8192, 4096, 7168, H200_SMS, gemm_type=1, num_groups=4)
+    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "192")
     for name, value in (("MOE_GEMM_BLOCK_N", "100"), ("MOE_GEMM_BLOCK_N", "264"), ("MOE_GEMM_BLOCK_M", "96"),
                         ("MOE_GEMM_STAGES", "1")):
         monkeypatch.setenv(name, value)
@@ -160,11 +173,32 @@ def test_tail_split_follows_the_last_wave(m, n, k, tiles, splits, monkeypatch):
     clusters hold and each unit at least 32 K blocks (at most 8); MOE_GEMM_TAIL_SPLIT=0 turns it
     off (and the tile choice then counts whole waves); grouped GEMMs never split."""
     native = kernels.jit.native_module()
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")  # the 128-row tiles' split (256-row: test_wide_tiles_...)
     cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
     assert (cfg["num_tiles"], cfg["tail_splits"]) == (tiles, splits)
     assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, gemm_type=1, num_groups=4)["tail_splits"] == 1
     monkeypatch.setenv("MOE_GEMM_TAIL_SPLIT", "0")
     assert native.fp8_gemm_nt_config(m, n, k, H200_SMS)["tail_splits"] == 1
+
+
+@pytest.mark.parametrize("m,n,k,tile", [
+    (4096, 4096, 7168, "256x128c2"), (4096, 7168, 2048, "256x128c2"), (4096, 7168, 16384, "256x128c2"),
+    (4096, 24576, 1536, "256x128c2"), (4096, 32768, 512, "256x128c2"), (2048, 4096, 7168, "256x128c2"),
+    (4096, 2112, 7168, "128x192"), (4096, 576, 7168, "128x144"), (2048, 7168, 2048, "128x192c2"),
+    (256, 4096, 7168, "128x64"), (128, 4096, 7168, "64x64c2"),
+])
+def test_wide_tiles_where_they_measured_faster(m, n, k, tile, monkeypatch):
+    """Dense FP8 runs 256 x 128 tiles in 2-CTA clusters where their waves, at 14/16 of two 128-row
+    tiles' cost each, beat the 128-row heuristic's (bench/RESULTS.md, session 8: every N a multiple
+    of 128 from 4096 up at M 2048-8192); N = 2112 and 576 (a padded last n-block, few waves) keep
+    128-row tiles, and so do grouped GEMMs and a forced block M or N."""
+    native = kernels.jit.native_module()
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert f"{cfg['block_m']}x{cfg['block_n']}" + ("c2" if cfg["multicast"] > 1 else "") == tile
+    assert cfg["pingpong"] == 0 or cfg["block_m"] == 128
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, gemm_type=1, num_groups=4)["block_m"] <= 128
+    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "128")
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS)["block_m"] <= 128
 
 
 def test_tail_split_has_no_workspace_inside_a_graph_capture(monkeypatch):
@@ -266,6 +300,7 @@ def test_gpu_pingpong_matches_no_pingpong(m, n, k, seed, monkeypatch):
     with an n-block past N (540 x 4232), 7168 x 16384. Same inputs with MOE_FP8_PINGPONG=0: the same
     wgmmas and FFMAs per warpgroup, only their issue order differs, so D is bit for bit the same.
     MOE_FP8_PINGPONG=1 turns it on where the heuristic would not (block N <= 128)."""
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")  # turns are for one wave of 128 rows
     monkeypatch.setenv("MOE_FP8_PINGPONG", "1")
     assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["pingpong"] == 1
     _, _, d, plain = _with_switch_off(m, n, k, "MOE_FP8_PINGPONG", monkeypatch)
@@ -283,6 +318,7 @@ def test_gpu_tail_split_matches_whole_tiles(m, n, k, num_sms, seed, monkeypatch)
     float64 and against the same call with MOE_GEMM_TAIL_SPLIT=0, both NaN-poisoned. A second
     call gives the same bits (the partials are added in split order, and the counters were left
     zero), and a residual C is added once."""
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")  # 256-row tiles' split: test_gpu_256_row_tiles
     if num_sms is not None:
         kernels.set_num_sms(num_sms)
     try:
@@ -300,6 +336,37 @@ def test_gpu_tail_split_matches_whole_tiles(m, n, k, num_sms, seed, monkeypatch)
         assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
     finally:
         kernels.jit.reset_num_sms()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,multicast,block_n,splits", [
+    (257, 264, 640, "0", 0, 1),         # one row past the first tile; block N 8, plain D rows
+    (1000, 4232, 1536, "2", 0, 1),      # a partial m-block past its second wave's first row; block N 72
+    (4096, 4096, 7168, "2", 128, 1),
+    (8191, 576, 7168, "0", 0, 1),       # the last m-block's second wave ends a row short
+    (300, 7168, 2048, "2", 128, 1),     # 44 rows in the last tile: its second wave is past M
+    (4096, 2112, 16384, "2", 128, 4),   # the last wave's tiles split over K, a partial n-block among them
+])
+def test_gpu_256_row_tiles(m, n, k, multicast, block_n, splits, seed, monkeypatch):
+    """Block M 256 (two waves of 128 rows on the two math warpgroups), with and without 2-CTA
+    clusters, forced by MOE_GEMM_BLOCK_M=256 (block N the heuristic's or 128): D against float64,
+    NaN-poisoned, partial m- and n-blocks, a split tail, and a residual C added once."""
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
+    monkeypatch.setenv("MOE_FP8_MULTICAST", multicast)
+    if block_n:
+        monkeypatch.setenv("MOE_GEMM_BLOCK_N", str(block_n))
+    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
+    assert (cfg["block_m"], cfg["multicast"], cfg["tail_splits"]) == (256, int(multicast) or 1, splits), cfg
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+    c = torch.randn(m, n, device="cuda")
+    with_c = torch.full_like(d, float("nan"))
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c)
+    torch.cuda.synchronize()
+    assert torch.isfinite(d).all(), "output not fully written"
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+    assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
 
 
 @pytest.mark.gpu

@@ -83,12 +83,33 @@ def test_fp8_gemm_math_loop_is_lean(pingpong, max_ops, monkeypatch):
         assert len(ops) < max_ops, f"{len(ops)} instructions per K block"
 
 
+@pytest.mark.parametrize("multicast", ["0", "2"])
+def test_fp8_gemm_256_row_tiles_run_two_waves(multicast, monkeypatch):
+    """Block 256 x 128: each math warpgroup issues two waves of four QGMMAs per K block (rows 0-127,
+    then 128-255 of the tile), each promoted with 64 FFMAs, the descriptors in uniform registers and
+    nothing spilled (two 64-register promoted sets and one wgmma set fit the 232)."""
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
+    monkeypatch.setenv("MOE_FP8_MULTICAST", multicast)
+    native = kernels.jit.native_module()
+    config = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+    assert (config["block_m"], config["block_n"], config["multicast"]) == (256, 128, int(multicast) or 1)
+    code = sass(*native.fp8_gemm_nt_code(4096, 4096, 7168, H200_SMS, False, -1, 0, 1))
+    assert "LDL" not in code and "STL" not in code, "register spills"
+    loops = [[line for line in body.splitlines() if line.strip()] for body in _k_loop_bodies(code) if "QGMMA" in body]
+    assert loops
+    for ops in loops:
+        assert sum("QGMMA" in line for line in ops) == 8
+        assert sum("FFMA" in line for line in ops) == 128
+        assert sum("R2UR" in line for line in ops) <= 4 and len(ops) < 256, f"{len(ops)} instructions per K block"
+
+
 @pytest.mark.parametrize("m,n,k,splits", [(4096, 7168, 16384, 4), (4096, 4096, 16384, 3), (4096, 7168, 8192, 2)])
-def test_fp8_gemm_tail_split_keeps_whole_tiles_lean(m, n, k, splits):
+def test_fp8_gemm_tail_split_keeps_whole_tiles_lean(m, n, k, splits, monkeypatch):
     """The tail split: whole tiles run their compile-time K range in their own loop (one per static
     scale split of the tile's columns), 96 FFMAs and at most 175 instructions per K block at block
     128 x 192 with the wgmma descriptors in uniform registers; the tail unit's run-time range gets
     loops of its own. A run-time range in the one loop had cost 16 R2UR per K block (192-198)."""
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")
     native = kernels.jit.native_module()
     config = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
     assert (config["block_n"], config["tail_splits"]) == (192, splits)

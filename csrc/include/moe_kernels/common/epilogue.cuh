@@ -77,9 +77,11 @@ __device__ __forceinline__ void store_fragment_to_smem(uint8_t* smem_d, const fl
 // until the previous tile's TMA store has read shared memory, write every warpgroup's fragment,
 // then thread 0 stores each column atom with TMA at (column, store_row) of a 2-D D or (column,
 // store_row, group) of a 3-D one (masked groups). The caller waits for the last store
-// (tma_store_wait_all) before the CTA exits.
+// (tma_store_wait_all) before the CTA exits. A tile taller than its warpgroups' 64-row fragments
+// comes in kNumWaves waves of kWaveRows rows, the fragments of wave w at final_acc + w *
+// kBlockN / 2.
 template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kSwizzleBytes, ResidualType kResidual, bool k3d,
-          uint32_t kNumMathThreads>
+          uint32_t kNumMathThreads, uint32_t kNumWaves = 1, uint32_t kWaveRows = kBlockM>
 __device__ __forceinline__ void store_tile(const TmaDescriptor* map_d, uint8_t* smem_d, const float* final_acc,
                                            uint32_t tile_row0, uint32_t lane, const void* c, uint32_t ldc,
                                            uint32_t global_row0, uint32_t global_col0, uint32_t m, uint32_t n,
@@ -87,8 +89,11 @@ __device__ __forceinline__ void store_tile(const TmaDescriptor* map_d, uint8_t* 
   using Layout = EpilogueLayout<kBlockN, kSwizzleBytes>;
   if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
   sm90::named_barrier_sync(1, kNumMathThreads);
-  store_fragment_to_smem<kBlockM, kBlockN, kSwizzleBytes, kResidual>(smem_d, final_acc, tile_row0, lane, c, ldc,
-                                                                     global_row0, global_col0, m, n);
+#pragma unroll
+  for (uint32_t w = 0; w < kNumWaves; ++w) {
+    store_fragment_to_smem<kBlockM, kBlockN, kSwizzleBytes, kResidual>(
+        smem_d, final_acc + w * (kBlockN / 2), tile_row0 + w * kWaveRows, lane, c, ldc, global_row0, global_col0, m, n);
+  }
   sm90::fence_proxy_async_shared();
   sm90::named_barrier_sync(1, kNumMathThreads);
   if (threadIdx.x == 0) {

@@ -7,7 +7,10 @@
 // Roles (one CTA per SM, persistent over tiles):
 //   warpgroups [0, kNumMathWG): math — 4 x wgmma 64xBNx32 per 128-deep K block, then FP32
 //                               promotion with the block's scales, then the epilogue; two
-//                               warpgroups take turns on the tensor cores (MathTurns);
+//                               warpgroups may take turns on the tensor cores (MathTurns). A
+//                               256-row tile runs as two waves of 128 rows on the same two
+//                               warpgroups, each wave its own wgmmas and promotion (half the
+//                               B fills and L2 reads per FLOP of a 128-row tile);
 //   last warpgroup, warp 0:     TMA producer for the A and B tiles;
 //   last warpgroup, warps 1-3:  scale producers, taking the stages in turn — cp.async gathers of
 //                               the tile's 1x128 A scales and two B scales into the stage,
@@ -78,7 +81,7 @@ struct MathTurns {
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false>
-__global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
+__global__ void __launch_bounds__(((kBlockM == 64 ? 1 : 2) + 1) * 128, 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
                      const float* __restrict__ sfb, uint32_t sfb_stride_g, uint32_t sfb_stride_n,
@@ -91,17 +94,19 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages>;
   using Wgmma = sm90::Fp8Wgmma<kBlockN>;
   constexpr uint32_t kBlockK = Smem::kBlockK;
-  constexpr uint32_t kNumMathWG = kBlockM / 64;
+  constexpr uint32_t kNumMathWG = kBlockM == 64 ? 1 : 2;
   constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
+  constexpr uint32_t kWaveRows = kNumMathWG * 64;
+  constexpr uint32_t kNumWaves = kBlockM / kWaveRows;
   constexpr uint32_t kNumKBlocks = kShapeK / kBlockK;
   constexpr uint32_t kNumSfbRows = (kShapeN + 127) / 128;
   // Scale producers: warps 1.. of the producer warpgroup (warp 0 issues the TMA loads), at most
   // one per stage.
   static_assert(kScaleWarps >= 1 && kScaleWarps <= 3, "1 to 3 scale warps");
   constexpr uint32_t kNumScaleWarps = kScaleWarps < kNumStages ? kScaleWarps : kNumStages;
-  // Register budgets: the math warpgroups hold two accumulator sets; the producers get what is left
-  // of the launch allocation (2 x 128 x 232 + 128 x 40 = 384 x 168). The scale warps keep
-  // per-tile 32-bit row offsets, which fit 40 without spilling.
+  // Register budgets: the math warpgroups hold a promoted accumulator set per wave and one for the
+  // wgmmas; the producers get what is left of the launch allocation (2 x 128 x 232 + 128 x 40 =
+  // 384 x 168). The scale warps keep per-tile 32-bit row offsets, which fit 40 without spilling.
   constexpr uint32_t kProducerRegisters = kNumMathWG == 1 ? 48 : 40;
   constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 240 : 232;
   static_assert(128 * (kProducerRegisters + kNumMathWG * kMathRegisters) <=
@@ -109,8 +114,12 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
                 "register budgets exceed the launch allocation: setmaxnreg.inc would hang");
   static_assert(kShapeK % kBlockK == 0, "K must be a multiple of 128");
   static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
-  static_assert(kBlockM == 64 || kBlockM == 128, "block M is 64 or 128");
-  static_assert(!kPingPong || kNumMathWG == 2, "ping-pong takes two math warpgroups");
+  static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 256, "block M is 64, 128 or 256");
+  // (waves + 1) accumulator sets of kBlockN / 2 registers within the 232.
+  static_assert(kNumWaves == 1 || kBlockN <= 128, "block M 256 takes block N up to 128");
+  // A contiguous m-block must lie inside one group (aligned to 128 rows); masked groups are small.
+  static_assert(kNumWaves == 1 || kGemmType == static_cast<int>(GemmType::kNormal), "block M 256 is for dense GEMMs");
+  static_assert(!kPingPong || (kNumMathWG == 2 && kNumWaves == 1), "ping-pong takes two math warpgroups, one wave");
   // A tile may straddle at most two 128-column scale blocks of B: tiles start at multiples of
   // gcd(kBlockN, 128) inside a scale block, so the last start plus kBlockN must stay within 256.
   static_assert(kBlockN % 8 == 0 && kBlockN <= 256, "block N is a multiple of 8 up to 256");
@@ -234,7 +243,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   [[maybe_unused]] const MathTurns turns{math_wg};
   if constexpr (kPingPong) turns.start();
   float acc[Wgmma::kNumAccum];
-  float final_acc[Wgmma::kNumAccum];
+  float final_acc[kNumWaves * Wgmma::kNumAccum];
   // Masked groups: the scheduler's loop runs on masked_m loaded per thread, which ptxas cannot prove
   // warp-uniform, so it kept the stage index out of uniform registers: 16 R2UR per K block rebuilt
   // the wgmma descriptors. Lane 0's stage, broadcast, is uniform (1-3 left).
@@ -242,7 +251,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
 
   const auto math_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
 #pragma unroll
-    for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
+    for (uint32_t i = 0; i < kNumWaves * Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
 
     with_static_split<kBlockN>(t.n_block * kBlockN, [&](auto split) {
       const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
@@ -254,33 +263,45 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
         // Scales first: their shared-memory latency hides behind the wgmmas.
         const uint32_t stage = kBroadcastStage ? __shfl_sync(0xffffffffu, pipe.stage, 0) : pipe.stage;
         const float* sf = smem_sf + stage * Smem::kSfFloats;
-        const float sa0 = sf[tile_row0], sa1 = sf[tile_row0 + 8];
+        float sa[kNumWaves][2];
+#pragma unroll
+        for (uint32_t w = 0; w < kNumWaves; ++w) {
+          sa[w][0] = sf[w * kWaveRows + tile_row0];
+          sa[w][1] = sf[w * kWaveRows + tile_row0 + 8];
+        }
         const float sb0 = sf[kBlockM], sb1 = sf[kBlockM + 1];
         const uint8_t* tile_a = smem + Smem::kOffsetA + stage * Smem::kA + math_wg * 64 * kBlockK;
         const uint8_t* tile_b = smem + Smem::kOffsetB + stage * Smem::kB;
-        const uint64_t desc_a = sm90::make_sw128_kmajor_desc(tile_a);
         const uint64_t desc_b = sm90::make_sw128_kmajor_desc(tile_b);
 #pragma unroll
-        for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
-        sm90::wgmma_fence();
+        for (uint32_t w = 0; w < kNumWaves; ++w) {
+          const uint64_t desc_a = sm90::make_sw128_kmajor_desc(tile_a + w * kWaveRows * kBlockK);
 #pragma unroll
-        for (uint32_t k = 0; k < kBlockK / Wgmma::kK; ++k) {
-          // Each 32-deep K slice starts 32 bytes further along the 128-byte swizzled rows.
-          Wgmma::mma(desc_a + k * 2, desc_b + k * 2, acc, k > 0);
-        }
-        sm90::wgmma_commit();
-        if constexpr (kPingPong) turns.pass();
-        sm90::wgmma_wait<0>();
+          for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+          sm90::wgmma_fence();
 #pragma unroll
-        for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+          for (uint32_t k = 0; k < kBlockK / Wgmma::kK; ++k) {
+            // Each 32-deep K slice starts 32 bytes further along the 128-byte swizzled rows.
+            Wgmma::mma(desc_a + k * 2, desc_b + k * 2, acc, k > 0);
+          }
+          sm90::wgmma_commit();
+          if constexpr (kPingPong) turns.pass();
+          sm90::wgmma_wait<0>();
+#pragma unroll
+          for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
 
-        __syncwarp();
-        if constexpr (kNumMulticast > 1) {
-          if (lane < kNumMulticast) sm90::mbarrier_arrive_cluster(ring.empty + pipe.stage, lane);
-        } else if (lane == 0) {
-          ring.consumer_release(pipe);
+          // The stage is free once the last wave's wgmmas have read it (its scales are in registers).
+          if (w + 1 == kNumWaves) {
+            __syncwarp();
+            if constexpr (kNumMulticast > 1) {
+              if (lane < kNumMulticast) sm90::mbarrier_arrive_cluster(ring.empty + pipe.stage, lane);
+            } else if (lane == 0) {
+              ring.consumer_release(pipe);
+            }
+          }
+          promote_fp8_accum<kBlockN, decltype(split)::value>(final_acc + w * Wgmma::kNumAccum, acc, sa[w][0],
+                                                               sa[w][1], sb0, sb1, split_col);
         }
-        promote_fp8_accum<kBlockN, decltype(split)::value>(final_acc, acc, sa0, sa1, sb0, sb1, split_col);
       }
     });
 
@@ -290,13 +311,13 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
       // A split tile's units but the last to finish leave their partial sums to it.
       const uint32_t slot = t.tail_tile * kNumMulticast + (kNumMulticast > 1 ? sm90::cluster_ctarank() : 0);
       if (t.num_splits > 1 &&
-          !split_reduce<Wgmma::kNumAccum, kNumMathThreads, 1>(final_acc, split_workspace, split_counters, slot,
-                                                               t.split, t.num_splits, threadIdx.x)) {
+          !split_reduce<kNumWaves * Wgmma::kNumAccum, kNumMathThreads, 1>(
+              final_acc, split_workspace, split_counters, slot, t.split, t.num_splits, threadIdx.x)) {
         return;
       }
     }
     constexpr bool kMasked = kType == GemmType::kGroupedMasked;
-    store_tile<kBlockM, kBlockN, kSwizzleDBytes, kResidualType, kMasked, kNumMathThreads>(
+    store_tile<kBlockM, kBlockN, kSwizzleDBytes, kResidualType, kMasked, kNumMathThreads, kNumWaves, kWaveRows>(
         &map_d, smem_d, final_acc, tile_row0, lane, c, ldc, a_row0(t), t.n_block * kBlockN, m, kShapeN,
         kMasked ? t.m_block * kBlockM : a_row0(t), t.group);
   };
