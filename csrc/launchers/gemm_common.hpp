@@ -76,7 +76,7 @@ inline TailSplit tail_split(long long tiles, int grid, int k, int multicast) {
 
 // Analytic choice: fewest waves of tiles weighted by a tile's cost, then the larger block N, then
 // as many stages as shared memory holds. For A/B timing (read per call, like the kernels' other
-// switches): MOE_GEMM_BLOCK_M=64|128 (|256 where max_block_m allows; block N then at most 128),
+// switches): MOE_GEMM_BLOCK_M=64|128 (|256 where max_block_m allows; block N then 128),
 // MOE_GEMM_BLOCK_N=<multiple of 8> and MOE_GEMM_STAGES=<at most this many> replace the
 // heuristic's choice; a value the kernel cannot take raises. `problems` independent problems of
 // m x n each.
@@ -97,11 +97,11 @@ Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms
                        << forced);
     t.block_m = forced;
   }
-  // A 256-row tile holds two accumulator sets of block N / 2 registers per thread.
-  if (t.block_m == 256) max_block_n = std::min(max_block_n, 128);
+  // A 256-row tile holds three accumulator sets of block N / 2 registers per thread: block N 128.
+  const auto fits = [&](int bn) { return block_n_ok(bn) && (t.block_m != 256 || bn == 128); };
   long long best_score = -1;
   for (int bn = 8; bn <= max_block_n; bn += 8) {
-    if (!block_n_ok(bn)) continue;
+    if (!fits(bn)) continue;
     const long long n_blocks = ((n + bn - 1) / bn + n_block_multiple - 1) / n_block_multiple * n_block_multiple;
     const long long tiles = problems * ((m + t.block_m - 1) / t.block_m) * n_blocks;
     // In sixteenths of a wave. A split tail (tail_split_k: the K of a kernel that splits it) costs
@@ -118,9 +118,9 @@ Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms
     }
   }
   if (const int forced = env_int("MOE_GEMM_BLOCK_N")) {
-    MOE_HOST_ASSERT(forced >= 8 && forced % 8 == 0 && forced <= max_block_n && block_n_ok(forced),
+    MOE_HOST_ASSERT(forced >= 8 && forced % 8 == 0 && forced <= max_block_n && fits(forced),
                     fn << ": MOE_GEMM_BLOCK_N=" << forced << " is not a block N this kernel takes (multiples of 8 up to "
-                       << max_block_n << " whose columns span at most two 128-wide scale blocks)");
+                       << max_block_n << " whose columns span at most two 128-wide scale blocks; 128 at block M 256)");
     t.block_n = forced;
   }
   const int per_stage = stage_bytes(t.block_m, t.block_n);

@@ -80,14 +80,16 @@ constexpr int kMulticastMinNLargeM = 4097;
 // 0.96-1.14x, 1.03-1.08x at 7168 x 16384 (bench/RESULTS.md, 2026-11-30, session 6).
 constexpr int kPingPongMinBlockN = 145;
 
-// Dense GEMMs of at least kWideTileMinRows rows may run 256 x 128 tiles (two waves of 128 rows on
+// Dense GEMMs of at least kWideTileMinRows rows (the fewest measured) may run 256 x 128 tiles (two waves of 128 rows on
 // the two math warpgroups, 2-CTA clusters): per FLOP they fill half the B tiles of 128-row tiles
 // and read less from L2. Measured on an H200 at M = 4096 (bench/RESULTS.md, session 8), 256 x 128
 // against the 128-row heuristic's tile: 0.90x the time at N x K = 4096 x 7168, 0.91x at 7168 x
 // 2048, 0.97x at 7168 x 16384, 0.95x at 32768 x 512; at narrow or odd block N (256 x 88, x 120,
-// x 72) 1.09-1.25x. The wave count weighs them: a 256 x 128 tile costs 2 x 15/16 of a 128 x 128
-// one, which picks it at the first three shapes and keeps 128-row tiles at the others.
-constexpr int kWideTileMinRows = 512;
+// x 72) 1.09-1.25x; at M = 2048 and 8192 0.95-0.97x at N >= 4096 but 1.04x at 7168 x 2048. The
+// wave count weighs them: a 256 x 128 tile costing 2 x 14/16 of a 128-row one's (strictly less to
+// win) reproduces every one of those choices. Block N is 128 only: wider runs out of registers, and
+// narrower ones spilled the scale warps (40 registers for 8 row offsets).
+constexpr int kWideTileMinRows = 2048;
 constexpr int kWideTileCost = 14;  // sixteenths
 
 // MOE_FP8_MULTICAST=0 turns the clusters off and =2 on wherever the kernel takes them (dense, or
@@ -136,7 +138,8 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.m_compiled = compile_m ? m : 0;
   cfg.n = n;
   cfg.k = k;
-  cfg.group_n = env_int("MOE_GEMM_GROUP_N") > 0 ? env_int("MOE_GEMM_GROUP_N") : kGroupN;
+  const int group_n = env_int("MOE_GEMM_GROUP_N");
+  cfg.group_n = group_n > 0 ? group_n : kGroupN;
   cfg.residual = residual;
   cfg.num_sms = num_sms;
   // Whole clusters on the SMs.
@@ -247,7 +250,7 @@ inline void launch(const Config& c, const Args& a) {
                   c.fn << ": the tail split needs its workspace (" << split_workspace_bytes(device_sms) << " bytes)");
   const std::uint64_t split_counters =
       a.split_workspace == 0 ? 0 : a.split_workspace + static_cast<std::uint64_t>(device_sms) * kMaxTileFloats * 4;
-  cfg.grid_x = static_cast<unsigned>(std::max(c.multicast, grid));
+  cfg.grid_x = static_cast<unsigned>(grid);
   cfg.cluster_dim = static_cast<unsigned>(c.multicast);
   cfg.block_x = static_cast<unsigned>((math_warpgroups(c.block_m) + 1) * 128);
   cfg.smem_bytes = static_cast<unsigned>(c.smem_bytes);

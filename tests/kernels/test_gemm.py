@@ -142,16 +142,19 @@ def test_tile_overrides_replace_the_heuristic(monkeypatch):
     assert (cfg["block_m"], cfg["block_n"], cfg["num_stages"]) == (128, 192, 3)
     monkeypatch.setenv("MOE_GEMM_BLOCK_M", "64")
     assert native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)["block_m"] == 64
-    # 256 rows: dense only, block N at most 128 (a forced wider one raises).
+    # 256 rows: dense only, block N 128 (a forced other one raises), whatever N.
     monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
-    with pytest.raises(RuntimeError, match="MOE_GEMM_BLOCK_N"):
-        native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+    for block_n in ("192", "120"):
+        monkeypatch.setenv("MOE_GEMM_BLOCK_N", block_n)
+        with pytest.raises(RuntimeError, match="MOE_GEMM_BLOCK_N"):
+            native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
     monkeypatch.delenv("MOE_GEMM_BLOCK_N")
-    cfg = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
-    assert cfg["block_m"] == 256 and cfg["block_n"] <= 128 and cfg["pingpong"] == 0
+    for n in (4096, 2112, 264, 8):
+        cfg = native.fp8_gemm_nt_config(4096, n, 7168, H200_SMS)
+        assert (cfg["block_m"], cfg["block_n"], cfg["pingpong"]) == (256, 128, 0)
     with pytest.raises(RuntimeError, match="MOE_GEMM_BLOCK_M"):
         native.fp8_gemm_nt_config(8192, 4096, 7168, H200_SMS, gemm_type=1, num_groups=4)
-    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "192")
+    monkeypatch.delenv("MOE_GEMM_BLOCK_M")
     for name, value in (("MOE_GEMM_BLOCK_N", "100"), ("MOE_GEMM_BLOCK_N", "264"), ("MOE_GEMM_BLOCK_M", "96"),
                         ("MOE_GEMM_STAGES", "1")):
         monkeypatch.setenv(name, value)
@@ -185,6 +188,7 @@ def test_tail_split_follows_the_last_wave(m, n, k, tiles, splits, monkeypatch):
     (4096, 4096, 7168, "256x128c2"), (4096, 7168, 2048, "256x128c2"), (4096, 7168, 16384, "256x128c2"),
     (4096, 24576, 1536, "256x128c2"), (4096, 32768, 512, "256x128c2"), (2048, 4096, 7168, "256x128c2"),
     (4096, 2112, 7168, "128x192"), (4096, 576, 7168, "128x144"), (2048, 7168, 2048, "128x192c2"),
+    (1024, 4096, 7168, "128x128"), (512, 7168, 16384, "128x112c2"),  # below the rows measured
     (256, 4096, 7168, "128x64"), (128, 4096, 7168, "64x64c2"),
 ])
 def test_wide_tiles_where_they_measured_faster(m, n, k, tile, monkeypatch):
@@ -339,24 +343,23 @@ def test_gpu_tail_split_matches_whole_tiles(m, n, k, num_sms, seed, monkeypatch)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,multicast,block_n,splits", [
-    (257, 264, 640, "0", 0, 1),         # one row past the first tile; block N 8, plain D rows
-    (1000, 4232, 1536, "2", 0, 1),      # a partial m-block past its second wave's first row; block N 72
-    (4096, 4096, 7168, "2", 128, 1),
-    (8191, 576, 7168, "0", 0, 1),       # the last m-block's second wave ends a row short
-    (300, 7168, 2048, "2", 128, 1),     # 44 rows in the last tile: its second wave is past M
-    (4096, 2112, 16384, "2", 128, 4),   # the last wave's tiles split over K, a partial n-block among them
+@pytest.mark.parametrize("m,n,k,multicast,splits", [
+    (257, 264, 640, "0", 1),         # one row past the first tile, a partial n-block
+    (1000, 4232, 1536, "2", 1),      # a partial m-block past its second wave's first row
+    (4096, 4096, 7168, "2", 1),
+    (8191, 576, 7168, "0", 1),       # the last m-block's second wave ends a row short
+    (300, 7168, 2048, "2", 1),       # 44 rows in the last tile: its second wave is past M
+    (4096, 2112, 16384, "2", 4),     # the last wave's tiles split over K, a partial n-block among them
 ])
-def test_gpu_256_row_tiles(m, n, k, multicast, block_n, splits, seed, monkeypatch):
-    """Block M 256 (two waves of 128 rows on the two math warpgroups), with and without 2-CTA
-    clusters, forced by MOE_GEMM_BLOCK_M=256 (block N the heuristic's or 128): D against float64,
-    NaN-poisoned, partial m- and n-blocks, a split tail, and a residual C added once."""
+def test_gpu_256_row_tiles(m, n, k, multicast, splits, seed, monkeypatch):
+    """Block 256 x 128 (two waves of 128 rows on the two math warpgroups), with and without 2-CTA
+    clusters, forced by MOE_GEMM_BLOCK_M=256: D against float64, NaN-poisoned, partial m- and
+    n-blocks, a split tail, and a residual C added once."""
     monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
     monkeypatch.setenv("MOE_FP8_MULTICAST", multicast)
-    if block_n:
-        monkeypatch.setenv("MOE_GEMM_BLOCK_N", str(block_n))
     cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
-    assert (cfg["block_m"], cfg["multicast"], cfg["tail_splits"]) == (256, int(multicast) or 1, splits), cfg
+    assert (cfg["block_m"], cfg["block_n"], cfg["multicast"], cfg["tail_splits"]) == (
+        256, 128, int(multicast) or 1, splits), cfg
     a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
     d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     kernels.fp8_gemm_nt(a_fp8, b_fp8, d)

@@ -83,20 +83,21 @@ def test_fp8_gemm_math_loop_is_lean(pingpong, max_ops, monkeypatch):
         assert len(ops) < max_ops, f"{len(ops)} instructions per K block"
 
 
-@pytest.mark.parametrize("multicast", ["0", "2"])
-def test_fp8_gemm_256_row_tiles_run_two_waves(multicast, monkeypatch):
+@pytest.mark.parametrize("n,k,multicast,c_dtype", [(4096, 7168, "0", -1), (4096, 7168, "2", -1),
+                                                   (7168, 2048, "2", 1), (4616, 7168, "2", 0), (2112, 7168, "0", 0)])
+def test_fp8_gemm_256_row_tiles_run_two_waves(n, k, multicast, c_dtype, monkeypatch):
     """Block 256 x 128: each math warpgroup issues two waves of four QGMMAs per K block (rows 0-127,
     then 128-255 of the tile), each promoted with 64 FFMAs, the descriptors in uniform registers and
-    nothing spilled (two 64-register promoted sets and one wgmma set fit the 232)."""
+    nothing spilled, with or without clusters and a residual (bf16 / fp32)."""
     monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
     monkeypatch.setenv("MOE_FP8_MULTICAST", multicast)
     native = kernels.jit.native_module()
-    config = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+    config = native.fp8_gemm_nt_config(4096, n, k, H200_SMS)
     assert (config["block_m"], config["block_n"], config["multicast"]) == (256, 128, int(multicast) or 1)
-    code = sass(*native.fp8_gemm_nt_code(4096, 4096, 7168, H200_SMS, False, -1, 0, 1))
-    assert "LDL" not in code and "STL" not in code, "register spills"
+    code = sass(*native.fp8_gemm_nt_code(4096, n, k, H200_SMS, False, c_dtype, 0, 1))
     loops = [[line for line in body.splitlines() if line.strip()] for body in _k_loop_bodies(code) if "QGMMA" in body]
     assert loops
+    assert "LDL" not in code and "STL" not in code, "register spills"
     for ops in loops:
         assert sum("QGMMA" in line for line in ops) == 8
         assert sum("FFMA" in line for line in ops) == 128

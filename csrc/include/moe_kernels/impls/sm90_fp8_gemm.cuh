@@ -5,8 +5,8 @@
 // scale per 128x128 block. Scales are read with any strides, so neither layout needs a transpose.
 //
 // Roles (one CTA per SM, persistent over tiles):
-//   warpgroups [0, kNumMathWG): math — 4 x wgmma 64xBNx32 per 128-deep K block, then FP32
-//                               promotion with the block's scales, then the epilogue; two
+//   warpgroups [0, kNumMathWG): math — 4 x wgmma 64xBNx32 per 128-deep K block and wave, then
+//                               FP32 promotion with the block's scales, then the epilogue; two
 //                               warpgroups may take turns on the tensor cores (MathTurns). A
 //                               256-row tile runs as two waves of 128 rows on the same two
 //                               warpgroups, each wave its own wgmmas and promotion (half the
@@ -27,6 +27,9 @@
 #include <moe_kernels/common/split_reduce.cuh>
 
 namespace moe_kernels {
+
+// Block M 64 runs one math warpgroup; 128 two; 256 the same two, in two waves of 128 rows.
+constexpr uint32_t fp8_gemm_math_warpgroups(uint32_t block_m) { return block_m == 64 ? 1 : 2; }
 
 template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kNumStages>
 struct Fp8GemmSmem {
@@ -81,7 +84,7 @@ struct MathTurns {
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false>
-__global__ void __launch_bounds__(((kBlockM == 64 ? 1 : 2) + 1) * 128, 1)
+__global__ void __launch_bounds__((fp8_gemm_math_warpgroups(kBlockM) + 1) * 128, 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
                      const float* __restrict__ sfb, uint32_t sfb_stride_g, uint32_t sfb_stride_n,
@@ -94,7 +97,7 @@ __global__ void __launch_bounds__(((kBlockM == 64 ? 1 : 2) + 1) * 128, 1)
   using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages>;
   using Wgmma = sm90::Fp8Wgmma<kBlockN>;
   constexpr uint32_t kBlockK = Smem::kBlockK;
-  constexpr uint32_t kNumMathWG = kBlockM == 64 ? 1 : 2;
+  constexpr uint32_t kNumMathWG = fp8_gemm_math_warpgroups(kBlockM);
   constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
   constexpr uint32_t kWaveRows = kNumMathWG * 64;
   constexpr uint32_t kNumWaves = kBlockM / kWaveRows;
@@ -106,7 +109,8 @@ __global__ void __launch_bounds__(((kBlockM == 64 ? 1 : 2) + 1) * 128, 1)
   constexpr uint32_t kNumScaleWarps = kScaleWarps < kNumStages ? kScaleWarps : kNumStages;
   // Register budgets: the math warpgroups hold a promoted accumulator set per wave and one for the
   // wgmmas; the producers get what is left of the launch allocation (2 x 128 x 232 + 128 x 40 =
-  // 384 x 168). The scale warps keep per-tile 32-bit row offsets, which fit 40 without spilling.
+  // 384 x 168). The scale warps keep per-tile 32-bit row offsets, which fit 40 without spilling
+  // (at block M 256 only with block N 128: ptxas spilled them at 72 and 120).
   constexpr uint32_t kProducerRegisters = kNumMathWG == 1 ? 48 : 40;
   constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 240 : 232;
   static_assert(128 * (kProducerRegisters + kNumMathWG * kMathRegisters) <=
@@ -116,7 +120,9 @@ __global__ void __launch_bounds__(((kBlockM == 64 ? 1 : 2) + 1) * 128, 1)
   static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
   static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 256, "block M is 64, 128 or 256");
   // (waves + 1) accumulator sets of kBlockN / 2 registers within the 232.
-  static_assert(kNumWaves == 1 || kBlockN <= 128, "block M 256 takes block N up to 128");
+  static_assert(kNumWaves == 1 || kBlockN == 128, "block M 256 takes block N 128");
+  // The tail split's workspace holds a tile's partial sums per slot (launchers' kMaxTileFloats).
+  static_assert(kBlockM * kBlockN <= 128 * 256, "a tile's partial sums would overrun the split workspace");
   // A contiguous m-block must lie inside one group (aligned to 128 rows); masked groups are small.
   static_assert(kNumWaves == 1 || kGemmType == static_cast<int>(GemmType::kNormal), "block M 256 is for dense GEMMs");
   static_assert(!kPingPong || (kNumMathWG == 2 && kNumWaves == 1), "ping-pong takes two math warpgroups, one wave");
