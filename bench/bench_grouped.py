@@ -65,6 +65,11 @@ class Problem:
     ref_b: tuple | None = None     # the weights in their quantized form (b, unless b is a decode layout)
 
 
+def worst_of(*diffs: float) -> float:
+    """The largest diff, NaN if any is (max() would drop a NaN that came second)."""
+    return float("nan") if any(d != d for d in diffs) else max(diffs)
+
+
 def sample_diff(problem: Problem) -> float:
     """Worst calc_diff of the output against float32 math on the dequantized operands, over the
     first and the last group (all of them would take the dequantized weights of every expert)."""
@@ -86,7 +91,7 @@ def sample_diff(problem: Problem) -> float:
             rhs = b[g].float() * sfb[g].repeat_interleave(128, dim=0)[:n].repeat_interleave(128, dim=1)[:, :k]
         else:
             rhs = kernels.cast_back_from_fp4(b[g], sfb[g].view(torch.float8_e8m0fnu).float(), gran_k=32)
-        worst = max(worst, calc_diff(got.float(), lhs @ rhs.t()))
+        worst = worst_of(worst, calc_diff(got.float(), lhs @ rhs.t()))
     return worst
 
 
@@ -215,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                     cells += [f"{r4['ours_us']:.1f}", f"{r4['tflops']:.0f}", f"{r4['call_us']:.1f}"]
                 else:
                     cells += ["-"] * 3
-                cells.append(f"{max(x['diff'] for x in (r if fp8 else None, r4 if fp4 else None) if x):.1e}")
+                cells.append(f"{worst_of(*(x['diff'] for x in (r if fp8 else None, r4 if fp4 else None) if x)):.1e}")
                 print("| " + " | ".join(cells) + " |", flush=True)
     print("\n| masked | N x K | tokens/expert | FP8 µs | FP8 weights GB/s | FP8 of copy | FP8 per call µs "
           "| FP4 µs | FP4 weights GB/s | FP4 per call µs | FP4 speed-up over FP8 "
@@ -235,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                 v2 = measure(make_masked_fragment(groups, tokens, n, k)) if fp4 and tokens <= 32 else None
                 cells += ([f"{v2['ours_us']:.1f}", f"{v2['weight_gbps']:.0f}",
                            f"{r['ours_us'] / v2['ours_us']:.2f}x" if r else "-"] if v2 else ["-"] * 3)
-                cells.append(f"{max(x['diff'] for x in (r, r4, v2) if x):.1e}")
+                cells.append(f"{worst_of(*(x['diff'] for x in (r, r4, v2) if x)):.1e}")
                 print("| " + " | ".join(cells) + " |", flush=True)
     return 0
 
