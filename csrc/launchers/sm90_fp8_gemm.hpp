@@ -238,7 +238,7 @@ inline void launch(const Config& c, const Args& a) {
   moe_jit::LaunchConfig cfg;
   const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);
   // Whole clusters: the tile count is a multiple of the cluster size already.
-  const int grid = std::min(tiles, c.num_sms) / c.multicast * c.multicast;
+  const int grid = std::max(c.multicast, std::min(tiles, c.num_sms) / c.multicast * c.multicast);
   // No workspace (a call inside a CUDA graph capture): every tile runs whole.
   const TailSplit split = a.split_workspace == 0 ? TailSplit{} : c.tail_split_of(a.m);
   const int splits = split.ways;
