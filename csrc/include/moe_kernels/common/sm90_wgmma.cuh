@@ -67,6 +67,26 @@ struct WgmmaOp {
   __device__ __forceinline__ static void mma(uint64_t desc_a, uint64_t desc_b, float* d, bool accumulate) {
     issue(desc_a, desc_b, d, accumulate, cuda::std::make_integer_sequence<int, kNumAccum>{});
   }
+
+  // One K block of 128-byte swizzled K-major rows, as one committed group: each instruction's
+  // 32-byte K slice starts 32 bytes (2 descriptor units) further along the rows. accumulate = false
+  // starts d afresh with the first slice. The caller waits for the group (wait).
+  __device__ __forceinline__ static void issue_k_block(uint64_t desc_a, uint64_t desc_b, float* d, bool accumulate) {
+#pragma unroll
+    for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(d[i]);
+    wgmma_fence();
+#pragma unroll
+    for (uint32_t k = 0; k < 128 / 32; ++k) mma(desc_a + k * 2, desc_b + k * 2, d, accumulate || k > 0);
+    wgmma_commit();
+  }
+
+  // Until at most kPending committed groups are in flight, then d is readable.
+  template <int kPending>
+  __device__ __forceinline__ static void wait(float* d) {
+    wgmma_wait<kPending>();
+#pragma unroll
+    for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(d[i]);
+  }
 };
 
 template <uint32_t kN>

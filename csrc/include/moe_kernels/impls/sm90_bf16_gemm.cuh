@@ -105,27 +105,15 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
       const uint8_t* tile_b = smem + Smem::kOffsetB + pipe.stage * Smem::kB;
       const uint64_t desc_a = sm90::make_sw128_kmajor_desc(tile_a);
       const uint64_t desc_b = sm90::make_sw128_kmajor_desc(tile_b);
-#pragma unroll
-      for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
-      sm90::wgmma_fence();
-#pragma unroll
-      for (uint32_t k = 0; k < kBlockK / Wgmma::kK; ++k) {
-        // Each 16-deep slice starts 32 bytes further along the 128-byte swizzled rows.
-        Wgmma::mma(desc_a + k * 2, desc_b + k * 2, acc, kb > 0 || k > 0);
-      }
-      sm90::wgmma_commit();
+      Wgmma::issue_k_block(desc_a, desc_b, acc, kb > 0);
       // One K block stays in flight: the previous one has finished reading its stage.
-      sm90::wgmma_wait<1>();
-#pragma unroll
-      for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+      Wgmma::template wait<1>(acc);
       if (kb > 0) {
         if (lane == 0) ring.consumer_release(previous);
         previous.advance();
       }
     }
-    sm90::wgmma_wait<0>();
-#pragma unroll
-    for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+    Wgmma::template wait<0>(acc);
     if (lane == 0) ring.consumer_release(previous);
 
     store_tile<kBlockM, kBlockN, kSwizzleDBytes, kResidualType, false, kNumMathThreads>(

@@ -271,17 +271,8 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
       sm90::mbarrier_wait(converted + pipe.stage, pipe.phase);
       const uint64_t desc_a = desc_a0 + pipe.stage * (Smem::kA / 16);
       const uint64_t desc_b = desc_b0 + pipe.stage * (Smem::kB / 16);
-#pragma unroll
-      for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
-      sm90::wgmma_fence();
-#pragma unroll
-      for (uint32_t k = 0; k < kBlockK / Wgmma::kK; ++k) {
-        Wgmma::mma(desc_a + k * 2, desc_b + k * 2, acc, k > 0);
-      }
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-#pragma unroll
-      for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+      Wgmma::issue_k_block(desc_a, desc_b, acc, false);
+      Wgmma::template wait<0>(acc);
 
       const float* scales = stage_scales(pipe.stage);
       const float sa0 = scales[tile_row0], sa1 = scales[tile_row0 + 8];

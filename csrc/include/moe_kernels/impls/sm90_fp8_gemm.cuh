@@ -282,19 +282,9 @@ __global__ void __launch_bounds__((fp8_gemm_math_warpgroups(kBlockM) + 1) * 128,
 #pragma unroll
         for (uint32_t w = 0; w < kNumWaves; ++w) {
           const uint64_t desc_a = sm90::make_sw128_kmajor_desc(tile_a + w * kWaveRows * kBlockK);
-#pragma unroll
-          for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
-          sm90::wgmma_fence();
-#pragma unroll
-          for (uint32_t k = 0; k < kBlockK / Wgmma::kK; ++k) {
-            // Each 32-deep K slice starts 32 bytes further along the 128-byte swizzled rows.
-            Wgmma::mma(desc_a + k * 2, desc_b + k * 2, acc, k > 0);
-          }
-          sm90::wgmma_commit();
+          Wgmma::issue_k_block(desc_a, desc_b, acc, false);
           if constexpr (kPingPong) turns.pass();
-          sm90::wgmma_wait<0>();
-#pragma unroll
-          for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+          Wgmma::template wait<0>(acc);
 
           // The stage is free once the last wave's wgmmas have read it (its scales are in registers).
           if (w + 1 == kNumWaves) {
