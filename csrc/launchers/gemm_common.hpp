@@ -55,20 +55,39 @@ inline int env_int(const char* name) {
 // to 19 K blocks (K = 1536, 2048, 7168) 0.94-1.00x: a last wave that few SMs run is already shorter
 // than a full one (those SMs get the clock and memory to themselves), which short units do not
 // beat. MOE_GEMM_TAIL_SPLIT=0 turns it off (read per call).
+// A problem of one partial wave (few rows: each SM's share of the bytes bounds it) may split all its
+// tiles the same way, into MOE_GEMM_SPLIT_K=<ways> units each (capped by the clusters free for
+// them, the K blocks and kMaxTailSplits; read per call): wider tiles then read A once per tile
+// instead of once per narrow n-block. Off unless set, until measured.
 constexpr int kMinSplitKBlocks = 32;
 constexpr int kMaxTailSplits = 8;
 
 struct TailSplit {
   int ways = 1;        // units per tail tile (1: none)
-  int tail_tiles = 0;  // tiles per cluster in the last, partial wave (0 where ways is 1)
+  int tail_tiles = 0;  // cluster tiles of the last, partial wave (all of them for a single wave; 0 where ways is 1)
+
+  // CTAs that run a problem of `tiles` tiles on at most num_sms SMs: the split tail's units take SMs
+  // that a single wave would leave idle.
+  int grid(long long tiles, int num_sms, int multicast) const {
+    const long long units = ways > 1 ? std::max<long long>(tiles, 1LL * tail_tiles * multicast * ways) : tiles;
+    return std::max(multicast, static_cast<int>(std::min<long long>(units, num_sms)) / multicast * multicast);
+  }
 };
 
-inline TailSplit tail_split(long long tiles, int grid, int k, int multicast) {
+// tiles: of the whole problem (a multiple of multicast), on num_sms SMs in clusters of multicast.
+inline TailSplit tail_split(long long tiles, int num_sms, int k, int multicast) {
   const char* value = std::getenv("MOE_GEMM_TAIL_SPLIT");
   if (value != nullptr && std::string(value) == "0") return {};
-  const long long clusters = grid / multicast, cluster_tiles = tiles / multicast;
-  const long long tail = clusters > 0 ? cluster_tiles % clusters : 0;
-  if (cluster_tiles <= clusters || tail == 0) return {};
+  const long long clusters = num_sms / multicast, cluster_tiles = tiles / multicast;
+  if (clusters == 0 || cluster_tiles == 0) return {};
+  if (cluster_tiles < clusters) {
+    const int forced = env_int("MOE_GEMM_SPLIT_K");
+    const int ways = static_cast<int>(
+        std::min<long long>({forced, clusters / cluster_tiles, k / 128, kMaxTailSplits}));
+    return ways > 1 ? TailSplit{ways, static_cast<int>(cluster_tiles)} : TailSplit{};
+  }
+  const long long tail = cluster_tiles % clusters;
+  if (tail == 0) return {};
   const int ways = static_cast<int>(std::max<long long>(
       1, std::min<long long>({clusters / tail, k / 128 / kMinSplitKBlocks, kMaxTailSplits})));
   return ways > 1 ? TailSplit{ways, static_cast<int>(tail)} : TailSplit{};
@@ -106,9 +125,9 @@ Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms
     const long long tiles = problems * ((m + t.block_m - 1) / t.block_m) * n_blocks;
     // In sixteenths of a wave. A split tail (tail_split_k: the K of a kernel that splits it) costs
     // 1/splits of a wave plus an eighth for the units' fill and the partials' round trip.
-    const int grid = static_cast<int>(std::min<long long>(tiles, num_sms)) / n_block_multiple * n_block_multiple;
-    const int splits = tail_split_k > 0 ? tail_split(tiles, grid, tail_split_k, n_block_multiple).ways : 1;
-    const long long waves = splits > 1 ? tiles / grid * 16 + (16 + splits - 1) / splits + 2
+    const int sms = num_sms / n_block_multiple * n_block_multiple;
+    const int splits = tail_split_k > 0 ? tail_split(tiles, num_sms, tail_split_k, n_block_multiple).ways : 1;
+    const long long waves = splits > 1 ? tiles / sms * 16 + (16 + splits - 1) / splits + 2
                                        : (tiles + num_sms - 1) / num_sms * 16;
     const long long score = waves * (bn + kTileOverheadN);
     if (best_score < 0 || score < best_score || (score == best_score && bn > t.block_n)) {

@@ -49,10 +49,10 @@ struct Config {
 
   // The last, partial wave's tiles split over K; kNormal only.
   TailSplit tail_split_of(int m) const {
-    return type == GemmType::kNormal ? tail_split(num_tiles(m), grid(m), k, multicast) : TailSplit{};
+    return type == GemmType::kNormal ? tail_split(num_tiles(m), num_sms, k, multicast) : TailSplit{};
   }
   // The persistent grid of an m-row problem: whole clusters, at most one CTA per SM.
-  int grid(int m) const { return std::max(multicast, std::min(num_tiles(m), num_sms) / multicast * multicast); }
+  int grid(int m) const { return tail_split_of(m).grid(num_tiles(m), num_sms, multicast); }
 
   // Tiles of an m-row problem (per group for kGroupedMasked; an upper bound for the grid), n-blocks
   // rounded up to whole clusters.
@@ -237,10 +237,10 @@ inline void launch(const Config& c, const Args& a) {
 
   moe_jit::LaunchConfig cfg;
   const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);
-  // Whole clusters: the tile count is a multiple of the cluster size already.
-  const int grid = std::max(c.multicast, std::min(tiles, c.num_sms) / c.multicast * c.multicast);
   // No workspace (a call inside a CUDA graph capture): every tile runs whole.
   const TailSplit split = a.split_workspace == 0 ? TailSplit{} : c.tail_split_of(a.m);
+  // Whole clusters: the tile count is a multiple of the cluster size already.
+  const int grid = split.grid(tiles, c.num_sms, c.multicast);
   const int splits = split.ways;
   const int k_blocks = c.k / kBlockK;
   // The workspace is laid out for the device's own SM count, whatever set_num_sms plans for: its

@@ -205,6 +205,31 @@ def test_wide_tiles_where_they_measured_faster(m, n, k, tile, monkeypatch):
     assert native.fp8_gemm_nt_config(m, n, k, H200_SMS)["block_m"] <= 128
 
 
+@pytest.mark.parametrize("m,n,k,block_n,ways,tiles,splits,grid", [
+    (64, 2112, 7168, "128", "8", 18, 7, 126),   # 9 cluster tiles on 66 clusters: 7 units each
+    (64, 576, 7168, "128", "8", 6, 8, 48),      # capped at 8
+    (64, 4096, 7168, "128", "4", 32, 4, 128),
+    (128, 264, 640, "", "9", 0, 5, 0),          # 5 K blocks: at most 5 units of one
+    (128, 7168, 2048, "112", "4", 128, 1, 128),  # 64 cluster tiles fill the 66 clusters: no room
+])
+def test_split_k_of_a_single_wave(m, n, k, block_n, ways, tiles, splits, grid, monkeypatch):
+    """MOE_GEMM_SPLIT_K=<ways> splits every tile of a single, partial wave over K (capped by the free
+    clusters, the K blocks and 8), its units taking SMs the wave leaves idle; unset (the default)
+    or MOE_GEMM_TAIL_SPLIT=0, none."""
+    native = kernels.jit.native_module()
+    if block_n:
+        monkeypatch.setenv("MOE_GEMM_BLOCK_N", block_n)
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS)["tail_splits"] == 1
+    monkeypatch.setenv("MOE_GEMM_SPLIT_K", ways)
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert cfg["tail_splits"] == splits
+    if tiles:
+        assert (cfg["num_tiles"], cfg["grid"]) == (tiles, grid)
+    assert cfg["grid"] <= H200_SMS and cfg["grid"] == min(cfg["num_tiles"] * splits, H200_SMS) // 2 * 2
+    monkeypatch.setenv("MOE_GEMM_TAIL_SPLIT", "0")
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS)["tail_splits"] == 1
+
+
 def test_tail_split_has_no_workspace_inside_a_graph_capture(monkeypatch):
     """A GEMM captured in a CUDA graph gets no tail-split workspace (so it runs every tile whole):
     graphs captured on one stream would share one, and one made during a capture would be zeroed
@@ -340,6 +365,39 @@ def test_gpu_tail_split_matches_whole_tiles(m, n, k, num_sms, seed, monkeypatch)
         assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
     finally:
         kernels.jit.reset_num_sms()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,block_m,block_n,ways", [
+    (64, 2112, 7168, "", "128", "8"),     # 7 units of 8 K blocks per tile, a partial n-block
+    (1, 576, 7168, "", "64", "4"),        # one row
+    (100, 4096, 7168, "", "128", "4"),    # a partial m-block; 64 tiles leave room for 2 units each
+    (37, 7168, 2048, "", "112", "3"),     # a run-time scale split (block N 112); 2 units of 8 K blocks
+    (128, 264, 640, "", "24", "5"),       # units of one K block
+    (300, 2112, 7168, "256", "128", "4"),  # 256-row tiles, 3 units each, the second wave past M
+])
+def test_gpu_split_k_of_a_single_wave(m, n, k, block_m, block_n, ways, seed, monkeypatch):
+    """MOE_GEMM_SPLIT_K: every tile of a single wave split over K, against float64 and against the
+    same tiles whole (MOE_GEMM_TAIL_SPLIT=0), both NaN-poisoned; a second call gives the same bits
+    and a residual C is added once."""
+    if block_m:
+        monkeypatch.setenv("MOE_GEMM_BLOCK_M", block_m)
+    monkeypatch.setenv("MOE_GEMM_BLOCK_N", block_n)
+    monkeypatch.setenv("MOE_GEMM_SPLIT_K", ways)
+    assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["tail_splits"] > 1
+    a_fp8, b_fp8, d, whole = _with_switch_off(m, n, k, "MOE_GEMM_TAIL_SPLIT", monkeypatch)
+    assert calc_diff(whole, reference_f64(a_fp8, b_fp8)) < 1e-3
+    # The same tiles, summed in another order: bf16 roundings apart at most.
+    assert calc_diff(d, whole) < 1e-5
+    monkeypatch.delenv("MOE_GEMM_TAIL_SPLIT")
+    again = torch.full_like(d, float("nan"))
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, again)
+    c = torch.randn(m, n, device="cuda")
+    with_c = torch.full_like(d, float("nan"))
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c)
+    torch.cuda.synchronize()
+    assert torch.equal(again, d)
+    assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
 
 
 @pytest.mark.gpu
