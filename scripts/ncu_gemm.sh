@@ -6,6 +6,7 @@
 # memory bank reads / writes as a share of their peak (the suspected bound of 128 x 128 tiles: TMA
 # fills plus the wgmmas' operand reads), and the warp stall reasons.
 #   bash scripts/ncu_gemm.sh [NAME ...]     (default: every problem)
+# NCU_SOURCE=1 adds a pass with per-instruction counters (SourceCounters), its SASS page as CSV.
 # Environment switches reach the kernels (MOE_FP8_MULTICAST=0, MOE_FP8_PINGPONG=0|1); the build,
 # wheels and $out come from scripts/gpu_env.sh.
 set -uo pipefail
@@ -38,6 +39,16 @@ for name in "${names[@]}"; do
   timeout "${NCU_TIMEOUT:-240}" "$ncu" --clock-control none -k regex:sm90_fp8 -s 1 -c 1 \
     --metrics sm__cycles_elapsed.avg.per_second,lts__t_bytes.sum.per_second,lts__t_sectors_srcunit_tex.sum,l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed \
     python3 $cmd >> "$out/ncu_$name.txt" 2>&1 || echo "   (raw metrics pass failed: see $out/ncu_$name.txt)"
+  if [[ "${NCU_SOURCE:-0}" == 1 ]]; then
+    # Per-SASS-instruction counters (shared-memory wavefronts, stall samples) in a pass of their own:
+    # which instructions fill the shared-memory pipe and where the warps wait. The report and its
+    # source page (CSV, SASS) come back under $out.
+    timeout "${NCU_TIMEOUT:-240}" "$ncu" --clock-control none -k regex:sm90_fp8 -s 1 -c 1 \
+      --section SourceCounters --section WarpStateStats -f -o "$out/ncu_${name}_source" \
+      python3 $cmd > "$out/ncu_${name}_source.log" 2>&1 || echo "   (source pass failed: see $out/ncu_${name}_source.log)"
+    "$ncu" --import "$out/ncu_${name}_source.ncu-rep" --page source --print-source sass --csv \
+      > "$out/ncu_${name}_sass.csv" 2>&1 || echo "   (source page failed: see $out/ncu_${name}_sass.csv)"
+  fi
   echo "== $name ($cmd)"
   grep -E "^\s+(Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|sm__cycles_elapsed|lts__t_bytes|l1tex__data_bank|l1tex__data_pipe_lsu_wavefronts_mem_shared|Shared Memory|Block Size|Grid Size|Registers Per Thread|Warp Cycles Per Issued Instruction)\b" \
     "$out/ncu_$name.txt" | sed 's/^ */   /'
