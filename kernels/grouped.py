@@ -27,6 +27,8 @@ Layouts of the activations (both weight formats):
   rest (that would cost a pass over ``m_indices``): a block that mixes groups is computed with the
   first row's weights. Rows of padding blocks, and of blocks whose id is outside [0, G), are not
   computed; padding rows inside a group's last block are computed from whatever A holds there.
+  An alignment that is a multiple of 256 lets the FP8 kernel run 256-row tiles on large layouts
+  (their group read from a tile's first row), at the cost of up to 255 padding rows per group.
 * Masked (decode, CUDA graphs): ``A [G, max_m, K]``, ``masked_m`` int32 [G] on the device, so a
   call can be captured in a graph; rows at or past ``masked_m[g]`` of ``d`` hold unspecified values
   after the call. ``expected_m`` (rows per group you expect) only steers the heuristic.
@@ -149,7 +151,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tu
     jit.native_module().m_grouped_fp8_gemm_nt_contiguous(
         a_t.data_ptr(), a_t.stride(0), sfa.data_ptr(), sfa.stride(0), sfa.stride(1),
         b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(1), sfb.stride(2),
-        d.data_ptr(), d.stride(0), m_indices.data_ptr(), m, n, k, g, device.index,
+        d.data_ptr(), d.stride(0), m_indices.data_ptr(), m, n, k, g, _alignment, device.index,
         _descriptors.current_stream(device))
 
 

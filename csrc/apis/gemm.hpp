@@ -67,15 +67,15 @@ inline void fp8_gemm_nt(std::uint64_t a, long long lda, std::uint64_t sfa, long 
 }
 
 // m_indices: int32 [m] on the device. Rows of a group are contiguous and every aligned block of
-// 128 rows belongs to one group (or is padding, -1).
+// `alignment` rows (a multiple of 128) belongs to one group (or is padding, -1).
 inline void m_grouped_fp8_gemm_nt_contiguous(std::uint64_t a, long long lda, std::uint64_t sfa, long long sfa_stride_m,
                                              long long sfa_stride_k, std::uint64_t b, long long ldb, std::uint64_t sfb,
                                              long long sfb_stride_g, long long sfb_stride_n, long long sfb_stride_k,
                                              std::uint64_t d, long long ldd, std::uint64_t m_indices, int m, int n,
-                                             int k, int num_groups, int device, std::uint64_t stream) {
+                                             int k, int num_groups, int alignment, int device, std::uint64_t stream) {
   namespace L = moe_launchers::sm90_fp8_gemm;
   const auto config = L::get_config(m, n, k, moe_jit::get_num_sms(device), false, L::Residual::kNone,
-                                    L::GemmType::kGroupedContiguous, num_groups);
+                                    L::GemmType::kGroupedContiguous, num_groups, alignment);
   L::launch(config, L::Args{a, sfa, b, sfb, d, 0, lda, ldb, ldd, 0, sfa_stride_m, sfa_stride_k, sfb_stride_g,
                             sfb_stride_n, sfb_stride_k, m, num_groups, m_indices, device, stream});
 }
@@ -235,24 +235,28 @@ inline void register_apis(pybind11::module_& m) {
         pybind11::arg("num_sms"));
   m.def(
       "fp8_gemm_nt_config",
-      [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype, int gemm_type, int num_groups) {
+      [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype, int gemm_type, int num_groups,
+         int alignment) {
         const auto cfg = L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
-                                       detail::gemm_type(gemm_type), num_groups);
+                                       detail::gemm_type(gemm_type), num_groups, alignment);
         return detail::config_dict(cfg, m_);
       },
-      "the heuristic's choice for a shape (no GPU needed)", pybind11::arg("m"), pybind11::arg("n"),
-      pybind11::arg("k"), pybind11::arg("num_sms"), pybind11::arg("compile_m") = false,
-      pybind11::arg("c_dtype") = -1, pybind11::arg("gemm_type") = 0, pybind11::arg("num_groups") = 1);
+      "the heuristic's choice for a shape (no GPU needed); alignment: the contiguous layout's",
+      pybind11::arg("m"), pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"),
+      pybind11::arg("compile_m") = false, pybind11::arg("c_dtype") = -1, pybind11::arg("gemm_type") = 0,
+      pybind11::arg("num_groups") = 1, pybind11::arg("alignment") = 128);
   m.def(
       "fp8_gemm_nt_code",
-      [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype, int gemm_type, int num_groups) {
+      [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype, int gemm_type, int num_groups,
+         int alignment) {
         const auto g = L::generate(L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
-                                                 detail::gemm_type(gemm_type), num_groups));
+                                                 detail::gemm_type(gemm_type), num_groups, alignment));
         return pybind11::make_tuple(g.name, g.code);
       },
       "(name, code) of the kernel a shape gets (no GPU needed)", pybind11::arg("m"), pybind11::arg("n"),
       pybind11::arg("k"), pybind11::arg("num_sms"), pybind11::arg("compile_m") = false,
-      pybind11::arg("c_dtype") = -1, pybind11::arg("gemm_type") = 0, pybind11::arg("num_groups") = 1);
+      pybind11::arg("c_dtype") = -1, pybind11::arg("gemm_type") = 0, pybind11::arg("num_groups") = 1,
+      pybind11::arg("alignment") = 128);
 }
 
 }  // namespace moe_apis::gemm

@@ -125,9 +125,10 @@ inline const char* function_name(GemmType type) {
 
 // Analytic choice: fewest waves of tiles weighted by a tile's cost, then the larger block N. `m` is
 // the rows of the problem; for kGroupedMasked the expected rows per group, times `num_groups`
-// problems.
+// problems. contiguous_alignment: kGroupedContiguous's promise that every aligned block of that
+// many rows lies in one group (or is padding); a multiple of 256 allows 256-row tiles.
 inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual,
-                         GemmType type = GemmType::kNormal, int num_groups = 1) {
+                         GemmType type = GemmType::kNormal, int num_groups = 1, int contiguous_alignment = 128) {
   const char* fn = function_name(type);
   check_shape(fn, m, n, k);
   MOE_HOST_ASSERT(num_sms >= 1, fn << ": num_sms must be >= 1, got " << num_sms);
@@ -148,14 +149,20 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   const char* multicast_env = std::getenv("MOE_FP8_MULTICAST");
   const bool forced = multicast_env != nullptr && std::string(multicast_env) == "2";
   int multicast = (forced ? legal : wants) && num_sms % 2 == 0 && env_enabled("MOE_FP8_MULTICAST") ? 2 : 1;
-  const int max_block_m = type == GemmType::kNormal ? 256 : 128;
+  MOE_HOST_ASSERT(contiguous_alignment >= 128 && contiguous_alignment % 128 == 0,
+                  fn << ": the contiguous alignment must be a positive multiple of 128, got " << contiguous_alignment);
+  // 256-row tiles: dense, or contiguous groups aligned to 256 rows (a tile then lies in one group).
+  const bool wide_ok = type == GemmType::kNormal ||
+                       (type == GemmType::kGroupedContiguous && contiguous_alignment % 256 == 0);
+  const int max_block_m = wide_ok ? 256 : 128;
+  const int split_k = type == GemmType::kNormal ? k : 0;
   Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms, kMaxBlockN,
-                         stage_bytes, block_n_fits_scales, multicast, type == GemmType::kNormal ? k : 0, max_block_m);
-  if (type == GemmType::kNormal && m >= kWideTileMinRows && n >= 256 && env_int("MOE_GEMM_BLOCK_M") == 0 &&
+                         stage_bytes, block_n_fits_scales, multicast, split_k, max_block_m);
+  if (wide_ok && legal && m >= kWideTileMinRows && n >= 256 && env_int("MOE_GEMM_BLOCK_M") == 0 &&
       env_int("MOE_GEMM_BLOCK_N") == 0) {
     const int wide_multicast = num_sms % 2 == 0 && env_enabled("MOE_FP8_MULTICAST") ? 2 : 1;
     const Tiles wide = choose_tiles(fn, 1, m, n, num_sms, 128, stage_bytes, [](int bn) { return bn == 128; },
-                                    wide_multicast, k, max_block_m, 256);
+                                    wide_multicast, split_k, max_block_m, 256);
     // A 256-row tile does two 128-row tiles' work in kWideTileCost sixteenths of their time.
     if (wide.score * 2 * kWideTileCost < t.score * 16) {
       t = wide;

@@ -89,6 +89,27 @@ def test_alignment_setting():
     kernels.set_mk_alignment_for_contiguous_layout(128)
 
 
+@pytest.mark.parametrize("alignment,tile", [(128, "128x192c1"), (256, "256x128c2")])
+def test_contiguous_256_row_tiles_need_the_layout_aligned_to_256(alignment, tile, monkeypatch):
+    """A 256-row tile reads its group from its first row: the heuristic takes it for contiguous
+    layouts only when the caller's alignment (set_mk_alignment_for_contiguous_layout) is a multiple
+    of 256, and a forced block M 256 raises otherwise; masked GEMMs never take it."""
+    native = kernels.jit.native_module()
+    cfg = native.fp8_gemm_nt_config(32768, 4096, 7168, 132, gemm_type=1, num_groups=4, alignment=alignment)
+    assert f"{cfg['block_m']}x{cfg['block_n']}c{cfg['multicast']}" == tile
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
+    if alignment % 256:
+        with pytest.raises(RuntimeError, match="MOE_GEMM_BLOCK_M"):
+            native.fp8_gemm_nt_config(32768, 4096, 7168, 132, gemm_type=1, num_groups=4, alignment=alignment)
+    else:
+        assert native.fp8_gemm_nt_config(300, 4096, 7168, 132, gemm_type=1, num_groups=4,
+                                         alignment=alignment)["block_m"] == 256
+    with pytest.raises(RuntimeError, match="MOE_GEMM_BLOCK_M"):
+        native.fp8_gemm_nt_config(64, 4096, 7168, 132, gemm_type=2, num_groups=4, alignment=alignment)
+    with pytest.raises(RuntimeError, match="alignment"):
+        native.fp8_gemm_nt_config(4096, 4096, 7168, 132, gemm_type=1, num_groups=4, alignment=192)
+
+
 def _contig_args(**over):
     m, n, k, g = 128, 16, 128, 2
     args = dict(a=(torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, 1)),
@@ -173,6 +194,36 @@ def warm_grouped_cache():
 @pytest.mark.parametrize("n,k", GROUPED_NK)
 def test_gpu_contiguous(counts, n, k, warm_grouped_cache, seed):
     check_contiguous(counts, n, k, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts,forced", [
+    ([4000, 0, 3900, 1], ""),        # the heuristic's 256 x 128 (clusters), an empty group, a one-row group
+    ([100, 300, 0, 256], "256"),     # second waves all padding (100 rows), a group of exactly one tile
+    ([1], "256"),                    # G = 1, one row
+    ([513, 700, 255], "256"),        # groups ending one row into a wave, one row short of a tile
+])
+@pytest.mark.parametrize("n,k", GROUPED_NK)
+def test_gpu_contiguous_256_row_tiles(counts, forced, n, k, seed, monkeypatch):
+    """Contiguous layouts aligned to 256 rows run 256-row tiles (two waves of 128): every valid row
+    against float64, NaN-poisoned, padding rows and empty groups included."""
+    if forced:
+        monkeypatch.setenv("MOE_GEMM_BLOCK_M", forced)
+    kernels.set_mk_alignment_for_contiguous_layout(256)
+    try:
+        b_fp8 = make_weights(len(counts), n, k, "cuda")
+        a_fp8, m_indices = make_contiguous(counts, k, "cuda", align=256)
+        cfg = kernels.jit.native_module().fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(),
+                                                             gemm_type=1, num_groups=len(counts), alignment=256)
+        assert cfg["block_m"] == 256, cfg
+        d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
+        torch.cuda.synchronize()
+    finally:
+        kernels.set_mk_alignment_for_contiguous_layout(128)
+    valid = m_indices >= 0
+    assert torch.isfinite(d[valid]).all(), "valid rows not fully written"
+    assert calc_diff(d[valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
 
 
 @pytest.mark.gpu

@@ -34,14 +34,14 @@ def sass(name: str, code: str) -> str:
 _SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 
-def _k_loop_bodies(code: str) -> list[str]:
-    """The instructions of every backward branch's body (target..branch) that is at most 4096 bytes
-    long, one per line: the K loops and their retry loops."""
+def _k_loop_bodies(code: str, max_bytes: int = 4096) -> list[str]:
+    """The instructions of every backward branch's body (target..branch) that is at most
+    ``max_bytes`` long, one per line: the K loops and their retry loops."""
     ops = [(int(m.group(1), 16), m.group(2).strip()) for m in _SASS_LINE.finditer(code)]
     bodies = []
     for address, text in ops:
         branch = re.search(r"\bBRA (?:\S+ )?0x([0-9a-f]+)", text)
-        if branch and int(branch.group(1), 16) < address and address - int(branch.group(1), 16) <= 4096:
+        if branch and int(branch.group(1), 16) < address and address - int(branch.group(1), 16) <= max_bytes:
             target = int(branch.group(1), 16)
             bodies.append("\n".join(t for a, t in ops if target <= a <= address))
     return bodies
@@ -101,6 +101,24 @@ def test_fp8_gemm_256_row_tiles_run_two_waves(n, k, multicast, c_dtype, monkeypa
     for ops in loops:
         assert sum("QGMMA" in line for line in ops) == 8
         assert sum("FFMA" in line for line in ops) == 128
+        assert sum("R2UR" in line for line in ops) <= 4 and len(ops) < 256, f"{len(ops)} instructions per K block"
+
+
+@pytest.mark.parametrize("n,k", [(4096, 7168), (7168, 2048)])
+def test_fp8_contiguous_256_row_tiles_run_two_waves(n, k):
+    """Contiguous layouts aligned to 256 rows: the grouped kernel's 256 x 128 tile issues two waves of
+    four QGMMAs per K block with their FFMAs, no spills, descriptors in uniform registers."""
+    native = kernels.jit.native_module()
+    args = (32768, n, k, H200_SMS, False, -1, 1, 4)
+    assert native.fp8_gemm_nt_config(*args, alignment=256)["block_m"] == 256
+    code = sass(*native.fp8_gemm_nt_code(*args, alignment=256))
+    assert "LDL" not in code and "STL" not in code, "register spills"
+    # Two waves' K block spans more than 4096 bytes of code here (the tile loop is far longer).
+    loops = [[line for line in body.splitlines() if line.strip()]
+             for body in _k_loop_bodies(code, max_bytes=6144) if "QGMMA" in body]
+    assert loops
+    for ops in loops:
+        assert sum("QGMMA" in line for line in ops) == 8 and sum("FFMA" in line for line in ops) == 128
         assert sum("R2UR" in line for line in ops) <= 4 and len(ops) < 256, f"{len(ops)} instructions per K block"
 
 

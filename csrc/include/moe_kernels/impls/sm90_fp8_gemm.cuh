@@ -123,8 +123,10 @@ __global__ void __launch_bounds__((fp8_gemm_math_warpgroups(kBlockM) + 1) * 128,
   static_assert(kNumWaves == 1 || kBlockN == 128, "block M 256 takes block N 128");
   // The tail split's workspace holds a tile's partial sums per slot (launchers' kMaxTileFloats).
   static_assert(kBlockM * kBlockN <= 128 * 256, "a tile's partial sums would overrun the split workspace");
-  // A contiguous m-block must lie inside one group (aligned to 128 rows); masked groups are small.
-  static_assert(kNumWaves == 1 || kGemmType == static_cast<int>(GemmType::kNormal), "block M 256 is for dense GEMMs");
+  // A contiguous m-block must lie inside one group: the launcher takes 256 rows only where the
+  // caller's layout is aligned to 256. Masked groups are small.
+  static_assert(kNumWaves == 1 || kGemmType != static_cast<int>(GemmType::kGroupedMasked),
+                "block M 256 is for dense and contiguous GEMMs");
   static_assert(!kPingPong || (kNumMathWG == 2 && kNumWaves == 1), "ping-pong takes two math warpgroups, one wave");
   // A tile may straddle at most two 128-column scale blocks of B: tiles start at multiples of
   // gcd(kBlockN, 128) inside a scale block, so the last start plus kBlockN must stay within 256.
@@ -252,8 +254,9 @@ __global__ void __launch_bounds__((fp8_gemm_math_warpgroups(kBlockM) + 1) * 128,
   float final_acc[kNumWaves * Wgmma::kNumAccum];
   // Masked groups: the scheduler's loop runs on masked_m loaded per thread, which ptxas cannot prove
   // warp-uniform, so it kept the stage index out of uniform registers: 16 R2UR per K block rebuilt
-  // the wgmma descriptors. Lane 0's stage, broadcast, is uniform (1-3 left).
-  constexpr bool kBroadcastStage = kType == GemmType::kGroupedMasked;
+  // the wgmma descriptors. Lane 0's stage, broadcast, is uniform (1-3 left). Contiguous 256-row
+  // tiles (group ids loaded per thread too) had 32 R2UR in their two waves' K block, 1 broadcast.
+  constexpr bool kBroadcastStage = kType == GemmType::kGroupedMasked || (kNumWaves > 1 && kGrouped);
 
   const auto math_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
 #pragma unroll
