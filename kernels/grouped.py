@@ -60,7 +60,9 @@ def get_mk_alignment_for_contiguous_layout() -> int:
 
 
 def set_mk_alignment_for_contiguous_layout(alignment: int) -> None:
-    """Set the contiguous-layout alignment: a positive multiple of 128 (the kernels' largest block M)."""
+    """Set the contiguous-layout alignment: a positive multiple of 128; multiples of 256 allow the FP8
+    kernel's 256-row tiles. MoE layers size their exchange buffers with the alignment in force when
+    they are built: set it before building them."""
     global _alignment
     if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or alignment % 128:
         raise ValueError(f"set_mk_alignment_for_contiguous_layout: alignment must be a positive multiple of 128, "

@@ -135,7 +135,11 @@ def _grouped_code(fp4_weights: bool, m: int, n: int, k: int, num_sms: int, gemm_
         else:
             name, code, _ = _native().fp8_fp4_gemm_nt_code(m, n, k, num_sms, gemm_type, groups)
         return name, code
-    return _native().fp8_gemm_nt_code(m, n, k, num_sms, False, -1, gemm_type, groups)
+    # Contiguous layouts aligned to 256 rows run 256-row tiles: the kernels of the alignment in force.
+    from .grouped import get_mk_alignment_for_contiguous_layout
+
+    return _native().fp8_gemm_nt_code(m, n, k, num_sms, False, -1, gemm_type, groups,
+                                      alignment=get_mk_alignment_for_contiguous_layout())
 
 
 def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelShapes, str, int], list[KernelSource]]:

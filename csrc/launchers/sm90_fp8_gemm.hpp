@@ -158,7 +158,7 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   const int split_k = type == GemmType::kNormal ? k : 0;
   Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms, kMaxBlockN,
                          stage_bytes, block_n_fits_scales, multicast, split_k, max_block_m);
-  if (wide_ok && legal && m >= kWideTileMinRows && n >= 256 && env_int("MOE_GEMM_BLOCK_M") == 0 &&
+  if (wide_ok && m >= kWideTileMinRows && n >= 256 && env_int("MOE_GEMM_BLOCK_M") == 0 &&
       env_int("MOE_GEMM_BLOCK_N") == 0) {
     const int wide_multicast = num_sms % 2 == 0 && env_enabled("MOE_FP8_MULTICAST") ? 2 : 1;
     const Tiles wide = choose_tiles(fn, 1, m, n, num_sms, 128, stage_bytes, [](int bn) { return bn == 128; },

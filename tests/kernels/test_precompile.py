@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import kernels
 import kernels.jit
 
 from kernels import precompile
@@ -38,6 +39,21 @@ def test_every_family_generates_deduplicated_sources():
     families = {s.family for s in sources}
     assert families == set(precompile.FAMILIES)
     assert len({(s.name, s.code) for s in sources}) == len(sources)
+
+
+def test_contiguous_sources_follow_the_alignment():
+    """Contiguous FP8 kernels are generated for the layout alignment in force: aligned to 256 rows,
+    the large layouts' kernels are the 256-row tiles the calls will run."""
+    def block_ms():
+        sources = precompile.collect_sources(["m_grouped_fp8_gemm_nt_contiguous"], max_m=16384)
+        return {int(s.code.split("sm90_fp8_gemm_nt<")[1].split(",")[4]) for s in sources}
+
+    assert 256 not in block_ms()
+    kernels.set_mk_alignment_for_contiguous_layout(256)
+    try:
+        assert 256 in block_ms()
+    finally:
+        kernels.set_mk_alignment_for_contiguous_layout(128)
 
 
 def test_gemm_family_compiles(tmp_path: Path):

@@ -66,8 +66,8 @@ struct TileScheduler {
   // kNormal: split the last `tail_tiles` tiles (per cluster; fewer than the clusters) `num_splits`
   // ways over the K blocks, split s getting k_quot + (s < k_rem) of them (the launcher's quotient
   // and remainder of the K blocks by num_splits). The launcher chooses tail_tiles * num_splits <=
-  // the clusters. A single, partial wave may be all tail (full == 0: next() yields nothing and each
-  // cluster runs one unit, the grid being the units). Only subtractions and compares on kernel arguments here: a division would leave
+  // the clusters. A single, partial wave may be all tail (full == 0: next() yields nothing and
+  // each cluster runs one unit, the grid being the units). Only subtractions and compares on kernel arguments here: a division would leave
   // the K range, the pipeline's trip count, in vector registers, and ptxas then rebuilds the wgmma
   // descriptors from them in every K block.
   __device__ __forceinline__ void set_tail_split(uint32_t num_splits, uint32_t tail_tiles, uint32_t k_quot,
