@@ -2,7 +2,8 @@
 
     python bench/bench_gemm.py [--ms 64,128,4096] [--csv out.csv]
 
-Per shape: our kernel time (profiler, L2 flushed before each run), TFLOP/s, GB/s (bytes of A, B
+Per shape: our kernel time (profiler, L2 flushed before each run; the faster median of two rounds,
+the second after the variants, for ours and cuBLAS alike), TFLOP/s, GB/s (bytes of A, B
 and D over kernel time), cuBLAS measured the same way in the same run (block scales 1x128 /
 128x128 where it accepts them, else row-wise scales, marked), the speed-up, and the time per
 call from Python on an idle stream for both. Where our heuristic runs 2-CTA clusters sharing A
@@ -129,14 +130,22 @@ def main() -> int:
             if kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["multicast"] > 1:
                 single_us = kernel_us_with_env(ours, "sm90_fp8_gemm_nt", MOE_FP8_MULTICAST="0")
             tile = tile_label(m, n, k)
+            variant_us = {label: kernel_us_with_env(ours, "sm90_fp8_gemm_nt", **env) for label, env in variants}
+            # A long GEMM just before this shape leaves the GPU slower for its first timings (session 8:
+            # 10-20% at the shape after 7168 x 16384): ours and cuBLAS are timed again after the
+            # variants, and each keeps its faster median.
+            t = min(t, bench_kineto(ours, "sm90_fp8_gemm_nt").median_s)
+            t_ref = min(t_ref, bench_kineto(theirs, "").median_s)
             row = dict(m=m, n=n, k=k, tile=tile, us=t * 1e6, tflops=flops / t / 1e12, gbps=nbytes / t / 1e9, call_us=call,
                        cublas=kind, cublas_us=t_ref * 1e6, cublas_tflops=flops / t_ref / 1e12, cublas_call_us=call_ref,
                        speedup=t_ref / t, diff=diff, single_us=single_us)
             extra = ""
             for label, env in variants:
                 d.fill_(float("nan"))
-                v_us = kernel_us_with_env(ours, "sm90_fp8_gemm_nt", **env)
-                v_diff = calc_diff(d, ref)  # the variant's last run: a fast wrong kernel must show
+                with env_switches(**env):
+                    ours()
+                v_us = variant_us[label]
+                v_diff = calc_diff(d, ref)  # the variant's own output: a fast wrong kernel must show
                 v_tile = tile_label(m, n, k, **env)
                 row[f"{label}_us"], row[f"{label}_tile"], row[f"{label}_diff"] = v_us, v_tile, v_diff
                 extra += f" | {v_us:>{len(label) + 3}.1f} {v_us / row['us']:>5.2f}x {v_tile:>14} {v_diff:.0e}"
