@@ -112,13 +112,23 @@ def _gemm_ms(max_m: int) -> list[int]:
     return [64] + list(range(128, max_m + 128, 128))
 
 
-def _dense_gemm(family: str, code_fn: str) -> Callable[[ModelShapes, str, int], list[KernelSource]]:
-    """Sources of a dense GEMM family: every (N, K) of the model's projections at every M bucket."""
+def _dense_gemm(family: str, code_fn: str, graph_variant: bool = False) -> Callable[[ModelShapes, str, int], list[KernelSource]]:
+    """Sources of a dense GEMM family: every (N, K) of the model's projections at every M bucket.
+    graph_variant: also the kernel a call inside a CUDA graph capture gets where it differs (the FP8
+    GEMM plans a single wave split over K only with its workspace, which a capture does not take)."""
 
     def sources(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
         generate = getattr(_native(), code_fn)
-        return [KernelSource(family, f"n={n} k={k} m<={m}", *generate(m, n, k, num_sms, False, -1))
-                for n, k in model.dense_nk for m in _gemm_ms(model.max_m)]
+        out = []
+        for n, k in model.dense_nk:
+            for m in _gemm_ms(model.max_m):
+                name, code = generate(m, n, k, num_sms, False, -1)
+                out.append(KernelSource(family, f"n={n} k={k} m<={m}", name, code))
+                if graph_variant:
+                    name, graph_code = generate(m, n, k, num_sms, False, -1, split_workspace=False)
+                    if graph_code != code:
+                        out.append(KernelSource(family, f"n={n} k={k} m<={m} in a graph", name, graph_code))
+        return out
 
     return sources
 
@@ -166,7 +176,7 @@ def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelS
 FAMILIES: dict[str, Callable[[ModelShapes, str, int], list[KernelSource]]] = {
     "per_token_cast_to_fp8": _quant_per_token,
     "per_block_cast_to_fp8": _quant_per_block,
-    "fp8_gemm_nt": _dense_gemm("fp8_gemm_nt", "fp8_gemm_nt_code"),
+    "fp8_gemm_nt": _dense_gemm("fp8_gemm_nt", "fp8_gemm_nt_code", graph_variant=True),
     "bf16_gemm_nt": _dense_gemm("bf16_gemm_nt", "bf16_gemm_nt_code"),
     "m_grouped_fp8_gemm_nt_contiguous": _grouped("m_grouped_fp8_gemm_nt_contiguous", _CONTIGUOUS, False),
     "m_grouped_fp8_gemm_nt_masked": _grouped("m_grouped_fp8_gemm_nt_masked", _MASKED, False),

@@ -57,8 +57,8 @@ inline void fp8_gemm_nt(std::uint64_t a, long long lda, std::uint64_t sfa, long 
                         int device, std::uint64_t split_workspace, std::uint64_t split_workspace_bytes,
                         std::uint64_t stream) {
   namespace L = moe_launchers::sm90_fp8_gemm;
-  const auto config =
-      L::get_config(m, n, k, moe_jit::get_num_sms(device), compile_m, detail::residual_type(c_dtype));
+  const auto config = L::get_config(m, n, k, moe_jit::get_num_sms(device), compile_m, detail::residual_type(c_dtype),
+                                    L::GemmType::kNormal, 1, 128, split_workspace != 0);
   L::Args args{a, sfa, b, sfb, d, c, lda, ldb, ldd, ldc, sfa_stride_m, sfa_stride_k, 0, sfb_stride_n,
                sfb_stride_k, m, 1, 0, device, stream};
   args.split_workspace = split_workspace;
@@ -236,27 +236,29 @@ inline void register_apis(pybind11::module_& m) {
   m.def(
       "fp8_gemm_nt_config",
       [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype, int gemm_type, int num_groups,
-         int alignment) {
+         int alignment, bool split_workspace) {
         const auto cfg = L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
-                                       detail::gemm_type(gemm_type), num_groups, alignment);
+                                       detail::gemm_type(gemm_type), num_groups, alignment, split_workspace);
         return detail::config_dict(cfg, m_);
       },
-      "the heuristic's choice for a shape (no GPU needed); alignment: the contiguous layout's",
+      "the heuristic's choice for a shape (no GPU needed); alignment: the contiguous layout's; "
+      "split_workspace=False: a call inside a CUDA graph capture (tiles planned whole)",
       pybind11::arg("m"), pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"),
       pybind11::arg("compile_m") = false, pybind11::arg("c_dtype") = -1, pybind11::arg("gemm_type") = 0,
-      pybind11::arg("num_groups") = 1, pybind11::arg("alignment") = 128);
+      pybind11::arg("num_groups") = 1, pybind11::arg("alignment") = 128, pybind11::arg("split_workspace") = true);
   m.def(
       "fp8_gemm_nt_code",
       [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype, int gemm_type, int num_groups,
-         int alignment) {
+         int alignment, bool split_workspace) {
         const auto g = L::generate(L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
-                                                 detail::gemm_type(gemm_type), num_groups, alignment));
+                                                 detail::gemm_type(gemm_type), num_groups, alignment,
+                                                 split_workspace));
         return pybind11::make_tuple(g.name, g.code);
       },
       "(name, code) of the kernel a shape gets (no GPU needed)", pybind11::arg("m"), pybind11::arg("n"),
       pybind11::arg("k"), pybind11::arg("num_sms"), pybind11::arg("compile_m") = false,
       pybind11::arg("c_dtype") = -1, pybind11::arg("gemm_type") = 0, pybind11::arg("num_groups") = 1,
-      pybind11::arg("alignment") = 128);
+      pybind11::arg("alignment") = 128, pybind11::arg("split_workspace") = true);
 }
 
 }  // namespace moe_apis::gemm

@@ -34,6 +34,8 @@ struct Tiles {
   int block_m, block_n, num_stages, smem_bytes;
   int swizzle_d;     // bytes of the epilogue's swizzle atom (128, 64, 32) or 0 for plain rows
   long long score;   // the chosen block N's cost: sixteenths of a wave x (block_n + kTileOverheadN)
+  long long tiles;   // of the chosen block N (n-blocks in whole clusters)
+  long long waves;   // sixteenths of a wave
 };
 
 // Shared-memory bytes of a pipeline: the D tile plus `stages` stages of `stage_bytes`, plus the
@@ -55,10 +57,10 @@ inline int env_int(const char* name) {
 // to 19 K blocks (K = 1536, 2048, 7168) 0.94-1.00x: a last wave that few SMs run is already shorter
 // than a full one (those SMs get the clock and memory to themselves), which short units do not
 // beat. MOE_GEMM_TAIL_SPLIT=0 turns it off (read per call).
-// A problem of one partial wave (few rows: each SM's share of the bytes bounds it) may split all its
-// tiles the same way, into MOE_GEMM_SPLIT_K=<ways> units each (capped by the clusters free for
-// them, the K blocks and kMaxTailSplits; read per call): wider tiles then read A once per tile
-// instead of once per narrow n-block. Off unless set, until measured.
+// A problem of one partial wave may split all its tiles the same way, into `single_wave_ways` units
+// each (capped by the clusters free for them, the K blocks and kMaxTailSplits; 0 or 1: none): the
+// SMs that whole tiles would leave idle then share the K loop. The FP8 heuristic takes it where
+// whole tiles leave a quarter of the SMs idle (sm90_fp8_gemm.hpp); MOE_GEMM_SPLIT_K=<ways> sets it.
 constexpr int kMinSplitKBlocks = 32;
 constexpr int kMaxTailSplits = 8;
 
@@ -75,15 +77,14 @@ struct TailSplit {
 };
 
 // tiles: of the whole problem (a multiple of multicast), on num_sms SMs in clusters of multicast.
-inline TailSplit tail_split(long long tiles, int num_sms, int k, int multicast) {
+inline TailSplit tail_split(long long tiles, int num_sms, int k, int multicast, int single_wave_ways) {
   const char* value = std::getenv("MOE_GEMM_TAIL_SPLIT");
   if (value != nullptr && std::string(value) == "0") return {};
   const long long clusters = num_sms / multicast, cluster_tiles = tiles / multicast;
   if (clusters == 0 || cluster_tiles == 0) return {};
   if (cluster_tiles < clusters) {
-    const int forced = env_int("MOE_GEMM_SPLIT_K");
     const int ways = static_cast<int>(
-        std::min<long long>({forced, clusters / cluster_tiles, k / 128, kMaxTailSplits}));
+        std::min<long long>({single_wave_ways, clusters / cluster_tiles, k / 128, kMaxTailSplits}));
     return ways > 1 ? TailSplit{ways, static_cast<int>(cluster_tiles)} : TailSplit{};
   }
   const long long tail = cluster_tiles % clusters;
@@ -105,7 +106,7 @@ inline TailSplit tail_split(long long tiles, int num_sms, int k, int multicast) 
 template <typename StageBytes, typename BlockNOk>
 Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms, int max_block_n,
                    StageBytes stage_bytes, BlockNOk block_n_ok, int n_block_multiple = 1, int tail_split_k = 0,
-                   int max_block_m = 128, int block_m = 0) {
+                   int max_block_m = 128, int block_m = 0, int single_wave_ways = 0) {
   Tiles t{};
   // Up to 128 rows the weights dominate the bytes: one math warpgroup per CTA leaves shared memory
   // to deep B stages (two 64-row CTAs share each B tile through L2). block_m: the caller's choice.
@@ -126,7 +127,7 @@ Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms
     // In sixteenths of a wave. A split tail (tail_split_k: the K of a kernel that splits it) costs
     // 1/splits of a wave plus an eighth for the units' fill and the partials' round trip.
     const int sms = num_sms / n_block_multiple * n_block_multiple;
-    const int splits = tail_split_k > 0 ? tail_split(tiles, num_sms, tail_split_k, n_block_multiple).ways : 1;
+    const int splits = tail_split_k > 0 ? tail_split(tiles, num_sms, tail_split_k, n_block_multiple, single_wave_ways).ways : 1;
     const long long waves = splits > 1 ? tiles / sms * 16 + (16 + splits - 1) / splits + 2
                                        : (tiles + num_sms - 1) / num_sms * 16;
     const long long score = waves * (bn + kTileOverheadN);
@@ -134,6 +135,8 @@ Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms
       best_score = score;
       t.block_n = bn;
       t.score = score;
+      t.tiles = tiles;
+      t.waves = waves;
     }
   }
   if (const int forced = env_int("MOE_GEMM_BLOCK_N")) {

@@ -46,10 +46,11 @@ struct Config {
   int multicast = 1;  // CTAs per cluster sharing A by TMA multicast (1: no cluster)
   int scale_warps = 3;  // warps issuing the scale copies, taking the stages in turn
   int pingpong = 0;     // 1: the two math warpgroups (block M 128) take turns on the tensor cores
+  int split_k = 0;      // units per tile of a single partial wave split over K (0: whole tiles)
 
   // The last, partial wave's tiles split over K; kNormal only.
   TailSplit tail_split_of(int m) const {
-    return type == GemmType::kNormal ? tail_split(num_tiles(m), num_sms, k, multicast) : TailSplit{};
+    return type == GemmType::kNormal ? tail_split(num_tiles(m), num_sms, k, multicast, split_k) : TailSplit{};
   }
   // The persistent grid of an m-row problem: whole clusters, at most one CTA per SM.
   int grid(int m) const { return tail_split_of(m).grid(num_tiles(m), num_sms, multicast); }
@@ -79,6 +80,19 @@ constexpr int kMulticastMinNLargeM = 4097;
 // measured 0.86x (4096 x 4096 x 7168) and at block N 144 0.97x in two runs, at block N 192
 // 0.96-1.14x, 1.03-1.08x at 7168 x 16384 (bench/RESULTS.md, 2026-11-30, session 6).
 constexpr int kPingPongMinBlockN = 145;
+
+// Dense GEMMs of 65 to 128 rows run one 128-row m-block instead of two 64-row ones where that takes
+// fewer waves (wide N: 128 x 192 at N = 24576, 128 x 128 at 32768 x 512): 0.90x and 0.95x the time
+// on an H200 (bench/RESULTS.md, session 9). At equal waves the 128-row tiles are half as wide, so
+// every SM reads twice the rows of A per byte of B: 1.02-1.18x at N x K = 2112 x 7168, 4096 x 7168
+// and 576 x 7168 (0.96-0.98x at 7168 x 2048 and 7168 x 16384: kept at 64 rows, within noise).
+//
+// A dense problem whose whole tiles leave more than a quarter of the SMs idle (N = 576 at up to 128
+// rows: 72 tiles on 132 SMs) splits every tile over K into kSingleWaveSplit units where each unit keeps
+// at least kSingleWaveMinKBlocks K blocks: 0.72x and 0.77x the time at M = 64 and 128, N x K = 576
+// x 7168; forced on shapes whose tiles fill the SMs it measured 0.99-1.17x (session 9).
+constexpr int kSingleWaveSplit = 4;
+constexpr int kSingleWaveMinKBlocks = 8;
 
 // Dense GEMMs of at least kWideTileMinRows rows (the fewest measured) may run 256 x 128 tiles (two waves of 128 rows on
 // the two math warpgroups, 2-CTA clusters): per FLOP they fill half the B tiles of 128-row tiles
@@ -127,8 +141,11 @@ inline const char* function_name(GemmType type) {
 // the rows of the problem; for kGroupedMasked the expected rows per group, times `num_groups`
 // problems. contiguous_alignment: kGroupedContiguous's promise that every aligned block of that
 // many rows lies in one group (or is padding); a multiple of 256 allows 256-row tiles.
+// split_workspace: whether the launch gets the tail split's workspace (not inside a CUDA graph
+// capture); without it the tiles are planned whole.
 inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual,
-                         GemmType type = GemmType::kNormal, int num_groups = 1, int contiguous_alignment = 128) {
+                         GemmType type = GemmType::kNormal, int num_groups = 1, int contiguous_alignment = 128,
+                         bool split_workspace = true) {
   const char* fn = function_name(type);
   check_shape(fn, m, n, k);
   MOE_HOST_ASSERT(num_sms >= 1, fn << ": num_sms must be >= 1, got " << num_sms);
@@ -156,8 +173,23 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
                        (type == GemmType::kGroupedContiguous && contiguous_alignment % 256 == 0);
   const int max_block_m = wide_ok ? 256 : 128;
   const int split_k = type == GemmType::kNormal ? k : 0;
+  const int split_env = env_int("MOE_GEMM_SPLIT_K");
+  const bool tiles_forced = env_int("MOE_GEMM_BLOCK_M") != 0 || env_int("MOE_GEMM_BLOCK_N") != 0;
+  int single_wave_ways = split_workspace ? split_env : 1;
   Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms, kMaxBlockN,
-                         stage_bytes, block_n_fits_scales, multicast, split_k, max_block_m);
+                         stage_bytes, block_n_fits_scales, multicast, split_k, max_block_m, 0, single_wave_ways);
+  if (type == GemmType::kNormal && !tiles_forced) {
+    if (m > 64 && m <= 128) {
+      const Tiles rows128 = choose_tiles(fn, 1, m, n, num_sms, kMaxBlockN, stage_bytes, block_n_fits_scales,
+                                         multicast, split_k, max_block_m, 128, single_wave_ways);
+      if (rows128.waves < t.waves) t = rows128;
+    }
+    if (single_wave_ways == 0 && t.tiles * 4 < 3LL * num_sms && k / kBlockK >= kSingleWaveSplit * kSingleWaveMinKBlocks) {
+      single_wave_ways = kSingleWaveSplit;
+      t = choose_tiles(fn, 1, m, n, num_sms, kMaxBlockN, stage_bytes, block_n_fits_scales, multicast, split_k,
+                       max_block_m, t.block_m, single_wave_ways);
+    }
+  }
   if (wide_ok && m >= kWideTileMinRows && n >= 256 && env_int("MOE_GEMM_BLOCK_M") == 0 &&
       env_int("MOE_GEMM_BLOCK_N") == 0) {
     const int wide_multicast = num_sms % 2 == 0 && env_enabled("MOE_FP8_MULTICAST") ? 2 : 1;
@@ -177,6 +209,7 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   // A single n-block would pair with a padding one: nothing to share.
   cfg.multicast = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
   cfg.scale_warps = std::min(scale_warps_setting(), t.num_stages);
+  cfg.split_k = single_wave_ways;
   // One math warpgroup (block M 64) has no partner to take turns with.
   const char* pingpong = std::getenv("MOE_FP8_PINGPONG");
   const bool wants_pingpong = pingpong == nullptr ? t.block_n >= kPingPongMinBlockN : std::string(pingpong) != "0";

@@ -230,6 +230,28 @@ def test_split_k_of_a_single_wave(m, n, k, block_n, ways, tiles, splits, grid, m
     assert native.fp8_gemm_nt_config(m, n, k, H200_SMS)["tail_splits"] == 1
 
 
+@pytest.mark.parametrize("m", [1, 64, 65, 128, 129, 256, 4096])
+@pytest.mark.parametrize("n,k", DEEPSEEK_NK)
+def test_small_m_rows_and_single_wave_split(m, n, k, monkeypatch):
+    """65 to 128 rows take one 128-row m-block where it needs fewer waves than two 64-row ones (wide
+    N), else 64; whole tiles leaving over a quarter of the SMs idle (N = 576 up to 256 rows) split
+    over K into 4 units, not inside a CUDA graph capture (no workspace) nor with MOE_GEMM_SPLIT_K=1."""
+    native = kernels.jit.native_module()
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    if 64 < m <= 128:
+        assert cfg["block_m"] == (128 if (n, k) in {(24576, 1536), (32768, 512)} else 64), cfg
+    split = n == 576 and m <= 256
+    assert cfg["tail_splits"] == (4 if split else 1), cfg
+    whole = native.fp8_gemm_nt_config(m, n, k, H200_SMS, split_workspace=False)
+    assert whole["tail_splits"] == 1
+    assert (whole["num_tiles"] * 4 < 3 * H200_SMS) == split, whole
+    if split:
+        assert cfg["grid"] == cfg["num_tiles"] * 4 <= H200_SMS, cfg
+        assert whole["block_n"] < cfg["block_n"]
+        monkeypatch.setenv("MOE_GEMM_SPLIT_K", "1")
+        assert native.fp8_gemm_nt_config(m, n, k, H200_SMS) == whole
+
+
 def test_tail_split_has_no_workspace_inside_a_graph_capture(monkeypatch):
     """A GEMM captured in a CUDA graph gets no tail-split workspace (so it runs every tile whole):
     graphs captured on one stream would share one, and one made during a capture would be zeroed
@@ -402,12 +424,14 @@ def test_gpu_split_k_of_a_single_wave(m, n, k, block_m, block_n, ways, seed, mon
 
 
 @pytest.mark.gpu
-def test_gpu_split_k_planned_but_captured_runs_whole_tiles(seed, monkeypatch):
+@pytest.mark.parametrize("m,n,k,env", [(64, 2112, 7168, {"MOE_GEMM_BLOCK_N": "128", "MOE_GEMM_SPLIT_K": "8"}),
+                                       (64, 576, 7168, {}), (200, 576, 7168, {})])
+def test_gpu_split_k_planned_but_captured_runs_whole_tiles(m, n, k, env, seed, monkeypatch):
     """Inside a CUDA graph capture a GEMM gets no split workspace: a single wave planned as split-K
-    runs its tiles whole, on as many CTAs as tiles; the replayed graph's D matches float64."""
-    m, n, k = 64, 2112, 7168
-    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "128")
-    monkeypatch.setenv("MOE_GEMM_SPLIT_K", "8")
+    (forced, or the heuristic's at N = 576) runs its tiles whole, the heuristic's planned for whole
+    tiles; the replayed graph's D matches float64."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["tail_splits"] > 1
     a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
     d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
