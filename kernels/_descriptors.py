@@ -35,6 +35,11 @@ _raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 def current_stream(device: torch.device) -> int:
     """The CUstream of torch's current stream on ``device`` (a tensor's device), as an integer."""
+    return current_stream_of(device.index)
+
+
+def current_stream_of(index: int) -> int:
+    """current_stream for a CUDA device index (a tensor's ``get_device()``)."""
     if _raw_current_stream is not None:
-        return _raw_current_stream(device.index)
-    return torch.cuda.current_stream(device).cuda_stream
+        return _raw_current_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream

@@ -74,28 +74,33 @@ _FP8, _F32, _BF16 = torch.float8_e4m3fn, torch.float32, torch.bfloat16
 
 def _launch_args(a, b, d, c, compile_m: bool):
     """Everything the kernel call needs, or None when any tensor check fails (then ``_validate``
-    says which). Kept to plain attribute reads: this runs on every call, ahead of a
-    microsecond-scale kernel."""
+    says which). Kept to plain attribute reads, each tensor's shape and strides read once and
+    unpacked (a wrong rank or a non-tensor fails the unpacking): this runs on every call, ahead of
+    a microsecond-scale kernel."""
     if not isinstance(a, (tuple, list)) or not isinstance(b, (tuple, list)) or len(a) != 2 or len(b) != 2:
         return None
     a_t, sfa = a
     b_t, sfb = b
-    if not (isinstance(a_t, torch.Tensor) and isinstance(sfa, torch.Tensor) and isinstance(b_t, torch.Tensor)
-            and isinstance(sfb, torch.Tensor)):
+    try:
+        # Only tensors carry torch dtypes: the identity checks also rule out every other type.
+        if a_t.dtype is not _FP8 or b_t.dtype is not _FP8 or sfa.dtype is not _F32 or sfb.dtype is not _F32 \
+                or d.dtype is not _BF16:
+            return None
+        m, k = a_t.shape
+        n, b_k = b_t.shape
+        d_m, d_n = d.shape
+        sfa_m, sfa_kb = sfa.shape
+        sfb_n, sfb_kb = sfb.shape
+        lda, a_inner = a_t.stride()
+        ldb, b_inner = b_t.stride()
+        ldd, d_inner = d.stride()
+        sfa_sm, sfa_sk = sfa.stride()
+        sfb_sn, sfb_sk = sfb.stride()
+    except (AttributeError, TypeError, ValueError):
         return None
-    if a_t.dtype is not _FP8 or b_t.dtype is not _FP8 or sfa.dtype is not _F32 or sfb.dtype is not _F32 \
-            or d.dtype is not _BF16 or a_t.dim() != 2 or b_t.dim() != 2 or d.dim() != 2:
-        return None
-    m, k = a_t.shape
-    n = b_t.shape[0]
     kb = k // _BLOCK
-    lda, a_inner = a_t.stride()
-    ldb, b_inner = b_t.stride()
-    ldd, d_inner = d.stride()
-    sfa_sm, sfa_sk = sfa.stride() if sfa.dim() == 2 else (-1, -1)
-    sfb_sn, sfb_sk = sfb.stride() if sfb.dim() == 2 else (-1, -1)
-    if k == 0 or k % _BLOCK or n == 0 or n % 8 or b_t.shape[1] != k or d.shape != (m, n) \
-            or sfa.shape != (m, kb) or sfb.shape != ((n + _BLOCK - 1) // _BLOCK, kb) \
+    if k == 0 or k % _BLOCK or n == 0 or n % 8 or b_k != k or d_m != m or d_n != n \
+            or sfa_m != m or sfa_kb != kb or sfb_n != (n + _BLOCK - 1) // _BLOCK or sfb_kb != kb \
             or a_inner != 1 or lda % 16 or lda < k or b_inner != 1 or ldb % 16 or ldb < k \
             or d_inner != 1 or ldd % 8 or ldd < n or min(sfa_sm, sfa_sk, sfb_sn, sfb_sk) < 0 \
             or (m - 1) * sfa_sm >= _SPAN or (kb - 1) * sfa_sk >= _SPAN \
@@ -158,15 +163,16 @@ def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, tor
         if d.get_device() >= 0:  # _validate accepted what the fast path did not: a gap between them
             raise RuntimeError("fp8_gemm_nt: the fast argument check refused arguments the full check accepts; "
                                "please report this with the tensors' shapes, strides and dtypes")
-    if d.get_device() < 0:
+    device = args[19] if args is not None else -1
+    if device < 0:
         if d.device.type != "cpu":
             _fail(ValueError, f"tensors must be on a CPU or CUDA device, got {d.device}")
         d.copy_(reference.fp8_gemm_nt(a, b, c))
         return
     if args[15] == 0:  # m == 0: nothing to compute
         return
-    stream = _descriptors.current_stream(d.device)
-    jit.native_module().fp8_gemm_nt(*args, *_split_workspace(args[19], stream), stream)
+    stream = _descriptors.current_stream_of(device)
+    jit.native_module().fp8_gemm_nt(*args, *_split_workspace(device, stream), stream)
 
 
 def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None,

@@ -76,10 +76,17 @@ struct TailSplit {
   }
 };
 
-// tiles: of the whole problem (a multiple of multicast), on num_sms SMs in clusters of multicast.
-inline TailSplit tail_split(long long tiles, int num_sms, int k, int multicast, int single_wave_ways) {
+// MOE_GEMM_TAIL_SPLIT=0 turns every split off (read per call, once: the tile heuristic plans a
+// split for each candidate block N).
+inline bool tail_split_enabled() {
   const char* value = std::getenv("MOE_GEMM_TAIL_SPLIT");
-  if (value != nullptr && std::string(value) == "0") return {};
+  return value == nullptr || std::string(value) != "0";
+}
+
+// tiles: of the whole problem (a multiple of multicast), on num_sms SMs in clusters of multicast.
+inline TailSplit tail_split(long long tiles, int num_sms, int k, int multicast, int single_wave_ways,
+                            bool enabled = tail_split_enabled()) {
+  if (!enabled) return {};
   const long long clusters = num_sms / multicast, cluster_tiles = tiles / multicast;
   if (clusters == 0 || cluster_tiles == 0) return {};
   if (cluster_tiles < clusters) {
@@ -120,6 +127,7 @@ Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms
   // A 256-row tile holds three accumulator sets of block N / 2 registers per thread: block N 128.
   const auto fits = [&](int bn) { return block_n_ok(bn) && (t.block_m != 256 || bn == 128); };
   long long best_score = -1;
+  const bool split_enabled = tail_split_k > 0 && tail_split_enabled();
   for (int bn = 8; bn <= max_block_n; bn += 8) {
     if (!fits(bn)) continue;
     const long long n_blocks = ((n + bn - 1) / bn + n_block_multiple - 1) / n_block_multiple * n_block_multiple;
@@ -127,7 +135,8 @@ Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms
     // In sixteenths of a wave. A split tail (tail_split_k: the K of a kernel that splits it) costs
     // 1/splits of a wave plus an eighth for the units' fill and the partials' round trip.
     const int sms = num_sms / n_block_multiple * n_block_multiple;
-    const int splits = tail_split_k > 0 ? tail_split(tiles, num_sms, tail_split_k, n_block_multiple, single_wave_ways).ways : 1;
+    const int splits =
+        split_enabled ? tail_split(tiles, num_sms, tail_split_k, n_block_multiple, single_wave_ways, true).ways : 1;
     const long long waves = splits > 1 ? tiles / sms * 16 + (16 + splits - 1) / splits + 2
                                        : (tiles + num_sms - 1) / num_sms * 16;
     const long long score = waves * (bn + kTileOverheadN);

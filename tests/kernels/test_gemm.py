@@ -82,6 +82,60 @@ def test_bad_arguments(overrides, match):
         _bad_call(**overrides)
 
 
+def _fast_path(**overrides):
+    m, n, k = 8, 16, 128
+    args = dict(a=(torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, 1)),
+                b=(torch.zeros(n, k, dtype=torch.float8_e4m3fn), torch.ones(1, 1)),
+                d=torch.empty(m, n, dtype=torch.bfloat16), c=None)
+    args.update(overrides)
+    return kernels.gemm._launch_args(args["a"], args["b"], args["d"], args["c"], False)
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(a=(torch.zeros(8, 128, dtype=torch.bfloat16), torch.ones(8, 1))),
+    dict(a=(torch.zeros(8, 100, dtype=torch.float8_e4m3fn), torch.ones(8, 1))),
+    dict(a=(torch.zeros(8, 128, dtype=torch.float8_e4m3fn)[None], torch.ones(8, 1))),
+    dict(a=(torch.zeros(8, 128, dtype=torch.float8_e4m3fn), torch.ones(8))),
+    dict(a=(torch.zeros(8, 128, dtype=torch.float8_e4m3fn), torch.ones(8, 2))),
+    dict(a=(torch.zeros(8, 128, dtype=torch.float8_e4m3fn), "scales")),
+    dict(a=torch.zeros(2, 8, 128, dtype=torch.float8_e4m3fn)),
+    dict(a=(torch.zeros(8, 128, dtype=torch.float8_e4m3fn),)),
+    dict(b=(torch.zeros(16, 256, dtype=torch.float8_e4m3fn), torch.ones(1, 2))),
+    dict(b=(torch.zeros(12, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1)),
+         d=torch.empty(8, 12, dtype=torch.bfloat16)),
+    dict(b=(torch.zeros(16, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1, dtype=torch.float16))),
+    dict(b=(torch.zeros(16, 128, dtype=torch.float8_e4m3fn), torch.ones(2, 1))),
+    dict(d=torch.empty(8, 16, dtype=torch.float32)),
+    dict(d=torch.empty(8, 24, dtype=torch.bfloat16)),
+    dict(d=torch.empty(16, 8, dtype=torch.bfloat16).t()),
+    dict(d=torch.empty(8, 16, dtype=torch.bfloat16)[None]),
+    dict(c=torch.empty(8, 16, dtype=torch.float16)),
+    dict(c=torch.empty(16, 8).t()),
+    dict(c=torch.empty(8, 8)),
+    dict(c="residual"),
+])
+def test_fast_path_refuses_what_the_checks_refuse(overrides):
+    """The per-call fast path (one read of each shape and stride, unpacked) refuses every argument
+    the full checks refuse, so that _validate runs and names the argument."""
+    assert _fast_path() is not None
+    assert _fast_path(**overrides) is None
+
+
+def test_fast_path_takes_the_accepted_layouts():
+    """Padded rows of A and B, MN-major (transposed) scales, a list for a pair, a residual of either
+    dtype: accepted, with their strides passed on."""
+    m, n, k = 8, 16, 256
+    a = torch.zeros(m, k + 128, dtype=torch.float8_e4m3fn)[:, :k]
+    sfa = torch.ones(2, m).t()
+    b = [torch.zeros(n, k + 16, dtype=torch.float8_e4m3fn)[:, :k], torch.ones(1, 2)]
+    d = torch.empty(m, n, dtype=torch.bfloat16)
+    for c in (None, torch.zeros(m, n, dtype=torch.bfloat16), torch.zeros(m, n + 8)[:, :n]):
+        args = kernels.gemm._launch_args((a, sfa), b, d, c, True)
+        assert args is not None
+        assert args[1] == k + 128 and args[3:5] == (1, m) and args[6] == k + 16 and args[15:19] == (m, n, k, True)
+        assert args[13:15] == ((-1, 0) if c is None else (kernels._descriptors.DTYPE_CODES[c.dtype], c.stride(0)))
+
+
 def test_c_and_recipe_of_the_wrong_type_raise():
     a = (torch.zeros(8, 128, dtype=torch.float8_e4m3fn), torch.ones(8, 1))
     b = (torch.zeros(16, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1))
