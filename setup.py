@@ -69,7 +69,7 @@ extension = Pybind11Extension(
     "kernels._C",
     sources=host_sources(),
     depends=host_headers(),
-    include_dirs=[CSRC],
+    include_dirs=[CSRC, DEVICE_INCLUDE],  # the device headers that the launchers share (no CUDA in them)
     cxx_std=17,
     libraries=["dl", "pthread"],
     extra_compile_args=["-O2", "-Wall", "-Wextra"],

@@ -14,6 +14,7 @@
 #include "jit/exception.hpp"
 #include "jit/kernel_runtime.hpp"
 #include "launchers/gemm_common.hpp"
+#include "moe_kernels/common/fp8_gemm_layout.h"
 
 namespace moe_launchers::sm90_fp8_gemm {
 
@@ -24,8 +25,6 @@ constexpr int kMaxBlockN = 192;  // two FP32 accumulator sets of kBlockN/2 regis
 
 constexpr int kMaxTileFloats = 128 * 256;  // the largest tile: 128 x 192, 256 x 128
 
-// Block M 64 runs one math warpgroup; 128 two; 256 the same two, in two waves of 128 rows.
-inline int math_warpgroups(int block_m) { return block_m == 64 ? 1 : 2; }
 
 // The tail split's workspace: partials of every CTA (one unit each at most), then a counter per CTA
 // tile of the tail.
@@ -123,7 +122,9 @@ inline bool block_n_fits_scales(int block_n) {
 }
 
 // One stage: the A and B tiles, then block_m + 4 floats of scales (A's rows, B's two blocks).
-inline int stage_bytes(int block_m, int block_n) { return (block_m + block_n) * kBlockK + (block_m + 4) * 4; }
+inline int stage_bytes(int block_m, int block_n) {
+  return static_cast<int>(moe_kernels::fp8_gemm_stage_bytes(static_cast<unsigned>(block_m), static_cast<unsigned>(block_n)));
+}
 
 inline void check_shape(const char* fn, int m, int n, int k) {
   MOE_HOST_ASSERT(m >= 1, fn << ": M must be >= 1, got " << m);
@@ -292,7 +293,7 @@ inline void launch(const Config& c, const Args& a) {
       a.split_workspace == 0 ? 0 : a.split_workspace + static_cast<std::uint64_t>(device_sms) * kMaxTileFloats * 4;
   cfg.grid_x = static_cast<unsigned>(grid);
   cfg.cluster_dim = static_cast<unsigned>(c.multicast);
-  cfg.block_x = static_cast<unsigned>((math_warpgroups(c.block_m) + 1) * 128);
+  cfg.block_x = moe_kernels::fp8_gemm_threads(static_cast<unsigned>(c.block_m));
   cfg.smem_bytes = static_cast<unsigned>(c.smem_bytes);
   cfg.stream = a.stream;
   cfg.device = a.device;

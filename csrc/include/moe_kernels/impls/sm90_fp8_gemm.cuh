@@ -18,6 +18,7 @@
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/epilogue.cuh>
+#include <moe_kernels/common/fp8_gemm_layout.h>
 #include <moe_kernels/common/pipeline.cuh>
 #include <moe_kernels/common/scale_promotion.cuh>
 #include <moe_kernels/common/scale_rows.cuh>
@@ -27,9 +28,6 @@
 #include <moe_kernels/common/split_reduce.cuh>
 
 namespace moe_kernels {
-
-// Block M 64 runs one math warpgroup; 128 two; 256 the same two, in two waves of 128 rows.
-constexpr uint32_t fp8_gemm_math_warpgroups(uint32_t block_m) { return block_m == 64 ? 1 : 2; }
 
 template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kNumStages>
 struct Fp8GemmSmem {
@@ -43,6 +41,7 @@ struct Fp8GemmSmem {
   static constexpr uint32_t kOffsetSf = kOffsetB + kNumStages * kB;
   static constexpr uint32_t kOffsetBarriers = kOffsetSf + kNumStages * kSfFloats * 4;
   static constexpr uint32_t kTotal = kOffsetBarriers + 2 * kNumStages * 8;
+  static_assert(kA + kB + kSfFloats * 4 == fp8_gemm_stage_bytes(kBlockM, kBlockN), "the launcher sizes stages alike");
   // 128-byte swizzled TMA tiles need 1024-byte aligned stage buffers.
   static_assert(kD % 1024 == 0 && kA % 1024 == 0 && kB % 1024 == 0, "stage buffers must stay 1024-byte aligned");
 };
@@ -84,7 +83,7 @@ struct MathTurns {
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false>
-__global__ void __launch_bounds__((fp8_gemm_math_warpgroups(kBlockM) + 1) * 128, 1)
+__global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
                      const float* __restrict__ sfb, uint32_t sfb_stride_g, uint32_t sfb_stride_n,
