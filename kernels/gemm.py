@@ -75,14 +75,16 @@ _FP8, _F32, _BF16 = torch.float8_e4m3fn, torch.float32, torch.bfloat16
 def _launch_args(a, b, d, c, compile_m: bool):
     """Everything the kernel call needs, or None when any tensor check fails (then ``_validate``
     says which). Kept to plain attribute reads, each tensor's shape and strides read once and
-    unpacked (a wrong rank or a non-tensor fails the unpacking): this runs on every call, ahead of
+    unpacked (a wrong rank fails the unpacking): this runs on every call, ahead of
     a microsecond-scale kernel."""
     if not isinstance(a, (tuple, list)) or not isinstance(b, (tuple, list)) or len(a) != 2 or len(b) != 2:
         return None
     a_t, sfa = a
     b_t, sfb = b
+    if not (isinstance(a_t, torch.Tensor) and isinstance(sfa, torch.Tensor) and isinstance(b_t, torch.Tensor)
+            and isinstance(sfb, torch.Tensor)):
+        return None
     try:
-        # Only tensors carry torch dtypes: the identity checks also rule out every other type.
         if a_t.dtype is not _FP8 or b_t.dtype is not _FP8 or sfa.dtype is not _F32 or sfb.dtype is not _F32 \
                 or d.dtype is not _BF16:
             return None
@@ -165,6 +167,9 @@ def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, tor
                                "please report this with the tensors' shapes, strides and dtypes")
     device = args[19] if args is not None else -1
     if device < 0:
+        # CPU and meta tensors both have device index -1: the full checks tell them apart.
+        if args is not None:
+            _validate(a, b, d, c)
         if d.device.type != "cpu":
             _fail(ValueError, f"tensors must be on a CPU or CUDA device, got {d.device}")
         d.copy_(reference.fp8_gemm_nt(a, b, c))

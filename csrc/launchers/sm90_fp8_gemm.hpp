@@ -46,10 +46,12 @@ struct Config {
   int scale_warps = 3;  // warps issuing the scale copies, taking the stages in turn
   int pingpong = 0;     // 1: the two math warpgroups (block M 128) take turns on the tensor cores
   int split_k = 0;      // units per tile of a single partial wave split over K (0: whole tiles)
+  bool splits = true;   // false: planned for a launch without the split workspace (every tile whole)
 
   // The last, partial wave's tiles split over K; kNormal only.
   TailSplit tail_split_of(int m) const {
-    return type == GemmType::kNormal ? tail_split(num_tiles(m), num_sms, k, multicast, split_k) : TailSplit{};
+    return type == GemmType::kNormal && splits ? tail_split(num_tiles(m), num_sms, k, multicast, split_k)
+                                               : TailSplit{};
   }
   // The persistent grid of an m-row problem: whole clusters, at most one CTA per SM.
   int grid(int m) const { return tail_split_of(m).grid(num_tiles(m), num_sms, multicast); }
@@ -173,7 +175,8 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   const bool wide_ok = type == GemmType::kNormal ||
                        (type == GemmType::kGroupedContiguous && contiguous_alignment % 256 == 0);
   const int max_block_m = wide_ok ? 256 : 128;
-  const int split_k = type == GemmType::kNormal ? k : 0;
+  // Without the workspace nothing splits, so the tiles are chosen as whole ones.
+  const int split_k = type == GemmType::kNormal && split_workspace ? k : 0;
   const int split_env = env_int("MOE_GEMM_SPLIT_K");
   const bool tiles_forced = env_int("MOE_GEMM_BLOCK_M") != 0 || env_int("MOE_GEMM_BLOCK_N") != 0;
   int single_wave_ways = split_workspace ? split_env : 1;
@@ -211,6 +214,7 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.multicast = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
   cfg.scale_warps = std::min(scale_warps_setting(), t.num_stages);
   cfg.split_k = single_wave_ways;
+  cfg.splits = split_workspace;
   // One math warpgroup (block M 64) has no partner to take turns with.
   const char* pingpong = std::getenv("MOE_FP8_PINGPONG");
   const bool wants_pingpong = pingpong == nullptr ? t.block_n >= kPingPongMinBlockN : std::string(pingpong) != "0";

@@ -82,6 +82,16 @@ def test_bad_arguments(overrides, match):
         _bad_call(**overrides)
 
 
+class _TensorLike:
+    """Not a tensor, though it answers every attribute the fast path reads."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    def __getattr__(self, name):
+        return getattr(self._tensor, name)
+
+
 def _fast_path(**overrides):
     m, n, k = 8, 16, 128
     args = dict(a=(torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, 1)),
@@ -113,6 +123,8 @@ def _fast_path(**overrides):
     dict(c=torch.empty(16, 8).t()),
     dict(c=torch.empty(8, 8)),
     dict(c="residual"),
+    dict(a=(_TensorLike(torch.zeros(8, 128, dtype=torch.float8_e4m3fn)), torch.ones(8, 1))),
+    dict(b=(torch.zeros(16, 128, dtype=torch.float8_e4m3fn), _TensorLike(torch.ones(1, 1)))),
 ])
 def test_fast_path_refuses_what_the_checks_refuse(overrides):
     """The per-call fast path (one read of each shape and stride, unpacked) refuses every argument
@@ -134,6 +146,13 @@ def test_fast_path_takes_the_accepted_layouts():
         assert args is not None
         assert args[1] == k + 128 and args[3:5] == (1, m) and args[6] == k + 16 and args[15:19] == (m, n, k, True)
         assert args[13:15] == ((-1, 0) if c is None else (kernels._descriptors.DTYPE_CODES[c.dtype], c.stride(0)))
+
+
+def test_meta_tensor_among_cpu_ones_is_named():
+    """CPU and meta tensors share the device index -1 that the fast path compares: the full checks
+    still run on the CPU path and name the devices."""
+    with pytest.raises(ValueError, match="one device"):
+        _bad_call(b=(torch.zeros(16, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1, device="meta")))
 
 
 def test_c_and_recipe_of_the_wrong_type_raise():
@@ -304,6 +323,19 @@ def test_small_m_rows_and_single_wave_split(m, n, k, monkeypatch):
         assert whole["block_n"] < cfg["block_n"]
         monkeypatch.setenv("MOE_GEMM_SPLIT_K", "1")
         assert native.fp8_gemm_nt_config(m, n, k, H200_SMS) == whole
+
+
+@pytest.mark.parametrize("m", [1, 64, 128, 300, 1024, 4096, 8191])
+@pytest.mark.parametrize("n,k", DEEPSEEK_NK)
+def test_without_workspace_tiles_are_planned_whole(m, n, k, monkeypatch):
+    """A launch without the split workspace (inside a CUDA graph capture) runs every tile whole, so
+    its tiles are the heuristic's whole-tile choice (as with MOE_GEMM_TAIL_SPLIT=0), not a plan
+    made for a split that would not happen; the config reports no split."""
+    native = kernels.jit.native_module()
+    whole = native.fp8_gemm_nt_config(m, n, k, H200_SMS, split_workspace=False)
+    assert whole["tail_splits"] == 1
+    monkeypatch.setenv("MOE_GEMM_TAIL_SPLIT", "0")
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS) == whole
 
 
 def test_tail_split_has_no_workspace_inside_a_graph_capture(monkeypatch):

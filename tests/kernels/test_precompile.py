@@ -41,6 +41,17 @@ def test_every_family_generates_deduplicated_sources():
     assert len({(s.name, s.code) for s in sources}) == len(sources)
 
 
+def test_dense_sources_cover_calls_inside_a_graph_capture():
+    """A captured dense FP8 call gets no split workspace and plans whole tiles: precompile generates
+    that kernel too wherever it differs (N = 576 at few rows, whose default splits over K)."""
+    native = kernels.jit.native_module()
+    codes = {s.code for s in precompile.collect_sources(["fp8_gemm_nt"], max_m=4096)}
+    for m, n, k in [(64, 576, 7168), (128, 576, 7168), (1024, 7168, 16384), (4096, 2112, 7168)]:
+        for split_workspace in (True, False):
+            assert native.fp8_gemm_nt_code(m, n, k, 132, split_workspace=split_workspace)[1] in codes, \
+                (m, n, k, split_workspace)
+
+
 def test_contiguous_sources_follow_the_alignment():
     """Contiguous FP8 kernels are generated for the layout alignment in force: aligned to 256 rows,
     the large layouts' kernels are the 256-row tiles the calls will run."""
