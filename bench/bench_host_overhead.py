@@ -16,7 +16,7 @@ import time
 import torch
 
 import kernels
-from kernels import _descriptors
+from kernels import _descriptors, gemm
 from kernels.jit import native_module
 
 
@@ -45,6 +45,7 @@ def main() -> int:
     native = native_module()
     dev = x.device
     stream = _descriptors.current_stream(dev)
+    sms = kernels.get_num_sms()
     rows = [
         ("torch: x.add_(0) (launch cost for scale)", lambda: x.add_(0)),
         ("torch: torch.empty(64, 7168, fp8)", lambda: torch.empty(64, 7168, dtype=torch.float8_e4m3fn, device=dev)),
@@ -53,9 +54,12 @@ def main() -> int:
         ("_C.per_token_cast_to_fp8 (raw)", lambda: native.per_token_cast_to_fp8(
             x.data_ptr(), 1, 64, 7168, 7168, out.data_ptr(), sf.data_ptr(), 128, False, 0, stream)),
         ("kernels.per_token_cast_to_fp8", lambda: kernels.per_token_cast_to_fp8(x)),
-        ("_C.fp8_gemm_nt (raw)", lambda: native.fp8_gemm_nt(
-            a[0].data_ptr(), 7168, a[1].data_ptr(), 56, 1, b[0].data_ptr(), 7168, b[1].data_ptr(), 56, 1,
-            d.data_ptr(), 2112, 0, -1, 0, 64, 2112, 7168, False, 0, stream)),
+        ("_C.fp8_gemm_nt (raw, no split workspace)", lambda: native.fp8_gemm_nt(
+            a[0].data_ptr(), 7168, a[1].data_ptr(), a[1].stride(0), a[1].stride(1), b[0].data_ptr(), 7168,
+            b[1].data_ptr(), b[1].stride(0), b[1].stride(1), d.data_ptr(), 2112, 0, -1, 0, 64, 2112, 7168, False,
+            dev.index, 0, 0, stream)),
+        ("_C.fp8_gemm_nt_config (heuristic + dict)", lambda: native.fp8_gemm_nt_config(64, 2112, 7168, sms)),
+        ("kernels.gemm._launch_args (checks)", lambda: gemm._launch_args(a, b, d, None, False)),
         ("kernels.fp8_gemm_nt", lambda: kernels.fp8_gemm_nt(a, b, d)),
     ]
     print(f"{'call':<48} {'host us/call':>12}")
