@@ -168,7 +168,8 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   const bool wants = legal && (m <= 128 || n >= kMulticastMinNLargeM);
   const char* multicast_env = std::getenv("MOE_FP8_MULTICAST");
   const bool forced = multicast_env != nullptr && std::string(multicast_env) == "2";
-  int multicast = (forced ? legal : wants) && num_sms % 2 == 0 && env_enabled("MOE_FP8_MULTICAST") ? 2 : 1;
+  const bool clusters_allowed = num_sms % 2 == 0 && env_enabled("MOE_FP8_MULTICAST");
+  int multicast = (forced ? legal : wants) && clusters_allowed ? 2 : 1;
   MOE_HOST_ASSERT(contiguous_alignment >= 128 && contiguous_alignment % 128 == 0,
                   fn << ": the contiguous alignment must be a positive multiple of 128, got " << contiguous_alignment);
   // 256-row tiles: dense, or contiguous groups aligned to 256 rows (a tile then lies in one group).
@@ -194,9 +195,8 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
                        max_block_m, t.block_m, single_wave_ways);
     }
   }
-  if (wide_ok && m >= kWideTileMinRows && n >= 256 && env_int("MOE_GEMM_BLOCK_M") == 0 &&
-      env_int("MOE_GEMM_BLOCK_N") == 0) {
-    const int wide_multicast = num_sms % 2 == 0 && env_enabled("MOE_FP8_MULTICAST") ? 2 : 1;
+  if (wide_ok && m >= kWideTileMinRows && n >= 256 && !tiles_forced) {
+    const int wide_multicast = clusters_allowed ? 2 : 1;
     const Tiles wide = choose_tiles(fn, 1, m, n, num_sms, 128, stage_bytes, [](int bn) { return bn == 128; },
                                     wide_multicast, split_k, max_block_m, 256);
     // A 256-row tile does two 128-row tiles' work in kWideTileCost sixteenths of their time.

@@ -444,6 +444,25 @@ def test_gpu_pingpong_matches_no_pingpong(m, n, k, seed, monkeypatch):
     assert torch.equal(d, plain)
 
 
+def _split_against_whole_tiles(m, n, k, monkeypatch):
+    """A call whose plan splits tiles over K, against float64 and against the same tiles whole
+    (MOE_GEMM_TAIL_SPLIT=0), both NaN-poisoned; a second call gives the same bits (the partials are
+    added in split order and the counters were left zero) and a residual C is added once.
+    Returns (d, whole)."""
+    a_fp8, b_fp8, d, whole = _with_switch_off(m, n, k, "MOE_GEMM_TAIL_SPLIT", monkeypatch)
+    assert calc_diff(whole, reference_f64(a_fp8, b_fp8)) < 1e-3
+    monkeypatch.delenv("MOE_GEMM_TAIL_SPLIT")
+    again = torch.full_like(d, float("nan"))
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, again)
+    c = torch.randn(m, n, device="cuda")
+    with_c = torch.full_like(d, float("nan"))
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c)
+    torch.cuda.synchronize()
+    assert torch.equal(again, d)
+    assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
+    return d, whole
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,num_sms", [(4096, 7168, 8192, None), (1000, 7168, 16384, None), (4096, 4096, 16384, None),
                                            (300, 3080, 12288, 16), (520, 3080, 16384, 16), (1000, 2056, 8192, 16)])
@@ -460,17 +479,7 @@ def test_gpu_tail_split_matches_whole_tiles(m, n, k, num_sms, seed, monkeypatch)
         kernels.set_num_sms(num_sms)
     try:
         assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["tail_splits"] > 1
-        a_fp8, b_fp8, d, whole = _with_switch_off(m, n, k, "MOE_GEMM_TAIL_SPLIT", monkeypatch)
-        assert calc_diff(whole, reference_f64(a_fp8, b_fp8)) < 1e-3
-        monkeypatch.delenv("MOE_GEMM_TAIL_SPLIT")
-        again = torch.full_like(d, float("nan"))
-        kernels.fp8_gemm_nt(a_fp8, b_fp8, again)
-        c = torch.randn(m, n, device="cuda")
-        with_c = torch.full_like(d, float("nan"))
-        kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c)
-        torch.cuda.synchronize()
-        assert torch.equal(again, d)
-        assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
+        _split_against_whole_tiles(m, n, k, monkeypatch)
     finally:
         kernels.jit.reset_num_sms()
 
@@ -494,19 +503,9 @@ def test_gpu_split_k_of_a_single_wave(m, n, k, block_m, block_n, ways, seed, mon
     monkeypatch.setenv("MOE_GEMM_SPLIT_K", ways)
     if kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["tail_splits"] == 1:
         pytest.skip(f"{kernels.get_num_sms()} SMs leave no room for a second unit per tile (132 do)")
-    a_fp8, b_fp8, d, whole = _with_switch_off(m, n, k, "MOE_GEMM_TAIL_SPLIT", monkeypatch)
-    assert calc_diff(whole, reference_f64(a_fp8, b_fp8)) < 1e-3
+    d, whole = _split_against_whole_tiles(m, n, k, monkeypatch)
     # The same tiles, summed in another order: bf16 roundings apart at most.
     assert calc_diff(d, whole) < 1e-5
-    monkeypatch.delenv("MOE_GEMM_TAIL_SPLIT")
-    again = torch.full_like(d, float("nan"))
-    kernels.fp8_gemm_nt(a_fp8, b_fp8, again)
-    c = torch.randn(m, n, device="cuda")
-    with_c = torch.full_like(d, float("nan"))
-    kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c)
-    torch.cuda.synchronize()
-    assert torch.equal(again, d)
-    assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
 
 
 @pytest.mark.gpu
