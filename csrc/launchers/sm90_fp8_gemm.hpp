@@ -109,7 +109,7 @@ constexpr int kWideTileCost = 14;  // sixteenths
 
 // MOE_FP8_MULTICAST=0 turns the clusters off and =2 on wherever the kernel takes them (dense, or
 // grouped with kMulticastMinRows rows); MOE_FP8_PINGPONG=0 turns the math warpgroups' ping-pong off
-// and =1 on at any block N (block M 128); MOE_GEMM_GROUP_N sets the scheduler's band width in
+// and =1 on at any block N (block M 128) and for 256-row tiles (a turn per wave); MOE_GEMM_GROUP_N sets the scheduler's band width in
 // n-blocks (read on every call, so a benchmark can compare both in one process).
 inline bool env_enabled(const char* name) {
   const char* value = std::getenv(name);
@@ -218,7 +218,9 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   // One math warpgroup (block M 64) has no partner to take turns with.
   const char* pingpong = std::getenv("MOE_FP8_PINGPONG");
   const bool wants_pingpong = pingpong == nullptr ? t.block_n >= kPingPongMinBlockN : std::string(pingpong) != "0";
-  cfg.pingpong = t.block_m == 128 && wants_pingpong ? 1 : 0;
+  // 256-row tiles (two waves, a turn each) only when asked for: not yet measured.
+  const bool forced_pingpong = pingpong != nullptr && std::string(pingpong) == "1";
+  cfg.pingpong = (t.block_m == 128 && wants_pingpong) || (t.block_m == 256 && forced_pingpong) ? 1 : 0;
   return cfg;
 }
 

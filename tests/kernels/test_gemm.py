@@ -351,14 +351,16 @@ def test_tail_split_has_no_workspace_inside_a_graph_capture(monkeypatch):
 @pytest.mark.parametrize("env", [None, "0", "1"])
 def test_pingpong_follows_block_n(env, monkeypatch):
     """Block M 128: the math warpgroups take turns by default only at block N > 144 (where it
-    measured faster); MOE_FP8_PINGPONG=0 turns it off, =1 on at any block N; block M 64 never."""
+    measured faster); MOE_FP8_PINGPONG=0 turns it off, =1 on at any block N and for 256-row tiles
+    (a turn per wave); block M 64 never."""
     if env is not None:
         monkeypatch.setenv("MOE_FP8_PINGPONG", env)
     native = kernels.jit.native_module()
     for m, n, k in [(4096, 4096, 7168), (4096, 7168, 16384), (4096, 576, 7168), (64, 7168, 2048)]:
         cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
         wanted = cfg["block_n"] > 144 if env is None else env == "1"
-        assert cfg["pingpong"] == int(cfg["block_m"] == 128 and wanted), (m, n, k, cfg)
+        assert cfg["pingpong"] == int((cfg["block_m"] == 128 and wanted) or (cfg["block_m"] == 256 and env == "1")), \
+            (m, n, k, cfg)
 
 
 @pytest.mark.parametrize("m,n,k,c_dtype", [(64, 2112, 7168, -1), (4096, 7168, 2048, -1), (129, 576, 7168, 1),
@@ -461,6 +463,24 @@ def _split_against_whole_tiles(m, n, k, monkeypatch):
     assert torch.equal(again, d)
     assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
     return d, whole
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,multicast", [(4096, 4096, 7168, "2"), (1000, 4232, 1536, "2"), (257, 264, 640, "0"),
+                                             (300, 7168, 2048, "2"), (4096, 2112, 16384, "2")])
+def test_gpu_256_row_pingpong_matches_in_step(m, n, k, multicast, seed, monkeypatch):
+    """256-row tiles whose two math warpgroups take turns per wave (MOE_FP8_PINGPONG=1): 2-CTA
+    clusters with an n-block past N and a partial last m-block (1000 x 4232), one row past the first
+    tile without clusters (257), a last tile whose second wave is past M (300), a split tail (4096 x
+    2112 x 16384). Against float64 and, bit for bit, against the warpgroups in step (the same wgmmas
+    and FFMAs per warpgroup in another issue order)."""
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
+    monkeypatch.setenv("MOE_FP8_MULTICAST", multicast)
+    monkeypatch.setenv("MOE_FP8_PINGPONG", "1")
+    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
+    assert (cfg["block_m"], cfg["pingpong"]) == (256, 1), cfg
+    _, _, d, plain = _with_switch_off(m, n, k, "MOE_FP8_PINGPONG", monkeypatch)
+    assert torch.equal(d, plain)
 
 
 @pytest.mark.gpu
