@@ -66,11 +66,17 @@ struct Config {
 
 // Two CTAs on adjacent n-blocks share A by TMA multicast: a CTA then reads (block_m / 2 + block_n)
 // x 128 bytes per K block from L2 instead of (block_m + block_n) x 128. That pays where L2 traffic
-// bounds the kernel: large GEMMs (128 x 160 tiles: 22% less), and dense GEMMs of few rows, whose
-// many narrow n-blocks each re-read the whole of A (M = 64, N = 2112: 132 CTAs read A's 64 rows
-// each, more bytes than B). Grouped GEMMs of few rows per group are bound by B, which multicast of
-// A leaves alone: they get clusters from kMulticastMinRows rows per group.
+// bounds the kernel: large GEMMs (128 x 160 tiles: 22% less). Grouped GEMMs of few rows per group
+// are bound by B, which multicast of A leaves alone: they get clusters from kMulticastMinRows rows
+// per group.
 constexpr int kMulticastMinRows = 512;
+// Dense GEMMs of at most 128 rows, whose narrow n-blocks each re-read the whole of A, still run
+// faster without clusters except on long K. In five runs on an H200 (bench/RESULTS.md, session 9),
+// single CTAs took 0.94-0.98x the clusters' time at M = 64 for N x K = 2112 x 7168, 4096 x 7168 and
+// 576 x 7168; 0.96-0.98x at M = 128 for 2112 x 7168; 0.97-0.99x at 32768 x 512; and 0.97-1.03x at
+// 24576 x 1536, 4096 x 7168 and 7168 x 2048. At 7168 x 16384 they took 1.00-1.06x, so clusters
+// stay from this K. The coupling of two CTAs' pipelines costs more than the L2 reads it saves.
+constexpr int kMulticastMinKSmallM = 8192;
 // Past 128 rows, clusters measured 0.90-0.99x of single CTAs at N = 4096 (dense 4096 x 4096 x 7168,
 // grouped 4 x 8192 and 8 x 4096 at N x K = 4096 x 7168) and 1.01-1.15x at N = 7168
 // (bench/RESULTS.md, 2026-11-30): they stay for wider B only.
@@ -165,7 +171,7 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.num_sms = num_sms;
   // Whole clusters on the SMs.
   const bool legal = type == GemmType::kNormal || m >= kMulticastMinRows;
-  const bool wants = legal && (m <= 128 || n >= kMulticastMinNLargeM);
+  const bool wants = legal && (m <= 128 ? k >= kMulticastMinKSmallM : n >= kMulticastMinNLargeM);
   const char* multicast_env = std::getenv("MOE_FP8_MULTICAST");
   const bool forced = multicast_env != nullptr && std::string(multicast_env) == "2";
   const bool clusters_allowed = num_sms % 2 == 0 && env_enabled("MOE_FP8_MULTICAST");

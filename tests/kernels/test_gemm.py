@@ -262,7 +262,7 @@ def test_tail_split_follows_the_last_wave(m, n, k, tiles, splits, monkeypatch):
     (4096, 24576, 1536, "256x128c2"), (4096, 32768, 512, "256x128c2"), (2048, 4096, 7168, "256x128c2"),
     (4096, 2112, 7168, "128x192"), (4096, 576, 7168, "128x144"), (2048, 7168, 2048, "128x192c2"),
     (1024, 4096, 7168, "128x128"), (512, 7168, 16384, "128x112c2"),  # below the rows measured
-    (256, 4096, 7168, "128x64"), (128, 4096, 7168, "64x64c2"),
+    (256, 4096, 7168, "128x64"), (128, 4096, 7168, "64x64"), (128, 7168, 16384, "64x112c2"),
 ])
 def test_wide_tiles_where_they_measured_faster(m, n, k, tile, monkeypatch):
     """Dense FP8 runs 256 x 128 tiles in 2-CTA clusters where their waves, at 14/16 of two 128-row
@@ -290,6 +290,7 @@ def test_split_k_of_a_single_wave(m, n, k, block_n, ways, tiles, splits, grid, m
     clusters, the K blocks and 8), its units taking SMs the wave leaves idle; unset (the default)
     or MOE_GEMM_TAIL_SPLIT=0, none."""
     native = kernels.jit.native_module()
+    monkeypatch.setenv("MOE_FP8_MULTICAST", "2")  # n-blocks counted in whole clusters
     if block_n:
         monkeypatch.setenv("MOE_GEMM_BLOCK_N", block_n)
     assert native.fp8_gemm_nt_config(m, n, k, H200_SMS)["tail_splits"] == 1
@@ -423,7 +424,9 @@ def _with_switch_off(m, n, k, switch, monkeypatch):
 def test_gpu_clusters_match_single_ctas(m, n, k, seed, monkeypatch):
     """Two CTAs share A (multicast): M tails past the second CTA's half of A (block M 64 and 128),
     odd n-block counts padded to whole clusters. Same inputs with the clusters off
-    (MOE_FP8_MULTICAST=0)."""
+    (MOE_FP8_MULTICAST=0). MOE_FP8_MULTICAST=2 keeps the clusters where the heuristic would not
+    (few rows and K < 8192)."""
+    monkeypatch.setenv("MOE_FP8_MULTICAST", "2")
     assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["multicast"] == 2
     a_fp8, b_fp8, d, single = _with_switch_off(m, n, k, "MOE_FP8_MULTICAST", monkeypatch)
     assert calc_diff(single, reference_f64(a_fp8, b_fp8)) < 1e-3
