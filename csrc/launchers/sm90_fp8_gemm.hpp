@@ -44,7 +44,7 @@ struct Config {
   int swizzle_d;   // bytes of the epilogue's swizzle atom (128, 64, 32) or 0 for plain rows
   int multicast = 1;  // CTAs per cluster sharing A by TMA multicast (1: no cluster)
   int scale_warps = 3;  // warps issuing the scale copies, taking the stages in turn
-  int pingpong = 0;     // 1: the two math warpgroups (block M 128) take turns on the tensor cores
+  int pingpong = 0;     // 1: the two math warpgroups (block M 128 or 256) take turns on the tensor cores
   int split_k = 0;      // units per tile of a single partial wave split over K (0: whole tiles)
   bool splits = true;   // false: planned for a launch without the split workspace (every tile whole)
 
@@ -70,12 +70,11 @@ struct Config {
 // are bound by B, which multicast of A leaves alone: they get clusters from kMulticastMinRows rows
 // per group.
 constexpr int kMulticastMinRows = 512;
-// Dense GEMMs of at most 128 rows, whose narrow n-blocks each re-read the whole of A, still run
-// faster without clusters except on long K. In five runs on an H200 (bench/RESULTS.md, session 9),
-// single CTAs took 0.94-0.98x the clusters' time at M = 64 for N x K = 2112 x 7168, 4096 x 7168 and
-// 576 x 7168; 0.96-0.98x at M = 128 for 2112 x 7168; 0.97-0.99x at 32768 x 512; and 0.97-1.03x at
-// 24576 x 1536, 4096 x 7168 and 7168 x 2048. At 7168 x 16384 they took 1.00-1.06x, so clusters
-// stay from this K. The coupling of two CTAs' pipelines costs more than the L2 reads it saves.
+// Dense GEMMs of at most 64 rows (one m-block), whose narrow n-blocks each re-read the whole of A,
+// ran faster without clusters except on long K. Single CTAs took 0.94-0.99x the clusters' time at
+// N x K = 576, 2112 and 4096 x 7168, 7168 x 2048 and 24576 x 1536, 0.97-1.00x at 32768 x 512, and
+// 1.00-1.01x at 7168 x 16384 (bench/RESULTS.md, session 9, "Clusters at small M"). Clusters stay
+// from this K. At 65-128 rows the runs were mixed (0.96-1.06x), so clusters stay there.
 constexpr int kMulticastMinKSmallM = 8192;
 // Past 128 rows, clusters measured 0.90-0.99x of single CTAs at N = 4096 (dense 4096 x 4096 x 7168,
 // grouped 4 x 8192 and 8 x 4096 at N x K = 4096 x 7168) and 1.01-1.15x at N = 7168
@@ -171,7 +170,7 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.num_sms = num_sms;
   // Whole clusters on the SMs.
   const bool legal = type == GemmType::kNormal || m >= kMulticastMinRows;
-  const bool wants = legal && (m <= 128 ? k >= kMulticastMinKSmallM : n >= kMulticastMinNLargeM);
+  const bool wants = legal && (m <= 64 ? k >= kMulticastMinKSmallM : m <= 128 || n >= kMulticastMinNLargeM);
   const char* multicast_env = std::getenv("MOE_FP8_MULTICAST");
   const bool forced = multicast_env != nullptr && std::string(multicast_env) == "2";
   const bool clusters_allowed = num_sms % 2 == 0 && env_enabled("MOE_FP8_MULTICAST");

@@ -262,7 +262,8 @@ def test_tail_split_follows_the_last_wave(m, n, k, tiles, splits, monkeypatch):
     (4096, 24576, 1536, "256x128c2"), (4096, 32768, 512, "256x128c2"), (2048, 4096, 7168, "256x128c2"),
     (4096, 2112, 7168, "128x192"), (4096, 576, 7168, "128x144"), (2048, 7168, 2048, "128x192c2"),
     (1024, 4096, 7168, "128x128"), (512, 7168, 16384, "128x112c2"),  # below the rows measured
-    (256, 4096, 7168, "128x64"), (128, 4096, 7168, "64x64"), (128, 7168, 16384, "64x112c2"),
+    (256, 4096, 7168, "128x64"), (128, 4096, 7168, "64x64c2"), (64, 4096, 7168, "64x32"),
+    (64, 7168, 16384, "64x56c2"),
 ])
 def test_wide_tiles_where_they_measured_faster(m, n, k, tile, monkeypatch):
     """Dense FP8 runs 256 x 128 tiles in 2-CTA clusters where their waves, at 14/16 of two 128-row
@@ -290,10 +291,10 @@ def test_split_k_of_a_single_wave(m, n, k, block_n, ways, tiles, splits, grid, m
     clusters, the K blocks and 8), its units taking SMs the wave leaves idle; unset (the default)
     or MOE_GEMM_TAIL_SPLIT=0, none."""
     native = kernels.jit.native_module()
-    monkeypatch.setenv("MOE_FP8_MULTICAST", "2")  # n-blocks counted in whole clusters
     if block_n:
         monkeypatch.setenv("MOE_GEMM_BLOCK_N", block_n)
     assert native.fp8_gemm_nt_config(m, n, k, H200_SMS)["tail_splits"] == 1
+    monkeypatch.setenv("MOE_FP8_MULTICAST", "2")  # n-blocks counted in whole clusters
     monkeypatch.setenv("MOE_GEMM_SPLIT_K", ways)
     cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
     assert cfg["tail_splits"] == splits
@@ -442,7 +443,7 @@ def test_gpu_pingpong_matches_no_pingpong(m, n, k, seed, monkeypatch):
     with an n-block past N (540 x 4232), 7168 x 16384. Same inputs with MOE_FP8_PINGPONG=0: the same
     wgmmas and FFMAs per warpgroup, only their issue order differs, so D is bit for bit the same.
     MOE_FP8_PINGPONG=1 turns it on where the heuristic would not (block N <= 128)."""
-    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")  # turns are for one wave of 128 rows
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")  # one wave of 128 rows (256: test_gpu_256_row_pingpong_matches_in_step)
     monkeypatch.setenv("MOE_FP8_PINGPONG", "1")
     assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["pingpong"] == 1
     _, _, d, plain = _with_switch_off(m, n, k, "MOE_FP8_PINGPONG", monkeypatch)
@@ -469,11 +470,11 @@ def _split_against_whole_tiles(m, n, k, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,multicast", [(4096, 4096, 7168, "2"), (1000, 4232, 1536, "2"), (257, 264, 640, "0"),
+@pytest.mark.parametrize("m,n,k,multicast", [(4096, 4096, 7168, "2"), (1000, 4104, 1536, "2"), (257, 264, 640, "0"),
                                              (300, 7168, 2048, "2"), (4096, 2112, 16384, "2")])
 def test_gpu_256_row_pingpong_matches_in_step(m, n, k, multicast, seed, monkeypatch):
     """256-row tiles whose two math warpgroups take turns per wave (MOE_FP8_PINGPONG=1): 2-CTA
-    clusters with an n-block past N and a partial last m-block (1000 x 4232), one row past the first
+    clusters with an n-block past N (33 n-blocks) and a partial last m-block (1000 x 4104), one row past the first
     tile without clusters (257), a last tile whose second wave is past M (300), a split tail (4096 x
     2112 x 16384). Against float64 and, bit for bit, against the warpgroups in step (the same wgmmas
     and FFMAs per warpgroup in another issue order)."""

@@ -59,8 +59,10 @@ struct Fp8GemmSmem {
 // barriers completes, for a CTA without tiles too, and none is pending when the CTA exits. A turn is
 // given only after the giver's issue, so the issues strictly alternate across K blocks and tiles;
 // each warpgroup gives its tile's last turn before the epilogue's barrier (id 1), so neither waits
-// there on the other; and no stage release waits on a turn (a warpgroup releases a stage once its
-// own wgmmas on it are done), so the producers always get the stages the turns are waiting for.
+// there on the other; and a stage release waits at most on the other warpgroup's first-wave issue
+// of the same K block (a 256-row tile's second wave is a turn of its own; the release follows it),
+// which has already passed that stage's full barrier, so the producers always get the stages the
+// turns are waiting for.
 struct MathTurns {
   static constexpr uint32_t kFirstBarrier = 2;
   static constexpr uint32_t kThreads = 256;
