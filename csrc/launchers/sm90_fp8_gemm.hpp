@@ -47,6 +47,7 @@ struct Config {
   int pingpong = 0;     // 1: the two math warpgroups (block M 128 or 256) take turns on the tensor cores
   int split_k = 0;      // units per tile of a single partial wave split over K (0: whole tiles)
   bool splits = true;   // false: planned for a launch without the split workspace (every tile whole)
+  int pdl = 0;          // 1: programmatic dependent launch (the prologue overlaps the previous kernel)
 
   // The last, partial wave's tiles split over K; kNormal only.
   TailSplit tail_split_of(int m) const {
@@ -220,6 +221,8 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.scale_warps = std::min(scale_warps_setting(), t.num_stages);
   cfg.split_k = single_wave_ways;
   cfg.splits = split_workspace;
+  // MOE_GEMM_PDL=1: programmatic dependent launch, not yet measured (off unless set; read per call).
+  cfg.pdl = env_int("MOE_GEMM_PDL") == 1 ? 1 : 0;
   // One math warpgroup (block M 64) has no partner to take turns with.
   const char* pingpong = std::getenv("MOE_FP8_PINGPONG");
   const bool wants_pingpong = pingpong == nullptr ? t.block_n >= kPingPongMinBlockN : std::string(pingpong) != "0";
@@ -239,7 +242,7 @@ inline GeneratedKernel generate(const Config& c) {
      << c.m_compiled << ", " << c.n << ", "
      << c.k << ", " << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", " << c.group_n << ", "
      << static_cast<int>(c.residual) << ", " << c.swizzle_d << ", " << c.multicast << ", " << c.scale_warps
-     << ", " << (c.pingpong ? "true" : "false") << ">);\n"
+     << ", " << (c.pingpong ? "true" : "false") << ", " << (c.pdl ? "true" : "false") << ">);\n"
      << "}\n";
   return {"sm90_fp8_gemm_nt", os.str()};
 }
@@ -261,10 +264,10 @@ struct Args {
 
 inline void launch(const Config& c, const Args& a) {
   using namespace moe_jit::driver;
-  static moe_jit::KernelMemo<std::array<int, 14>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 14> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 15>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 15> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
-                                   c.scale_warps, c.pingpong, a.device};
+                                   c.scale_warps, c.pingpong, c.pdl, a.device};
   const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
 
   const bool masked = c.type == GemmType::kGroupedMasked;
@@ -308,6 +311,7 @@ inline void launch(const Config& c, const Args& a) {
   cfg.smem_bytes = static_cast<unsigned>(c.smem_bytes);
   cfg.stream = a.stream;
   cfg.device = a.device;
+  cfg.pdl = c.pdl != 0;
   moe_jit::launch(*kernel, cfg, static_cast<std::uint32_t>(a.m), reinterpret_cast<const int*>(a.grouped_layout),
                   static_cast<std::uint32_t>(a.num_groups), reinterpret_cast<const float*>(a.sfa),
                   static_cast<std::uint32_t>(a.sfa_stride_m), static_cast<std::uint32_t>(a.sfa_stride_k),

@@ -488,6 +488,44 @@ def test_gpu_256_row_pingpong_matches_in_step(m, n, k, multicast, seed, monkeypa
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 2048), (64, 7168, 2048), (1000, 576, 7168)])
+@pytest.mark.parametrize("graph", [False, True])
+def test_gpu_pdl_chain_orders_reads_and_writes(m, n, k, graph, seed, monkeypatch):
+    """MOE_GEMM_PDL=1: every GEMM may launch while the previous one runs (each lets the next start
+    at once) and waits for it before touching global memory. GEMM 1 writes D1; GEMM 2 adds D1 as
+    its residual (read after write); GEMM 3 overwrites D1 (write after GEMM 2's read). On a stream
+    and in a CUDA graph (whole tiles), NaN-poisoned outputs, against float64."""
+    monkeypatch.setenv("MOE_GEMM_PDL", "1")
+    assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["pdl"] == 1
+    ops = [make_operands(m, n, k, "cuda") for _ in range(3)]
+    d1 = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    d2 = torch.full_like(d1, float("nan"))
+
+    def chain():
+        kernels.fp8_gemm_nt(*ops[0], d1)
+        kernels.fp8_gemm_nt(*ops[1], d2, c=d1)
+        kernels.fp8_gemm_nt(*ops[2], d1)
+
+    chain()  # compiled outside any capture
+    torch.cuda.synchronize()
+    d1.fill_(float("nan"))
+    d2.fill_(float("nan"))
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            chain()
+        d1.fill_(float("nan"))
+        d2.fill_(float("nan"))
+        g.replay()
+    else:
+        chain()
+    torch.cuda.synchronize()
+    first = reference_f64(*ops[0])
+    assert calc_diff(d2, reference_f64(*ops[1], c=first)) < 1e-3
+    assert calc_diff(d1, reference_f64(*ops[2])) < 1e-3
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,num_sms", [(4096, 7168, 8192, None), (1000, 7168, 16384, None), (4096, 4096, 16384, None),
                                            (300, 3080, 12288, 16), (520, 3080, 16384, 16), (1000, 2056, 8192, 16)])
 def test_gpu_tail_split_matches_whole_tiles(m, n, k, num_sms, seed, monkeypatch):

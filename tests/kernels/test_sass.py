@@ -195,6 +195,27 @@ def test_fp8_gemm_pingpong_takes_turns_with_asynchronous_wgmmas(m, n, k, gemm_ty
         assert set(re.findall(r"BAR\.SYNC\S* (\w+)", code)) <= {"0x0", "0x1"}
 
 
+@pytest.mark.parametrize("pdl", ["1", "0"])
+@pytest.mark.parametrize("m,n,k,gemm_type,groups", GEMM_VARIANTS)
+def test_fp8_gemm_pdl_waits_before_touching_memory(m, n, k, gemm_type, groups, pdl, monkeypatch):
+    """MOE_GEMM_PDL=1: the kernel lets the next one launch (PREEXIT) and waits for the previous one
+    (ACQBULK) before its first global access (loads of masked_m or m_indices, TMA, scale copies);
+    without it neither instruction is there."""
+    monkeypatch.setenv("MOE_GEMM_PDL", pdl)
+    native = kernels.jit.native_module()
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)["pdl"] == int(pdl)
+    ops = [line for line in sass(*native.fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, gemm_type, groups)).splitlines()
+           if _SASS_LINE.search(line)]
+    wait = [i for i, line in enumerate(ops) if "ACQBULK" in line]
+    trigger = [i for i, line in enumerate(ops) if "PREEXIT" in line]
+    if pdl == "0":
+        assert not wait and not trigger
+        return
+    assert len(wait) == 1 and len(trigger) == 1 and trigger[0] < wait[0]
+    memory = [i for i, line in enumerate(ops) if re.search(r"\b(LDG|STG|UTMALDG|UTMASTG|LDGSTS|RED|ATOM)", line)]
+    assert memory and wait[0] < min(memory)
+
+
 FP4_VARIANTS = [  # (m or expected m, n, k, gemm type, groups): masked decode, contiguous prefill, a tail shape
     (8, 4096, 7168, 2, 32), (8192, 4096, 7168, 1, 4), (16, 7168, 2048, 2, 256), (64, 136, 384, 2, 4),
 ]

@@ -127,6 +127,16 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+// ---- programmatic dependent launch -------------------------------------------------------------
+// The next kernel of the stream, launched with programmatic stream serialization, may start (its
+// CTAs take SMs as this grid's leave, and run their prologue); it waits in its own
+// wait_prerequisites for this grid to finish.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Until the grids this one depends on have finished and their writes are visible (at once for a
+// kernel launched without a programmatic dependency).
+__device__ __forceinline__ void wait_prerequisites() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // 2-D tile store shared -> global; rows and columns outside the tensor are clipped by the TMA unit.
 __device__ __forceinline__ void tma_store_2d(const TmaDescriptor* map, const void* src, int32_t inner, int32_t outer) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(

@@ -85,7 +85,7 @@ struct MathTurns {
 // added through split_workspace / split_counters (common/split_reduce.cuh); 1 runs every tile whole.
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
-          uint32_t kScaleWarps = 3, bool kPingPong = false>
+          uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -167,6 +167,13 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     __syncthreads();
   }
 
+  // kPdl (a launch with programmatic stream serialization): the barriers are set up while the
+  // previous kernel may still run; nothing global is read or written before it has finished (the
+  // scheduler reads masked_m). The next kernel may launch at once: it waits likewise for this one.
+  if constexpr (kPdl) {
+    sm90::launch_dependents();
+    sm90::wait_prerequisites();
+  }
   TileScheduler<kType, kBlockM, kBlockN, kGroupN, kNumMulticast> scheduler(m, kShapeN, grouped_layout, num_groups);
   if constexpr (kType == GemmType::kNormal) scheduler.set_tail_split(num_splits, tail_tiles, split_k_quot, split_k_rem);
   PipelineState<kNumStages> pipe;
