@@ -77,12 +77,14 @@ def tile_label(m: int, n: int, k: int, **env: str) -> str:
             + ("pp" if c["pingpong"] else "") + (f"t{c['tail_splits']}" if c["tail_splits"] > 1 else ""))
 
 
-def graph_replay_us(calls, replays: int = 20) -> float:
-    """Microseconds per call of ``calls`` captured in one CUDA graph, from events around replays."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
+def graph_replay_us(calls, replays: int = 50) -> float:
+    """Microseconds per call of ``calls`` captured in one CUDA graph, from events around replays.
+    A first capture compiles the kernels a capture plans (whole tiles: no split workspace)."""
+    for _ in range(2):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for call in calls:
+                call()
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -94,27 +96,31 @@ def graph_replay_us(calls, replays: int = 20) -> float:
     return start.elapsed_time(end) * 1e3 / (replays * len(calls))
 
 
+_CHAIN_WEIGHT_BYTES = 128 << 20  # more than the H200's L2 (50 MB) holds
+
+
 def graph_chain_row(m: int, n: int, k: int, length: int) -> str:
-    """One row of the graph-chain table: ``length`` GEMMs on one activation, each with its own weights
-    and output, in a CUDA graph without and with MOE_GEMM_PDL=1; the last output checked after the
-    PDL replay."""
+    """One row of the graph-chain table: GEMMs on one activation, each with its own weights, each
+    adding the previous one's output as its residual (a residual stream: every GEMM depends on the
+    one before), in a CUDA graph without and with MOE_GEMM_PDL=1. At least ``length`` calls, and
+    enough for the weights to exceed L2. The last output is checked after the PDL replays."""
+    length = max(length, -(-_CHAIN_WEIGHT_BYTES // (n * k)))
     a_fp8 = kernels.per_token_cast_to_fp8(block_scaled(m, k, 1))
     weights = [kernels.per_block_cast_to_fp8(block_scaled(n, k, 128)) for _ in range(length)]
-    outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(length)]
-    calls = [lambda b=b, d=d: kernels.fp8_gemm_nt(a_fp8, b, d) for b, d in zip(weights, outs)]
-    alone = bench_kineto(calls[0], "sm90_fp8_gemm_nt").median_s * 1e6
-    for call in calls:  # compiled outside the captures
-        call()
-    plain = graph_replay_us(calls)
+    outs = [torch.zeros(m, n, device="cuda", dtype=torch.bfloat16)] + \
+        [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(length)]
+    calls = [lambda b=b, c=c, d=d: kernels.fp8_gemm_nt(a_fp8, b, d, c=c)
+             for b, c, d in zip(weights, outs[:-1], outs[1:])]
+    # The whole-tile kernel a capture runs, alone (L2 flushed).
+    with env_switches(MOE_GEMM_SPLIT_K="1", MOE_GEMM_TAIL_SPLIT="0"):
+        alone = bench_kineto(calls[0], "sm90_fp8_gemm_nt").median_s * 1e6
+    with env_switches(MOE_GEMM_PDL="0"):
+        plain = graph_replay_us(calls)
     with env_switches(MOE_GEMM_PDL="1"):
-        for call in calls:
-            call()
         pdl = graph_replay_us(calls)
-    outs[-1].fill_(float("nan"))
-    with env_switches(MOE_GEMM_PDL="1"):
-        graph_replay_us(calls[-1:], replays=1)
-    diff = calc_diff(outs[-1], kernels.reference.gemm.fp8_gemm_nt(a_fp8, weights[-1]))
-    return (f"{m:>5} {n:>6} {k:>6} | {alone:>8.1f} | {plain:>8.1f} | {pdl:>8.1f} {plain / pdl:>7.2f}x | "
+    expected = sum(kernels.reference.gemm.fp8_gemm_nt(a_fp8, b).float() for b in weights)
+    diff = calc_diff(outs[-1], expected)
+    return (f"{m:>5} {n:>6} {k:>6} {length:>6} | {alone:>8.1f} | {plain:>8.1f} | {pdl:>8.1f} {plain / pdl:>7.2f}x | "
             f"{diff:>8.1e}")
 
 
@@ -129,9 +135,10 @@ def main() -> int:
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
                         help="also time each call with these environment switches set (repeatable)")
     parser.add_argument("--graph-chain", type=int, default=0, metavar="CALLS",
-                        help="also time CALLS calls in one CUDA graph, each with its own weights (more bytes "
-                             "than L2 holds, as the layers of a model), with and without programmatic dependent "
-                             "launch (MOE_GEMM_PDL=1): time per GEMM of a graph replay")
+                        help="also time at least CALLS calls in one CUDA graph, each with its own weights (as "
+                             "many as exceed L2, as the layers of a model) adding the previous output as its "
+                             "residual, with and without programmatic dependent launch (MOE_GEMM_PDL=1): time per "
+                             "GEMM of a graph replay")
     args = parser.parse_args()
     variants = []
     for v in args.variant:
@@ -207,7 +214,8 @@ def main() -> int:
     if args.graph_chain > 0:
         print(f"\n{args.graph_chain} calls in a CUDA graph (whole tiles: no split workspace in a capture), "
               "us per GEMM of a replay")
-        print(f"{'M':>5} {'N':>6} {'K':>6} | {'alone us':>8} | {'chain us':>8} | {'PDL us':>8} {'PDL gain':>8} | {'diff':>8}")
+        print(f"{'M':>5} {'N':>6} {'K':>6} {'calls':>6} | {'alone us':>8} | {'chain us':>8} | {'PDL us':>8} {'PDL gain':>8} | "
+              f"{'diff':>8}")
         for m in [int(x) for x in args.ms.split(",")]:
             for n, k in shapes:
                 print(graph_chain_row(m, n, k, args.graph_chain), flush=True)

@@ -526,6 +526,48 @@ def test_gpu_pdl_chain_orders_reads_and_writes(m, n, k, graph, seed, monkeypatch
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True])
+def test_gpu_pdl_dependent_starts_early_and_waits(graph, seed, monkeypatch):
+    """MOE_GEMM_PDL=1 where a missing wait could not go unseen: a long GEMM on few SMs (64 x 576 x
+    16384, 72 CTAs, K unsplit) writes D1, then a short one (K = 128) adds D1 as its residual. The
+    short kernel starts before the long one ends (the launch attribute took effect, in a CUDA graph
+    too), yet reads D1 only once written: D1 holds NaN until then."""
+    monkeypatch.setenv("MOE_GEMM_PDL", "1")
+    monkeypatch.setenv("MOE_GEMM_SPLIT_K", "1")
+    m, n = 64, 576
+    long_ops, short_ops = make_operands(m, n, 16384, "cuda"), make_operands(m, n, 128, "cuda")
+    d1 = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    d2 = torch.full_like(d1, float("nan"))
+
+    def chain():
+        kernels.fp8_gemm_nt(*long_ops, d1)
+        kernels.fp8_gemm_nt(*short_ops, d2, c=d1)
+
+    chain()
+    run = chain
+    if graph:
+        for _ in range(2):  # the first capture compiles the whole-tile kernels a capture plans
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                chain()
+        run = g.replay
+    torch.cuda.synchronize()
+    d1.fill_(float("nan"))
+    d2.fill_(float("nan"))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    gemms = sorted((e for e in prof.events()
+                    if e.device_type == torch.autograd.DeviceType.CUDA and "sm90_fp8_gemm_nt" in e.name),
+                   key=lambda e: e.time_range.start)
+    assert len(gemms) == 2, [e.name for e in gemms]
+    assert gemms[1].time_range.start < gemms[0].time_range.end, "the dependent GEMM did not start early"
+    first = reference_f64(*long_ops)
+    assert calc_diff(d1, first) < 1e-3
+    assert calc_diff(d2, reference_f64(*short_ops, c=first)) < 1e-3
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,num_sms", [(4096, 7168, 8192, None), (1000, 7168, 16384, None), (4096, 4096, 16384, None),
                                            (300, 3080, 12288, 16), (520, 3080, 16384, 16), (1000, 2056, 8192, 16)])
 def test_gpu_tail_split_matches_whole_tiles(m, n, k, num_sms, seed, monkeypatch):
