@@ -1,0 +1,43 @@
+"""Operands, references and shapes shared by the FP8 GEMM tests (test_gemm*.py)."""
+
+from __future__ import annotations
+
+import torch
+
+import kernels
+from kernels.reference.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+from kernels.testing import calc_diff
+
+DEEPSEEK_NK = [(2112, 7168), (576, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+GPU_MS = [1, 7, 64, 128, 129, 1000, 4096, 8191]
+H200_SMS = 132
+
+
+def make_operands(m: int, n: int, k: int, device: str, ue8m0: bool = False):
+    a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, k, device=device, dtype=torch.bfloat16)
+    a_fp8 = per_token_cast_to_fp8(a, use_ue8m0=ue8m0)
+    b_fp8 = per_block_cast_to_fp8(b, use_ue8m0=ue8m0)
+    return a_fp8, b_fp8
+
+
+def reference_f64(a_fp8, b_fp8, c=None) -> torch.Tensor:
+    a = kernels.reference.gemm.dequantize_a(*a_fp8).double()
+    b = kernels.reference.gemm.dequantize_b(*b_fp8).double()
+    out = a @ b.t()
+    return out if c is None else out + c.double()
+
+
+def with_switch_off(m, n, k, switch, monkeypatch):
+    """Fresh operands; D from the kernel as configured (fully written, against float64), then from
+    the same call with ``switch=0``, both outputs NaN-poisoned first. Returns (a, b, d, d_off)."""
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+    monkeypatch.setenv(switch, "0")
+    off = torch.full_like(d, float("nan"))
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, off)
+    torch.cuda.synchronize()
+    assert torch.isfinite(d).all(), "output not fully written"
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+    return a_fp8, b_fp8, d, off

@@ -1,0 +1,186 @@
+"""The dense FP8 GEMM's tile heuristic and launch plans (launchers/sm90_fp8_gemm.hpp get_config,
+gemm_common.hpp choose_tiles / tail_split): CPU only, no kernel runs."""
+
+from __future__ import annotations
+
+import pytest
+
+import kernels
+from gemm_cases import DEEPSEEK_NK, H200_SMS
+
+
+@pytest.mark.parametrize("m", [1, 64, 128, 4096])
+@pytest.mark.parametrize("n,k", DEEPSEEK_NK)
+def test_heuristic_is_valid(m, n, k):
+    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert cfg["block_n"] % 8 == 0 and cfg["block_n"] <= 192
+    assert cfg["smem_bytes"] <= 232448 and cfg["num_stages"] >= 2
+    assert 1 <= cfg["grid"] <= H200_SMS
+    if m <= 128:  # memory-bound: the weights must be spread over (nearly) every SM
+        assert cfg["grid"] >= min(cfg["num_tiles"], 0.8 * H200_SMS) or cfg["num_tiles"] < H200_SMS
+
+
+def test_tile_overrides_replace_the_heuristic(monkeypatch):
+    """MOE_GEMM_BLOCK_M / _BLOCK_N / _STAGES (A/B timing) replace the heuristic's tiles, and a value
+    the kernel cannot take raises naming the switch."""
+    native = kernels.jit.native_module()
+    monkeypatch.setenv("MOE_GEMM_TAIL_SPLIT", "0")
+    base = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+    assert (base["block_m"], base["block_n"]) == (256, 128)
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")
+    base = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+    assert (base["block_m"], base["block_n"]) == (128, 128)
+    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "192")
+    monkeypatch.setenv("MOE_GEMM_STAGES", "3")
+    cfg = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+    assert (cfg["block_m"], cfg["block_n"], cfg["num_stages"]) == (128, 192, 3)
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "64")
+    assert native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)["block_m"] == 64
+    # 256 rows: dense only, block N 128 (a forced other one raises), whatever N.
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
+    for block_n in ("192", "120"):
+        monkeypatch.setenv("MOE_GEMM_BLOCK_N", block_n)
+        with pytest.raises(RuntimeError, match="MOE_GEMM_BLOCK_N"):
+            native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+    monkeypatch.delenv("MOE_GEMM_BLOCK_N")
+    for n in (4096, 2112, 264, 8):
+        cfg = native.fp8_gemm_nt_config(4096, n, 7168, H200_SMS)
+        assert (cfg["block_m"], cfg["block_n"], cfg["pingpong"]) == (256, 128, 0)
+    with pytest.raises(RuntimeError, match="MOE_GEMM_BLOCK_M"):
+        native.fp8_gemm_nt_config(8192, 4096, 7168, H200_SMS, gemm_type=1, num_groups=4)
+    monkeypatch.delenv("MOE_GEMM_BLOCK_M")
+    for name, value in (("MOE_GEMM_BLOCK_N", "100"), ("MOE_GEMM_BLOCK_N", "264"), ("MOE_GEMM_BLOCK_M", "96"),
+                        ("MOE_GEMM_STAGES", "1")):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(RuntimeError, match=name):
+            native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+        monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize("m,n,k,tiles,splits", [
+    (4096, 7168, 16384, 1216, 4),   # 608 cluster tiles on 66 clusters: 14 left, 4 units of 32 K blocks
+    (4096, 7168, 8192, 1216, 2),    # 64 K blocks: 2 units of 32
+    (4096, 4096, 7168, 1024, 1),    # 56 K blocks: too few to split (block 128 x 128 then)
+    (4096, 7168, 2048, 1216, 1),    # 16 K blocks
+    (4096, 2112, 16384, 352, 1),    # 88 tiles left over 132 SMs: one unit each is the whole tile
+    (128, 7168, 16384, 128, 1),     # one partial wave: the grid shrinks to the tiles
+])
+def test_tail_split_follows_the_last_wave(m, n, k, tiles, splits, monkeypatch):
+    """Dense FP8: the tiles of a last, partial wave are split over K, as many units per tile as the
+    clusters hold and each unit at least 32 K blocks (at most 8); MOE_GEMM_TAIL_SPLIT=0 turns it
+    off (and the tile choice then counts whole waves); grouped GEMMs never split."""
+    native = kernels.jit.native_module()
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")  # the 128-row tiles' split (256-row: test_wide_tiles_...)
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert (cfg["num_tiles"], cfg["tail_splits"]) == (tiles, splits)
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, gemm_type=1, num_groups=4)["tail_splits"] == 1
+    monkeypatch.setenv("MOE_GEMM_TAIL_SPLIT", "0")
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS)["tail_splits"] == 1
+
+
+@pytest.mark.parametrize("m,n,k,tile", [
+    (4096, 4096, 7168, "256x128c2"), (4096, 7168, 2048, "256x128c2"), (4096, 7168, 16384, "256x128c2"),
+    (4096, 24576, 1536, "256x128c2"), (4096, 32768, 512, "256x128c2"), (2048, 4096, 7168, "256x128c2"),
+    (4096, 2112, 7168, "128x192"), (4096, 576, 7168, "128x144"), (2048, 7168, 2048, "128x192c2"),
+    (1024, 4096, 7168, "128x128"), (512, 7168, 16384, "128x112c2"),  # below the rows measured
+    (256, 4096, 7168, "128x64"), (128, 4096, 7168, "64x64c2"), (64, 4096, 7168, "64x32"),
+    (64, 7168, 16384, "64x56c2"),
+])
+def test_wide_tiles_where_they_measured_faster(m, n, k, tile, monkeypatch):
+    """Dense FP8 runs 256 x 128 tiles in 2-CTA clusters where their waves, at 14/16 of two 128-row
+    tiles' cost each, beat the 128-row heuristic's (bench/RESULTS.md, session 8: every N a multiple
+    of 128 from 4096 up at M 2048-8192); N = 2112 and 576 (a padded last n-block, few waves) keep
+    128-row tiles, and so do grouped GEMMs and a forced block M or N."""
+    native = kernels.jit.native_module()
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert f"{cfg['block_m']}x{cfg['block_n']}" + ("c2" if cfg["multicast"] > 1 else "") == tile
+    assert cfg["pingpong"] == 0 or cfg["block_m"] == 128
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, gemm_type=1, num_groups=4)["block_m"] <= 128
+    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "128")
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS)["block_m"] <= 128
+
+
+@pytest.mark.parametrize("m,n,k,block_n,ways,tiles,splits,grid", [
+    (64, 2112, 7168, "128", "8", 18, 7, 126),   # 9 cluster tiles on 66 clusters: 7 units each
+    (64, 576, 7168, "128", "8", 6, 8, 48),      # capped at 8
+    (64, 4096, 7168, "128", "4", 32, 4, 128),
+    (128, 264, 640, "", "9", 0, 5, 0),          # 5 K blocks: at most 5 units of one
+    (128, 7168, 2048, "112", "4", 128, 1, 128),  # 64 cluster tiles fill the 66 clusters: no room
+])
+def test_split_k_of_a_single_wave(m, n, k, block_n, ways, tiles, splits, grid, monkeypatch):
+    """MOE_GEMM_SPLIT_K=<ways> splits every tile of a single, partial wave over K (capped by the free
+    clusters, the K blocks and 8), its units taking SMs the wave leaves idle; unset (the default)
+    or MOE_GEMM_TAIL_SPLIT=0, none."""
+    native = kernels.jit.native_module()
+    if block_n:
+        monkeypatch.setenv("MOE_GEMM_BLOCK_N", block_n)
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS)["tail_splits"] == 1
+    monkeypatch.setenv("MOE_FP8_MULTICAST", "2")  # n-blocks counted in whole clusters
+    monkeypatch.setenv("MOE_GEMM_SPLIT_K", ways)
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert cfg["tail_splits"] == splits
+    if tiles:
+        assert (cfg["num_tiles"], cfg["grid"]) == (tiles, grid)
+    assert cfg["grid"] <= H200_SMS and cfg["grid"] == min(cfg["num_tiles"] * splits, H200_SMS) // 2 * 2
+    monkeypatch.setenv("MOE_GEMM_TAIL_SPLIT", "0")
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS)["tail_splits"] == 1
+
+
+@pytest.mark.parametrize("m", [1, 64, 65, 128, 129, 256, 4096])
+@pytest.mark.parametrize("n,k", DEEPSEEK_NK)
+def test_small_m_rows_and_single_wave_split(m, n, k, monkeypatch):
+    """65 to 128 rows take one 128-row m-block where it needs fewer waves than two 64-row ones (wide
+    N), else 64; whole tiles leaving over a quarter of the SMs idle (N = 576 up to 256 rows) split
+    over K into 4 units, not inside a CUDA graph capture (no workspace) nor with MOE_GEMM_SPLIT_K=1."""
+    native = kernels.jit.native_module()
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    if 64 < m <= 128:
+        assert cfg["block_m"] == (128 if (n, k) in {(24576, 1536), (32768, 512)} else 64), cfg
+    split = n == 576 and m <= 256
+    assert cfg["tail_splits"] == (4 if split else 1), cfg
+    whole = native.fp8_gemm_nt_config(m, n, k, H200_SMS, split_workspace=False)
+    assert whole["tail_splits"] == 1
+    assert (whole["num_tiles"] * 4 < 3 * H200_SMS) == split, whole
+    if split:
+        assert cfg["grid"] == cfg["num_tiles"] * 4 <= H200_SMS, cfg
+        assert whole["block_n"] < cfg["block_n"]
+        monkeypatch.setenv("MOE_GEMM_SPLIT_K", "1")
+        assert native.fp8_gemm_nt_config(m, n, k, H200_SMS) == whole
+
+
+@pytest.mark.parametrize("m", [1, 64, 128, 300, 1024, 4096, 8191])
+@pytest.mark.parametrize("n,k", DEEPSEEK_NK)
+def test_without_workspace_tiles_are_planned_whole(m, n, k, monkeypatch):
+    """A launch without the split workspace (inside a CUDA graph capture) runs every tile whole, so
+    its tiles are the heuristic's whole-tile choice (as with MOE_GEMM_TAIL_SPLIT=0), not a plan
+    made for a split that would not happen; the config reports no split."""
+    native = kernels.jit.native_module()
+    whole = native.fp8_gemm_nt_config(m, n, k, H200_SMS, split_workspace=False)
+    assert whole["tail_splits"] == 1
+    monkeypatch.setenv("MOE_GEMM_TAIL_SPLIT", "0")
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS) == whole
+
+
+def test_tail_split_has_no_workspace_inside_a_graph_capture(monkeypatch):
+    """A GEMM captured in a CUDA graph gets no tail-split workspace (so it runs every tile whole):
+    graphs captured on one stream would share one, and one made during a capture would be zeroed
+    only when that graph runs. Nothing is allocated or remembered for the capture."""
+    monkeypatch.setattr(kernels.gemm, "_capturing", lambda: True)
+    before = dict(kernels.gemm._split_workspaces)
+    assert kernels.gemm._split_workspace(0, 12345) == (0, 0)
+    assert kernels.gemm._split_workspaces == before
+
+
+@pytest.mark.parametrize("env", [None, "0", "1"])
+def test_pingpong_follows_block_n(env, monkeypatch):
+    """Block M 128: the math warpgroups take turns by default only at block N > 144 (where it
+    measured faster); MOE_FP8_PINGPONG=0 turns it off, =1 on at any block N and for 256-row tiles
+    (a turn per wave); block M 64 never."""
+    if env is not None:
+        monkeypatch.setenv("MOE_FP8_PINGPONG", env)
+    native = kernels.jit.native_module()
+    for m, n, k in [(4096, 4096, 7168), (4096, 7168, 16384), (4096, 576, 7168), (64, 7168, 2048)]:
+        cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+        wanted = cfg["block_n"] > 144 if env is None else env == "1"
+        assert cfg["pingpong"] == int((cfg["block_m"] == 128 and wanted) or (cfg["block_m"] == 256 and env == "1")), \
+            (m, n, k, cfg)

@@ -1,0 +1,259 @@
+"""The dense FP8 GEMM's schedules on the GPU, each against float64 and against its twin with the
+switch off (clusters, ping-pong of 128- and 256-row tiles, the tail split and a single wave's split
+over K, 256-row tiles, graph captures without a workspace, programmatic dependent launch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from gemm_cases import make_operands, reference_f64, with_switch_off
+from kernels.testing import calc_diff
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(540, 4232, 1536), (1025, 7168, 2048), (4096, 7168, 16384),
+                                   (1, 2112, 7168), (33, 576, 7168), (128, 7168, 16384)])
+def test_gpu_clusters_match_single_ctas(m, n, k, seed, monkeypatch):
+    """Two CTAs share A (multicast): M tails past the second CTA's half of A (block M 64 and 128),
+    odd n-block counts padded to whole clusters. Same inputs with the clusters off
+    (MOE_FP8_MULTICAST=0). MOE_FP8_MULTICAST=2 keeps the clusters where the heuristic would not
+    (few rows and K < 8192)."""
+    monkeypatch.setenv("MOE_FP8_MULTICAST", "2")
+    assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["multicast"] == 2
+    a_fp8, b_fp8, d, single = with_switch_off(m, n, k, "MOE_FP8_MULTICAST", monkeypatch)
+    assert calc_diff(single, reference_f64(a_fp8, b_fp8)) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(129, 2112, 7168), (170, 264, 640), (4096, 576, 7168), (4096, 4096, 7168),
+                                   (540, 4232, 1536), (300, 7168, 2048), (4096, 7168, 16384)])
+def test_gpu_pingpong_matches_no_pingpong(m, n, k, seed, monkeypatch):
+    """Block M 128, the two math warpgroups taking turns on the tensor cores: a last m-block whose
+    second warpgroup has no valid row (M = 129, 170), block N 8, a scale split known only at run
+    time (block N 144), a CTA with more tiles than others (1024 tiles on 132 SMs), 2-CTA clusters
+    with an n-block past N (540 x 4232), 7168 x 16384. Same inputs with MOE_FP8_PINGPONG=0: the same
+    wgmmas and FFMAs per warpgroup, only their issue order differs, so D is bit for bit the same.
+    MOE_FP8_PINGPONG=1 turns it on where the heuristic would not (block N <= 128)."""
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")  # one wave of 128 rows (256: test_gpu_256_row_pingpong_matches_in_step)
+    monkeypatch.setenv("MOE_FP8_PINGPONG", "1")
+    assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["pingpong"] == 1
+    _, _, d, plain = with_switch_off(m, n, k, "MOE_FP8_PINGPONG", monkeypatch)
+    assert torch.equal(d, plain)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,multicast", [(4096, 4096, 7168, "2"), (1000, 4104, 1536, "2"), (257, 264, 640, "0"),
+                                             (300, 7168, 2048, "2"), (4096, 2112, 16384, "2")])
+def test_gpu_256_row_pingpong_matches_in_step(m, n, k, multicast, seed, monkeypatch):
+    """256-row tiles whose two math warpgroups take turns per wave (MOE_FP8_PINGPONG=1): 2-CTA
+    clusters with an n-block past N (33 n-blocks) and a partial last m-block (1000 x 4104), one row past the first
+    tile without clusters (257), a last tile whose second wave is past M (300), a split tail (4096 x
+    2112 x 16384). Against float64 and, bit for bit, against the warpgroups in step (the same wgmmas
+    and FFMAs per warpgroup in another issue order)."""
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
+    monkeypatch.setenv("MOE_FP8_MULTICAST", multicast)
+    monkeypatch.setenv("MOE_FP8_PINGPONG", "1")
+    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
+    assert (cfg["block_m"], cfg["pingpong"]) == (256, 1), cfg
+    _, _, d, plain = with_switch_off(m, n, k, "MOE_FP8_PINGPONG", monkeypatch)
+    assert torch.equal(d, plain)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 2048), (64, 7168, 2048), (1000, 576, 7168)])
+@pytest.mark.parametrize("graph", [False, True])
+def test_gpu_pdl_chain_orders_reads_and_writes(m, n, k, graph, seed, monkeypatch):
+    """MOE_GEMM_PDL=1: every GEMM may launch while the previous one runs (each lets the next start
+    at once) and waits for it before touching global memory. GEMM 1 writes D1; GEMM 2 adds D1 as
+    its residual (read after write); GEMM 3 overwrites D1 (write after GEMM 2's read). On a stream
+    and in a CUDA graph (whole tiles), NaN-poisoned outputs, against float64."""
+    monkeypatch.setenv("MOE_GEMM_PDL", "1")
+    assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["pdl"] == 1
+    ops = [make_operands(m, n, k, "cuda") for _ in range(3)]
+    d1 = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    d2 = torch.full_like(d1, float("nan"))
+
+    def chain():
+        kernels.fp8_gemm_nt(*ops[0], d1)
+        kernels.fp8_gemm_nt(*ops[1], d2, c=d1)
+        kernels.fp8_gemm_nt(*ops[2], d1)
+
+    chain()  # compiled outside any capture
+    torch.cuda.synchronize()
+    d1.fill_(float("nan"))
+    d2.fill_(float("nan"))
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            chain()
+        d1.fill_(float("nan"))
+        d2.fill_(float("nan"))
+        g.replay()
+    else:
+        chain()
+    torch.cuda.synchronize()
+    first = reference_f64(*ops[0])
+    assert calc_diff(d2, reference_f64(*ops[1], c=first)) < 1e-3
+    assert calc_diff(d1, reference_f64(*ops[2])) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True])
+def test_gpu_pdl_dependent_starts_early_and_waits(graph, seed, monkeypatch):
+    """MOE_GEMM_PDL=1 where a missing wait could not go unseen: a long GEMM on few SMs (64 x 576 x
+    16384, 72 CTAs, K unsplit) writes D1, then a short one (K = 128) adds D1 as its residual. The
+    short kernel starts before the long one ends (the launch attribute took effect, in a CUDA graph
+    too), yet reads D1 only once written: D1 holds NaN until then."""
+    monkeypatch.setenv("MOE_GEMM_PDL", "1")
+    monkeypatch.setenv("MOE_GEMM_SPLIT_K", "1")
+    m, n = 64, 576
+    long_ops, short_ops = make_operands(m, n, 16384, "cuda"), make_operands(m, n, 128, "cuda")
+    d1 = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    d2 = torch.full_like(d1, float("nan"))
+
+    def chain():
+        kernels.fp8_gemm_nt(*long_ops, d1)
+        kernels.fp8_gemm_nt(*short_ops, d2, c=d1)
+
+    chain()
+    run = chain
+    if graph:
+        for _ in range(2):  # the first capture compiles the whole-tile kernels a capture plans
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                chain()
+        run = g.replay
+    torch.cuda.synchronize()
+    d1.fill_(float("nan"))
+    d2.fill_(float("nan"))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    gemms = sorted((e for e in prof.events()
+                    if e.device_type == torch.autograd.DeviceType.CUDA and "sm90_fp8_gemm_nt" in e.name),
+                   key=lambda e: e.time_range.start)
+    assert len(gemms) == 2, [e.name for e in gemms]
+    assert gemms[1].time_range.start < gemms[0].time_range.end, "the dependent GEMM did not start early"
+    first = reference_f64(*long_ops)
+    assert calc_diff(d1, first) < 1e-3
+    assert calc_diff(d2, reference_f64(*short_ops, c=first)) < 1e-3
+
+
+def _split_against_whole_tiles(m, n, k, monkeypatch):
+    """A call whose plan splits tiles over K, against float64 and against the same tiles whole
+    (MOE_GEMM_TAIL_SPLIT=0), both NaN-poisoned; a second call gives the same bits (the partials are
+    added in split order and the counters were left zero) and a residual C is added once.
+    Returns (d, whole)."""
+    a_fp8, b_fp8, d, whole = with_switch_off(m, n, k, "MOE_GEMM_TAIL_SPLIT", monkeypatch)
+    assert calc_diff(whole, reference_f64(a_fp8, b_fp8)) < 1e-3
+    monkeypatch.delenv("MOE_GEMM_TAIL_SPLIT")
+    again = torch.full_like(d, float("nan"))
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, again)
+    c = torch.randn(m, n, device="cuda")
+    with_c = torch.full_like(d, float("nan"))
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c)
+    torch.cuda.synchronize()
+    assert torch.equal(again, d)
+    assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
+    return d, whole
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,num_sms", [(4096, 7168, 8192, None), (1000, 7168, 16384, None), (4096, 4096, 16384, None),
+                                           (300, 3080, 12288, 16), (520, 3080, 16384, 16), (1000, 2056, 8192, 16)])
+def test_gpu_tail_split_matches_whole_tiles(m, n, k, num_sms, seed, monkeypatch):
+    """The last wave's tiles split over K (2-CTA clusters, 2 and 3 units, a partial m-block; no
+    clusters at N = 4096, 3 units; on a grid cut to 16 SMs, 3, 4 and 2 units with partial m- and
+    n-blocks among the split tiles, block N 136 (a run-time scale split), 160 and 192, and
+    counters where a 132-SM plan leaves them): D against
+    float64 and against the same call with MOE_GEMM_TAIL_SPLIT=0, both NaN-poisoned. A second
+    call gives the same bits (the partials are added in split order, and the counters were left
+    zero), and a residual C is added once."""
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")  # 256-row tiles' split: test_gpu_256_row_tiles
+    if num_sms is not None:
+        kernels.set_num_sms(num_sms)
+    try:
+        assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["tail_splits"] > 1
+        _split_against_whole_tiles(m, n, k, monkeypatch)
+    finally:
+        kernels.jit.reset_num_sms()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,block_m,block_n,ways", [
+    (64, 2112, 7168, "", "128", "8"),     # 7 units of 8 K blocks per tile, a partial n-block
+    (1, 576, 7168, "", "64", "4"),        # one row
+    (100, 4096, 7168, "", "128", "4"),    # a partial m-block; 64 tiles leave room for 2 units each
+    (37, 7168, 2048, "", "112", "3"),     # a run-time scale split (block N 112); 2 units of 8 K blocks
+    (128, 264, 640, "", "24", "5"),       # units of one K block
+    (300, 2112, 7168, "256", "128", "4"),  # 256-row tiles, 3 units each, the second wave past M
+])
+def test_gpu_split_k_of_a_single_wave(m, n, k, block_m, block_n, ways, seed, monkeypatch):
+    """MOE_GEMM_SPLIT_K: every tile of a single wave split over K, against float64 and against the
+    same tiles whole (MOE_GEMM_TAIL_SPLIT=0), both NaN-poisoned; a second call gives the same bits
+    and a residual C is added once."""
+    if block_m:
+        monkeypatch.setenv("MOE_GEMM_BLOCK_M", block_m)
+    monkeypatch.setenv("MOE_GEMM_BLOCK_N", block_n)
+    monkeypatch.setenv("MOE_GEMM_SPLIT_K", ways)
+    if kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["tail_splits"] == 1:
+        pytest.skip(f"{kernels.get_num_sms()} SMs leave no room for a second unit per tile (132 do)")
+    d, whole = _split_against_whole_tiles(m, n, k, monkeypatch)
+    # The same tiles, summed in another order: bf16 roundings apart at most.
+    assert calc_diff(d, whole) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,env", [(64, 2112, 7168, {"MOE_GEMM_BLOCK_N": "128", "MOE_GEMM_SPLIT_K": "8"}),
+                                       (64, 576, 7168, {}), (200, 576, 7168, {})])
+def test_gpu_split_k_planned_but_captured_runs_whole_tiles(m, n, k, env, seed, monkeypatch):
+    """Inside a CUDA graph capture a GEMM gets no split workspace: a single wave planned as split-K
+    (forced, or the heuristic's at N = 576) runs its tiles whole, the heuristic's planned for whole
+    tiles; the replayed graph's D matches float64."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["tail_splits"] > 1
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, d)  # compiled outside the capture
+    d.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+    d.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isfinite(d).all(), "output not fully written"
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,multicast,splits", [
+    (257, 264, 640, "0", 1),         # one row past the first tile, a partial n-block
+    (1000, 4232, 1536, "2", 1),      # a partial m-block past its second wave's first row
+    (4096, 4096, 7168, "2", 1),
+    (8191, 576, 7168, "0", 1),       # the last m-block's second wave ends a row short
+    (300, 7168, 2048, "2", 1),       # 44 rows in the last tile: its second wave is past M
+    (4096, 2112, 16384, "2", 4),     # the last wave's tiles split over K, a partial n-block among them
+])
+def test_gpu_256_row_tiles(m, n, k, multicast, splits, seed, monkeypatch):
+    """Block 256 x 128 (two waves of 128 rows on the two math warpgroups), with and without 2-CTA
+    clusters, forced by MOE_GEMM_BLOCK_M=256: D against float64, NaN-poisoned, partial m- and
+    n-blocks, a split tail, and a residual C added once."""
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
+    monkeypatch.setenv("MOE_FP8_MULTICAST", multicast)
+    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
+    assert (cfg["block_m"], cfg["block_n"], cfg["multicast"], cfg["tail_splits"]) == (
+        256, 128, int(multicast) or 1, splits), cfg
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+    c = torch.randn(m, n, device="cuda")
+    with_c = torch.full_like(d, float("nan"))
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c)
+    torch.cuda.synchronize()
+    assert torch.isfinite(d).all(), "output not fully written"
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+    assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
