@@ -44,7 +44,7 @@ struct Config {
   int swizzle_d;   // bytes of the epilogue's swizzle atom (128, 64, 32) or 0 for plain rows
   int multicast = 1;  // CTAs per cluster sharing A by TMA multicast (1: no cluster)
   int scale_warps = 3;  // warps issuing the scale copies, taking the stages in turn
-  int pingpong = 0;     // 1: the two math warpgroups (block M 128 or 256) take turns on the tensor cores
+  int pingpong = 0;     // 1: the two math warpgroups (block M 128) take turns on the tensor cores
   int split_k = 0;      // units per tile of a single partial wave split over K (0: whole tiles)
   bool splits = true;   // false: planned for a launch without the split workspace (every tile whole)
   int pdl = 0;          // 1: programmatic dependent launch (the prologue overlaps the previous kernel)
@@ -115,7 +115,7 @@ constexpr int kWideTileCost = 14;  // sixteenths
 
 // MOE_FP8_MULTICAST=0 turns the clusters off and =2 on wherever the kernel takes them (dense, or
 // grouped with kMulticastMinRows rows); MOE_FP8_PINGPONG=0 turns the math warpgroups' ping-pong off
-// and =1 on at any block N (block M 128) and for 256-row tiles (a turn per wave); MOE_GEMM_GROUP_N sets the scheduler's band width in
+// and =1 on at any block N (block M 128); MOE_GEMM_GROUP_N sets the scheduler's band width in
 // n-blocks (read on every call, so a benchmark can compare both in one process).
 inline bool env_enabled(const char* name) {
   const char* value = std::getenv(name);
@@ -221,14 +221,14 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.scale_warps = std::min(scale_warps_setting(), t.num_stages);
   cfg.split_k = single_wave_ways;
   cfg.splits = split_workspace;
-  // MOE_GEMM_PDL=1: programmatic dependent launch, not yet measured (off unless set; read per call).
-  cfg.pdl = env_int("MOE_GEMM_PDL") == 1 ? 1 : 0;
+  // Programmatic dependent launch unless MOE_GEMM_PDL=0 (read per call): in a CUDA graph of 8
+  // dependent GEMMs at 64-128 rows, 1.02-1.10x per GEMM in 13 of 14 shapes (bench/RESULTS.md, session 10).
+  const char* pdl = std::getenv("MOE_GEMM_PDL");
+  cfg.pdl = pdl != nullptr && std::string(pdl) == "0" ? 0 : 1;
   // One math warpgroup (block M 64) has no partner to take turns with.
   const char* pingpong = std::getenv("MOE_FP8_PINGPONG");
   const bool wants_pingpong = pingpong == nullptr ? t.block_n >= kPingPongMinBlockN : std::string(pingpong) != "0";
-  // 256-row tiles (two waves, a turn each) only when asked for: not yet measured.
-  const bool forced_pingpong = pingpong != nullptr && std::string(pingpong) == "1";
-  cfg.pingpong = (t.block_m == 128 && wants_pingpong) || (t.block_m == 256 && forced_pingpong) ? 1 : 0;
+  cfg.pingpong = t.block_m == 128 && wants_pingpong ? 1 : 0;
   return cfg;
 }
 

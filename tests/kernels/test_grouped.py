@@ -227,37 +227,6 @@ def test_gpu_contiguous_256_row_tiles(counts, forced, n, k, seed, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n,k", GROUPED_NK)
-def test_gpu_contiguous_256_row_pingpong_matches_in_step(n, k, seed, monkeypatch):
-    """256-row contiguous tiles with the math warpgroups taking turns per wave (MOE_FP8_PINGPONG=1):
-    an empty group, a one-row group, second waves all padding; against float64 and bit for bit
-    against the warpgroups in step."""
-    counts = [4000, 0, 100, 1, 513]
-    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")  # the heuristic takes 128 rows at N x K = 4096 x 7168 here
-    b_fp8 = make_weights(len(counts), n, k, "cuda")
-    a_fp8, m_indices = make_contiguous(counts, k, "cuda", align=256)
-    native = kernels.jit.native_module()
-    kernels.set_mk_alignment_for_contiguous_layout(256)
-    outputs = {}
-    try:
-        for pingpong in ("1", "0"):
-            monkeypatch.setenv("MOE_FP8_PINGPONG", pingpong)
-            cfg = native.fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(), gemm_type=1,
-                                            num_groups=len(counts), alignment=256)
-            assert (cfg["block_m"], cfg["pingpong"]) == (256, int(pingpong)), cfg
-            d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
-            outputs[pingpong] = d
-        torch.cuda.synchronize()
-    finally:
-        kernels.set_mk_alignment_for_contiguous_layout(128)
-    valid = m_indices >= 0
-    assert torch.isfinite(outputs["1"][valid]).all(), "valid rows not fully written"
-    assert calc_diff(outputs["1"][valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
-    assert torch.equal(outputs["1"][valid], outputs["0"][valid])
-
-
-@pytest.mark.gpu
 def test_gpu_contiguous_bad_group_ids_are_skipped(seed):
     b_fp8 = make_weights(2, 256, 256, "cuda")
     a_fp8, m_indices = make_contiguous([128, 128], 256, "cuda")

@@ -158,9 +158,9 @@ def test_fp8_masked_math_loop_keeps_descriptors_uniform(m, n, k, groups):
     (4096, 4096, 7168, 0, 1), (4096, 7168, 16384, 0, 1), (4096, 576, 7168, 0, 1), (384, 7168, 2048, 2, 5),
 ])
 def test_fp8_gemm_pingpong_takes_turns_with_asynchronous_wgmmas(m, n, k, gemm_type, groups, pingpong, monkeypatch):
-    """Block M 128 and 256: in every K loop compiled (one per static scale split) a warpgroup takes
-    its turn (one BAR.SYNC) before each wave's wgmmas (one wave of 128 rows, two of a 256-row tile)
-    and passes it (one BAR.ARV) after the wave's last one, before waiting on them; the second warpgroup gives the first its first turn (BAR.ARV 0x2) and the first takes
+    """Block M 128: in every K loop compiled (one per static scale split) a warpgroup takes its turn
+    (one BAR.SYNC) before the wgmmas and passes it (one BAR.ARV) after the last one, before waiting
+    on them; the second warpgroup gives the first its first turn (BAR.ARV 0x2) and the first takes
     the last one after its tiles (BAR.SYNC 0x2). ptxas serializes every wgmma of a kernel (a wait
     after each, silently but for a -v remark) when it cannot prove accumulators untouched while in
     flight: then each QGMMA carries the scoreboard (gsb0), not only the group's last. Block M 64 and
@@ -168,14 +168,14 @@ def test_fp8_gemm_pingpong_takes_turns_with_asynchronous_wgmmas(m, n, k, gemm_ty
     monkeypatch.setenv("MOE_FP8_PINGPONG", pingpong)
     native = kernels.jit.native_module()
     config = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)
-    assert config["pingpong"] == (pingpong == "1" and config["block_m"] in (128, 256))
+    assert config["pingpong"] == (pingpong == "1" and config["block_m"] == 128)
     code = sass(*native.fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, gemm_type, groups))
     loops = [body for body in _k_loop_bodies(code) if "QGMMA" in body]
     assert loops
     for body in loops:  # a loop may hold two K blocks (block N 16 unrolls by 2)
         ops = [line for line in body.splitlines() if line.strip()]
         qgmma = [i for i, line in enumerate(ops) if "QGMMA" in line]
-        k_blocks = len(qgmma) // 4  # issues: K blocks times waves
+        k_blocks = len(qgmma) // 4
         assert k_blocks and ["gsb0" in ops[i] for i in qgmma] == [False, False, False, True] * k_blocks, \
             "wgmmas serialized (a wait after each)"
         # The turns' barrier ids are registers; 0 and 1 (immediates) are __syncthreads' and the epilogue's.
@@ -195,15 +195,18 @@ def test_fp8_gemm_pingpong_takes_turns_with_asynchronous_wgmmas(m, n, k, gemm_ty
         assert set(re.findall(r"BAR\.SYNC\S* (\w+)", code)) <= {"0x0", "0x1"}
 
 
-@pytest.mark.parametrize("pdl", ["1", "0"])
+@pytest.mark.parametrize("pdl", ["1", "0", None])
 @pytest.mark.parametrize("m,n,k,gemm_type,groups", GEMM_VARIANTS)
 def test_fp8_gemm_pdl_waits_before_touching_memory(m, n, k, gemm_type, groups, pdl, monkeypatch):
-    """MOE_GEMM_PDL=1: the kernel lets the next one launch (PREEXIT) and waits for the previous one
-    (ACQBULK) before its first global access (loads of masked_m or m_indices, TMA, scale copies);
-    without it neither instruction is there."""
-    monkeypatch.setenv("MOE_GEMM_PDL", pdl)
+    """PDL (the default; MOE_GEMM_PDL=1 too): the kernel lets the next one launch (PREEXIT) and waits
+    for the previous one (ACQBULK) before its first global access (loads of masked_m or m_indices,
+    TMA, scale copies); with MOE_GEMM_PDL=0 neither instruction is there."""
+    if pdl is None:
+        monkeypatch.delenv("MOE_GEMM_PDL", raising=False)
+    else:
+        monkeypatch.setenv("MOE_GEMM_PDL", pdl)
     native = kernels.jit.native_module()
-    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)["pdl"] == int(pdl)
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)["pdl"] == int(pdl != "0")
     ops = [line for line in sass(*native.fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, gemm_type, groups)).splitlines()
            if _SASS_LINE.search(line)]
     wait = [i for i, line in enumerate(ops) if "ACQBULK" in line]

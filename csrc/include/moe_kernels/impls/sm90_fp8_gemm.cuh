@@ -52,17 +52,14 @@ struct Fp8GemmSmem {
 // cores idle (ncu, 4096 x 4096 x 7168: 42% of the math warps' time waiting on wgmma, 19% promoting).
 // Named barrier kFirstBarrier + w is warpgroup w's turn (ids 0 and 1 are __syncthreads' and the
 // epilogue's): w waits on it (bar.sync), the other warpgroup gives it (bar.arrive), 128 threads each.
-// A turn is one wave's issue of a K block (a 256-row tile has two waves, so two turns per K block).
-// Both warpgroups walk the same tiles with the same K blocks and waves, N turns in all: WG1 gives
-// WG0 its first turn and one after each of its issues (N + 1), which WG0 takes before each of its
-// issues and once after its last tile (N + 1); WG0 gives WG1 N turns, which WG1 takes. Every generation of both
+// Both warpgroups walk the same tiles with the same K blocks, N in all: WG1 gives WG0 its first turn
+// and one after each of its K blocks (N + 1), which WG0 takes before each of its K blocks and once
+// after its last tile (N + 1); WG0 gives WG1 N turns, which WG1 takes. Every generation of both
 // barriers completes, for a CTA without tiles too, and none is pending when the CTA exits. A turn is
 // given only after the giver's issue, so the issues strictly alternate across K blocks and tiles;
 // each warpgroup gives its tile's last turn before the epilogue's barrier (id 1), so neither waits
-// there on the other; and a stage release waits at most on the other warpgroup's first-wave issue
-// of the same K block (a 256-row tile's second wave is a turn of its own; the release follows it),
-// which has already passed that stage's full barrier, so the producers always get the stages the
-// turns are waiting for.
+// there on the other; and no stage release waits on a turn (a warpgroup releases a stage once its
+// own wgmmas on it are done), so the producers always get the stages the turns are waiting for.
 struct MathTurns {
   static constexpr uint32_t kFirstBarrier = 2;
   static constexpr uint32_t kThreads = 256;
@@ -129,7 +126,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // caller's layout is aligned to 256. Masked groups are small.
   static_assert(kNumWaves == 1 || kGemmType != static_cast<int>(GemmType::kGroupedMasked),
                 "block M 256 is for dense and contiguous GEMMs");
-  static_assert(!kPingPong || kNumMathWG == 2, "ping-pong takes two math warpgroups");
+  static_assert(!kPingPong || (kNumMathWG == 2 && kNumWaves == 1), "ping-pong takes two math warpgroups, one wave");
   // A tile may straddle at most two 128-column scale blocks of B: tiles start at multiples of
   // gcd(kBlockN, 128) inside a scale block, so the last start plus kBlockN must stay within 256.
   static_assert(kBlockN % 8 == 0 && kBlockN <= 256, "block N is a multiple of 8 up to 256");
@@ -294,11 +291,6 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
 #pragma unroll
         for (uint32_t w = 0; w < kNumWaves; ++w) {
           const uint64_t desc_a = sm90::make_sw128_kmajor_desc(tile_a + w * kWaveRows * kBlockK);
-          // A 256-row tile's second wave is a turn of its own: it reuses `acc`, so its issue follows
-          // the first wave's promotion, during which the other warpgroup's wave runs.
-          if constexpr (kPingPong) {
-            if (w > 0) turns.take();
-          }
           Wgmma::issue_k_block(desc_a, desc_b, acc, false);
           if constexpr (kPingPong) turns.pass();
           Wgmma::template wait<0>(acc);
