@@ -134,6 +134,9 @@ def main() -> int:
     parser.add_argument("--bf16", action="store_true", help="also time bf16_gemm_nt against torch.mm (cuBLAS)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
                         help="also time each call with these environment switches set (repeatable)")
+    parser.add_argument("--sfa-mn-major", action="store_true",
+                        help="also time each call with SFA stored MN-major (the same scales, row stride 1: a K "
+                             "block's scales contiguous)")
     parser.add_argument("--graph-chain", type=int, default=0, metavar="CALLS",
                         help="also time at least CALLS calls in one CUDA graph, each with its own weights (as "
                              "many as exceed L2, as the layers of a model) adding the previous output as its "
@@ -157,7 +160,7 @@ def main() -> int:
     rows = []
     header = (f"{'M':>5} {'N':>6} {'K':>6} {'tile':>14} | {'ours us':>8} {'TFLOP/s':>8} {'GB/s':>7} {'call us':>8} | "
               f"{'cuBLAS':>8} {'us':>8} {'TFLOP/s':>8} {'call us':>8} | {'speedup':>7} {'diff':>8} | "
-              f"{'1-CTA us':>8} {'clusters':>8}" + "".join(f" | {label} us  gain {'tile':>14} diff" for label, _ in variants))
+              f"{'1-CTA us':>8} {'clusters':>8}" + (" | MN-major SFA us  gain     diff" if args.sfa_mn_major else "") + "".join(f" | {label} us  gain {'tile':>14} diff" for label, _ in variants))
     print(header)
     for m in [int(x) for x in args.ms.split(",")]:
         for n, k in shapes:
@@ -192,6 +195,15 @@ def main() -> int:
                        cublas=kind, cublas_us=t_ref * 1e6, cublas_tflops=flops / t_ref / 1e12, cublas_call_us=call_ref,
                        speedup=t_ref / t, diff=diff, single_us=single_us)
             extra = ""
+            if args.sfa_mn_major:
+                a_mn = (a_fp8[0], a_fp8[1].t().contiguous().t())
+                ours_mn = lambda: kernels.fp8_gemm_nt(a_mn, b_fp8, d)  # noqa: E731
+                d.fill_(float("nan"))
+                ours_mn()
+                mn_diff = calc_diff(d, ref)
+                mn_us = bench_kineto(ours_mn, "sm90_fp8_gemm_nt").median_s * 1e6
+                row["sfa_mn_us"], row["sfa_mn_diff"] = mn_us, mn_diff
+                extra += f" | {mn_us:>15.1f} {mn_us / row['us']:>5.2f}x {mn_diff:.0e}"
             for label, env in variants:
                 d.fill_(float("nan"))
                 with env_switches(**env):
