@@ -21,7 +21,7 @@ import sys
 import torch
 
 import kernels
-from kernels.testing import bench_kineto, calc_diff, env_switches, kernel_us_with_env, per_call_us
+from kernels.testing import bench_kineto, calc_diff, env_switches, kernel_us_with_env, parse_env_variants, per_call_us
 
 SHAPES = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168)]
 
@@ -143,12 +143,10 @@ def main() -> int:
                              "residual, with and without programmatic dependent launch (MOE_GEMM_PDL=1): time per "
                              "GEMM of a graph replay")
     args = parser.parse_args()
-    variants = []
-    for v in args.variant:
-        pairs = [p.split("=", 1) for p in v.split(",")]
-        if any(len(p) != 2 or not p[0] for p in pairs):
-            parser.error(f"--variant takes NAME=VALUE[,NAME=VALUE...], got {v!r}")
-        variants.append((v, dict(pairs)))
+    try:
+        variants = parse_env_variants(args.variant)
+    except ValueError as exc:
+        parser.error(str(exc))
     shapes = SHAPES
     if args.nk:
         shapes = [tuple(int(v) for v in nk.split("x")) for nk in args.nk.split(",")]

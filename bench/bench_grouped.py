@@ -28,7 +28,8 @@ from typing import Callable
 import torch
 
 import kernels
-from kernels.testing import bench_kineto, calc_diff, copy_ceiling_gbps, kernel_us_with_env, per_call_us
+from kernels.testing import (bench_kineto, calc_diff, copy_ceiling_gbps, env_switches, kernel_us_with_env,
+                             parse_env_variants, per_call_us)
 
 NK = [(4096, 7168), (7168, 2048)]
 _KERNELS = {"fp8": "sm90_fp8_gemm_nt", "fp4": "sm90_fp8_fp4_gemm_nt"}  # profiler names
@@ -204,7 +205,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--weights", default="fp8,fp4", help="comma-separated: fp8, fp4 (default both)")
     parser.add_argument("--masked-only", action="store_true", help="skip the contiguous (prefill) table")
+    parser.add_argument("--groups", default="32,256", help="masked table: comma-separated expert counts")
+    parser.add_argument("--tokens", default="1,4,16,64,256", help="masked table: comma-separated tokens per expert")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
+                        help="masked table: also time the FP8 kernel with these environment switches set "
+                             "(repeatable); its output is checked too")
     args = parser.parse_args(argv)
+    try:
+        variants = parse_env_variants(args.variant)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        masked_groups = [int(g) for g in args.groups.split(",")]
+        masked_tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        parser.error(f"--groups and --tokens take comma-separated integers, got {args.groups!r}, {args.tokens!r}")
     weights = set(args.weights.split(","))
     if not weights or weights - {"fp8", "fp4"}:
         parser.error(f"--weights: expected fp8 and/or fp4, got {args.weights!r}")
@@ -246,13 +261,15 @@ def main(argv: list[str] | None = None) -> int:
                 print("| " + " | ".join(cells) + " |", flush=True)
     print("\n| masked | N x K | tokens/expert | FP8 µs | FP8 weights GB/s | FP8 of copy | FP8 per call µs "
           "| FP4 µs | FP4 weights GB/s | FP4 per call µs | FP4 speed-up over FP8 "
-          "| FP4 decode-layout µs | FP4 decode-layout weights GB/s | FP4 decode-layout speed-up over FP8 | worst diff |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for groups in (32, 256):
+          "| FP4 decode-layout µs | FP4 decode-layout weights GB/s | FP4 decode-layout speed-up over FP8 | worst diff |"
+          + "".join(f" FP8 {label} µs | over FP8 |" for label, _ in variants))
+    print("| --- " * (15 + 2 * len(variants)) + "|")
+    for groups in masked_groups:
         for n, k in NK:
-            for tokens in (1, 4, 16, 64, 256):
+            for tokens in masked_tokens:
                 cells = [str(groups), f"{n} x {k}", str(tokens)]
-                r = measure(make_masked("fp8", groups, tokens, n, k)) if fp8 else None
+                p8 = make_masked("fp8", groups, tokens, n, k) if fp8 else None
+                r = measure(p8) if fp8 else None
                 r4 = measure(make_masked("fp4", groups, tokens, n, k)) if fp4 else None
                 cells += ([f"{r['ours_us']:.1f}", f"{r['weight_gbps']:.0f}", f"{r['weight_gbps'] / copy * 100:.0f}%",
                            f"{r['call_us']:.1f}"] if r else ["-"] * 4)
@@ -262,8 +279,20 @@ def main(argv: list[str] | None = None) -> int:
                 v2 = measure(make_masked_fragment(groups, tokens, n, k)) if fp4 and tokens <= 32 else None
                 cells += ([f"{v2['ours_us']:.1f}", f"{v2['weight_gbps']:.0f}",
                            f"{r['ours_us'] / v2['ours_us']:.2f}x" if r else "-"] if v2 else ["-"] * 3)
-                cells.append(f"{worst_of(*(x['diff'] for x in (r, r4, v2) if x)):.1e}")
-                print("| " + " | ".join(cells) + " |", flush=True)
+                diffs = [x["diff"] for x in (r, r4, v2) if x]
+                variant_cells = []
+                for label, env in variants:
+                    if r is None:
+                        variant_cells += ["-", "-"]
+                        continue
+                    us = kernel_us_with_env(p8.call, p8.kernel, **env)
+                    p8.out.fill_(float("nan"))
+                    with env_switches(**env):
+                        p8.call()
+                    diffs.append(sample_diff(p8))  # the variant's own output
+                    variant_cells += [f"{us:.1f}", f"{us / r['ours_us']:.2f}x"]
+                cells.append(f"{worst_of(*diffs):.1e}")
+                print("| " + " | ".join(cells + variant_cells) + " |", flush=True)
     return 0
 
 

@@ -118,6 +118,18 @@ def env_switches(**env: str):
                 os.environ[name] = value
 
 
+def parse_env_variants(values: list[str]) -> list[tuple[str, dict[str, str]]]:
+    """``--variant NAME=VALUE[,NAME=VALUE...]`` arguments as (label, environment) pairs; raises
+    ValueError naming a malformed one."""
+    variants = []
+    for v in values:
+        pairs = [p.split("=", 1) for p in v.split(",")]
+        if any(len(p) != 2 or not p[0] for p in pairs):
+            raise ValueError(f"--variant takes NAME=VALUE[,NAME=VALUE...], got {v!r}")
+        variants.append((v, dict(pairs)))
+    return variants
+
+
 def kernel_us_with_env(fn: Callable[[], object], kernel_name: str, **env: str) -> float:
     """Kernel time in µs (bench_kineto's median) with environment variables set for the call, e.g. a
     kernel variant switched off (MOE_FP8_MULTICAST="0"); the environment is restored afterwards."""
