@@ -17,6 +17,7 @@ from .reference import fp4 as fp4_reference
 from .reference import quant as reference
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_INPUT_CODES = {dtype: _descriptors.DTYPE_CODES[dtype] for dtype in _INPUT_DTYPES}
 _GRAN_KS = (32, 64, 128)
 _BLOCK = _checks.BLOCK
 
@@ -58,6 +59,19 @@ def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
     return reference.ceil_to_ue8m0(x)
 
 
+def _per_token_cast_on_gpu(x: torch.Tensor, code: int, m: int, n: int, row_stride: int, gran_k: int,
+                           use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel on checked arguments (m >= 1): new outputs, the launch on the current stream."""
+    device, index = x.device, x.get_device()
+    out = torch.empty((m, n), dtype=torch.float8_e4m3fn, device=device)
+    sf = torch.empty((m, (n + gran_k - 1) // gran_k), dtype=torch.float32, device=device)
+    # Positional: pybind's keyword matching costs ~2 us per call. Order: x, x_dtype, m, n,
+    # x_row_stride, out, sf, gran_k, use_ue8m0, device, stream.
+    jit.native_module().per_token_cast_to_fp8(x.data_ptr(), code, m, n, row_stride, out.data_ptr(), sf.data_ptr(),
+                                              gran_k, use_ue8m0, index, _descriptors.current_stream_of(index))
+    return out, sf
+
+
 def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False,
                           gran_k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize each row of ``x`` to E4M3 with one float32 scale per ``1 x gran_k`` group.
@@ -67,6 +81,16 @@ def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False,
     sf [m, ceil(n / gran_k)] float32)``, both contiguous. A last partial group is padded with
     zeros for its amax; ``use_ue8m0`` rounds the scales up to powers of two.
     """
+    # Fast path, every call ahead of a microsecond-scale kernel: a plain 2-D CUDA tensor of a
+    # supported dtype, non-empty, last dim contiguous, flags of the right types. Anything else takes
+    # the checks below, which raise or run the reference.
+    if type(x) is torch.Tensor and x.is_cuda and type(use_ue8m0) is bool and type(gran_k) is int \
+            and gran_k in _GRAN_KS:
+        code = _INPUT_CODES.get(x.dtype)
+        shape, strides = x.shape, x.stride()
+        if code is not None and len(shape) == 2 and shape[0] > 0 and shape[1] > 0 \
+                and (strides[1] == 1 or shape[1] == 1):
+            return _per_token_cast_on_gpu(x, code, shape[0], shape[1], strides[0], gran_k, use_ue8m0)
     fn = "per_token_cast_to_fp8"
     x = _check_input(fn, x, (2,))
     use_ue8m0 = _check_flag(fn, "use_ue8m0", use_ue8m0)
@@ -78,15 +102,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False,
                 torch.empty((0, _ceil_div(n, gran_k)), dtype=torch.float32, device=x.device))
     if x.device.type == "cpu":
         return reference.per_token_cast_to_fp8(x, use_ue8m0, gran_k)
-
-    out = torch.empty((m, n), dtype=torch.float8_e4m3fn, device=x.device)
-    sf = torch.empty((m, _ceil_div(n, gran_k)), dtype=torch.float32, device=x.device)
-    # Positional: pybind's keyword matching costs ~2 us per call. Order: x, x_dtype, m, n,
-    # x_row_stride, out, sf, gran_k, use_ue8m0, device, stream.
-    jit.native_module().per_token_cast_to_fp8(
-        x.data_ptr(), _descriptors.dtype_code(x, "x"), m, n, x.stride(0), out.data_ptr(),
-        sf.data_ptr(), gran_k, use_ue8m0, x.device.index, _descriptors.current_stream(x.device))
-    return out, sf
+    return _per_token_cast_on_gpu(x, _descriptors.dtype_code(x, "x"), m, n, x.stride(0), gran_k, use_ue8m0)
 
 
 def per_block_cast_to_fp8(x: torch.Tensor,

@@ -478,6 +478,23 @@ def test_per_block_bit_exact(seed, case):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("gran_k", [32, 128])
+def test_per_token_checked_path_matches_fast_path(seed, gran_k):
+    """A tensor subclass (nn.Parameter) reaches the kernel through the full checks, a plain tensor
+    and a one-column view whose column stride is not 1 (its rows 1 element apart) through the fast
+    path: each gives the reference's bits."""
+    x = make_input((300, 1000), torch.bfloat16, 24, (1, gran_k))
+    want = reference.per_token_cast_to_fp8(x.cpu(), False, gran_k)
+    assert_bit_exact(quant.per_token_cast_to_fp8(x, gran_k=gran_k), want)
+    assert_bit_exact(quant.per_token_cast_to_fp8(torch.nn.Parameter(x, requires_grad=False), gran_k=gran_k), want)
+    column = x.t().contiguous().t()[:, :1]
+    assert column.stride() == (1, 300)
+    assert_bit_exact(quant.per_token_cast_to_fp8(column, gran_k=gran_k),
+                     reference.per_token_cast_to_fp8(column.cpu(), False, gran_k))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_poisoning_reaches_new_allocations():
     poison_allocator(4096 * 7168, 4096 * 56 * 4)
     out = torch.empty(4096, 7168, dtype=E4M3, device="cuda")
