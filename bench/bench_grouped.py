@@ -220,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         masked_tokens = [int(t) for t in args.tokens.split(",")]
     except ValueError:
         parser.error(f"--groups and --tokens take comma-separated integers, got {args.groups!r}, {args.tokens!r}")
+    if min(masked_groups + masked_tokens) < 1:
+        parser.error(f"--groups and --tokens take integers >= 1, got {args.groups!r}, {args.tokens!r}")
     weights = set(args.weights.split(","))
     if not weights or weights - {"fp8", "fp4"}:
         parser.error(f"--weights: expected fp8 and/or fp4, got {args.weights!r}")

@@ -10,6 +10,8 @@ both). Outputs are newly allocated.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from . import _checks, _descriptors, _fp4, jit
@@ -31,6 +33,8 @@ def _check_input(fn: str, x: object, dims: tuple[int, ...]) -> torch.Tensor:
         raise TypeError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in _INPUT_DTYPES:
         raise TypeError(f"{fn}: x must be bfloat16, float16 or float32, got {x.dtype}")
+    if x.layout is not torch.strided:
+        raise ValueError(f"{fn}: x must be a dense (strided) tensor, got layout {x.layout}")
     if x.dim() not in dims:
         expected = " or ".join(f"{d}-D" for d in dims)
         raise ValueError(f"{fn}: x must be {expected}, got shape {tuple(x.shape)}")
@@ -41,7 +45,9 @@ def _check_input(fn: str, x: object, dims: tuple[int, ...]) -> torch.Tensor:
                          f"{x.stride()} for shape {tuple(x.shape)}")
     if x.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{fn}: x must be on a CPU or CUDA device, got {x.device}")
-    return x
+    # A lazily negated view (the negative bit, e.g. the imaginary part of a conjugate) would reach
+    # the kernels as its unnegated memory.
+    return x.resolve_neg() if x.is_neg() else x
 
 
 def _check_flag(fn: str, name: str, value: object) -> bool:
@@ -85,7 +91,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False,
     # supported dtype, non-empty, last dim contiguous, flags of the right types. Anything else takes
     # the checks below, which raise or run the reference.
     if type(x) is torch.Tensor and x.is_cuda and type(use_ue8m0) is bool and type(gran_k) is int \
-            and gran_k in _GRAN_KS:
+            and gran_k in _GRAN_KS and x.layout is torch.strided and not x.is_neg():
         code = _INPUT_CODES.get(x.dtype)
         shape, strides = x.shape, x.stride()
         if code is not None and len(shape) == 2 and shape[0] > 0 and shape[1] > 0 \
@@ -94,8 +100,9 @@ def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False,
     fn = "per_token_cast_to_fp8"
     x = _check_input(fn, x, (2,))
     use_ue8m0 = _check_flag(fn, "use_ue8m0", use_ue8m0)
-    if isinstance(gran_k, bool) or gran_k not in _GRAN_KS:
+    if isinstance(gran_k, bool) or not isinstance(gran_k, numbers.Integral) or gran_k not in _GRAN_KS:
         raise ValueError(f"{fn}: gran_k must be one of {_GRAN_KS}, got {gran_k!r}")
+    gran_k = int(gran_k)
     m, n = x.shape
     if m == 0:
         return (torch.empty((0, n), dtype=torch.float8_e4m3fn, device=x.device),

@@ -222,7 +222,9 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.split_k = single_wave_ways;
   cfg.splits = split_workspace;
   // Programmatic dependent launch unless MOE_GEMM_PDL=0 (read per call): in a CUDA graph of 8
-  // dependent GEMMs at 64-128 rows, 1.02-1.10x per GEMM in 13 of 14 shapes (bench/RESULTS.md, session 10).
+  // dependent dense GEMMs at 64-128 rows, 1.00-1.10x per GEMM in 13 of 14 shapes, 0.95x at 128 x
+  // 7168 x 16384 (bench/RESULTS.md, session 10). Grouped and large-M GEMMs were not timed against
+  // it in one run; across runs they stayed level.
   const char* pdl = std::getenv("MOE_GEMM_PDL");
   cfg.pdl = pdl != nullptr && std::string(pdl) == "0" ? 0 : 1;
   // One math warpgroup (block M 64) has no partner to take turns with.

@@ -1,5 +1,5 @@
 """The dense FP8 GEMM's schedules on the GPU, each against float64 and against its twin with the
-switch off (clusters, ping-pong of 128- and 256-row tiles, the tail split and a single wave's split
+switch off (clusters, ping-pong of 128-row tiles, the tail split and a single wave's split
 over K, 256-row tiles, graph captures without a workspace, programmatic dependent launch)."""
 
 from __future__ import annotations

@@ -198,6 +198,9 @@ def _bad_calls() -> list[BadCall]:
         BadCall("per_token_cast_to_fp8", {"x": x, "gran_k": 16}, ValueError, "gran_k .* got 16"),
         BadCall("per_token_cast_to_fp8", {"x": x, "gran_k": 256}, ValueError, "got 256"),
         BadCall("per_token_cast_to_fp8", {"x": x, "gran_k": True}, ValueError, "got True"),
+        BadCall("per_token_cast_to_fp8", {"x": x, "gran_k": 128.0}, ValueError, "got 128.0"),
+        BadCall("per_token_cast_to_fp8", {"x": x.to_sparse_csr()}, ValueError, "dense .*sparse_csr"),
+        BadCall("per_block_cast_to_fp8", {"x": x.to_sparse()}, ValueError, "dense .*sparse_coo"),
         BadCall("per_token_cast_to_fp8", {"x": x, "use_ue8m0": 1}, TypeError, "use_ue8m0"),
         BadCall("per_token_cast_to_fp8", {"x": x.to("meta")}, ValueError, "meta"),
         BadCall("per_block_cast_to_fp8", {"x": x[0]}, ValueError, "2-D or 3-D"),
@@ -214,6 +217,19 @@ def _bad_calls() -> list[BadCall]:
 def test_bad_arguments_raise(case):
     with pytest.raises(case.error, match=case.match):
         getattr(quant, case.fn)(**case.kwargs)
+
+
+def test_negated_views_and_integer_likes_are_taken_as_values():
+    """A lazily negated view (negative bit) is quantized as the values it shows, not its memory; a
+    numpy integer gran_k is an integer."""
+    negated = torch._neg_view(torch.randn(4, 256))  # what conj().imag of a complex tensor gives, contiguous
+    assert negated.is_neg()
+    assert quant._check_input("f", negated, (2,)).is_neg() is False
+    got = quant.per_token_cast_to_fp8(negated)
+    want = quant.per_token_cast_to_fp8(negated.clone())
+    assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(got[1], want[1])
+    assert torch.equal(quant.per_token_cast_to_fp8(want[1].new_ones(4, 256), gran_k=np.int64(64))[1],
+                       quant.per_token_cast_to_fp8(want[1].new_ones(4, 256), gran_k=64)[1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,18 +495,23 @@ def test_per_block_bit_exact(seed, case):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("gran_k", [32, 128])
-def test_per_token_checked_path_matches_fast_path(seed, gran_k):
+def test_per_token_checked_path_matches_fast_path(seed, gran_k, monkeypatch):
     """A tensor subclass (nn.Parameter) reaches the kernel through the full checks, a plain tensor
     and a one-column view whose column stride is not 1 (its rows 1 element apart) through the fast
-    path: each gives the reference's bits."""
+    path (the checks counted): each gives the reference's bits."""
+    checks = []
+    checked = quant._check_input
+    monkeypatch.setattr(quant, "_check_input", lambda *args: checks.append(args[1]) or checked(*args))
     x = make_input((300, 1000), torch.bfloat16, 24, (1, gran_k))
     want = reference.per_token_cast_to_fp8(x.cpu(), False, gran_k)
     assert_bit_exact(quant.per_token_cast_to_fp8(x, gran_k=gran_k), want)
-    assert_bit_exact(quant.per_token_cast_to_fp8(torch.nn.Parameter(x, requires_grad=False), gran_k=gran_k), want)
     column = x.t().contiguous().t()[:, :1]
     assert column.stride() == (1, 300)
     assert_bit_exact(quant.per_token_cast_to_fp8(column, gran_k=gran_k),
                      reference.per_token_cast_to_fp8(column.cpu(), False, gran_k))
+    assert not checks
+    assert_bit_exact(quant.per_token_cast_to_fp8(torch.nn.Parameter(x, requires_grad=False), gran_k=gran_k), want)
+    assert len(checks) == 1 and type(checks[0]) is torch.nn.Parameter
 
 
 @pytest.mark.gpu

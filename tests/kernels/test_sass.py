@@ -215,7 +215,7 @@ def test_fp8_gemm_pdl_waits_before_touching_memory(m, n, k, gemm_type, groups, p
         assert not wait and not trigger
         return
     assert len(wait) == 1 and len(trigger) == 1 and trigger[0] < wait[0]
-    memory = [i for i, line in enumerate(ops) if re.search(r"\b(LDG|STG|LD|ST|UTMALDG|UTMASTG|LDGSTS|RED|ATOM)\b", line)]
+    memory = [i for i, line in enumerate(ops) if re.search(r"\b(LDG|STG|LD|ST|UTMALDG|UTMASTG|UTMAREDG|UBLKCP|LDGSTS|REDG?|ATOMG?)\b", line)]
     assert memory and wait[0] < min(memory)
 
 
