@@ -70,7 +70,7 @@ def _per_token_cast_on_gpu(x: torch.Tensor, code: int, m: int, n: int, row_strid
     """The kernel on checked arguments (m >= 1): new outputs, the launch on the current stream."""
     device, index = x.device, x.get_device()
     out = torch.empty((m, n), dtype=torch.float8_e4m3fn, device=device)
-    sf = torch.empty((m, (n + gran_k - 1) // gran_k), dtype=torch.float32, device=device)
+    sf = torch.empty((m, _ceil_div(n, gran_k)), dtype=torch.float32, device=device)
     # Positional: pybind's keyword matching costs ~2 us per call. Order: x, x_dtype, m, n,
     # x_row_stride, out, sf, gran_k, use_ue8m0, device, stream.
     jit.native_module().per_token_cast_to_fp8(x.data_ptr(), code, m, n, row_stride, out.data_ptr(), sf.data_ptr(),

@@ -225,8 +225,7 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   // dependent dense GEMMs at 64-128 rows, 1.00-1.10x per GEMM in 13 of 14 shapes, 0.95x at 128 x
   // 7168 x 16384 (bench/RESULTS.md, session 10). Grouped and large-M GEMMs were not timed against
   // it in one run; across runs they stayed level.
-  const char* pdl = std::getenv("MOE_GEMM_PDL");
-  cfg.pdl = pdl != nullptr && std::string(pdl) == "0" ? 0 : 1;
+  cfg.pdl = env_enabled("MOE_GEMM_PDL") ? 1 : 0;
   // One math warpgroup (block M 64) has no partner to take turns with.
   const char* pingpong = std::getenv("MOE_FP8_PINGPONG");
   const bool wants_pingpong = pingpong == nullptr ? t.block_n >= kPingPongMinBlockN : std::string(pingpong) != "0";
