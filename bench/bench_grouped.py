@@ -124,8 +124,10 @@ def make_contiguous(weights: str, groups: int, rows: int, n: int, k: int, device
                    2 * groups * rows * n * k, weights, rows)
 
 
-def make_masked(weights: str, groups: int, tokens: int, n: int, k: int, device="cuda") -> Problem:
-    max_m = max(tokens, 1)
+def make_masked(weights: str, groups: int, tokens: int, n: int, k: int, device="cuda",
+                max_m: int | None = None) -> Problem:
+    """``tokens`` valid rows per expert in slots of ``max_m`` rows (default: ``tokens``)."""
+    max_m = max(tokens, 1) if max_m is None else max_m
     a = kernels.per_token_cast_to_fp8(torch.randn(groups * max_m, k, device=device, dtype=torch.bfloat16))
     a = (a[0].view(groups, max_m, k), a[1].view(groups, max_m, -1))
     b, weight_bytes = make_weights(weights, groups, n, k, device)
@@ -169,14 +171,21 @@ def fp8_variants_us(problem: Problem, m: int, n: int, k: int, gemm_type: int, gr
                         if config["pingpong"] else None))
 
 
-def contiguous(weights: str, groups: int, rows: int, n: int, k: int) -> dict:
-    """Ours, and for FP8 weights the same kernel without clusters or ping-pong and the torch peer on
-    the same operands."""
+def contiguous(weights: str, groups: int, rows: int, n: int, k: int, variants=()) -> dict:
+    """Ours, and for FP8 weights the same kernel without clusters or ping-pong, with each of
+    ``variants`` (label, environment switches; its output checked), and the torch peer on the same
+    operands."""
     problem = make_contiguous(weights, groups, rows, n, k)
     row = measure(problem)
     if weights != "fp8":
         return row
     row.update(fp8_variants_us(problem, groups * rows, n, k, 1, groups))
+    row["variants"] = []
+    for label, env in variants:
+        problem.out.fill_(float("nan"))
+        with env_switches(**env):
+            problem.call()
+        row["variants"].append((label, kernel_us_with_env(problem.call, problem.kernel, **env), sample_diff(problem)))
     if rows % 256 == 0:
         # The same layout declared aligned to 256 rows (set_mk_alignment_for_contiguous_layout), which
         # lets the heuristic run 256-row tiles (in clusters: also timed without), its output checked
@@ -208,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", default="32,256", help="masked table: comma-separated expert counts")
     parser.add_argument("--tokens", default="1,4,16,64,256", help="masked table: comma-separated tokens per expert")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
-                        help="masked table: also time the FP8 kernel with these environment switches set "
-                             "(repeatable); its output is checked too")
+                        help="also time the FP8 kernel with these environment switches set (repeatable); its "
+                             "output is checked too")
     args = parser.parse_args(argv)
     try:
         variants = parse_env_variants(args.variant)
@@ -234,13 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.masked_only:
         print("| contiguous | N x K | FP8 µs | FP8 TFLOP/s | FP8 per call µs | FP8 1-CTA µs | FP8 no ping-pong µs "
               "| FP8 256-aligned µs | FP8 256-aligned TFLOP/s | FP8 256-aligned 1-CTA µs | torch µs | torch TFLOP/s "
-              "| FP8 vs torch | 256-aligned vs torch | FP4 µs | FP4 TFLOP/s | FP4 per call µs | worst diff |")
-        print("| --- " * 18 + "|")
+              "| FP8 vs torch | 256-aligned vs torch | FP4 µs | FP4 TFLOP/s | FP4 per call µs | worst diff |"
+              + "".join(f" FP8 {label} µs (over FP8) |" for label, _ in variants))
+        print("| --- " * (18 + len(variants)) + "|")
         for groups, rows in [(4, 8192), (8, 4096)]:
             for n, k in NK:
                 cells = [f"{groups} x {rows}", f"{n} x {k}"]
                 if fp8:
-                    r = contiguous("fp8", groups, rows, n, k)
+                    r = contiguous("fp8", groups, rows, n, k, variants)
                     single, plain = ("-" if r[key] is None else f"{r[key]:.1f}" for key in ("single_us", "no_pingpong_us"))
                     peer = f"{r['speedup']:.2f}x" + (f" {r['torch_error']}" if "torch_error" in r else "")
                     aligned, aligned_single = r.get("aligned_us"), r.get("aligned_single_us")
@@ -251,16 +261,18 @@ def main(argv: list[str] | None = None) -> int:
                               "-" if aligned_single is None else f"{aligned_single:.1f}",
                               f"{r['torch_us']:.1f}", f"{r['torch_tflops']:.0f}", peer,
                               "-" if aligned is None else f"{r['torch_us'] / aligned:.2f}x"]
-                    r["diff"] = worst_of(r["diff"], r.get("aligned_diff", 0.0))
+                    r["diff"] = worst_of(r["diff"], r.get("aligned_diff", 0.0), *(d for _, _, d in r["variants"]))
+                    variant_cells = [f"{us:.1f} ({us / r['ours_us']:.2f}x)" for _, us, _ in r["variants"]]
                 else:
                     cells += ["-"] * 12
+                    variant_cells = ["-"] * len(variants)
                 if fp4:
                     r4 = contiguous("fp4", groups, rows, n, k)
                     cells += [f"{r4['ours_us']:.1f}", f"{r4['tflops']:.0f}", f"{r4['call_us']:.1f}"]
                 else:
                     cells += ["-"] * 3
                 cells.append(f"{worst_of(*(x['diff'] for x in (r if fp8 else None, r4 if fp4 else None) if x)):.1e}")
-                print("| " + " | ".join(cells) + " |", flush=True)
+                print("| " + " | ".join(cells + variant_cells) + " |", flush=True)
     print("\n| masked | N x K | tokens/expert | FP8 µs | FP8 weights GB/s | FP8 of copy | FP8 per call µs "
           "| FP4 µs | FP4 weights GB/s | FP4 per call µs | FP4 speed-up over FP8 "
           "| FP4 decode-layout µs | FP4 decode-layout weights GB/s | FP4 decode-layout speed-up over FP8 | worst diff |"

@@ -45,6 +45,7 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["scale_warps"] = c.scale_warps;
   d["pingpong"] = c.pingpong;
   d["pdl"] = c.pdl;
+  d["k_unroll"] = c.k_unroll;
   d["tail_splits"] = c.tail_split_of(m).ways;
   return d;
 }

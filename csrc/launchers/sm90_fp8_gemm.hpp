@@ -48,6 +48,7 @@ struct Config {
   int split_k = 0;      // units per tile of a single partial wave split over K (0: whole tiles)
   bool splits = true;   // false: planned for a launch without the split workspace (every tile whole)
   int pdl = 0;          // 1: programmatic dependent launch (the prologue overlaps the previous kernel)
+  int k_unroll = 1;     // the math warpgroups' K loop unrolled this many times
 
   // The last, partial wave's tiles split over K; kNormal only.
   TailSplit tail_split_of(int m) const {
@@ -226,6 +227,13 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   // 7168 x 16384 (bench/RESULTS.md, session 10). Grouped and large-M GEMMs were not timed against
   // it in one run; across runs they stayed level.
   cfg.pdl = env_enabled("MOE_GEMM_PDL") ? 1 : 0;
+  // The math K loop unrolled 4 times on dense 256-row tiles: ptxas then issues the next K block's
+  // full-barrier wait among the last promotion's FMAs (DeepGEMM's SM90 kernel unrolls 8). At 4096 rows
+  // 0.95-1.00x the time of the plain loop in all six 256 x 128 shapes; 128-row contiguous tiles were
+  // mixed (0.95-1.05x) and grouped 256-row tiles are not measured, so they keep the plain loop
+  // (bench/RESULTS.md, session 11). MOE_GEMM_K_UNROLL=N overrides.
+  const int k_unroll = env_int("MOE_GEMM_K_UNROLL");
+  cfg.k_unroll = k_unroll > 0 ? k_unroll : type == GemmType::kNormal && t.block_m == 256 ? 4 : 1;
   // One math warpgroup (block M 64) has no partner to take turns with.
   const char* pingpong = std::getenv("MOE_FP8_PINGPONG");
   const bool wants_pingpong = pingpong == nullptr ? t.block_n >= kPingPongMinBlockN : std::string(pingpong) != "0";
@@ -243,7 +251,8 @@ inline GeneratedKernel generate(const Config& c) {
      << c.m_compiled << ", " << c.n << ", "
      << c.k << ", " << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", " << c.group_n << ", "
      << static_cast<int>(c.residual) << ", " << c.swizzle_d << ", " << c.multicast << ", " << c.scale_warps
-     << ", " << (c.pingpong ? "true" : "false") << ", " << (c.pdl ? "true" : "false") << ">);\n"
+     << ", " << (c.pingpong ? "true" : "false") << ", " << (c.pdl ? "true" : "false") << ", " << c.k_unroll
+     << ">);\n"
      << "}\n";
   return {"sm90_fp8_gemm_nt", os.str()};
 }
@@ -265,10 +274,10 @@ struct Args {
 
 inline void launch(const Config& c, const Args& a) {
   using namespace moe_jit::driver;
-  static moe_jit::KernelMemo<std::array<int, 15>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 15> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 16>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 16> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
-                                   c.scale_warps, c.pingpong, c.pdl, a.device};
+                                   c.scale_warps, c.pingpong, c.pdl, c.k_unroll, a.device};
   const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
 
   const bool masked = c.type == GemmType::kGroupedMasked;

@@ -88,20 +88,29 @@ def test_fp8_gemm_math_loop_is_lean(pingpong, max_ops, monkeypatch):
 def test_fp8_gemm_256_row_tiles_run_two_waves(n, k, multicast, c_dtype, monkeypatch):
     """Block 256 x 128: each math warpgroup issues two waves of four QGMMAs per K block (rows 0-127,
     then 128-255 of the tile), each promoted with 64 FFMAs, the descriptors in uniform registers and
-    nothing spilled, with or without clusters and a residual (bf16 / fp32)."""
+    nothing spilled, with or without clusters and a residual (bf16 / fp32). The whole tiles' K loop
+    is unrolled 4 times (k_unroll), with the next K block's full-barrier wait among the FFMAs."""
     monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
     monkeypatch.setenv("MOE_FP8_MULTICAST", multicast)
     native = kernels.jit.native_module()
     config = native.fp8_gemm_nt_config(4096, n, k, H200_SMS)
-    assert (config["block_m"], config["block_n"], config["multicast"]) == (256, 128, int(multicast) or 1)
+    assert (config["block_m"], config["block_n"], config["multicast"], config["k_unroll"]) == \
+        (256, 128, int(multicast) or 1, 4)
     code = sass(*native.fp8_gemm_nt_code(4096, n, k, H200_SMS, False, c_dtype, 0, 1))
-    loops = [[line for line in body.splitlines() if line.strip()] for body in _k_loop_bodies(code) if "QGMMA" in body]
-    assert loops
+    loops = [[line for line in body.splitlines() if line.strip()]
+             for body in _k_loop_bodies(code, max_bytes=16384) if "QGMMA" in body]
     assert "LDL" not in code and "STL" not in code, "register spills"
+    assert any(sum("QGMMA" in line for line in ops) == 32 for ops in loops), "no loop of 4 K blocks"
     for ops in loops:
-        assert sum("QGMMA" in line for line in ops) == 8
-        assert sum("FFMA" in line for line in ops) == 128
-        assert sum("R2UR" in line for line in ops) <= 4 and len(ops) < 256, f"{len(ops)} instructions per K block"
+        k_blocks, rest = divmod(sum("QGMMA" in line for line in ops), 8)
+        assert k_blocks >= 1 and rest == 0
+        assert sum("FFMA" in line for line in ops) == 128 * k_blocks
+        assert sum("R2UR" in line for line in ops) <= 4 * k_blocks
+        assert len(ops) < 256 * k_blocks, f"{len(ops)} instructions per {k_blocks} K blocks"
+        if k_blocks > 1:
+            waits = [i for i, line in enumerate(ops) if "SYNCS.PHASECHK" in line]
+            assert any(0 < i < len(ops) - 1 and "FFMA" in ops[i - 1] and "FFMA" in ops[i + 1] for i in waits), \
+                "no full-barrier wait among the FFMAs"
 
 
 @pytest.mark.parametrize("n,k", [(4096, 7168), (7168, 2048)])

@@ -82,7 +82,7 @@ struct MathTurns {
 // added through split_workspace / split_counters (common/split_reduce.cuh); 1 runs every tile whole.
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
-          uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false>
+          uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -270,6 +270,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
 
     with_static_split<kBlockN>(t.n_block * kBlockN, [&](auto split) {
       const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
+      // Unrolled, ptxas may issue the next K block's full-barrier wait among this one's promotion.
+#pragma unroll kKUnroll
       for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
         // The turn before the full barrier: the same order, and ptxas schedules the K block in fewer
         // instructions (block N 192: 175 per K block against 198 with the turn next to the wgmmas).
