@@ -9,7 +9,13 @@ puts it on the path. Cells:
 * contiguous: ``m_grouped_fp8_gemm_nt_contiguous``, 4 x 8192 and 8 x 4096 rows, N x K 4096 x 7168 and
   7168 x 2048;
 * masked: ``m_grouped_fp8_gemm_nt_masked``, 32 experts x {4, 16} tokens and 256 experts x {1, 8}
-  tokens (DESIGN.md's decode cells) in slots of 128 rows, the same N x K pairs.
+  tokens (DESIGN.md's decode cells) in slots of 128 rows, the same N x K pairs;
+* fp4: the masked cells with our FP4 weights (``m_grouped_fp8_fp4_gemm_nt_masked`` on the decode
+  layout) against DeepGEMM's FP8 masked kernel on FP8 weights of the same shape (issue 4's bar:
+  1.8x); rates count each side's own weight bytes.
+
+``--variant NAME=VALUE[,...]`` (repeatable) also times our call with those environment switches set,
+its output checked, as a ratio to DeepGEMM's time.
 
 Kernel time from the profiler with the L2 flushed before every run (each side's GEMM kernel only:
 DeepGEMM's A scales are handed over in the MN-major TMA-aligned layout it wants, so it runs no
@@ -34,11 +40,12 @@ import torch
 
 import kernels
 from bench_gemm import SHAPES, block_scaled
-from bench_grouped import NK, make_contiguous, make_masked, sample_diff
-from kernels.testing import bench_kineto, calc_diff, per_call_us
+from bench_grouped import NK, make_contiguous, make_masked, make_masked_fragment, sample_diff
+from kernels.testing import bench_kineto, calc_diff, env_switches, kernel_us_with_env, parse_env_variants, per_call_us
 
 _OURS = "sm90_fp8_gemm_nt"
 _THEIRS = "sm90_fp8_gemm_1d2d"  # DeepGEMM's SM90 FP8 kernel (1x128 A scales, 128x128 B scales)
+PARTS = ("dense", "contiguous", "masked", "fp4")
 MASKED = [(32, 4), (32, 16), (256, 1), (256, 8)]
 CONTIGUOUS = [(4, 8192), (8, 4096)]
 
@@ -46,7 +53,9 @@ CONTIGUOUS = [(4, 8192), (8, 4096)]
 @dataclass
 class Cell:
     """One problem with both calls ready: ``ours()`` writes ``ours_out``, ``theirs()`` writes ``theirs_out``;
-    ``check(out)`` is calc_diff of an output against float32 math on the dequantized operands."""
+    ``check_ours(out)`` / ``check_theirs(out)`` is calc_diff of an output against float32 math on that
+    side's dequantized operands; ``ours_kernel`` the profiler name of our kernel. Weight bytes per side
+    (they differ only for FP4 cells)."""
 
     part: str
     label: str
@@ -54,9 +63,12 @@ class Cell:
     theirs: Callable[[], None]
     ours_out: torch.Tensor
     theirs_out: torch.Tensor
-    check: Callable[[torch.Tensor], float]
+    check_ours: Callable[[torch.Tensor], float]
+    check_theirs: Callable[[torch.Tensor], float]
     flops: int
-    weight_bytes: int
+    ours_weight_bytes: int
+    theirs_weight_bytes: int
+    ours_kernel: str = _OURS
 
 
 def cell_specs(ms: list[int], parts: list[str]) -> list[tuple]:
@@ -65,9 +77,21 @@ def cell_specs(ms: list[int], parts: list[str]) -> list[tuple]:
         specs += [("dense", m, n, k) for m in ms for n, k in SHAPES]
     if "contiguous" in parts:
         specs += [("contiguous", g, rows, n, k) for g, rows in CONTIGUOUS for n, k in NK]
-    if "masked" in parts:
-        specs += [("masked", g, tokens, n, k) for g, tokens in MASKED for n, k in NK]
+    for part in ("masked", "fp4"):
+        if part in parts:
+            specs += [(part, g, tokens, n, k) for g, tokens in MASKED for n, k in NK]
     return specs
+
+
+def problem_check(problem) -> Callable[[torch.Tensor], float]:
+    """calc_diff of an output in place of ``problem.out`` (bench_grouped's sampled check)."""
+    def check(out: torch.Tensor) -> float:
+        saved, problem.out = problem.out, out
+        try:
+            return sample_diff(problem)
+        finally:
+            problem.out = saved
+    return check
 
 
 def make_cell(spec: tuple) -> Cell:
@@ -82,9 +106,10 @@ def make_cell(spec: tuple) -> Cell:
         a_dg = (a[0], tma_sf(a[1]))
         d_ours, d_theirs = (torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         ref = kernels.reference.gemm.fp8_gemm_nt(a, b).float()
+        check = lambda out: calc_diff(out, ref)  # noqa: E731
         return Cell(part, f"{m} x {n} x {k}", lambda: kernels.fp8_gemm_nt(a, b, d_ours),
-                    lambda: deep_gemm.fp8_gemm_nt(a_dg, b, d_theirs), d_ours, d_theirs,
-                    lambda out: calc_diff(out, ref), 2 * m * n * k, n * k)
+                    lambda: deep_gemm.fp8_gemm_nt(a_dg, b, d_theirs), d_ours, d_theirs, check, check,
+                    2 * m * n * k, n * k, n * k)
     groups, rows, n, k = spec[1:]
     if part == "contiguous":
         problem = make_contiguous("fp8", groups, rows, n, k)
@@ -102,37 +127,46 @@ def make_cell(spec: tuple) -> Cell:
         a_dg = (problem.a[0], tma_sf(problem.a[1]))
         theirs = lambda: deep_gemm.m_grouped_fp8_gemm_nt_masked(a_dg, problem.b, d_theirs, masked_m, rows)  # noqa: E731
         label = f"{groups} experts x {rows} tok, {n} x {k}"
-
-    def check(out: torch.Tensor) -> float:
-        saved, problem.out = problem.out, out
-        try:
-            return sample_diff(problem)
-        finally:
-            problem.out = saved
-
-    return Cell(part, label, problem.call, theirs, problem.out, d_theirs, check, problem.flops, problem.weight_bytes)
+        if part == "fp4":
+            ours = make_masked_fragment(groups, rows, n, k, max_m=128)
+            return Cell(part, "FP4 " + label, ours.call, theirs, ours.out, d_theirs, problem_check(ours),
+                        problem_check(problem), problem.flops, ours.weight_bytes, problem.weight_bytes, ours.kernel)
+    check = problem_check(problem)
+    return Cell(part, label, problem.call, theirs, problem.out, d_theirs, check, check, problem.flops,
+                problem.weight_bytes, problem.weight_bytes)
 
 
-def warm(specs: list[tuple], index: int, workers: int) -> None:
-    """Compile this worker's share of the cells' kernels (both sides) into the on-disk caches."""
+def warm(specs: list[tuple], index: int, workers: int, variants: list[tuple[str, dict[str, str]]]) -> None:
+    """Compile this worker's share of the cells' kernels (both sides, our variants too) into the
+    on-disk caches."""
     for spec in specs[index::workers]:
         cell = make_cell(spec)
         cell.ours()
+        for _, env in variants:
+            with env_switches(**env):
+                cell.ours()
         cell.theirs()
         torch.cuda.synchronize()
 
 
-def measure(cell: Cell) -> dict:
+def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]]) -> dict:
     row = {}
-    for side, call, out, kernel in (("ours", cell.ours, cell.ours_out, _OURS),
-                                    ("theirs", cell.theirs, cell.theirs_out, _THEIRS)):
+    for side, call, out, kernel, check in (("ours", cell.ours, cell.ours_out, cell.ours_kernel, cell.check_ours),
+                                           ("theirs", cell.theirs, cell.theirs_out, _THEIRS, cell.check_theirs)):
         out.fill_(float("nan"))
         call()
-        row[f"{side}_diff"] = cell.check(out)
+        row[f"{side}_diff"] = check(out)
         row[f"{side}_us"] = bench_kineto(call, kernel).median_s * 1e6
         row[f"{side}_call_us"] = per_call_us(call)
+    row["variants"] = []
+    for label, env in variants:
+        cell.ours_out.fill_(float("nan"))
+        with env_switches(**env):
+            cell.ours()
+        diff = cell.check_ours(cell.ours_out)  # the variant's own output
+        row["variants"].append((label, kernel_us_with_env(cell.ours, cell.ours_kernel, **env), diff))
     # Timed again in the other order: the first timings after a long GEMM run slow (bench_gemm.py).
-    row["ours_us"] = min(row["ours_us"], bench_kineto(cell.ours, _OURS).median_s * 1e6)
+    row["ours_us"] = min(row["ours_us"], bench_kineto(cell.ours, cell.ours_kernel).median_s * 1e6)
     return row
 
 
@@ -140,13 +174,19 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", default="64,128,4096", help="dense M values")
     parser.add_argument("--nk", default=None, metavar="NxK[,NxK...]", help="only these dense N x K pairs")
-    parser.add_argument("--parts", default="dense,contiguous,masked")
+    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
+                        help="also time our call with these environment switches set (repeatable)")
     parser.add_argument("--warm-workers", type=int, default=12)
     parser.add_argument("--warm-index", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     parts = args.parts.split(",")
-    if any(p not in ("dense", "contiguous", "masked") for p in parts):
-        parser.error(f"--parts takes dense, contiguous, masked; got {args.parts!r}")
+    if any(p not in PARTS for p in parts):
+        parser.error(f"--parts takes {', '.join(PARTS)}; got {args.parts!r}")
+    try:
+        variants = parse_env_variants(args.variant)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not torch.cuda.is_available():
         print("bench_deepgemm: needs a CUDA device", file=sys.stderr)
         return 1
@@ -161,7 +201,7 @@ def main() -> int:
         keep = {tuple(int(v) for v in nk.split("x")) for nk in args.nk.split(",")}
         specs = [s for s in specs if s[0] != "dense" or (s[2], s[3]) in keep]
     if args.warm_index is not None:
-        warm(specs, args.warm_index, args.warm_workers)
+        warm(specs, args.warm_index, args.warm_workers, variants)
         return 0
     if args.warm_workers > 0:
         print(f"DeepGEMM {deep_gemm.__version__} from {os.path.dirname(deep_gemm.__file__)}; compiling {len(specs)} "
@@ -173,25 +213,31 @@ def main() -> int:
         if failed:
             print(f"bench_deepgemm: warm-up workers failed (index: exit status) {failed}", file=sys.stderr)
             return 1
-    print(f"{'cell':>34} | {'ours us':>8} {'call us':>8} {'diff':>8} | {'DeepGEMM':>8} {'call us':>8} {'diff':>8} | "
-          f"{'speed-up':>8} | {'ours':>14} {'DeepGEMM':>14}")
+    print(f"{'cell':>38} | {'ours us':>8} {'call us':>8} {'diff':>8} | {'DeepGEMM':>8} {'call us':>8} {'diff':>8} | "
+          f"{'speed-up':>8} | {'ours':>14} {'DeepGEMM':>14}"
+          + "".join(f" | {label} us  speed-up  diff" for label, _ in variants))
     ratios: dict[str, list[float]] = {}
     for spec in specs:
         cell = make_cell(spec)
-        row = measure(cell)
+        row = measure(cell, variants)
         speedup = row["theirs_us"] / row["ours_us"]
         ratios.setdefault(cell.part, []).append(speedup)
-        if cell.part == "masked":
-            rate = lambda us: f"{cell.weight_bytes / us / 1e3:>9.0f} GB/s"  # noqa: E731
+        if cell.part in ("masked", "fp4"):
+            rates = [f"{nbytes / us / 1e3:>9.0f} GB/s" for nbytes, us in
+                     ((cell.ours_weight_bytes, row["ours_us"]), (cell.theirs_weight_bytes, row["theirs_us"]))]
         else:
-            rate = lambda us: f"{cell.flops / us / 1e6:>6.0f} TFLOP/s"  # noqa: E731
-        print(f"{cell.label:>34} | {row['ours_us']:>8.1f} {row['ours_call_us']:>8.1f} {row['ours_diff']:>8.1e} | "
+            rates = [f"{cell.flops / us / 1e6:>6.0f} TFLOP/s" for us in (row["ours_us"], row["theirs_us"])]
+        extra = "".join(f" | {us:>{len(label) + 3}.1f} {row['theirs_us'] / us:>8.2f}x {diff:.0e}"
+                        for label, us, diff in row["variants"])
+        print(f"{cell.label:>38} | {row['ours_us']:>8.1f} {row['ours_call_us']:>8.1f} {row['ours_diff']:>8.1e} | "
               f"{row['theirs_us']:>8.1f} {row['theirs_call_us']:>8.1f} {row['theirs_diff']:>8.1e} | "
-              f"{speedup:>7.2f}x | {rate(row['ours_us'])} {rate(row['theirs_us'])}", flush=True)
+              f"{speedup:>7.2f}x | {rates[0]} {rates[1]}{extra}", flush=True)
     for part, values in ratios.items():
         geo = torch.tensor(values).log().mean().exp().item()
         wins = sum(v > 1 for v in values)
-        print(f"{part}: geometric mean speed-up over DeepGEMM {geo:.3f}x, ours faster in {wins} of {len(values)}")
+        what = "FP4 weights over DeepGEMM's FP8 (bar 1.8x)" if part == "fp4" else "over DeepGEMM"
+        print(f"{part}: geometric mean speed-up {what} {geo:.3f}x, ours faster in {wins} of {len(values)}, "
+              f"lowest {min(values):.2f}x")
     return 0
 
 

@@ -138,9 +138,10 @@ def make_masked(weights: str, groups: int, tokens: int, n: int, k: int, device="
                    2 * groups * tokens * n * k, weights, tokens, masked=True)
 
 
-def make_masked_fragment(groups: int, tokens: int, n: int, k: int, device="cuda") -> Problem:
+def make_masked_fragment(groups: int, tokens: int, n: int, k: int, device="cuda",
+                         max_m: int | None = None) -> Problem:
     """The masked FP4 problem with the weights in the decode layout; decode sizes only (tokens <= 32)."""
-    problem = make_masked("fp4", groups, tokens, n, k, device)
+    problem = make_masked("fp4", groups, tokens, n, k, device, max_m)
     packed, exponents = problem.b
     b = kernels.transform_fp4_for_decode(packed, exponents)
     a, d, masked_m = problem.a, problem.out, torch.full((groups,), tokens, device=device, dtype=torch.int32)

@@ -5,7 +5,8 @@
 # at the end is: duration, SM clock, SM and tensor-pipe throughput, L2 and DRAM throughput, shared
 # memory bank reads / writes as a share of their peak (the suspected bound of 128 x 128 tiles: TMA
 # fills plus the wgmmas' operand reads), and the warp stall reasons.
-#   bash scripts/ncu_gemm.sh [NAME ...]     (default: every problem)
+#   bash scripts/ncu_gemm.sh [NAME ...]     (default: every problem of ours)
+# peer_* problems run DeepGEMM's kernel on the same problem (built by scripts/peer_env.sh: carry .peer).
 # NCU_SOURCE=1 adds a pass with per-instruction counters (SourceCounters), its SASS page as CSV.
 # Environment switches reach the kernels (MOE_FP8_MULTICAST=0, MOE_FP8_PINGPONG=0|1); the build,
 # wheels and $out come from scripts/gpu_env.sh.
@@ -23,12 +24,19 @@ declare -A problems=(
   [contiguous_4x8192_4096x7168]="scripts/grouped_once.py --weights fp8 --groups 4 --contiguous 8192 --n 4096 --k 7168"
   [masked_32x16_7168x2048]="scripts/grouped_once.py --weights fp8 --groups 32 --tokens 16 --n 7168 --k 2048"
   [decode_fp4_32x16_7168x2048]="scripts/grouped_once.py --weights fp4-fragment --groups 32 --tokens 16 --n 7168 --k 2048"
+  # DeepGEMM (the peer, built by scripts/peer_env.sh) on the same problems: its kernel matches sm90_fp8 too.
+  [peer_dense_4096x4096x7168]="scripts/deepgemm_once.py --m 4096 --n 4096 --k 7168"
+  [peer_dense_4096x2112x7168]="scripts/deepgemm_once.py --m 4096 --n 2112 --k 7168"
+  [peer_contiguous_4x8192_4096x7168]="scripts/deepgemm_once.py --groups 4 --contiguous 8192 --n 4096 --k 7168"
+  [dense_4096x2112x7168]="scripts/gemm_once.py --m 4096 --n 2112 --k 7168"
 )
 names=("$@")
 [[ ${#names[@]} == 0 ]] && names=(dense_4096x7168x16384 dense_4096x4096x7168 dense_128x4096x7168
                                   contiguous_4x8192_4096x7168 masked_32x16_7168x2048 decode_fp4_32x16_7168x2048)
 
 status=0
+# A peer problem needs DeepGEMM built (about 80 s; carry .peer).
+if [[ " ${names[*]} " == *" peer_"* ]]; then source scripts/peer_env.sh || exit 1; fi
 # The metric names this ncu knows for the TMA and the crossbar into the SMs, for the next passes.
 "$ncu" --query-metrics 2>/dev/null | grep -iE "tma|xbar2l1tex|ltcfabric|l1tex__m_" > "$out/ncu_metric_names.txt" || true
 for name in "${names[@]}"; do
