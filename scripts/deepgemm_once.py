@@ -21,8 +21,6 @@ import kernels  # noqa: E402
 
 
 def main() -> None:
-    import deep_gemm
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--m", type=int, default=4096, help="rows (dense)")
     p.add_argument("--n", type=int, default=4096)
@@ -30,6 +28,8 @@ def main() -> None:
     p.add_argument("--groups", type=int, default=0, help="contiguous grouped GEMM of this many groups")
     p.add_argument("--contiguous", type=int, default=8192, help="rows per group (with --groups)")
     args = p.parse_args()
+    import deep_gemm  # the peer, on PYTHONPATH through scripts/peer_env.sh
+
     m = args.groups * args.contiguous if args.groups else args.m
     a = kernels.per_token_cast_to_fp8(torch.randn(m, args.k, device="cuda", dtype=torch.bfloat16))
     a = (a[0], deep_gemm.get_mn_major_tma_aligned_tensor(a[1]))

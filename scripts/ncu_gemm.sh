@@ -28,6 +28,7 @@ declare -A problems=(
   [peer_dense_4096x4096x7168]="scripts/deepgemm_once.py --m 4096 --n 4096 --k 7168"
   [peer_dense_4096x2112x7168]="scripts/deepgemm_once.py --m 4096 --n 2112 --k 7168"
   [peer_contiguous_4x8192_4096x7168]="scripts/deepgemm_once.py --groups 4 --contiguous 8192 --n 4096 --k 7168"
+  [peer_dense_128x4096x7168]="scripts/deepgemm_once.py --m 128 --n 4096 --k 7168"
   [dense_4096x2112x7168]="scripts/gemm_once.py --m 4096 --n 2112 --k 7168"
 )
 names=("$@")
