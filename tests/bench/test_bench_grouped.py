@@ -78,3 +78,13 @@ def test_sample_diff_checks_first_and_last_group(weights, seed):
         last = problem.out[2, :5] if problem.masked else problem.out[32:48]
         last.mul_(-1)
         assert bench.sample_diff(problem) > 0.5
+
+
+def test_fp8_weights_quantized_in_chunks_and_slots_of_max_m(seed):
+    """FP8 weights are quantized 32 experts at a time: the last group (second chunk) is as right as
+    the first; masked slots take max_m rows."""
+    problem = bench.make_masked("fp8", 40, 3, 128, 256, device="cpu", max_m=8)
+    assert problem.out.shape == (40, 8, 128) and problem.a[0].shape == (40, 8, 256)
+    assert problem.b[1].shape == (40, 1, 2) and bool((problem.b[1] > 0).all())
+    problem.call()
+    assert bench.sample_diff(problem) < 1e-3
