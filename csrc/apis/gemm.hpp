@@ -223,6 +223,7 @@ inline void register_apis(pybind11::module_& m) {
         pybind11::dict d;
         d["block_t"] = cfg.block_t;
         d["block_w"] = cfg.block_w();
+        d["k_blocks"] = cfg.k_blocks;
         d["num_stages"] = cfg.num_stages;
         d["smem_bytes"] = cfg.smem_bytes;
         return pybind11::make_tuple(g.name, g.code, d);

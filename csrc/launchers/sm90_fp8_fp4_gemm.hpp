@@ -215,6 +215,19 @@ inline SwapAbConfig get_swap_ab_config(int expected_m, int n, int k, int num_sms
       break;
     }
   }
+  // Overrides for A/B runs: MOE_FP4_DECODE_WG (math warpgroups of 64 weight rows: 1, 2 or 4) and
+  // MOE_FP4_DECODE_K_BLOCKS (128-deep K blocks per stage: 1, or 2 where K holds an even number).
+  if (const int wg = env_int("MOE_FP4_DECODE_WG"); wg != 0) {
+    MOE_HOST_ASSERT((wg == 1 || wg == 2 || wg == 4) && !(fragment_layout && wg == 4 && c.block_t > 16),
+                    fn << ": MOE_FP4_DECODE_WG must be 1, 2 or 4 (4 only up to 16 tokens with the decode layout), got "
+                       << wg);
+    c.num_math_wg = wg;
+  }
+  if (const int kb = env_int("MOE_FP4_DECODE_K_BLOCKS"); kb != 0) {
+    MOE_HOST_ASSERT(kb == 1 || (kb == 2 && (k / kBlockK) % 2 == 0),
+                    fn << ": MOE_FP4_DECODE_K_BLOCKS must be 1, or 2 when K / 128 is even, got " << kb);
+    c.k_blocks = kb;
+  }
   const int per_stage = swap_ab_stage_bytes(c.block_t, c.block_w(), c.k_blocks, c.fragment_layout) + 16;
   const int d_bytes = (c.block_t * c.block_w() * 2 + 1023) / 1024 * 1024;
   c.num_stages = std::min(kMaxStages, (kSmemLimit - d_bytes) / per_stage);

@@ -315,6 +315,33 @@ def test_exponent_bytes_outside_ue8m0_normals_are_refused(byte):
         kernels.transform_fp4_for_decode(torch.zeros(2, 16, 64, dtype=torch.uint8), sfb)
 
 
+def test_decode_config_overrides(monkeypatch):
+    """MOE_FP4_DECODE_WG / MOE_FP4_DECODE_K_BLOCKS replace the decode kernel's heuristic (for A/B
+    runs); values the kernel cannot take are refused by name."""
+    native = kernels.jit.native_module()
+    monkeypatch.delenv("MOE_FP4_DECODE_WG", raising=False)
+    monkeypatch.delenv("MOE_FP4_DECODE_K_BLOCKS", raising=False)
+    default = native.fp8_fp4_gemm_nt_swap_ab_code(16, 7168, 2048, 132, 32, True)[2]
+    assert (default["block_w"], default["k_blocks"]) == (256, 2)
+    monkeypatch.setenv("MOE_FP4_DECODE_WG", "2")
+    monkeypatch.setenv("MOE_FP4_DECODE_K_BLOCKS", "1")
+    name, code, forced = native.fp8_fp4_gemm_nt_swap_ab_code(16, 7168, 2048, 132, 32, True)
+    assert (forced["block_w"], forced["k_blocks"]) == (128, 1) and forced["num_stages"] > default["num_stages"]
+    assert "sm90_fp8_fp4_gemm_nt_swap_ab<7168, 2048, 16, 2, 1," in code
+    for variable, value in [("MOE_FP4_DECODE_WG", "3"), ("MOE_FP4_DECODE_K_BLOCKS", "4")]:
+        monkeypatch.setenv(variable, value)
+        with pytest.raises(Exception, match=variable):
+            native.fp8_fp4_gemm_nt_swap_ab_code(16, 7168, 2048, 132, 32, True)
+        monkeypatch.delenv(variable)
+    monkeypatch.setenv("MOE_FP4_DECODE_WG", "4")
+    with pytest.raises(Exception, match="MOE_FP4_DECODE_WG"):  # four accumulator sets past 16 tokens
+        native.fp8_fp4_gemm_nt_swap_ab_code(24, 7168, 2048, 132, 32, True)
+    monkeypatch.delenv("MOE_FP4_DECODE_WG")
+    monkeypatch.setenv("MOE_FP4_DECODE_K_BLOCKS", "2")
+    with pytest.raises(Exception, match="MOE_FP4_DECODE_K_BLOCKS"):  # 3 K blocks of 128
+        native.fp8_fp4_gemm_nt_swap_ab_code(16, 7168, 384, 132, 32, True)
+
+
 # ---- GPU ----------------------------------------------------------------------------------------
 
 CONTIGUOUS_CASES = [  # (counts, n, k)
