@@ -43,8 +43,8 @@ import torch
 
 import kernels
 from bench_gemm import SHAPES, block_scaled
-from bench_grouped import NK, make_contiguous, make_masked, make_masked_fragment, sample_diff
-from kernels.testing import bench_kineto, calc_diff, env_switches, kernel_us_with_env, parse_env_variants, per_call_us
+from bench_grouped import NK, make_contiguous, make_masked, make_masked_fragment, output_check
+from kernels.testing import bench_kineto, calc_diff, checked_variant_us, env_switches, parse_env_variants, per_call_us
 
 _OURS = "sm90_fp8_gemm_nt"
 _THEIRS = "sm90_fp8_gemm_1d2d"  # DeepGEMM's SM90 FP8 kernel (1x128 A scales, 128x128 B scales)
@@ -87,17 +87,6 @@ def cell_specs(ms: list[int], parts: list[str]) -> list[tuple]:
     return specs
 
 
-def problem_check(problem) -> Callable[[torch.Tensor], float]:
-    """calc_diff of an output in place of ``problem.out`` (bench_grouped's sampled check)."""
-    def check(out: torch.Tensor) -> float:
-        saved, problem.out = problem.out, out
-        try:
-            return sample_diff(problem)
-        finally:
-            problem.out = saved
-    return check
-
-
 def make_cell(spec: tuple) -> Cell:
     import deep_gemm
 
@@ -133,9 +122,9 @@ def make_cell(spec: tuple) -> Cell:
         label = f"{groups} experts x {rows} tok, {n} x {k}"
         if part == "fp4":
             ours = make_masked_fragment(groups, rows, n, k, max_m=128)
-            return Cell(part, "FP4 " + label, ours.call, theirs, ours.out, d_theirs, problem_check(ours),
-                        problem_check(problem), problem.flops, ours.weight_bytes, problem.weight_bytes, ours.kernel)
-    check = problem_check(problem)
+            return Cell(part, "FP4 " + label, ours.call, theirs, ours.out, d_theirs, output_check(ours),
+                        output_check(problem), problem.flops, ours.weight_bytes, problem.weight_bytes, ours.kernel)
+    check = output_check(problem)
     return Cell(part, label, problem.call, theirs, problem.out, d_theirs, check, check, problem.flops,
                 problem.weight_bytes, problem.weight_bytes)
 
@@ -167,11 +156,8 @@ def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]]) -> dict:
     row["variants"] = []
     # The switches are the FP8 kernels'; FP4 cells run another kernel.
     for label, env in (variants if cell.part != "fp4" else []):
-        cell.ours_out.fill_(float("nan"))
-        with env_switches(**env):
-            cell.ours()
-        diff = cell.check_ours(cell.ours_out)  # the variant's own output
-        row["variants"].append((label, kernel_us_with_env(cell.ours, cell.ours_kernel, **env), diff))
+        row["variants"].append((label, *checked_variant_us(cell.ours, cell.ours_kernel, cell.ours_out,
+                                                           cell.check_ours, **env)))
     # Timed again in the other order: the first timings after a long GEMM run slow (bench_gemm.py).
     row["ours_us"] = min(row["ours_us"], bench_kineto(cell.ours, cell.ours_kernel).median_s * 1e6)
     return row

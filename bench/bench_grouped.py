@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 import kernels
-from kernels.testing import (bench_kineto, calc_diff, copy_ceiling_gbps, env_switches, kernel_us_with_env,
+from kernels.testing import (bench_kineto, calc_diff, checked_variant_us, copy_ceiling_gbps, kernel_us_with_env,
                              parse_env_variants, per_call_us)
 
 NK = [(4096, 7168), (7168, 2048)]
@@ -94,6 +94,18 @@ def sample_diff(problem: Problem) -> float:
             rhs = kernels.cast_back_from_fp4(b[g], sfb[g].view(torch.float8_e8m0fnu).float(), gran_k=32)
         worst = worst_of(worst, calc_diff(got.float(), lhs @ rhs.t()))
     return worst
+
+
+def output_check(problem: Problem) -> Callable[[torch.Tensor], float]:
+    """sample_diff of any output of ``problem``'s shape, read in place of ``problem.out`` (a peer's
+    output, or a variant's after checked_variant_us poisons and rewrites it)."""
+    def check(out: torch.Tensor) -> float:
+        saved, problem.out = problem.out, out
+        try:
+            return sample_diff(problem)
+        finally:
+            problem.out = saved
+    return check
 
 
 def fp4_weights(groups: int, n: int, k: int, device="cuda"):
@@ -188,12 +200,9 @@ def contiguous(weights: str, groups: int, rows: int, n: int, k: int, variants=()
     if weights != "fp8":
         return row
     row.update(fp8_variants_us(problem, groups * rows, n, k, 1, groups))
-    row["variants"] = []
-    for label, env in variants:
-        problem.out.fill_(float("nan"))
-        with env_switches(**env):
-            problem.call()
-        row["variants"].append((label, kernel_us_with_env(problem.call, problem.kernel, **env), sample_diff(problem)))
+    check = output_check(problem)
+    row["variants"] = [(label, *checked_variant_us(problem.call, problem.kernel, problem.out, check, **env))
+                       for label, env in variants]
     if rows % 256 == 0:
         # The same layout declared aligned to 256 rows (set_mk_alignment_for_contiguous_layout), which
         # lets the heuristic run 256-row tiles (in clusters: also timed without), its output checked
@@ -307,11 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                     if r is None:
                         variant_cells += ["-", "-"]
                         continue
-                    us = kernel_us_with_env(p8.call, p8.kernel, **env)
-                    p8.out.fill_(float("nan"))
-                    with env_switches(**env):
-                        p8.call()
-                    diffs.append(sample_diff(p8))  # the variant's own output
+                    us, diff = checked_variant_us(p8.call, p8.kernel, p8.out, output_check(p8), **env)
+                    diffs.append(diff)
                     variant_cells += [f"{us:.1f}", f"{us / r['ours_us']:.2f}x"]
                 cells.append(f"{worst_of(*diffs):.1e}")
                 print("| " + " | ".join(cells + variant_cells) + " |", flush=True)

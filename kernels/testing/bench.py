@@ -136,3 +136,14 @@ def kernel_us_with_env(fn: Callable[[], object], kernel_name: str, **env: str) -
     with env_switches(**env):
         fn()
         return bench_kineto(fn, kernel_name).median_s * 1e6
+
+
+def checked_variant_us(fn: Callable[[], object], kernel_name: str, out: torch.Tensor,
+                       check: Callable[[torch.Tensor], float], **env: str) -> tuple[float, float]:
+    """A variant's kernel time in µs (kernel_us_with_env) and check(out) of its own output: ``out``
+    is NaN-poisoned, then written by one call with ``env`` set, so a fast wrong variant shows."""
+    out.fill_(float("nan"))
+    with env_switches(**env):
+        fn()
+    diff = check(out)
+    return kernel_us_with_env(fn, kernel_name, **env), diff

@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
+from bench_loader import load_bench
 
-kRepo = Path(__file__).resolve().parents[2]
-
-
-def _load_bench():
-    sys.path.insert(0, str(kRepo / "bench"))  # it imports bench_gemm and bench_grouped by name
-    spec = importlib.util.spec_from_file_location("bench_deepgemm", kRepo / "bench" / "bench_deepgemm.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_deepgemm"] = module  # its dataclass resolves annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = load_bench("bench_deepgemm")
 
 
 def test_cells_cover_every_part():

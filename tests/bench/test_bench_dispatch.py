@@ -3,7 +3,6 @@ correctness round against deliberately broken dispatches, and its argument check
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -16,19 +15,10 @@ kRepo = Path(__file__).resolve().parents[2]
 kScript = kRepo / "bench" / "bench_dispatch.py"
 sys.path.insert(0, str(kRepo / "tests" / "moe_runtime"))
 
+from bench_loader import load_bench  # noqa: E402
 from torchrun_helper import run_torchrun  # noqa: E402
 
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_dispatch", kScript)
-    module = importlib.util.module_from_spec(spec)
-    # Its dataclasses resolve string annotations through sys.modules.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = load_bench("bench_dispatch")
 
 kColumns = ["op", "mode", "tokens/rank", "MB out/rank", "ours µs", "ours GB/s", "all-to-all µs", "all-to-all GB/s",
             "speed-up over all-to-all"]

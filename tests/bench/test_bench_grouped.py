@@ -3,26 +3,13 @@ on CPU at small sizes: each call writes every valid row, and the weight bytes fo
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from bench_loader import load_bench
 
-kRepo = Path(__file__).resolve().parents[2]
-
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_grouped", kRepo / "bench" / "bench_grouped.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_grouped"] = module  # its dataclass resolves annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = load_bench("bench_grouped")
 
 
 @pytest.mark.parametrize("weights", ["fp8", "fp4"])
