@@ -203,11 +203,13 @@ inline SwapAbConfig get_swap_ab_config(int expected_m, int n, int k, int num_sms
   c.group_n = kGroupN;
   c.num_sms = num_sms;
   c.num_math_wg = 1;
-  c.k_blocks = (k / kBlockK) % 2 == 0 ? 2 : 1;
+  const bool even_k_blocks = (k / kBlockK) % 2 == 0;
+  c.k_blocks = even_k_blocks ? 2 : 1;
   c.fragment_layout = fragment_layout;
+  // Four accumulator sets (fragment layout) past 16 tokens do not fit five warpgroups' registers.
+  const auto registers_fit = [&](int wg) { return !(fragment_layout && wg == 4 && c.block_t > 16); };
   for (int wg : {4, 2}) {
-    // Four accumulator sets (fragment layout) past 16 tokens do not fit five warpgroups' registers.
-    if (fragment_layout && wg == 4 && c.block_t > 16) continue;
+    if (!registers_fit(wg)) continue;
     SwapAbConfig trial = c;
     trial.num_math_wg = wg;
     if (trial.num_tiles(expected_m, num_groups) >= num_sms) {
@@ -218,13 +220,13 @@ inline SwapAbConfig get_swap_ab_config(int expected_m, int n, int k, int num_sms
   // Overrides for A/B runs: MOE_FP4_DECODE_WG (math warpgroups of 64 weight rows: 1, 2 or 4) and
   // MOE_FP4_DECODE_K_BLOCKS (128-deep K blocks per stage: 1, or 2 where K holds an even number).
   if (const int wg = env_int("MOE_FP4_DECODE_WG"); wg != 0) {
-    MOE_HOST_ASSERT((wg == 1 || wg == 2 || wg == 4) && !(fragment_layout && wg == 4 && c.block_t > 16),
+    MOE_HOST_ASSERT((wg == 1 || wg == 2 || wg == 4) && registers_fit(wg),
                     fn << ": MOE_FP4_DECODE_WG must be 1, 2 or 4 (4 only up to 16 tokens with the decode layout), got "
                        << wg);
     c.num_math_wg = wg;
   }
   if (const int kb = env_int("MOE_FP4_DECODE_K_BLOCKS"); kb != 0) {
-    MOE_HOST_ASSERT(kb == 1 || (kb == 2 && (k / kBlockK) % 2 == 0),
+    MOE_HOST_ASSERT(kb == 1 || (kb == 2 && even_k_blocks),
                     fn << ": MOE_FP4_DECODE_K_BLOCKS must be 1, or 2 when K / 128 is even, got " << kb);
     c.k_blocks = kb;
   }
