@@ -30,6 +30,20 @@ inline moe_launchers::sm90_fp8_gemm::GemmType gemm_type(int value) {
   return static_cast<moe_launchers::sm90_fp8_gemm::GemmType>(value);
 }
 
+// -1: what contiguous K-major scales get; 0 gather, 1 TMA MN-major A scales, 2 TMA K-major.
+inline unsigned scale_load(int value, int k) {
+  MOE_HOST_ASSERT(value >= -1 && value <= 2,
+                  "scale_load must be -1 (contiguous K-major scales), 0 (gather), 1 (TMA, MN-major A scales) or 2 "
+                  "(TMA, K-major), got " << value);
+  return value < 0 ? moe_launchers::sm90_fp8_gemm::contiguous_scale_load(k) : static_cast<unsigned>(value);
+}
+
+inline const char* scale_load_name(unsigned scale_load) {
+  return scale_load == moe_kernels::kScaleGather      ? "gather"
+         : scale_load == moe_kernels::kScaleTmaMnMajor ? "tma_mn_major"
+                                                        : "tma_k_major";
+}
+
 inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c, int m) {
   pybind11::dict d;
   d["block_m"] = c.block_m;
@@ -43,6 +57,7 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["swizzle_d"] = c.swizzle_d;
   d["multicast"] = c.multicast;
   d["scale_warps"] = c.scale_warps;
+  d["scale_load"] = scale_load_name(c.scale_load);
   d["pingpong"] = c.pingpong;
   d["pdl"] = c.pdl;
   d["k_unroll"] = c.k_unroll;
@@ -59,12 +74,13 @@ inline void fp8_gemm_nt(std::uint64_t a, long long lda, std::uint64_t sfa, long 
                         int device, std::uint64_t split_workspace, std::uint64_t split_workspace_bytes,
                         std::uint64_t stream) {
   namespace L = moe_launchers::sm90_fp8_gemm;
-  const auto config = L::get_config(m, n, k, moe_jit::get_num_sms(device), compile_m, detail::residual_type(c_dtype),
-                                    L::GemmType::kNormal, 1, 128, split_workspace != 0);
   L::Args args{a, sfa, b, sfb, d, c, lda, ldb, ldd, ldc, sfa_stride_m, sfa_stride_k, 0, sfb_stride_n,
                sfb_stride_k, m, 1, 0, device, stream};
   args.split_workspace = split_workspace;
   args.split_workspace_bytes = split_workspace_bytes;
+  const auto config = L::get_config(m, n, k, moe_jit::get_num_sms(device), compile_m, detail::residual_type(c_dtype),
+                                    L::GemmType::kNormal, 1, 128, split_workspace != 0,
+                                    L::scale_load_for(L::GemmType::kNormal, args, n, k));
   L::launch(config, args);
 }
 
@@ -76,10 +92,12 @@ inline void m_grouped_fp8_gemm_nt_contiguous(std::uint64_t a, long long lda, std
                                              std::uint64_t d, long long ldd, std::uint64_t m_indices, int m, int n,
                                              int k, int num_groups, int alignment, int device, std::uint64_t stream) {
   namespace L = moe_launchers::sm90_fp8_gemm;
+  const L::Args args{a, sfa, b, sfb, d, 0, lda, ldb, ldd, 0, sfa_stride_m, sfa_stride_k, sfb_stride_g,
+                     sfb_stride_n, sfb_stride_k, m, num_groups, m_indices, device, stream};
   const auto config = L::get_config(m, n, k, moe_jit::get_num_sms(device), false, L::Residual::kNone,
-                                    L::GemmType::kGroupedContiguous, num_groups, alignment);
-  L::launch(config, L::Args{a, sfa, b, sfb, d, 0, lda, ldb, ldd, 0, sfa_stride_m, sfa_stride_k, sfb_stride_g,
-                            sfb_stride_n, sfb_stride_k, m, num_groups, m_indices, device, stream});
+                                    L::GemmType::kGroupedContiguous, num_groups, alignment, true,
+                                    L::scale_load_for(L::GemmType::kGroupedContiguous, args, n, k));
+  L::launch(config, args);
 }
 
 // masked_m: int32 [num_groups] on the device; a, d hold max_m rows per group (row stride lda/ldd,
@@ -92,10 +110,12 @@ inline void m_grouped_fp8_gemm_nt_masked(std::uint64_t a, long long lda, std::ui
                                          std::uint64_t stream) {
   namespace L = moe_launchers::sm90_fp8_gemm;
   MOE_HOST_ASSERT(expected_m >= 1, "m_grouped_fp8_gemm_nt_masked: expected_m must be >= 1, got " << expected_m);
+  const L::Args args{a, sfa, b, sfb, d, 0, lda, ldb, ldd, 0, sfa_stride_m, sfa_stride_k, sfb_stride_g,
+                     sfb_stride_n, sfb_stride_k, max_m, num_groups, masked_m, device, stream};
   const auto config = L::get_config(std::min(expected_m, max_m), n, k, moe_jit::get_num_sms(device), false,
-                                    L::Residual::kNone, L::GemmType::kGroupedMasked, num_groups);
-  L::launch(config, L::Args{a, sfa, b, sfb, d, 0, lda, ldb, ldd, 0, sfa_stride_m, sfa_stride_k, sfb_stride_g,
-                            sfb_stride_n, sfb_stride_k, max_m, num_groups, masked_m, device, stream});
+                                    L::Residual::kNone, L::GemmType::kGroupedMasked, num_groups, 128, true,
+                                    L::scale_load_for(L::GemmType::kGroupedMasked, args, n, k));
+  L::launch(config, args);
 }
 
 // FP4 weights: b packed E2M1 [num_groups * n, k / 2] with row stride ldb bytes; sfb UE8M0
@@ -239,29 +259,55 @@ inline void register_apis(pybind11::module_& m) {
   m.def(
       "fp8_gemm_nt_config",
       [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype, int gemm_type, int num_groups,
-         int alignment, bool split_workspace) {
+         int alignment, bool split_workspace, int scale_load) {
         const auto cfg = L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
-                                       detail::gemm_type(gemm_type), num_groups, alignment, split_workspace);
+                                       detail::gemm_type(gemm_type), num_groups, alignment, split_workspace,
+                                       detail::scale_load(scale_load, k));
         return detail::config_dict(cfg, m_);
       },
       "the heuristic's choice for a shape (no GPU needed); alignment: the contiguous layout's; "
-      "split_workspace=False: a call inside a CUDA graph capture (tiles planned whole)",
+      "split_workspace=False: a call inside a CUDA graph capture (tiles planned whole); scale_load: -1 for "
+      "contiguous K-major scales, else 0 gather, 1 TMA with MN-major A scales, 2 TMA K-major",
       pybind11::arg("m"), pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"),
       pybind11::arg("compile_m") = false, pybind11::arg("c_dtype") = -1, pybind11::arg("gemm_type") = 0,
-      pybind11::arg("num_groups") = 1, pybind11::arg("alignment") = 128, pybind11::arg("split_workspace") = true);
+      pybind11::arg("num_groups") = 1, pybind11::arg("alignment") = 128, pybind11::arg("split_workspace") = true,
+      pybind11::arg("scale_load") = -1);
+  m.def(
+      "fp8_gemm_scale_load",
+      [](int gemm_type, int m_, int n, int k, int num_groups, std::uint64_t sfa, long long sfa_stride_m,
+         long long sfa_stride_k, std::uint64_t sfb, long long sfb_stride_g, long long sfb_stride_n,
+         long long sfb_stride_k) {
+        L::Args args{};
+        args.sfa = sfa;
+        args.sfa_stride_m = sfa_stride_m;
+        args.sfa_stride_k = sfa_stride_k;
+        args.sfb = sfb;
+        args.sfb_stride_g = sfb_stride_g;
+        args.sfb_stride_n = sfb_stride_n;
+        args.sfb_stride_k = sfb_stride_k;
+        args.m = m_;
+        args.num_groups = num_groups;
+        return detail::scale_load_name(L::scale_load_for(detail::gemm_type(gemm_type), args, n, k));
+      },
+      "how a launch with these scales (addresses, strides in elements) gets them: gather, tma_mn_major or "
+      "tma_k_major (no GPU needed; m is max_m for masked GEMMs)",
+      pybind11::arg("gemm_type"), pybind11::arg("m"), pybind11::arg("n"), pybind11::arg("k"),
+      pybind11::arg("num_groups"), pybind11::arg("sfa"), pybind11::arg("sfa_stride_m"), pybind11::arg("sfa_stride_k"),
+      pybind11::arg("sfb"), pybind11::arg("sfb_stride_g"), pybind11::arg("sfb_stride_n"),
+      pybind11::arg("sfb_stride_k"));
   m.def(
       "fp8_gemm_nt_code",
       [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype, int gemm_type, int num_groups,
-         int alignment, bool split_workspace) {
+         int alignment, bool split_workspace, int scale_load) {
         const auto g = L::generate(L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
                                                  detail::gemm_type(gemm_type), num_groups, alignment,
-                                                 split_workspace));
+                                                 split_workspace, detail::scale_load(scale_load, k)));
         return pybind11::make_tuple(g.name, g.code);
       },
       "(name, code) of the kernel a shape gets (no GPU needed)", pybind11::arg("m"), pybind11::arg("n"),
       pybind11::arg("k"), pybind11::arg("num_sms"), pybind11::arg("compile_m") = false,
       pybind11::arg("c_dtype") = -1, pybind11::arg("gemm_type") = 0, pybind11::arg("num_groups") = 1,
-      pybind11::arg("alignment") = 128, pybind11::arg("split_workspace") = true);
+      pybind11::arg("alignment") = 128, pybind11::arg("split_workspace") = true, pybind11::arg("scale_load") = -1);
 }
 
 }  // namespace moe_apis::gemm

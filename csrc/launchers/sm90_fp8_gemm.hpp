@@ -43,7 +43,8 @@ struct Config {
   int smem_bytes;
   int swizzle_d;   // bytes of the epilogue's swizzle atom (128, 64, 32) or 0 for plain rows
   int multicast = 1;  // CTAs per cluster sharing A by TMA multicast (1: no cluster)
-  int scale_warps = 3;  // warps issuing the scale copies, taking the stages in turn
+  unsigned scale_load = moe_kernels::kScaleGather;  // how the scales reach a stage (common/fp8_gemm_layout.h)
+  int scale_warps = 3;  // warps issuing the scale copies (kScaleGather), taking the stages in turn
   int pingpong = 0;     // 1: the two math warpgroups (block M 128) take turns on the tensor cores
   int split_k = 0;      // units per tile of a single partial wave split over K (0: whole tiles)
   bool splits = true;   // false: planned for a launch without the split workspace (every tile whole)
@@ -114,6 +115,16 @@ constexpr int kSingleWaveMinKBlocks = 8;
 constexpr int kWideTileMinRows = 2048;
 constexpr int kWideTileCost = 14;  // sixteenths
 
+// K-major A scales come by TMA (4 K blocks x block_m rows of 16 bytes per stage) on 256-row tiles
+// with K >= kScaleTmaKMajorMinK only. Against the gathers, in two runs each (bench/RESULTS.md,
+// session 12), at M = 4096: 256 x 128 tiles 0.93-0.96x the time at N x K = 4096 x 7168 and 7168 x
+// 16384, 0.99x at 24576 x 1536 and 7168 x 2048, but 1.04-1.05x at 32768 x 512 (4 K blocks a tile: the
+// gathers' L1 keeps a row's 4 scales, TMA fetches them 4 times); 128-row tiles 0.99-1.00x; at M = 64
+// (64-row tiles) 1.01-1.39x, 2.08x at 32768 x 512. MN-major A scales (one contiguous box of block_m
+// floats) measured 1.00-1.05x the K-major gathers at M = 64 and stay on TMA at every tile.
+constexpr int kScaleTmaKMajorMinBlockM = 256;
+constexpr int kScaleTmaKMajorMinK = 1024;
+
 // MOE_FP8_MULTICAST=0 turns the clusters off and =2 on wherever the kernel takes them (dense, or
 // grouped with kMulticastMinRows rows); MOE_FP8_PINGPONG=0 turns the math warpgroups' ping-pong off
 // and =1 on at any block N (block M 128); MOE_GEMM_GROUP_N sets the scheduler's band width in
@@ -130,9 +141,70 @@ inline bool block_n_fits_scales(int block_n) {
   return block_n <= 128 || 128 - gcd(block_n, 128) + block_n <= 256;
 }
 
-// One stage: the A and B tiles, then block_m + 4 floats of scales (A's rows, B's two blocks).
-inline int stage_bytes(int block_m, int block_n) {
-  return static_cast<int>(moe_kernels::fp8_gemm_stage_bytes(static_cast<unsigned>(block_m), static_cast<unsigned>(block_n)));
+// One stage: the A and B tiles, then the scales (A's rows, B's two blocks) as `scale_load` lays them out.
+inline int stage_bytes(int block_m, int block_n, unsigned scale_load) {
+  return static_cast<int>(moe_kernels::fp8_gemm_stage_bytes(static_cast<unsigned>(block_m),
+                                                            static_cast<unsigned>(block_n), scale_load));
+}
+
+struct Args {
+  std::uint64_t a, sfa, b, sfb, d, c;
+  long long lda, ldb, ldd, ldc;
+  long long sfa_stride_m, sfa_stride_k, sfb_stride_g, sfb_stride_n, sfb_stride_k;
+  int m;                       // rows of A (kGroupedMasked: rows per group, max_m)
+  int num_groups;              // groups of B (1 for kNormal)
+  std::uint64_t grouped_layout;  // m_indices or masked_m (int32, device)
+  int device;
+  std::uint64_t stream;
+  // kNormal's tail split: split_workspace_bytes(num_sms) bytes, float partials then int counters
+  // (zero before the first launch, left zero by every launch). 0: no workspace, so no split.
+  std::uint64_t split_workspace = 0;
+  std::uint64_t split_workspace_bytes = 0;
+};
+
+// The scales as 2-D views for TMA: A's over its rows (kGroupedMasked: groups x max_m) and K blocks,
+// B's over groups x ceil(N / 128) rows and K blocks. Row stride of a view (elements), or -1 where
+// the layout has none that TMA takes (16-byte multiples, rows not overlapping); a dimension of one
+// takes any stride.
+inline long long tma_row_stride(long long rows, long long stride, long long row_floats) {
+  if (rows == 1) return (row_floats + 3) / 4 * 4;
+  return stride % 4 == 0 && stride >= row_floats ? stride : -1;
+}
+
+inline std::uint64_t sfa_rows(GemmType type, const Args& a) {
+  return type == GemmType::kGroupedMasked ? static_cast<std::uint64_t>(a.m) * a.num_groups : a.m;
+}
+
+// B's scales: rows of the [groups x ceil(N / 128), K blocks] view, their stride, or -1.
+inline long long sfb_view_stride(const Args& a, int n, int k) {
+  const long long kb = k / 128, nb = (n + 127) / 128;
+  if (a.sfb % 16 != 0 || kb % 4 != 0 || a.sfb_stride_k != 1) return -1;
+  // One group's rows and the next group's must continue one another.
+  if (a.num_groups > 1 && nb > 1 && a.sfb_stride_g != nb * a.sfb_stride_n) return -1;
+  return tma_row_stride(nb * a.num_groups, nb > 1 ? a.sfb_stride_n : a.sfb_stride_g, kb);
+}
+
+// The scale load a launch's layouts allow: TMA where both views exist (A MN-major preferred: a
+// K block's box is block_m floats, against 4 x block_m K-major), else the scale warps' gathers,
+// which take any strides. MOE_FP8_SCALE_TMA=0 (read per call) keeps the gathers, for A/B timing.
+inline unsigned scale_load_for(GemmType type, const Args& a, int n, int k) {
+  using namespace moe_kernels;
+  if (!env_enabled("MOE_FP8_SCALE_TMA") || a.sfa % 16 != 0 || sfb_view_stride(a, n, k) < 0) return kScaleGather;
+  const long long rows = static_cast<long long>(sfa_rows(type, a)), kb = k / 128;
+  // MN-major boxes start at a tile's first row: masked groups of max_m rows must keep it on 16 bytes.
+  const bool rows_aligned = type != GemmType::kGroupedMasked || a.m % 4 == 0;
+  const bool mn_major = (rows == 1 || a.sfa_stride_m == 1) && rows_aligned &&
+                        tma_row_stride(kb, a.sfa_stride_k, rows) >= 0;
+  if (mn_major) return kScaleTmaMnMajor;
+  const bool k_major = kb % 4 == 0 && a.sfa_stride_k == 1 && tma_row_stride(rows, a.sfa_stride_m, kb) >= 0;
+  return k_major ? kScaleTmaKMajor : kScaleGather;
+}
+
+// What contiguous K-major scales get (the quantizers' layout): the configs and kernels of the
+// precompile CLI and of config queries without tensors.
+inline unsigned contiguous_scale_load(int k) {
+  return (k / 128) % 4 == 0 && env_enabled("MOE_FP8_SCALE_TMA") ? moe_kernels::kScaleTmaKMajor
+                                                                   : moe_kernels::kScaleGather;
 }
 
 inline void check_shape(const char* fn, int m, int n, int k) {
@@ -152,10 +224,10 @@ inline const char* function_name(GemmType type) {
 // problems. contiguous_alignment: kGroupedContiguous's promise that every aligned block of that
 // many rows lies in one group (or is padding); a multiple of 256 allows 256-row tiles.
 // split_workspace: whether the launch gets the tail split's workspace (not inside a CUDA graph
-// capture); without it the tiles are planned whole.
+// capture); without it the tiles are planned whole. scale_load: scale_load_for the launch's tensors.
 inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual,
-                         GemmType type = GemmType::kNormal, int num_groups = 1, int contiguous_alignment = 128,
-                         bool split_workspace = true) {
+                         GemmType type, int num_groups, int contiguous_alignment, bool split_workspace,
+                         unsigned scale_load) {
   const char* fn = function_name(type);
   check_shape(fn, m, n, k);
   MOE_HOST_ASSERT(num_sms >= 1, fn << ": num_sms must be >= 1, got " << num_sms);
@@ -170,6 +242,10 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.group_n = group_n > 0 ? group_n : kGroupN;
   cfg.residual = residual;
   cfg.num_sms = num_sms;
+  cfg.scale_load = scale_load;
+  const auto stage_bytes = [scale_load](int block_m, int block_n) {
+    return sm90_fp8_gemm::stage_bytes(block_m, block_n, scale_load);
+  };
   // Whole clusters on the SMs.
   const bool legal = type == GemmType::kNormal || m >= kMulticastMinRows;
   const bool wants = legal && (m <= 64 ? k >= kMulticastMinKSmallM : m <= 128 || n >= kMulticastMinNLargeM);
@@ -212,6 +288,10 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
       multicast = wide_multicast;
     }
   }
+  if (scale_load == moe_kernels::kScaleTmaKMajor && (t.block_m < kScaleTmaKMajorMinBlockM || k < kScaleTmaKMajorMinK)) {
+    return get_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment, split_workspace,
+                      moe_kernels::kScaleGather);
+  }
   cfg.block_m = t.block_m;
   cfg.block_n = t.block_n;
   cfg.num_stages = t.num_stages;
@@ -219,7 +299,7 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.swizzle_d = t.swizzle_d;
   // A single n-block would pair with a padding one: nothing to share.
   cfg.multicast = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
-  cfg.scale_warps = std::min(scale_warps_setting(), t.num_stages);
+  cfg.scale_warps = scale_load == moe_kernels::kScaleGather ? std::min(scale_warps_setting(), t.num_stages) : 0;
   cfg.split_k = single_wave_ways;
   cfg.splits = split_workspace;
   // Programmatic dependent launch unless MOE_GEMM_PDL=0 (read per call): in a CUDA graph of 8
@@ -252,36 +332,22 @@ inline GeneratedKernel generate(const Config& c) {
      << c.k << ", " << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", " << c.group_n << ", "
      << static_cast<int>(c.residual) << ", " << c.swizzle_d << ", " << c.multicast << ", " << c.scale_warps
      << ", " << (c.pingpong ? "true" : "false") << ", " << (c.pdl ? "true" : "false") << ", " << c.k_unroll
-     << ">);\n"
+     << ", " << c.scale_load << ">);\n"
      << "}\n";
   return {"sm90_fp8_gemm_nt", os.str()};
 }
 
-struct Args {
-  std::uint64_t a, sfa, b, sfb, d, c;
-  long long lda, ldb, ldd, ldc;
-  long long sfa_stride_m, sfa_stride_k, sfb_stride_g, sfb_stride_n, sfb_stride_k;
-  int m;                       // rows of A (kGroupedMasked: rows per group, max_m)
-  int num_groups;              // groups of B (1 for kNormal)
-  std::uint64_t grouped_layout;  // m_indices or masked_m (int32, device)
-  int device;
-  std::uint64_t stream;
-  // kNormal's tail split: split_workspace_bytes(num_sms) bytes, float partials then int counters
-  // (zero before the first launch, left zero by every launch). 0: no workspace, so no split.
-  std::uint64_t split_workspace = 0;
-  std::uint64_t split_workspace_bytes = 0;
-};
-
 inline void launch(const Config& c, const Args& a) {
   using namespace moe_jit::driver;
-  static moe_jit::KernelMemo<std::array<int, 16>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 16> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 17>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 17> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
-                                   c.scale_warps, c.pingpong, c.pdl, c.k_unroll, a.device};
+                                   c.scale_warps, c.pingpong, c.pdl, c.k_unroll, static_cast<int>(c.scale_load),
+                                   a.device};
   const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
 
   const bool masked = c.type == GemmType::kGroupedMasked;
-  const std::uint64_t rows_a = masked ? static_cast<std::uint64_t>(a.m) * a.num_groups : a.m;
+  const std::uint64_t rows_a = sfa_rows(c.type, a);
   // Each CTA of a cluster loads (and multicasts) its share of the A tile's rows.
   const CUtensorMap map_a = make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK,
                                      c.block_m / c.multicast, CU_TENSOR_MAP_SWIZZLE_128B, "A");
@@ -299,6 +365,23 @@ inline void launch(const Config& c, const Args& a) {
                       last_k_block * static_cast<std::uint64_t>(a.sfa_stride_k) < (1ull << 32),
                   c.fn << ": the scales of A span more than 2^32 elements (strides " << a.sfa_stride_m << ", "
                        << a.sfa_stride_k << ")");
+  // The scale boxes of a TMA scale load (the kernel takes the maps either way; the gathers ignore them).
+  CUtensorMap map_sfa{}, map_sfb{};
+  if (c.scale_load != moe_kernels::kScaleGather) {
+    MOE_HOST_ASSERT(scale_load_for(c.type, a, c.n, c.k) != moe_kernels::kScaleGather,
+                    c.fn << ": the kernel was planned for TMA scale loads, which these scales' layouts do not allow");
+    const std::uint64_t kb = static_cast<std::uint64_t>(c.k / kBlockK);
+    const std::uint64_t sfb_rows = static_cast<std::uint64_t>((c.n + 127) / 128) * a.num_groups;
+    if (c.scale_load == moe_kernels::kScaleTmaMnMajor) {
+      map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows_a, kb,
+                         tma_row_stride(kb, a.sfa_stride_k, rows_a), c.block_m, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
+    } else {
+      map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, rows_a,
+                         tma_row_stride(rows_a, a.sfa_stride_m, kb), 4, c.block_m, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
+    }
+    map_sfb = make_tma(c.fn, a.sfb, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sfb_rows, sfb_view_stride(a, c.n, c.k), 4,
+                       2, CU_TENSOR_MAP_SWIZZLE_NONE, "SFB");
+  }
 
   moe_jit::LaunchConfig cfg;
   const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);
@@ -331,7 +414,7 @@ inline void launch(const Config& c, const Args& a) {
                   static_cast<std::uint32_t>(splits), static_cast<std::uint32_t>(split.tail_tiles),
                   static_cast<std::uint32_t>(k_blocks / splits), static_cast<std::uint32_t>(k_blocks % splits),
                   reinterpret_cast<float*>(a.split_workspace),
-                  reinterpret_cast<int*>(split_counters), map_a, map_b, map_d);
+                  reinterpret_cast<int*>(split_counters), map_a, map_b, map_d, map_sfa, map_sfb);
 }
 
 }  // namespace moe_launchers::sm90_fp8_gemm

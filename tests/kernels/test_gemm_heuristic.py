@@ -200,3 +200,60 @@ def test_k_loop_unrolled_on_dense_256_row_tiles(monkeypatch):
     monkeypatch.setenv("MOE_GEMM_K_UNROLL", "2")
     assert native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)["k_unroll"] == 2
     assert native.fp8_gemm_nt_config(64, 2112, 7168, H200_SMS)["k_unroll"] == 2
+
+
+_KM = 0x7F0000001000  # a 16-byte aligned fake address: the scale-load rules read no memory
+
+
+@pytest.mark.parametrize("gemm_type,m,n,k,groups,sfa,sfb,expected", [
+    # dense, the quantizers' layouts: A [m, K/128] and B [ceil(N/128), K/128] contiguous, K/128 = 56
+    (0, 4096, 4096, 7168, 1, (_KM, 56, 1), (_KM, 0, 56, 1), "tma_k_major"),
+    (0, 1, 2112, 7168, 1, (_KM, 57, 1), (_KM, 0, 56, 1), "tma_k_major"),         # one row: any row stride
+    (0, 300, 2112, 1536, 1, (_KM, 1, 300), (_KM, 0, 12, 1), "tma_mn_major"),     # MN-major, 16-byte rows
+    (0, 77, 2112, 1536, 1, (_KM, 1, 77), (_KM, 0, 12, 1), "gather"),             # MN-major, 77 x 4 bytes
+    (0, 100, 264, 640, 1, (_KM, 5, 1), (_KM, 0, 5, 1), "gather"),                # K/128 = 5: 20-byte rows
+    (0, 4096, 4096, 7168, 1, (_KM + 4, 56, 1), (_KM, 0, 56, 1), "gather"),       # A's scales 4-byte aligned
+    (0, 4096, 4096, 7168, 1, (_KM, 56, 1), (_KM, 0, 1, 32), "gather"),           # B's scales N-major
+    (0, 4096, 4096, 7168, 1, (_KM, 60, 1), (_KM, 0, 60, 1), "tma_k_major"),      # padded rows
+    (0, 4096, 4096, 7168, 1, (_KM, 1, 4096), (_KM, 0, 56, 1), "tma_mn_major"),
+    # contiguous: B's groups must continue one another
+    (1, 8192, 4096, 7168, 4, (_KM, 56, 1), (_KM, 32 * 56, 56, 1), "tma_k_major"),
+    (1, 8192, 4096, 7168, 4, (_KM, 56, 1), (_KM, 33 * 56, 56, 1), "gather"),
+    (1, 8192, 96, 7168, 4, (_KM, 56, 1), (_KM, 60, 7, 1), "tma_k_major"),        # one block per group
+    # masked: A [G, max_m, K/128] viewed as G x max_m rows
+    (2, 16, 7168, 2048, 32, (_KM, 16, 1), (_KM, 56 * 16, 16, 1), "tma_k_major"),
+    (2, 20, 7168, 2048, 8, (_KM, 1, 160), (_KM, 56 * 16, 16, 1), "tma_mn_major"),
+    (2, 18, 7168, 2048, 8, (_KM, 1, 144), (_KM, 56 * 16, 16, 1), "gather"),      # boxes at rows g x 18
+])
+def test_scale_load_follows_the_layouts(gemm_type, m, n, k, groups, sfa, sfb, expected):
+    """TMA loads the scales where both have a 2-D view with 16-byte aligned base and rows (A
+    MN-major first, then K-major with whole 4-block boxes; B K-major); every other layout is
+    gathered by the scale warps."""
+    native = kernels.jit.native_module()
+    assert native.fp8_gemm_scale_load(gemm_type, m, n, k, groups, *sfa, *sfb) == expected
+
+
+def test_scale_load_switch_and_stages(monkeypatch):
+    """MOE_FP8_SCALE_TMA=0 keeps the gathers (A/B timing); the config states the load, and the TMA
+    stages' larger scale slots (4 K blocks x 256 rows) still leave 256 x 128 its 3 stages."""
+    native = kernels.jit.native_module()
+    args = (0, 4096, 4096, 7168, 1, _KM, 56, 1, _KM, 0, 56, 1)
+    tma = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+    gather = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS, scale_load=0)
+    assert (tma["scale_load"], tma["scale_warps"], gather["scale_load"], gather["scale_warps"]) == \
+        ("tma_k_major", 0, "gather", 3)
+    assert tma["smem_bytes"] > gather["smem_bytes"] and tma["num_stages"] == gather["num_stages"] == 3
+    assert native.fp8_gemm_nt_config(64, 2112, 640, H200_SMS)["scale_load"] == "gather"
+    # Tiles under 256 rows gather K-major scales (their 16-byte TMA rows measured up to 2x slower at
+    # 64 rows, level at 128); MN-major ones stay on TMA.
+    # So do 256-row tiles of short K (4 K blocks: 1.05x slower).
+    for m, n, k, block_m in ((64, 2112, 7168, 64), (1000, 4096, 7168, 128), (4096, 2112, 7168, 128),
+                             (4096, 32768, 512, 256)):
+        cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+        assert (cfg["block_m"], cfg["scale_load"], cfg["scale_warps"]) == (block_m, "gather", 3)
+        assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=1)["scale_load"] == "tma_mn_major"
+    monkeypatch.setenv("MOE_FP8_SCALE_TMA", "0")
+    assert native.fp8_gemm_scale_load(*args) == "gather"
+    assert native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)["scale_load"] == "gather"
+    with pytest.raises(RuntimeError, match="scale_load must be"):
+        native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS, scale_load=3)

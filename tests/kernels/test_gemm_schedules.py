@@ -26,6 +26,31 @@ def test_gpu_clusters_match_single_ctas(m, n, k, seed, monkeypatch):
     assert calc_diff(single, reference_f64(a_fp8, b_fp8)) < 1e-3
 
 
+def scale_load(m, n, k, sfa, sfb) -> str:
+    return kernels.jit.native_module().fp8_gemm_scale_load(0, m, n, k, 1, sfa.data_ptr(), *sfa.stride(),
+                                                             sfb.data_ptr(), 0, *sfb.stride())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (7, 576, 7168), (129, 2112, 7168), (1000, 24576, 1536),
+                                   (4096, 4096, 7168), (4096, 7168, 16384), (8191, 32768, 512), (4095, 4232, 2048)])
+def test_gpu_scale_tma_matches_gather(m, n, k, seed, monkeypatch):
+    """Scales loaded by TMA with the tiles, K-major A scales (the quantizer's layout; 256-row tiles
+    only) and MN-major TMA-aligned ones (get_mn_major_tma_aligned_tensor; every tile), against the
+    scale warps' gathers (MOE_FP8_SCALE_TMA=0): the same scales reach the same FFMAs, so D is bit
+    for bit the same. The cases cover one-row problems, tiles of 64, 128 (ping-pong) and 256 rows,
+    clusters, the tail split and M tails (4095, 8191) whose boxes run past the last row."""
+    a_fp8, b_fp8, d, gathered = with_switch_off(m, n, k, "MOE_FP8_SCALE_TMA", monkeypatch)
+    assert torch.equal(d, gathered)
+    monkeypatch.delenv("MOE_FP8_SCALE_TMA")
+    sfa_mn = kernels.get_mn_major_tma_aligned_tensor(a_fp8[1])
+    assert [scale_load(m, n, k, sf, b_fp8[1]) for sf in (a_fp8[1], sfa_mn)] == ["tma_k_major", "tma_mn_major"]
+    d_mn = torch.full_like(d, float("nan"))
+    kernels.fp8_gemm_nt((a_fp8[0], sfa_mn), b_fp8, d_mn)
+    torch.cuda.synchronize()
+    assert torch.equal(d, d_mn)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(129, 2112, 7168), (170, 264, 640), (4096, 576, 7168), (4096, 4096, 7168),
                                    (540, 4232, 1536), (300, 7168, 2048), (4096, 7168, 16384)])

@@ -246,6 +246,59 @@ def test_gpu_masked(masked, max_m, expected_m, n, k, warm_grouped_cache, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("masked,max_m,expected_m,alignment", [
+    ([0, 5, 100, 0, 77, 1, 128, 3], 128, 8, 128),  # masked m-blocks past a group's rows; contiguous tails
+    ([600, 0, 513], 1024, 600, 128),                # 2-CTA clusters (masked expected_m >= 512)
+    ([4000, 0, 3900, 1], 4000, 4000, 256),          # contiguous 256-row tiles
+])
+@pytest.mark.parametrize("n,k", GROUPED_NK)
+def test_gpu_scale_tma_matches_gather(masked, max_m, expected_m, alignment, n, k, seed, monkeypatch):
+    """Grouped GEMMs whose scales TMA loads (A K-major, B's groups stacked), masked and contiguous
+    (the same row counts), against the scale warps' gathers (MOE_FP8_SCALE_TMA=0): bit for bit the
+    same valid rows."""
+    native, sms = kernels.jit.native_module(), kernels.get_num_sms()
+    g = len(masked)
+    kernels.set_mk_alignment_for_contiguous_layout(alignment)
+    try:
+        a_c, m_indices = make_contiguous(masked, k, "cuda", align=alignment)
+        b_fp8 = make_weights(g, n, k, "cuda")
+        a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
+        a = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
+        masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+        for gemm_type, rows, sf in ((1, m_indices.shape[0], a_c[1]), (2, max_m, a[1])):
+            assert native.fp8_gemm_scale_load(gemm_type, rows, n, k, g, sf.data_ptr(), sf.stride(-2), sf.stride(-1),
+                                              b_fp8[1].data_ptr(), *b_fp8[1].stride()) == "tma_k_major"
+        # MN-major A scales of the masked layout: the groups' rows one run per K block.
+        sfa_mn = sfa.t().contiguous().t().view(g, max_m, -1)
+        assert native.fp8_gemm_scale_load(2, max_m, n, k, g, sfa_mn.data_ptr(), 1, sfa_mn.stride(2),
+                                          b_fp8[1].data_ptr(), *b_fp8[1].stride()) == "tma_mn_major"
+        outputs = {}
+        for switch in ("1", "0"):
+            monkeypatch.setenv("MOE_FP8_SCALE_TMA", switch)
+            d = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            kernels.m_grouped_fp8_gemm_nt_masked(a, b_fp8, d, masked_m, expected_m)
+            d_c = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            kernels.m_grouped_fp8_gemm_nt_contiguous(a_c, b_fp8, d_c, m_indices)
+            outputs[switch] = d, d_c
+        d_mn = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.m_grouped_fp8_gemm_nt_masked((a[0], sfa_mn), b_fp8, d_mn, masked_m, expected_m)
+        torch.cuda.synchronize()
+    finally:
+        kernels.set_mk_alignment_for_contiguous_layout(128)
+    (d, d_c), (gathered, gathered_c) = outputs["1"], outputs["0"]
+    valid = m_indices >= 0
+    assert calc_diff(d_c[valid], expected_contiguous(a_c, b_fp8, m_indices)[valid]) < 1e-3
+    assert torch.equal(d_c[valid], gathered_c[valid])
+    rhs = dequantize_b(*b_fp8).double()
+    for i, count in enumerate(masked):
+        if count:
+            ref = dequantize_a(a[0][i, :count], a[1][i, :count]).double() @ rhs[i].t()
+            assert calc_diff(d[i, :count], ref) < 1e-3, f"group {i}"
+            assert torch.equal(d[i, :count], gathered[i, :count]), f"group {i}"
+            assert torch.equal(d[i, :count], d_mn[i, :count]), f"group {i}, MN-major scales"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("masked,max_m,expected_m", [
     ([0, 300, 0, 129, 1], 384, 256),  # empty groups, m-blocks whose second warpgroup has no valid row
     ([0, 0, 0, 0], 256, 256),         # masked: no tile on any CTA, the turns' first and last barriers only

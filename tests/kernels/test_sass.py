@@ -52,11 +52,20 @@ GEMM_VARIANTS = [  # (m, n, k, gemm type, groups): dense decode/prefill, grouped
 ]
 
 
+@pytest.mark.parametrize("scale_load", [0, 1, 2], ids=["gather", "tma_mn_major", "tma_k_major"])
 @pytest.mark.parametrize("m,n,k,gemm_type,groups", GEMM_VARIANTS)
-def test_fp8_gemm_uses_qgmma_tma_and_setmaxnreg(m, n, k, gemm_type, groups):
-    code = sass(*kernels.jit.native_module().fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, gemm_type, groups))
-    for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "LDGSTS"):
+def test_fp8_gemm_uses_qgmma_tma_and_setmaxnreg(m, n, k, gemm_type, groups, scale_load):
+    native = kernels.jit.native_module()
+    args = (m, n, k, H200_SMS, False, -1, gemm_type, groups)
+    config = native.fp8_gemm_nt_config(*args, scale_load=scale_load)
+    code = sass(*native.fp8_gemm_nt_code(*args, scale_load=scale_load))
+    for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG"):
         assert instruction in code, instruction
+    # Only the scale warps copy with cp.async (LDGSTS); TMA scale loads leave none. K-major scales
+    # go by TMA on 256-row tiles only.
+    assert config["scale_load"] == ("gather", "tma_mn_major", "tma_k_major")[scale_load] or \
+        (scale_load == 2 and config["block_m"] < 256 and config["scale_load"] == "gather")
+    assert ("LDGSTS" in code) == (config["scale_load"] == "gather")
     # The scale warps keep 32-bit row offsets per tile: no spills at block M 128 either (they had
     # spilled hoisted 64-bit row pointers inside their K loop).
     assert "LDL" not in code and "STL" not in code, "register spills"

@@ -12,9 +12,10 @@
 //                               warpgroups, each wave its own wgmmas and promotion (half the
 //                               B fills and L2 reads per FLOP of a 128-row tile);
 //   last warpgroup, warp 0:     TMA producer for the A and B tiles;
-//   last warpgroup, warps 1-3:  scale producers, taking the stages in turn — cp.async gathers of
-//                               the tile's 1x128 A scales and two B scales into the stage,
-//                               completing on the same mbarrier.
+//   last warpgroup, warps 1-3:  scale producers (kScaleGather only), taking the stages in turn —
+//                               cp.async gathers of the tile's 1x128 A scales and two B scales into
+//                               the stage, completing on the same mbarrier. Scales whose layout TMA
+//                               can read come with the tiles instead (common/fp8_gemm_layout.h).
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/epilogue.cuh>
@@ -29,21 +30,29 @@
 
 namespace moe_kernels {
 
-template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kNumStages>
+template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kNumStages, uint32_t kScaleLoad>
 struct Fp8GemmSmem {
   static constexpr uint32_t kBlockK = 128;
   static constexpr uint32_t kD = kBlockM * kBlockN * 2;
   static constexpr uint32_t kA = kBlockM * kBlockK;
   static constexpr uint32_t kB = kBlockN * kBlockK;
-  static constexpr uint32_t kSfFloats = kBlockM + 4;  // A scales, then the two B scales (16-byte padded)
+  // A scales (kSfaRow floats apart), then the two B scales (kSfbStep apart from kSfb).
+  static constexpr uint32_t kSfFloats = fp8_gemm_sf_floats(kBlockM, kScaleLoad);
+  static constexpr uint32_t kSfaRow = fp8_gemm_sfa_row_floats(kScaleLoad);
+  static constexpr uint32_t kSfb = fp8_gemm_sfb_offset(kBlockM, kScaleLoad);
+  static constexpr uint32_t kSfbStep = fp8_gemm_sfb_step(kScaleLoad);
+  static constexpr uint32_t kTmaBytes = kA + kB + fp8_gemm_sf_tma_bytes(kBlockM, kScaleLoad);
   static constexpr uint32_t kOffsetA = kD;
   static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kA;
   static constexpr uint32_t kOffsetSf = kOffsetB + kNumStages * kB;
   static constexpr uint32_t kOffsetBarriers = kOffsetSf + kNumStages * kSfFloats * 4;
   static constexpr uint32_t kTotal = kOffsetBarriers + 2 * kNumStages * 8;
-  static_assert(kA + kB + kSfFloats * 4 == fp8_gemm_stage_bytes(kBlockM, kBlockN), "the launcher sizes stages alike");
-  // 128-byte swizzled TMA tiles need 1024-byte aligned stage buffers.
+  static_assert(kA + kB + kSfFloats * 4 == fp8_gemm_stage_bytes(kBlockM, kBlockN, kScaleLoad),
+                "the launcher sizes stages alike");
+  // 128-byte swizzled TMA tiles need 1024-byte aligned stage buffers, TMA scale boxes 128-byte ones.
   static_assert(kD % 1024 == 0 && kA % 1024 == 0 && kB % 1024 == 0, "stage buffers must stay 1024-byte aligned");
+  static_assert(kScaleLoad == kScaleGather || (kSfFloats % 32 == 0 && kSfb % 32 == 0),
+                "TMA scale boxes must land on 128-byte boundaries");
 };
 
 // Ping-pong of a 128-row tile's two math warpgroups: they issue their K blocks' wgmmas in turn (WG0
@@ -77,12 +86,16 @@ struct MathTurns {
 
 // shape_m: rows of A (kNormal, kGroupedContiguous) or rows per group (kGroupedMasked, whose
 // group g starts at row g * shape_m of A and D); grouped_layout: m_indices or masked_m.
+// kScaleLoad (common/fp8_gemm_layout.h): kScaleGather reads the scales at sfa / sfb with their
+// strides (kScaleWarps warps); the TMA loads read them through map_sfa ([K blocks, rows of A] if
+// MN-major, [rows of A, K blocks] if K-major) and map_sfb ([groups x ceil(N / 128), K blocks]).
 // kNormal's tail split (common/scheduler.cuh): num_splits > 1 splits the last tail_tiles tiles (per
 // cluster) over K, split s taking split_k_quot + (s < split_k_rem) K blocks, their partial sums
 // added through split_workspace / split_counters (common/split_reduce.cuh); 1 runs every tile whole.
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
-          uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1>
+          uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
+          uint32_t kScaleLoad = kScaleGather>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -91,9 +104,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                      uint32_t tail_tiles, uint32_t split_k_quot, uint32_t split_k_rem,
                      float* __restrict__ split_workspace, int* __restrict__ split_counters,
                      const __grid_constant__ TmaDescriptor map_a, const __grid_constant__ TmaDescriptor map_b,
-                     const __grid_constant__ TmaDescriptor map_d) {
+                     const __grid_constant__ TmaDescriptor map_d, const __grid_constant__ TmaDescriptor map_sfa,
+                     const __grid_constant__ TmaDescriptor map_sfb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages>;
+  using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages, kScaleLoad>;
   using Wgmma = sm90::Fp8Wgmma<kBlockN>;
   constexpr uint32_t kBlockK = Smem::kBlockK;
   constexpr uint32_t kNumMathWG = fp8_gemm_math_warpgroups(kBlockM);
@@ -103,8 +117,11 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   constexpr uint32_t kNumKBlocks = kShapeK / kBlockK;
   constexpr uint32_t kNumSfbRows = (kShapeN + 127) / 128;
   // Scale producers: warps 1.. of the producer warpgroup (warp 0 issues the TMA loads), at most
-  // one per stage.
-  static_assert(kScaleWarps >= 1 && kScaleWarps <= 3, "1 to 3 scale warps");
+  // one per stage; none where the TMA warp loads the scales.
+  constexpr bool kScaleTma = kScaleLoad != kScaleGather;
+  static_assert(kScaleLoad <= kScaleTmaKMajor, "a scale load of common/fp8_gemm_layout.h");
+  static_assert(kScaleTma ? kScaleWarps == 0 : kScaleWarps >= 1 && kScaleWarps <= 3,
+                "1 to 3 scale warps gather the scales, none with TMA scale loads");
   constexpr uint32_t kNumScaleWarps = kScaleWarps < kNumStages ? kScaleWarps : kNumStages;
   // Register budgets: the math warpgroups hold a promoted accumulator set per wave and one for the
   // wgmmas; the producers get what is left of the launch allocation (2 x 128 x 232 + 128 x 40 =
@@ -155,8 +172,12 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90::tma_prefetch_descriptor(&map_a);
     sm90::tma_prefetch_descriptor(&map_b);
     sm90::tma_prefetch_descriptor(&map_d);
-    // Full: one expect-tx arrival for the A/B tiles plus one cp.async arrival per scale lane.
-    ring.init(1 + 32, kNumMathWG * 4 * kNumMulticast);
+    if constexpr (kScaleTma) {
+      sm90::tma_prefetch_descriptor(&map_sfa);
+      sm90::tma_prefetch_descriptor(&map_sfb);
+    }
+    // Full: one expect-tx arrival for the TMA loads, plus one cp.async arrival per scale lane.
+    ring.init(kScaleTma ? 1 : 1 + 32, kNumMathWG * 4 * kNumMulticast);
   }
   if constexpr (kNumMulticast > 1) {
     sm90::cluster_sync();  // the peers' barriers exist before any multicast or remote arrival
@@ -184,6 +205,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     return (kType == GemmType::kGroupedMasked ? tile.group * m : 0) + tile.m_block * kBlockM;
   };
   const auto b_row0 = [&](const Tile& tile) { return (kGrouped ? tile.group * kShapeN : 0) + tile.n_block * kBlockN; };
+  // The tile's first 128-column scale block of B, a row of map_sfb.
+  const auto sfb_row0 = [&](const Tile& tile) {
+    return (kGrouped ? tile.group * kNumSfbRows : 0) + tile.n_block * kBlockN / 128;
+  };
 
   if (threadIdx.x >= kNumMathThreads) {
     sm90::setmaxnreg_dec<kProducerRegisters>();
@@ -192,10 +217,23 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       const uint32_t rank = kNumMulticast > 1 ? sm90::cluster_ctarank() : 0;
       const auto load_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
         const uint32_t row_a = a_row0(t) + rank * kMulticastRowsA, row_b = b_row0(t);
+        const uint32_t row_sfa = a_row0(t), row_sfb = sfb_row0(t);
         for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
           ring.producer_acquire(pipe);
           uint64_t* full = ring.full + pipe.stage;
-          sm90::mbarrier_arrive_expect_tx(full, Smem::kA + Smem::kB);
+          sm90::mbarrier_arrive_expect_tx(full, Smem::kTmaBytes);
+          if constexpr (kScaleTma) {
+            // Each CTA of a cluster loads the whole A scale box: 1-4 KB against the tiles' 48 KB.
+            // A box's innermost coordinate must fall on 16 bytes (else the TMA unit faults with an
+            // illegal instruction): K-major boxes start at the K block's group of 4, read at its column.
+            float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
+            if constexpr (kScaleLoad == kScaleTmaMnMajor) {
+              sm90::tma_load_2d(sf, &map_sfa, full, row_sfa, kb);
+            } else {
+              sm90::tma_load_2d(sf, &map_sfa, full, kb & ~3u, row_sfa);
+            }
+            sm90::tma_load_2d(sf + Smem::kSfb, &map_sfb, full, kb & ~3u, row_sfb);
+          }
           uint8_t* smem_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + rank * kMulticastRowsA * kBlockK;
           if constexpr (kNumMulticast > 1) {
             sm90::tma_load_2d_multicast(smem_a, &map_a, full, kb * kBlockK, row_a, (1u << kNumMulticast) - 1);
@@ -212,7 +250,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         // exit once every stage's last fill has been released by the consumers of every CTA.
         for (uint32_t s = 0; s < kNumStages; ++s, pipe.advance()) ring.producer_acquire(pipe);
       }
-    } else if (producer_warp >= 1 && producer_warp <= kNumScaleWarps) {
+    } else if (!kScaleTma && producer_warp >= 1 && producer_warp <= kNumScaleWarps) {
       // The scale warps take the stages in turn (turn counts K blocks across tiles), so each
       // issues 1/kNumScaleWarps of the copies. One warp alone was the pipeline's bound: ~140
       // instructions per K block at ~7 cycles each, never waiting for a free stage while the math
@@ -239,7 +277,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
           for (uint32_t i = 0; i < kBlockM / 32; ++i) {
             sm90::cp_async_4(sf + i * 32 + lane, sfa_k + rows_a.offset[i], rows_a.bytes(i));
           }
-          if (lane < 2) sm90::cp_async_4(sf + kBlockM + lane, sfb_lane + kb * sfb_stride_k, valid_b ? 4 : 0);
+          if (lane < 2) sm90::cp_async_4(sf + Smem::kSfb + lane, sfb_lane + kb * sfb_stride_k, valid_b ? 4 : 0);
           sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
         }
       };
@@ -280,13 +318,16 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         // Scales first: their shared-memory latency hides behind the wgmmas.
         const uint32_t stage = kBroadcastStage ? __shfl_sync(0xffffffffu, pipe.stage, 0) : pipe.stage;
         const float* sf = smem_sf + stage * Smem::kSfFloats;
+        // The K block's column in a box of 4 K blocks (TMA scale loads), else 0.
+        const uint32_t column = kScaleTma ? kb % 4 : 0;
+        const float* sf_a = sf + (kScaleLoad == kScaleTmaKMajor ? column : 0);
         float sa[kNumWaves][2];
 #pragma unroll
         for (uint32_t w = 0; w < kNumWaves; ++w) {
-          sa[w][0] = sf[w * kWaveRows + tile_row0];
-          sa[w][1] = sf[w * kWaveRows + tile_row0 + 8];
+          sa[w][0] = sf_a[(w * kWaveRows + tile_row0) * Smem::kSfaRow];
+          sa[w][1] = sf_a[(w * kWaveRows + tile_row0 + 8) * Smem::kSfaRow];
         }
-        const float sb0 = sf[kBlockM], sb1 = sf[kBlockM + 1];
+        const float sb0 = sf[Smem::kSfb + column], sb1 = sf[Smem::kSfb + Smem::kSfbStep + column];
         const uint8_t* tile_a = smem + Smem::kOffsetA + stage * Smem::kA + math_wg * 64 * kBlockK;
         const uint8_t* tile_b = smem + Smem::kOffsetB + stage * Smem::kB;
         const uint64_t desc_b = sm90::make_sw128_kmajor_desc(tile_b);
