@@ -5,7 +5,9 @@
 * ``A`` [M, K] float8_e4m3fn, K-major (last dim contiguous; the row stride may exceed K, a
   multiple of 16 bytes); ``SFA`` [M, ceil(K/128)] float32, one scale per 1x128, any strides (the
   K-major layout of ``per_token_cast_to_fp8`` and DeepGEMM's MN-major TMA-aligned layout both
-  work without a transpose);
+  work without a transpose; the MN-major one from :func:`kernels.get_mn_major_tma_aligned_tensor`
+  is the fastest, its scales loaded by TMA with the tiles at every size, as are K-major ones of
+  16-byte aligned rows at large M: ``kernels.jit.native_module().fp8_gemm_scale_load`` says which);
 * ``B`` [N, K] float8_e4m3fn, K-major; ``SFB`` [ceil(N/128), ceil(K/128)] float32, one scale per
   128x128 block, any strides;
 * ``D`` [M, N] bfloat16, last dim contiguous, written in place; ``C`` optional [M, N] bfloat16 or
