@@ -30,11 +30,15 @@ inline moe_launchers::sm90_fp8_gemm::GemmType gemm_type(int value) {
   return static_cast<moe_launchers::sm90_fp8_gemm::GemmType>(value);
 }
 
-// -1: what contiguous K-major scales get; 0 gather, 1 TMA MN-major A scales, 2 TMA K-major.
-inline unsigned scale_load(int value, int k) {
+// -1: what contiguous K-major scales get; 0 gather, 1 TMA MN-major A scales, 2 TMA K-major (both
+// with K-major B scales in whole boxes of 4 K blocks: K a multiple of 512; masked GEMMs gather).
+inline unsigned scale_load(int value, int k, int gemm_type) {
   MOE_HOST_ASSERT(value >= -1 && value <= 2,
                   "scale_load must be -1 (contiguous K-major scales), 0 (gather), 1 (TMA, MN-major A scales) or 2 "
                   "(TMA, K-major), got " << value);
+  MOE_HOST_ASSERT(value <= 0 || (k / 128) % 4 == 0,
+                  "scale_load " << value << " (TMA) needs K a multiple of 512 (whole boxes of B's scales), got " << k);
+  if (gemm_type == 2) return moe_kernels::kScaleGather;
   return value < 0 ? moe_launchers::sm90_fp8_gemm::contiguous_scale_load(k) : static_cast<unsigned>(value);
 }
 
@@ -262,7 +266,7 @@ inline void register_apis(pybind11::module_& m) {
          int alignment, bool split_workspace, int scale_load) {
         const auto cfg = L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
                                        detail::gemm_type(gemm_type), num_groups, alignment, split_workspace,
-                                       detail::scale_load(scale_load, k));
+                                       detail::scale_load(scale_load, k, gemm_type));
         return detail::config_dict(cfg, m_);
       },
       "the heuristic's choice for a shape (no GPU needed); alignment: the contiguous layout's; "
@@ -301,7 +305,7 @@ inline void register_apis(pybind11::module_& m) {
          int alignment, bool split_workspace, int scale_load) {
         const auto g = L::generate(L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
                                                  detail::gemm_type(gemm_type), num_groups, alignment,
-                                                 split_workspace, detail::scale_load(scale_load, k)));
+                                                 split_workspace, detail::scale_load(scale_load, k, gemm_type)));
         return pybind11::make_tuple(g.name, g.code);
       },
       "(name, code) of the kernel a shape gets (no GPU needed)", pybind11::arg("m"), pybind11::arg("n"),

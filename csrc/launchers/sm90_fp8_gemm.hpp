@@ -186,15 +186,17 @@ inline long long sfb_view_stride(const Args& a, int n, int k) {
 
 // The scale load a launch's layouts allow: TMA where both views exist (A MN-major preferred: a
 // K block's box is block_m floats, against 4 x block_m K-major), else the scale warps' gathers,
-// which take any strides. MOE_FP8_SCALE_TMA=0 (read per call) keeps the gathers, for A/B timing.
+// which take any strides. Masked GEMMs gather: their 64- and 128-row decode tiles are bound by the
+// weights, and at 64-row dense tiles MN-major TMA measured 1.00-1.05x the gathers' time (session 12).
+// MOE_FP8_SCALE_TMA=0 (read per call) keeps the gathers, for A/B timing.
 inline unsigned scale_load_for(GemmType type, const Args& a, int n, int k) {
   using namespace moe_kernels;
-  if (!env_enabled("MOE_FP8_SCALE_TMA") || a.sfa % 16 != 0 || sfb_view_stride(a, n, k) < 0) return kScaleGather;
+  if (!env_enabled("MOE_FP8_SCALE_TMA") || type == GemmType::kGroupedMasked || a.sfa % 16 != 0 ||
+      sfb_view_stride(a, n, k) < 0) {
+    return kScaleGather;
+  }
   const long long rows = static_cast<long long>(sfa_rows(type, a)), kb = k / 128;
-  // MN-major boxes start at a tile's first row: masked groups of max_m rows must keep it on 16 bytes.
-  const bool rows_aligned = type != GemmType::kGroupedMasked || a.m % 4 == 0;
-  const bool mn_major = (rows == 1 || a.sfa_stride_m == 1) && rows_aligned &&
-                        tma_row_stride(kb, a.sfa_stride_k, rows) >= 0;
+  const bool mn_major = (rows == 1 || a.sfa_stride_m == 1) && tma_row_stride(kb, a.sfa_stride_k, rows) >= 0;
   if (mn_major) return kScaleTmaMnMajor;
   const bool k_major = kb % 4 == 0 && a.sfa_stride_k == 1 && tma_row_stride(rows, a.sfa_stride_m, kb) >= 0;
   return k_major ? kScaleTmaKMajor : kScaleGather;

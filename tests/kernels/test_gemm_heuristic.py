@@ -220,15 +220,14 @@ _KM = 0x7F0000001000  # a 16-byte aligned fake address: the scale-load rules rea
     (1, 8192, 4096, 7168, 4, (_KM, 56, 1), (_KM, 32 * 56, 56, 1), "tma_k_major"),
     (1, 8192, 4096, 7168, 4, (_KM, 56, 1), (_KM, 33 * 56, 56, 1), "gather"),
     (1, 8192, 96, 7168, 4, (_KM, 56, 1), (_KM, 60, 7, 1), "tma_k_major"),        # one block per group
-    # masked: A [G, max_m, K/128] viewed as G x max_m rows
-    (2, 16, 7168, 2048, 32, (_KM, 16, 1), (_KM, 56 * 16, 16, 1), "tma_k_major"),
-    (2, 20, 7168, 2048, 8, (_KM, 1, 160), (_KM, 56 * 16, 16, 1), "tma_mn_major"),
-    (2, 18, 7168, 2048, 8, (_KM, 1, 144), (_KM, 56 * 16, 16, 1), "gather"),      # boxes at rows g x 18
+    # masked decode tiles gather, whatever the layout
+    (2, 16, 7168, 2048, 32, (_KM, 16, 1), (_KM, 56 * 16, 16, 1), "gather"),
+    (2, 20, 7168, 2048, 8, (_KM, 1, 160), (_KM, 56 * 16, 16, 1), "gather"),
 ])
 def test_scale_load_follows_the_layouts(gemm_type, m, n, k, groups, sfa, sfb, expected):
-    """TMA loads the scales where both have a 2-D view with 16-byte aligned base and rows (A
-    MN-major first, then K-major with whole 4-block boxes; B K-major); every other layout is
-    gathered by the scale warps."""
+    """Dense and contiguous GEMMs: TMA loads the scales where both have a 2-D view with 16-byte
+    aligned base and rows (A MN-major first, then K-major with whole 4-block boxes; B K-major);
+    every other layout, and masked GEMMs, are gathered by the scale warps."""
     native = kernels.jit.native_module()
     assert native.fp8_gemm_scale_load(gemm_type, m, n, k, groups, *sfa, *sfb) == expected
 
@@ -257,3 +256,7 @@ def test_scale_load_switch_and_stages(monkeypatch):
     assert native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)["scale_load"] == "gather"
     with pytest.raises(RuntimeError, match="scale_load must be"):
         native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS, scale_load=3)
+    with pytest.raises(RuntimeError, match="needs K a multiple of 512"):
+        native.fp8_gemm_nt_config(4096, 4096, 640, H200_SMS, scale_load=1)
+    assert native.fp8_gemm_nt_config(16, 7168, 2048, H200_SMS, gemm_type=2, num_groups=32,
+                                      scale_load=1)["scale_load"] == "gather"

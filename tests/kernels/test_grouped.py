@@ -253,10 +253,11 @@ def test_gpu_masked(masked, max_m, expected_m, n, k, warm_grouped_cache, seed):
 ])
 @pytest.mark.parametrize("n,k", GROUPED_NK)
 def test_gpu_scale_tma_matches_gather(masked, max_m, expected_m, alignment, n, k, seed, monkeypatch):
-    """Grouped GEMMs whose scales TMA loads (A K-major, B's groups stacked), masked and contiguous
-    (the same row counts), against the scale warps' gathers (MOE_FP8_SCALE_TMA=0): bit for bit the
-    same valid rows."""
-    native = kernels.jit.native_module()
+    """Contiguous GEMMs whose scales TMA loads (MN-major A scales at every tile, K-major ones on
+    256-row tiles, B's groups stacked) against the scale warps' gathers of either layout
+    (MOE_FP8_SCALE_TMA=0), and masked GEMMs (which gather both layouts) on the same row counts:
+    bit for bit the same valid rows."""
+    native, sms = kernels.jit.native_module(), kernels.get_num_sms()
     g = len(masked)
     kernels.set_mk_alignment_for_contiguous_layout(alignment)
     try:
@@ -265,37 +266,48 @@ def test_gpu_scale_tma_matches_gather(masked, max_m, expected_m, alignment, n, k
         a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
         a = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
         masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
-        for gemm_type, rows, sf in ((1, m_indices.shape[0], a_c[1]), (2, max_m, a[1])):
-            assert native.fp8_gemm_scale_load(gemm_type, rows, n, k, g, sf.data_ptr(), sf.stride(-2), sf.stride(-1),
-                                              b_fp8[1].data_ptr(), *b_fp8[1].stride()) == "tma_k_major"
-        # MN-major A scales of the masked layout: the groups' rows one run per K block.
-        sfa_mn = sfa.t().contiguous().t().view(g, max_m, -1)
-        assert native.fp8_gemm_scale_load(2, max_m, n, k, g, sfa_mn.data_ptr(), 1, sfa_mn.stride(2),
-                                          b_fp8[1].data_ptr(), *b_fp8[1].stride()) == "tma_mn_major"
+        # MN-major A scales: the rows (of every group) one run per K block.
+        layouts = {"k_major": (a[1], a_c[1]),
+                   "mn_major": (sfa.t().contiguous().t().view(g, max_m, -1), a_c[1].t().contiguous().t())}
+        contiguous_args = (m_indices.shape[0], n, k, sms, False, -1, 1, g, alignment)
+        masked_args = (min(expected_m, max_m), n, k, sms, False, -1, 2, g)
+        for name, scale_load in (("k_major", 2), ("mn_major", 1)):
+            sf_masked, sf_contiguous = layouts[name]
+            assert native.fp8_gemm_scale_load(2, max_m, n, k, g, sf_masked.data_ptr(), sf_masked.stride(1),
+                                              sf_masked.stride(2), b_fp8[1].data_ptr(), *b_fp8[1].stride()) == \
+                "gather"
+            assert native.fp8_gemm_scale_load(1, m_indices.shape[0], n, k, g, sf_contiguous.data_ptr(),
+                                              *sf_contiguous.stride(), b_fp8[1].data_ptr(), *b_fp8[1].stride()) == \
+                f"tma_{name}"
+            # What the launches run: K-major scales go by TMA on 256-row tiles only.
+            contiguous_cfg = native.fp8_gemm_nt_config(*contiguous_args, scale_load=scale_load)
+            expected = "tma_k_major" if contiguous_cfg["block_m"] == 256 else "gather"
+            assert contiguous_cfg["scale_load"] == (f"tma_{name}" if name == "mn_major" else expected)
+            assert native.fp8_gemm_nt_config(*masked_args, scale_load=scale_load)["scale_load"] == "gather"
         outputs = {}
         for switch in ("1", "0"):
             monkeypatch.setenv("MOE_FP8_SCALE_TMA", switch)
-            d = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            kernels.m_grouped_fp8_gemm_nt_masked(a, b_fp8, d, masked_m, expected_m)
-            d_c = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            kernels.m_grouped_fp8_gemm_nt_contiguous(a_c, b_fp8, d_c, m_indices)
-            outputs[switch] = d, d_c
-        d_mn = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kernels.m_grouped_fp8_gemm_nt_masked((a[0], sfa_mn), b_fp8, d_mn, masked_m, expected_m)
+            for name, (sf_masked, sf_contiguous) in layouts.items():
+                d = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+                kernels.m_grouped_fp8_gemm_nt_masked((a[0], sf_masked), b_fp8, d, masked_m, expected_m)
+                d_c = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
+                kernels.m_grouped_fp8_gemm_nt_contiguous((a_c[0], sf_contiguous), b_fp8, d_c, m_indices)
+                outputs[switch, name] = d, d_c
         torch.cuda.synchronize()
     finally:
         kernels.set_mk_alignment_for_contiguous_layout(128)
-    (d, d_c), (gathered, gathered_c) = outputs["1"], outputs["0"]
+    gathered, gathered_c = outputs["0", "k_major"]
     valid = m_indices >= 0
-    assert calc_diff(d_c[valid], expected_contiguous(a_c, b_fp8, m_indices)[valid]) < 1e-3
-    assert torch.equal(d_c[valid], gathered_c[valid])
+    assert calc_diff(gathered_c[valid], expected_contiguous(a_c, b_fp8, m_indices)[valid]) < 1e-3
     rhs = dequantize_b(*b_fp8).double()
     for i, count in enumerate(masked):
         if count:
             ref = dequantize_a(a[0][i, :count], a[1][i, :count]).double() @ rhs[i].t()
-            assert calc_diff(d[i, :count], ref) < 1e-3, f"group {i}"
-            assert torch.equal(d[i, :count], gathered[i, :count]), f"group {i}"
-            assert torch.equal(d[i, :count], d_mn[i, :count]), f"group {i}, MN-major scales"
+            assert calc_diff(gathered[i, :count], ref) < 1e-3, f"group {i}"
+    for key, (d, d_c) in outputs.items():
+        assert torch.equal(d_c[valid], gathered_c[valid]), f"contiguous, {key}"
+        for i, count in enumerate(masked):
+            assert torch.equal(d[i, :count], gathered[i, :count]), f"masked group {i}, {key}"
 
 
 @pytest.mark.gpu

@@ -21,6 +21,7 @@ constexpr unsigned fp8_gemm_threads(unsigned block_m) { return (fp8_gemm_math_wa
 //     block_m rows (16 bytes, TMA's narrowest, starting on a multiple of 4 K blocks: the unit
 //     faults on innermost coordinates off 16 bytes), of which the stage uses the K block's
 //     column. B scales (K-major): a box of 4 K blocks by the tile's two 128-column blocks, alike.
+//     The launcher picks these for dense and contiguous GEMMs (launchers/sm90_fp8_gemm.hpp).
 enum : unsigned { kScaleGather = 0, kScaleTmaMnMajor = 1, kScaleTmaKMajor = 2 };
 
 // Floats between consecutive rows' A scales in a stage.
