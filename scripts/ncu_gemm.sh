@@ -29,6 +29,8 @@ declare -A problems=(
   [peer_dense_4096x2112x7168]="scripts/deepgemm_once.py --m 4096 --n 2112 --k 7168"
   [peer_contiguous_4x8192_4096x7168]="scripts/deepgemm_once.py --groups 4 --contiguous 8192 --n 4096 --k 7168"
   [peer_dense_128x4096x7168]="scripts/deepgemm_once.py --m 128 --n 4096 --k 7168"
+  [contiguous_8x4096_7168x2048]="scripts/grouped_once.py --weights fp8 --groups 8 --contiguous 4096 --n 7168 --k 2048"
+  [peer_contiguous_8x4096_7168x2048]="scripts/deepgemm_once.py --groups 8 --contiguous 4096 --n 7168 --k 2048"
   [dense_4096x2112x7168]="scripts/gemm_once.py --m 4096 --n 2112 --k 7168"
 )
 names=("$@")
