@@ -75,3 +75,33 @@ def test_fp8_weights_quantized_in_chunks_and_slots_of_max_m(seed):
     assert problem.b[1].shape == (40, 1, 2) and bool((problem.b[1] > 0).all())
     problem.call()
     assert bench.sample_diff(problem) < 1e-3
+
+
+def test_contiguous_variants_are_timed_beside_the_default(monkeypatch, seed):
+    """A contiguous row's variants are compared with the default timed just before and just after
+    each of them (the mean of the two), so a steady drift over the row cancels from the ratio; each
+    variant's output is still checked. Timings are faked (a clock that drifts 10 µs per timing, a
+    variant costing 1.5x), the problem runs on CPU."""
+    clock = iter(range(1000))
+
+    class FakeTiming:
+        def __init__(self, us):
+            self.median_s = us * 1e-6
+
+    def fake_kineto(fn, kernel_name, **_):
+        fn()
+        drift = 10 * next(clock)
+        return FakeTiming((150 if os.environ.get("MOE_FAKE_VARIANT") else 100) + drift)
+
+    monkeypatch.setattr(bench, "bench_kineto", fake_kineto)
+    monkeypatch.setattr(bench.kernels.testing.bench, "bench_kineto", fake_kineto)
+    monkeypatch.setattr(bench, "per_call_us", lambda fn: 1.0)
+    monkeypatch.setattr(bench.kernels, "get_num_sms", lambda *a: 132)  # the config query, no GPU here
+    real = bench.make_contiguous
+    monkeypatch.setattr(bench, "make_contiguous", lambda *a, **kw: real(*a, **kw, device="cpu"))
+    row = bench.contiguous("fp8", 2, 128, 128, 256, variants=[("fake", {"MOE_FAKE_VARIANT": "1"})] * 2)
+    (_, us0, diff0, base0), (_, us1, diff1, base1) = row["variants"]
+    assert diff0 < 1e-3 and diff1 < 1e-3
+    # Default, variant, default, variant, default: each variant midway between its neighbours.
+    assert us0 / base0 == pytest.approx(1.5, rel=0.1) and us1 / base1 == pytest.approx(1.5, rel=0.1)
+    assert base1 > base0
