@@ -205,7 +205,7 @@ def contiguous(weights: str, groups: int, rows: int, n: int, k: int, variants=()
     # cells run a millisecond each, and over a row the GPU drifts (identical kernels timed one after
     # the other measured 1.00-1.09x apart, session 12), which the adjacent timings cancel.
     row["variants"] = []
-    before = bench_kineto(problem.call, problem.kernel).median_s * 1e6
+    before = bench_kineto(problem.call, problem.kernel).median_s * 1e6 if variants else None
     for label, env in variants:
         us, diff = checked_variant_us(problem.call, problem.kernel, problem.out, check, **env)
         after = bench_kineto(problem.call, problem.kernel).median_s * 1e6

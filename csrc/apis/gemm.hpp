@@ -38,7 +38,7 @@ inline unsigned scale_load(int value, int k, int gemm_type) {
                   "(TMA, K-major), got " << value);
   MOE_HOST_ASSERT(value <= 0 || (k / 128) % 4 == 0,
                   "scale_load " << value << " (TMA) needs K a multiple of 512 (whole boxes of B's scales), got " << k);
-  if (gemm_type == 2) return moe_kernels::kScaleGather;
+  if (!moe_launchers::sm90_fp8_gemm::takes_scale_tma(detail::gemm_type(gemm_type))) return moe_kernels::kScaleGather;
   return value < 0 ? moe_launchers::sm90_fp8_gemm::contiguous_scale_load(k) : static_cast<unsigned>(value);
 }
 

@@ -184,14 +184,17 @@ inline long long sfb_view_stride(const Args& a, int n, int k) {
   return tma_row_stride(nb * a.num_groups, nb > 1 ? a.sfb_stride_n : a.sfb_stride_g, kb);
 }
 
+// Masked GEMMs gather their scales whatever the layout: their 64- and 128-row decode tiles are
+// bound by the weights, and at 64-row dense tiles MN-major TMA measured 1.00-1.05x the gathers'
+// time (session 12).
+inline bool takes_scale_tma(GemmType type) { return type != GemmType::kGroupedMasked; }
+
 // The scale load a launch's layouts allow: TMA where both views exist (A MN-major preferred: a
 // K block's box is block_m floats, against 4 x block_m K-major), else the scale warps' gathers,
-// which take any strides. Masked GEMMs gather: their 64- and 128-row decode tiles are bound by the
-// weights, and at 64-row dense tiles MN-major TMA measured 1.00-1.05x the gathers' time (session 12).
-// MOE_FP8_SCALE_TMA=0 (read per call) keeps the gathers, for A/B timing.
+// which take any strides. MOE_FP8_SCALE_TMA=0 (read per call) keeps the gathers, for A/B timing.
 inline unsigned scale_load_for(GemmType type, const Args& a, int n, int k) {
   using namespace moe_kernels;
-  if (!env_enabled("MOE_FP8_SCALE_TMA") || type == GemmType::kGroupedMasked || a.sfa % 16 != 0 ||
+  if (!env_enabled("MOE_FP8_SCALE_TMA") || !takes_scale_tma(type) || a.sfa % 16 != 0 ||
       sfb_view_stride(a, n, k) < 0) {
     return kScaleGather;
   }
