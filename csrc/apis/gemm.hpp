@@ -65,6 +65,7 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["pingpong"] = c.pingpong;
   d["pdl"] = c.pdl;
   d["k_unroll"] = c.k_unroll;
+  d["overlap"] = c.overlap;
   d["tail_splits"] = c.tail_split_of(m).ways;
   return d;
 }

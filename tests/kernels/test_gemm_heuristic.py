@@ -260,3 +260,21 @@ def test_scale_load_switch_and_stages(monkeypatch):
         native.fp8_gemm_nt_config(4096, 4096, 640, H200_SMS, scale_load=1)
     assert native.fp8_gemm_nt_config(16, 7168, 2048, H200_SMS, gemm_type=2, num_groups=32,
                                       scale_load=1)["scale_load"] == "gather"
+
+
+def test_overlap_on_lone_warpgroup_tiles(monkeypatch):
+    """Block M 64 with block N <= 128 and whole rounds of 4 K blocks overlap promotion with the next
+    K block's wgmmas; wider tiles (three accumulator sets would not fit) and two math warpgroups do
+    not; MOE_FP8_OVERLAP=0 turns it off."""
+    native = kernels.jit.native_module()
+    def cfg(m, n, k, *rest):
+        c = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, *rest)
+        return c["block_m"], c["block_n"], c["overlap"]
+    for m, n, k, rest in ((64, 2112, 7168, ()), (128, 4096, 7168, ()), (16, 4096, 7168, (2, 32))):
+        block_m, block_n, overlap = cfg(m, n, k, *rest)
+        assert block_m == 64 and block_n <= 128 and overlap == 1
+    assert cfg(64, 24576, 1536)[1:] == (192, 0)      # block N 192
+    assert cfg(4096, 4096, 7168)[2] == 0             # 256-row tiles
+    assert cfg(64, 2112, 640)[2] == 0                # 5 K blocks: no whole round
+    monkeypatch.setenv("MOE_FP8_OVERLAP", "0")
+    assert cfg(64, 2112, 7168)[2] == 0

@@ -52,6 +52,19 @@ def test_gpu_scale_tma_matches_gather(m, n, k, seed, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (64, 4096, 7168), (128, 4096, 7168), (64, 32768, 512),
+                                   (33, 7168, 2048), (128, 7168, 16384), (100, 576, 7168)])
+def test_gpu_overlap_matches_plain_loop(m, n, k, seed, monkeypatch):
+    """Block M 64, block N <= 128: K block i + 1's wgmmas in flight while K block i is promoted (a
+    second accumulator set), against the plain loop (MOE_FP8_OVERLAP=0): the same FFMAs in the same
+    order, so D is bit for bit the same; clusters, one-row problems, the single wave's K split."""
+    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
+    assert (cfg["block_m"], cfg["overlap"]) == (64, 1), cfg
+    _, _, d, plain = with_switch_off(m, n, k, "MOE_FP8_OVERLAP", monkeypatch)
+    assert torch.equal(d, plain)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(129, 2112, 7168), (170, 264, 640), (4096, 576, 7168), (4096, 4096, 7168),
                                    (540, 4232, 1536), (300, 7168, 2048), (4096, 7168, 16384)])
 def test_gpu_pingpong_matches_no_pingpong(m, n, k, seed, monkeypatch):

@@ -227,6 +227,37 @@ def test_gpu_contiguous_256_row_tiles(counts, forced, n, k, seed, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("masked,max_m,expected_m", [([20] * 32, 32, 20), ([0, 5, 100, 0, 77, 1, 128, 3], 128, 8)])
+@pytest.mark.parametrize("n,k", [(4096, 7168), (4096, 2048)])
+def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, seed, monkeypatch):
+    """Masked decode tiles (block M 64, block N <= 128) overlapping promotion with the next K
+    block's wgmmas, against the plain loop (MOE_FP8_OVERLAP=0): bit for bit the same valid rows,
+    nothing written to the others."""
+    g = len(masked)
+    cfg = kernels.jit.native_module().fp8_gemm_nt_config(min(expected_m, max_m), n, k, kernels.get_num_sms(),
+                                                         False, -1, 2, g)
+    assert (cfg["block_m"], cfg["overlap"]) == (64, 1), cfg
+    b_fp8 = make_weights(g, n, k, "cuda")
+    a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
+    a = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
+    masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+    outputs = []
+    for switch in ("1", "0"):
+        monkeypatch.setenv("MOE_FP8_OVERLAP", switch)
+        d = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.m_grouped_fp8_gemm_nt_masked(a, b_fp8, d, masked_m, expected_m)
+        outputs.append(d)
+    torch.cuda.synchronize()
+    rhs = dequantize_b(*b_fp8).double()
+    for i, count in enumerate(masked):
+        assert torch.isnan(outputs[0][i, count:]).all(), f"group {i} written past its rows"
+        if count:
+            ref = dequantize_a(a[0][i, :count], a[1][i, :count]).double() @ rhs[i].t()
+            assert calc_diff(outputs[0][i, :count], ref) < 1e-3, f"group {i}"
+            assert torch.equal(outputs[0][i, :count], outputs[1][i, :count]), f"group {i}"
+
+
+@pytest.mark.gpu
 def test_gpu_contiguous_bad_group_ids_are_skipped(seed):
     b_fp8 = make_weights(2, 256, 256, "cuda")
     a_fp8, m_indices = make_contiguous([128, 128], 256, "cuda")

@@ -165,10 +165,33 @@ def test_fp8_masked_math_loop_keeps_descriptors_uniform(m, n, k, groups):
     registers although the tile loop runs on per-thread masked_m loads (16 R2UR per K block
     before, 1-3 after)."""
     code = sass(*kernels.jit.native_module().fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, 2, groups))
-    loops = [body for body in _k_loop_bodies(code) if "QGMMA" in body]
+    # Overlapped loops (block N <= 128) run rounds of 4 K blocks, 4-6 R2UR per K block.
+    loops = [body for body in _k_loop_bodies(code, max_bytes=16384) if "QGMMA" in body]
     assert loops
     for body in loops:
-        assert sum("R2UR" in line for line in body.splitlines()) <= 4
+        k_blocks = body.count("QGMMA") // 4
+        assert sum("R2UR" in line for line in body.splitlines()) <= (4 if k_blocks == 1 else 6 * k_blocks)
+
+
+@pytest.mark.parametrize("m,n,k,gemm_type,groups", [(64, 2112, 7168, 0, 1), (128, 4096, 7168, 0, 1),
+                                                     (64, 32768, 512, 0, 1), (16, 4096, 7168, 2, 32)])
+def test_fp8_gemm_overlaps_promotion_with_the_next_wgmmas(m, n, k, gemm_type, groups):
+    """Block M 64, block N <= 128: each round of 4 K blocks waits for all but the newest wgmma group
+    three times (WARPGROUP.DEPBAR.LE gsb0, 0x1) and drains once (0x0): K block i + 1's wgmmas run
+    while K block i is promoted. No serialization remark would leave a wait after every QGMMA, and
+    nothing spills (three accumulator sets)."""
+    native = kernels.jit.native_module()
+    args = (m, n, k, H200_SMS, False, -1, gemm_type, groups)
+    config = native.fp8_gemm_nt_config(*args)
+    assert (config["block_m"], config["overlap"]) == (64, 1), config
+    code = sass(*native.fp8_gemm_nt_code(*args))
+    assert "LDL" not in code and "STL" not in code, "register spills"
+    loops = [body for body in _k_loop_bodies(code, max_bytes=16384) if "QGMMA" in body]
+    rounds = [body for body in loops if body.count("QGMMA") == 16]
+    assert rounds, "no round of 4 K blocks"
+    for body in rounds:
+        waits = [line.split()[-1] for line in body.splitlines() if "WARPGROUP.DEPBAR" in line]
+        assert waits.count("0x1") == 3 and waits.count("0x0") >= 1, waits
 
 
 @pytest.mark.parametrize("pingpong", ["1", "0"])

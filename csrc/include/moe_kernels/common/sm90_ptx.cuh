@@ -46,6 +46,27 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t 
       : "memory");
 }
 
+// Arrivals by the threads where `pred` holds, as one predicated instruction rather than a branch:
+// with wgmmas in flight, ptxas serializes them around divergent paths (C7518).
+__device__ __forceinline__ void mbarrier_arrive_if(uint64_t* bar, bool pred) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %1, 0;\n"
+      "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}" ::"r"(smem_addr(bar)),
+      "r"(static_cast<uint32_t>(pred))
+      : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive_cluster_if(uint64_t* bar, uint32_t cta, bool pred) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b32 remote;\n"
+      "setp.ne.b32 p, %2, 0;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "@p mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(smem_addr(bar)),
+      "r"(cta), "r"(static_cast<uint32_t>(pred))
+      : "memory");
+}
+
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
                : "memory");

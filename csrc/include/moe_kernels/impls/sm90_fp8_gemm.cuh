@@ -95,7 +95,7 @@ struct MathTurns {
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
-          uint32_t kScaleLoad = kScaleGather>
+          uint32_t kScaleLoad = kScaleGather, bool kOverlap = false>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -144,6 +144,13 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   static_assert(kNumWaves == 1 || kGemmType != static_cast<int>(GemmType::kGroupedMasked),
                 "block M 256 is for dense and contiguous GEMMs");
   static_assert(!kPingPong || (kNumMathWG == 2 && kNumWaves == 1), "ping-pong takes two math warpgroups, one wave");
+  // kOverlap: a lone math warpgroup (block M 64) issues K block kb + 1's wgmmas into a second
+  // accumulator set before it promotes K block kb, so the tensor cores work while it promotes;
+  // without, it waited for its wgmmas and promoted with the tensor cores idle, one K block after
+  // the other (DeepGEMM's order too). Three accumulator sets must fit the 240 registers.
+  constexpr uint32_t kOverlapRound = 4;
+  static_assert(!kOverlap || (kNumMathWG == 1 && kBlockN <= 128 && kNumKBlocks % kOverlapRound == 0),
+                "overlap: one math warpgroup, block N <= 128, whole rounds of K blocks");
   // A tile may straddle at most two 128-column scale blocks of B: tiles start at multiples of
   // gcd(kBlockN, 128) inside a scale block, so the last start plus kBlockN must stay within 256.
   static_assert(kBlockN % 8 == 0 && kBlockN <= 256, "block N is a multiple of 8 up to 256");
@@ -302,12 +309,89 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // tiles (group ids loaded per thread too) had 32 R2UR in their two waves' K block, 1 broadcast.
   constexpr bool kBroadcastStage = kType == GemmType::kGroupedMasked || (kNumWaves > 1 && kGrouped);
 
+  // The K block's scales from its stage: A's two rows of the thread per wave, B's two blocks.
+  const auto read_scales = [&](uint32_t stage, uint32_t kb, float (&sa)[kNumWaves][2], float (&sb)[2]) {
+    const float* sf = smem_sf + stage * Smem::kSfFloats;
+    // The K block's column in a box of 4 K blocks (TMA scale loads), else 0.
+    const uint32_t column = kScaleTma ? kb % 4 : 0;
+    const float* sf_a = sf + (kScaleLoad == kScaleTmaKMajor ? column : 0);
+#pragma unroll
+    for (uint32_t w = 0; w < kNumWaves; ++w) {
+      sa[w][0] = sf_a[(w * kWaveRows + tile_row0) * Smem::kSfaRow];
+      sa[w][1] = sf_a[(w * kWaveRows + tile_row0 + 8) * Smem::kSfaRow];
+    }
+    sb[0] = sf[Smem::kSfb + column];
+    sb[1] = sf[Smem::kSfb + Smem::kSfbStep + column];
+  };
+  // kOverlap: the stage is free once its wgmmas are done (its scales are in registers). One arrival
+  // per warp (per warp and CTA of a cluster), predicated: a branch while the next K block's wgmmas
+  // are in flight would serialize them (C7518).
+  const auto release = [&](const PipelineState<kNumStages>& at) {
+    const uint32_t stage = kBroadcastStage ? __shfl_sync(0xffffffffu, at.stage, 0) : at.stage;
+    __syncwarp();
+    if constexpr (kNumMulticast > 1) {
+      sm90::mbarrier_arrive_cluster_if(ring.empty + stage, lane, lane < kNumMulticast);
+    } else {
+      sm90::mbarrier_arrive_if(ring.empty + stage, lane == 0);
+    }
+  };
+
+  // kOverlap's K loop: K block i's wgmmas go into set (i % 2) as soon as its stage is full, then
+  // the warpgroup waits only for K block i - 1's (wait<1>), releases that stage and promotes it.
+  [[maybe_unused]] const auto overlapped_k_loop = [&](auto split, uint32_t split_col, uint32_t kb_begin,
+                                                      uint32_t kb_end) {
+    float acc2[Wgmma::kNumAccum];
+    float sa[2][kNumWaves][2], sb[2][2];
+    PipelineState<kNumStages> next = pipe;  // the stage whose wgmmas go next; pipe: the next to release
+    const auto issue = [&](float* set, float (&set_sa)[kNumWaves][2], float (&set_sb)[2], uint32_t kb) {
+      ring.consumer_wait(next);
+      const uint32_t stage = kBroadcastStage ? __shfl_sync(0xffffffffu, next.stage, 0) : next.stage;
+      read_scales(stage, kb, set_sa, set_sb);
+      const uint64_t desc_a = sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetA + stage * Smem::kA);
+      const uint64_t desc_b = sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetB + stage * Smem::kB);
+      Wgmma::issue_k_block(desc_a, desc_b, set, false);
+      next.advance();
+    };
+    const auto retire = [&](float* set, const float (&set_sa)[kNumWaves][2], const float (&set_sb)[2]) {
+      release(pipe);
+      pipe.advance();
+      promote_fp8_accum<kBlockN, decltype(split)::value>(final_acc, set, set_sa[0][0], set_sa[0][1], set_sb[0],
+                                                           set_sb[1], split_col);
+    };
+    // Rounds of kOverlapRound K blocks, unrolled, so that each set's registers are named at compile
+    // time and every round ends with no wgmma in flight: ptxas serialized the wgmmas of a loop that
+    // carried one across its back edge (C7514, reads of the other set "inside the pipeline stage").
+    for (uint32_t kb = kb_begin; kb < kb_end; kb += kOverlapRound) {
+      issue(acc, sa[0], sb[0], kb);
+#pragma unroll
+      for (uint32_t i = 0; i < kOverlapRound; i += 2) {
+        issue(acc2, sa[1], sb[1], kb + i + 1);
+        Wgmma::template wait<1>(acc);
+        retire(acc, sa[0], sb[0]);
+        if (i + 2 < kOverlapRound) {
+          issue(acc, sa[0], sb[0], kb + i + 2);
+          Wgmma::template wait<1>(acc2);
+        } else {
+          Wgmma::template wait<0>(acc2);
+        }
+        retire(acc2, sa[1], sb[1]);
+      }
+    }
+  };
+
   const auto math_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
 #pragma unroll
     for (uint32_t i = 0; i < kNumWaves * Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
 
     with_static_split<kBlockN>(t.n_block * kBlockN, [&](auto split) {
       const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
+      if constexpr (kOverlap) {
+        // Whole tiles only; the tail split's units (dense GEMMs) take the plain loop.
+        if (kType != GemmType::kNormal || (kb_begin == 0 && kb_end == kNumKBlocks)) {
+          overlapped_k_loop(split, split_col, kb_begin, kb_end);
+          return;
+        }
+      }
       // Unrolled, ptxas may issue the next K block's full-barrier wait among this one's promotion.
 #pragma unroll kKUnroll
       for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
@@ -317,17 +401,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         ring.consumer_wait(pipe);
         // Scales first: their shared-memory latency hides behind the wgmmas.
         const uint32_t stage = kBroadcastStage ? __shfl_sync(0xffffffffu, pipe.stage, 0) : pipe.stage;
-        const float* sf = smem_sf + stage * Smem::kSfFloats;
-        // The K block's column in a box of 4 K blocks (TMA scale loads), else 0.
-        const uint32_t column = kScaleTma ? kb % 4 : 0;
-        const float* sf_a = sf + (kScaleLoad == kScaleTmaKMajor ? column : 0);
-        float sa[kNumWaves][2];
-#pragma unroll
-        for (uint32_t w = 0; w < kNumWaves; ++w) {
-          sa[w][0] = sf_a[(w * kWaveRows + tile_row0) * Smem::kSfaRow];
-          sa[w][1] = sf_a[(w * kWaveRows + tile_row0 + 8) * Smem::kSfaRow];
-        }
-        const float sb0 = sf[Smem::kSfb + column], sb1 = sf[Smem::kSfb + Smem::kSfbStep + column];
+        float sa[kNumWaves][2], sb[2];
+        read_scales(stage, kb, sa, sb);
         const uint8_t* tile_a = smem + Smem::kOffsetA + stage * Smem::kA + math_wg * 64 * kBlockK;
         const uint8_t* tile_b = smem + Smem::kOffsetB + stage * Smem::kB;
         const uint64_t desc_b = sm90::make_sw128_kmajor_desc(tile_b);
@@ -348,7 +423,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
             }
           }
           promote_fp8_accum<kBlockN, decltype(split)::value>(final_acc + w * Wgmma::kNumAccum, acc, sa[w][0],
-                                                               sa[w][1], sb0, sb1, split_col);
+                                                               sa[w][1], sb[0], sb[1], split_col);
         }
       }
     });
