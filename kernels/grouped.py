@@ -164,7 +164,9 @@ def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[
 
     ``a`` = (A [G, max_m, K] e4m3, SFA [G, max_m, K/128] f32 with groups stacked without gaps),
     ``d`` [G, max_m, N] bf16, ``masked_m`` int32 [G] (values are clamped to [0, max_m] on the
-    GPU), ``expected_m`` a positive int.
+    GPU), ``expected_m`` a positive int. On the GPU, rows of ``d`` past ``masked_m[g]`` in the
+    group's last tile (64 or 128 rows) are overwritten with unspecified values; rows of tiles past
+    it are left untouched.
     """
     fn = "m_grouped_fp8_gemm_nt_masked"
     _checks.check_recipe(fn, recipe)

@@ -231,8 +231,9 @@ def test_gpu_contiguous_256_row_tiles(counts, forced, n, k, seed, monkeypatch):
 @pytest.mark.parametrize("n,k", [(4096, 7168), (4096, 2048)])
 def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, seed, monkeypatch):
     """Masked decode tiles (block M 64, block N <= 128) overlapping promotion with the next K
-    block's wgmmas, against the plain loop (MOE_FP8_OVERLAP=0): bit for bit the same valid rows,
-    nothing written to the others."""
+    block's wgmmas, against the plain loop (MOE_FP8_OVERLAP=0): bit for bit the same output, rows
+    past masked_m included (whole tiles are stored there, unspecified but the same), NaN where
+    neither wrote."""
     g = len(masked)
     cfg = kernels.jit.native_module().fp8_gemm_nt_config(min(expected_m, max_m), n, k, kernels.get_num_sms(),
                                                          False, -1, 2, g)
@@ -248,13 +249,13 @@ def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, 
         kernels.m_grouped_fp8_gemm_nt_masked(a, b_fp8, d, masked_m, expected_m)
         outputs.append(d)
     torch.cuda.synchronize()
+    assert torch.equal(torch.isnan(outputs[0]), torch.isnan(outputs[1])), "different rows written"
+    assert torch.equal(outputs[0].nan_to_num(), outputs[1].nan_to_num())
     rhs = dequantize_b(*b_fp8).double()
     for i, count in enumerate(masked):
-        assert torch.isnan(outputs[0][i, count:]).all(), f"group {i} written past its rows"
         if count:
             ref = dequantize_a(a[0][i, :count], a[1][i, :count]).double() @ rhs[i].t()
             assert calc_diff(outputs[0][i, :count], ref) < 1e-3, f"group {i}"
-            assert torch.equal(outputs[0][i, :count], outputs[1][i, :count]), f"group {i}"
 
 
 @pytest.mark.gpu
