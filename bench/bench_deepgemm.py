@@ -15,6 +15,10 @@ puts it on the path. Cells:
   layout) against DeepGEMM's FP8 masked kernel on FP8 weights of the same shape (issue 4's bar:
   1.8x); rates count each side's own weight bytes.
 
+``--mn-scales`` also times our FP8 call on DeepGEMM's own operands (A scales MN-major and TMA-aligned,
+which our kernels take as they are), so both kernels read the same bytes; the default column gives ours
+the K-major scales of ``per_token_cast_to_fp8``, which DeepGEMM would transpose in a kernel of its own.
+
 ``--variant NAME=VALUE[,...]`` (repeatable) also times our FP8 call with those environment switches
 set, its output checked, as a ratio to DeepGEMM's time. A cell whose output on either side is off
 (calc_diff over 1e-3; ours 2e-3 for FP4) is named at the end and left out of the means, and the
@@ -73,6 +77,7 @@ class Cell:
     ours_weight_bytes: int
     theirs_weight_bytes: int
     ours_kernel: str = _OURS
+    ours_mn: Callable[[], None] | None = None  # ours on DeepGEMM's MN-major A scales, writing ours_out
 
 
 def cell_specs(ms: list[int], parts: list[str]) -> list[tuple]:
@@ -102,7 +107,7 @@ def make_cell(spec: tuple) -> Cell:
         check = lambda out: calc_diff(out, ref)  # noqa: E731
         return Cell(part, f"{m} x {n} x {k}", lambda: kernels.fp8_gemm_nt(a, b, d_ours),
                     lambda: deep_gemm.fp8_gemm_nt(a_dg, b, d_theirs), d_ours, d_theirs, check, check,
-                    2 * m * n * k, n * k, n * k)
+                    2 * m * n * k, n * k, n * k, ours_mn=lambda: kernels.fp8_gemm_nt(a_dg, b, d_ours))
     groups, rows, n, k = spec[1:]
     if part == "contiguous":
         problem = make_contiguous("fp8", groups, rows, n, k)
@@ -110,6 +115,7 @@ def make_cell(spec: tuple) -> Cell:
         d_theirs = torch.empty_like(problem.out)
         a_dg = (problem.a[0], tma_sf(problem.a[1]))
         theirs = lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(a_dg, problem.b, d_theirs, m_indices)  # noqa: E731
+        ours_mn = lambda: kernels.m_grouped_fp8_gemm_nt_contiguous(a_dg, problem.b, problem.out, m_indices)  # noqa: E731
         label = f"{groups} x {rows}, {n} x {k}"
     else:
         # Slots of 128 rows: DeepGEMM stores whole block-M tiles, so slots shorter than its block M
@@ -119,6 +125,7 @@ def make_cell(spec: tuple) -> Cell:
         d_theirs = torch.empty_like(problem.out)
         a_dg = (problem.a[0], tma_sf(problem.a[1]))
         theirs = lambda: deep_gemm.m_grouped_fp8_gemm_nt_masked(a_dg, problem.b, d_theirs, masked_m, rows)  # noqa: E731
+        ours_mn = lambda: kernels.m_grouped_fp8_gemm_nt_masked(a_dg, problem.b, problem.out, masked_m, rows)  # noqa: E731
         label = f"{groups} experts x {rows} tok, {n} x {k}"
         if part == "fp4":
             ours = make_masked_fragment(groups, rows, n, k, max_m=128)
@@ -126,10 +133,11 @@ def make_cell(spec: tuple) -> Cell:
                         output_check(problem), problem.flops, ours.weight_bytes, problem.weight_bytes, ours.kernel)
     check = output_check(problem)
     return Cell(part, label, problem.call, theirs, problem.out, d_theirs, check, check, problem.flops,
-                problem.weight_bytes, problem.weight_bytes)
+                problem.weight_bytes, problem.weight_bytes, ours_mn=ours_mn)
 
 
-def warm(specs: list[tuple], index: int, workers: int, variants: list[tuple[str, dict[str, str]]]) -> None:
+def warm(specs: list[tuple], index: int, workers: int, variants: list[tuple[str, dict[str, str]]],
+         mn_scales: bool) -> None:
     """Compile this worker's share of the cells' kernels (both sides, our variants too) into the
     on-disk caches."""
     for spec in specs[index::workers]:
@@ -138,13 +146,15 @@ def warm(specs: list[tuple], index: int, workers: int, variants: list[tuple[str,
         for _, env in variants:
             with env_switches(**env):
                 cell.ours()
+        if mn_scales and cell.ours_mn is not None:
+            cell.ours_mn()
         cell.theirs()
         torch.cuda.synchronize()
         del cell
         torch.cuda.empty_cache()  # the 256-expert cells' operands: free them before the next cell
 
 
-def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]]) -> dict:
+def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]], mn_scales: bool) -> dict:
     row = {}
     for side, call, out, kernel, check in (("ours", cell.ours, cell.ours_out, cell.ours_kernel, cell.check_ours),
                                            ("theirs", cell.theirs, cell.theirs_out, _THEIRS, cell.check_theirs)):
@@ -154,6 +164,9 @@ def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]]) -> dict:
         row[f"{side}_us"] = bench_kineto(call, kernel).median_s * 1e6
         row[f"{side}_call_us"] = per_call_us(call)
     row["variants"] = []
+    if mn_scales and cell.ours_mn is not None:  # FP4 cells have no FP8 twin: no column, as for variants
+        row["variants"].append(("MN-major scales", *checked_variant_us(cell.ours_mn, cell.ours_kernel,
+                                                                       cell.ours_out, cell.check_ours)))
     # The switches are the FP8 kernels'; FP4 cells run another kernel.
     for label, env in (variants if cell.part != "fp4" else []):
         row["variants"].append((label, *checked_variant_us(cell.ours, cell.ours_kernel, cell.ours_out,
@@ -170,6 +183,8 @@ def main() -> int:
     parser.add_argument("--parts", default=",".join(PARTS))
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
                         help="also time our call with these environment switches set (repeatable)")
+    parser.add_argument("--mn-scales", action="store_true",
+                        help="also time our call on DeepGEMM's operands (MN-major TMA-aligned A scales)")
     parser.add_argument("--warm-workers", type=int, default=12)
     parser.add_argument("--warm-index", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -194,7 +209,7 @@ def main() -> int:
         keep = {tuple(int(v) for v in nk.split("x")) for nk in args.nk.split(",")}
         specs = [s for s in specs if s[0] != "dense" or (s[2], s[3]) in keep]
     if args.warm_index is not None:
-        warm(specs, args.warm_index, args.warm_workers, variants)
+        warm(specs, args.warm_index, args.warm_workers, variants, args.mn_scales)
         return 0
     if args.warm_workers > 0:
         print(f"DeepGEMM {deep_gemm.__version__} from {os.path.dirname(deep_gemm.__file__)}; compiling {len(specs)} "
@@ -208,12 +223,13 @@ def main() -> int:
             return 1
     print(f"{'cell':>38} | {'ours us':>8} {'call us':>8} {'diff':>8} | {'DeepGEMM':>8} {'call us':>8} {'diff':>8} | "
           f"{'speed-up':>8} | {'ours':>14} {'DeepGEMM':>14}"
+          + (" | MN-major scales us  speed-up  diff" if args.mn_scales else "")
           + "".join(f" | {label} us  speed-up  diff" for label, _ in variants))
     ratios: dict[str, list[float]] = {}
     bad = []
     for spec in specs:
         cell = make_cell(spec)
-        row = measure(cell, variants)
+        row = measure(cell, variants, args.mn_scales)
         speedup = row["theirs_us"] / row["ours_us"]
         # A wrong output on either side keeps the cell out of the means (NaN fails the comparison too).
         if not (row["ours_diff"] < _MAX_DIFF[cell.part] and row["theirs_diff"] < 1e-3
