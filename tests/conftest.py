@@ -17,6 +17,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(autouse=True)
+def release_cached_gpu_memory(request):
+    """GPU test files share the one GPU across xdist workers: after each GPU test, hand its cached
+    blocks back so that a worker's largest test does not keep them from the others (the caching
+    allocator would hold them for the rest of the file)."""
+    yield
+    if HAS_CUDA and "gpu" in request.keywords:
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture
 def seed(request) -> int:
     """A per-test seed derived from the test id, so reruns are reproducible but tests differ."""
