@@ -313,17 +313,21 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   // 7168 x 16384 (bench/RESULTS.md, session 10). Grouped and large-M GEMMs were not timed against
   // it in one run; across runs they stayed level.
   cfg.pdl = env_enabled("MOE_GEMM_PDL") ? 1 : 0;
-  // The math K loop unrolled 4 times on dense 256-row tiles: ptxas then issues the next K block's
-  // full-barrier wait among the last promotion's FMAs (DeepGEMM's SM90 kernel unrolls 8). At 4096 rows
-  // 0.95-1.00x the time of the plain loop in all six 256 x 128 shapes; 128-row contiguous tiles were
-  // mixed (0.95-1.05x) and grouped 256-row tiles are not measured, so they keep the plain loop
-  // (bench/RESULTS.md, session 11). MOE_GEMM_K_UNROLL=N overrides.
-  const int k_unroll = env_int("MOE_GEMM_K_UNROLL");
-  cfg.k_unroll = k_unroll > 0 ? k_unroll : type == GemmType::kNormal && t.block_m == 256 ? 4 : 1;
   // One math warpgroup (block M 64) has no partner to take turns with.
   const char* pingpong = std::getenv("MOE_FP8_PINGPONG");
   const bool wants_pingpong = pingpong == nullptr ? t.block_n >= kPingPongMinBlockN : std::string(pingpong) != "0";
   cfg.pingpong = t.block_m == 128 && wants_pingpong ? 1 : 0;
+  // The math K loop unrolled 4 times: ptxas then issues the next K block's full-barrier wait among
+  // the last promotion's FMAs (DeepGEMM's SM90 kernel unrolls 8). On dense 256-row tiles at 4096
+  // rows, 0.95-1.00x the time of the plain loop in all six 256 x 128 shapes (bench/RESULTS.md,
+  // session 11). On 128-row ping-pong tiles (128 x 192), dense and contiguous: 0.95x at 4096 x 2112 x
+  // 7168 and 0.93-0.97x against the default timed beside it in the four contiguous cells, in three
+  // runs (unrolled 2 or 4; session 13). Masked GEMMs, grouped 256-row tiles and 128-row tiles
+  // without ping-pong are not measured and keep the plain loop. MOE_GEMM_K_UNROLL=N overrides.
+  const int k_unroll = env_int("MOE_GEMM_K_UNROLL");
+  const bool unrolled = (type == GemmType::kNormal && t.block_m == 256) ||
+                        (type != GemmType::kGroupedMasked && cfg.pingpong == 1);
+  cfg.k_unroll = k_unroll > 0 ? k_unroll : unrolled ? 4 : 1;
   // A lone math warpgroup (block M 64) overlaps its promotion with the next K block's wgmmas where
   // a third accumulator set fits (block N <= 128). Measured against the plain loop at M 64 and 128
   // (bench/RESULTS.md, session 13): 1.00-1.10x faster dense, masked level to 1.11x faster.

@@ -286,3 +286,23 @@ def test_gpu_256_row_tiles(m, n, k, multicast, splits, seed, monkeypatch):
     assert torch.isfinite(d).all(), "output not fully written"
     assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
     assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(4096, 2112, 7168), (1000, 24576, 1152)])
+def test_gpu_k_unroll_on_128_row_tiles_matches_plain_loop(m, n, k, seed, monkeypatch):
+    """Dense 128 x 192 ping-pong tiles with the math K loop unrolled 4 times (their default) against
+    the plain loop (MOE_GEMM_K_UNROLL=1; 9 K blocks at K = 1152: a partial round): bit for bit the
+    same D."""
+    native = kernels.jit.native_module()
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    outputs = {}
+    for unroll in ("4", "1"):
+        monkeypatch.setenv("MOE_GEMM_K_UNROLL", unroll)
+        cfg = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
+        assert (cfg["block_m"], cfg["pingpong"], cfg["k_unroll"]) == (128, 1, int(unroll)), cfg
+        outputs[unroll] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, outputs[unroll])
+    torch.cuda.synchronize()
+    assert calc_diff(outputs["4"], reference_f64(a_fp8, b_fp8)) < 1e-3
+    assert torch.equal(outputs["4"], outputs["1"])

@@ -386,3 +386,32 @@ def test_gpu_pingpong_matches_no_pingpong(masked, max_m, expected_m, n, k, seed,
             assert torch.equal(d[i, :count], plain[i, :count]), f"group {i}"
         else:
             assert torch.isnan(d[i]).all(), f"group {i} has no rows but was written"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts,n,k", [
+    ([1000, 0, 513, 2048], 4096, 1152),  # 9 K blocks: a partial round of 4 after two whole ones
+    ([4096, 4096], 7168, 2048),          # 2-CTA clusters
+])
+def test_gpu_contiguous_k_unroll_matches_plain_loop(counts, n, k, seed, monkeypatch):
+    """Contiguous 128-row tiles (ping-pong, 128 x 192) with the math K loop unrolled 2 and 4 times
+    (MOE_GEMM_K_UNROLL) against the plain loop: the same wgmmas and FFMAs in the same order per
+    warpgroup, so D is bit for bit the same, padding rows and an empty group included."""
+    b_fp8 = make_weights(len(counts), n, k, "cuda")
+    a_fp8, m_indices = make_contiguous(counts, k, "cuda")
+    native = kernels.jit.native_module()
+    outputs = {}
+    for unroll in ("1", "2", "4"):
+        monkeypatch.setenv("MOE_GEMM_K_UNROLL", unroll)
+        cfg = native.fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(), gemm_type=1,
+                                        num_groups=len(counts), alignment=128)
+        assert (cfg["block_m"], cfg["pingpong"], cfg["k_unroll"]) == (128, 1, int(unroll)), cfg
+        d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
+        outputs[unroll] = d
+    torch.cuda.synchronize()
+    valid = m_indices >= 0
+    assert torch.isfinite(outputs["1"][valid]).all(), "valid rows not fully written"
+    assert calc_diff(outputs["1"][valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
+    for unroll in ("2", "4"):
+        assert torch.equal(outputs[unroll][valid], outputs["1"][valid]), f"K loop unrolled {unroll} times"
