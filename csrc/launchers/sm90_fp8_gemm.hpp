@@ -321,9 +321,10 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   // the last promotion's FMAs (DeepGEMM's SM90 kernel unrolls 8). On dense 256-row tiles at 4096
   // rows, 0.95-1.00x the time of the plain loop in all six 256 x 128 shapes (bench/RESULTS.md,
   // session 11). On 128-row ping-pong tiles (128 x 192), dense and contiguous: 0.95x at 4096 x 2112 x
-  // 7168 and 0.93-0.97x against the default timed beside it in the four contiguous cells, in three
-  // runs (unrolled 2 or 4; session 13). Masked GEMMs, grouped 256-row tiles and 128-row tiles
-  // without ping-pong are not measured and keep the plain loop. MOE_GEMM_K_UNROLL=N overrides.
+  // 7168; in the four contiguous cells, over three runs, 0.917x the default timed beside it on
+  // average (unrolled 2 or 4 times), against 0.971x for the plain loop's own kernel (session 13).
+  // Masked GEMMs, grouped 256-row tiles and 128-row tiles without ping-pong are not measured and
+  // keep the plain loop. MOE_GEMM_K_UNROLL=N overrides.
   const int k_unroll = env_int("MOE_GEMM_K_UNROLL");
   const bool unrolled = (type == GemmType::kNormal && t.block_m == 256) ||
                         (type != GemmType::kGroupedMasked && cfg.pingpong == 1);
