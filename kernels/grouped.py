@@ -165,8 +165,8 @@ def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[
     ``a`` = (A [G, max_m, K] e4m3, SFA [G, max_m, K/128] f32 with groups stacked without gaps),
     ``d`` [G, max_m, N] bf16, ``masked_m`` int32 [G] (values are clamped to [0, max_m] on the
     GPU), ``expected_m`` a positive int. On the GPU, rows of ``d`` past ``masked_m[g]`` in the
-    group's last tile (64 or 128 rows) are overwritten with unspecified values; rows of tiles past
-    it are left untouched.
+    group's last tile (a block of 64 or 128 rows) are overwritten with unspecified values; rows of
+    the tiles past it are left untouched.
     """
     fn = "m_grouped_fp8_gemm_nt_masked"
     _checks.check_recipe(fn, recipe)
@@ -232,7 +232,9 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     ceil(N/64), 4352], min(expected_m, max_m) <= 32: about 1.8x faster than the packed form;
     the layout keeps only ceil(N/64), so N comes from ``d``, which must be the weights' N: a ``d``
     up to 63 columns wider gets zeros there instead of an error);
-    ``d`` [G, max_m, N] bf16, ``masked_m`` int32 [G], ``expected_m`` a positive int.
+    ``d`` [G, max_m, N] bf16, ``masked_m`` int32 [G], ``expected_m`` a positive int. Rows past
+    ``masked_m[g]`` in the group's last tile are unspecified on the GPU, as for the FP8 function;
+    the decode kernel's tiles are 8-32 rows (``expected_m`` rounded up to 8).
     """
     fn = "m_grouped_fp8_fp4_gemm_nt_masked"
     _checks.check_recipe(fn, recipe)

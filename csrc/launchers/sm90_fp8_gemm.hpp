@@ -321,8 +321,9 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   // the last promotion's FMAs (DeepGEMM's SM90 kernel unrolls 8). On dense 256-row tiles at 4096
   // rows, 0.95-1.00x the time of the plain loop in all six 256 x 128 shapes (bench/RESULTS.md,
   // session 11). On 128-row ping-pong tiles (128 x 192), dense and contiguous: 0.95x at 4096 x 2112 x
-  // 7168; in the four contiguous cells, over three runs, 0.917x the default timed beside it on
-  // average (unrolled 2 or 4 times), against 0.971x for the plain loop's own kernel (session 13).
+  // 7168 (one timing); in the four contiguous cells, over three runs, 0.921x the default timed
+  // beside it on average (unrolled 2 or 4 times), against 0.971x for the plain loop's own kernel
+  // (session 13).
   // Masked GEMMs, grouped 256-row tiles and 128-row tiles without ping-pong are not measured and
   // keep the plain loop. MOE_GEMM_K_UNROLL=N overrides.
   const int k_unroll = env_int("MOE_GEMM_K_UNROLL");
@@ -331,7 +332,8 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.k_unroll = k_unroll > 0 ? k_unroll : unrolled ? 4 : 1;
   // A lone math warpgroup (block M 64) overlaps its promotion with the next K block's wgmmas where
   // a third accumulator set fits (block N <= 128). Measured against the plain loop at M 64 and 128
-  // (bench/RESULTS.md, session 13): 1.00-1.10x faster dense, masked level to 1.11x faster.
+  // (bench/RESULTS.md, session 13): 1.00-1.10x faster dense; masked 64 x 128 decode tiles level
+  // (the weights bound them).
   // MOE_FP8_OVERLAP=0 turns it off.
   cfg.overlap = t.block_m == 64 && t.block_n <= 128 && k % 512 == 0 && env_enabled("MOE_FP8_OVERLAP") ? 1 : 0;
   return cfg;
