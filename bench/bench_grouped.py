@@ -191,10 +191,18 @@ def fp8_variants_us(problem: Problem, m: int, n: int, k: int, gemm_type: int, gr
                         if config["pingpong"] else None))
 
 
-def contiguous(weights: str, groups: int, rows: int, n: int, k: int, variants=()) -> dict:
+def mn_major_call(problem: Problem, groups: int, rows: int) -> Callable[[], None]:
+    """``problem``'s FP8 contiguous call on the same A scales stored MN-major and TMA-aligned
+    (get_mn_major_tma_aligned_tensor), which the kernel loads by TMA instead of gathering."""
+    a = (problem.a[0], kernels.get_mn_major_tma_aligned_tensor(problem.a[1]))
+    m_indices = torch.arange(groups, device=a[0].device, dtype=torch.int32).repeat_interleave(rows)
+    return lambda: kernels.m_grouped_fp8_gemm_nt_contiguous(a, problem.b, problem.out, m_indices)
+
+
+def contiguous(weights: str, groups: int, rows: int, n: int, k: int, variants=(), mn_major: bool = False) -> dict:
     """Ours, and for FP8 weights the same kernel without clusters or ping-pong, with each of
-    ``variants`` (label, environment switches; its output checked), and the torch peer on the same
-    operands."""
+    ``variants`` (label, environment switches; its output checked), with ``mn_major`` on MN-major
+    A scales (mn_major_call; checked too), and the torch peer on the same operands."""
     problem = make_contiguous(weights, groups, rows, n, k)
     row = measure(problem)
     if weights != "fp8":
@@ -205,9 +213,12 @@ def contiguous(weights: str, groups: int, rows: int, n: int, k: int, variants=()
     # cells run a millisecond each, and over a row the GPU drifts (identical kernels timed one after
     # the other measured 1.00-1.09x apart, session 12), which the adjacent timings cancel.
     row["variants"] = []
-    before = bench_kineto(problem.call, problem.kernel).median_s * 1e6 if variants else None
-    for label, env in variants:
-        us, diff = checked_variant_us(problem.call, problem.kernel, problem.out, check, **env)
+    runs = [(label, problem.call, env) for label, env in variants]
+    if mn_major:
+        runs.append(("MN-major A scales", mn_major_call(problem, groups, rows), {}))
+    before = bench_kineto(problem.call, problem.kernel).median_s * 1e6 if runs else None
+    for label, call, env in runs:
+        us, diff = checked_variant_us(call, problem.kernel, problem.out, check, **env)
         after = bench_kineto(problem.call, problem.kernel).median_s * 1e6
         row["variants"].append((label, us, diff, (before + after) / 2))
         before = after
@@ -244,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
                         help="also time the FP8 kernel with these environment switches set (repeatable); its "
                              "output is checked too")
+    parser.add_argument("--sfa-mn-major", action="store_true",
+                        help="contiguous table: also time the FP8 kernel on MN-major TMA-aligned A scales, beside "
+                             "the default like a variant")
     args = parser.parse_args(argv)
     try:
         variants = parse_env_variants(args.variant)
@@ -265,17 +279,18 @@ def main(argv: list[str] | None = None) -> int:
     fp8, fp4 = "fp8" in weights, "fp4" in weights
     copy = copy_ceiling_gbps()
     print(f"copy ceiling (events, read + write): {copy:.0f} GB/s\n")
+    contiguous_labels = [label for label, _ in variants] + (["MN-major A scales"] if args.sfa_mn_major else [])
     if not args.masked_only:
         print("| contiguous | N x K | FP8 µs | FP8 TFLOP/s | FP8 per call µs | FP8 1-CTA µs | FP8 no ping-pong µs "
               "| FP8 256-aligned µs | FP8 256-aligned TFLOP/s | FP8 256-aligned 1-CTA µs | torch µs | torch TFLOP/s "
               "| FP8 vs torch | 256-aligned vs torch | FP4 µs | FP4 TFLOP/s | FP4 per call µs | worst diff |"
-              + "".join(f" FP8 {label} µs (over FP8 timed beside it) |" for label, _ in variants))
-        print("| --- " * (18 + len(variants)) + "|")
+              + "".join(f" FP8 {label} µs (over FP8 timed beside it) |" for label in contiguous_labels))
+        print("| --- " * (18 + len(contiguous_labels)) + "|")
         for groups, rows in [(4, 8192), (8, 4096)]:
             for n, k in NK:
                 cells = [f"{groups} x {rows}", f"{n} x {k}"]
                 if fp8:
-                    r = contiguous("fp8", groups, rows, n, k, variants)
+                    r = contiguous("fp8", groups, rows, n, k, variants, args.sfa_mn_major)
                     single, plain = ("-" if r[key] is None else f"{r[key]:.1f}" for key in ("single_us", "no_pingpong_us"))
                     peer = f"{r['speedup']:.2f}x" + (f" {r['torch_error']}" if "torch_error" in r else "")
                     aligned, aligned_single = r.get("aligned_us"), r.get("aligned_single_us")
@@ -290,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                     variant_cells = [f"{us:.1f} ({us / base:.2f}x)" for _, us, _, base in r["variants"]]
                 else:
                     cells += ["-"] * 12
-                    variant_cells = ["-"] * len(variants)
+                    variant_cells = ["-"] * len(contiguous_labels)
                 if fp4:
                     r4 = contiguous("fp4", groups, rows, n, k)
                     cells += [f"{r4['ours_us']:.1f}", f"{r4['tflops']:.0f}", f"{r4['call_us']:.1f}"]

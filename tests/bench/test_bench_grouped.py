@@ -105,3 +105,38 @@ def test_contiguous_variants_are_timed_beside_the_default(monkeypatch, seed):
     # Default, variant, default, variant, default: each variant midway between its neighbours.
     assert us0 / base0 == pytest.approx(1.5, rel=0.1) and us1 / base1 == pytest.approx(1.5, rel=0.1)
     assert base1 > base0
+
+
+def test_contiguous_mn_major_scales_run_beside_the_default(monkeypatch, seed):
+    """--sfa-mn-major: the contiguous row also runs the same problem on MN-major TMA-aligned A scales,
+    timed beside the default like a variant, its output checked (CPU here, timings faked)."""
+    calls = []
+
+    class FakeTiming:
+        median_s = 100e-6
+
+    def fake_kineto(fn, kernel_name, **_):
+        fn()
+        calls.append(kernel_name)
+        return FakeTiming()
+
+    monkeypatch.setattr(bench, "bench_kineto", fake_kineto)
+    monkeypatch.setattr(bench.kernels.testing.bench, "bench_kineto", fake_kineto)
+    monkeypatch.setattr(bench, "per_call_us", lambda fn: 1.0)
+    monkeypatch.setattr(bench.kernels, "get_num_sms", lambda *a: 132)
+    real = bench.make_contiguous
+    monkeypatch.setattr(bench, "make_contiguous", lambda *a, **kw: real(*a, **kw, device="cpu"))
+    seen = []
+    real_call = bench.mn_major_call
+
+    def spy(problem, groups, rows):
+        call = real_call(problem, groups, rows)
+        seen.append(problem)
+        return call
+
+    monkeypatch.setattr(bench, "mn_major_call", spy)
+    row = bench.contiguous("fp8", 2, 128, 128, 256, mn_major=True)
+    [(label, us, diff, base)] = row["variants"]
+    assert label == "MN-major A scales" and diff < 1e-3 and us / base == pytest.approx(1.0)
+    mn = bench.kernels.get_mn_major_tma_aligned_tensor(seen[0].a[1])
+    assert mn.stride(0) == 1 and torch.equal(mn, seen[0].a[1])
