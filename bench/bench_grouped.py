@@ -16,6 +16,9 @@ ping-pong": its two math warpgroups issuing their wgmmas together, ``MOE_FP8_PIN
 Weight bytes: FP8 = N K + 4 ceil(N/128) K/128 per expert; FP4 = N K / 2 + N K / 32 (both layouts).
 "worst diff": the largest calc_diff of any kernel of the row against float32 math on its
 dequantized operands, over the first and last group, outputs NaN-poisoned before the run.
+``--variant NAME=VALUE`` times the FP8 kernel with environment switches set; ``--sfa-mn-major``
+times the contiguous FP8 kernel on MN-major TMA-aligned A scales. Contiguous variants are compared
+with the default timed just before and just after each.
 """
 
 from __future__ import annotations
