@@ -41,6 +41,12 @@ def expected_contiguous(a_fp8, b_fp8, m_indices) -> torch.Tensor:
     return out
 
 
+def assert_same_output(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Bit for bit the same output, NaN (never written) in the same places."""
+    assert torch.equal(got.isnan(), want.isnan()), f"{what}: other rows written"
+    assert torch.equal(got.nan_to_num(), want.nan_to_num()), what
+
+
 def check_contiguous(counts, n, k, device):
     b_fp8 = make_weights(len(counts), n, k, device)
     a_fp8, m_indices = make_contiguous(counts, k, device)
@@ -249,8 +255,7 @@ def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, 
         kernels.m_grouped_fp8_gemm_nt_masked(a, b_fp8, d, masked_m, expected_m)
         outputs.append(d)
     torch.cuda.synchronize()
-    assert torch.equal(torch.isnan(outputs[0]), torch.isnan(outputs[1])), "different rows written"
-    assert torch.equal(outputs[0].nan_to_num(), outputs[1].nan_to_num())
+    assert_same_output(outputs[0], outputs[1], "overlapped against the plain loop")
     rhs = dequantize_b(*b_fp8).double()
     for i, count in enumerate(masked):
         untouched = -(-count // 64) * 64
@@ -417,5 +422,4 @@ def test_gpu_contiguous_k_unroll_matches_plain_loop(counts, n, k, seed, monkeypa
     assert torch.isfinite(outputs["1"][valid]).all(), "valid rows not fully written"
     assert calc_diff(outputs["1"][valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
     for unroll in ("2", "4"):
-        assert torch.equal(outputs[unroll].isnan(), outputs["1"].isnan()), f"unrolled {unroll} times: other rows"
-        assert torch.equal(outputs[unroll].nan_to_num(), outputs["1"].nan_to_num()), f"K loop unrolled {unroll} times"
+        assert_same_output(outputs[unroll], outputs["1"], f"K loop unrolled {unroll} times")
