@@ -52,7 +52,7 @@ def main() -> int:
         ("torch: current stream handle", lambda: _descriptors.current_stream(dev)),
         ("torch: 5 x data_ptr()", lambda: (x.data_ptr(), x.data_ptr(), x.data_ptr(), x.data_ptr(), x.data_ptr())),
         ("_C.per_token_cast_to_fp8 (raw)", lambda: native.per_token_cast_to_fp8(
-            x.data_ptr(), 1, 64, 7168, 7168, out.data_ptr(), sf.data_ptr(), 128, False, 0, stream)),
+            x.data_ptr(), 1, 64, 7168, 7168, out.data_ptr(), sf.data_ptr(), 56, 1, 128, False, 0, stream)),
         ("kernels.per_token_cast_to_fp8", lambda: kernels.per_token_cast_to_fp8(x)),
         ("_C.fp8_gemm_nt (raw, no split workspace)", lambda: native.fp8_gemm_nt(
             a[0].data_ptr(), 7168, a[1].data_ptr(), a[1].stride(0), a[1].stride(1), b[0].data_ptr(), 7168,

@@ -2,7 +2,7 @@
 (``torch._grouped_mm``).
 
     python bench/bench_moe.py [--tokens 1,16,128,512,4096,8192] [--local-experts 256|32] [--iters 20]
-        [--weights fp8|fp4]
+        [--weights fp8|fp4] [--variant NAME=VALUE[,NAME=VALUE...]]
 
 The layer: hidden 7168, intermediate 2048, top-8, DeepSeek-V3 routing (sigmoid, score bias, 8 groups
 of which 4 are kept, scaling 2.5), routed experts only (no shared expert). ``--local-experts 256``
@@ -21,6 +21,11 @@ weights and include the router.
 * bf16 torch: sort-based permute, ``torch._grouped_mm`` for gate_up and down, SwiGLU,
   weighted combine with ``index_add_``, on the same bf16 weights the FP8 ones were quantized from.
 
+``--variant`` times the staged forward again with environment switches set (e.g.
+``MOE_STAGED_MN_MAJOR_SF=0``), beside the default forward timed just before and just after it
+(the column gives the variant's time over their mean), after checking its output against the
+default forward's (calc_diff < 1e-4).
+
 Time: median over ``--iters`` forwards of the wall time between CUDA events around one forward
 issued on an idle stream (kernels and host work, including the staged backend's host sync).
 Accuracy: calc_diff of each output against the reference backend (the FP8 numerics contract).
@@ -36,7 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.testing import per_call_us
+from kernels.testing import env_switches, parse_env_variants, per_call_us
 from kernels.testing.numeric import calc_diff
 from moe_runtime import MegaMoELayer, RouterConfig
 from moe_runtime.backends import staged
@@ -103,7 +108,13 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--no-check", action="store_true", help="skip the reference-backend accuracy columns")
     parser.add_argument("--weights", choices=["fp8", "fp4"], default="fp8", help="the staged layer's expert weights")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
+                        help="also time the staged forward with these environment switches set")
     args = parser.parse_args()
+    try:
+        variants = parse_env_variants(args.variant)
+    except ValueError as err:
+        parser.error(str(err))
     if not torch.cuda.is_available():
         print("bench_moe: needs a CUDA device", file=sys.stderr)
         return 1
@@ -157,8 +168,20 @@ def main() -> int:
                 if not torch.equal(graph_out, staged_out):
                     raise RuntimeError(f"{num_tokens} tokens: the graph replay differs from the eager forward")
                 graph_us = per_call_us(graph.replay, args.iters)
+            variant_cells = []
+            for label, env in variants:
+                with env_switches(**env):
+                    variant_out = layer(x)
+                    if calc_diff(variant_out, staged_out) > 1e-4:
+                        raise RuntimeError(f"{num_tokens} tokens, {label}: the output differs from the default "
+                                           f"forward's (calc_diff {calc_diff(variant_out, staged_out):.1e})")
+                before = per_call_us(lambda: layer(x), args.iters)
+                with env_switches(**env):
+                    variant_us = per_call_us(lambda: layer(x), args.iters)
+                after = per_call_us(lambda: layer(x), args.iters)
+                variant_cells.append(f"{variant_us:.0f} ({2 * variant_us / (before + after):.2f}x)")
             torch_us = per_call_us(lambda: bf16_forward(x, weights, config), args.iters)
-            rows.append((num_tokens, staged_us, contiguous_us, graph_us, torch_us, *diffs))
+            rows.append((num_tokens, staged_us, contiguous_us, graph_us, torch_us, *diffs, variant_cells))
             print(f"tokens {num_tokens}: staged {staged_us:.0f} us, bf16 torch {torch_us:.0f} us", file=sys.stderr,
                   flush=True)
 
@@ -171,13 +194,14 @@ def main() -> int:
           f"{time.perf_counter() - began:.0f} s.\n")
     print(f"| tokens | staged {args.weights.upper()} (µs) | staged, contiguous layout only (µs) "
           "| staged, CUDA graph replay (µs) | bf16 torch._grouped_mm (µs) | speed-up over bf16 "
-          "| calc_diff staged vs reference | calc_diff bf16 vs reference |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for num_tokens, staged_us, contiguous_us, graph_us, torch_us, d_staged, d_torch in rows:
+          "| calc_diff staged vs reference | calc_diff bf16 vs reference |"
+          + "".join(f" staged {label} (µs, over the default timed beside it) |" for label, _ in variants))
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * len(variants))
+    for num_tokens, staged_us, contiguous_us, graph_us, torch_us, d_staged, d_torch, variant_cells in rows:
         contiguous = "-" if contiguous_us is None else f"{contiguous_us:.0f}"
         graph = "-" if graph_us is None else f"{graph_us:.0f}"
         print(f"| {num_tokens} | {staged_us:.0f} | {contiguous} | {graph} | {torch_us:.0f} "
-              f"| {torch_us / staged_us:.2f}x | {d_staged} | {d_torch} |")
+              f"| {torch_us / staged_us:.2f}x | {d_staged} | {d_torch} |" + "".join(f" {c} |" for c in variant_cells))
     return 0
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from . import _checks, _descriptors, jit
-from .quant import per_token_cast_to_fp8
+from .quant import _scale_tensor, per_token_cast_to_fp8
 
 _OUT_DTYPES = (torch.bfloat16, torch.float32)
 kCombineMaxTopK = 64  # the CUDA kernels' slot loops; more slots take the torch path
@@ -267,23 +267,28 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
     return topk_idx, topk_weights
 
 
-def _swiglu_quant_reference(h: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _swiglu_quant_reference(h: torch.Tensor, weights: torch.Tensor,
+                            mn_major_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
     inter = h.shape[1] // 2
     act = torch.nn.functional.silu(h[:, :inter].float()).mul_(h[:, inter:]).mul_(weights.view(-1, 1))
-    return per_token_cast_to_fp8(act, use_ue8m0=False, gran_k=128)
+    return per_token_cast_to_fp8(act, use_ue8m0=False, gran_k=128, mn_major_sf=mn_major_sf)
 
 
 def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Tensor | None = None,
-                     rows_per_group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                     rows_per_group: int = 0, mn_major_sf: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The experts' step between the grouped GEMMs: ``act = silu(gate) * up * w`` in float32, then
     ``per_token_cast_to_fp8(act, gran_k=128)``, in one launch on CUDA.
 
     ``h`` bfloat16 [M, 2I] (columns [0, I) gate, [I, 2I) up; I a multiple of 128), ``weights``
     float32 [M] or [M, 1] (each row's top-k weight). Returns ``(act float8_e4m3fn [M, I], sf float32
-    [M, I/128])``. Masked layout: with ``masked_m`` int32 [G] and ``rows_per_group`` (M = G x rows),
+    [M, I/128])``; ``sf`` contiguous, or with ``mn_major_sf`` MN-major TMA-aligned (stride 1 along M,
+    M rounded up to 4 along the groups), the layout the contiguous GEMM loads with one TMA box per K
+    block. Masked layout: with ``masked_m`` int32 [G] and ``rows_per_group`` (M = G x rows),
     only the first ``masked_m[g]`` rows of each group are computed on CUDA; the other rows of the
     outputs are left unwritten (the CPU computes every row)."""
     fn = "swiglu_quant_fp8"
+    if not isinstance(mn_major_sf, bool):
+        _checks.fail(fn, TypeError, f"mn_major_sf must be a bool, got {mn_major_sf!r}")
     if not isinstance(h, torch.Tensor) or h.dtype != torch.bfloat16 or h.dim() != 2 or h.shape[1] % 256 \
             or h.shape[1] == 0:
         _checks.fail(fn, ValueError, f"h must be a bfloat16 [M, 2I] tensor with I a multiple of 128, got "
@@ -303,9 +308,9 @@ def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Ten
             _checks.fail(fn, ValueError, f"masked_m must be an int32 tensor of shape [{m // rows_per_group}]")
     device = _checks.check_same_device(fn, [h, weights] + ([masked_m] if masked_m is not None else []))
     if device.type == "cpu":
-        return _swiglu_quant_reference(h, weights)
+        return _swiglu_quant_reference(h, weights, mn_major_sf)
     out = torch.empty((m, inter), dtype=torch.float8_e4m3fn, device=device)
-    sf = torch.empty((m, inter // 128), dtype=torch.float32, device=device)
+    sf = _scale_tensor(m, inter // 128, mn_major_sf, device)
     if m == 0:
         return out, sf
     if h.stride(1) != 1 or h.stride(0) != 2 * inter or h.data_ptr() % 16:
@@ -314,6 +319,6 @@ def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Ten
     masked_m = masked_m.contiguous() if masked_m is not None else None  # kept alive until the launch
     masked_ptr = masked_m.data_ptr() if masked_m is not None else 0
     jit.native_module().swiglu_quant_fp8(h.data_ptr(), weights.data_ptr(), masked_ptr, rows_per_group, m, inter,
-                                         out.data_ptr(), sf.data_ptr(), device.index,
+                                         out.data_ptr(), sf.data_ptr(), sf.stride(0), sf.stride(1), device.index,
                                          _descriptors.current_stream(device))
     return out, sf

@@ -129,9 +129,10 @@ inline pybind11::tuple moe_combine_code(int top_k, int hidden, bool float_out) {
 }
 
 inline void swiglu_quant_fp8(std::uint64_t h, std::uint64_t weights, std::uint64_t masked_m, long long rows_per_group,
-                             long long num_rows, int inter, std::uint64_t out, std::uint64_t sf, int device,
-                             std::uint64_t stream) {
-  moe_launchers::swiglu_quant::launch(h, weights, masked_m, rows_per_group, num_rows, inter, out, sf, device, stream);
+                             long long num_rows, int inter, std::uint64_t out, std::uint64_t sf, long long sf_stride_m,
+                             long long sf_stride_k, int device, std::uint64_t stream) {
+  moe_launchers::swiglu_quant::launch(h, weights, masked_m, rows_per_group, num_rows, inter, out, sf, sf_stride_m,
+                                      sf_stride_k, device, stream);
 }
 
 inline pybind11::tuple swiglu_quant_code(int inter) {
@@ -179,7 +180,8 @@ inline void register_apis(pybind11::module_& m) {
   m.def("moe_ep_combine", &moe_ep_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "low-latency EP combine (one launch: send, then the last CTA waits): expert outputs [E_l, R, H] into their sources' combine buffers");
   m.def("swiglu_quant_fp8", &swiglu_quant_fp8, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "silu(gate) * up * w, quantized to E4M3 per 1x128 (masked layout: valid rows only)");
+        "silu(gate) * up * w, quantized to E4M3 per 1x128 (masked layout: valid rows only); sf with strides "
+        "(sf_stride_m, sf_stride_k) in elements");
   m.def("swiglu_quant_code", &swiglu_quant_code, "(name, code) of the SwiGLU + quantization kernel (no GPU)",
         arg("inter"));
   m.def("moe_ep_ll_code", &moe_ep_ll_code,

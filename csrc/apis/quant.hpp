@@ -50,7 +50,8 @@ inline pybind11::tuple as_tuple(const moe_launchers::quant::GeneratedKernel& g) 
 
 inline void per_token_cast_to_fp8(std::uint64_t x, int x_dtype, long long m, long long n,
                                   long long x_row_stride, std::uint64_t out, std::uint64_t sf,
-                                  int gran_k, bool use_ue8m0, int device, std::uint64_t stream) {
+                                  long long sf_stride_m, long long sf_stride_k, int gran_k, bool use_ue8m0,
+                                  int device, std::uint64_t stream) {
   constexpr const char* kFn = "per_token_cast_to_fp8";
   const DType dtype = detail::input_dtype(x_dtype, kFn);
   const int n32 = detail::row_length(n, kFn, "n");
@@ -61,7 +62,15 @@ inline void per_token_cast_to_fp8(std::uint64_t x, int x_dtype, long long m, lon
                                                              m > 1 ? x_row_stride : 0);
   if (m == 0) return;
   MOE_HOST_ASSERT(x != 0 && out != 0 && sf != 0, kFn << ": null data pointer");
-  moe_launchers::quant::per_token_launch(config, {x, x_row_stride, out, sf, m, device, stream});
+  // The scales are written, so no two may share an address: one dimension's stride must span the
+  // other's whole extent (K-major (groups, 1) and MN-major (1, m rounded up) both do).
+  const long long groups = (n + gran_k - 1) / gran_k;
+  MOE_HOST_ASSERT(sf_stride_m >= 1 && sf_stride_k >= 1 && sf_stride_m <= UINT_MAX && sf_stride_k <= UINT_MAX &&
+                      (groups == 1 || m == 1 || sf_stride_m >= groups * sf_stride_k || sf_stride_k >= m * sf_stride_m),
+                  kFn << ": sf strides (" << sf_stride_m << ", " << sf_stride_k << ") overlap for " << m << " x "
+                      << groups << " scales");
+  moe_launchers::quant::per_token_launch(config, {x, x_row_stride, out, sf, sf_stride_m, sf_stride_k, m, device,
+                                                  stream});
 }
 
 inline void per_block_cast_to_fp8(std::uint64_t x, int x_dtype, long long batch, long long n,
@@ -113,10 +122,12 @@ inline void register_apis(pybind11::module_& m) {
   namespace py = pybind11;
   m.def("per_token_cast_to_fp8", &per_token_cast_to_fp8, py::call_guard<py::gil_scoped_release>(), py::arg("x"), py::arg("x_dtype"),
         py::arg("m"), py::arg("n"), py::arg("x_row_stride"), py::arg("out"), py::arg("sf"),
-        py::arg("gran_k"), py::arg("use_ue8m0"), py::arg("device"), py::arg("stream"),
+        py::arg("sf_stride_m"), py::arg("sf_stride_k"), py::arg("gran_k"), py::arg("use_ue8m0"), py::arg("device"),
+        py::arg("stream"),
         "E4M3 quantization with one float32 scale per 1 x gran_k group of each row. x: [m, n] "
-        "with row stride x_row_stride (elements), last dim contiguous; out: [m, n] E4M3, sf: "
-        "[m, ceil(n / gran_k)] float32, both contiguous. Launches on `stream`.");
+        "with row stride x_row_stride (elements), last dim contiguous; out: [m, n] E4M3, contiguous; "
+        "sf: [m, ceil(n / gran_k)] float32 with strides (sf_stride_m, sf_stride_k) in elements. "
+        "Launches on `stream`.");
   m.def("per_block_cast_to_fp8", &per_block_cast_to_fp8, py::call_guard<py::gil_scoped_release>(), py::arg("x"), py::arg("x_dtype"),
         py::arg("batch"), py::arg("n"), py::arg("k"), py::arg("x_batch_stride"),
         py::arg("x_row_stride"), py::arg("out"), py::arg("sf"), py::arg("use_ue8m0"),

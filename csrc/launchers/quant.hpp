@@ -98,7 +98,7 @@ inline GeneratedKernel per_token_code(const PerTokenConfig& c) {
      << "template __global__ void moe_kernels::per_token_cast_to_fp8_kernel<" << t << ", " << c.n
      << ", " << c.gran_k << ", " << (c.use_ue8m0 ? "true" : "false") << ", " << c.vec << ", "
      << kPerTokenThreads << ", " << kPerTokenMinCtasPerSm << ">(const " << t
-     << "*, long long, unsigned char*, float*, unsigned);\n";
+     << "*, long long, unsigned char*, float*, unsigned, unsigned, unsigned);\n";
   return {"per_token_cast_to_fp8", os.str()};
 }
 
@@ -107,6 +107,8 @@ struct PerTokenArgs {
   long long x_row_stride;
   std::uint64_t out;
   std::uint64_t sf;
+  long long sf_stride_m;  // elements
+  long long sf_stride_k;
   long long m;
   int device;
   std::uint64_t stream;
@@ -138,6 +140,7 @@ inline void per_token_launch(const PerTokenConfig& c, const PerTokenArgs& a) {
   cfg.device = a.device;
   moe_jit::launch(*kernel, cfg, reinterpret_cast<const void*>(a.x), a.x_row_stride,
                   reinterpret_cast<void*>(a.out), reinterpret_cast<void*>(a.sf),
+                  static_cast<unsigned>(a.sf_stride_m), static_cast<unsigned>(a.sf_stride_k),
                   static_cast<unsigned>(a.m));
 }
 

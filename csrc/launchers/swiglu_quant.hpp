@@ -33,16 +33,23 @@ inline GeneratedKernel generate(int inter) {
   std::ostringstream os;
   os << "#include <moe_kernels/impls/swiglu_quant.cuh>\n"
      << "template __global__ void moe_kernels::swiglu_quant_kernel<" << inter << ", " << kThreads
-     << ">(const __nv_bfloat16*, const float*, const int*, unsigned, unsigned, unsigned char*, float*);\n";
+     << ">(const __nv_bfloat16*, const float*, const int*, unsigned, unsigned, unsigned char*, float*, unsigned, unsigned);\n";
   return {"swiglu_quant_kernel", os.str()};
 }
 
 // h bf16 [M, 2I] (contiguous, 16-byte aligned), weights float32 [M], masked_m int32 [M / rows] or 0,
-// out [M, I] E4M3 bytes, sf float32 [M, I / 128].
+// out [M, I] E4M3 bytes, sf float32 [M, I / 128] with strides (sf_stride_m, sf_stride_k) in elements.
 inline void launch(std::uint64_t h, std::uint64_t weights, std::uint64_t masked_m, long long rows_per_group,
-                   long long num_rows, int inter, std::uint64_t out, std::uint64_t sf, int device,
-                   std::uint64_t stream) {
+                   long long num_rows, int inter, std::uint64_t out, std::uint64_t sf, long long sf_stride_m,
+                   long long sf_stride_k, int device, std::uint64_t stream) {
   check_inter(inter);
+  // Written scales must not share addresses: one stride spans the other dimension's extent.
+  const long long groups = inter / 128;
+  MOE_HOST_ASSERT(sf_stride_m >= 1 && sf_stride_k >= 1 && sf_stride_m <= UINT32_MAX && sf_stride_k <= UINT32_MAX &&
+                      (groups == 1 || num_rows <= 1 || sf_stride_m >= groups * sf_stride_k ||
+                       sf_stride_k >= num_rows * sf_stride_m),
+                  kFn << ": sf strides (" << sf_stride_m << ", " << sf_stride_k << ") overlap for " << num_rows
+                      << " x " << groups << " scales");
   MOE_HOST_ASSERT(num_rows >= 0 && num_rows < (1ll << 31), kFn << ": rows must be in [0, 2^31), got " << num_rows);
   MOE_HOST_ASSERT(masked_m == 0 || (rows_per_group >= 1 && num_rows % rows_per_group == 0),
                   kFn << ": the masked layout needs rows per group >= 1 dividing the rows, got " << rows_per_group
@@ -65,7 +72,7 @@ inline void launch(std::uint64_t h, std::uint64_t weights, std::uint64_t masked_
   moe_jit::launch(*kernel, cfg, reinterpret_cast<const void*>(h), reinterpret_cast<const float*>(weights),
                   reinterpret_cast<const int*>(masked_m), static_cast<unsigned>(masked_m ? rows_per_group : 1),
                   static_cast<unsigned>(num_rows), reinterpret_cast<unsigned char*>(out),
-                  reinterpret_cast<float*>(sf));
+                  reinterpret_cast<float*>(sf), static_cast<unsigned>(sf_stride_m), static_cast<unsigned>(sf_stride_k));
 }
 
 }  // namespace moe_launchers::swiglu_quant

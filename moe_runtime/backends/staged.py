@@ -47,6 +47,7 @@ without a GPU.
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -473,14 +474,19 @@ class StagedExperts(Experts):
             def gemm(a, b, d):
                 self.gemm(a, b, d, dispatched.m_indices)
             w13, w2 = self.w13, self.w2
-        gemm((dispatched.x, dispatched.x_sf), w13, h)
+        # The contiguous GEMMs load MN-major TMA-aligned A scales with one TMA box per K block
+        # (K-major ones: a 4-K-block box per stage): 4-9% faster on an H200 at 4-8 x 4096-8192
+        # rows. The received scales are transposed once (M x H/128 floats); SwiGLU writes them so.
+        mn_major = not rows and os.environ.get("MOE_STAGED_MN_MAJOR_SF", "1") != "0"
+        x_sf = kernels.get_mn_major_tma_aligned_tensor(dispatched.x_sf) if mn_major else dispatched.x_sf
+        gemm((dispatched.x, x_sf), w13, h)
         # SwiGLU x top-k weight, quantized per 1x128 in one launch (masked layout: the rows that
         # arrived only).
         if rows:  # the groups' rows only (the one-rank decode layout keeps spare rows after them)
             act_fp8 = kernels.swiglu_quant_fp8(h[: groups * rows], dispatched.topk_weights[: groups * rows],
                                                dispatched.masked_m, rows)
         else:
-            act_fp8 = kernels.swiglu_quant_fp8(h, dispatched.topk_weights)
+            act_fp8 = kernels.swiglu_quant_fp8(h, dispatched.topk_weights, mn_major_sf=mn_major)
         del h
         gemm(act_fp8, w2, out)
         return out

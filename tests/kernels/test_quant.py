@@ -168,6 +168,22 @@ def test_per_block_round_trip(seed, use_ue8m0):
     _round_trip_bound(x, deq, sf_full)
 
 
+@pytest.mark.parametrize("m, n, gran_k", [(1, 128, 128), (7, 1000, 64), (64, 7168, 128), (130, 300, 32)])
+def test_per_token_mn_major_sf(seed, m, n, gran_k):
+    """mn_major_sf: the same scales, stored MN-major with the M stride rounded up to 4 floats
+    (get_mn_major_tma_aligned_tensor's layout, which it then returns unchanged)."""
+    x = torch.randn(m, n, dtype=torch.bfloat16) * 3
+    want_fp8, want_sf = quant.per_token_cast_to_fp8(x, gran_k=gran_k)
+    got_fp8, got_sf = quant.per_token_cast_to_fp8(x, gran_k=gran_k, mn_major_sf=True)
+    assert torch.equal(got_fp8.view(torch.uint8), want_fp8.view(torch.uint8)) and torch.equal(got_sf, want_sf)
+    assert got_sf.stride() == (1, -(-m // 4) * 4)
+    assert kernels.get_mn_major_tma_aligned_tensor(got_sf) is got_sf
+    empty = quant.per_token_cast_to_fp8(x[:0], gran_k=gran_k, mn_major_sf=True)[1]
+    assert empty.shape == (0, -(-n // gran_k))
+    with pytest.raises(TypeError, match="mn_major_sf must be a bool"):
+        quant.per_token_cast_to_fp8(x, mn_major_sf=1)
+
+
 def test_per_token_empty_rows():
     x_fp8, sf = quant.per_token_cast_to_fp8(torch.randn(0, 300), gran_k=64)
     assert x_fp8.shape == (0, 300) and x_fp8.dtype == E4M3
@@ -239,8 +255,8 @@ def _native():
     return kernels.jit.native_module()
 
 
-_TOKEN_ARGS = dict(x=256, x_dtype=1, m=4, n=256, x_row_stride=256, out=512, sf=1024, gran_k=128,
-                   use_ue8m0=False, device=0, stream=0)
+_TOKEN_ARGS = dict(x=256, x_dtype=1, m=4, n=256, x_row_stride=256, out=512, sf=1024, sf_stride_m=2,
+                   sf_stride_k=1, gran_k=128, use_ue8m0=False, device=0, stream=0)
 _BLOCK_ARGS = dict(x=256, x_dtype=1, batch=1, n=256, k=256, x_batch_stride=0, x_row_stride=256,
                    out=512, sf=1024, use_ue8m0=False, device=0, stream=0)
 
@@ -254,6 +270,10 @@ _BLOCK_ARGS = dict(x=256, x_dtype=1, batch=1, n=256, k=256, x_batch_stride=0, x_
     ({"x_row_stride": -5}, "x_row_stride must be >= 0, got -5"),
     ({"out": 0}, "null data pointer"),
     ({"m": 1 << 31, "n": 128}, "exceeds 2"),
+    ({"sf_stride_m": 1, "sf_stride_k": 1}, r"sf strides \(1, 1\) overlap for 4 x 2 scales"),
+    ({"sf_stride_m": 1, "sf_stride_k": 3}, "overlap"),
+    ({"sf_stride_m": 0}, "overlap"),
+    ({"sf_stride_k": 1 << 32, "sf_stride_m": 1}, "overlap"),
 ])
 def test_native_per_token_checks(override, match):
     with pytest.raises(RuntimeError, match=match):
@@ -451,6 +471,22 @@ def test_per_token_bit_exact(seed, case, pattern):
     got = quant.per_token_cast_to_fp8(x, use_ue8m0=case.use_ue8m0, gran_k=case.gran_k)
     assert_bit_exact(got, want)
     assert torch.equal(x, x_before)
+
+
+@pytest.mark.parametrize("case", TOKEN_CASES[::3], ids=str)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_per_token_mn_major_sf_bit_exact(seed, case):
+    """The kernel writing MN-major TMA-aligned scales: the reference's bits at every (row, group),
+    in the layout the GEMMs load without a gather, into poisoned memory."""
+    x = make_input((case.m, case.n), case.dtype, case.row_pad, (1, case.gran_k))
+    want_fp8, want_sf = reference.per_token_cast_to_fp8(x.cpu(), case.use_ue8m0, case.gran_k)
+    aligned_m = -(-case.m // 4) * 4
+    poison_allocator(case.m * case.n, aligned_m * want_sf.shape[1] * 4)
+    got_fp8, got_sf = quant.per_token_cast_to_fp8(x, use_ue8m0=case.use_ue8m0, gran_k=case.gran_k, mn_major_sf=True)
+    assert got_sf.shape == want_sf.shape and got_sf.stride() == (1, aligned_m)
+    assert torch.equal(got_fp8.cpu().view(torch.uint8), want_fp8.view(torch.uint8))
+    assert torch.equal(got_sf.cpu().view(torch.int32), want_sf.view(torch.int32))
 
 
 @dataclass

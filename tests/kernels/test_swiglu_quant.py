@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import kernels
 from kernels.testing import calc_diff
+from test_quant import poison_allocator
 from test_sass import sass
 
 
@@ -30,6 +31,19 @@ def test_cpu_is_the_definition(seed, m, inter):
     q, sf = kernels.swiglu_quant_fp8(h, w)
     q_ref, sf_ref = _definition(h, w)
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(sf, sf_ref)
+
+
+@pytest.mark.parametrize("m,inter", [(1, 256), (7, 384), (130, 256)])
+def test_cpu_mn_major_sf(seed, m, inter):
+    """mn_major_sf: the same scales, stored MN-major TMA-aligned (M rounded up to 4 floats)."""
+    h = (torch.randn(m, 2 * inter) * 3).to(torch.bfloat16)
+    w = torch.rand(m)
+    q, sf = kernels.swiglu_quant_fp8(h, w, mn_major_sf=True)
+    q_ref, sf_ref = _definition(h, w)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(sf, sf_ref)
+    assert sf.stride() == (1, -(-m // 4) * 4) and kernels.get_mn_major_tma_aligned_tensor(sf) is sf
+    with pytest.raises(TypeError, match="mn_major_sf must be a bool"):
+        kernels.swiglu_quant_fp8(h, w, mn_major_sf="yes")
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -64,6 +78,22 @@ def test_gpu_matches_the_definition(seed, m, inter):
     assert torch.allclose(sf, sf_ref, rtol=1e-6, atol=0)
     assert calc_diff(_dequant(q, sf), _dequant(q_ref, sf_ref)) < 1e-6
     assert (q.view(torch.uint8) == q_ref.view(torch.uint8)).float().mean() > 0.999
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,inter", [(1, 128), (37, 384), (4097, 2048)])
+def test_gpu_mn_major_sf_matches_k_major(seed, m, inter):
+    """The kernel writing MN-major TMA-aligned scales gives the K-major call's bits, every scale of
+    the poisoned allocation that falls inside the [m, I/128] view written."""
+    h = (torch.randn(m, 2 * inter, device="cuda") * 3).to(torch.bfloat16)
+    w = torch.rand(m, device="cuda")
+    q_k, sf_k = kernels.swiglu_quant_fp8(h, w)
+    groups, aligned = inter // 128, -(-m // 4) * 4
+    poison_allocator(m * inter, groups * aligned * 4)
+    q, sf = kernels.swiglu_quant_fp8(h, w, mn_major_sf=True)
+    assert sf.stride() == (1, aligned)
+    assert torch.equal(q.view(torch.uint8), q_k.view(torch.uint8))
+    assert torch.equal(sf.view(torch.int32), sf_k.view(torch.int32))
 
 
 @pytest.mark.gpu

@@ -9,8 +9,9 @@
 
 namespace moe_kernels {
 
-// Every (row, group) pair is one work item, numbered row-major, so an item's index is also the
-// index of its scale in the contiguous [num_rows, kNumGroups] scale tensor. A group is owned by
+// Every (row, group) pair is one work item, numbered row-major; its scale goes to
+// sf[row * sf_stride_m + group * sf_stride_k]: (kNumGroups, 1) for K-major scales, (1, rows
+// rounded up to 4) for the MN-major TMA-aligned layout the GEMMs load without a gather. A group is owned by
 // kThreadsPerGroup consecutive lanes (up to a warp), each holding kVecsPerThread vectors of kVec
 // elements, and the grid walks the items grid-stride, one item per thread per step. On an H200
 // neither more items per thread (loads of several items in flight) nor fewer lanes per group
@@ -19,14 +20,14 @@ namespace moe_kernels {
 // registers so that the launcher's grid of kMinCtasPerSm CTAs per SM is resident at once.
 //
 // x: [num_rows, kN] with row stride x_row_stride (elements); out: [num_rows, kN] E4M3 bytes,
-// contiguous; sf: [num_rows, ceil(kN / kGranK)] float32, contiguous. Requires num_rows *
+// contiguous; sf: [num_rows, ceil(kN / kGranK)] float32 with strides (sf_stride_m, sf_stride_k). Requires num_rows *
 // ceil(kN / kGranK) < 2^31, kN % kVec == 0, x and x_row_stride aligned to the vector width.
 template <typename InT, int kN, int kGranK, bool kUseUE8M0, int kVec, int kThreads,
           int kMinCtasPerSm>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     per_token_cast_to_fp8_kernel(const InT* __restrict__ x, long long x_row_stride,
                                  unsigned char* __restrict__ out, float* __restrict__ sf,
-                                 unsigned num_rows) {
+                                 unsigned sf_stride_m, unsigned sf_stride_k, unsigned num_rows) {
   static_assert(is_power_of_two(kGranK) && is_power_of_two(kVec) && kGranK % kVec == 0,
                 "group and vector sizes must be powers of two, the vector dividing the group");
   static_assert(kN % kVec == 0, "a vector never straddles the end of a row");
@@ -48,7 +49,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
                           threadIdx.x / kThreadsPerGroup;
     const bool item_valid = item < num_items;
     const unsigned row = item / kNumGroups;
-    const int col0 = static_cast<int>(item % kNumGroups) * kGranK;
+    const unsigned group = item % kNumGroups;
+    const int col0 = static_cast<int>(group) * kGranK;
 
     Vec<InT, kVec> raw[kVecsPerThread];
     const InT* src = x + static_cast<long long>(row) * x_row_stride;
@@ -73,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     if (!item_valid) continue;
     const float scale = fp8_scale_from_amax<kUseUE8M0>(amax);
     const float inv_scale = __frcp_rn(scale);
-    if (lane == 0) sf[item] = scale;
+    if (lane == 0) sf[static_cast<long long>(row) * sf_stride_m + static_cast<long long>(group) * sf_stride_k] = scale;
 
     unsigned char* dst = out + static_cast<long long>(row) * kN;
 #pragma unroll

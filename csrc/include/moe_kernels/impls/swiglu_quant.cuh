@@ -10,7 +10,8 @@
 // rows than arrive (the low-latency transport's P x T_cap rows per expert).
 //
 // Work items are (row, 128-column group), 16 lanes per group, 8 columns (one 16-byte load of
-// gate and one of up) per lane; the grid walks items grid-stride.
+// gate and one of up) per lane; the grid walks items grid-stride. The scale of (row, group) goes to
+// sf[row * sf_stride_m + group * sf_stride_k]: K-major, or MN-major for the contiguous GEMM's TMA.
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/fp8.cuh>
@@ -24,7 +25,8 @@ template <uint32_t kInter, uint32_t kThreads>
 __global__ void __launch_bounds__(kThreads)
     swiglu_quant_kernel(const __nv_bfloat16* __restrict__ h, const float* __restrict__ weights,
                         const int* __restrict__ masked_m, uint32_t rows_per_group, uint32_t num_rows,
-                        unsigned char* __restrict__ out, float* __restrict__ sf) {
+                        unsigned char* __restrict__ out, float* __restrict__ sf, uint32_t sf_stride_m,
+                        uint32_t sf_stride_k) {
   static_assert(kInter % 128 == 0, "one scale per 128 columns of act");
   constexpr uint32_t kVec = 8;
   constexpr uint32_t kLanesPerGroup = 128 / kVec;
@@ -64,7 +66,7 @@ __global__ void __launch_bounds__(kThreads)
     amax = warp_reduce_max<kLanesPerGroup>(amax);
     if (!valid) continue;
     const float scale = fp8_scale_from_amax<false>(amax);
-    if (lane == 0) sf[uint64_t(row) * kGroupsPerRow + col / 128] = scale;
+    if (lane == 0) sf[uint64_t(row) * sf_stride_m + uint64_t(col / 128) * sf_stride_k] = scale;
     Vec<unsigned char, kVec> packed;
     scale_to_e4m3<kVec>(act, __frcp_rn(scale), packed.elems);
     store_global(out + uint64_t(row) * kInter + col, packed);
