@@ -77,12 +77,19 @@ def main() -> None:
             def per_token(x=x):
                 return quant.per_token_cast_to_fp8(x, use_ue8m0=args.ue8m0, gran_k=args.gran_k)
 
+            def per_token_mn(x=x):
+                return quant.per_token_cast_to_fp8(x, use_ue8m0=args.ue8m0, gran_k=args.gran_k, mn_major_sf=True)
+
             def per_block(x=x):
                 return quant.per_block_cast_to_fp8(x, use_ue8m0=args.ue8m0)
 
-            for kernel, fn in (("per_token_cast_to_fp8_kernel", per_token),
-                               ("per_block_cast_to_fp8_kernel", per_block)):
-                print(bench_one(kernel, fn, x, shape, ceiling).markdown())
+            for label, kernel, fn in (("per_token_cast_to_fp8_kernel", "per_token_cast_to_fp8_kernel", per_token),
+                                      ("per_token_cast_to_fp8_kernel (MN-major scales)", "per_token_cast_to_fp8_kernel",
+                                       per_token_mn),
+                                      ("per_block_cast_to_fp8_kernel", "per_block_cast_to_fp8_kernel", per_block)):
+                row = bench_one(kernel, fn, x, shape, ceiling)
+                row.kernel = label
+                print(row.markdown())
 
 
 if __name__ == "__main__":
