@@ -9,7 +9,7 @@
 
 namespace moe_kernels {
 
-// Every (row, group) pair is one work item, numbered row-major (column-major for MN-major scales); its scale goes to
+// Every (row, group) pair is one work item, numbered by scale_item (common/fp8.cuh); its scale goes to
 // sf[row * sf_stride_m + group * sf_stride_k]: (kNumGroups, 1) for K-major scales, (1, rows
 // rounded up to 4) for the MN-major TMA-aligned layout the GEMMs load without a gather. A group is owned by
 // kThreadsPerGroup consecutive lanes (up to a warp), each holding kVecsPerThread vectors of kVec
@@ -38,20 +38,18 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   constexpr unsigned kNumGroups = ceil_div(kN, kGranK);
   constexpr bool kHasPartialGroup = kN % kGranK != 0;
 
-  const unsigned num_items = num_rows * kNumGroups;
+  const bool mn_major = sf_stride_m == 1 && kNumGroups > 1;
+  const unsigned num_items = scale_items(num_rows, kNumGroups, mn_major);
   const int lane = threadIdx.x % kThreadsPerGroup;
   const unsigned items_per_step = gridDim.x * kGroupsPerCta;
   // Rounded up so that whole warps run every step: the shuffles need all 32 lanes.
   const unsigned num_steps = ceil_div(num_items, items_per_step);
-  // MN-major scales: items numbered down the rows, so a warp's scale stores share sectors.
-  const bool mn_major = sf_stride_m == 1 && kNumGroups > 1;
 
   for (unsigned step = 0; step < num_steps; ++step) {
     const unsigned item = step * items_per_step + blockIdx.x * kGroupsPerCta +
                           threadIdx.x / kThreadsPerGroup;
-    const bool item_valid = item < num_items;
-    const unsigned row = mn_major ? item % num_rows : item / kNumGroups;
-    const unsigned group = mn_major ? item / num_rows : item % kNumGroups;
+    const auto [row, group] = scale_item(item, kNumGroups, mn_major);
+    const bool item_valid = item < num_items && row < num_rows;
     const int col0 = static_cast<int>(group) * kGranK;
 
     Vec<InT, kVec> raw[kVecsPerThread];

@@ -10,8 +10,9 @@
 // rows than arrive (the low-latency transport's P x T_cap rows per expert).
 //
 // Work items are (row, 128-column group), 16 lanes per group, 8 columns (one 16-byte load of
-// gate and one of up) per lane; the grid walks items grid-stride. The scale of (row, group) goes to
-// sf[row * sf_stride_m + group * sf_stride_k]: K-major, or MN-major for the contiguous GEMM's TMA.
+// gate and one of up) per lane; the grid walks items grid-stride, numbered by scale_item
+// (common/fp8.cuh). The scale of (row, group) goes to sf[row * sf_stride_m + group * sf_stride_k]:
+// K-major, or MN-major for the contiguous GEMM's TMA.
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/fp8.cuh>
@@ -35,18 +36,15 @@ __global__ void __launch_bounds__(kThreads)
   static_assert(kThreads % 32 == 0, "whole warps: the amax shuffles need every lane");
 
   const uint32_t lane = threadIdx.x % kLanesPerGroup;
-  const uint64_t num_items = uint64_t(num_rows) * kGroupsPerRow;
+  const bool mn_major = sf_stride_m == 1 && kGroupsPerRow > 1;
+  const uint64_t num_items = scale_items(uint64_t(num_rows), kGroupsPerRow, mn_major);
   const uint64_t step = uint64_t(gridDim.x) * kItemsPerCta;
   // Rounded up so that whole warps take every step.
   const uint64_t num_steps = (num_items + step - 1) / step;
-  // MN-major scales: items numbered down the rows, so a warp's scale stores share sectors (along
-  // a row they would land sf_stride_k floats apart, a sector each: the kernel took 11% longer at 4096 x 2048 on an H200).
-  const bool mn_major = sf_stride_m == 1 && kGroupsPerRow > 1;
   for (uint64_t s = 0; s < num_steps; ++s) {
     const uint64_t item = s * step + uint64_t(blockIdx.x) * kItemsPerCta + threadIdx.x / kLanesPerGroup;
-    const uint32_t row = static_cast<uint32_t>(mn_major ? item % num_rows : item / kGroupsPerRow);
-    const uint32_t group = static_cast<uint32_t>(mn_major ? item / num_rows : item % kGroupsPerRow);
-    bool valid = item < num_items;
+    const auto [row, group] = scale_item(item, kGroupsPerRow, mn_major);
+    bool valid = item < num_items && row < num_rows;
     if (valid && masked_m != nullptr) {
       const uint32_t masked_group = row / rows_per_group;
       valid = static_cast<int>(row - masked_group * rows_per_group) < __ldg(masked_m + masked_group);
