@@ -475,8 +475,10 @@ class StagedExperts(Experts):
                 self.gemm(a, b, d, dispatched.m_indices)
             w13, w2 = self.w13, self.w2
         # The contiguous GEMMs load MN-major TMA-aligned A scales with one TMA box per K block
-        # (K-major ones: a 4-K-block box per stage): 4-9% faster on an H200 at 4-8 x 4096-8192
-        # rows. The received scales are transposed once (M x H/128 floats); SwiGLU writes them so.
+        # (K-major ones: a 4-K-block box per stage). The received scales are transposed once (M x
+        # H/128 floats, ~9 us at 16384 rows); SwiGLU writes its scales so at no cost. On an H200
+        # (32 experts, profiler) the layer ran 0.5% (512 tokens) to 2.3% (8192) faster, both GEMMs
+        # 3-4% at 8192 tokens (bench/RESULTS.md, 2026-12-01).
         mn_major = not rows and os.environ.get("MOE_STAGED_MN_MAJOR_SF", "1") != "0"
         x_sf = kernels.get_mn_major_tma_aligned_tensor(dispatched.x_sf) if mn_major else dispatched.x_sf
         gemm((dispatched.x, x_sf), w13, h)
