@@ -138,7 +138,11 @@ _CONTIGUOUS, _MASKED = 1, 2
 _FP4_SWAP_AB_MAX_M = 32  # masked FP4 calls with expected_m up to this run the swapped decode kernel
 
 
-def _grouped_code(fp4_weights: bool, m: int, n: int, k: int, num_sms: int, gemm_type: int, groups: int):
+_SCALE_TMA_MN_MAJOR = 1  # fp8_gemm_nt_code's scale_load: A scales MN-major TMA-aligned
+
+
+def _grouped_code(fp4_weights: bool, m: int, n: int, k: int, num_sms: int, gemm_type: int, groups: int,
+                  scale_load: int = -1):
     if fp4_weights:
         if gemm_type == _MASKED and m <= _FP4_SWAP_AB_MAX_M:
             name, code, _ = _native().fp8_fp4_gemm_nt_swap_ab_code(m, n, k, num_sms, groups)
@@ -149,7 +153,7 @@ def _grouped_code(fp4_weights: bool, m: int, n: int, k: int, num_sms: int, gemm_
     from .grouped import get_mk_alignment_for_contiguous_layout
 
     return _native().fp8_gemm_nt_code(m, n, k, num_sms, False, -1, gemm_type, groups,
-                                      alignment=get_mk_alignment_for_contiguous_layout())
+                                      alignment=get_mk_alignment_for_contiguous_layout(), scale_load=scale_load)
 
 
 def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelShapes, str, int], list[KernelSource]]:
@@ -165,6 +169,12 @@ def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelS
                     name, code = _grouped_code(fp4_weights, m, n, k, num_sms, gemm_type, groups)
                     rows = f"m<={m}" if contiguous else f"expected_m={m}"
                     out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows}", name, code))
+                    # The staged backend's prefill hands the FP8 GEMMs MN-major A scales (TMA boxes
+                    # of B's scales need K a multiple of 512; other K gather either layout).
+                    if contiguous and not fp4_weights and k % 512 == 0:
+                        name, code = _grouped_code(False, m, n, k, num_sms, gemm_type, groups, _SCALE_TMA_MN_MAJOR)
+                        out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows} MN-major A scales", name,
+                                                code))
                     if fp4_weights and not contiguous and m <= _FP4_SWAP_AB_MAX_M:  # transform_fp4_for_decode weights
                         name, code, _ = _native().fp8_fp4_gemm_nt_swap_ab_code(m, n, k, num_sms, groups, True)
                         out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows} decode layout", name, code))

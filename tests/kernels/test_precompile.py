@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import kernels
 import kernels.jit
@@ -65,6 +66,20 @@ def test_contiguous_sources_follow_the_alignment():
         assert 256 in block_ms()
     finally:
         kernels.set_mk_alignment_for_contiguous_layout(128)
+
+
+def test_contiguous_sources_cover_mn_major_scales():
+    """The staged backend's prefill calls the contiguous FP8 GEMM on MN-major A scales: those kernels
+    (TMA-loaded A scales) are generated beside the K-major ones, and are what such a call gets."""
+    native = kernels.jit.native_module()
+    codes = {s.code for s in precompile.collect_sources(["m_grouped_fp8_gemm_nt_contiguous"], max_m=4096)}
+    for m, n, k, groups in [(4096, 4096, 7168, 32), (1024, 7168, 2048, 256)]:
+        for scale_load in (-1, 1):
+            name, code = native.fp8_gemm_nt_code(m, n, k, 132, False, -1, 1, groups, scale_load=scale_load)
+            assert code in codes, (m, n, k, groups, scale_load)
+    sfa = kernels.get_mn_major_tma_aligned_tensor(torch.zeros(4096, 56))
+    assert native.fp8_gemm_scale_load(1, 4096, 4096, 7168, 32, 1 << 20, sfa.stride(0), sfa.stride(1), 1 << 21,
+                                      32 * 56, 56, 1) == "tma_mn_major"
 
 
 def test_gemm_family_compiles(tmp_path: Path):
