@@ -12,6 +12,7 @@
 #include "apis/dtypes.hpp"
 #include "jit/compiler.hpp"
 #include "jit/device_runtime.hpp"
+#include "moe_kernels/common/scale_items.h"
 #include "jit/exception.hpp"
 #include "jit/kernel_runtime.hpp"
 
@@ -116,9 +117,20 @@ struct PerTokenArgs {
 
 inline void per_token_launch(const PerTokenConfig& c, const PerTokenArgs& a) {
   const long long num_groups = (c.n + c.gran_k - 1) / c.gran_k;
-  const long long num_items = a.m * num_groups;
-  MOE_HOST_ASSERT(num_items <= kMaxItems, "per_token_cast_to_fp8: m * ceil(n / gran_k) = "
-                                              << num_items << " exceeds 2^31 - 1");
+  MOE_HOST_ASSERT(a.m <= kMaxItems / num_groups, "per_token_cast_to_fp8: m * ceil(n / gran_k) = "
+                                                     << a.m << " * " << num_groups << " exceeds 2^31 - 1");
+  // The scales are written, so no two may share an address: one dimension's stride must span the
+  // other's whole extent (K-major (groups, 1) and MN-major (1, m rounded up) both do).
+  MOE_HOST_ASSERT(a.sf_stride_m >= 1 && a.sf_stride_k >= 1 && a.sf_stride_m <= UINT32_MAX &&
+                      a.sf_stride_k <= UINT32_MAX &&
+                      (num_groups == 1 || a.m <= 1 || a.sf_stride_m >= num_groups * a.sf_stride_k ||
+                       a.sf_stride_k >= a.m * a.sf_stride_m),
+                  "per_token_cast_to_fp8: sf strides (" << a.sf_stride_m << ", " << a.sf_stride_k << ") overlap for "
+                                                        << a.m << " x " << num_groups << " scales");
+  // The kernel's items (MN-major scales round the rows up to a band): one grid step covers them.
+  const long long num_items = moe_kernels::scale_items(
+      a.m, static_cast<unsigned>(num_groups),
+      moe_kernels::scale_items_mn_major(a.sf_stride_m, static_cast<unsigned>(num_groups)));
   if (num_items == 0) return;
   static moe_jit::KernelMemo<std::array<int, 6>, moe_jit::IntArrayHash> memo;
   const std::array<int, 6> key = {static_cast<int>(c.in_dtype), c.n, c.gran_k, c.use_ue8m0, c.vec, a.device};

@@ -10,6 +10,7 @@
 #include "jit/device_runtime.hpp"
 #include "jit/exception.hpp"
 #include "jit/kernel_runtime.hpp"
+#include "moe_kernels/common/scale_items.h"
 
 namespace moe_launchers::swiglu_quant {
 
@@ -43,6 +44,11 @@ inline void launch(std::uint64_t h, std::uint64_t weights, std::uint64_t masked_
                    long long num_rows, int inter, std::uint64_t out, std::uint64_t sf, long long sf_stride_m,
                    long long sf_stride_k, int device, std::uint64_t stream) {
   check_inter(inter);
+  MOE_HOST_ASSERT(num_rows >= 0 && num_rows < (1ll << 31), kFn << ": rows must be in [0, 2^31), got " << num_rows);
+  MOE_HOST_ASSERT(masked_m == 0 || (rows_per_group >= 1 && num_rows % rows_per_group == 0),
+                  kFn << ": the masked layout needs rows per group >= 1 dividing the rows, got " << rows_per_group
+                      << " and " << num_rows);
+  MOE_HOST_ASSERT(h % 16 == 0 && out % 8 == 0, kFn << ": h must be 16-byte and out 8-byte aligned");
   // Written scales must not share addresses: one stride spans the other dimension's extent.
   const long long groups = inter / 128;
   MOE_HOST_ASSERT(sf_stride_m >= 1 && sf_stride_k >= 1 && sf_stride_m <= UINT32_MAX && sf_stride_k <= UINT32_MAX &&
@@ -50,18 +56,15 @@ inline void launch(std::uint64_t h, std::uint64_t weights, std::uint64_t masked_
                        sf_stride_k >= num_rows * sf_stride_m),
                   kFn << ": sf strides (" << sf_stride_m << ", " << sf_stride_k << ") overlap for " << num_rows
                       << " x " << groups << " scales");
-  MOE_HOST_ASSERT(num_rows >= 0 && num_rows < (1ll << 31), kFn << ": rows must be in [0, 2^31), got " << num_rows);
-  MOE_HOST_ASSERT(masked_m == 0 || (rows_per_group >= 1 && num_rows % rows_per_group == 0),
-                  kFn << ": the masked layout needs rows per group >= 1 dividing the rows, got " << rows_per_group
-                      << " and " << num_rows);
-  MOE_HOST_ASSERT(h % 16 == 0 && out % 8 == 0, kFn << ": h must be 16-byte and out 8-byte aligned");
   if (num_rows == 0) return;
   static moe_jit::KernelMemo<std::array<int, 2>, moe_jit::IntArrayHash> memo;
   const auto kernel = memo.get({inter, device}, [&] {
     const GeneratedKernel gen = generate(inter);
     return moe_jit::build(gen.name, gen.code, moe_jit::device_arch(device));
   });
-  const long long items = num_rows * (inter / 128);
+  // The kernel's items (MN-major scales round the rows up to a band): one grid step covers them.
+  const long long items = moe_kernels::scale_items(
+      num_rows, static_cast<unsigned>(groups), moe_kernels::scale_items_mn_major(sf_stride_m, static_cast<unsigned>(groups)));
   const long long items_per_cta = kThreads / 16;
   const long long resident = static_cast<long long>(moe_jit::get_num_sms(device)) * kCtasPerSm;
   moe_jit::LaunchConfig cfg;

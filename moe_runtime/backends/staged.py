@@ -438,6 +438,10 @@ class StagedExperts(Experts):
             self.masked_gemm = kernels.m_grouped_fp8_fp4_gemm_nt_masked
             self.w13 = (experts.gate_up.data, kernels.transform_sf_for_fp4_gemm(experts.gate_up.sf))
             self.w2 = (experts.down.data, kernels.transform_sf_for_fp4_gemm(experts.down.sf))
+        # The FP8 contiguous GEMMs load MN-major A scales by TMA where K is a multiple of 512 (whole
+        # boxes of B's scales); elsewhere, and in the FP4 GEMMs, scales are gathered in either layout.
+        self.mn_major_l1 = fmt == "fp8" and self.hidden % 512 == 0
+        self.mn_major_l2 = fmt == "fp8" and self.intermediate % 512 == 0
         self.w13_masked, self.w2_masked = self.w13, self.w2
         if fmt == "fp4" and decode_layout and experts.gate_up.data.is_cuda:
             self.w13_masked = kernels.transform_fp4_for_decode(*self.w13)
@@ -480,7 +484,9 @@ class StagedExperts(Experts):
         # (32 experts, profiler) the layer ran 0.5% (512 tokens) to 2.3% (8192) faster, both GEMMs
         # 3-4% at 8192 tokens (bench/RESULTS.md, 2026-12-01).
         mn_major = not rows and os.environ.get("MOE_STAGED_MN_MAJOR_SF", "1") != "0"
-        x_sf = kernels.get_mn_major_tma_aligned_tensor(dispatched.x_sf) if mn_major else dispatched.x_sf
+        x_sf = dispatched.x_sf
+        if mn_major and self.mn_major_l1:
+            x_sf = kernels.get_mn_major_tma_aligned_tensor(x_sf)
         gemm((dispatched.x, x_sf), w13, h)
         # SwiGLU x top-k weight, quantized per 1x128 in one launch (masked layout: the rows that
         # arrived only).
@@ -488,7 +494,7 @@ class StagedExperts(Experts):
             act_fp8 = kernels.swiglu_quant_fp8(h[: groups * rows], dispatched.topk_weights[: groups * rows],
                                                dispatched.masked_m, rows)
         else:
-            act_fp8 = kernels.swiglu_quant_fp8(h, dispatched.topk_weights, mn_major_sf=mn_major)
+            act_fp8 = kernels.swiglu_quant_fp8(h, dispatched.topk_weights, mn_major_sf=mn_major and self.mn_major_l2)
         del h
         gemm(act_fp8, w2, out)
         return out

@@ -75,7 +75,8 @@ def test_contiguous_sources_cover_mn_major_scales():
     codes = {s.code for s in precompile.collect_sources(["m_grouped_fp8_gemm_nt_contiguous"], max_m=4096)}
     for m, n, k, groups in [(4096, 4096, 7168, 32), (1024, 7168, 2048, 256)]:
         for scale_load in (-1, 1):
-            name, code = native.fp8_gemm_nt_code(m, n, k, 132, False, -1, 1, groups, scale_load=scale_load)
+            name, code = native.fp8_gemm_nt_code(m, n, k, 132, False, -1, 1, groups, scale_load=scale_load,
+                                                 alignment=kernels.get_mk_alignment_for_contiguous_layout())
             assert code in codes, (m, n, k, groups, scale_load)
     sfa = kernels.get_mn_major_tma_aligned_tensor(torch.zeros(4096, 56))
     assert native.fp8_gemm_scale_load(1, 4096, 4096, 7168, 32, 1 << 20, sfa.stride(0), sfa.stride(1), 1 << 21,

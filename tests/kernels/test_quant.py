@@ -473,7 +473,12 @@ def test_per_token_bit_exact(seed, case, pattern):
     assert torch.equal(x, x_before)
 
 
-@pytest.mark.parametrize("case", TOKEN_CASES[::3], ids=str)
+# Every third case, plus single rows and band tails with several groups.
+MN_MAJOR_CASES = TOKEN_CASES[::3] + [TokenCase(1, 7168, BF16, 128, True), TokenCase(9, 300, FP32, 64, False),
+                                     TokenCase(5, 16384, FP32, 128, True), TokenCase(129, 4097, BF16, 128, False)]
+
+
+@pytest.mark.parametrize("case", MN_MAJOR_CASES, ids=str)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_per_token_mn_major_sf_bit_exact(seed, case):

@@ -59,6 +59,15 @@ def test_bad_arguments(kwargs, match):
         kernels.swiglu_quant_fp8(**args)
 
 
+@pytest.mark.parametrize("strides", [(1, 1), (1, 3), (0, 1), (2, 0), (1 << 32, 1)])
+def test_native_scale_strides_must_not_overlap(strides):
+    """The launcher refuses scale strides under which two of the 4 x 2 scales would share an address,
+    before touching a device."""
+    args = (256, 512, 0, 1, 4, 256, 1024, 2048, *strides, 0, 0)
+    with pytest.raises(RuntimeError, match="sf strides .* overlap for 4 x 2 scales"):
+        kernels.jit.native_module().swiglu_quant_fp8(*args)
+
+
 def test_kernel_machine_code():
     text = sass(*kernels.jit.native_module().swiglu_quant_code(2048))
     for op in ("LDG.E.NA.128", "F2FP.SATFINITE.E4M3", "MUFU.EX2"):
@@ -81,7 +90,7 @@ def test_gpu_matches_the_definition(seed, m, inter):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,inter", [(1, 128), (37, 384), (4097, 2048)])
+@pytest.mark.parametrize("m,inter", [(1, 2048), (9, 256), (37, 384), (4097, 2048)])
 def test_gpu_mn_major_sf_matches_k_major(seed, m, inter):
     """The kernel writing MN-major TMA-aligned scales gives the K-major call's bits, every scale of
     the poisoned allocation that falls inside the [m, I/128] view written."""
@@ -108,3 +117,6 @@ def test_gpu_masked_rows_only():
     valid = (torch.arange(rows, device="cuda").view(1, -1) < masked_m.view(-1, 1)).flatten()
     assert calc_diff(_dequant(q[valid], sf[valid]), _dequant(q_ref[valid], sf_ref[valid])) < 1e-6
     assert torch.isfinite(sf[valid]).all()
+    q_mn, sf_mn = kernels.swiglu_quant_fp8(h, w, masked_m, rows, mn_major_sf=True)  # the same rows, MN-major
+    assert torch.equal(q_mn[valid].view(torch.uint8), q[valid].view(torch.uint8))
+    assert torch.equal(sf_mn[valid], sf[valid])

@@ -322,6 +322,23 @@ def test_layer_staged_matches_reference(seed, router, skew, weights):
     assert calc_diff(staged_layer(x), reference_layer(x)) < kTolerance
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_contiguous_layout_mn_major_scales_equal_k_major(seed, monkeypatch, device):
+    """The prefill's FP8 GEMMs on MN-major A scales (K multiples of 512: transposed received scales,
+    SwiGLU writing MN-major) give the K-major forward's output bit for bit (MOE_STAGED_MN_MAJOR_SF=0);
+    FP8 only, where the GEMMs load such scales by TMA."""
+    hidden, inter = 512, 512
+    staged_layer, reference_layer = _layer_pair("deepseek", seed, device, hidden, inter, capacity=1024)
+    experts = staged_layer._backend(torch.device(device))[1]
+    assert experts.mn_major_l1 and experts.mn_major_l2
+    x = torch.randn(300, hidden, device=device).to(torch.bfloat16)
+    got = staged_layer(x)
+    monkeypatch.setenv("MOE_STAGED_MN_MAJOR_SF", "0")
+    assert torch.equal(staged_layer(x), got)
+    assert calc_diff(got, reference_layer(x)) < kTolerance
+
+
 @pytest.mark.parametrize("overrides,match", [
     (dict(weights="bf16"), "FP8 or FP4 expert weights, got weights='bf16'"),
     (dict(dtype=torch.float16), "dtype=torch.float16"),

@@ -61,29 +61,4 @@ __device__ __forceinline__ void scale_to_e4m3(const float (&x)[kSize], float inv
   }
 }
 
-// The quantizers' work items, one per (row, 1 x group scale), numbered so that both reads and scale
-// stores coalesce. K-major scales: row-major. MN-major scales (a column's rows adjacent): bands of
-// kScaleBandRows rows, group-major inside a band, so kScaleBandRows consecutive items store one
-// 32-byte sector and a band's rows are read whole before the next band (numbering whole columns
-// row after row instead strided the reads across all rows: the SwiGLU step took 1.3x longer).
-// MN-major rounds the rows up to a band: items of rows past num_rows are not valid.
-constexpr unsigned kScaleBandRows = 8;
-
-template <typename Index>
-__host__ __device__ __forceinline__ Index scale_items(Index num_rows, unsigned num_groups, bool mn_major) {
-  return (mn_major ? (num_rows + kScaleBandRows - 1) / kScaleBandRows * kScaleBandRows : num_rows) * num_groups;
-}
-
-struct ScaleItem {
-  unsigned row, group;
-};
-
-template <typename Index>
-__device__ __forceinline__ ScaleItem scale_item(Index item, unsigned num_groups, bool mn_major) {
-  if (!mn_major) return {static_cast<unsigned>(item / num_groups), static_cast<unsigned>(item % num_groups)};
-  const Index band = item / (kScaleBandRows * num_groups), within = item % (kScaleBandRows * num_groups);
-  return {static_cast<unsigned>(band * kScaleBandRows + within % kScaleBandRows),
-          static_cast<unsigned>(within / kScaleBandRows)};
-}
-
 }  // namespace moe_kernels

@@ -3,13 +3,14 @@
 // Numerics match kernels/reference/quant.py bit for bit; see common/fp8.cuh for the rounding.
 #include <moe_kernels/common/convert.cuh>
 #include <moe_kernels/common/fp8.cuh>
+#include <moe_kernels/common/scale_items.h>
 #include <moe_kernels/common/math.cuh>
 #include <moe_kernels/common/reduce.cuh>
 #include <moe_kernels/common/vec.cuh>
 
 namespace moe_kernels {
 
-// Every (row, group) pair is one work item, numbered by scale_item (common/fp8.cuh); its scale goes to
+// Every (row, group) pair is one work item, numbered by scale_item (common/scale_items.h); its scale goes to
 // sf[row * sf_stride_m + group * sf_stride_k]: (kNumGroups, 1) for K-major scales, (1, rows
 // rounded up to 4) for the MN-major TMA-aligned layout the GEMMs load without a gather. A group is owned by
 // kThreadsPerGroup consecutive lanes (up to a warp), each holding kVecsPerThread vectors of kVec
@@ -38,7 +39,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   constexpr unsigned kNumGroups = ceil_div(kN, kGranK);
   constexpr bool kHasPartialGroup = kN % kGranK != 0;
 
-  const bool mn_major = sf_stride_m == 1 && kNumGroups > 1;
+  const bool mn_major = scale_items_mn_major(sf_stride_m, kNumGroups);
   const unsigned num_items = scale_items(num_rows, kNumGroups, mn_major);
   const int lane = threadIdx.x % kThreadsPerGroup;
   const unsigned items_per_step = gridDim.x * kGroupsPerCta;

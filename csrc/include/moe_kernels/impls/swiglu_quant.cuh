@@ -11,11 +11,12 @@
 //
 // Work items are (row, 128-column group), 16 lanes per group, 8 columns (one 16-byte load of
 // gate and one of up) per lane; the grid walks items grid-stride, numbered by scale_item
-// (common/fp8.cuh). The scale of (row, group) goes to sf[row * sf_stride_m + group * sf_stride_k]:
+// (common/scale_items.h). The scale of (row, group) goes to sf[row * sf_stride_m + group * sf_stride_k]:
 // K-major, or MN-major for the contiguous GEMM's TMA.
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/fp8.cuh>
+#include <moe_kernels/common/scale_items.h>
 #include <moe_kernels/common/reduce.cuh>
 #include <moe_kernels/common/sm90_ptx.cuh>
 #include <moe_kernels/common/vec.cuh>
@@ -36,7 +37,7 @@ __global__ void __launch_bounds__(kThreads)
   static_assert(kThreads % 32 == 0, "whole warps: the amax shuffles need every lane");
 
   const uint32_t lane = threadIdx.x % kLanesPerGroup;
-  const bool mn_major = sf_stride_m == 1 && kGroupsPerRow > 1;
+  const bool mn_major = scale_items_mn_major(sf_stride_m, kGroupsPerRow);
   const uint64_t num_items = scale_items(uint64_t(num_rows), kGroupsPerRow, mn_major);
   const uint64_t step = uint64_t(gridDim.x) * kItemsPerCta;
   // Rounded up so that whole warps take every step.
