@@ -99,8 +99,8 @@ def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False, gran_k: int 
     sf [m, ceil(n / gran_k)] float32)``. ``x_fp8`` is contiguous; ``sf`` too unless
     ``mn_major_sf``, which writes it MN-major TMA-aligned (stride 1 along m, ``m`` rounded up to 4
     along the groups: :func:`kernels.get_mn_major_tma_aligned_tensor`'s layout), the layout the
-    dense and contiguous GEMMs load with one TMA box per K block (on an H200 the contiguous GEMM ran
-    4-9% faster on it than on K-major scales). A last partial group is padded with zeros for its
+    dense and contiguous GEMMs load with one TMA box per K block (on an H200 the contiguous GEMM took
+    0.90-0.99x its time on K-major scales, bench/RESULTS.md 2026-12-01). A last partial group is padded with zeros for its
     amax; ``use_ue8m0`` rounds the scales up to powers of two.
     """
     # Fast path, every call ahead of a microsecond-scale kernel: a plain 2-D CUDA tensor of a

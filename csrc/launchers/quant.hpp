@@ -119,12 +119,7 @@ inline void per_token_launch(const PerTokenConfig& c, const PerTokenArgs& a) {
   const long long num_groups = (c.n + c.gran_k - 1) / c.gran_k;
   MOE_HOST_ASSERT(a.m <= kMaxItems / num_groups, "per_token_cast_to_fp8: m * ceil(n / gran_k) = "
                                                      << a.m << " * " << num_groups << " exceeds 2^31 - 1");
-  // The scales are written, so no two may share an address: one dimension's stride must span the
-  // other's whole extent (K-major (groups, 1) and MN-major (1, m rounded up) both do).
-  MOE_HOST_ASSERT(a.sf_stride_m >= 1 && a.sf_stride_k >= 1 && a.sf_stride_m <= UINT32_MAX &&
-                      a.sf_stride_k <= UINT32_MAX &&
-                      (num_groups == 1 || a.m <= 1 || a.sf_stride_m >= num_groups * a.sf_stride_k ||
-                       a.sf_stride_k >= a.m * a.sf_stride_m),
+  MOE_HOST_ASSERT(moe_kernels::scale_strides_disjoint(a.m, num_groups, a.sf_stride_m, a.sf_stride_k),
                   "per_token_cast_to_fp8: sf strides (" << a.sf_stride_m << ", " << a.sf_stride_k << ") overlap for "
                                                         << a.m << " x " << num_groups << " scales");
   // The kernel's items (MN-major scales round the rows up to a band): one grid step covers them.

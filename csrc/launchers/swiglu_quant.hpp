@@ -49,11 +49,8 @@ inline void launch(std::uint64_t h, std::uint64_t weights, std::uint64_t masked_
                   kFn << ": the masked layout needs rows per group >= 1 dividing the rows, got " << rows_per_group
                       << " and " << num_rows);
   MOE_HOST_ASSERT(h % 16 == 0 && out % 8 == 0, kFn << ": h must be 16-byte and out 8-byte aligned");
-  // Written scales must not share addresses: one stride spans the other dimension's extent.
   const long long groups = inter / 128;
-  MOE_HOST_ASSERT(sf_stride_m >= 1 && sf_stride_k >= 1 && sf_stride_m <= UINT32_MAX && sf_stride_k <= UINT32_MAX &&
-                      (groups == 1 || num_rows <= 1 || sf_stride_m >= groups * sf_stride_k ||
-                       sf_stride_k >= num_rows * sf_stride_m),
+  MOE_HOST_ASSERT(moe_kernels::scale_strides_disjoint(num_rows, groups, sf_stride_m, sf_stride_k),
                   kFn << ": sf strides (" << sf_stride_m << ", " << sf_stride_k << ") overlap for " << num_rows
                       << " x " << groups << " scales");
   if (num_rows == 0) return;
@@ -63,8 +60,9 @@ inline void launch(std::uint64_t h, std::uint64_t weights, std::uint64_t masked_
     return moe_jit::build(gen.name, gen.code, moe_jit::device_arch(device));
   });
   // The kernel's items (MN-major scales round the rows up to a band): one grid step covers them.
-  const long long items = moe_kernels::scale_items(
-      num_rows, static_cast<unsigned>(groups), moe_kernels::scale_items_mn_major(sf_stride_m, static_cast<unsigned>(groups)));
+  const unsigned num_groups = static_cast<unsigned>(groups);
+  const long long items =
+      moe_kernels::scale_items(num_rows, num_groups, moe_kernels::scale_items_mn_major(sf_stride_m, num_groups));
   const long long items_per_cta = kThreads / 16;
   const long long resident = static_cast<long long>(moe_jit::get_num_sms(device)) * kCtasPerSm;
   moe_jit::LaunchConfig cfg;

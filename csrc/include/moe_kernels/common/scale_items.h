@@ -27,6 +27,16 @@ constexpr bool scale_items_mn_major(long long sf_stride_m, unsigned num_groups) 
   return sf_stride_m == 1 && num_groups > 1;
 }
 
+// The scales are written, so no two may share an address: strides of at least 1 that fit the
+// kernels' 32-bit arguments, one dimension's stride spanning the other's whole extent (K-major
+// (groups, 1) and MN-major (1, rows rounded up) both do). Callers bound rows below 2^31 first.
+constexpr bool scale_strides_disjoint(long long num_rows, long long num_groups, long long sf_stride_m,
+                                      long long sf_stride_k) {
+  return sf_stride_m >= 1 && sf_stride_k >= 1 && sf_stride_m <= 0xffffffffll && sf_stride_k <= 0xffffffffll &&
+         (num_groups == 1 || num_rows <= 1 || sf_stride_m >= num_groups * sf_stride_k ||
+          sf_stride_k >= num_rows * sf_stride_m);
+}
+
 struct ScaleItem {
   unsigned row, group;
 };

@@ -10,19 +10,21 @@
 
 namespace moe_kernels {
 
-// Every (row, group) pair is one work item, numbered by scale_item (common/scale_items.h); its scale goes to
-// sf[row * sf_stride_m + group * sf_stride_k]: (kNumGroups, 1) for K-major scales, (1, rows
-// rounded up to 4) for the MN-major TMA-aligned layout the GEMMs load without a gather. A group is owned by
-// kThreadsPerGroup consecutive lanes (up to a warp), each holding kVecsPerThread vectors of kVec
-// elements, and the grid walks the items grid-stride, one item per thread per step. On an H200
+// Every (row, group) pair is one work item, numbered by scale_item (common/scale_items.h); its
+// scale goes to sf[row * sf_stride_m + group * sf_stride_k]: (kNumGroups, 1) for K-major scales,
+// (1, rows rounded up to 4) for the MN-major TMA-aligned layout the GEMMs load without a gather.
+// A group is owned by kThreadsPerGroup consecutive lanes (up to a warp), each holding
+// kVecsPerThread vectors of kVec elements, and the grid walks the items grid-stride, one item per
+// thread per step. On an H200
 // neither more items per thread (loads of several items in flight) nor fewer lanes per group
 // (the shuffles and the IEEE division spread over more elements) was faster: the kernel is
 // limited by DRAM, and many small resident CTAs keep enough loads in flight. kMinCtasPerSm caps
 // registers so that the launcher's grid of kMinCtasPerSm CTAs per SM is resident at once.
 //
 // x: [num_rows, kN] with row stride x_row_stride (elements); out: [num_rows, kN] E4M3 bytes,
-// contiguous; sf: [num_rows, ceil(kN / kGranK)] float32 with strides (sf_stride_m, sf_stride_k). Requires num_rows *
-// ceil(kN / kGranK) < 2^31, kN % kVec == 0, x and x_row_stride aligned to the vector width.
+// contiguous; sf: [num_rows, ceil(kN / kGranK)] float32 with strides (sf_stride_m, sf_stride_k).
+// Requires num_rows * ceil(kN / kGranK) < 2^31, kN % kVec == 0, x and x_row_stride aligned to
+// the vector width.
 template <typename InT, int kN, int kGranK, bool kUseUE8M0, int kVec, int kThreads,
           int kMinCtasPerSm>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)

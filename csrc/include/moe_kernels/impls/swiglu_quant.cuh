@@ -11,8 +11,8 @@
 //
 // Work items are (row, 128-column group), 16 lanes per group, 8 columns (one 16-byte load of
 // gate and one of up) per lane; the grid walks items grid-stride, numbered by scale_item
-// (common/scale_items.h). The scale of (row, group) goes to sf[row * sf_stride_m + group * sf_stride_k]:
-// K-major, or MN-major for the contiguous GEMM's TMA.
+// (common/scale_items.h). The scale of (row, group) goes to
+// sf[row * sf_stride_m + group * sf_stride_k]: K-major, or MN-major for the contiguous GEMM's TMA.
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/fp8.cuh>
