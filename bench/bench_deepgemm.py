@@ -26,6 +26,10 @@ set, its output checked, as a ratio to DeepGEMM's time. A cell whose output on e
 (calc_diff over 1e-3; ours 2e-3 for FP4) is named at the end and left out of the means, and the
 run exits 1.
 
+``--write-flush-too`` times every call once more after the memset flush (``MOE_BENCH_FLUSH=write``,
+kernels/testing/bench.py), with its own speed-ups and geometric means: that flush leaves dirty lines
+in L2 whose write-back the next kernel pays, which weighs most on the short decode cells.
+
 Kernel time from the profiler with the L2 flushed before every run (each side's GEMM kernel only:
 DeepGEMM's A scales are handed over in the MN-major TMA-aligned layout it wants, so it runs no
 transpose), and the time per call from Python. "speed-up" = DeepGEMM's kernel time over ours. Both
@@ -50,7 +54,8 @@ import torch
 import kernels
 from bench_gemm import SHAPES, block_scaled
 from bench_grouped import NK, make_contiguous, make_masked, make_masked_fragment, output_check
-from kernels.testing import bench_kineto, calc_diff, checked_variant_us, env_switches, parse_env_variants, per_call_us
+from kernels.testing import (bench_kineto, calc_diff, checked_variant_us, env_switches, flush_mode, parse_env_variants,
+                             per_call_us)
 
 _OURS = "sm90_fp8_gemm_nt"
 _THEIRS = "sm90_fp8_gemm_1d2d"  # DeepGEMM's SM90 FP8 kernel (1x128 A scales, 128x128 B scales)
@@ -127,7 +132,10 @@ def make_cell(spec: tuple) -> Cell:
         d_theirs = torch.empty_like(problem.out)
         a_dg = (problem.a[0], tma_sf(problem.a[1]))
         theirs = lambda: deep_gemm.m_grouped_fp8_gemm_nt_masked(a_dg, problem.b, d_theirs, masked_m, rows)  # noqa: E731
-        ours_mn = lambda: kernels.m_grouped_fp8_gemm_nt_masked(a_dg, problem.b, problem.out, masked_m, rows)  # noqa: E731
+        # None: DeepGEMM's per-group MN-major scales put each group's block after the previous
+        # group's whole [K blocks, max_m] plane, which our masked GEMMs' one row stride cannot
+        # address (they gather K-major scales anyway).
+        ours_mn = None
         label = f"{groups} experts x {rows} tok, {n} x {k}"
         if part == "fp4":
             ours = make_masked_fragment(groups, rows, n, k, max_m=128)
@@ -156,7 +164,7 @@ def warm(specs: list[tuple], index: int, workers: int, variants: list[tuple[str,
         torch.cuda.empty_cache()  # the 256-expert cells' operands: free them before the next cell
 
 
-def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]], mn_scales: bool) -> dict:
+def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]], mn_scales: bool, write_flush: bool) -> dict:
     row = {}
     for side, call, out, kernel, check in (("ours", cell.ours, cell.ours_out, cell.ours_kernel, cell.check_ours),
                                            ("theirs", cell.theirs, cell.theirs_out, _THEIRS, cell.check_theirs)):
@@ -178,6 +186,11 @@ def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]], mn_scales: b
     if mn_scales and cell.ours_mn is not None:  # the MN-major call too, so both of ours get two timings
         label, us, diff = row["variants"][0]
         row["variants"][0] = (label, min(us, bench_kineto(cell.ours_mn, cell.ours_kernel).median_s * 1e6), diff)
+    if write_flush:  # every call once more after the memset flush, for the record of the flush's cost
+        with env_switches(MOE_BENCH_FLUSH="write"):
+            row["write"] = [bench_kineto(call, kernel).median_s * 1e6 for call, kernel in
+                            ((cell.ours, cell.ours_kernel), (cell.theirs, _THEIRS))
+                            + (((cell.ours_mn, cell.ours_kernel),) if mn_scales and cell.ours_mn is not None else ())]
     return row
 
 
@@ -190,6 +203,8 @@ def main() -> int:
                         help="also time our call with these environment switches set (repeatable)")
     parser.add_argument("--mn-scales", action="store_true",
                         help="also time our call on DeepGEMM's operands (MN-major TMA-aligned A scales)")
+    parser.add_argument("--write-flush-too", action="store_true",
+                        help="also time every call after the memset flush (MOE_BENCH_FLUSH=write)")
     parser.add_argument("--warm-workers", type=int, default=12)
     parser.add_argument("--warm-index", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -226,16 +241,21 @@ def main() -> int:
         if failed:
             print(f"bench_deepgemm: warm-up workers failed (index: exit status) {failed}", file=sys.stderr)
             return 1
+    print(f"L2 flush before every timed run: {flush_mode()} (MOE_BENCH_FLUSH)")
     print(f"{'cell':>38} | {'ours us':>8} {'call us':>8} {'diff':>8} | {'DeepGEMM':>8} {'call us':>8} {'diff':>8} | "
           f"{'speed-up':>8} | {'ours':>14} {'DeepGEMM':>14}"
           + (" | MN-major scales us  speed-up  diff" if args.mn_scales else "")
-          + "".join(f" | {label} us  speed-up  diff" for label, _ in variants))
+          + "".join(f" | {label} us  speed-up  diff" for label, _ in variants)
+          + (" | write flush: ours us  DeepGEMM us  speed-up" + ("  MN-major us  speed-up" if args.mn_scales else "")
+             if args.write_flush_too else ""))
     ratios: dict[str, list[float]] = {}
     mn_ratios: dict[str, list[float]] = {}
+    write_ratios: dict[str, list[float]] = {}     # the memset flush (--write-flush-too)
+    write_mn_ratios: dict[str, list[float]] = {}
     bad = []
     for spec in specs:
         cell = make_cell(spec)
-        row = measure(cell, variants, args.mn_scales)
+        row = measure(cell, variants, args.mn_scales, args.write_flush_too)
         speedup = row["theirs_us"] / row["ours_us"]
         # A wrong output on either side keeps the cell out of the means (NaN fails the comparison too).
         if not (row["ours_diff"] < _MAX_DIFF[cell.part] and row["theirs_diff"] < 1e-3
@@ -245,6 +265,10 @@ def main() -> int:
             ratios.setdefault(cell.part, []).append(speedup)
             if args.mn_scales and cell.ours_mn is not None:
                 mn_ratios.setdefault(cell.part, []).append(row["theirs_us"] / row["variants"][0][1])
+            if "write" in row:
+                write_ratios.setdefault(cell.part, []).append(row["write"][1] / row["write"][0])
+                if len(row["write"]) > 2:
+                    write_mn_ratios.setdefault(cell.part, []).append(row["write"][1] / row["write"][2])
         if cell.part in ("masked", "fp4"):
             rates = [f"{nbytes / us / 1e3:>9.0f} GB/s" for nbytes, us in
                      ((cell.ours_weight_bytes, row["ours_us"]), (cell.theirs_weight_bytes, row["theirs_us"]))]
@@ -252,6 +276,10 @@ def main() -> int:
             rates = [f"{cell.flops / us / 1e6:>6.0f} TFLOP/s" for us in (row["ours_us"], row["theirs_us"])]
         extra = "".join(f" | {us:>{len(label) + 3}.1f} {row['theirs_us'] / us:>8.2f}x {diff:.0e}"
                         for label, us, diff in row["variants"])
+        if "write" in row:
+            w = row["write"]
+            extra += f" | {w[0]:>8.1f} {w[1]:>8.1f} {w[1] / w[0]:>7.2f}x" + "".join(
+                f" {us:>8.1f} {w[1] / us:>7.2f}x" for us in w[2:])
         print(f"{cell.label:>38} | {row['ours_us']:>8.1f} {row['ours_call_us']:>8.1f} {row['ours_diff']:>8.1e} | "
               f"{row['theirs_us']:>8.1f} {row['theirs_call_us']:>8.1f} {row['theirs_diff']:>8.1e} | "
               f"{speedup:>7.2f}x | {rates[0]} {rates[1]}{extra}", flush=True)
@@ -266,6 +294,10 @@ def main() -> int:
         geo = torch.tensor(values).log().mean().exp().item()
         print(f"{part}, ours on MN-major A scales: geometric mean speed-up over DeepGEMM {geo:.3f}x, above 1.0x in "
               f"{sum(v > 1.0 for v in values)} of {len(values)}, lowest {min(values):.2f}x")
+    for label, table in (("write flush", write_ratios), ("write flush, ours on MN-major A scales", write_mn_ratios)):
+        for part, values in table.items():
+            geo = torch.tensor(values).log().mean().exp().item()
+            print(f"{part}, {label}: geometric mean speed-up {geo:.3f}x, lowest {min(values):.2f}x")
     if bad:
         print(f"WRONG OUTPUT (diff over the bound), left out of the means: {bad}")
         return 1

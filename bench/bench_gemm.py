@@ -21,7 +21,8 @@ import sys
 import torch
 
 import kernels
-from kernels.testing import bench_kineto, calc_diff, env_switches, kernel_us_with_env, parse_env_variants, per_call_us
+from kernels.testing import (bench_kineto, calc_diff, env_switches, flush_mode, kernel_us_with_env, parse_env_variants,
+                             per_call_us)
 
 SHAPES = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168)]
 
@@ -159,6 +160,7 @@ def main() -> int:
     header = (f"{'M':>5} {'N':>6} {'K':>6} {'tile':>14} | {'ours us':>8} {'TFLOP/s':>8} {'GB/s':>7} {'call us':>8} | "
               f"{'cuBLAS':>8} {'us':>8} {'TFLOP/s':>8} {'call us':>8} | {'speedup':>7} {'diff':>8} | "
               f"{'1-CTA us':>8} {'clusters':>8}" + (" | MN-major SFA us  gain     diff" if args.sfa_mn_major else "") + "".join(f" | {label} us  gain {'tile':>14} diff" for label, _ in variants))
+    print(f"L2 flush before every timed run: {flush_mode()} (MOE_BENCH_FLUSH)")
     print(header)
     for m in [int(x) for x in args.ms.split(",")]:
         for n, k in shapes:

@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 import kernels
-from kernels.testing import (bench_kineto, calc_diff, checked_variant_us, copy_ceiling_gbps, kernel_us_with_env,
+from kernels.testing import (bench_kineto, calc_diff, checked_variant_us, copy_ceiling_gbps, flush_mode, kernel_us_with_env,
                              parse_env_variants, per_call_us)
 
 NK = [(4096, 7168), (7168, 2048)]
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     fp8, fp4 = "fp8" in weights, "fp4" in weights
     copy = copy_ceiling_gbps()
-    print(f"copy ceiling (events, read + write): {copy:.0f} GB/s\n")
+    print(f"copy ceiling (events, read + write): {copy:.0f} GB/s; L2 flush: {flush_mode()} (MOE_BENCH_FLUSH)\n")
     contiguous_labels = [label for label, _ in variants] + (["MN-major A scales"] if args.sfa_mn_major else [])
     if not args.masked_only:
         print("| contiguous | N x K | FP8 µs | FP8 TFLOP/s | FP8 per call µs | FP8 1-CTA µs | FP8 no ping-pong µs "

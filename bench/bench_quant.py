@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 import kernels.quant as quant
-from kernels.testing import bench_kineto, count_bytes, per_call_us
+from kernels.testing import bench_kineto, count_bytes, flush_mode, per_call_us
 
 _MS = (128, 4096, 16384)
 _NS = (2048, 7168)
@@ -65,7 +65,7 @@ def main() -> None:
 
     ceiling = copy_ceiling_gbps_kineto()
     print(f"{torch.cuda.get_device_name()}: copy ceiling {ceiling:.0f} GB/s (read + write, "
-          f"profiler kernel time, L2 flushed); input {args.dtype}, gran_k {args.gran_k}, "
+          f"profiler kernel time, L2 flushed: {flush_mode()}); input {args.dtype}, gran_k {args.gran_k}, "
           f"ue8m0 {args.ue8m0}\n")
     print("| kernel | m x n | kernel µs | GB/s | of copy | per call µs |")
     print("| --- | --- | --- | --- | --- | --- |")

@@ -30,8 +30,10 @@ Layouts of the activations (both weight formats):
   An alignment that is a multiple of 256 lets the FP8 kernel run 256-row tiles on large layouts
   (their group read from a tile's first row), at the cost of up to 255 padding rows per group.
 * Masked (decode, CUDA graphs): ``A [G, max_m, K]``, ``masked_m`` int32 [G] on the device, so a
-  call can be captured in a graph; rows at or past ``masked_m[g]`` of ``d`` hold unspecified values
-  after the call. ``expected_m`` (rows per group you expect) only steers the heuristic.
+  call can be captured in a graph. On the GPU, rows of ``d[g]`` from ``masked_m[g]`` rounded up to
+  a multiple of 8 on are left untouched, and the up to 7 rows between ``masked_m[g]`` and that
+  multiple hold unspecified values; the CPU reference writes rows below ``masked_m[g]`` only.
+  ``expected_m`` (rows per group you expect) only steers the heuristic.
 
 CUDA tensors run the SM90 kernels (FP8: the one of :mod:`kernels.gemm`) on the current stream; CPU
 tensors run the references in :mod:`kernels.reference.gemm`. For FP4 weights the GPU kernel
@@ -164,9 +166,8 @@ def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[
 
     ``a`` = (A [G, max_m, K] e4m3, SFA [G, max_m, K/128] f32 with groups stacked without gaps),
     ``d`` [G, max_m, N] bf16, ``masked_m`` int32 [G] (values are clamped to [0, max_m] on the
-    GPU), ``expected_m`` a positive int. On the GPU, rows of ``d`` past ``masked_m[g]`` in the
-    group's last tile (a block of 64 or 128 rows) are overwritten with unspecified values; rows of
-    the tiles past it are left untouched.
+    GPU), ``expected_m`` a positive int. On the GPU, rows of ``d[g]`` from ``masked_m[g]`` rounded
+    up to a multiple of 8 on are left untouched; the rows between hold unspecified values.
     """
     fn = "m_grouped_fp8_gemm_nt_masked"
     _checks.check_recipe(fn, recipe)
@@ -232,9 +233,9 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     ceil(N/64), 4352], min(expected_m, max_m) <= 32: about 1.8x faster than the packed form;
     the layout keeps only ceil(N/64), so N comes from ``d``, which must be the weights' N: a ``d``
     up to 63 columns wider gets zeros there instead of an error);
-    ``d`` [G, max_m, N] bf16, ``masked_m`` int32 [G], ``expected_m`` a positive int. Rows past
-    ``masked_m[g]`` in the group's last tile are unspecified on the GPU, as for the FP8 function;
-    the decode kernel's tiles are 8-32 rows (``expected_m`` rounded up to 8).
+    ``d`` [G, max_m, N] bf16, ``masked_m`` int32 [G], ``expected_m`` a positive int. Rows of
+    ``d[g]`` from ``masked_m[g]`` rounded up to a multiple of 8 on are left untouched on the GPU,
+    the rows between are unspecified, as for the FP8 function.
     """
     fn = "m_grouped_fp8_fp4_gemm_nt_masked"
     _checks.check_recipe(fn, recipe)

@@ -11,6 +11,7 @@
 #include "jit/device_runtime.hpp"
 #include "jit/driver.hpp"
 #include "jit/exception.hpp"
+#include "moe_kernels/common/masked_store.h"
 
 namespace moe_launchers::sm90_gemm {
 
@@ -217,14 +218,15 @@ inline moe_jit::driver::CUtensorMap make_tma(const char* fn, std::uint64_t ptr, 
 
 // The bf16 D map of a GEMM epilogue: one TMA box per epilogue atom (swizzle_d / 2 columns, or the
 // whole block N unswizzled) by block M rows. Masked groups store with 3-D coordinates so that a
-// group's tile never spills into the next group's rows.
+// group's tile never spills into the next group's rows, in boxes of kMaskedStoreRows rows (only
+// those below masked_m are stored).
 inline moe_jit::driver::CUtensorMap make_tma_d(const char* fn, std::uint64_t d, int n, int m, long long ldd,
                                               int block_n, int block_m, int swizzle_d, bool masked,
                                               int num_groups) {
   using namespace moe_jit::driver;
   const std::uint32_t box_n = swizzle_d == 0 ? block_n : swizzle_d / 2;
-  return masked ? make_tma(fn, d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, n, m, ldd, box_n, block_m, tma_swizzle(swizzle_d),
-                           "D", num_groups, static_cast<std::uint64_t>(ldd) * m)
+  return masked ? make_tma(fn, d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, n, m, ldd, box_n, moe_kernels::kMaskedStoreRows,
+                           tma_swizzle(swizzle_d), "D", num_groups, static_cast<std::uint64_t>(ldd) * m)
                 : make_tma(fn, d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, n, m, ldd, box_n, block_m, tma_swizzle(swizzle_d),
                            "D");
 }

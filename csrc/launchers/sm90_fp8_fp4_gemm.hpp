@@ -270,7 +270,8 @@ inline void launch(const SwapAbConfig& c, const Args& a) {
           : make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k / 2, static_cast<std::uint64_t>(c.n) * a.num_groups,
                      a.ldb, kBlockK / 2, c.block_w(), CU_TENSOR_MAP_SWIZZLE_64B, "B");
   const CUtensorMap map_d = make_tma(c.fn, a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, c.block_w(),
-                                     c.block_t, CU_TENSOR_MAP_SWIZZLE_NONE, "D", a.num_groups, a.ldd * a.m);
+                                     moe_kernels::kMaskedStoreRows, CU_TENSOR_MAP_SWIZZLE_NONE, "D", a.num_groups,
+                                     a.ldd * a.m);
   moe_jit::LaunchConfig cfg;
   cfg.grid_x = static_cast<unsigned>(std::max(1, std::min(c.num_tiles(a.m, a.num_groups), c.num_sms)));
   cfg.block_x = static_cast<unsigned>((c.num_math_wg + 1) * 128);

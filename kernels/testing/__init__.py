@@ -1,8 +1,8 @@
 """Testing and benchmarking helpers shared by tests/ and bench/."""
 
 from .numeric import calc_diff, count_bytes
-from .bench import (bench_kineto, checked_variant_us, copy_ceiling_gbps, env_switches, kernel_us_with_env,
+from .bench import (bench_kineto, checked_variant_us, copy_ceiling_gbps, env_switches, flush_mode, kernel_us_with_env,
                     parse_env_variants, per_call_us, KernelTiming)
 
-__all__ = ["calc_diff", "count_bytes", "bench_kineto", "checked_variant_us", "copy_ceiling_gbps", "env_switches", "kernel_us_with_env",
+__all__ = ["calc_diff", "count_bytes", "bench_kineto", "checked_variant_us", "copy_ceiling_gbps", "env_switches", "flush_mode", "kernel_us_with_env",
            "parse_env_variants", "per_call_us", "KernelTiming"]

@@ -5,6 +5,15 @@ Two numbers per benchmark, as the project reports them:
   run so that inputs come from HBM (``bench_kineto``);
 * time per call: one call from Python on an idle stream, CUDA events around it, so host work
   (argument checks, heuristics, JIT cache look-up, launch) is included (``per_call_us``).
+
+The L2 flush (``MOE_BENCH_FLUSH``, read per call):
+* ``read`` (default): a sum over a 256 MB buffer. L2 then holds clean lines of that buffer, and
+  the timed kernel reads its inputs from HBM without paying for anyone else's writes.
+* ``write``: the buffer zeroed (the flush of DeepGEMM's benchmarks, and of this project's results
+  before 2026-12-01). The memset leaves the last ~50 MB it wrote dirty in L2, and the next kernel
+  pays their write-back to HBM. Measured on an H200 (bench/RESULTS.md, 2026-12-01): +7 µs on a
+  68 µs FP4 decode GEMM, +7 µs on a 115 µs FP8 one, +2 µs on a 13.6 µs dense GEMM; level on a
+  173 µs compute-bound one.
 """
 
 from __future__ import annotations
@@ -12,13 +21,14 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
 _L2_FLUSH_BYTES = 256 << 20  # several times the H200's 60 MB L2
-_FLUSH_KERNEL_TAGS = ("Memset", "memset", "FillFunctor", "fill_kernel")
+_FLUSH_MODES = ("read", "write")
 
 
 @dataclass
@@ -29,42 +39,96 @@ class KernelTiming:
     kernels_per_run: int
 
 
-def _flush_l2(buffer: torch.Tensor) -> None:
-    buffer.zero_()
+def flush_mode() -> str:
+    """The L2 flush bench_kineto runs: ``MOE_BENCH_FLUSH`` ("read" unless set); raises ValueError
+    naming the variable for any other value."""
+    mode = os.environ.get("MOE_BENCH_FLUSH") or "read"
+    if mode not in _FLUSH_MODES:
+        raise ValueError(f"MOE_BENCH_FLUSH: expected one of {', '.join(_FLUSH_MODES)}, got {mode!r}")
+    return mode
+
+
+class _L2Flush:
+    """Evicts L2 before a timed run (``flush_mode``): reads or zeroes a 256 MB int32 buffer."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.buffer = torch.ones(_L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+        self.sink = torch.empty((), dtype=torch.int64, device="cuda")
+
+    def __call__(self) -> None:
+        if self.mode == "write":
+            self.buffer.zero_()
+        else:
+            torch.sum(self.buffer, 0, out=self.sink)
+
+
+def _cuda_kernels(prof) -> list[tuple[str, float, float]]:
+    """(name, start µs, duration µs) of every CUDA event of a profile, in start order."""
+    events = [(e.name, e.time_range.start, e.time_range.elapsed_us()) for e in prof.events()
+              if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sorted(events, key=lambda e: e[1])
+
+
+def per_run_seconds(kernels: Iterable[tuple[str, float, float]], kernel_name: str, num_tests: int,
+                    flush_kernels: list[str]) -> tuple[list[float], int]:
+    """Seconds of each of ``num_tests`` runs and the kernels per run, from a profile's CUDA kernels
+    ((name, start µs, duration µs), in start order) of ``num_tests`` flushes and runs.
+
+    The flush's own kernels (``flush_kernels``, the names one flush launches) are dropped; of the
+    rest, those whose name contains ``kernel_name`` are summed per run. Raises RuntimeError where
+    the counts do not add up: a timed function that launches a kernel of the flush's name would
+    otherwise lose it from its time."""
+    kernels = list(kernels)
+    flush_names = Counter(flush_kernels)
+    seen_flush = Counter(name for name, _, _ in kernels if name in flush_names)
+    expected = Counter({name: count * num_tests for name, count in flush_names.items()})
+    if seen_flush != expected:
+        raise RuntimeError(f"bench_kineto: the L2 flush's kernels {sorted(flush_names)} ran "
+                           f"{dict(seen_flush)} times, expected {dict(expected)}: does the timed "
+                           f"function launch a kernel of the same name?")
+    timed = [(name, dur) for name, _, dur in kernels if name not in flush_names and kernel_name in name]
+    if not timed or len(timed) % num_tests != 0:
+        names = sorted({name for name, _, _ in kernels})
+        raise RuntimeError(f"bench_kineto: found {len(timed)} kernels matching {kernel_name!r} for "
+                           f"{num_tests} runs; kernels seen: {names[:20]}")
+    per_run = len(timed) // num_tests
+    return [sum(dur for _, dur in timed[i * per_run:(i + 1) * per_run]) * 1e-6 for i in range(num_tests)], per_run
 
 
 def bench_kineto(fn: Callable[[], object], kernel_name: str, num_tests: int = 30,
                  flush_l2: bool = True, warmup: int = 3) -> KernelTiming:
-    """Median CUDA kernel time of ``fn`` over ``num_tests`` runs.
+    """Median CUDA kernel time of ``fn`` over ``num_tests`` runs, the L2 flushed before each
+    (``flush_mode``; flush_l2=False: none).
 
     ``kernel_name`` is a substring of the CUDA kernel name(s) to count ("" counts every kernel
     of ``fn``); when ``fn`` launches several matching kernels, their durations are summed per run.
-    The L2 flush (a memset or fill) is never counted.
+    The flush's kernels are never counted, and each run starts after its flush has finished.
     """
     if not torch.cuda.is_available():
         raise RuntimeError("bench_kineto needs a CUDA device")
-    flush = torch.empty(_L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
+    flush = _L2Flush(flush_mode()) if flush_l2 else None
+    activities = [torch.profiler.ProfilerActivity.CUDA]
+    flush_kernels: list[str] = []
+    if flush is not None:
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=activities) as prof:
+            flush()
+            torch.cuda.synchronize()
+        flush_kernels = [name for name, _, _ in _cuda_kernels(prof)]
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    activities = [torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(num_tests):
             if flush is not None:
-                _flush_l2(flush)
+                flush()
+                # Our kernels launch with programmatic dependent launch: queued right behind the
+                # flush, they would start during its last blocks and count their wait for it.
+                torch.cuda.synchronize()
             fn()
         torch.cuda.synchronize()
-    events = sorted((e for e in prof.events()
-                     if e.device_type == torch.autograd.DeviceType.CUDA and kernel_name in e.name
-                     and not any(tag in e.name for tag in _FLUSH_KERNEL_TAGS)),
-                    key=lambda e: e.time_range.start)
-    if not events or len(events) % num_tests != 0:
-        names = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
-        raise RuntimeError(f"bench_kineto: found {len(events)} kernels matching {kernel_name!r} for "
-                           f"{num_tests} runs; kernels seen: {names[:20]}")
-    per_run = len(events) // num_tests
-    times = [sum(e.time_range.elapsed_us() for e in events[i * per_run:(i + 1) * per_run]) * 1e-6
-             for i in range(num_tests)]
+    times, per_run = per_run_seconds(_cuda_kernels(prof), kernel_name, num_tests, flush_kernels)
     return KernelTiming(statistics.median(times), min(times), num_tests, per_run)
 
 

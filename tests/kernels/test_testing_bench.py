@@ -44,3 +44,57 @@ def test_checked_variant_us_checks_the_variants_own_output(monkeypatch):
     assert us == pytest.approx(3.0) and diff == 4.0 and "MOE_TEST_VARIANT" not in os.environ
     _, diff = bench_helpers.checked_variant_us(lambda: None, "k", out, lambda o: float(o.sum()), MOE_TEST_VARIANT="1")
     assert diff != diff  # NaN: nothing was written
+
+
+def test_flush_mode_reads_the_switch(monkeypatch):
+    from kernels.testing import flush_mode
+
+    monkeypatch.delenv("MOE_BENCH_FLUSH", raising=False)
+    assert flush_mode() == "read"
+    monkeypatch.setenv("MOE_BENCH_FLUSH", "write")
+    assert flush_mode() == "write"
+    monkeypatch.setenv("MOE_BENCH_FLUSH", "zero")
+    with pytest.raises(ValueError, match="MOE_BENCH_FLUSH: expected one of read, write, got 'zero'"):
+        flush_mode()
+
+
+def _profile(runs, flush=("sum_kernel",)):
+    """A profile's (name, start, duration) kernels: per run the flush's kernels (duration 100),
+    then the run's (name, duration) pairs."""
+    events, t = [], 0.0
+    for run in runs:
+        for name in flush:
+            events.append((name, t, 100.0))
+            t += 1
+        for name, dur in run:
+            events.append((name, t, dur))
+            t += 1
+    return events
+
+
+def test_per_run_seconds_sums_matching_kernels_and_drops_the_flush():
+    from kernels.testing.bench import per_run_seconds
+
+    runs = [[("gemm_a", 2.0), ("other", 50.0), ("gemm_b", 3.0)], [("gemm_a", 4.0), ("other", 50.0), ("gemm_b", 1.0)]]
+    times, per_run = per_run_seconds(_profile(runs), "gemm", 2, ["sum_kernel"])
+    assert per_run == 2 and times == pytest.approx([5e-6, 5e-6])
+    # "" counts every kernel of the run, never the flush's.
+    times, per_run = per_run_seconds(_profile(runs), "", 2, ["sum_kernel"])
+    assert per_run == 3 and times == pytest.approx([55e-6, 55e-6])
+    # Without a flush nothing is dropped.
+    times, _ = per_run_seconds(_profile(runs, flush=()), "", 2, [])
+    assert times == pytest.approx([55e-6, 55e-6])
+
+
+def test_per_run_seconds_refuses_what_does_not_add_up():
+    from kernels.testing.bench import per_run_seconds
+
+    # The timed function launches a kernel of the flush's name: its time would be lost.
+    runs = [[("gemm", 2.0), ("sum_kernel", 9.0)], [("gemm", 2.0), ("sum_kernel", 9.0)]]
+    with pytest.raises(RuntimeError, match="does the timed function launch a kernel of the same name"):
+        per_run_seconds(_profile(runs), "gemm", 2, ["sum_kernel"])
+    # A run without its kernel, and no match at all.
+    with pytest.raises(RuntimeError, match="found 3 kernels matching 'gemm' for 2 runs"):
+        per_run_seconds(_profile([[("gemm", 1.0), ("gemm", 1.0)], [("gemm", 1.0)]]), "gemm", 2, ["sum_kernel"])
+    with pytest.raises(RuntimeError, match="found 0 kernels matching 'gemm'"):
+        per_run_seconds(_profile([[("x", 1.0)], [("x", 1.0)]]), "gemm", 2, ["sum_kernel"])

@@ -4,6 +4,7 @@
 // (the TMA unit clips rows and columns outside D).
 
 #include <cuda_bf16.h>
+#include <moe_kernels/common/masked_store.h>
 #include <moe_kernels/common/sm90_ptx.cuh>
 
 namespace moe_kernels {
@@ -75,8 +76,9 @@ __device__ __forceinline__ void store_fragment_to_smem(uint8_t* smem_d, const fl
 
 // A tile's whole epilogue on the math warpgroups (kNumMathThreads threads, named barrier 1): wait
 // until the previous tile's TMA store has read shared memory, write every warpgroup's fragment,
-// then thread 0 stores each column atom with TMA at (column, store_row) of a 2-D D or (column,
-// store_row, group) of a 3-D one (masked groups). The caller waits for the last store
+// then thread 0 stores each column atom with TMA at (column, store_row) of a 2-D D, or at (column,
+// store_row, group) of a 3-D one (masked groups) in boxes of kMaskedStoreRows rows, those below
+// store_rows (the tile's rows under its group's masked_m) only. The caller waits for the last store
 // (tma_store_wait_all) before the CTA exits. A tile taller than its warpgroups' 64-row fragments
 // comes in kNumWaves waves of kWaveRows rows, the fragments of wave w at final_acc + w *
 // kBlockN / 2.
@@ -85,7 +87,7 @@ template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kSwizzleBytes, ResidualTy
 __device__ __forceinline__ void store_tile(const TmaDescriptor* map_d, uint8_t* smem_d, const float* final_acc,
                                            uint32_t tile_row0, uint32_t lane, const void* c, uint32_t ldc,
                                            uint32_t global_row0, uint32_t global_col0, uint32_t m, uint32_t n,
-                                           uint32_t store_row, uint32_t group) {
+                                           uint32_t store_row, uint32_t group, uint32_t store_rows = kBlockM) {
   using Layout = EpilogueLayout<kBlockN, kSwizzleBytes>;
   if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
   sm90::named_barrier_sync(1, kNumMathThreads);
@@ -102,7 +104,10 @@ __device__ __forceinline__ void store_tile(const TmaDescriptor* map_d, uint8_t* 
       const uint8_t* src = smem_d + atom * kBlockM * Layout::kAtomN * 2;
       const uint32_t col = global_col0 + atom * Layout::kAtomN;
       if constexpr (k3d) {
-        sm90::tma_store_3d(map_d, src, col, store_row, group);
+        static_assert(kBlockM % kMaskedStoreRows == 0, "masked tiles are stored in whole boxes");
+        for (uint32_t row = 0; row < store_rows; row += kMaskedStoreRows) {
+          sm90::tma_store_3d(map_d, src + row * Layout::kAtomN * 2, col, store_row + row, group);
+        }
       } else {
         sm90::tma_store_2d(map_d, src, col, store_row);
       }

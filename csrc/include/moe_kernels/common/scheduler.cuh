@@ -107,6 +107,12 @@ struct TileScheduler {
     return (static_cast<uint32_t>(rows) + kBlockM - 1) / kBlockM;
   }
 
+  // kGroupedMasked: the rows of tile t below its group's masked_m (clamped as in masked_blocks).
+  __device__ __forceinline__ uint32_t masked_rows(const Tile& t) const {
+    const int rows = min(max(__ldg(grouped_layout + t.group), 0), static_cast<int>(rows_per_group));
+    return min(static_cast<uint32_t>(rows) - t.m_block * kBlockM, kBlockM);
+  }
+
   // Band rasterisation of a tile index inside one problem of num_m_blocks x num_n_blocks.
   __device__ __forceinline__ void raster(uint32_t tile, uint32_t& m_block, uint32_t& n_block) const {
     const uint32_t band_size = kGroupN * num_m_blocks;

@@ -25,6 +25,7 @@
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/fp4.cuh>
+#include <moe_kernels/common/masked_store.h>
 #include <moe_kernels/common/pipeline.cuh>
 #include <moe_kernels/common/scheduler.cuh>
 #include <moe_kernels/common/sm90_ptx.cuh>
@@ -327,8 +328,9 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
       }
     }
 
-    // Epilogue: D tile [kBlockT tokens][kBlockW rows] in bf16, stored with one 3-D TMA box; the
-    // previous tile's store must have finished reading shared memory first.
+    // Epilogue: D tile [kBlockT tokens][kBlockW rows] in bf16, stored with 3-D TMA boxes of
+    // kMaskedStoreRows tokens, those below masked_m only; the previous tile's store must have
+    // finished reading shared memory first.
     if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
     sm90::named_barrier_sync(1, kNumMathThreads);
     auto* tile_d = reinterpret_cast<__nv_bfloat16*>(smem_d);
@@ -346,7 +348,12 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
     sm90::fence_proxy_async_shared();
     sm90::named_barrier_sync(1, kNumMathThreads);
     if (threadIdx.x == 0) {
-      sm90::tma_store_3d(&map_d, smem_d, t.n_block * kBlockW, t.m_block * kBlockT, t.group);
+      static_assert(kBlockT % kMaskedStoreRows == 0, "whole store boxes of tokens");
+      const uint32_t tokens = scheduler.masked_rows(t);
+      for (uint32_t token = 0; token < tokens; token += kMaskedStoreRows) {
+        sm90::tma_store_3d(&map_d, smem_d + token * kBlockW * 2, t.n_block * kBlockW, t.m_block * kBlockT + token,
+                           t.group);
+      }
       sm90::tma_store_commit();
     }
   }

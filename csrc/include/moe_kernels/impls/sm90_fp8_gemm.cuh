@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     constexpr bool kMasked = kType == GemmType::kGroupedMasked;
     store_tile<kBlockM, kBlockN, kSwizzleDBytes, kResidualType, kMasked, kNumMathThreads, kNumWaves, kWaveRows>(
         &map_d, smem_d, final_acc, tile_row0, lane, c, ldc, a_row0(t), t.n_block * kBlockN, m, kShapeN,
-        kMasked ? t.m_block * kBlockM : a_row0(t), t.group);
+        kMasked ? t.m_block * kBlockM : a_row0(t), t.group, kMasked ? scheduler.masked_rows(t) : kBlockM);
   };
   while (scheduler.next(t)) math_tile(t, 0, kNumKBlocks);
   if constexpr (kType == GemmType::kNormal) {
