@@ -15,14 +15,15 @@ puts it on the path. Cells:
   layout) against DeepGEMM's FP8 masked kernel on FP8 weights of the same shape (issue 4's bar:
   1.8x); rates count each side's own weight bytes.
 
-``--mn-scales`` also times our FP8 call on DeepGEMM's own operands (A scales MN-major and TMA-aligned,
+``--mn-scales`` also times our FP8 call (dense and contiguous cells) on DeepGEMM's own operands (A scales MN-major and TMA-aligned,
 which our kernels take as they are, and which ``per_token_cast_to_fp8(mn_major_sf=True)`` writes), so
 both kernels read the same bytes; timed twice like the default call (the lower timing kept), with
 its own geometric means. The default column gives ours the K-major scales of ``per_token_cast_to_fp8``,
 which DeepGEMM would transpose in a kernel of its own.
 
 ``--variant NAME=VALUE[,...]`` (repeatable) also times our FP8 call with those environment switches
-set, its output checked, as a ratio to DeepGEMM's time. A cell whose output on either side is off
+set (with ``--mn-scales``: the call on MN-major scales, where the cell has one), its output
+checked, as a ratio to DeepGEMM's time. A cell whose output on either side is off
 (calc_diff over 1e-3; ours 2e-3 for FP4) is named at the end and left out of the means, and the
 run exits 1.
 
@@ -177,9 +178,11 @@ def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]], mn_scales: b
     if mn_scales and cell.ours_mn is not None:  # FP4 cells have no FP8 twin: no column, as for variants
         row["variants"].append(("MN-major scales", *checked_variant_us(cell.ours_mn, cell.ours_kernel,
                                                                        cell.ours_out, cell.check_ours)))
-    # The switches are the FP8 kernels'; FP4 cells run another kernel.
+    # The switches are the FP8 kernels'; FP4 cells run another kernel. With --mn-scales they switch
+    # the call on MN-major scales (the same bytes as DeepGEMM's), where a cell has one.
+    variant_call = cell.ours_mn if mn_scales and cell.ours_mn is not None else cell.ours
     for label, env in (variants if cell.part != "fp4" else []):
-        row["variants"].append((label, *checked_variant_us(cell.ours, cell.ours_kernel, cell.ours_out,
+        row["variants"].append((label, *checked_variant_us(variant_call, cell.ours_kernel, cell.ours_out,
                                                            cell.check_ours, **env)))
     # Timed again in the other order: the first timings after a long GEMM run slow (bench_gemm.py).
     row["ours_us"] = min(row["ours_us"], bench_kineto(cell.ours, cell.ours_kernel).median_s * 1e6)

@@ -110,11 +110,13 @@ inline TailSplit tail_split(long long tiles, int num_sms, int k, int multicast, 
 // m x n each.
 // `stage_bytes(block_m, block_n)` is one stage; `block_n_ok` filters candidates. With clusters of
 // `n_block_multiple` CTAs on adjacent n-blocks the n-blocks are counted rounded up to whole
-// clusters, so a block N whose padding would add a wave loses to one that does not.
+// clusters, so a block N whose padding would add a wave loses to one that does not. The search
+// stops at `search_max_block_n` where nonzero (a heuristic's preference); a forced block N may go
+// up to max_block_n (what the kernel takes).
 template <typename StageBytes, typename BlockNOk>
 Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms, int max_block_n,
                    StageBytes stage_bytes, BlockNOk block_n_ok, int n_block_multiple = 1, int tail_split_k = 0,
-                   int max_block_m = 128, int block_m = 0, int single_wave_ways = 0) {
+                   int max_block_m = 128, int block_m = 0, int single_wave_ways = 0, int search_max_block_n = 0) {
   Tiles t{};
   // Up to 128 rows the weights dominate the bytes: one math warpgroup per CTA leaves shared memory
   // to deep B stages (two 64-row CTAs share each B tile through L2). block_m: the caller's choice.
@@ -129,7 +131,7 @@ Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms
   const auto fits = [&](int bn) { return block_n_ok(bn) && (t.block_m != 256 || bn == 128); };
   long long best_score = -1;
   const bool split_enabled = tail_split_k > 0 && tail_split_enabled();
-  for (int bn = 8; bn <= max_block_n; bn += 8) {
+  for (int bn = 8; bn <= (search_max_block_n != 0 ? search_max_block_n : max_block_n); bn += 8) {
     if (!fits(bn)) continue;
     const long long n_blocks = ((n + bn - 1) / bn + n_block_multiple - 1) / n_block_multiple * n_block_multiple;
     const long long tiles = problems * ((m + t.block_m - 1) / t.block_m) * n_blocks;
