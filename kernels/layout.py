@@ -37,6 +37,15 @@ def get_tma_aligned_size(mn: int, element_size: int) -> int:
     return (mn + per_row - 1) // per_row * per_row
 
 
+def empty_activation_scales(m: int, groups: int, mn_major: bool, device: torch.device) -> torch.Tensor:
+    """A new float32 [m, groups] for the quantizers' 1 x gran_k scales: contiguous (K-major), or
+    MN-major with the M stride rounded up to 16 bytes (``get_mn_major_tma_aligned_tensor``'s
+    layout, which the GEMMs load with one TMA box per K block)."""
+    if not mn_major:
+        return torch.empty((m, groups), dtype=torch.float32, device=device)
+    return torch.empty((groups, get_tma_aligned_size(m, 4)), dtype=torch.float32, device=device).t()[:m]
+
+
 def _is_mn_major_aligned(x: torch.Tensor, aligned_mn: int) -> bool:
     groups, mn, k = x.shape
     return (x.stride(1) == 1 or mn <= 1) and (x.stride(2) == aligned_mn or k <= 1) and \

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from . import _checks, _descriptors, jit
-from .quant import _scale_tensor, per_token_cast_to_fp8
+from .layout import empty_activation_scales
+from .quant import per_token_cast_to_fp8
 
 _OUT_DTYPES = (torch.bfloat16, torch.float32)
 kCombineMaxTopK = 64  # the CUDA kernels' slot loops; more slots take the torch path
@@ -310,7 +311,7 @@ def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Ten
     if device.type == "cpu":
         return _swiglu_quant_reference(h, weights, mn_major_sf)
     out = torch.empty((m, inter), dtype=torch.float8_e4m3fn, device=device)
-    sf = _scale_tensor(m, inter // 128, mn_major_sf, device)
+    sf = empty_activation_scales(m, inter // 128, mn_major_sf, device)
     if m == 0:
         return out, sf
     if h.stride(1) != 1 or h.stride(0) != 2 * inter or h.data_ptr() % 16:

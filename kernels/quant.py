@@ -15,7 +15,7 @@ import numbers
 import torch
 
 from . import _checks, _descriptors, _fp4, jit
-from .layout import get_tma_aligned_size
+from .layout import empty_activation_scales
 from .reference import fp4 as fp4_reference
 from .reference import quant as reference
 
@@ -66,21 +66,12 @@ def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
     return reference.ceil_to_ue8m0(x)
 
 
-def _scale_tensor(m: int, groups: int, mn_major: bool, device: torch.device) -> torch.Tensor:
-    """float32 [m, groups]: contiguous (K-major), or MN-major with the M stride rounded up to 16
-    bytes (``get_mn_major_tma_aligned_tensor``'s layout)."""
-    if not mn_major:
-        return torch.empty((m, groups), dtype=torch.float32, device=device)
-    aligned_m = get_tma_aligned_size(m, 4)
-    return torch.empty((groups, aligned_m), dtype=torch.float32, device=device).t()[:m]
-
-
 def _per_token_cast_on_gpu(x: torch.Tensor, code: int, m: int, n: int, row_stride: int, gran_k: int,
                            use_ue8m0: bool, mn_major_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel on checked arguments (m >= 1): new outputs, the launch on the current stream."""
     device, index = x.device, x.get_device()
     out = torch.empty((m, n), dtype=torch.float8_e4m3fn, device=device)
-    sf = _scale_tensor(m, _ceil_div(n, gran_k), mn_major_sf, device)
+    sf = empty_activation_scales(m, _ceil_div(n, gran_k), mn_major_sf, device)
     # Positional: pybind's keyword matching costs ~2 us per call. Order: x, x_dtype, m, n,
     # x_row_stride, out, sf, sf_stride_m, sf_stride_k, gran_k, use_ue8m0, device, stream.
     stride_m, stride_k = sf.stride()
@@ -123,10 +114,10 @@ def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False, gran_k: int 
     m, n = x.shape
     if m == 0:
         return (torch.empty((0, n), dtype=torch.float8_e4m3fn, device=x.device),
-                _scale_tensor(0, _ceil_div(n, gran_k), mn_major_sf, x.device))
+                empty_activation_scales(0, _ceil_div(n, gran_k), mn_major_sf, x.device))
     if x.device.type == "cpu":
         x_fp8, sf = reference.per_token_cast_to_fp8(x, use_ue8m0, gran_k)
-        return x_fp8, (_scale_tensor(m, sf.shape[1], True, x.device).copy_(sf) if mn_major_sf else sf)
+        return x_fp8, (empty_activation_scales(m, sf.shape[1], True, x.device).copy_(sf) if mn_major_sf else sf)
     return _per_token_cast_on_gpu(x, _descriptors.dtype_code(x, "x"), m, n, x.stride(0), gran_k, use_ue8m0,
                                   mn_major_sf)
 

@@ -137,3 +137,19 @@ def test_gpu_layouts_match_cpu(seed):
     x = torch.rand(3, 131, 56) + 0.5
     assert torch.equal(kernels.get_mn_major_tma_aligned_tensor(x.cuda()).cpu(), x)
     assert kernels.get_mn_major_tma_aligned_tensor(x.cuda()).stride() == (132 * 56, 1, 132)
+
+
+@pytest.mark.parametrize("m,groups", [(0, 3), (1, 56), (5, 16), (8, 1), (129, 7)])
+def test_empty_activation_scales_layouts(m, groups):
+    """K-major: contiguous [m, groups]. MN-major: the layout get_mn_major_tma_aligned_tensor makes
+    (M stride 1, K stride m rounded up to 4 floats), which the quantizers write in place."""
+    from kernels.layout import empty_activation_scales
+
+    k_major = empty_activation_scales(m, groups, False, torch.device("cpu"))
+    assert k_major.shape == (m, groups) and k_major.dtype == torch.float32 and k_major.is_contiguous()
+    mn = empty_activation_scales(m, groups, True, torch.device("cpu"))
+    assert mn.shape == (m, groups) and mn.dtype == torch.float32
+    if m:  # an empty tensor's strides say nothing
+        assert mn.stride() == (1, -(-m // 4) * 4)
+    if m and groups > 1:  # (one group: get_mn_major_tma_aligned_tensor keeps any stride of the K dimension)
+        assert mn.stride() == kernels.get_mn_major_tma_aligned_tensor(torch.randn(m, groups)).stride()
