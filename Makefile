@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: serve test install clean
 
-$(STAMP): requirements/dev.txt setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*/*.cpp csrc/*/*.hpp)
+$(STAMP): requirements/dev.txt setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*/*.cpp csrc/*/*.hpp csrc/include/moe_kernels/common/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements/dev.txt

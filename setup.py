@@ -32,7 +32,10 @@ def host_sources() -> list[str]:
 
 
 def host_headers() -> list[str]:
+    """The headers the host build depends on: its own .hpp, and the .h that the launchers share with
+    the device templates (csrc/include/moe_kernels/common/*.h)."""
     headers = glob.glob(os.path.join(CSRC, "**", "*.hpp"), recursive=True)
+    headers += glob.glob(os.path.join(CSRC, "**", "*.h"), recursive=True)
     return sorted(headers)
 
 

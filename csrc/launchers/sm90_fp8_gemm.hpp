@@ -126,12 +126,15 @@ constexpr int kWideTileCost = 14;  // sixteenths
 constexpr int kScaleTmaKMajorMinBlockM = 256;
 constexpr int kScaleTmaKMajorMinK = 1024;
 
-// Masked decode tiles (block M 64, up to 128 rows per group) take block N up to 128 only: the weights
-// bound them, and the wave count the score weighs mattered less than the tile. At N x K = 7168 x 2048
-// (the heuristic's 64 x 160 against 64 x 128), 64 x 128 took 0.97-0.98x the time at 32 experts x 4
-// and 16 tokens and 256 experts x 1 and 8 (bench/RESULTS.md, 2026-12-01); at 4096 x 7168 it was
-// the choice already.
+// Masked decode tiles (block M 64, up to 128 rows per group) of short K (at most
+// kMaskedShortKBlocks K blocks) take block N up to 128 only: their few K blocks per tile leave the
+// wave count that the score weighs mattering less than the deeper pipeline of narrower tiles. At
+// N x K = 7168 x 2048, 64 x 128 took 0.97-0.98x the time of the score's choice (64 x 160 at 32
+// experts, 64 x 192 at 256) at 4 and 16 / 1 and 8 tokens, and 0.96-0.99x that of 64 x 160 at
+// 4-64 tokens (bench/RESULTS.md, 2026-12-01). At 4096 x 7168 and 256 experts 64 x 128 took
+// 1.01x and 1.09x the time of the score's 64 x 192, so long K keeps the score.
 constexpr int kMaskedDecodeMaxBlockN = 128;
+constexpr int kMaskedShortKBlocks = 16;
 
 // MOE_FP8_MULTICAST=0 turns the clusters off and =2 on wherever the kernel takes them (dense, or
 // grouped with kMulticastMinRows rows); MOE_FP8_PINGPONG=0 turns the math warpgroups' ping-pong off
@@ -277,7 +280,7 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   const int split_env = env_int("MOE_GEMM_SPLIT_K");
   const bool tiles_forced = env_int("MOE_GEMM_BLOCK_M") != 0 || env_int("MOE_GEMM_BLOCK_N") != 0;
   int single_wave_ways = split_workspace ? split_env : 1;
-  const bool masked_decode = type == GemmType::kGroupedMasked && m <= 128;
+  const bool masked_decode = type == GemmType::kGroupedMasked && m <= 128 && k / kBlockK <= kMaskedShortKBlocks;
   Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms, kMaxBlockN,
                          stage_bytes, block_n_fits_scales, multicast, split_k, max_block_m, 0, single_wave_ways,
                          masked_decode ? kMaskedDecodeMaxBlockN : 0);

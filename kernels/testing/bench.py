@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -70,30 +69,54 @@ def _cuda_kernels(prof) -> list[tuple[str, float, float]]:
     return sorted(events, key=lambda e: e[1])
 
 
+def _split_runs(names: list[str], num_tests: int, flush_kernels: list[str]) -> list[tuple[int, int]]:
+    """[begin, end) of each run's own kernels in a profile's kernel names: ``num_tests`` times the
+    flush's sequence (``flush_kernels``), then the run's kernels. Each run starts after its flush
+    has finished and each flush after the previous run, so nothing interleaves. A run's kernels end
+    where the flush's sequence next begins (the last run's, at the end)."""
+    f = len(flush_kernels)
+    runs, i = [], 0
+    while i < len(names):
+        if names[i:i + f] != flush_kernels:
+            raise RuntimeError(f"bench_kineto: expected the L2 flush's kernels {flush_kernels} at kernel {i} of the "
+                               f"profile, found {names[i:i + f]}")
+        begin = j = i + f
+        while j < len(names) and names[j:j + f] != flush_kernels:
+            j += 1
+        runs.append((begin, j))
+        i = j
+    if len(runs) != num_tests:
+        raise RuntimeError(f"bench_kineto: the profile splits into {len(runs)} runs at the L2 flush's kernels, "
+                           f"expected {num_tests}: does the timed function launch the flush's kernels "
+                           f"{flush_kernels} itself?")
+    return runs
+
+
 def per_run_seconds(kernels: Iterable[tuple[str, float, float]], kernel_name: str, num_tests: int,
                     flush_kernels: list[str]) -> tuple[list[float], int]:
     """Seconds of each of ``num_tests`` runs and the kernels per run, from a profile's CUDA kernels
     ((name, start µs, duration µs), in start order) of ``num_tests`` flushes and runs.
 
-    The flush's own kernels (``flush_kernels``, the names one flush launches) are dropped; of the
-    rest, those whose name contains ``kernel_name`` are summed per run. Raises RuntimeError where
-    the counts do not add up: a timed function that launches a kernel of the flush's name would
-    otherwise lose it from its time."""
+    ``flush_kernels``: the names one flush launches, in order ([]: no flush). The runs are told
+    apart by where the flush's sequence starts, so a run may launch kernels of the same names (a
+    memset, say) and keep them; of each run's kernels those whose name contains ``kernel_name`` are
+    summed. Raises RuntimeError where the profile does not split into ``num_tests`` runs or the
+    runs count different numbers of matching kernels (none included)."""
     kernels = list(kernels)
-    flush_names = Counter(flush_kernels)
-    seen_flush = Counter(name for name, _, _ in kernels if name in flush_names)
-    expected = Counter({name: count * num_tests for name, count in flush_names.items()})
-    if seen_flush != expected:
-        raise RuntimeError(f"bench_kineto: the L2 flush's kernels {sorted(flush_names)} ran "
-                           f"{dict(seen_flush)} times, expected {dict(expected)}: does the timed "
-                           f"function launch a kernel of the same name?")
-    timed = [(name, dur) for name, _, dur in kernels if name not in flush_names and kernel_name in name]
-    if not timed or len(timed) % num_tests != 0:
-        names = sorted({name for name, _, _ in kernels})
-        raise RuntimeError(f"bench_kineto: found {len(timed)} kernels matching {kernel_name!r} for "
-                           f"{num_tests} runs; kernels seen: {names[:20]}")
-    per_run = len(timed) // num_tests
-    return [sum(dur for _, dur in timed[i * per_run:(i + 1) * per_run]) * 1e-6 for i in range(num_tests)], per_run
+    names = [name for name, _, _ in kernels]
+    if flush_kernels:
+        runs = _split_runs(names, num_tests, flush_kernels)
+    else:  # no flush to split at: the matching kernels, as many per run
+        matching = [i for i, name in enumerate(names) if kernel_name in name]
+        per = len(matching) // num_tests if matching and len(matching) % num_tests == 0 else 0
+        runs = [(matching[r * per], matching[r * per + per - 1] + 1) for r in range(num_tests)] if per else []
+    counts = [sum(kernel_name in names[i] for i in range(b, e)) for b, e in runs]
+    if not runs or counts[0] == 0 or any(c != counts[0] for c in counts):
+        seen = sorted(set(names))
+        raise RuntimeError(f"bench_kineto: kernels matching {kernel_name!r} per run: {counts or 'none'} over "
+                           f"{num_tests} runs; kernels seen: {seen[:20]}")
+    seconds = [sum(kernels[i][2] for i in range(b, e) if kernel_name in names[i]) * 1e-6 for b, e in runs]
+    return seconds, counts[0]
 
 
 def bench_kineto(fn: Callable[[], object], kernel_name: str, num_tests: int = 30,
@@ -111,11 +134,15 @@ def bench_kineto(fn: Callable[[], object], kernel_name: str, num_tests: int = 30
     activities = [torch.profiler.ProfilerActivity.CUDA]
     flush_kernels: list[str] = []
     if flush is not None:
+        flush()  # a first call's one-time work stays out of the sequence learned below
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=activities) as prof:
             flush()
             torch.cuda.synchronize()
         flush_kernels = [name for name, _, _ in _cuda_kernels(prof)]
+        if not flush_kernels:
+            raise RuntimeError("bench_kineto: the profiler saw no kernel of the L2 flush, so the runs cannot be "
+                               "told apart from it")
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()

@@ -290,3 +290,20 @@ def test_overlap_on_lone_warpgroup_tiles(monkeypatch):
     assert cfg(64, 2112, 640)[2] == 0                # 5 K blocks: no whole round
     monkeypatch.setenv("MOE_FP8_OVERLAP", "0")
     assert cfg(64, 2112, 7168)[2] == 0
+
+
+@pytest.mark.parametrize("groups,rows,n,k,block_n", [
+    (32, 4, 7168, 2048, 128), (32, 16, 7168, 2048, 128), (256, 1, 7168, 2048, 128), (256, 64, 7168, 2048, 128),
+    (32, 16, 4096, 7168, 128),    # long K: the score's own choice
+    (256, 1, 4096, 7168, 192),    # long K: the score's 64 x 192 stays (it measured faster than 64 x 128)
+    (32, 256, 7168, 2048, 160),   # 256 rows per group: 128-row tiles, not decode tiles
+])
+def test_masked_decode_tiles_of_short_k_stay_narrow(groups, rows, n, k, block_n, monkeypatch):
+    """Masked GEMMs of at most 128 rows per group and at most 16 K blocks search block N up to 128
+    only; a forced block N may still go past it."""
+    native = kernels.jit.native_module()
+    for name in ("MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_GEMM_STAGES"):
+        monkeypatch.delenv(name, raising=False)
+    assert native.fp8_gemm_nt_config(rows, n, k, H200_SMS, False, -1, 2, groups)["block_n"] == block_n
+    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "160")
+    assert native.fp8_gemm_nt_config(rows, n, k, H200_SMS, False, -1, 2, groups)["block_n"] == 160

@@ -86,15 +86,33 @@ def test_per_run_seconds_sums_matching_kernels_and_drops_the_flush():
     assert times == pytest.approx([55e-6, 55e-6])
 
 
+def test_per_run_seconds_keeps_a_runs_kernels_named_like_one_of_the_flushs():
+    """The flush (a memset, then the sum) splits the runs; a run's own memset is its time."""
+    from kernels.testing.bench import per_run_seconds
+
+    flush = ("memset", "sum_kernel")
+    runs = [[("memset", 1.0), ("gemm", 2.0)], [("memset", 1.0), ("gemm", 4.0)]]
+    times, per_run = per_run_seconds(_profile(runs, flush), "", 2, list(flush))
+    assert per_run == 2 and times == pytest.approx([3e-6, 5e-6])
+    times, per_run = per_run_seconds(_profile(runs, flush), "gemm", 2, list(flush))
+    assert per_run == 1 and times == pytest.approx([2e-6, 4e-6])
+
+
 def test_per_run_seconds_refuses_what_does_not_add_up():
     from kernels.testing.bench import per_run_seconds
 
-    # The timed function launches a kernel of the flush's name: its time would be lost.
+    # The timed function launches the flush's whole sequence: the runs cannot be told apart.
     runs = [[("gemm", 2.0), ("sum_kernel", 9.0)], [("gemm", 2.0), ("sum_kernel", 9.0)]]
-    with pytest.raises(RuntimeError, match="does the timed function launch a kernel of the same name"):
+    with pytest.raises(RuntimeError, match="splits into 4 runs .* expected 2: does the timed function launch"):
         per_run_seconds(_profile(runs), "gemm", 2, ["sum_kernel"])
+    # A profile that does not start with the flush.
+    with pytest.raises(RuntimeError, match="expected the L2 flush's kernels"):
+        per_run_seconds([("gemm", 0.0, 1.0)] + _profile([[("gemm", 1.0)]]), "gemm", 1, ["sum_kernel"])
     # A run without its kernel, and no match at all.
-    with pytest.raises(RuntimeError, match="found 3 kernels matching 'gemm' for 2 runs"):
+    with pytest.raises(RuntimeError, match=r"matching 'gemm' per run: \[2, 1\]"):
         per_run_seconds(_profile([[("gemm", 1.0), ("gemm", 1.0)], [("gemm", 1.0)]]), "gemm", 2, ["sum_kernel"])
-    with pytest.raises(RuntimeError, match="found 0 kernels matching 'gemm'"):
+    with pytest.raises(RuntimeError, match=r"matching 'gemm' per run: \[0, 0\]"):
         per_run_seconds(_profile([[("x", 1.0)], [("x", 1.0)]]), "gemm", 2, ["sum_kernel"])
+    # Without a flush the matching kernels must divide into the runs.
+    with pytest.raises(RuntimeError, match="per run: none"):
+        per_run_seconds(_profile([[("gemm", 1.0), ("gemm", 1.0)], [("gemm", 1.0)]], flush=()), "gemm", 2, [])
