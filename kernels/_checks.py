@@ -83,6 +83,13 @@ def check_ints(fn: str, values: tuple) -> None:
             fail(fn, ValueError, f"{name} must be an int >= {low}, got {value!r}")
 
 
+def check_bool(fn: str, name: str, value: object) -> bool:
+    """``value``, which must be a bool (a TypeError naming ``name`` otherwise)."""
+    if not isinstance(value, bool):
+        fail(fn, TypeError, f"{name} must be a bool, got {value!r}")
+    return value
+
+
 def check_same_device(fn: str, tensors: list[torch.Tensor]) -> torch.device:
     devices = sorted({str(t.device) for t in tensors})
     if len(devices) != 1:

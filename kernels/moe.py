@@ -235,9 +235,8 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
     for name, value in (("n_group", n_group), ("topk_group", topk_group)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             _checks.fail(fn, TypeError, f"{name} must be None or an int, got {value!r}")
-    for name, value in (("sigmoid", sigmoid), ("norm", norm)):
-        if not isinstance(value, bool):
-            _checks.fail(fn, TypeError, f"{name} must be a bool, got {value!r}")
+    _checks.check_bool(fn, "sigmoid", sigmoid)
+    _checks.check_bool(fn, "norm", norm)
     if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not math.isfinite(scaling):
         _checks.fail(fn, TypeError, f"scaling must be a finite number, got {scaling!r}")
     if (n_group is None) != (topk_group is None):
@@ -288,8 +287,7 @@ def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Ten
     only the first ``masked_m[g]`` rows of each group are computed on CUDA; the other rows of the
     outputs are left unwritten (the CPU computes every row)."""
     fn = "swiglu_quant_fp8"
-    if not isinstance(mn_major_sf, bool):
-        _checks.fail(fn, TypeError, f"mn_major_sf must be a bool, got {mn_major_sf!r}")
+    _checks.check_bool(fn, "mn_major_sf", mn_major_sf)
     if not isinstance(h, torch.Tensor) or h.dtype != torch.bfloat16 or h.dim() != 2 or h.shape[1] % 256 \
             or h.shape[1] == 0:
         _checks.fail(fn, ValueError, f"h must be a bfloat16 [M, 2I] tensor with I a multiple of 128, got "

@@ -51,12 +51,6 @@ def _check_input(fn: str, x: object, dims: tuple[int, ...]) -> torch.Tensor:
     return x.resolve_neg() if x.is_neg() else x
 
 
-def _check_flag(fn: str, name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{fn}: {name} must be a bool, got {value!r}")
-    return value
-
-
 def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
     """Round positive float32 values up to a power of two, exactly; any shape, any device."""
     if not isinstance(x, torch.Tensor):
@@ -106,8 +100,8 @@ def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False, gran_k: int 
             return _per_token_cast_on_gpu(x, code, shape[0], shape[1], strides[0], gran_k, use_ue8m0, mn_major_sf)
     fn = "per_token_cast_to_fp8"
     x = _check_input(fn, x, (2,))
-    use_ue8m0 = _check_flag(fn, "use_ue8m0", use_ue8m0)
-    mn_major_sf = _check_flag(fn, "mn_major_sf", mn_major_sf)
+    use_ue8m0 = _checks.check_bool(fn, "use_ue8m0", use_ue8m0)
+    mn_major_sf = _checks.check_bool(fn, "mn_major_sf", mn_major_sf)
     if isinstance(gran_k, bool) or not isinstance(gran_k, numbers.Integral) or gran_k not in _GRAN_KS:
         raise ValueError(f"{fn}: gran_k must be one of {_GRAN_KS}, got {gran_k!r}")
     gran_k = int(gran_k)
@@ -133,7 +127,7 @@ def per_block_cast_to_fp8(x: torch.Tensor,
     """
     fn = "per_block_cast_to_fp8"
     x = _check_input(fn, x, (2, 3))
-    use_ue8m0 = _check_flag(fn, "use_ue8m0", use_ue8m0)
+    use_ue8m0 = _checks.check_bool(fn, "use_ue8m0", use_ue8m0)
     if x.device.type == "cpu":
         return reference.per_block_cast_to_fp8(x, use_ue8m0, _BLOCK)
 
@@ -183,7 +177,7 @@ def per_token_cast_to_fp4(x: torch.Tensor, use_ue8m0: bool = True,
                          f"{tuple(x.shape)}")
     if x.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{fn}: x must be on a CPU or CUDA device, got {x.device}")
-    use_ue8m0 = _check_flag(fn, "use_ue8m0", use_ue8m0)
+    use_ue8m0 = _checks.check_bool(fn, "use_ue8m0", use_ue8m0)
     gran_k = _check_gran_k(fn, gran_k)
     packed, sf = fp4_reference.per_token_cast_to_fp4(x, use_ue8m0, gran_k)
     return packed.view(torch.int8), sf.contiguous()
