@@ -62,6 +62,28 @@ class _L2Flush:
             torch.sum(self.buffer, 0, out=self.sink)
 
 
+_FLUSHES: dict[tuple[str, int], tuple[_L2Flush, list[str]]] = {}
+
+
+def _l2_flush(mode: str) -> tuple[_L2Flush, list[str]]:
+    """The flush of ``mode`` on the current device and the names of the kernels one call of it
+    launches, in order; made once per process, mode and device (the buffer stays allocated)."""
+    key = (mode, torch.cuda.current_device())
+    if key not in _FLUSHES:
+        flush = _L2Flush(mode)
+        flush()  # a first call's one-time work stays out of the sequence learned below
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            flush()
+            torch.cuda.synchronize()
+        names = [name for name, _, _ in _cuda_kernels(prof)]
+        if not names:
+            raise RuntimeError("bench_kineto: the profiler saw no kernel of the L2 flush, so the runs cannot be "
+                               "told apart from it")
+        _FLUSHES[key] = (flush, names)
+    return _FLUSHES[key]
+
+
 def _cuda_kernels(prof) -> list[tuple[str, float, float]]:
     """(name, start µs, duration µs) of every CUDA event of a profile, in start order."""
     events = [(e.name, e.time_range.start, e.time_range.elapsed_us()) for e in prof.events()
@@ -130,23 +152,11 @@ def bench_kineto(fn: Callable[[], object], kernel_name: str, num_tests: int = 30
     """
     if not torch.cuda.is_available():
         raise RuntimeError("bench_kineto needs a CUDA device")
-    flush = _L2Flush(flush_mode()) if flush_l2 else None
-    activities = [torch.profiler.ProfilerActivity.CUDA]
-    flush_kernels: list[str] = []
-    if flush is not None:
-        flush()  # a first call's one-time work stays out of the sequence learned below
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=activities) as prof:
-            flush()
-            torch.cuda.synchronize()
-        flush_kernels = [name for name, _, _ in _cuda_kernels(prof)]
-        if not flush_kernels:
-            raise RuntimeError("bench_kineto: the profiler saw no kernel of the L2 flush, so the runs cannot be "
-                               "told apart from it")
+    flush, flush_kernels = _l2_flush(flush_mode()) if flush_l2 else (None, [])
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(num_tests):
             if flush is not None:
                 flush()
