@@ -46,40 +46,56 @@ struct EpilogueLayout {
 
 // Writes one warpgroup's 64 x kBlockN fragment; `tile_row0` is this thread's first row in the
 // tile, (global_row0, global_col0) the tile's origin in D, for the residual's bounds and address.
+// stmatrix writes each warp's 16 rows x 16 columns in one instruction (x4: two 8-column chunks, both
+// halves of 8 rows), a quarter of the 32-bit stores the fragment took, and its 16-byte rows hit 8
+// distinct bank groups under every swizzle; a tile with an odd number of 8-column chunks ends on x2.
 template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kSwizzleBytes, ResidualType kResidual>
 __device__ __forceinline__ void store_fragment_to_smem(uint8_t* smem_d, const float* final_acc, uint32_t tile_row0,
                                                        uint32_t lane, const void* c, uint32_t ldc,
                                                        uint32_t global_row0, uint32_t global_col0, uint32_t m,
                                                        uint32_t n) {
   using Layout = EpilogueLayout<kBlockN, kSwizzleBytes>;
-#pragma unroll
-  for (uint32_t j = 0; j < kBlockN / 8; ++j) {
-    const uint32_t col = j * 8 + (lane % 4) * 2;
-#pragma unroll
-    for (uint32_t half = 0; half < 2; ++half) {
-      const uint32_t row = tile_row0 + half * 8;
-      float v0 = final_acc[j * 4 + half * 2 + 0];
-      float v1 = final_acc[j * 4 + half * 2 + 1];
-      if constexpr (kResidual != ResidualType::kNone) {
-        const uint32_t grow = global_row0 + row, gcol = global_col0 + col;
-        // n is a multiple of 8, so both columns of the pair are inside D or both outside.
-        if (grow < m && gcol < n) {
-          const uint64_t offset = uint64_t(grow) * ldc + gcol;
-          v0 += load_residual<kResidual>(c, offset);
-          v1 += load_residual<kResidual>(c, offset + 1);
-        }
+  constexpr uint32_t kChunks = kBlockN / 8;
+  // Chunk j's bf16 pair of row tile_row0 + half * 8, the residual added in FP32.
+  const auto pack = [&](uint32_t j, uint32_t half) {
+    float v0 = final_acc[j * 4 + half * 2 + 0];
+    float v1 = final_acc[j * 4 + half * 2 + 1];
+    if constexpr (kResidual != ResidualType::kNone) {
+      const uint32_t grow = global_row0 + tile_row0 + half * 8, gcol = global_col0 + j * 8 + (lane % 4) * 2;
+      // n is a multiple of 8, so both columns of the pair are inside D or both outside.
+      if (grow < m && gcol < n) {
+        const uint64_t offset = uint64_t(grow) * ldc + gcol;
+        v0 += load_residual<kResidual>(c, offset);
+        v1 += load_residual<kResidual>(c, offset + 1);
       }
-      *reinterpret_cast<__nv_bfloat162*>(smem_d + Layout::offset(kBlockM, row, col)) = __floats2bfloat162_rn(v0, v1);
     }
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(v0, v1);
+    return *reinterpret_cast<const uint32_t*>(&pair);
+  };
+  // Lane l addresses row l % 8 of matrix l / 8: matrices 0 / 1 are the warp's rows 0-7 / 8-15 of the
+  // first chunk, 2 / 3 those of the second.
+  const uint32_t matrix = lane / 8;
+  const uint32_t row = tile_row0 - lane / 4 + (matrix % 2) * 8 + lane % 8;
+  const uint32_t base = sm90::smem_addr(smem_d);
+#pragma unroll
+  for (uint32_t j = 0; j + 1 < kChunks; j += 2) {
+    sm90::stmatrix_x4(base + Layout::offset(kBlockM, row, (j + matrix / 2) * 8), pack(j, 0), pack(j, 1),
+                      pack(j + 1, 0), pack(j + 1, 1));
+  }
+  if constexpr (kChunks % 2 == 1) {
+    sm90::stmatrix_x2(base + Layout::offset(kBlockM, row, (kChunks - 1) * 8), pack(kChunks - 1, 0),
+                      pack(kChunks - 1, 1));
   }
 }
 
 // A tile's whole epilogue on the math warpgroups (kNumMathThreads threads, named barrier 1): wait
 // until the previous tile's TMA store has read shared memory, write every warpgroup's fragment,
-// then thread 0 stores each column atom with TMA at (column, store_row) of a 2-D D, or at (column,
-// store_row, group) of a 3-D one (masked groups) in boxes of kMaskedStoreRows rows, those below
-// store_rows (the tile's rows under its group's masked_m) only. The caller waits for the last store
-// (tma_store_wait_all) before the CTA exits. A tile taller than its warpgroups' 64-row fragments
+// then warp 0 stores each column atom with TMA at (column, store_row) of a 2-D D (lane 0), or at
+// (column, store_row, group) of a 3-D one (masked groups) in boxes of kMaskedStoreRows rows, those
+// below store_rows (the tile's rows under its group's masked_m) only, one box per lane: a 128 x 160
+// tile has 80 boxes, which one thread issued one after the other while its warpgroup's next wgmmas
+// waited. Each lane commits and later waits for its own stores; the caller's warp 0 waits for the
+// last ones (tma_store_wait_all) before the CTA exits. A tile taller than its warpgroups' 64-row fragments
 // comes in kNumWaves waves of kWaveRows rows, the fragments of wave w at final_acc + w *
 // kBlockN / 2.
 template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kSwizzleBytes, ResidualType kResidual, bool k3d,
@@ -89,7 +105,7 @@ __device__ __forceinline__ void store_tile(const TmaDescriptor* map_d, uint8_t* 
                                            uint32_t global_row0, uint32_t global_col0, uint32_t m, uint32_t n,
                                            uint32_t store_row, uint32_t group, uint32_t store_rows = kBlockM) {
   using Layout = EpilogueLayout<kBlockN, kSwizzleBytes>;
-  if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
+  if (threadIdx.x < 32) sm90::tma_store_wait_read<0>();
   sm90::named_barrier_sync(1, kNumMathThreads);
 #pragma unroll
   for (uint32_t w = 0; w < kNumWaves; ++w) {
@@ -98,17 +114,17 @@ __device__ __forceinline__ void store_tile(const TmaDescriptor* map_d, uint8_t* 
   }
   sm90::fence_proxy_async_shared();
   sm90::named_barrier_sync(1, kNumMathThreads);
-  if (threadIdx.x == 0) {
+  if (threadIdx.x < 32) {
 #pragma unroll
     for (uint32_t atom = 0; atom < Layout::kNumAtoms; ++atom) {
       const uint8_t* src = smem_d + atom * kBlockM * Layout::kAtomN * 2;
       const uint32_t col = global_col0 + atom * Layout::kAtomN;
       if constexpr (k3d) {
         static_assert(kBlockM % kMaskedStoreRows == 0, "masked tiles are stored in whole boxes");
-        for (uint32_t row = 0; row < store_rows; row += kMaskedStoreRows) {
-          sm90::tma_store_3d(map_d, src + row * Layout::kAtomN * 2, col, store_row + row, group);
-        }
-      } else {
+        static_assert(kBlockM <= 32 * kMaskedStoreRows, "one box per lane");
+        const uint32_t row = lane * kMaskedStoreRows;
+        if (row < store_rows) sm90::tma_store_3d(map_d, src + row * Layout::kAtomN * 2, col, store_row + row, group);
+      } else if (lane == 0) {
         sm90::tma_store_2d(map_d, src, col, store_row);
       }
     }

@@ -101,16 +101,19 @@ struct TileScheduler {
   }
 
   // Counts outside [0, max_m] are clamped, so bad masked_m values cannot address other groups.
-  __device__ __forceinline__ uint32_t masked_blocks(uint32_t g) const {
-    if (g >= num_groups) return 0;
-    const int rows = min(max(__ldg(grouped_layout + g), 0), static_cast<int>(rows_per_group));
-    return (static_cast<uint32_t>(rows) + kBlockM - 1) / kBlockM;
+  __device__ __forceinline__ uint32_t clamped_rows(uint32_t g) const {
+    return static_cast<uint32_t>(
+        min(max(__ldg(grouped_layout + g), 0), static_cast<int>(rows_per_group)));
   }
 
-  // kGroupedMasked: the rows of tile t below its group's masked_m (clamped as in masked_blocks).
+  __device__ __forceinline__ uint32_t masked_blocks(uint32_t g) const {
+    if (g >= num_groups) return 0;
+    return (clamped_rows(g) + kBlockM - 1) / kBlockM;
+  }
+
+  // kGroupedMasked: the rows of tile t below its group's masked_m.
   __device__ __forceinline__ uint32_t masked_rows(const Tile& t) const {
-    const int rows = min(max(__ldg(grouped_layout + t.group), 0), static_cast<int>(rows_per_group));
-    return min(static_cast<uint32_t>(rows) - t.m_block * kBlockM, kBlockM);
+    return min(clamped_rows(t.group) - t.m_block * kBlockM, kBlockM);
   }
 
   // Band rasterisation of a tile index inside one problem of num_m_blocks x num_n_blocks.

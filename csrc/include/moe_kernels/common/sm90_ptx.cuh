@@ -254,6 +254,18 @@ __device__ __forceinline__ uint64_t make_sw128_kmajor_desc(const void* smem_tile
   return desc;
 }
 
+// stmatrix: each of the warp's 8x8 b16 matrices takes one 32-bit register per thread (row lane / 4,
+// columns 2 * (lane % 4) + {0, 1}: a wgmma accumulator fragment's layout); lane i gives the shared
+// address of row i % 8 of matrix i / 8 (16 contiguous bytes).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+__device__ __forceinline__ void stmatrix_x2(uint32_t addr, uint32_t r0, uint32_t r1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.shared.b16 [%0], {%1, %2};" ::"r"(addr), "r"(r0), "r"(r1) : "memory");
+}
+
 __host__ __device__ constexpr uint32_t gcd_u32(uint32_t a, uint32_t b) { return b == 0 ? a : gcd_u32(b, a % b); }
 
 __device__ __forceinline__ uint32_t lane_id() {

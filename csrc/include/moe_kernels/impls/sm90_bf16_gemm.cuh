@@ -120,7 +120,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
         &map_d, smem_d, acc, tile_row0, lane, c, ldc, t.m_block * kBlockM, t.n_block * kBlockN, m, kShapeN,
         t.m_block * kBlockM, 0);
   }
-  if (threadIdx.x == 0) sm90::tma_store_wait_all<0>();
+  if (threadIdx.x < 32) sm90::tma_store_wait_all<0>();  // warp 0 issued the stores (common/epilogue.cuh)
 #endif
 }
 

@@ -288,7 +288,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
         &map_d, smem_d, final_acc, tile_row0, lane, nullptr, 0, a_row0(t), t.n_block * kBlockN, m, kShapeN,
         kMasked ? t.m_block * kBlockM : a_row0(t), t.group, kMasked ? scheduler.masked_rows(t) : kBlockM);
   }
-  if (threadIdx.x == 0) sm90::tma_store_wait_all<0>();
+  if (threadIdx.x < 32) sm90::tma_store_wait_all<0>();  // warp 0 issued the stores (common/epilogue.cuh)
 #endif
 }
 

@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     if (scheduler.tail_unit(t)) math_tile(t, t.k_begin, t.k_end);
   }
   if constexpr (kPingPong) turns.finish();
-  if (threadIdx.x == 0) sm90::tma_store_wait_all<0>();
+  if (threadIdx.x < 32) sm90::tma_store_wait_all<0>();  // warp 0 issued the stores (common/epilogue.cuh)
 #endif
 }
 
