@@ -10,8 +10,9 @@ reported as weight bytes read per second (the decode bound) next to the copy cei
 FP4 weights (``m_grouped_fp8_fp4_gemm_nt_*``): the same problems with random packed E2M1 codes and
 UE8M0 exponent bytes per 1x32 (the form ``transform_sf_for_fp4_gemm`` gives); the tables add
 the FP4 kernel's time and its speed-up over the FP8 kernel measured in the same run ("FP8 1-CTA":
-the FP8 kernel with its 2-CTA clusters off, ``MOE_FP8_MULTICAST=0``, where it runs them; "FP8 no
-ping-pong": its two math warpgroups issuing their wgmmas together, ``MOE_FP8_PINGPONG=0``), and (masked,
+the FP8 kernel with its 2-CTA clusters off, ``MOE_FP8_MULTICAST=0``, where it runs them; "FP8 ping-pong
+flipped": on wide 128-row tiles, its two math warpgroups' turns on the tensor cores flipped,
+``MOE_FP8_PINGPONG=1`` where it runs without and ``=0`` where with), and (masked,
 <= 32 tokens) the same call on weights in the decode layout (``kernels.transform_fp4_for_decode``).
 Weight bytes: FP8 = N K + 4 ceil(N/128) K/128 per expert; FP4 = N K / 2 + N K / 32 (both layouts).
 "worst diff": the largest calc_diff of any kernel of the row against float32 math on its
@@ -182,16 +183,19 @@ def measure(problem: Problem) -> dict:
 
 
 def fp8_variants_us(problem: Problem, m: int, n: int, k: int, gemm_type: int, groups: int) -> dict:
-    """The FP8 kernel's time with one of its variants off where the heuristic runs it, else None:
-    single_us without the 2-CTA clusters (MOE_FP8_MULTICAST=0), no_pingpong_us with the two math
-    warpgroups issuing their wgmmas together (MOE_FP8_PINGPONG=0)."""
+    """The FP8 kernel's time with one of its choices flipped, else None: single_us without the
+    2-CTA clusters (MOE_FP8_MULTICAST=0) where it runs them; turns_flipped_us on a wide 128-row tile
+    (block N >= 145) with the math warpgroups' ping-pong flipped (MOE_FP8_PINGPONG=1 where it runs
+    without, the K loop then unrolled 4 times; =0 where it runs with)."""
     native = kernels.jit.native_module()
     config = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), False, -1, gemm_type, groups)
+    wide = config["block_m"] == 128 and config["block_n"] >= 145
     return dict(
         single_us=(kernel_us_with_env(problem.call, problem.kernel, MOE_FP8_MULTICAST="0")
                    if config["multicast"] > 1 else None),
-        no_pingpong_us=(kernel_us_with_env(problem.call, problem.kernel, MOE_FP8_PINGPONG="0")
-                        if config["pingpong"] else None))
+        turns_flipped_us=(kernel_us_with_env(problem.call, problem.kernel,
+                                             MOE_FP8_PINGPONG="0" if config["pingpong"] else "1")
+                          if wide else None))
 
 
 def mn_major_call(problem: Problem, groups: int, rows: int) -> Callable[[], None]:
@@ -284,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"copy ceiling (events, read + write): {copy:.0f} GB/s; L2 flush: {flush_mode()} (MOE_BENCH_FLUSH)\n")
     contiguous_labels = [label for label, _ in variants] + (["MN-major A scales"] if args.sfa_mn_major else [])
     if not args.masked_only:
-        print("| contiguous | N x K | FP8 µs | FP8 TFLOP/s | FP8 per call µs | FP8 1-CTA µs | FP8 no ping-pong µs "
+        print("| contiguous | N x K | FP8 µs | FP8 TFLOP/s | FP8 per call µs | FP8 1-CTA µs | FP8 ping-pong flipped µs "
               "| FP8 256-aligned µs | FP8 256-aligned TFLOP/s | FP8 256-aligned 1-CTA µs | torch µs | torch TFLOP/s "
               "| FP8 vs torch | 256-aligned vs torch | FP4 µs | FP4 TFLOP/s | FP4 per call µs | worst diff |"
               + "".join(f" FP8 {label} µs (over FP8 timed beside it) |" for label in contiguous_labels))
@@ -294,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                 cells = [f"{groups} x {rows}", f"{n} x {k}"]
                 if fp8:
                     r = contiguous("fp8", groups, rows, n, k, variants, args.sfa_mn_major)
-                    single, plain = ("-" if r[key] is None else f"{r[key]:.1f}" for key in ("single_us", "no_pingpong_us"))
+                    single, plain = ("-" if r[key] is None else f"{r[key]:.1f}" for key in ("single_us", "turns_flipped_us"))
                     peer = f"{r['speedup']:.2f}x" + (f" {r['torch_error']}" if "torch_error" in r else "")
                     aligned, aligned_single = r.get("aligned_us"), r.get("aligned_single_us")
                     flops = 2 * groups * rows * n * k

@@ -185,20 +185,21 @@ def test_pingpong_follows_block_n(env, monkeypatch):
         assert cfg["pingpong"] == int(cfg["block_m"] == 128 and wanted), (m, n, k, cfg)
 
 
-def test_k_loop_unrolled_on_dense_256_row_and_ping_pong_tiles(monkeypatch):
-    """The math K loop runs 4 K blocks per iteration on dense 256-row tiles and on dense or
-    contiguous 128-row ping-pong tiles (measured faster), once elsewhere (64-row tiles, 128-row
-    tiles without ping-pong, grouped 256-row tiles, masked GEMMs: not measured faster);
-    MOE_GEMM_K_UNROLL overrides it everywhere."""
+def test_k_loop_unrolled_on_dense_256_row_and_wide_128_row_tiles(monkeypatch):
+    """The math K loop runs 4 K blocks per iteration on dense 256-row tiles and on ping-pong tiles, 8
+    on dense or contiguous 128 x 192 tiles, which run without ping-pong (each measured faster); once
+    elsewhere (64-row tiles, narrower 128-row tiles, grouped 256-row tiles, masked GEMMs: not measured
+    faster). Masked wide 128-row tiles keep ping-pong. MOE_FP8_PINGPONG and MOE_GEMM_K_UNROLL
+    override."""
     monkeypatch.delenv("MOE_GEMM_K_UNROLL", raising=False)
     monkeypatch.delenv("MOE_FP8_PINGPONG", raising=False)
     native = kernels.jit.native_module()
     dense = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
     assert (dense["block_m"], dense["k_unroll"]) == (256, 4)
     wide = native.fp8_gemm_nt_config(4096, 2112, 7168, H200_SMS)
-    assert (wide["block_m"], wide["pingpong"], wide["k_unroll"]) == (128, 1, 4)
+    assert (wide["block_m"], wide["block_n"], wide["pingpong"], wide["k_unroll"]) == (128, 192, 0, 8)
     contiguous = native.fp8_gemm_nt_config(32768, 4096, 7168, H200_SMS, False, -1, 1, 4)
-    assert (contiguous["block_m"], contiguous["pingpong"], contiguous["k_unroll"]) == (128, 1, 4)
+    assert (contiguous["block_m"], contiguous["pingpong"], contiguous["k_unroll"]) == (128, 0, 8)
     plain = native.fp8_gemm_nt_config(128, 32768, 512, H200_SMS)
     assert (plain["block_m"], plain["pingpong"], plain["k_unroll"]) == (128, 0, 1)
     assert native.fp8_gemm_nt_config(64, 2112, 7168, H200_SMS)["k_unroll"] == 1
@@ -206,8 +207,10 @@ def test_k_loop_unrolled_on_dense_256_row_and_ping_pong_tiles(monkeypatch):
     assert (grouped["block_m"], grouped["k_unroll"]) == (256, 1)
     masked = native.fp8_gemm_nt_config(1024, 4096, 7168, H200_SMS, False, -1, 2, 8)
     assert masked["k_unroll"] == 1, masked
-    monkeypatch.setenv("MOE_FP8_PINGPONG", "0")
-    assert native.fp8_gemm_nt_config(4096, 2112, 7168, H200_SMS)["k_unroll"] == 1
+    assert masked["pingpong"] == (masked["block_m"] == 128 and masked["block_n"] >= 145), masked
+    monkeypatch.setenv("MOE_FP8_PINGPONG", "1")
+    forced = native.fp8_gemm_nt_config(4096, 2112, 7168, H200_SMS)
+    assert (forced["pingpong"], forced["k_unroll"]) == (1, 4)
     monkeypatch.delenv("MOE_FP8_PINGPONG")
     monkeypatch.setenv("MOE_GEMM_K_UNROLL", "2")
     assert native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)["k_unroll"] == 2

@@ -291,18 +291,20 @@ def test_gpu_256_row_tiles(m, n, k, multicast, splits, seed, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(4096, 2112, 7168), (1000, 24576, 1152)])
 def test_gpu_k_unroll_on_128_row_tiles_matches_plain_loop(m, n, k, seed, monkeypatch):
-    """Dense 128 x 192 ping-pong tiles with the math K loop unrolled 4 times (their default) against
-    the plain loop (MOE_GEMM_K_UNROLL=1; 9 K blocks at K = 1152: a partial round): bit for bit the
-    same D."""
+    """Dense 128 x 192 tiles with the math K loop unrolled 4 times on ping-pong and 8 times without
+    against the plain ping-pong loop (MOE_GEMM_K_UNROLL=1; 9 K blocks at K = 1152: a partial round):
+    bit for bit the same D."""
     native = kernels.jit.native_module()
     a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
     outputs = {}
-    for unroll in ("4", "1"):
+    for pingpong, unroll in (("1", "4"), ("1", "1"), ("0", "8")):
         monkeypatch.setenv("MOE_GEMM_K_UNROLL", unroll)
+        monkeypatch.setenv("MOE_FP8_PINGPONG", pingpong)
         cfg = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
-        assert (cfg["block_m"], cfg["pingpong"], cfg["k_unroll"]) == (128, 1, int(unroll)), cfg
-        outputs[unroll] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kernels.fp8_gemm_nt(a_fp8, b_fp8, outputs[unroll])
+        assert (cfg["block_m"], cfg["pingpong"], cfg["k_unroll"]) == (128, int(pingpong), int(unroll)), cfg
+        outputs[pingpong, unroll] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, outputs[pingpong, unroll])
     torch.cuda.synchronize()
-    assert calc_diff(outputs["4"], reference_f64(a_fp8, b_fp8)) < 1e-3
-    assert torch.equal(outputs["4"], outputs["1"])
+    assert calc_diff(outputs["1", "4"], reference_f64(a_fp8, b_fp8)) < 1e-3
+    assert torch.equal(outputs["1", "4"], outputs["1", "1"])
+    assert torch.equal(outputs["0", "8"], outputs["1", "1"]), "no ping-pong, unrolled 8 times"

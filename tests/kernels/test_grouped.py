@@ -407,25 +407,28 @@ def test_gpu_pingpong_matches_no_pingpong(masked, max_m, expected_m, n, k, seed,
     ([4096, 4096], 7168, 2048),          # 2-CTA clusters
 ])
 def test_gpu_contiguous_k_unroll_matches_plain_loop(counts, n, k, seed, monkeypatch):
-    """Contiguous 128-row tiles (ping-pong, 128 x 192) with the math K loop unrolled 2 and 4 times
-    (MOE_GEMM_K_UNROLL) against the plain loop: the same wgmmas and FFMAs in the same order per
-    warpgroup, so D is bit for bit the same, padding rows and an empty group included (the
-    padding rows of a tile with valid rows are stored too, the same; NaN where neither wrote)."""
+    """Contiguous 128-row tiles (128 x 192) with the math K loop unrolled 2, 4 and 8 times
+    (MOE_GEMM_K_UNROLL), with and without ping-pong (MOE_FP8_PINGPONG), against the plain ping-pong
+    loop: the same wgmmas and FFMAs in the same order per warpgroup, so D is bit for bit the same,
+    padding rows and an empty group included (the padding rows of a tile with valid rows are stored
+    too, the same; NaN where neither wrote)."""
     b_fp8 = make_weights(len(counts), n, k, "cuda")
     a_fp8, m_indices = make_contiguous(counts, k, "cuda")
     native = kernels.jit.native_module()
     outputs = {}
-    for unroll in ("1", "2", "4"):
+    for pingpong, unroll in (("1", "1"), ("1", "2"), ("1", "4"), ("0", "8"), ("0", "1")):
         monkeypatch.setenv("MOE_GEMM_K_UNROLL", unroll)
+        monkeypatch.setenv("MOE_FP8_PINGPONG", pingpong)
         cfg = native.fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(), gemm_type=1,
                                         num_groups=len(counts), alignment=128)
-        assert (cfg["block_m"], cfg["pingpong"], cfg["k_unroll"]) == (128, 1, int(unroll)), cfg
+        assert (cfg["block_m"], cfg["pingpong"], cfg["k_unroll"]) == (128, int(pingpong), int(unroll)), cfg
         d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
-        outputs[unroll] = d
+        outputs[pingpong, unroll] = d
     torch.cuda.synchronize()
     valid = m_indices >= 0
-    assert torch.isfinite(outputs["1"][valid]).all(), "valid rows not fully written"
-    assert calc_diff(outputs["1"][valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
-    for unroll in ("2", "4"):
-        assert_same_output(outputs[unroll], outputs["1"], f"K loop unrolled {unroll} times")
+    plain = outputs["1", "1"]
+    assert torch.isfinite(plain[valid]).all(), "valid rows not fully written"
+    assert calc_diff(plain[valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
+    for (pingpong, unroll), d in outputs.items():
+        assert_same_output(d, plain, f"K loop unrolled {unroll} times, ping-pong {pingpong}")
