@@ -70,11 +70,12 @@ def cublas_call(a_fp8, b_fp8, d_ref):
 
 def tile_label(m: int, n: int, k: int, **env: str) -> str:
     """The heuristic's tile for the call, with ``env`` switches set: block M x block N, stages
-    ("s4"), 2-CTA clusters ("c2"), ping-pong ("pp"), the last wave's tiles split over K ("t3"),
-    e.g. "128x192s4c2ppt4"."""
+    ("s4"), 2-CTA clusters sharing A ("c2") or B ("c2b"), ping-pong ("pp"), the last wave's tiles
+    split over K ("t3"), e.g. "128x192s4c2ppt4"."""
     with env_switches(**env):
         c = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
-    return (f"{c['block_m']}x{c['block_n']}s{c['num_stages']}" + ("c2" if c["multicast"] > 1 else "")
+    return (f"{c['block_m']}x{c['block_n']}s{c['num_stages']}"
+            + (("c2b" if c["share_b"] else "c2") if c["multicast"] > 1 else "")
             + ("pp" if c["pingpong"] else "") + (f"t{c['tail_splits']}" if c["tail_splits"] > 1 else ""))
 
 

@@ -43,6 +43,7 @@ struct Config {
   int smem_bytes;
   int swizzle_d;   // bytes of the epilogue's swizzle atom (128, 64, 32) or 0 for plain rows
   int multicast = 1;  // CTAs per cluster sharing A by TMA multicast (1: no cluster)
+  int share_b = 0;    // 1: the cluster's CTAs hold adjacent m-blocks and share B instead
   unsigned scale_load = moe_kernels::kScaleGather;  // how the scales reach a stage (common/fp8_gemm_layout.h)
   int scale_warps = 3;  // warps issuing the scale copies (kScaleGather), taking the stages in turn
   int pingpong = 0;     // 1: the two math warpgroups (block M 128) take turns on the tensor cores
@@ -54,17 +55,19 @@ struct Config {
 
   // The last, partial wave's tiles split over K; kNormal only.
   TailSplit tail_split_of(int m) const {
-    return type == GemmType::kNormal && splits ? tail_split(num_tiles(m), num_sms, k, multicast, split_k)
-                                               : TailSplit{};
+    return type == GemmType::kNormal && splits && !share_b
+               ? tail_split(num_tiles(m), num_sms, k, multicast, split_k)
+               : TailSplit{};
   }
   // The persistent grid of an m-row problem: whole clusters, at most one CTA per SM.
   int grid(int m) const { return tail_split_of(m).grid(num_tiles(m), num_sms, multicast); }
 
   // Tiles of an m-row problem (per group for kGroupedMasked; an upper bound for the grid), n-blocks
-  // rounded up to whole clusters.
+  // (m-blocks where the clusters share B) rounded up to whole clusters.
   int num_tiles(int m) const {
-    const int n_blocks = (n + block_n * multicast - 1) / (block_n * multicast) * multicast;
-    return ((m + block_m - 1) / block_m) * n_blocks;
+    const int cluster_n = share_b ? 1 : multicast, cluster_m = share_b ? multicast : 1;
+    const int n_blocks = (n + block_n * cluster_n - 1) / (block_n * cluster_n) * cluster_n;
+    return (m + block_m * cluster_m - 1) / (block_m * cluster_m) * cluster_m * n_blocks;
   }
 };
 
@@ -138,7 +141,9 @@ constexpr int kMaskedDecodeMaxBlockN = 128;
 constexpr int kMaskedShortKBlocks = 16;
 
 // MOE_FP8_MULTICAST=0 turns the clusters off and =2 on wherever the kernel takes them (dense, or
-// grouped with kMulticastMinRows rows); MOE_FP8_PINGPONG=0 turns the math warpgroups' ping-pong off
+// grouped with kMulticastMinRows rows); =b makes 2-CTA clusters share B instead of A wherever the
+// kernel can (dense or contiguous 128-row tiles of one wave, block N a multiple of 16, at least two
+// m-blocks; not timed yet, so no default takes it); MOE_FP8_PINGPONG=0 turns the math warpgroups' ping-pong off
 // and =1 on at any block N (block M 128); MOE_GEMM_GROUP_N sets the scheduler's band width in
 // n-blocks (read on every call, so a benchmark can compare both in one process).
 inline bool env_enabled(const char* name) {
@@ -268,6 +273,7 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   const bool wants = legal && (m <= 64 ? k >= kMulticastMinKSmallM : m <= 128 || n >= kMulticastMinNLargeM);
   const char* multicast_env = std::getenv("MOE_FP8_MULTICAST");
   const bool forced = multicast_env != nullptr && std::string(multicast_env) == "2";
+  const bool share_b_forced = multicast_env != nullptr && std::string(multicast_env) == "b";
   const bool clusters_allowed = num_sms % 2 == 0 && env_enabled("MOE_FP8_MULTICAST");
   int multicast = (forced ? legal : wants) && clusters_allowed ? 2 : 1;
   MOE_HOST_ASSERT(contiguous_alignment >= 128 && contiguous_alignment % 128 == 0,
@@ -318,6 +324,14 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.swizzle_d = t.swizzle_d;
   // A single n-block would pair with a padding one: nothing to share.
   cfg.multicast = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
+  // Clusters sharing B (MOE_FP8_MULTICAST=b): pairs of 128-row m-blocks of one n-block. Every tile
+  // runs whole (no tail split), the pair in step.
+  if (share_b_forced && type != GemmType::kGroupedMasked && t.block_m == 128 && t.block_n % 16 == 0 &&
+      num_sms % 2 == 0 && m > t.block_m) {
+    cfg.multicast = 2;
+    cfg.share_b = 1;
+    single_wave_ways = 0;
+  }
   cfg.scale_warps = scale_load == moe_kernels::kScaleGather ? std::min(scale_warps_setting(), t.num_stages) : 0;
   cfg.split_k = single_wave_ways;
   cfg.splits = split_workspace;
@@ -369,28 +383,31 @@ inline GeneratedKernel generate(const Config& c) {
      << c.k << ", " << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", " << c.group_n << ", "
      << static_cast<int>(c.residual) << ", " << c.swizzle_d << ", " << c.multicast << ", " << c.scale_warps
      << ", " << (c.pingpong ? "true" : "false") << ", " << (c.pdl ? "true" : "false") << ", " << c.k_unroll
-     << ", " << c.scale_load << ", " << (c.overlap ? "true" : "false") << ">);\n"
+     << ", " << c.scale_load << ", " << (c.overlap ? "true" : "false") << ", " << (c.share_b ? "true" : "false")
+     << ">);\n"
      << "}\n";
   return {"sm90_fp8_gemm_nt", os.str()};
 }
 
 inline void launch(const Config& c, const Args& a) {
   using namespace moe_jit::driver;
-  static moe_jit::KernelMemo<std::array<int, 18>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 18> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 19>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 19> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
                                    c.scale_warps, c.pingpong, c.pdl, c.k_unroll, static_cast<int>(c.scale_load),
-                                   c.overlap, a.device};
+                                   c.overlap, c.share_b, a.device};
   const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
 
   const bool masked = c.type == GemmType::kGroupedMasked;
   const std::uint64_t rows_a = sfa_rows(c.type, a);
-  // Each CTA of a cluster loads (and multicasts) its share of the A tile's rows.
+  // Each CTA of a cluster loads (and multicasts) its share of the A tile's rows, or of the B tile's
+  // where the cluster shares B.
+  const int a_share = c.share_b ? 1 : c.multicast, b_share = c.share_b ? c.multicast : 1;
   const CUtensorMap map_a = make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK,
-                                     c.block_m / c.multicast, CU_TENSOR_MAP_SWIZZLE_128B, "A");
+                                     c.block_m / a_share, CU_TENSOR_MAP_SWIZZLE_128B, "A");
   const CUtensorMap map_b = make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
-                                     static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK, c.block_n,
-                                     CU_TENSOR_MAP_SWIZZLE_128B, "B");
+                                     static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK,
+                                     c.block_n / b_share, CU_TENSOR_MAP_SWIZZLE_128B, "B");
   const CUtensorMap map_d = make_tma_d(c.fn, a.d, c.n, a.m, a.ldd, c.block_n, c.block_m, c.swizzle_d, masked,
                                        a.num_groups);
 

@@ -26,6 +26,30 @@ def test_gpu_clusters_match_single_ctas(m, n, k, seed, monkeypatch):
     assert calc_diff(single, reference_f64(a_fp8, b_fp8)) < 1e-3
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(300, 2112, 7168), (4096, 2112, 7168), (257, 7168, 2048), (1000, 7168, 1536),
+                                   (700, 576, 7168)])
+def test_gpu_clusters_sharing_b_match_single_ctas(m, n, k, seed, monkeypatch):
+    """Two CTAs on adjacent 128-row m-blocks share B (MOE_FP8_MULTICAST=b), each loading half of its
+    rows for both: an odd m-block count (the last pair's second block past M runs in step and stores
+    nothing), a residual C. The same wgmmas and FFMAs per tile as single CTAs
+    (MOE_FP8_MULTICAST=0), so D is bit for bit theirs."""
+    monkeypatch.setenv("MOE_FP8_MULTICAST", "b")
+    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
+    assert (cfg["block_m"], cfg["multicast"], cfg["share_b"], cfg["tail_splits"]) == (128, 2, 1, 1), cfg
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    c = torch.randn(m, n, device="cuda")
+    outputs = {}
+    for multicast in ("b", "0"):
+        monkeypatch.setenv("MOE_FP8_MULTICAST", multicast)
+        outputs[multicast] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, outputs[multicast], c=c)
+    torch.cuda.synchronize()
+    assert torch.isfinite(outputs["b"]).all(), "output not fully written"
+    assert calc_diff(outputs["b"], reference_f64(a_fp8, b_fp8, c)) < 1e-3
+    assert torch.equal(outputs["b"], outputs["0"])
+
+
 def scale_load(m, n, k, sfa, sfb) -> str:
     return kernels.jit.native_module().fp8_gemm_scale_load(0, m, n, k, 1, sfa.data_ptr(), *sfa.stride(),
                                                              sfb.data_ptr(), 0, *sfb.stride())

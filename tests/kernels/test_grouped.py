@@ -402,6 +402,36 @@ def test_gpu_pingpong_matches_no_pingpong(masked, max_m, expected_m, n, k, seed,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("counts,align,n,k", [
+    ([1000, 0, 513, 2048], 128, 4096, 1152),  # a pair straddling two groups; the last block past M
+    ([513, 100, 0, 1500], 256, 7168, 2048),   # valid blocks paired with whole padding blocks
+    ([10, 700, 3], 512, 4096, 1024),          # pairs of two padding blocks, skipped
+])
+def test_gpu_contiguous_clusters_sharing_b_match_single_ctas(counts, align, n, k, seed, monkeypatch):
+    """2-CTA clusters on adjacent 128-row m-blocks sharing B (MOE_FP8_MULTICAST=b): a pair inside one
+    group multicasts half of B each, a pair straddling two groups loads two B tiles, a padding block
+    or one past M beside a valid one runs in step and stores nothing. The same wgmmas and FFMAs per
+    tile as single CTAs (MOE_FP8_MULTICAST=0), so D is bit for bit theirs, NaN where neither wrote."""
+    b_fp8 = make_weights(len(counts), n, k, "cuda")
+    a_fp8, m_indices = make_contiguous(counts, k, "cuda", align=align)
+    native = kernels.jit.native_module()
+    outputs = {}
+    for multicast in ("b", "0"):
+        monkeypatch.setenv("MOE_FP8_MULTICAST", multicast)
+        cfg = native.fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(), gemm_type=1,
+                                        num_groups=len(counts), alignment=128)
+        assert (cfg["block_m"], cfg["share_b"]) == (128, int(multicast == "b")), cfg
+        d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
+        outputs[multicast] = d
+    torch.cuda.synchronize()
+    valid = m_indices >= 0
+    assert torch.isfinite(outputs["b"][valid]).all(), "valid rows not fully written"
+    assert calc_diff(outputs["b"][valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
+    assert_same_output(outputs["b"], outputs["0"], "clusters sharing B")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("counts,n,k", [
     ([1000, 0, 513, 2048], 4096, 1152),  # 9 K blocks: a partial round of 4 after two whole ones
     ([4096, 4096], 7168, 2048),          # 2-CTA clusters

@@ -47,6 +47,13 @@ def _k_loop_bodies(code: str, max_bytes: int = 4096) -> list[str]:
     return bodies
 
 
+def _innermost_k_loops(code: str, max_bytes: int) -> list[str]:
+    """The K loops among the loop bodies: those with wgmmas that hold no other such body (a tile
+    loop whose code is short enough also falls under max_bytes)."""
+    bodies = [body for body in _k_loop_bodies(code, max_bytes) if "QGMMA" in body]
+    return [body for body in bodies if not any(other != body and other in body for other in bodies)]
+
+
 GEMM_VARIANTS = [  # (m, n, k, gemm type, groups): dense decode/prefill, grouped contiguous, masked
     (64, 2112, 7168, 0, 1), (4096, 7168, 2048, 0, 1), (8192, 4096, 7168, 1, 4), (16, 7168, 2048, 2, 32),
 ]
@@ -69,6 +76,29 @@ def test_fp8_gemm_uses_qgmma_tma_and_setmaxnreg(m, n, k, gemm_type, groups, scal
     # The scale warps keep 32-bit row offsets per tile: no spills at block M 128 either (they had
     # spilled hoisted 64-bit row pointers inside their K loop).
     assert "LDL" not in code and "STL" not in code, "register spills"
+
+
+@pytest.mark.parametrize("m,n,k,gemm_type,groups", [(300, 2112, 7168, 0, 1), (1000, 7168, 1536, 0, 1),
+                                                     (32768, 4096, 7168, 1, 4), (3712, 4096, 1152, 1, 4)])
+def test_fp8_gemm_clusters_sharing_b_multicast_b(m, n, k, gemm_type, groups, monkeypatch):
+    """MOE_FP8_MULTICAST=b: the TMA warp multicasts half of B (UTMALDG ... MULTICAST), A comes by
+    plain TMA loads. No spills at block N 48 or in contiguous kernels. Dense 128 x 160 / 192 tiles
+    unrolled 8 times keep one scheduler value in local memory at tile boundaries, as their clusters
+    sharing A do (MOE_FP8_MULTICAST=2): one load and store per tile, none in the K loop."""
+    monkeypatch.setenv("MOE_FP8_MULTICAST", "b")
+    native = kernels.jit.native_module()
+    args = (m, n, k, H200_SMS, False, -1, gemm_type, groups)
+    assert native.fp8_gemm_nt_config(*args)["share_b"] == 1
+    code = sass(*native.fp8_gemm_nt_code(*args))
+    for instruction in ("QGMMA", "UTMASTG", "USETMAXREG"):
+        assert instruction in code, instruction
+    loads = [line for line in code.splitlines() if "UTMALDG" in line]
+    assert any("MULTICAST" in line for line in loads) and any("MULTICAST" not in line for line in loads)
+    spills = sum(op in line for line in code.splitlines() for op in ("LDL", "STL"))
+    if gemm_type == 1 or n == 2112:
+        assert spills == 0, "register spills"
+    else:
+        assert spills <= 16, f"{spills} local loads and stores"
 
 
 @pytest.mark.parametrize("pingpong,max_ops", [("0", 128), ("1", 140)])
@@ -160,25 +190,33 @@ def test_fp8_gemm_tail_split_keeps_whole_tiles_lean(m, n, k, splits, monkeypatch
         assert sum("R2UR" in line for line in ops) <= 4 and len(ops) <= 175, f"{len(ops)} instructions per K block"
 
 
+@pytest.mark.parametrize("pingpong,unroll,max_ops_per_k_block", [(None, 8, 160), ("1", 4, 150)])
 @pytest.mark.parametrize("m,n,k", [(4096, 7168, 16384), (4096, 4096, 16384)])
-def test_fp8_gemm_tail_split_unrolled_keeps_whole_tiles_lean(m, n, k, monkeypatch):
-    """The shipped 128 x 192 ping-pong kernel with the tail split unrolls its K loops 4 times: the
-    whole tiles' loops (one per static scale split) hold 4 K blocks in at most 600 instructions
-    (587 measured, against 4 x 163-165 for the plain loop) with at most one R2UR; the tail unit's
-    run-time range gets unrolled loops and a one-K-block remainder of its own."""
+def test_fp8_gemm_tail_split_unrolled_keeps_whole_tiles_lean(m, n, k, pingpong, unroll, max_ops_per_k_block,
+                                                             monkeypatch):
+    """128 x 192 tiles with the tail split, as shipped (no ping-pong, the K loop unrolled 8 times:
+    1124-1248 instructions per 8 K blocks measured) and with ping-pong (unrolled 4 times, 587 per 4
+    against 4 x 163-165 for the plain loop): the whole tiles' loops (one per static scale split)
+    hold `unroll` K blocks with at most one R2UR; the tail unit's run-time range gets unrolled loops
+    and a one-K-block remainder of its own."""
     monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")
     monkeypatch.delenv("MOE_GEMM_K_UNROLL", raising=False)
+    if pingpong is None:
+        monkeypatch.delenv("MOE_FP8_PINGPONG", raising=False)
+    else:
+        monkeypatch.setenv("MOE_FP8_PINGPONG", pingpong)
     native = kernels.jit.native_module()
     config = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
-    assert (config["block_n"], config["k_unroll"]) == (192, 4) and config["tail_splits"] > 1
-    loops = sorted((body.splitlines() for body in _k_loop_bodies(sass(*native.fp8_gemm_nt_code(m, n, k, H200_SMS)),
-                                                                 max_bytes=10240) if "QGMMA" in body), key=len)
+    assert (config["block_n"], config["k_unroll"]) == (192, unroll) and config["tail_splits"] > 1
+    loops = sorted((body.splitlines() for body in _innermost_k_loops(sass(*native.fp8_gemm_nt_code(m, n, k, H200_SMS)),
+                                                                     max_bytes=24576)), key=len)
     loops = [[line for line in ops if line.strip()] for ops in loops]
-    unrolled = [ops for ops in loops if sum("QGMMA" in line for line in ops) == 16]
+    unrolled = [ops for ops in loops if sum("QGMMA" in line for line in ops) == 4 * unroll]
     assert len(unrolled) == 4 and len(loops) == 6, [len(ops) for ops in loops]
     for ops in unrolled[:2]:
-        assert sum("FFMA" in line for line in ops) == 384
-        assert sum("R2UR" in line for line in ops) <= 1 and len(ops) <= 600, f"{len(ops)} instructions per 4 K blocks"
+        assert sum("FFMA" in line for line in ops) == 96 * unroll
+        assert sum("R2UR" in line for line in ops) <= 1 and len(ops) <= max_ops_per_k_block * unroll, \
+            f"{len(ops)} instructions per {unroll} K blocks"
 
 
 @pytest.mark.parametrize("m,n,k,groups", [(16, 7168, 2048, 32), (16, 4096, 7168, 32), (256, 4096, 7168, 32)])
@@ -189,9 +227,7 @@ def test_fp8_masked_math_loop_keeps_descriptors_uniform(m, n, k, groups):
     code = sass(*kernels.jit.native_module().fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, 2, groups))
     # Overlapped loops (block N <= 128) run rounds of 4 K blocks: 16 and 22 R2UR a round (4-5.5 per
     # K block, against 1-3 in the plain loop; decode tiles wait on the weights).
-    # Innermost loops only: a tile loop whose epilogue is short enough also falls under max_bytes.
-    bodies = [body for body in _k_loop_bodies(code, max_bytes=16384) if "QGMMA" in body]
-    loops = [body for body in bodies if not any(other != body and other in body for other in bodies)]
+    loops = _innermost_k_loops(code, max_bytes=16384)
     assert loops
     for body in loops:
         k_blocks = body.count("QGMMA") // 4
@@ -239,8 +275,9 @@ def test_fp8_gemm_pingpong_takes_turns_with_asynchronous_wgmmas(m, n, k, gemm_ty
     config = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)
     assert config["pingpong"] == (pingpong == "1" and config["block_m"] == 128)
     code = sass(*native.fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, gemm_type, groups))
-    # Up to 10 KB: 128 x 192 ping-pong tiles unroll 4 K blocks of about 143 instructions each.
-    loops = [body for body in _k_loop_bodies(code, max_bytes=10240) if "QGMMA" in body]
+    # 128 x 192 tiles unroll 8 K blocks of about 150 instructions each (ping-pong: 4, up to 10 KB; the
+    # tail units' longer, rotated loops stay out).
+    loops = _innermost_k_loops(code, max_bytes=24576 if config["k_unroll"] > 4 else 10240)
     assert loops
     for body in loops:  # a loop may hold several K blocks (k_unroll; block N 16 unrolls by 2)
         ops = [line for line in body.splitlines() if line.strip()]

@@ -10,6 +10,13 @@
 // run the same number of K blocks. A CTA's n-block may lie past N (N not a multiple of the
 // cluster's width): it still loads and computes, in step with its peer, and stores nothing.
 //
+// kShareB (2-CTA clusters sharing B instead, DeepGEMM's form of its 128 x 192 tiles): the
+// scheduler walks pairs of adjacent m-blocks, and each CTA takes the m-block of its rank, so the
+// CTAs of a cluster hold the same n-block. A pair whose blocks both lie in one group (or one of them
+// is padding or past M) shares B: each CTA loads half of its rows and multicasts it (Tile::share_b);
+// a pair straddling two groups loads two whole B tiles, one per CTA. A block past M or of padding
+// beside a valid one runs in step and stores nothing (Tile::valid); a pair of two is skipped.
+//
 // Tail split (kNormal, set_tail_split): when the tiles leave a last, partial wave of `tail` tiles
 // (per cluster), each of them is split over K into `splits` units, tail * splits <= the clusters,
 // so the last wave takes about 1/splits of a wave instead of a whole one. Unit u of the tail is
@@ -39,12 +46,21 @@ struct Tile {
   uint32_t k_begin = 0, k_end = 0;
   uint32_t split = 0, num_splits = 1;
   uint32_t tail_tile = 0;
+  // kShareB: whether this CTA's m-block is stored, and whether the pair multicasts B.
+  bool valid = true, share_b = false;
 };
 
-template <GemmType kType, uint32_t kBlockM, uint32_t kBlockN, uint32_t kGroupN, uint32_t kNumMulticast = 1>
+template <GemmType kType, uint32_t kBlockM, uint32_t kBlockN, uint32_t kGroupN, uint32_t kNumMulticast = 1,
+          bool kShareB = false>
 struct TileScheduler {
-  uint32_t num_m_blocks;  // kGroupedMasked: of the current group
+  static_assert(!kShareB || (kNumMulticast == 2 && kType != GemmType::kGroupedMasked),
+                "B is shared by the 2 CTAs of a cluster, dense or contiguous");
+  // Clusters share A along n-blocks, or B along m-blocks (kShareB).
+  static constexpr uint32_t kClusterM = kShareB ? kNumMulticast : 1;
+  static constexpr uint32_t kClusterN = kShareB ? 1 : kNumMulticast;
+  uint32_t num_m_blocks;  // kGroupedMasked: of the current group; kShareB: pairs of m-blocks
   uint32_t num_n_blocks;
+  uint32_t total_m_blocks;  // the problem's m-blocks (kShareB: the last pair may have one)
   const int* grouped_layout;
   uint32_t num_groups;
   uint32_t next_tile;
@@ -54,8 +70,9 @@ struct TileScheduler {
   uint32_t splits = 1, tail = 0, full = 0, quot = 0, rem = 0;  // tail split (kNormal)
 
   __device__ __forceinline__ TileScheduler(uint32_t m, uint32_t n, const int* layout, uint32_t groups)
-      : num_m_blocks((m + kBlockM - 1) / kBlockM),
-        num_n_blocks((n + kBlockN * kNumMulticast - 1) / (kBlockN * kNumMulticast)),
+      : num_m_blocks((m + kBlockM * kClusterM - 1) / (kBlockM * kClusterM)),
+        num_n_blocks((n + kBlockN * kClusterN - 1) / (kBlockN * kClusterN)),
+        total_m_blocks((m + kBlockM - 1) / kBlockM),
         grouped_layout(layout),
         num_groups(groups),
         next_tile(blockIdx.x / kNumMulticast),
@@ -73,7 +90,8 @@ struct TileScheduler {
   __device__ __forceinline__ void set_tail_split(uint32_t num_splits, uint32_t tail_tiles, uint32_t k_quot,
                                                  uint32_t k_rem) {
     static_assert(kType == GemmType::kNormal, "the tail split is for dense GEMMs");
-    if (num_splits <= 1 || tail_tiles == 0) return;
+    // Pairs sharing B run whole (the launcher plans no split for them).
+    if (kShareB || num_splits <= 1 || tail_tiles == 0) return;
     splits = num_splits;
     tail = tail_tiles;
     full = num_m_blocks * num_n_blocks - tail_tiles;
@@ -84,7 +102,7 @@ struct TileScheduler {
   // After next() returned false: this CTA's unit of the split tail, if it has one (tile, split and
   // K range in t). Unit u = next_tile - full: tile full + u % tail, split u / tail.
   __device__ __forceinline__ bool tail_unit(Tile& t) {
-    if (kType != GemmType::kNormal || tail == 0 || next_tile < full) return false;
+    if (kType != GemmType::kNormal || kShareB || tail == 0 || next_tile < full) return false;
     uint32_t unit = next_tile - full, split = 0;
     if (unit >= tail * splits) return false;
     for (; unit >= tail; unit -= tail) ++split;
@@ -128,15 +146,54 @@ struct TileScheduler {
   }
 
   __device__ __forceinline__ bool next(Tile& t) {
-    if (!next_cluster_tile(t)) return false;
-    t.n_block = own_n_block(t.n_block);
-    return true;
+    if constexpr (kShareB) {
+      return next_pair_tile(t);
+    } else {
+      if (!next_cluster_tile(t)) return false;
+      t.n_block = own_n_block(t.n_block);
+      return true;
+    }
   }
 
   // This CTA's n-block within its cluster's n-block (a 1-D cluster along x: the rank of a CTA is
   // its x index modulo the cluster size).
   __device__ __forceinline__ static uint32_t own_n_block(uint32_t cluster_n_block) {
     return cluster_n_block * kNumMulticast + blockIdx.x % kNumMulticast;
+  }
+
+  // kShareB: the next pair of m-blocks of this CTA's cluster; t takes this CTA's m-block.
+  __device__ __forceinline__ bool next_pair_tile(Tile& t) {
+    const uint32_t rank = blockIdx.x % kNumMulticast;
+    while (true) {
+      const uint32_t tile = next_tile;
+      if (tile >= num_m_blocks * num_n_blocks) return false;
+      next_tile += gridDim.x / kNumMulticast;
+      uint32_t pair;
+      raster(tile, pair, t.n_block);
+      t.m_block = pair * kNumMulticast + rank;
+      const uint32_t peer_block = pair * kNumMulticast + (rank ^ 1);
+      if constexpr (kType == GemmType::kGroupedContiguous) {
+        int own = -1, peer = -1;
+        const bool own_valid = t.m_block < total_m_blocks && block_group(t.m_block, own);
+        const bool peer_valid = peer_block < total_m_blocks && block_group(peer_block, peer);
+        if (!own_valid && !peer_valid) continue;  // both padding (or past M): skipped by both CTAs
+        t.valid = own_valid;
+        t.group = static_cast<uint32_t>(own_valid ? own : peer);
+        t.share_b = !own_valid || !peer_valid || own == peer;
+      } else {
+        t.valid = t.m_block < total_m_blocks;
+        t.group = 0;
+        t.share_b = true;
+      }
+      return true;
+    }
+  }
+
+  // kGroupedContiguous: m-block b's group in g; false for padding (-1) and for ids outside
+  // [0, num_groups), which would address memory past B.
+  __device__ __forceinline__ bool block_group(uint32_t block, int& g) const {
+    g = __ldg(grouped_layout + block * kBlockM);
+    return !(g < 0 || g >= static_cast<int>(num_groups));
   }
 
   // The next tile of this CTA's cluster (n_block in units of kNumMulticast n-blocks).
@@ -162,9 +219,8 @@ struct TileScheduler {
         next_tile += gridDim.x / kNumMulticast;  // one step per cluster
         raster(tile, t.m_block, t.n_block);
         if constexpr (kType == GemmType::kGroupedContiguous) {
-          const int g = __ldg(grouped_layout + t.m_block * kBlockM);
-          // Padding (-1), and ids outside [0, num_groups) that would address memory past B.
-          if (g < 0 || g >= static_cast<int>(num_groups)) continue;
+          int g;
+          if (!block_group(t.m_block, g)) continue;
           t.group = static_cast<uint32_t>(g);
         } else {
           t.group = 0;

@@ -95,7 +95,7 @@ struct MathTurns {
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
-          uint32_t kScaleLoad = kScaleGather, bool kOverlap = false>
+          uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -164,7 +164,13 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // of the A tile and multicasts it to all, so A crosses L2 once per cluster. A stage is then
   // refilled by the peers too, so its empty barrier counts every CTA's consumers.
   static_assert(kNumMulticast == 1 || kNumMulticast == 2, "A is shared by 1 or 2 CTAs");
-  constexpr uint32_t kMulticastRowsA = kBlockM / kNumMulticast;
+  // kShareB: the cluster's CTAs hold adjacent m-blocks of one n-block instead (common/scheduler.cuh)
+  // and share B: each loads its own A and, where the pair shares B, kHalfRowsB rows of B for both.
+  static_assert(!kShareB || (kNumMulticast == 2 && kNumWaves == 1 && kType != GemmType::kGroupedMasked &&
+                             kBlockN % 16 == 0),
+                "B is shared by 2-CTA clusters of 128-row tiles (dense or contiguous), in whole 8-row atoms");
+  constexpr uint32_t kMulticastRowsA = kShareB ? kBlockM : kBlockM / kNumMulticast;
+  constexpr uint32_t kHalfRowsB = kBlockN / 2;
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -199,7 +205,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90::launch_dependents();
     sm90::wait_prerequisites();
   }
-  TileScheduler<kType, kBlockM, kBlockN, kGroupN, kNumMulticast> scheduler(m, kShapeN, grouped_layout, num_groups);
+  TileScheduler<kType, kBlockM, kBlockN, kGroupN, kNumMulticast, kShareB> scheduler(m, kShapeN, grouped_layout,
+                                                                                   num_groups);
   if constexpr (kType == GemmType::kNormal) scheduler.set_tail_split(num_splits, tail_tiles, split_k_quot, split_k_rem);
   PipelineState<kNumStages> pipe;
   Tile t;
@@ -223,7 +230,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     if (producer_warp == 0 && lane == 0) {
       const uint32_t rank = kNumMulticast > 1 ? sm90::cluster_ctarank() : 0;
       const auto load_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
-        const uint32_t row_a = a_row0(t) + rank * kMulticastRowsA, row_b = b_row0(t);
+        const uint32_t row_a = a_row0(t) + (kShareB ? 0 : rank * kMulticastRowsA), row_b = b_row0(t);
         const uint32_t row_sfa = a_row0(t), row_sfb = sfb_row0(t);
         for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
           ring.producer_acquire(pipe);
@@ -241,13 +248,26 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
             }
             sm90::tma_load_2d(sf + Smem::kSfb, &map_sfb, full, kb & ~3u, row_sfb);
           }
-          uint8_t* smem_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + rank * kMulticastRowsA * kBlockK;
-          if constexpr (kNumMulticast > 1) {
-            sm90::tma_load_2d_multicast(smem_a, &map_a, full, kb * kBlockK, row_a, (1u << kNumMulticast) - 1);
+          if constexpr (kShareB) {
+            // map_b's box is kHalfRowsB rows. The full barrier expects a whole B tile either way.
+            uint8_t* smem_b = smem + Smem::kOffsetB + pipe.stage * Smem::kB;
+            sm90::tma_load_2d(smem + Smem::kOffsetA + pipe.stage * Smem::kA, &map_a, full, kb * kBlockK, row_a);
+            if (t.share_b) {
+              sm90::tma_load_2d_multicast(smem_b + rank * kHalfRowsB * kBlockK, &map_b, full, kb * kBlockK,
+                                          row_b + rank * kHalfRowsB, (1u << kNumMulticast) - 1);
+            } else {
+              sm90::tma_load_2d(smem_b, &map_b, full, kb * kBlockK, row_b);
+              sm90::tma_load_2d(smem_b + kHalfRowsB * kBlockK, &map_b, full, kb * kBlockK, row_b + kHalfRowsB);
+            }
           } else {
-            sm90::tma_load_2d(smem_a, &map_a, full, kb * kBlockK, row_a);
+            uint8_t* smem_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + rank * kMulticastRowsA * kBlockK;
+            if constexpr (kNumMulticast > 1) {
+              sm90::tma_load_2d_multicast(smem_a, &map_a, full, kb * kBlockK, row_a, (1u << kNumMulticast) - 1);
+            } else {
+              sm90::tma_load_2d(smem_a, &map_a, full, kb * kBlockK, row_a);
+            }
+            sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, &map_b, full, kb * kBlockK, row_b);
           }
-          sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, &map_b, full, kb * kBlockK, row_b);
         }
       };
       while (scheduler.next(t)) load_tile(t, 0, kNumKBlocks);
@@ -430,8 +450,13 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       }
     });
 
-    // A cluster's n-block past N was computed only to keep the peers in step: nothing to store.
-    if (kNumMulticast > 1 && t.n_block * kBlockN >= kShapeN) return;
+    // A cluster's n-block past N, or (kShareB) its m-block past M or of padding, was computed only to
+    // keep the peers in step: nothing to store.
+    if constexpr (kShareB) {
+      if (!t.valid) return;
+    } else if (kNumMulticast > 1 && t.n_block * kBlockN >= kShapeN) {
+      return;
+    }
     if constexpr (kType == GemmType::kNormal) {
       // A split tile's units but the last to finish leave their partial sums to it.
       const uint32_t slot = t.tail_tile * kNumMulticast + (kNumMulticast > 1 ? sm90::cluster_ctarank() : 0);
