@@ -402,18 +402,24 @@ def test_gpu_pingpong_matches_no_pingpong(masked, max_m, expected_m, n, k, seed,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("counts,align,n,k", [
-    ([1000, 0, 513, 2048], 128, 4096, 1152),  # a pair straddling two groups; the last block past M
-    ([513, 100, 0, 1500], 256, 7168, 2048),   # valid blocks paired with whole padding blocks
-    ([10, 700, 3], 512, 4096, 1024),          # pairs of two padding blocks, skipped
+@pytest.mark.parametrize("counts,align,lead,n,k", [
+    ([1000, 0, 513, 2048], 128, 0, 4096, 1152),  # a pair straddling two groups; the last block past M
+    ([1000, 0, 513, 2048], 128, 128, 4096, 1152),  # a leading padding block: the first CTA's is invalid
+    ([513, 100, 0, 1500], 256, 0, 7168, 2048),   # valid blocks paired with whole padding blocks
+    ([10, 700, 3], 512, 0, 4096, 1024),          # pairs of two padding blocks, skipped
 ])
-def test_gpu_contiguous_clusters_sharing_b_match_single_ctas(counts, align, n, k, seed, monkeypatch):
+def test_gpu_contiguous_clusters_sharing_b_match_single_ctas(counts, align, lead, n, k, seed, monkeypatch):
     """2-CTA clusters on adjacent 128-row m-blocks sharing B (MOE_FP8_MULTICAST=b): a pair inside one
     group multicasts half of B each, a pair straddling two groups loads two B tiles, a padding block
-    or one past M beside a valid one runs in step and stores nothing. The same wgmmas and FFMAs per
-    tile as single CTAs (MOE_FP8_MULTICAST=0), so D is bit for bit theirs, NaN where neither wrote."""
+    (either CTA's) or one past M beside a valid one runs in step and stores nothing. The same wgmmas
+    and FFMAs per tile as single CTAs (MOE_FP8_MULTICAST=0), so D is bit for bit theirs, NaN where
+    neither wrote. ``lead`` padding rows come before the first group."""
     b_fp8 = make_weights(len(counts), n, k, "cuda")
     a_fp8, m_indices = make_contiguous(counts, k, "cuda", align=align)
+    if lead:
+        pad_fp8, pad_sf = per_token_cast_to_fp8(torch.randn(lead, k, device="cuda", dtype=torch.bfloat16))
+        a_fp8 = (torch.cat([pad_fp8, a_fp8[0]]), torch.cat([pad_sf, a_fp8[1]]))
+        m_indices = torch.cat([torch.full((lead,), -1, dtype=torch.int32, device="cuda"), m_indices])
     native = kernels.jit.native_module()
     outputs = {}
     for multicast in ("b", "0"):
