@@ -189,7 +189,7 @@ def fp8_variants_us(problem: Problem, m: int, n: int, k: int, gemm_type: int, gr
     without, the K loop then unrolled 4 times; =0 where it runs with)."""
     native = kernels.jit.native_module()
     config = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), False, -1, gemm_type, groups)
-    wide = config["block_m"] == 128 and config["block_n"] >= 145
+    wide = config["block_m"] == 128 and config["block_n"] >= 145  # the launcher's kPingPongMinBlockN
     return dict(
         single_us=(kernel_us_with_env(problem.call, problem.kernel, MOE_FP8_MULTICAST="0")
                    if config["multicast"] > 1 else None),
@@ -207,7 +207,7 @@ def mn_major_call(problem: Problem, groups: int, rows: int) -> Callable[[], None
 
 
 def contiguous(weights: str, groups: int, rows: int, n: int, k: int, variants=(), mn_major: bool = False) -> dict:
-    """Ours, and for FP8 weights the same kernel without clusters or ping-pong, with each of
+    """Ours, and for FP8 weights the same kernel without clusters or with ping-pong flipped, with each of
     ``variants`` (label, environment switches; its output checked), with ``mn_major`` on MN-major
     A scales (mn_major_call; checked too), and the torch peer on the same operands."""
     problem = make_contiguous(weights, groups, rows, n, k)

@@ -88,12 +88,14 @@ constexpr int kMulticastMinKSmallM = 8192;
 // (bench/RESULTS.md, 2026-11-30): they stay for wider B only.
 constexpr int kMulticastMinNLargeM = 4097;
 
-// Wide 128-row tiles: the math warpgroups could take turns on the tensor cores only where a K
-// block's wgmmas (block N 160 and up) are long enough to cover the other warpgroup's promotion: at
-// 128 x 128 the strict turns measured 0.86x (4096 x 4096 x 7168) and at block N 144 0.97x in two
-// runs, at block N 192 0.96-1.14x against the plain loop (bench/RESULTS.md, session 6). Session 17's
-// loop unrolled 8 times without turns beat them there (get_config).
+// Wide 128-row tiles: the math warpgroups take turns on the tensor cores only where a K block's
+// wgmmas (block N 160 and up) are long enough to cover the other warpgroup's promotion: at 128 x 128
+// the strict turns measured 0.86x (4096 x 4096 x 7168) and at block N 144 0.97x in two runs, at
+// block N 192 0.96-1.14x against the plain loop (bench/RESULTS.md, session 6).
 constexpr int kPingPongMinBlockN = 145;
+// Dense and contiguous tiles of this block N (128 x 192, the only width measured) run without
+// turns instead, their K loop unrolled 8 times (get_config, session 17).
+constexpr int kInStepBlockN = 192;
 
 // Dense GEMMs of 65 to 128 rows run one 128-row m-block instead of two 64-row ones where that takes
 // fewer waves (wide N: 128 x 192 at N = 24576, 128 x 128 at 32768 x 512): 0.90x and 0.95x the time
@@ -141,9 +143,11 @@ constexpr int kMaskedDecodeMaxBlockN = 128;
 constexpr int kMaskedShortKBlocks = 16;
 
 // MOE_FP8_MULTICAST=0 turns the clusters off and =2 on wherever the kernel takes them (dense, or
-// grouped with kMulticastMinRows rows); =b makes 2-CTA clusters share B instead of A wherever the
-// kernel can (dense or contiguous 128-row tiles of one wave, block N a multiple of 16, at least two
-// m-blocks; not timed yet, so no default takes it); MOE_FP8_PINGPONG=0 turns the math warpgroups' ping-pong off
+// grouped with kMulticastMinRows rows); =b makes 2-CTA clusters share B instead of A where the
+// heuristic picked a 128-row tile (dense or contiguous, block N a multiple of 16, at least two
+// m-blocks, an even SM count), without tail or single-wave splits, and otherwise acts as unset.
+// Session 12's first version measured 1.00-1.05x the time on ping-pong tiles (bench/RESULTS.md);
+// this one has not been timed, so no default takes it. MOE_FP8_PINGPONG=0 turns the math warpgroups' ping-pong off
 // and =1 on at any block N (block M 128); MOE_GEMM_GROUP_N sets the scheduler's band width in
 // n-blocks (read on every call, so a benchmark can compare both in one process).
 inline bool env_enabled(const char* name) {
@@ -340,28 +344,30 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   // 7168 x 16384 (bench/RESULTS.md, session 10). Grouped and large-M GEMMs were not timed against
   // it in one run; across runs they stayed level.
   cfg.pdl = env_enabled("MOE_GEMM_PDL") ? 1 : 0;
-  // One math warpgroup (block M 64) has no partner to take turns with. Dense and contiguous wide
-  // tiles (block N >= kPingPongMinBlockN) now run without turns, their K loop unrolled 8 times (below);
-  // masked ones keep the turns (not measured without). MOE_FP8_PINGPONG=1|0 forces turns on or off.
+  // One math warpgroup (block M 64) has no partner to take turns with. Dense and contiguous 128 x
+  // 192 tiles run without turns, their K loop unrolled 8 times (below); other wide tiles (block N
+  // 152-184, and masked ones) keep the turns, not measured without. MOE_FP8_PINGPONG=1|0 forces
+  // turns on or off.
   const char* pingpong = std::getenv("MOE_FP8_PINGPONG");
   const bool wide_tile = t.block_m == 128 && t.block_n >= kPingPongMinBlockN;
-  const bool wants_pingpong = pingpong == nullptr ? wide_tile && type == GemmType::kGroupedMasked
-                                                  : std::string(pingpong) != "0";
+  const bool in_step_tile = wide_tile && t.block_n == kInStepBlockN && type != GemmType::kGroupedMasked;
+  const bool wants_pingpong = pingpong == nullptr ? wide_tile && !in_step_tile : std::string(pingpong) != "0";
   cfg.pingpong = t.block_m == 128 && wants_pingpong ? 1 : 0;
   // The math K loop unrolled: ptxas then issues the next K block's full-barrier wait among the last
   // promotion's FMAs. 4 times on dense 256-row tiles: at 4096 rows, 0.95-1.00x the time of the plain
-  // loop in all six 256 x 128 shapes (bench/RESULTS.md, session 11); and on 128-row ping-pong tiles
-  // (0.92-0.95x their plain loop, session 13). 8 times on dense and contiguous 128 x 192 tiles without
-  // ping-pong (DeepGEMM's 128 x 192 kernel: no turns, unrolled 8): 0.95-0.98x the time of the ping-pong
-  // tiles unrolled 4 times in the four contiguous cells over two runs, 0.96x at 4096 x 2112 x 7168
-  // (bench/RESULTS.md, session 17). The warpgroups' wgmmas then queue on the tensor cores together,
-  // and each promotes while the other's run, without the turns' named barriers.
-  // Masked GEMMs, grouped 256-row tiles and narrower 128-row tiles are not measured and keep the
-  // plain loop. MOE_GEMM_K_UNROLL=N overrides.
+  // loop in all six 256 x 128 shapes (bench/RESULTS.md, session 11); and on dense and contiguous
+  // 128-row ping-pong tiles (about 0.95x their plain loop, session 13). 8 times on dense and
+  // contiguous 128 x 192 tiles without ping-pong (DeepGEMM's 128 x 192 kernel: no turns, unrolled 8):
+  // 0.95-0.98x the time of the ping-pong tiles unrolled 4 times in the four contiguous cells, in
+  // three timings each (once 0.92x), 0.96x at 4096 x 2112 x 7168 (bench/RESULTS.md, session 17). The
+  // warpgroups' wgmmas then queue on the tensor cores together, and each promotes while the other's
+  // run, without the turns' named barriers.
+  // Masked GEMMs, grouped 256-row tiles and 128-row tiles without ping-pong other than 128 x 192 are
+  // not measured and keep the plain loop. MOE_GEMM_K_UNROLL=N overrides.
   const int k_unroll = env_int("MOE_GEMM_K_UNROLL");
   const bool unrolled4 = (type == GemmType::kNormal && t.block_m == 256) ||
                          (type != GemmType::kGroupedMasked && cfg.pingpong == 1);
-  const bool unrolled8 = type != GemmType::kGroupedMasked && wide_tile && cfg.pingpong == 0;
+  const bool unrolled8 = in_step_tile && cfg.pingpong == 0;
   cfg.k_unroll = k_unroll > 0 ? k_unroll : unrolled4 ? 4 : unrolled8 ? 8 : 1;
   // A lone math warpgroup (block M 64) overlaps its promotion with the next K block's wgmmas where
   // a third accumulator set fits (block N <= 128). Measured against the plain loop at M 64 and 128

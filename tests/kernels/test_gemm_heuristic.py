@@ -174,22 +174,31 @@ def test_tail_split_has_no_workspace_inside_a_graph_capture(monkeypatch):
 @pytest.mark.parametrize("env", [None, "0", "1"])
 def test_pingpong_follows_block_n(env, monkeypatch):
     """Block M 128: the math warpgroups take turns by default only at block N > 144 (where it
-    measured faster); MOE_FP8_PINGPONG=0 turns it off, =1 on at any block N; block M 64 and 256
-    never (256-row tiles taking turns per wave measured 1.02-1.05x slower, bench/RESULTS.md, session 10)."""
+    measured faster), except on dense and contiguous 128 x 192 tiles (unrolled 8 times in step,
+    faster still); MOE_FP8_PINGPONG=0 turns it off, =1 on at any block N; block M 64 and 256 never
+    (256-row tiles taking turns per wave measured 1.02-1.05x slower, bench/RESULTS.md, session 10)."""
     if env is not None:
         monkeypatch.setenv("MOE_FP8_PINGPONG", env)
     native = kernels.jit.native_module()
-    for m, n, k in [(4096, 4096, 7168), (4096, 7168, 16384), (4096, 576, 7168), (64, 7168, 2048)]:
-        cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
-        wanted = cfg["block_n"] > 144 if env is None else env == "1"
+    seen = set()
+    for m, n, k, gemm_type, groups in [(4096, 4096, 7168, 0, 1), (4096, 7168, 16384, 0, 1), (4096, 576, 7168, 0, 1),
+                                       (64, 7168, 2048, 0, 1), (4096, 2112, 7168, 0, 1), (1000, 7168, 1536, 0, 1),
+                                       (1024, 4096, 7168, 2, 8)]:
+        cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)
+        in_step = cfg["block_n"] == 192 and gemm_type != 2
+        wanted = cfg["block_n"] > 144 and not in_step if env is None else env == "1"
         assert cfg["pingpong"] == int(cfg["block_m"] == 128 and wanted), (m, n, k, cfg)
+        seen.add((cfg["block_m"], cfg["block_n"], gemm_type == 2))
+    # The shapes cover a dense 128 x 192 tile, a dense wide one of another width and a masked 128 x 192.
+    assert {(128, 192, False), (128, 160, False), (128, 192, True)} <= seen, seen
 
 
 def test_k_loop_unrolled_on_dense_256_row_and_wide_128_row_tiles(monkeypatch):
-    """The math K loop runs 4 K blocks per iteration on dense 256-row tiles and on ping-pong tiles, 8
-    on dense or contiguous 128 x 192 tiles, which run without ping-pong (each measured faster); once
-    elsewhere (64-row tiles, narrower 128-row tiles, grouped 256-row tiles, masked GEMMs: not measured
-    faster). Masked wide 128-row tiles keep ping-pong. MOE_FP8_PINGPONG and MOE_GEMM_K_UNROLL
+    """The math K loop runs 4 K blocks per iteration on dense 256-row tiles and on dense or
+    contiguous ping-pong tiles, 8 on dense or contiguous 128 x 192 tiles, which run without
+    ping-pong (each measured faster); once elsewhere (64-row tiles, narrower 128-row tiles without
+    ping-pong, grouped 256-row tiles, masked GEMMs: not measured faster). Masked wide 128-row tiles
+    and dense ones of block N 152-184 keep ping-pong. MOE_FP8_PINGPONG and MOE_GEMM_K_UNROLL
     override."""
     monkeypatch.delenv("MOE_GEMM_K_UNROLL", raising=False)
     monkeypatch.delenv("MOE_FP8_PINGPONG", raising=False)
@@ -198,6 +207,8 @@ def test_k_loop_unrolled_on_dense_256_row_and_wide_128_row_tiles(monkeypatch):
     assert (dense["block_m"], dense["k_unroll"]) == (256, 4)
     wide = native.fp8_gemm_nt_config(4096, 2112, 7168, H200_SMS)
     assert (wide["block_m"], wide["block_n"], wide["pingpong"], wide["k_unroll"]) == (128, 192, 0, 8)
+    narrower = native.fp8_gemm_nt_config(1000, 7168, 1536, H200_SMS)  # 128 x 160: ping-pong, unrolled 4
+    assert (narrower["block_m"], narrower["block_n"], narrower["pingpong"], narrower["k_unroll"]) == (128, 160, 1, 4)
     contiguous = native.fp8_gemm_nt_config(32768, 4096, 7168, H200_SMS, False, -1, 1, 4)
     assert (contiguous["block_m"], contiguous["pingpong"], contiguous["k_unroll"]) == (128, 0, 8)
     plain = native.fp8_gemm_nt_config(128, 32768, 512, H200_SMS)

@@ -81,10 +81,10 @@ def test_fp8_gemm_uses_qgmma_tma_and_setmaxnreg(m, n, k, gemm_type, groups, scal
 @pytest.mark.parametrize("m,n,k,gemm_type,groups", [(300, 2112, 7168, 0, 1), (1000, 7168, 1536, 0, 1),
                                                      (32768, 4096, 7168, 1, 4), (3712, 4096, 1152, 1, 4)])
 def test_fp8_gemm_clusters_sharing_b_multicast_b(m, n, k, gemm_type, groups, monkeypatch):
-    """MOE_FP8_MULTICAST=b: the TMA warp multicasts half of B (UTMALDG ... MULTICAST), A comes by
-    plain TMA loads. No spills at block N 48 or in contiguous kernels. Dense 128 x 160 / 192 tiles
-    unrolled 8 times keep one scheduler value in local memory at tile boundaries, as their clusters
-    sharing A do (MOE_FP8_MULTICAST=2): one load and store per tile, none in the K loop."""
+    """MOE_FP8_MULTICAST=b: the TMA warp multicasts half of B (UTMALDG ... MULTICAST) beside plain
+    loads (A; a contiguous pair straddling two groups loads B plainly too), and nothing spills.
+    (Dense 128 x 192 tiles unrolled 8 times in 2-CTA clusters of either kind, e.g. 4096 x 2112 x
+    7168, keep one scheduler value in local memory at tile boundaries: not among these cases.)"""
     monkeypatch.setenv("MOE_FP8_MULTICAST", "b")
     native = kernels.jit.native_module()
     args = (m, n, k, H200_SMS, False, -1, gemm_type, groups)
@@ -94,11 +94,7 @@ def test_fp8_gemm_clusters_sharing_b_multicast_b(m, n, k, gemm_type, groups, mon
         assert instruction in code, instruction
     loads = [line for line in code.splitlines() if "UTMALDG" in line]
     assert any("MULTICAST" in line for line in loads) and any("MULTICAST" not in line for line in loads)
-    spills = sum(op in line for line in code.splitlines() for op in ("LDL", "STL"))
-    if gemm_type == 1 or n == 2112:
-        assert spills == 0, "register spills"
-    else:
-        assert spills <= 16, f"{spills} local loads and stores"
+    assert "LDL" not in code and "STL" not in code, "register spills"
 
 
 @pytest.mark.parametrize("pingpong,max_ops", [("0", 128), ("1", 140)])

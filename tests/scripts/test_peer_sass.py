@@ -34,3 +34,10 @@ def test_k_loop_mix_counts_per_k_block_and_skips_tile_loops():
     assert len(loops) == 1
     count, k_blocks, mix = loops[0]
     assert (count, k_blocks, mix["FFMA"], mix["QGMMA"]) == (len(ops), 1, 96, 4)
+
+
+def test_k_loop_mix_skips_a_tile_loop_whose_k_loop_was_unrolled_whole():
+    # No inner branch: the tile loop is innermost, and its epilogue's conversion marks it.
+    ops = [*["QGMMA.64x192x32.F32.E4M3.E4M3 R24, gdesc[UR8], RZ"] * 8, *["FFMA R1, R2, R3, R1"] * 192,
+           "F2FP.BF16.F32.PACK_AB R0, R1, R2", "UTMASTG.2D [UR4], [UR6]", "@P1 BRA 0x0100"]
+    assert peer_sass.k_loop_mix("\n".join(_line(0x100 + 16 * i, op) for i, op in enumerate(ops))) == []

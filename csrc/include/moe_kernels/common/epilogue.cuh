@@ -1,7 +1,7 @@
 #pragma once
 // Epilogue: FP32 accumulators (wgmma fragment layout, see scale_promotion.cuh) -> optional
-// residual C added in FP32 -> BF16 tile in shared memory, which one thread then stores with TMA
-// (the TMA unit clips rows and columns outside D).
+// residual C added in FP32 -> BF16 tile in shared memory, which warp 0 then stores with TMA (the
+// TMA unit clips rows and columns outside D).
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/masked_store.h>
@@ -48,7 +48,8 @@ struct EpilogueLayout {
 // tile, (global_row0, global_col0) the tile's origin in D, for the residual's bounds and address.
 // stmatrix writes each warp's 16 rows x 16 columns in one instruction (x4: two 8-column chunks, both
 // halves of 8 rows), a quarter of the 32-bit stores the fragment took, and its 16-byte rows hit 8
-// distinct bank groups under every swizzle; a tile with an odd number of 8-column chunks ends on x2.
+// distinct bank groups under the 32-, 64- and 128-byte swizzles (plain rows, kSwizzleBytes = 0, may
+// conflict); a tile with an odd number of 8-column chunks ends on x2.
 template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kSwizzleBytes, ResidualType kResidual>
 __device__ __forceinline__ void store_fragment_to_smem(uint8_t* smem_d, const float* final_acc, uint32_t tile_row0,
                                                        uint32_t lane, const void* c, uint32_t ldc,
