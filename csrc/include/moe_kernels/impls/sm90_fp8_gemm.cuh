@@ -320,6 +320,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   const uint32_t math_wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const uint32_t tile_row0 = math_wg * 64 + (warp % 4) * 16 + lane / 4;
   [[maybe_unused]] const MathTurns turns{math_wg};
+  // Stage 0's descriptors of this warpgroup's A rows and of B: a stage's are these plus its offset
+  // (>> 4, the descriptors' address unit), without rebuilding them from addresses per K block.
+  const uint64_t desc_a0 = sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetA + math_wg * 64 * kBlockK);
+  const uint64_t desc_b0 = sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetB);
   if constexpr (kPingPong) turns.start();
   float acc[Wgmma::kNumAccum];
   float final_acc[kNumWaves * Wgmma::kNumAccum];
@@ -367,8 +371,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       ring.consumer_wait(next);
       const uint32_t stage = kBroadcastStage ? __shfl_sync(0xffffffffu, next.stage, 0) : next.stage;
       read_scales(stage, kb, set_sa, set_sb);
-      const uint64_t desc_a = sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetA + stage * Smem::kA);
-      const uint64_t desc_b = sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetB + stage * Smem::kB);
+      const uint64_t desc_a = desc_a0 + stage * (Smem::kA / 16);
+      const uint64_t desc_b = desc_b0 + stage * (Smem::kB / 16);
       Wgmma::issue_k_block(desc_a, desc_b, set, false);
       next.advance();
     };
@@ -423,12 +427,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         const uint32_t stage = kBroadcastStage ? __shfl_sync(0xffffffffu, pipe.stage, 0) : pipe.stage;
         float sa[kNumWaves][2], sb[2];
         read_scales(stage, kb, sa, sb);
-        const uint8_t* tile_a = smem + Smem::kOffsetA + stage * Smem::kA + math_wg * 64 * kBlockK;
-        const uint8_t* tile_b = smem + Smem::kOffsetB + stage * Smem::kB;
-        const uint64_t desc_b = sm90::make_sw128_kmajor_desc(tile_b);
+        const uint64_t desc_b = desc_b0 + stage * (Smem::kB / 16);
 #pragma unroll
         for (uint32_t w = 0; w < kNumWaves; ++w) {
-          const uint64_t desc_a = sm90::make_sw128_kmajor_desc(tile_a + w * kWaveRows * kBlockK);
+          const uint64_t desc_a = desc_a0 + (stage * Smem::kA + w * kWaveRows * kBlockK) / 16;
           Wgmma::issue_k_block(desc_a, desc_b, acc, false);
           if constexpr (kPingPong) turns.pass();
           Wgmma::template wait<0>(acc);
