@@ -20,17 +20,28 @@ import torch  # noqa: E402
 import kernels  # noqa: E402
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_problem_args(p: argparse.ArgumentParser) -> None:
+    """The problem's options, shared with scripts/peer_sass.py: dense M x N x K, or a contiguous
+    grouped GEMM of --groups groups of --contiguous rows."""
     p.add_argument("--m", type=int, default=4096, help="rows (dense)")
     p.add_argument("--n", type=int, default=4096)
     p.add_argument("--k", type=int, default=7168)
     p.add_argument("--groups", type=int, default=0, help="contiguous grouped GEMM of this many groups")
     p.add_argument("--contiguous", type=int, default=8192, help="rows per group (with --groups)")
+
+
+def problem_rows(args: argparse.Namespace) -> int:
+    """Rows of A: M, or all groups' rows of a contiguous problem."""
+    return args.groups * args.contiguous if args.groups else args.m
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_problem_args(p)
     args = p.parse_args()
     import deep_gemm  # the peer, on PYTHONPATH through scripts/peer_env.sh
 
-    m = args.groups * args.contiguous if args.groups else args.m
+    m = problem_rows(args)
     a = kernels.per_token_cast_to_fp8(torch.randn(m, args.k, device="cuda", dtype=torch.bfloat16))
     a = (a[0], deep_gemm.get_mn_major_tma_aligned_tensor(a[1]))
     d = torch.empty(m, args.n, device="cuda", dtype=torch.bfloat16)

@@ -27,7 +27,9 @@ import sys
 import tempfile
 
 kRepo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [kRepo, os.path.join(kRepo, "tests", "kernels")]
+sys.path[:0] = [kRepo, os.path.join(kRepo, "tests", "kernels"), os.path.join(kRepo, "scripts")]
+
+from deepgemm_once import add_problem_args, problem_rows  # noqa: E402  (the same problem options)
 
 _UTILITY_SHIM = """#pragma once
 #include <cuda/std/utility>
@@ -76,11 +78,7 @@ def report(name: str, code: str, top: int) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--m", type=int, default=4096, help="rows (dense)")
-    p.add_argument("--n", type=int, default=4096)
-    p.add_argument("--k", type=int, default=7168)
-    p.add_argument("--groups", type=int, default=0, help="contiguous grouped GEMM of this many groups")
-    p.add_argument("--contiguous", type=int, default=8192, help="rows per group (with --groups)")
+    add_problem_args(p)
     p.add_argument("--peer", required=True, help="DeepGEMM's template arguments from block M to its multicast flag")
     p.add_argument("--sms", type=int, default=132)
     p.add_argument("--top", type=int, default=14, help="opcodes shown per loop")
@@ -93,16 +91,17 @@ def main() -> int:
     shims = tempfile.mkdtemp(prefix="peer_sass_")
     with open(os.path.join(shims, "utility"), "w", encoding="utf-8") as f:
         f.write(_UTILITY_SHIM)
-    # DeepGEMM's own NVRTC flags (C++20, 128-bit integers), set before the JIT reads its settings.
+    # DeepGEMM's own NVRTC flags (C++20, 128-bit integers), set before the JIT reads its settings
+    # (on the first native_module() call, not at import).
     os.environ["MOE_JIT_EXTRA_FLAGS"] = (f"-I{peer_include} -I{shims} --device-int128 -std=c++20 "
                                          "--diag-suppress=39,161,174,177,186,940")
     os.environ.setdefault("MOE_JIT_CACHE_DIR", os.path.join(tempfile.gettempdir(), "peer_sass_jit"))
 
-    import kernels  # noqa: E402 - after the JIT flags
+    import kernels  # noqa: E402
     from test_sass import sass  # noqa: E402
 
     gemm_type, groups = (1, args.groups) if args.groups else (0, 1)
-    m = args.groups * args.contiguous if args.groups else args.m
+    m = problem_rows(args)
     native = kernels.jit.native_module()
     ours_args = (m, args.n, args.k, args.sms, False, -1, gemm_type, groups)
     config = native.fp8_gemm_nt_config(*ours_args)

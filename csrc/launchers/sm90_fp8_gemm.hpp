@@ -147,9 +147,10 @@ constexpr int kMaskedShortKBlocks = 16;
 // heuristic picked a 128-row tile (dense or contiguous, block N a multiple of 16, at least two
 // m-blocks, an even SM count), without tail or single-wave splits, and otherwise acts as unset.
 // Session 12's first version measured 1.00-1.05x the time on ping-pong tiles (bench/RESULTS.md);
-// this one has not been timed, so no default takes it. MOE_FP8_PINGPONG=0 turns the math warpgroups' ping-pong off
-// and =1 on at any block N (block M 128); MOE_GEMM_GROUP_N sets the scheduler's band width in
-// n-blocks (read on every call, so a benchmark can compare both in one process).
+// this one has not been timed, so no default takes it. MOE_FP8_PINGPONG=0 turns the math
+// warpgroups' ping-pong off and =1 on at any block N (block M 128); MOE_GEMM_GROUP_N sets the
+// scheduler's band width in n-blocks (read on every call, so a benchmark can compare both in one
+// process).
 inline bool env_enabled(const char* name) {
   const char* value = std::getenv(name);
   return value == nullptr || std::string(value) != "0";
