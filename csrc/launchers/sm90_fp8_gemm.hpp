@@ -143,11 +143,14 @@ constexpr int kMaskedDecodeMaxBlockN = 128;
 constexpr int kMaskedShortKBlocks = 16;
 
 // MOE_FP8_MULTICAST=0 turns the clusters off and =2 on wherever the kernel takes them (dense, or
-// grouped with kMulticastMinRows rows); =b makes 2-CTA clusters share B instead of A where the
-// heuristic picked a 128-row tile (dense or contiguous, block N a multiple of 16, at least two
+// grouped with kMulticastMinRows rows), sharing A; =b makes 2-CTA clusters share B instead where
+// the heuristic picked a 128-row tile (dense or contiguous, block N a multiple of 16, at least two
 // m-blocks, an even SM count), without tail or single-wave splits, and otherwise acts as unset.
-// Session 12's first version measured 1.00-1.05x the time on ping-pong tiles (bench/RESULTS.md);
-// this one has not been timed, so no default takes it. MOE_FP8_PINGPONG=0 turns the math
+// Unset, contiguous 128 x 192 tiles share B (DeepGEMM's form of them): against A-sharing clusters,
+// 0.96-0.99x the time at N x K = 4096 x 7168 and 0.99-1.00x at 7168 x 2048, in four timings of
+// the four contiguous cells (bench/RESULTS.md, session 18). Dense 128 x 192 tiles keep A: 4096 x
+// 2112 x 7168 took 0.99-1.02x. Any other value (=a) keeps the heuristic's A-sharing clusters
+// everywhere. MOE_FP8_PINGPONG=0 turns the math
 // warpgroups' ping-pong off and =1 on at any block N (block M 128); MOE_GEMM_GROUP_N sets the
 // scheduler's band width in n-blocks (read on every call, so a benchmark can compare both in one
 // process).
@@ -329,10 +332,12 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.swizzle_d = t.swizzle_d;
   // A single n-block would pair with a padding one: nothing to share.
   cfg.multicast = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
-  // Clusters sharing B (MOE_FP8_MULTICAST=b): pairs of 128-row m-blocks of one n-block. Every tile
-  // runs whole (no tail split), the pair in step.
-  if (share_b_forced && type != GemmType::kGroupedMasked && t.block_m == 128 && t.block_n % 16 == 0 &&
-      num_sms % 2 == 0 && m > t.block_m) {
+  // Clusters sharing B (MOE_FP8_MULTICAST=b, or unset on contiguous 128 x 192 tiles): pairs of
+  // 128-row m-blocks of one n-block. Every tile runs whole (no tail split), the pair in step.
+  const bool share_b_default = multicast_env == nullptr && type == GemmType::kGroupedContiguous &&
+                               t.block_n == kInStepBlockN;
+  if ((share_b_forced || share_b_default) && type != GemmType::kGroupedMasked && t.block_m == 128 &&
+      t.block_n % 16 == 0 && num_sms % 2 == 0 && m > t.block_m) {
     cfg.multicast = 2;
     cfg.share_b = 1;
     single_wave_ways = 0;

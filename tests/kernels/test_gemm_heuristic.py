@@ -323,24 +323,34 @@ def test_masked_decode_tiles_of_short_k_stay_narrow(groups, rows, n, k, block_n,
     assert native.fp8_gemm_nt_config(rows, n, k, H200_SMS, False, -1, 2, groups)["block_n"] == 160
 
 
-@pytest.mark.parametrize("m,n,k,gemm_type,groups,share_b", [
-    (4096, 2112, 7168, 0, 1, 1),     # 128 x 192: 16 pairs of m-blocks per n-block
-    (300, 2112, 7168, 0, 1, 1),      # 3 m-blocks: the last pair's second block past M
-    (32768, 4096, 7168, 1, 4, 1),    # contiguous 128 x 192
-    (128, 2112, 7168, 0, 1, 0),      # one m-block: nothing to pair
-    (4096, 4096, 7168, 0, 1, 0),     # 256-row tiles (two waves)
-    (1000, 4232, 1536, 0, 1, 0),     # block N 136: half of B is not whole 8-row atoms
-    (256, 4096, 7168, 2, 32, 0),     # masked
+@pytest.mark.parametrize("m,n,k,gemm_type,groups,share_b,by_default", [
+    (4096, 2112, 7168, 0, 1, 1, 0),     # 128 x 192: 16 pairs of m-blocks per n-block
+    (300, 2112, 7168, 0, 1, 1, 0),      # 3 m-blocks: the last pair's second block past M
+    (32768, 4096, 7168, 1, 4, 1, 1),    # contiguous 128 x 192
+    (8192, 7168, 2048, 1, 4, 1, 1),     # contiguous 128 x 192, short K
+    (1024, 4096, 7168, 1, 4, 1, 0),     # contiguous 128 x 128
+    (128, 2112, 7168, 0, 1, 0, 0),      # one m-block: nothing to pair
+    (4096, 4096, 7168, 0, 1, 0, 0),     # 256-row tiles (two waves)
+    (1000, 4232, 1536, 0, 1, 0, 0),     # block N 136: half of B is not whole 8-row atoms
+    (256, 4096, 7168, 2, 32, 0, 0),     # masked
 ])
-def test_clusters_sharing_b_only_where_the_kernel_can(m, n, k, gemm_type, groups, share_b, monkeypatch):
+def test_clusters_sharing_b_only_where_the_kernel_can(m, n, k, gemm_type, groups, share_b, by_default, monkeypatch):
     """MOE_FP8_MULTICAST=b pairs adjacent 128-row m-blocks of one n-block in 2-CTA clusters sharing
     B, dense or contiguous, one wave per tile, block N a multiple of 16, at least two m-blocks;
     elsewhere the heuristic's plan stays. Every tile of such pairs runs whole (no tail split); the
-    tiles count whole pairs. Unset, no plan shares B."""
+    tiles count whole pairs. Unset, only contiguous 128 x 192 tiles share B; =a keeps A-sharing
+    clusters there."""
     native = kernels.jit.native_module()
     monkeypatch.delenv("MOE_FP8_MULTICAST", raising=False)
     default = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)
-    assert default["share_b"] == 0
+    assert default["share_b"] == by_default, default
+    monkeypatch.setenv("MOE_FP8_MULTICAST", "a")
+    shares_a = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)
+    assert shares_a["share_b"] == 0
+    if by_default:
+        assert {key: default[key] for key in ("block_m", "block_n", "multicast")} == \
+            {"block_m": 128, "block_n": 192, "multicast": 2}
+        assert (shares_a["block_m"], shares_a["block_n"]) == (128, 192)
     monkeypatch.setenv("MOE_FP8_MULTICAST", "b")
     cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)
     assert cfg["share_b"] == share_b, cfg

@@ -102,14 +102,14 @@ def test_alignment_setting():
     kernels.set_mk_alignment_for_contiguous_layout(128)
 
 
-@pytest.mark.parametrize("alignment,tile", [(128, "128x192c1"), (256, "256x128c2")])
+@pytest.mark.parametrize("alignment,tile", [(128, "128x192c2b"), (256, "256x128c2")])
 def test_contiguous_256_row_tiles_need_the_layout_aligned_to_256(alignment, tile, monkeypatch):
     """A 256-row tile reads its group from its first row: the heuristic takes it for contiguous
     layouts only when the caller's alignment (set_mk_alignment_for_contiguous_layout) is a multiple
     of 256, and a forced block M 256 raises otherwise; masked GEMMs never take it."""
     native = kernels.jit.native_module()
     cfg = native.fp8_gemm_nt_config(32768, 4096, 7168, 132, gemm_type=1, num_groups=4, alignment=alignment)
-    assert f"{cfg['block_m']}x{cfg['block_n']}c{cfg['multicast']}" == tile
+    assert f"{cfg['block_m']}x{cfg['block_n']}c{cfg['multicast']}{'b' * cfg['share_b']}" == tile
     monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
     if alignment % 256:
         with pytest.raises(RuntimeError, match="MOE_GEMM_BLOCK_M"):

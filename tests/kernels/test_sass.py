@@ -380,11 +380,13 @@ def test_fp8_fp4_swap_ab_gemm_uses_register_operand_qgmma(expected_m, n, k, grou
     (64, 7168, 16384, 0, 1, True),
     (64, 4096, 7168, 2, 32, False), (128, 4096, 7168, 1, 8, False),
 ])
-def test_fp8_gemm_multicasts_a_in_clusters(m, n, k, gemm_type, groups, multicast):
+def test_fp8_gemm_multicasts_a_in_clusters(m, n, k, gemm_type, groups, multicast, monkeypatch):
     """Two CTAs on adjacent n-blocks share A (dense GEMMs of up to 64 rows from K = 8192, of 65-128
     rows always, of more rows at N > 4096; grouped ones from 512 rows per group):
     each loads half with a multicast TMA and releases stages on both CTAs' empty barriers (remote
-    arrive, without a GPU-wide fence)."""
+    arrive, without a GPU-wide fence). MOE_FP8_MULTICAST=a: contiguous 128 x 192 tiles share A, not
+    their default B."""
+    monkeypatch.setenv("MOE_FP8_MULTICAST", "a")
     text = sass(*kernels.jit.native_module().fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, gemm_type, groups))
     assert ("UTMALDG.2D.MULTICAST" in text) == multicast
     assert ("UCGABAR_WAIT" in text) == multicast, "cluster barrier after the mbarrier inits"
