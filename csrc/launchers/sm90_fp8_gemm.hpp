@@ -81,8 +81,15 @@ constexpr int kMulticastMinRows = 512;
 // ran faster without clusters except on long K. Single CTAs took 0.94-0.99x the clusters' time at
 // N x K = 576, 2112 and 4096 x 7168, 7168 x 2048 and 24576 x 1536, 0.97-1.00x at 32768 x 512, and
 // 1.00-1.01x at 7168 x 16384 (bench/RESULTS.md, session 9, "Clusters at small M"). Clusters stay
-// from this K. At 65-128 rows the runs were mixed (0.96-1.06x), so clusters stay there.
+// from this K.
 constexpr int kMulticastMinKSmallM = 8192;
+// At 65-128 rows, single CTAs took 0.89-1.00x the clusters' time in all seven cells on K-major A
+// scales (gathered), four timings each. On MN-major ones (loaded by TMA) they took 0.93-0.99x at
+// N x K = 2112 x 7168, 4096 x 7168, 24576 x 1536 and 32768 x 512, but 1.04x at 7168 x 2048 and
+// 7168 x 16384 (bench/RESULTS.md, session 18). Clusters stay only for TMA-loaded scales from this
+// N and K.
+constexpr int kMulticastMinNMidM = 7168;
+constexpr int kMulticastMinKMidM = 2048;
 // Past 128 rows, clusters measured 0.90-0.99x of single CTAs at N = 4096 (dense 4096 x 4096 x 7168,
 // grouped 4 x 8192 and 8 x 4096 at N x K = 4096 x 7168) and 1.01-1.15x at N = 7168
 // (bench/RESULTS.md, 2026-11-30): they stay for wider B only.
@@ -278,7 +285,10 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   };
   // Whole clusters on the SMs.
   const bool legal = type == GemmType::kNormal || m >= kMulticastMinRows;
-  const bool wants = legal && (m <= 64 ? k >= kMulticastMinKSmallM : m <= 128 || n >= kMulticastMinNLargeM);
+  const bool wants = legal && (m <= 64    ? k >= kMulticastMinKSmallM
+                               : m <= 128 ? scale_load == moe_kernels::kScaleTmaMnMajor && n >= kMulticastMinNMidM &&
+                                                k >= kMulticastMinKMidM
+                                          : n >= kMulticastMinNLargeM);
   const char* multicast_env = std::getenv("MOE_FP8_MULTICAST");
   const bool forced = multicast_env != nullptr && std::string(multicast_env) == "2";
   const bool share_b_forced = multicast_env != nullptr && std::string(multicast_env) == "b";

@@ -83,7 +83,7 @@ def test_tail_split_follows_the_last_wave(m, n, k, tiles, splits, monkeypatch):
     (4096, 24576, 1536, "256x128c2"), (4096, 32768, 512, "256x128c2"), (2048, 4096, 7168, "256x128c2"),
     (4096, 2112, 7168, "128x192"), (4096, 576, 7168, "128x144"), (2048, 7168, 2048, "128x192c2"),
     (1024, 4096, 7168, "128x128"), (512, 7168, 16384, "128x112c2"),  # below the rows measured
-    (256, 4096, 7168, "128x64"), (128, 4096, 7168, "64x64c2"), (64, 4096, 7168, "64x32"),
+    (256, 4096, 7168, "128x64"), (128, 4096, 7168, "64x64"), (64, 4096, 7168, "64x32"),
     (64, 7168, 16384, "64x56c2"),
 ])
 def test_wide_tiles_where_they_measured_faster(m, n, k, tile, monkeypatch):
@@ -321,6 +321,22 @@ def test_masked_decode_tiles_of_short_k_stay_narrow(groups, rows, n, k, block_n,
     assert native.fp8_gemm_nt_config(rows, n, k, H200_SMS, False, -1, 2, groups)["block_n"] == block_n
     monkeypatch.setenv("MOE_GEMM_BLOCK_N", "160")
     assert native.fp8_gemm_nt_config(rows, n, k, H200_SMS, False, -1, 2, groups)["block_n"] == 160
+
+
+@pytest.mark.parametrize("m,n,k,clusters_mn_major", [
+    (128, 2112, 7168, False), (100, 4096, 7168, False), (128, 32768, 512, False),
+    (128, 7168, 2048, True), (65, 7168, 16384, True), (128, 24576, 1536, False), (128, 7168, 1536, False),
+])
+def test_clusters_at_65_to_128_rows_only_for_tma_scales_of_wide_n(m, n, k, clusters_mn_major):
+    """Dense GEMMs of 65-128 rows: single CTAs on gathered (K-major) A scales at every shape, and
+    on MN-major scales (TMA) below N = 7168 or K = 2048; A-sharing clusters on MN-major scales from
+    there."""
+    native = kernels.jit.native_module()
+    k_major = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert (k_major["scale_load"], k_major["multicast"]) == ("gather", 1), k_major
+    mn_major = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=1)
+    assert mn_major["scale_load"] == "tma_mn_major"
+    assert mn_major["multicast"] == (2 if clusters_mn_major else 1), mn_major
 
 
 @pytest.mark.parametrize("m,n,k,gemm_type,groups,share_b,by_default", [

@@ -373,21 +373,22 @@ def test_fp8_fp4_swap_ab_gemm_uses_register_operand_qgmma(expected_m, n, k, grou
     assert "LDL" not in text and "STL" not in text, "register spills"
 
 
-@pytest.mark.parametrize("m,n,k,gemm_type,groups,multicast", [
-    (4096, 7168, 16384, 0, 1, True), (4096, 576, 7168, 0, 1, False), (8192, 4096, 7168, 1, 4, False),
-    (8192, 7168, 2048, 1, 4, True),
-    (1024, 7168, 2048, 2, 8, True), (128, 7168, 2048, 0, 1, True), (64, 2112, 7168, 0, 1, False),
-    (64, 7168, 16384, 0, 1, True),
-    (64, 4096, 7168, 2, 32, False), (128, 4096, 7168, 1, 8, False),
+@pytest.mark.parametrize("m,n,k,gemm_type,groups,scale_load,multicast", [
+    (4096, 7168, 16384, 0, 1, -1, True), (4096, 576, 7168, 0, 1, -1, False), (8192, 4096, 7168, 1, 4, -1, False),
+    (8192, 7168, 2048, 1, 4, -1, True),
+    (1024, 7168, 2048, 2, 8, -1, True), (128, 7168, 2048, 0, 1, 1, True), (128, 7168, 2048, 0, 1, -1, False),
+    (64, 2112, 7168, 0, 1, -1, False), (64, 7168, 16384, 0, 1, -1, True),
+    (64, 4096, 7168, 2, 32, -1, False), (128, 4096, 7168, 1, 8, -1, False),
 ])
-def test_fp8_gemm_multicasts_a_in_clusters(m, n, k, gemm_type, groups, multicast, monkeypatch):
+def test_fp8_gemm_multicasts_a_in_clusters(m, n, k, gemm_type, groups, scale_load, multicast, monkeypatch):
     """Two CTAs on adjacent n-blocks share A (dense GEMMs of up to 64 rows from K = 8192, of 65-128
-    rows always, of more rows at N > 4096; grouped ones from 512 rows per group):
-    each loads half with a multicast TMA and releases stages on both CTAs' empty barriers (remote
-    arrive, without a GPU-wide fence). MOE_FP8_MULTICAST=a: contiguous 128 x 192 tiles share A, not
-    their default B."""
+    rows on MN-major A scales from N = 7168, of more rows at N > 4096; grouped ones from 512 rows
+    per group): each loads half with a multicast TMA and releases stages on both CTAs' empty
+    barriers (remote arrive, without a GPU-wide fence). MOE_FP8_MULTICAST=a: contiguous 128 x 192
+    tiles share A, not their default B. ``scale_load`` -1: K-major A scales, 1: MN-major."""
     monkeypatch.setenv("MOE_FP8_MULTICAST", "a")
-    text = sass(*kernels.jit.native_module().fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, gemm_type, groups))
+    text = sass(*kernels.jit.native_module().fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, gemm_type, groups,
+                                                              scale_load=scale_load))
     assert ("UTMALDG.2D.MULTICAST" in text) == multicast
     assert ("UCGABAR_WAIT" in text) == multicast, "cluster barrier after the mbarrier inits"
     if multicast:
