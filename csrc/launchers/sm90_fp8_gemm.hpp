@@ -390,7 +390,13 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   // (bench/RESULTS.md, session 13): 1.00-1.10x faster dense; masked 64 x 128 decode tiles level
   // (the weights bound them).
   // MOE_FP8_OVERLAP=0 turns it off.
-  cfg.overlap = t.block_m == 64 && t.block_n <= 128 && k % 512 == 0 && env_enabled("MOE_FP8_OVERLAP") ? 1 : 0;
+  // Its K loop runs in rounds of max(4, k_unroll) K blocks (an even count), whole ones only;
+  // MOE_GEMM_K_UNROLL=8 gives rounds of 8 (not measured yet; the default rounds are 4).
+  const int overlap_round = std::max(4, cfg.k_unroll);
+  cfg.overlap = t.block_m == 64 && t.block_n <= 128 && overlap_round % 2 == 0 && k % (kBlockK * overlap_round) == 0 &&
+                        env_enabled("MOE_FP8_OVERLAP")
+                    ? 1
+                    : 0;
   return cfg;
 }
 

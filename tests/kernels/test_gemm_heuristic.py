@@ -289,9 +289,9 @@ def test_scale_load_switch_and_stages(monkeypatch):
 
 
 def test_overlap_on_lone_warpgroup_tiles(monkeypatch):
-    """Block M 64 with block N <= 128 and whole rounds of 4 K blocks overlap promotion with the next
-    K block's wgmmas; wider tiles (three accumulator sets would not fit) and two math warpgroups do
-    not; MOE_FP8_OVERLAP=0 turns it off."""
+    """Block M 64 with block N <= 128 and whole rounds of max(4, k_unroll) K blocks (an even count)
+    overlap promotion with the next K block's wgmmas; wider tiles (three accumulator sets would not
+    fit) and two math warpgroups do not; MOE_FP8_OVERLAP=0 turns it off."""
     native = kernels.jit.native_module()
     def cfg(m, n, k, *rest):
         c = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, *rest)
@@ -302,6 +302,13 @@ def test_overlap_on_lone_warpgroup_tiles(monkeypatch):
     assert cfg(64, 24576, 1536)[1:] == (192, 0)      # block N 192
     assert cfg(4096, 4096, 7168)[2] == 0             # 256-row tiles
     assert cfg(64, 2112, 640)[2] == 0                # 5 K blocks: no whole round
+    monkeypatch.setenv("MOE_GEMM_K_UNROLL", "8")     # rounds of 8 K blocks
+    assert cfg(64, 2112, 7168)[2] == 1 and cfg(64, 2112, 1536)[2] == 0  # 56 K blocks; 12
+    monkeypatch.setenv("MOE_GEMM_K_UNROLL", "6")     # rounds of 6: 48 K blocks
+    assert cfg(64, 2112, 6144)[2] == 1
+    monkeypatch.setenv("MOE_GEMM_K_UNROLL", "5")     # an odd round: the plain loop
+    assert cfg(64, 2112, 640)[2] == 0 and cfg(64, 2112, 6400)[2] == 0
+    monkeypatch.delenv("MOE_GEMM_K_UNROLL")
     monkeypatch.setenv("MOE_FP8_OVERLAP", "0")
     assert cfg(64, 2112, 7168)[2] == 0
 

@@ -76,19 +76,23 @@ def test_gpu_scale_tma_matches_gather(m, n, k, seed, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,block_m", [(1, 2112, 7168, ""), (64, 4096, 7168, ""), (128, 4096, 7168, ""),
-                                           (64, 32768, 512, ""), (33, 7168, 2048, ""), (128, 7168, 16384, ""),
-                                           (1216, 1024, 8192, "64")])
-def test_gpu_overlap_matches_plain_loop(m, n, k, block_m, seed, monkeypatch):
+@pytest.mark.parametrize("m,n,k,block_m,unroll", [
+    (1, 2112, 7168, "", ""), (64, 4096, 7168, "", ""), (128, 4096, 7168, "", ""), (64, 32768, 512, "", ""),
+    (33, 7168, 2048, "", ""), (128, 7168, 16384, "", ""), (1216, 1024, 8192, "64", ""),
+    (64, 4096, 7168, "", "8"), (128, 7168, 16384, "", "8"), (1216, 1024, 8192, "64", "8"),
+])
+def test_gpu_overlap_matches_plain_loop(m, n, k, block_m, unroll, seed, monkeypatch):
     """Block M 64, block N <= 128: K block i + 1's wgmmas in flight while K block i is promoted (a
     second accumulator set), against the plain loop (MOE_FP8_OVERLAP=0): the same FFMAs in the same
     order, so D is bit for bit the same. Clusters (128 rows), one-row problems, and overlapped whole
     tiles beside the plain loop's split tail units on one CTA (1216 x 1024 x 8192 at block M 64:
-    190 tiles on 132 CTAs, the last 58 split in two)."""
+    190 tiles on 132 CTAs, the last 58 split in two). MOE_GEMM_K_UNROLL=8: rounds of 8 K blocks."""
     if block_m:
         monkeypatch.setenv("MOE_GEMM_BLOCK_M", block_m)
+    if unroll:
+        monkeypatch.setenv("MOE_GEMM_K_UNROLL", unroll)
     cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
-    assert (cfg["block_m"], cfg["overlap"]) == (64, 1), cfg
+    assert (cfg["block_m"], cfg["overlap"], cfg["k_unroll"]) == (64, 1, int(unroll or 1)), cfg
     assert (cfg["tail_splits"] > 1) == bool(block_m), cfg
     _, _, d, plain = with_switch_off(m, n, k, "MOE_FP8_OVERLAP", monkeypatch)
     assert torch.equal(d, plain)

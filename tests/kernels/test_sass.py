@@ -230,14 +230,18 @@ def test_fp8_masked_math_loop_keeps_descriptors_uniform(m, n, k, groups):
         assert sum("R2UR" in line for line in body.splitlines()) <= (4 if k_blocks == 1 else 6 * k_blocks)
 
 
-@pytest.mark.parametrize("m,n,k,gemm_type,groups", [(64, 2112, 7168, 0, 1), (128, 4096, 7168, 0, 1),
-                                                     (64, 32768, 512, 0, 1), (16, 4096, 7168, 2, 32)])
-def test_fp8_gemm_overlaps_promotion_with_the_next_wgmmas(m, n, k, gemm_type, groups):
-    """Block M 64, block N <= 128: each round of 4 K blocks waits for all but the newest wgmma group
-    three times (WARPGROUP.DEPBAR.LE gsb0, 0x1) and drains once (0x0): K block i + 1's wgmmas run
-    while K block i is promoted. Serialized (ptxas' C7514/C7518), every QGMMA would carry the
-    scoreboard and be waited for: only each K block's last may. Nothing spills (three accumulator
-    sets)."""
+@pytest.mark.parametrize("m,n,k,gemm_type,groups,unroll", [
+    (64, 2112, 7168, 0, 1, 4), (128, 4096, 7168, 0, 1, 4), (64, 32768, 512, 0, 1, 4), (16, 4096, 7168, 2, 32, 4),
+    (128, 4096, 7168, 0, 1, 8), (64, 2112, 7168, 0, 1, 8),
+])
+def test_fp8_gemm_overlaps_promotion_with_the_next_wgmmas(m, n, k, gemm_type, groups, unroll, monkeypatch):
+    """Block M 64, block N <= 128: each round of 4 K blocks (8 with MOE_GEMM_K_UNROLL=8) waits for
+    all but the newest wgmma group at every K block but the last (WARPGROUP.DEPBAR.LE gsb0, 0x1) and
+    drains once (0x0): K block i + 1's wgmmas run while K block i is promoted. Serialized (ptxas'
+    C7514/C7518), every QGMMA would carry the scoreboard and be waited for: only each K block's last
+    may. Nothing spills (three accumulator sets)."""
+    if unroll != 4:
+        monkeypatch.setenv("MOE_GEMM_K_UNROLL", str(unroll))
     native = kernels.jit.native_module()
     args = (m, n, k, H200_SMS, False, -1, gemm_type, groups)
     config = native.fp8_gemm_nt_config(*args)
@@ -245,13 +249,14 @@ def test_fp8_gemm_overlaps_promotion_with_the_next_wgmmas(m, n, k, gemm_type, gr
     code = sass(*native.fp8_gemm_nt_code(*args))
     assert "LDL" not in code and "STL" not in code, "register spills"
     loops = [body for body in _k_loop_bodies(code, max_bytes=16384) if "QGMMA" in body]
-    rounds = [body for body in loops if body.count("QGMMA") == 16]
-    assert rounds, "no round of 4 K blocks"
+    # The plain loop (the tail split's units) is unrolled as many times and never waits with 0x1.
+    rounds = [body for body in loops if body.count("QGMMA") == 4 * unroll and "DEPBAR.LE gsb0, 0x1" in body]
+    assert rounds, f"no round of {unroll} K blocks"
     for body in rounds:
         waits = [line.split()[-1] for line in body.splitlines() if "WARPGROUP.DEPBAR" in line]
-        assert waits == ["0x1", "0x1", "0x1", "0x0"], waits
+        assert waits == ["0x1"] * (unroll - 1) + ["0x0"], waits
         scoreboard = ["gsb0" in line for line in body.splitlines() if "QGMMA" in line]
-        assert scoreboard == [False, False, False, True] * 4, scoreboard
+        assert scoreboard == [False, False, False, True] * unroll, scoreboard
 
 
 @pytest.mark.parametrize("pingpong", ["1", "0"])

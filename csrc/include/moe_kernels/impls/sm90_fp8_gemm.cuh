@@ -148,9 +148,12 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // accumulator set before it promotes K block kb, so the tensor cores work while it promotes;
   // without, it waited for its wgmmas and promoted with the tensor cores idle, one K block after
   // the other (DeepGEMM's order too). Three accumulator sets must fit the 240 registers.
-  constexpr uint32_t kOverlapRound = 4;
-  static_assert(!kOverlap || (kNumMathWG == 1 && kBlockN <= 128 && kNumKBlocks % kOverlapRound == 0),
-                "overlap: one math warpgroup, block N <= 128, whole rounds of K blocks");
+  // Each round of K blocks ends with no wgmma in flight (see overlapped_k_loop): a k_unroll of 8 (or
+  // more) makes the rounds that long, the drains fewer.
+  constexpr uint32_t kOverlapRound = kKUnroll >= 4 ? kKUnroll : 4;
+  static_assert(!kOverlap || (kNumMathWG == 1 && kBlockN <= 128 && kOverlapRound % 2 == 0 &&
+                              kNumKBlocks % kOverlapRound == 0),
+                "overlap: one math warpgroup, block N <= 128, whole rounds of an even count of K blocks");
   // A tile may straddle at most two 128-column scale blocks of B: tiles start at multiples of
   // gcd(kBlockN, 128) inside a scale block, so the last start plus kBlockN must stay within 256.
   static_assert(kBlockN % 8 == 0 && kBlockN <= 256, "block N is a multiple of 8 up to 256");
