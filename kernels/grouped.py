@@ -131,6 +131,112 @@ def _check_index(fn: str, name: str, t: object, length: int) -> torch.Tensor:
     return t
 
 
+_FP8, _F32, _BF16, _I32 = torch.float8_e4m3fn, torch.float32, torch.bfloat16, torch.int32
+
+
+def _same_device_index(tensors: tuple[torch.Tensor, ...]) -> int | None:
+    """The tensors' common device index (-1: CPU or meta, which the full checks tell apart), or None."""
+    device = tensors[0].get_device()
+    return device if all(t.get_device() == device for t in tensors) else None
+
+
+def _fp8_weights_fast(b, k: int):
+    """(B, SFB, G, N, group stride, ldb, SFB strides) of FP8 weights as ``_check_weights`` accepts
+    them (plain attribute reads), or None."""
+    b_t, sfb = b
+    if b_t.dtype is not _FP8 or sfb.dtype is not _F32:
+        return None
+    g, n, b_k = b_t.shape
+    sfb_g, sfb_nb, sfb_kb = sfb.shape
+    b_sg, ldb, b_inner = b_t.stride()
+    sfb_sg, sfb_sn, sfb_sk = sfb.stride()
+    if g == 0 or n == 0 or n % 8 or b_k != k or b_inner != 1 or ldb % 16 or ldb < k \
+            or (g > 1 and b_sg != n * ldb) or (sfb_g, sfb_nb, sfb_kb) != (g, (n + _BLOCK - 1) // _BLOCK, k // _BLOCK) \
+            or min(sfb_sg, sfb_sn, sfb_sk) < 0:
+        return None
+    return b_t, sfb, g, n, ldb, sfb_sg, sfb_sn, sfb_sk
+
+
+def _contiguous_launch_args(a, b, d, m_indices):
+    """The native call's arguments but the stream (the last one the device index, -1 for CPU and
+    meta tensors), for tensors that the full checks would accept, or None: then the full checks
+    run and name what is wrong. Plain attribute reads, each shape and stride unpacked once: this
+    runs ahead of every launch."""
+    if type(a) not in (tuple, list) or type(b) not in (tuple, list) or len(a) != 2 or len(b) != 2:
+        return None
+    tensors = (a[0], a[1], b[0], b[1], d, m_indices)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    try:
+        a_t, sfa = a
+        if a_t.dtype is not _FP8 or sfa.dtype is not _F32 or d.dtype is not _BF16 or m_indices.dtype is not _I32:
+            return None
+        m, k = a_t.shape
+        if m == 0 or k == 0 or k % _BLOCK:
+            return None
+        weights = _fp8_weights_fast(b, k)
+        if weights is None:
+            return None
+        b_t, sfb, g, n, ldb, sfb_sg, sfb_sn, sfb_sk = weights
+        lda, a_inner = a_t.stride()
+        sfa_m, sfa_kb = sfa.shape
+        sfa_sm, sfa_sk = sfa.stride()
+        d_m, d_n = d.shape
+        ldd, d_inner = d.stride()
+        (indices,) = m_indices.shape
+        (index_stride,) = m_indices.stride()
+    except (TypeError, ValueError):
+        return None
+    if a_inner != 1 or lda % 16 or lda < k or (sfa_m, sfa_kb) != (m, k // _BLOCK) or min(sfa_sm, sfa_sk) < 0 \
+            or (d_m, d_n) != (m, n) or d_inner != 1 or ldd % 8 or ldd < n or indices != m or index_stride != 1:
+        return None
+    device = _same_device_index(tensors)
+    if device is None:
+        return None
+    return (a_t.data_ptr(), lda, sfa.data_ptr(), sfa_sm, sfa_sk, b_t.data_ptr(), ldb, sfb.data_ptr(), sfb_sg,
+            sfb_sn, sfb_sk, d.data_ptr(), ldd, m_indices.data_ptr(), m, n, k, g, _alignment, device)
+
+
+def _masked_launch_args(a, b, d, masked_m, expected_m):
+    """:func:`_contiguous_launch_args` for the masked layout."""
+    if type(a) not in (tuple, list) or type(b) not in (tuple, list) or len(a) != 2 or len(b) != 2 \
+            or type(expected_m) is not int or expected_m <= 0:
+        return None
+    tensors = (a[0], a[1], b[0], b[1], d, masked_m)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    try:
+        a_t, sfa = a
+        if a_t.dtype is not _FP8 or sfa.dtype is not _F32 or d.dtype is not _BF16 or masked_m.dtype is not _I32:
+            return None
+        groups, max_m, k = a_t.shape
+        if max_m == 0 or k == 0 or k % _BLOCK:
+            return None
+        weights = _fp8_weights_fast(b, k)
+        if weights is None:
+            return None
+        b_t, sfb, g, n, ldb, sfb_sg, sfb_sn, sfb_sk = weights
+        a_sg, lda, a_inner = a_t.stride()
+        sfa_shape = sfa.shape
+        sfa_sg, sfa_sm, sfa_sk = sfa.stride()
+        d_shape = d.shape
+        d_sg, ldd, d_inner = d.stride()
+        (masks,) = masked_m.shape
+        (mask_stride,) = masked_m.stride()
+    except (TypeError, ValueError):
+        return None
+    stacked = groups == 1 or (a_sg == max_m * lda and sfa_sg == max_m * sfa_sm and d_sg == max_m * ldd)
+    if groups != g or a_inner != 1 or lda % 16 or lda < k or tuple(sfa_shape) != (g, max_m, k // _BLOCK) \
+            or min(sfa_sg, sfa_sm, sfa_sk) < 0 or tuple(d_shape) != (g, max_m, n) or d_inner != 1 or ldd % 8 \
+            or ldd < n or not stacked or masks != g or mask_stride != 1:
+        return None
+    device = _same_device_index(tensors)
+    if device is None:
+        return None
+    return (a_t.data_ptr(), lda, sfa.data_ptr(), sfa_sm, sfa_sk, b_t.data_ptr(), ldb, sfb.data_ptr(), sfb_sg,
+            sfb_sn, sfb_sk, d.data_ptr(), ldd, masked_m.data_ptr(), max_m, expected_m, n, k, g, device)
+
+
 def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
                                      d: torch.Tensor, m_indices: torch.Tensor, recipe=None,
                                      compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
@@ -142,6 +248,10 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tu
     """
     fn = "m_grouped_fp8_gemm_nt_contiguous"
     _checks.check_recipe(fn, recipe)
+    args = _contiguous_launch_args(a, b, d, m_indices)
+    if args is not None and args[-1] >= 0:
+        jit.native_module().m_grouped_fp8_gemm_nt_contiguous(*args, _descriptors.current_stream_of(args[-1]))
+        return
     a_t, sfa, m, k = _contiguous_activations(fn, a)
     b_t, sfb, g, n = _check_weights(fn, b, k)
     _checks.check_output(fn, d, (m, n))
@@ -171,6 +281,10 @@ def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[
     """
     fn = "m_grouped_fp8_gemm_nt_masked"
     _checks.check_recipe(fn, recipe)
+    args = _masked_launch_args(a, b, d, masked_m, expected_m)
+    if args is not None and args[-1] >= 0:
+        jit.native_module().m_grouped_fp8_gemm_nt_masked(*args, _descriptors.current_stream_of(args[-1]))
+        return
     _check_expected_m(fn, expected_m)
     a_t, sfa, groups, max_m, k = _masked_activations(fn, a)
     b_t, sfb, g, n = _check_weights(fn, b, k)

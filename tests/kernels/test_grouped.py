@@ -147,6 +147,109 @@ def test_contiguous_bad_arguments(over, match):
         kernels.m_grouped_fp8_gemm_nt_contiguous(**_contig_args(**over))
 
 
+class _TensorLike:
+    """Not a tensor, though it answers every attribute the fast path reads."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    def __getattr__(self, name):
+        return getattr(self._tensor, name)
+
+
+_FP8 = torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("over", [
+    dict(a=(torch.zeros(128, 128, dtype=torch.bfloat16), torch.ones(128, 1))),
+    dict(a=(torch.zeros(128, 100, dtype=_FP8), torch.ones(128, 1))),
+    dict(a=(torch.zeros(128, 256, dtype=_FP8)[:, ::2], torch.ones(128, 1))),       # not K-major
+    dict(a=(torch.zeros(128, 136, dtype=_FP8)[:, :128], torch.ones(128, 1))),     # row stride not 16-aligned
+    dict(a=(torch.zeros(128, 128, dtype=_FP8), torch.ones(128, 2))),
+    dict(a=(torch.zeros(128, 128, dtype=_FP8), torch.ones(128, 1, dtype=torch.float64))),
+    dict(a=(torch.zeros(128, 128, dtype=_FP8),)),
+    dict(a=(_TensorLike(torch.zeros(128, 128, dtype=_FP8)), torch.ones(128, 1))),
+    dict(b=(torch.zeros(2, 16, 256, dtype=_FP8), torch.ones(2, 1, 2))),
+    dict(b=(torch.zeros(2, 16, 128, dtype=_FP8), torch.ones(1, 1, 1))),
+    dict(b=(torch.zeros(3, 16, 128, dtype=_FP8)[::2], torch.ones(2, 1, 1))),
+    dict(b=(torch.zeros(2, 128, 16, dtype=_FP8).transpose(1, 2), torch.ones(2, 1, 1))),
+    dict(b=(torch.zeros(2, 12, 128, dtype=_FP8), torch.ones(2, 1, 1)), d=torch.empty(128, 12, dtype=torch.bfloat16)),
+    dict(b=(torch.zeros(0, 16, 128, dtype=_FP8), torch.ones(0, 1, 1))),
+    dict(b=(torch.zeros(2, 16, 128, dtype=_FP8), _TensorLike(torch.ones(2, 1, 1)))),
+    dict(d=torch.empty(128, 8, dtype=torch.bfloat16)),
+    dict(d=torch.empty(128, 16, dtype=torch.float32)),
+    dict(d=torch.empty(16, 128, dtype=torch.bfloat16).t()),
+    dict(m_indices=torch.zeros(128, dtype=torch.int64)),
+    dict(m_indices=torch.zeros(64, dtype=torch.int32)),
+    dict(m_indices=torch.zeros(256, dtype=torch.int32)[::2]),
+    dict(m_indices=torch.zeros(1, 128, dtype=torch.int32)),
+])
+def test_contiguous_fast_path_refuses_what_the_checks_refuse(over):
+    """The per-call fast path (one read of each shape and stride) refuses every argument the full
+    checks refuse, so that they run and name it."""
+    assert kernels.grouped._contiguous_launch_args(**_contig_args()) is not None
+    assert kernels.grouped._contiguous_launch_args(**_contig_args(**over)) is None
+    with pytest.raises((TypeError, ValueError)):
+        kernels.m_grouped_fp8_gemm_nt_contiguous(**_contig_args(**over))
+
+
+def test_contiguous_fast_path_takes_the_accepted_layouts():
+    """Padded rows of A and B, MN-major (transposed) A scales, lists for pairs: accepted, with their
+    strides passed on; CPU tensors give device index -1 (the caller then takes the checked CPU path)."""
+    m, n, k, g = 128, 16, 256, 2
+    a = [torch.zeros(m, k + 128, dtype=_FP8)[:, :k], torch.ones(2, m).t()]
+    b = [torch.zeros(g, n, k + 16, dtype=_FP8)[:, :, :k], torch.ones(g, 1, 2)]
+    d = torch.empty(m, n + 8, dtype=torch.bfloat16)[:, :n]
+    args = kernels.grouped._contiguous_launch_args(a, b, d, torch.zeros(m, dtype=torch.int32))
+    assert args is not None
+    assert args[1] == k + 128 and args[3:5] == (1, m) and args[6] == k + 16 and args[8:11] == (2, 2, 1)
+    assert args[12] == n + 8 and args[14:] == (m, n, k, g, kernels.get_mk_alignment_for_contiguous_layout(), -1)
+
+
+def _masked_args(**over):
+    g, max_m, n, k = 2, 8, 16, 128
+    args = dict(a=(torch.zeros(g, max_m, k, dtype=_FP8), torch.ones(g, max_m, 1)),
+                b=(torch.zeros(g, n, k, dtype=_FP8), torch.ones(g, 1, 1)),
+                d=torch.empty(g, max_m, n, dtype=torch.bfloat16), masked_m=torch.zeros(g, dtype=torch.int32),
+                expected_m=4)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over", [
+    dict(expected_m=0), dict(expected_m=True), dict(expected_m=4.0),
+    dict(masked_m=torch.zeros(3, dtype=torch.int32)), dict(masked_m=torch.zeros(2, dtype=torch.int64)),
+    dict(masked_m=torch.zeros(4, dtype=torch.int32)[::2]),
+    dict(a=(torch.zeros(3, 8, 128, dtype=_FP8), torch.ones(3, 8, 1))),
+    dict(a=(torch.zeros(2, 16, 128, dtype=_FP8)[:, :8], torch.ones(2, 8, 1))),      # groups with gaps
+    dict(a=(torch.zeros(2, 8, 128, dtype=_FP8), torch.ones(2, 16, 1)[:, :8])),     # scale groups with gaps
+    dict(a=(torch.zeros(2, 8, 128, dtype=_FP8), torch.ones(2, 8, 2))),
+    dict(a=(torch.zeros(8, 128, dtype=_FP8), torch.ones(8, 1))),
+    dict(b=(torch.zeros(2, 16, 128, dtype=torch.bfloat16), torch.ones(2, 1, 1))),
+    dict(d=torch.empty(2, 16, 16, dtype=torch.bfloat16)[:, :8]),                   # output groups with gaps
+    dict(d=torch.empty(2, 8, 24, dtype=torch.bfloat16)),
+])
+def test_masked_fast_path_refuses_what_the_checks_refuse(over):
+    assert kernels.grouped._masked_launch_args(**_masked_args()) is not None
+    assert kernels.grouped._masked_launch_args(**_masked_args(**over)) is None
+    with pytest.raises((TypeError, ValueError)):
+        kernels.m_grouped_fp8_gemm_nt_masked(**_masked_args(**over))
+
+
+def test_masked_fast_path_passes_strides_on():
+    g, max_m, n, k = 2, 8, 16, 256
+    a = (torch.zeros(g, max_m, k + 128, dtype=_FP8)[:, :, :k], torch.ones(g, 2, max_m).transpose(1, 2))
+    args = kernels.grouped._masked_launch_args(a, (torch.zeros(g, n, k, dtype=_FP8), torch.ones(g, 1, 2)),
+                                               torch.empty(g, max_m, n, dtype=torch.bfloat16),
+                                               torch.zeros(g, dtype=torch.int32), 5)
+    assert args is None  # MN-major scales of a 3-D A stack their groups with a gap (2 * max_m, not max_m)
+    sfa = torch.ones(g * max_m, 2).reshape(g, max_m, 2)
+    args = kernels.grouped._masked_launch_args((a[0], sfa), (torch.zeros(g, n, k, dtype=_FP8), torch.ones(g, 1, 2)),
+                                               torch.empty(g, max_m, n, dtype=torch.bfloat16),
+                                               torch.zeros(g, dtype=torch.int32), 5)
+    assert args[1] == k + 128 and args[3:5] == (2, 1) and args[14:] == (max_m, 5, n, k, g, -1)
+
+
 @pytest.mark.parametrize("expected_m,masked_m,match", [
     (0, torch.zeros(2, dtype=torch.int32), "expected_m must be a positive int"),
     (4, torch.zeros(3, dtype=torch.int32), "masked_m must be an int32 tensor of shape \\[2\\]"),
