@@ -42,6 +42,14 @@ def main() -> int:
     d = torch.empty(64, 2112, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(64, 7168, dtype=torch.float8_e4m3fn, device="cuda")
     sf = torch.empty(64, 56, dtype=torch.float32, device="cuda")
+    # Grouped calls: 4 experts of 2112 x 7168, 256 rows each (contiguous) or 64 of 64 rows (masked).
+    bg = (b[0].unsqueeze(0).expand(4, -1, -1).contiguous(), b[1].unsqueeze(0).expand(4, -1, -1).contiguous())
+    ac = kernels.per_token_cast_to_fp8(torch.randn(1024, 7168, device="cuda", dtype=torch.bfloat16))
+    dc = torch.empty(1024, 2112, device="cuda", dtype=torch.bfloat16)
+    m_indices = torch.arange(4, device="cuda", dtype=torch.int32).repeat_interleave(256)
+    am = (ac[0].view(4, 256, 7168)[:, :64].contiguous(), ac[1].view(4, 256, 56)[:, :64].contiguous())
+    dm = torch.empty(4, 64, 2112, device="cuda", dtype=torch.bfloat16)
+    masked_m = torch.full((4,), 64, device="cuda", dtype=torch.int32)
     native = native_module()
     dev = x.device
     stream = _descriptors.current_stream(dev)
@@ -61,6 +69,12 @@ def main() -> int:
         ("_C.fp8_gemm_nt_config (heuristic + dict)", lambda: native.fp8_gemm_nt_config(64, 2112, 7168, sms)),
         ("kernels.gemm._launch_args (checks)", lambda: gemm._launch_args(a, b, d, None, False)),
         ("kernels.fp8_gemm_nt", lambda: kernels.fp8_gemm_nt(a, b, d)),
+        ("kernels.grouped._contiguous_launch_args (checks)",
+         lambda: kernels.grouped._contiguous_launch_args(ac, bg, dc, m_indices)),
+        ("kernels.m_grouped_fp8_gemm_nt_contiguous", lambda: kernels.m_grouped_fp8_gemm_nt_contiguous(
+            ac, bg, dc, m_indices)),
+        ("kernels.m_grouped_fp8_gemm_nt_masked", lambda: kernels.m_grouped_fp8_gemm_nt_masked(
+            am, bg, dm, masked_m, 64)),
     ]
     print(f"{'call':<48} {'host us/call':>12}")
     for label, fn in rows:
