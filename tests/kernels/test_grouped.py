@@ -375,6 +375,61 @@ def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("counts,n,k", [([1000, 0, 513, 2048], 4096, 1152), ([300, 129], 7168, 2048)])
+def test_gpu_contiguous_narrow_tail_matches_full_width(counts, n, k, seed, monkeypatch):
+    """MOE_FP8_NARROW_TAIL=1 on contiguous 128 x 192 tiles (sharing B by default): the last
+    n-block's wgmmas span N % 192 = 64 columns; bit for bit the full width's D, NaN where neither
+    wrote."""
+    b_fp8 = make_weights(len(counts), n, k, "cuda")
+    a_fp8, m_indices = make_contiguous(counts, k, "cuda")
+    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "192")
+    outputs = {}
+    for narrow in ("1", "0"):
+        monkeypatch.setenv("MOE_FP8_NARROW_TAIL", narrow)
+        cfg = kernels.jit.native_module().fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(),
+                                                             gemm_type=1, num_groups=len(counts), alignment=128)
+        assert (cfg["block_m"], cfg["block_n"], cfg["narrow_tail"]) == (128, 192, int(narrow)), cfg
+        d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
+        outputs[narrow] = d
+    torch.cuda.synchronize()
+    valid = m_indices >= 0
+    assert torch.isfinite(outputs["1"][valid]).all(), "valid rows not fully written"
+    assert calc_diff(outputs["1"][valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
+    assert_same_output(outputs["1"], outputs["0"], "narrow tail")
+
+
+@pytest.mark.gpu
+def test_gpu_masked_narrow_tail_matches_full_width(seed, monkeypatch):
+    """Masked 128 x 192 ping-pong tiles with MOE_FP8_NARROW_TAIL=1 (N = 4096: a 64-column tail):
+    bit for bit the full width's output, rows from masked_m rounded up to 8 left NaN."""
+    masked, max_m, n, k = [0, 200, 129, 256], 256, 4096, 1024
+    g = len(masked)
+    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "192")
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")
+    b_fp8 = make_weights(g, n, k, "cuda")
+    a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
+    a = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
+    masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+    outputs = []
+    for narrow in ("1", "0"):
+        monkeypatch.setenv("MOE_FP8_NARROW_TAIL", narrow)
+        cfg = kernels.jit.native_module().fp8_gemm_nt_config(max_m, n, k, kernels.get_num_sms(), False, -1, 2, g)
+        assert (cfg["block_n"], cfg["narrow_tail"]) == (192, int(narrow)), cfg
+        d = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.m_grouped_fp8_gemm_nt_masked(a, b_fp8, d, masked_m, max_m)
+        outputs.append(d)
+    torch.cuda.synchronize()
+    assert_same_output(outputs[0], outputs[1], "narrow tail")
+    rhs = dequantize_b(*b_fp8).double()
+    for i, count in enumerate(masked):
+        assert torch.isnan(outputs[0][i, untouched_from(count, "cuda"):]).all(), f"group {i}: rows past masked_m written"
+        if count:
+            ref = dequantize_a(a[0][i, :count], a[1][i, :count]).double() @ rhs[i].t()
+            assert calc_diff(outputs[0][i, :count], ref) < 1e-3, f"group {i}"
+
+
+@pytest.mark.gpu
 def test_gpu_contiguous_bad_group_ids_are_skipped(seed):
     b_fp8 = make_weights(2, 256, 256, "cuda")
     a_fp8, m_indices = make_contiguous([128, 128], 256, "cuda")
