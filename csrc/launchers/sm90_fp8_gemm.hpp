@@ -400,11 +400,12 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
                     : 0;
   // MOE_FP8_NARROW_TAIL=1 (opt-in, not measured yet): where N % block N is at most half a tile
   // (N = 4096 or 7168 on 192-wide tiles: 64 columns), the last n-block's wgmmas and promotion span
-  // only those columns instead of the whole tile. Not with the overlapped loop.
+  // only those columns instead of the whole tile. Grouped GEMMs only: the dense 128 x 192 kernel
+  // spilled with it (its tail split's state, outside the K loops); not with the overlapped loop.
   const char* narrow_env = std::getenv("MOE_FP8_NARROW_TAIL");
   const int tail_cols = n % t.block_n;
-  cfg.narrow_tail = narrow_env != nullptr && std::string(narrow_env) == "1" && tail_cols != 0 &&
-                            tail_cols * 2 <= t.block_n && cfg.overlap == 0
+  cfg.narrow_tail = narrow_env != nullptr && std::string(narrow_env) == "1" && type != GemmType::kNormal &&
+                            tail_cols != 0 && tail_cols * 2 <= t.block_n && cfg.overlap == 0
                         ? 1
                         : 0;
   return cfg;

@@ -337,33 +337,3 @@ def test_gpu_k_unroll_on_128_row_tiles_matches_plain_loop(m, n, k, seed, monkeyp
     assert torch.equal(outputs["1", "4"], outputs["1", "1"])
     assert torch.equal(outputs["0", "8"], outputs["1", "1"]), "no ping-pong, unrolled 8 times"
 
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,block_n,env", [
-    (300, 4096, 2048, 192, {}),                            # 128 x 192 in step: the last n-block 64 wide
-    (300, 7168, 1152, 192, {"MOE_FP8_PINGPONG": "1"}),     # the ping-pong loop's tail
-    (1024, 4096, 8192, 192, {}),                           # tail-split units on the last n-block too
-    (129, 4096, 640, 192, {"MOE_FP8_MULTICAST": "2"}),     # A-sharing clusters: a peer past N
-    (300, 4096, 1024, 192, {"MOE_FP8_MULTICAST": "b"}),    # B-sharing pairs, the second past M
-    (1000, 4232, 1536, 136, {}),                           # a 16-column tail across two scale blocks
-])
-def test_gpu_narrow_tail_matches_full_width(m, n, k, block_n, env, seed, monkeypatch):
-    """MOE_FP8_NARROW_TAIL=1: the last n-block's wgmmas and promotion span only its N % block N
-    columns. Each output element comes from the same wgmma K slices and FFMAs as at full width, so
-    D is bit for bit that of MOE_FP8_NARROW_TAIL=0; a residual C added once."""
-    monkeypatch.setenv("MOE_GEMM_BLOCK_N", str(block_n))
-    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("MOE_FP8_NARROW_TAIL", "1")
-    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
-    assert (cfg["block_n"], cfg["narrow_tail"]) == (block_n, 1), cfg
-    assert (cfg["tail_splits"] > 1) == (m == 1024), cfg
-    a_fp8, b_fp8, d, full = with_switch_off(m, n, k, "MOE_FP8_NARROW_TAIL", monkeypatch)
-    assert torch.equal(d, full)
-    monkeypatch.setenv("MOE_FP8_NARROW_TAIL", "1")
-    c = torch.randn(m, n, device="cuda")
-    with_c = torch.full_like(d, float("nan"))
-    kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c)
-    torch.cuda.synchronize()
-    assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3

@@ -375,20 +375,30 @@ def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("counts,n,k", [([1000, 0, 513, 2048], 4096, 1152), ([300, 129], 7168, 2048)])
-def test_gpu_contiguous_narrow_tail_matches_full_width(counts, n, k, seed, monkeypatch):
-    """MOE_FP8_NARROW_TAIL=1 on contiguous 128 x 192 tiles (sharing B by default): the last
-    n-block's wgmmas span N % 192 = 64 columns; bit for bit the full width's D, NaN where neither
-    wrote."""
+@pytest.mark.parametrize("counts,n,k,block_n,env", [
+    ([1000, 0, 513, 2048], 4096, 1152, 192, {}),                            # B-sharing pairs (default)
+    ([300, 129], 7168, 2048, 192, {"MOE_FP8_SCALE_TMA": "0"}),              # scales gathered
+    ([600, 700], 448, 1024, 192, {"MOE_FP8_MULTICAST": "2"}),               # A sharing: a padding n-block past N
+    ([600, 700], 7168, 1152, 192, {"MOE_FP8_PINGPONG": "1", "MOE_FP8_MULTICAST": "0"}),  # ping-pong loop
+    ([300, 129], 4232, 1536, 136, {}),                                      # 16 columns across two scale blocks
+])
+def test_gpu_contiguous_narrow_tail_matches_full_width(counts, n, k, block_n, env, seed, monkeypatch):
+    """MOE_FP8_NARROW_TAIL=1 on contiguous tiles: the last n-block's wgmmas span N % block N
+    columns. Each output element comes from the same wgmma K slices and FFMAs as at full width, so
+    D is bit for bit the full width's, NaN where neither wrote."""
     b_fp8 = make_weights(len(counts), n, k, "cuda")
     a_fp8, m_indices = make_contiguous(counts, k, "cuda")
-    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "192")
+    monkeypatch.setenv("MOE_GEMM_BLOCK_N", str(block_n))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     outputs = {}
     for narrow in ("1", "0"):
         monkeypatch.setenv("MOE_FP8_NARROW_TAIL", narrow)
         cfg = kernels.jit.native_module().fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(),
                                                              gemm_type=1, num_groups=len(counts), alignment=128)
-        assert (cfg["block_m"], cfg["block_n"], cfg["narrow_tail"]) == (128, 192, int(narrow)), cfg
+        assert (cfg["block_m"], cfg["block_n"], cfg["narrow_tail"]) == (128, block_n, int(narrow)), cfg
+        if "MOE_FP8_MULTICAST" in env:
+            assert (cfg["multicast"], cfg["share_b"]) == (int(env["MOE_FP8_MULTICAST"]) or 1, 0), cfg
         d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
         outputs[narrow] = d
