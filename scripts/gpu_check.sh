@@ -19,15 +19,23 @@ if [[ "$what" == tests || "$what" == all ]]; then
   if [[ "${GPU_TEST_WORKERS:-6}" != 0 ]] && python3 -c "import xdist" 2>/dev/null; then
     workers=(-n "${GPU_TEST_WORKERS:-6}" --dist loadfile)
   fi
+  # A hung kernel fails its own test (pytest-timeout, where the machine has it) instead of eating the
+  # device call's 600 s: PER_TEST_TIMEOUT seconds per test, JIT compiles included.
+  per_test=()
+  if python3 -c "import pytest_timeout" 2>/dev/null; then
+    per_test=(--timeout "${PER_TEST_TIMEOUT:-300}")
+  fi
   # Tests marked exclusive take most of every GPU's memory: they run alone, after the parallel pass.
   start=$SECONDS
-  timeout "${TEST_TIMEOUT:-3000}" python3 -m pytest -q -m "gpu and not exclusive" -p no:cacheprovider \
-    ${workers[@]+"${workers[@]}"} ${select:+-k "$select"} tests 2>&1 | tee "$out/tests.log" | tail -30
+  timeout "${TEST_TIMEOUT:-540}" python3 -m pytest -q -m "gpu and not exclusive" -p no:cacheprovider \
+    ${workers[@]+"${workers[@]}"} ${per_test[@]+"${per_test[@]}"} ${select:+-k "$select"} tests 2>&1 \
+    | tee "$out/tests.log" | tail -30
   status=${PIPESTATUS[0]}
   [[ $status == 5 ]] && status=0  # nothing selected
-  left=$(( ${TEST_TIMEOUT:-3000} - (SECONDS - start) ))
+  left=$(( ${TEST_TIMEOUT:-540} - (SECONDS - start) ))
   if (( left > 0 )); then
-    timeout "$left" python3 -m pytest -q -m "gpu and exclusive" -p no:cacheprovider ${select:+-k "$select"} tests \
+    timeout "$left" python3 -m pytest -q -m "gpu and exclusive" -p no:cacheprovider ${per_test[@]+"${per_test[@]}"} \
+      ${select:+-k "$select"} tests \
       2>&1 | tee "$out/tests_exclusive.log" | tail -15
     s=${PIPESTATUS[0]}
     [[ $s != 0 && $s != 5 ]] && status=$s
