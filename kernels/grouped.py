@@ -140,6 +140,18 @@ def _same_device_index(tensors: tuple[torch.Tensor, ...]) -> int | None:
     return device if all(t.get_device() == device for t in tensors) else None
 
 
+def _fast_tensors(a, b, d, index) -> tuple[torch.Tensor, ...] | None:
+    """(A, SFA, B, SFB, D, index) where ``a`` and ``b`` are plain (tensor, scales) pairs and all six
+    are tensors of the FP8 calls' dtypes (index int32), else None."""
+    if type(a) not in (tuple, list) or type(b) not in (tuple, list) or len(a) != 2 or len(b) != 2:
+        return None
+    tensors = (a[0], a[1], b[0], b[1], d, index)
+    if not all(isinstance(t, torch.Tensor) for t in tensors) or tensors[0].dtype is not _FP8 \
+            or tensors[1].dtype is not _F32 or d.dtype is not _BF16 or index.dtype is not _I32:
+        return None
+    return tensors
+
+
 def _fp8_weights_fast(b, k: int):
     """(B, SFB, G, N, group stride, ldb, SFB strides) of FP8 weights as ``_check_weights`` accepts
     them (plain attribute reads), or None."""
@@ -162,15 +174,11 @@ def _contiguous_launch_args(a, b, d, m_indices):
     meta tensors), for tensors that the full checks would accept, or None: then the full checks
     run and name what is wrong. Plain attribute reads, each shape and stride unpacked once: this
     runs ahead of every launch."""
-    if type(a) not in (tuple, list) or type(b) not in (tuple, list) or len(a) != 2 or len(b) != 2:
+    tensors = _fast_tensors(a, b, d, m_indices)
+    if tensors is None:
         return None
-    tensors = (a[0], a[1], b[0], b[1], d, m_indices)
-    if not all(isinstance(t, torch.Tensor) for t in tensors):
-        return None
+    a_t, sfa = tensors[:2]
     try:
-        a_t, sfa = a
-        if a_t.dtype is not _FP8 or sfa.dtype is not _F32 or d.dtype is not _BF16 or m_indices.dtype is not _I32:
-            return None
         m, k = a_t.shape
         if m == 0 or k == 0 or k % _BLOCK:
             return None
@@ -199,16 +207,11 @@ def _contiguous_launch_args(a, b, d, m_indices):
 
 def _masked_launch_args(a, b, d, masked_m, expected_m):
     """:func:`_contiguous_launch_args` for the masked layout."""
-    if type(a) not in (tuple, list) or type(b) not in (tuple, list) or len(a) != 2 or len(b) != 2 \
-            or type(expected_m) is not int or expected_m <= 0:
+    tensors = _fast_tensors(a, b, d, masked_m)
+    if tensors is None or type(expected_m) is not int or expected_m <= 0:
         return None
-    tensors = (a[0], a[1], b[0], b[1], d, masked_m)
-    if not all(isinstance(t, torch.Tensor) for t in tensors):
-        return None
+    a_t, sfa = tensors[:2]
     try:
-        a_t, sfa = a
-        if a_t.dtype is not _FP8 or sfa.dtype is not _F32 or d.dtype is not _BF16 or masked_m.dtype is not _I32:
-            return None
         groups, max_m, k = a_t.shape
         if max_m == 0 or k == 0 or k % _BLOCK:
             return None
