@@ -47,15 +47,32 @@ def assert_same_output(got: torch.Tensor, want: torch.Tensor, what: str) -> None
     assert torch.equal(got.nan_to_num(), want.nan_to_num()), what
 
 
+def run_contiguous(a_fp8, b_fp8, m_indices, n: int) -> torch.Tensor:
+    """D of one contiguous call, poisoned with NaN before it."""
+    d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device=m_indices.device)
+    kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
+    return d
+
+
+def contiguous_config(m_indices, n: int, k: int, num_groups: int) -> dict:
+    """The kernel plan of a contiguous call on this device (alignment 128)."""
+    return kernels.jit.native_module().fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(),
+                                                          gemm_type=1, num_groups=num_groups, alignment=128)
+
+
+def assert_contiguous_rows(d, a_fp8, b_fp8, m_indices) -> None:
+    """Every valid row written and right against float64."""
+    valid = m_indices >= 0
+    assert torch.isfinite(d[valid]).all(), "valid rows not fully written"
+    assert calc_diff(d[valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
+
+
 def check_contiguous(counts, n, k, device):
     b_fp8 = make_weights(len(counts), n, k, device)
     a_fp8, m_indices = make_contiguous(counts, k, device)
-    d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device=device)
-    kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
-    valid = m_indices >= 0
-    assert torch.isfinite(d[valid]).all(), "valid rows not fully written"
-    if valid.any():
-        assert calc_diff(d[valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
+    d = run_contiguous(a_fp8, b_fp8, m_indices, n)
+    if (m_indices >= 0).any():
+        assert_contiguous_rows(d, a_fp8, b_fp8, m_indices)
 
 
 def check_masked(masked: list[int], max_m: int, n: int, k: int, expected_m: int, device: str):
@@ -65,16 +82,29 @@ def check_masked(masked: list[int], max_m: int, n: int, k: int, expected_m: int,
     a_fp8, sfa = per_token_cast_to_fp8(a)
     a_fp8, sfa = a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1)
     masked_m = torch.tensor(masked, dtype=torch.int32, device=device)
-    d = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device=device)
-    kernels.m_grouped_fp8_gemm_nt_masked((a_fp8, sfa), b_fp8, d, masked_m, expected_m)
+    d = run_masked((a_fp8, sfa), b_fp8, masked_m, expected_m, n)
+    assert_masked_rows(d, (a_fp8, sfa), b_fp8, masked)
+
+
+def run_masked(a, b_fp8, masked_m, expected_m: int, n: int) -> torch.Tensor:
+    """D of one masked call, poisoned with NaN before it."""
+    g, max_m = a[0].shape[:2]
+    d = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device=masked_m.device)
+    kernels.m_grouped_fp8_gemm_nt_masked(a, b_fp8, d, masked_m, expected_m)
+    return d
+
+
+def assert_masked_rows(d, a, b_fp8, masked: list[int]) -> None:
+    """Each group's rows below masked_m written and right against float64; those from masked_m
+    rounded up to 8 (on the GPU) left NaN."""
     rhs = dequantize_b(*b_fp8).double()
     for i, count in enumerate(masked):
         if count:
             got = d[i, :count]
             assert torch.isfinite(got).all(), f"group {i}: rows not fully written"
-            ref = dequantize_a(a_fp8[i, :count], sfa[i, :count]).double() @ rhs[i].t()
+            ref = dequantize_a(a[0][i, :count], a[1][i, :count]).double() @ rhs[i].t()
             assert calc_diff(got, ref) < 1e-3, f"group {i}"
-        assert torch.isnan(d[i, untouched_from(count, device):]).all(), f"group {i}: rows past masked_m written"
+        assert torch.isnan(d[i, untouched_from(count, d.device.type):]).all(), f"group {i}: rows past masked_m written"
 
 
 def untouched_from(count: int, device: str) -> int:
@@ -332,14 +362,11 @@ def test_gpu_contiguous_256_row_tiles(counts, forced, n, k, seed, monkeypatch):
         cfg = kernels.jit.native_module().fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(),
                                                              gemm_type=1, num_groups=len(counts), alignment=256)
         assert cfg["block_m"] == 256, cfg
-        d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
+        d = run_contiguous(a_fp8, b_fp8, m_indices, n)
         torch.cuda.synchronize()
     finally:
         kernels.set_mk_alignment_for_contiguous_layout(128)
-    valid = m_indices >= 0
-    assert torch.isfinite(d[valid]).all(), "valid rows not fully written"
-    assert calc_diff(d[valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
+    assert_contiguous_rows(d, a_fp8, b_fp8, m_indices)
 
 
 @pytest.mark.gpu
@@ -361,17 +388,10 @@ def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, 
     outputs = []
     for switch in ("1", "0"):
         monkeypatch.setenv("MOE_FP8_OVERLAP", switch)
-        d = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kernels.m_grouped_fp8_gemm_nt_masked(a, b_fp8, d, masked_m, expected_m)
-        outputs.append(d)
+        outputs.append(run_masked(a, b_fp8, masked_m, expected_m, n))
     torch.cuda.synchronize()
     assert_same_output(outputs[0], outputs[1], "overlapped against the plain loop")
-    rhs = dequantize_b(*b_fp8).double()
-    for i, count in enumerate(masked):
-        assert torch.isnan(outputs[0][i, untouched_from(count, "cuda"):]).all(), f"group {i}: rows past masked_m written"
-        if count:
-            ref = dequantize_a(a[0][i, :count], a[1][i, :count]).double() @ rhs[i].t()
-            assert calc_diff(outputs[0][i, :count], ref) < 1e-3, f"group {i}"
+    assert_masked_rows(outputs[0], a, b_fp8, masked)
 
 
 @pytest.mark.gpu
@@ -394,18 +414,13 @@ def test_gpu_contiguous_narrow_tail_matches_full_width(counts, n, k, block_n, en
     outputs = {}
     for narrow in ("1", "0"):
         monkeypatch.setenv("MOE_FP8_NARROW_TAIL", narrow)
-        cfg = kernels.jit.native_module().fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(),
-                                                             gemm_type=1, num_groups=len(counts), alignment=128)
+        cfg = contiguous_config(m_indices, n, k, len(counts))
         assert (cfg["block_m"], cfg["block_n"], cfg["narrow_tail"]) == (128, block_n, int(narrow)), cfg
         if "MOE_FP8_MULTICAST" in env:
             assert (cfg["multicast"], cfg["share_b"]) == (int(env["MOE_FP8_MULTICAST"]) or 1, 0), cfg
-        d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
-        outputs[narrow] = d
+        outputs[narrow] = run_contiguous(a_fp8, b_fp8, m_indices, n)
     torch.cuda.synchronize()
-    valid = m_indices >= 0
-    assert torch.isfinite(outputs["1"][valid]).all(), "valid rows not fully written"
-    assert calc_diff(outputs["1"][valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
+    assert_contiguous_rows(outputs["1"], a_fp8, b_fp8, m_indices)
     assert_same_output(outputs["1"], outputs["0"], "narrow tail")
 
 
@@ -426,17 +441,10 @@ def test_gpu_masked_narrow_tail_matches_full_width(seed, monkeypatch):
         monkeypatch.setenv("MOE_FP8_NARROW_TAIL", narrow)
         cfg = kernels.jit.native_module().fp8_gemm_nt_config(max_m, n, k, kernels.get_num_sms(), False, -1, 2, g)
         assert (cfg["block_n"], cfg["narrow_tail"]) == (192, int(narrow)), cfg
-        d = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kernels.m_grouped_fp8_gemm_nt_masked(a, b_fp8, d, masked_m, max_m)
-        outputs.append(d)
+        outputs.append(run_masked(a, b_fp8, masked_m, max_m, n))
     torch.cuda.synchronize()
     assert_same_output(outputs[0], outputs[1], "narrow tail")
-    rhs = dequantize_b(*b_fp8).double()
-    for i, count in enumerate(masked):
-        assert torch.isnan(outputs[0][i, untouched_from(count, "cuda"):]).all(), f"group {i}: rows past masked_m written"
-        if count:
-            ref = dequantize_a(a[0][i, :count], a[1][i, :count]).double() @ rhs[i].t()
-            assert calc_diff(outputs[0][i, :count], ref) < 1e-3, f"group {i}"
+    assert_masked_rows(outputs[0], a, b_fp8, masked)
 
 
 @pytest.mark.gpu
@@ -588,20 +596,14 @@ def test_gpu_contiguous_clusters_sharing_b_match_single_ctas(counts, align, lead
         pad_fp8, pad_sf = per_token_cast_to_fp8(torch.randn(lead, k, device="cuda", dtype=torch.bfloat16))
         a_fp8 = (torch.cat([pad_fp8, a_fp8[0]]), torch.cat([pad_sf, a_fp8[1]]))
         m_indices = torch.cat([torch.full((lead,), -1, dtype=torch.int32, device="cuda"), m_indices])
-    native = kernels.jit.native_module()
     outputs = {}
     for multicast in ("b", "0"):
         monkeypatch.setenv("MOE_FP8_MULTICAST", multicast)
-        cfg = native.fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(), gemm_type=1,
-                                        num_groups=len(counts), alignment=128)
+        cfg = contiguous_config(m_indices, n, k, len(counts))
         assert (cfg["block_m"], cfg["share_b"]) == (128, int(multicast == "b")), cfg
-        d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
-        outputs[multicast] = d
+        outputs[multicast] = run_contiguous(a_fp8, b_fp8, m_indices, n)
     torch.cuda.synchronize()
-    valid = m_indices >= 0
-    assert torch.isfinite(outputs["b"][valid]).all(), "valid rows not fully written"
-    assert calc_diff(outputs["b"][valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
+    assert_contiguous_rows(outputs["b"], a_fp8, b_fp8, m_indices)
     assert_same_output(outputs["b"], outputs["0"], "clusters sharing B")
 
 
@@ -618,21 +620,15 @@ def test_gpu_contiguous_k_unroll_matches_plain_loop(counts, n, k, seed, monkeypa
     too, the same; NaN where neither wrote)."""
     b_fp8 = make_weights(len(counts), n, k, "cuda")
     a_fp8, m_indices = make_contiguous(counts, k, "cuda")
-    native = kernels.jit.native_module()
     outputs = {}
     for pingpong, unroll in (("1", "1"), ("1", "2"), ("1", "4"), ("0", "8"), ("0", "1")):
         monkeypatch.setenv("MOE_GEMM_K_UNROLL", unroll)
         monkeypatch.setenv("MOE_FP8_PINGPONG", pingpong)
-        cfg = native.fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(), gemm_type=1,
-                                        num_groups=len(counts), alignment=128)
+        cfg = contiguous_config(m_indices, n, k, len(counts))
         assert (cfg["block_m"], cfg["pingpong"], cfg["k_unroll"]) == (128, int(pingpong), int(unroll)), cfg
-        d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
-        outputs[pingpong, unroll] = d
+        outputs[pingpong, unroll] = run_contiguous(a_fp8, b_fp8, m_indices, n)
     torch.cuda.synchronize()
-    valid = m_indices >= 0
     plain = outputs["1", "1"]
-    assert torch.isfinite(plain[valid]).all(), "valid rows not fully written"
-    assert calc_diff(plain[valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
+    assert_contiguous_rows(plain, a_fp8, b_fp8, m_indices)
     for (pingpong, unroll), d in outputs.items():
         assert_same_output(d, plain, f"K loop unrolled {unroll} times, ping-pong {pingpong}")
