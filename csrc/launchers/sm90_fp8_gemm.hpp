@@ -158,10 +158,9 @@ constexpr int kMaskedShortKBlocks = 16;
 // 0.96-0.99x the time at N x K = 4096 x 7168 and 0.99-1.00x at 7168 x 2048, in four timings of
 // the four contiguous cells (bench/RESULTS.md, session 18). Dense 128 x 192 tiles keep A: 4096 x
 // 2112 x 7168 took 0.99-1.02x. Any other value (=a) keeps the heuristic's A-sharing clusters
-// everywhere. MOE_FP8_PINGPONG=0 turns the math
-// warpgroups' ping-pong off and =1 on at any block N (block M 128); MOE_GEMM_GROUP_N sets the
-// scheduler's band width in n-blocks (read on every call, so a benchmark can compare both in one
-// process).
+// everywhere. MOE_FP8_PINGPONG=0 turns the math warpgroups' ping-pong off and =1 on at any block N
+// (block M 128); MOE_GEMM_GROUP_N sets the scheduler's band width in n-blocks (read on every call,
+// so a benchmark can compare both in one process).
 inline bool env_enabled(const char* name) {
   const char* value = std::getenv(name);
   return value == nullptr || std::string(value) != "0";
