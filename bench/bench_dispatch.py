@@ -34,6 +34,12 @@ The peer is ``all_to_all_single`` of the process group (NCCL on GPUs, gloo on CP
 buffer per rank with the same per-pair byte counts (the rows a rank keeps included), measured in
 the same run on the same routing.
 
+The ceiling ("peer copy"), also in the same run: every rank copies the same cross-rank bytes as one
+contiguous block per peer straight into that peer's memory (``copy_`` into a SymmBuffer view of the
+same backend; the copy engine on GPUs), then the buffer's barrier. No quantization, layout or
+metadata: what the links deliver to a plain copy. "ours of peer copy" is its time over ours. Before
+timing, every rank checks that each peer's block arrived (a byte pattern per sender and receiver).
+
 Time: every rank waits for the others (host barrier, plus a one-element NCCL all-reduce on GPUs so
 that the devices start together), then times one call: CUDA events around it on GPUs (host work
 such as the dispatch's count exchange included), ``perf_counter`` on CPU. An iteration's time is
@@ -76,6 +82,7 @@ from moe_runtime.backends.reference import ReferenceDispatchCombine  # noqa: E40
 from moe_runtime.backends.staged import StagedDispatchCombine, is_supported  # noqa: E402
 from moe_runtime.dist import (DistContext, apply_multicast_safety_env, expert_placement,  # noqa: E402
                               init_distributed, kMulticastSafetyEnv)
+from moe_runtime.symm import SymmBuffer, ViewSpec, compute_layout  # noqa: E402
 
 kActGroup = 128
 # Per dispatched row beside its FP8 data and scales: the top-k weight (float32) and the source slot (int32).
@@ -335,6 +342,7 @@ class Row:
     bytes_per_rank: float
     ours_s: float
     all_to_all_s: float
+    peer_copy_s: float
 
 
 def all_to_all_fn(ctx: DistContext, traffic: Traffic, op: str) -> Callable[[], object]:
@@ -344,6 +352,61 @@ def all_to_all_fn(ctx: DistContext, traffic: Traffic, op: str) -> Callable[[], o
     recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=ctx.device)
     return lambda: dist.all_to_all_single(recv, send, output_split_sizes=recv_splits, input_split_sizes=send_splits,
                                           group=ctx.group)
+
+
+class PeerCopy:
+    """The ceiling: each rank's cross-rank bytes of ``ops`` (a tuple of "dispatch", "combine") copied as
+    one block per peer into that peer's SymmBuffer (collective to build and to destroy).
+
+    Receiver ``q`` holds the block from sender ``p`` at the bytes ``q`` receives from senders before
+    ``p``; sender ``p``'s block for ``q`` is filled with :meth:`pattern` ``(p, q)``."""
+
+    def __init__(self, ctx: DistContext, traffic: Traffic, ops: tuple[str, ...], backend: str):
+        self.ctx = ctx
+        n, me = ctx.world_size, ctx.rank
+        # bytes[q][p]: what p sends q over all ops; the diagonal stays local and is not copied.
+        sizes = [[0 if p == q else sum(traffic.splits(op, p)[0][q] for op in ops) for p in range(n)] for q in range(n)]
+        self.recv_offsets = [[sum(sizes[q][:p]) for p in range(n)] for q in range(n)]
+        self.sizes = sizes
+        most = max(sum(row) for row in sizes)
+        self.buffer = SymmBuffer(compute_layout([ViewSpec("recv", (most,), torch.uint8)]), ctx.ep_group,
+                                 backend=backend, device=ctx.device)
+        self.send = torch.empty(sum(sizes[q][me] for q in range(n)), dtype=torch.uint8, device=ctx.device)
+        self.copies = []
+        start = 0
+        for q in range(n):
+            size = sizes[q][me]
+            if not size:
+                continue
+            src = self.send[start: start + size]
+            src.fill_(self.pattern(me, q))
+            offset = self.recv_offsets[q][me]
+            self.copies.append((self.buffer.peer_view("recv", q)[offset: offset + size], src))
+            start += size
+
+    @staticmethod
+    def pattern(sender: int, receiver: int) -> int:
+        return (31 * sender + 7 * receiver + 1) % 256
+
+    def __call__(self) -> None:
+        for dst, src in self.copies:
+            dst.copy_(src, non_blocking=True)
+        self.buffer.barrier()
+
+    def check(self) -> None:
+        """Every rank: each sender's block holds that sender's pattern (raises otherwise)."""
+        me, recv = self.ctx.rank, self.buffer.view("recv")
+        # A byte no sender's pattern has: nothing that passes can be left from before.
+        recv.fill_(min(set(range(256)) - {self.pattern(p, me) for p in range(self.ctx.world_size)}))
+        self.buffer.barrier()
+        self()
+        for p, size in enumerate(self.sizes[me]):
+            block = recv[self.recv_offsets[me][p]: self.recv_offsets[me][p] + size]
+            if size and not bool((block == self.pattern(p, me)).all()):
+                raise AssertionError(f"rank {me}: the peer copy from rank {p} did not arrive ({size} bytes)")
+
+    def destroy(self) -> None:
+        self.buffer.destroy()
 
 
 def profile_calls(ctx: DistContext, clock: Clock, label: str, fn: Callable[[], object]) -> None:
@@ -416,13 +479,17 @@ def measure_round(ctx: DistContext, cfg: BenchConfig, dc, clock: Clock, batch: B
     expert_out = torch.randn(dispatched.x.shape[0], cfg.hidden, generator=g).to(torch.bfloat16).to(ctx.device)
     ours = lambda: dc.combine(expert_out, dc.dispatch(batch.x, batch.topk_idx, batch.topk_weights).handle)  # noqa: E731
     to_owner, back = all_to_all_fn(ctx, traffic, "dispatch"), all_to_all_fn(ctx, traffic, "combine")
+    ceiling = PeerCopy(ctx, traffic, ("dispatch", "combine"), cfg.symm_backend)
+    ceiling.check()
     ours_s = clock.median_s(ours, cfg.iters)
     peer_s = clock.median_s(lambda: (to_owner(), back()), cfg.iters)
-    rows = [Row("round", mode, batch.x.shape[0], traffic.bytes_per_rank("round"), ours_s, peer_s)]
-    if clock.cuda:  # the decode path's form: both sides replayed from CUDA graphs, no host work per call
-        graphs = [capture_graph(ours), capture_graph(lambda: (to_owner(), back()))]
+    rows = [Row("round", mode, batch.x.shape[0], traffic.bytes_per_rank("round"), ours_s, peer_s,
+                clock.median_s(ceiling, cfg.iters))]
+    if clock.cuda:  # the decode path's form: all three replayed from CUDA graphs, no host work per call
+        graphs = [capture_graph(ours), capture_graph(lambda: (to_owner(), back())), capture_graph(ceiling)]
         rows.append(Row("round", f"{mode}, CUDA graphs", batch.x.shape[0], traffic.bytes_per_rank("round"),
                         *(clock.median_s(g.replay, cfg.iters) for g in graphs)))
+    ceiling.destroy()
     if cfg.profile:
         profile_calls(ctx, clock, f"round, {mode}, {batch.x.shape[0]} tokens/rank", ours)
     return rows
@@ -439,11 +506,15 @@ def measure(ctx: DistContext, cfg: BenchConfig, dc: StagedDispatchCombine, clock
             "combine": lambda: dc.combine(expert_out, dispatched.handle)}
     rows = []
     for op in ("dispatch", "combine"):
+        ceiling = PeerCopy(ctx, traffic, (op,), cfg.symm_backend)
+        ceiling.check()
         ours_s = clock.median_s(ours[op], cfg.iters)
         peer_s = clock.median_s(all_to_all_fn(ctx, traffic, op), cfg.iters)
+        copy_s = clock.median_s(ceiling, cfg.iters)
+        ceiling.destroy()
         if cfg.profile:
             profile_calls(ctx, clock, f"{op}, {mode}, {batch.x.shape[0]} tokens/rank", ours[op])
-        rows.append(Row(op, mode, batch.x.shape[0], traffic.bytes_per_rank(op), ours_s, peer_s))
+        rows.append(Row(op, mode, batch.x.shape[0], traffic.bytes_per_rank(op), ours_s, peer_s, copy_s))
     return rows
 
 
@@ -478,7 +549,7 @@ def format_table(ctx: DistContext, cfg: BenchConfig, rows: list[Row], diffs: dic
         "",
     ]
     header = ["op", "mode", "tokens/rank", "MB out/rank", "ours µs", "ours GB/s", "all-to-all µs",
-              "all-to-all GB/s", "speed-up over all-to-all"]
+              "all-to-all GB/s", "speed-up over all-to-all", "peer copy µs", "peer copy GB/s", "ours of peer copy"]
     if cfg.link_gbps is not None:
         header.append(f"ours of {cfg.link_gbps:g} GB/s link")
     lines += ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
@@ -486,7 +557,8 @@ def format_table(ctx: DistContext, cfg: BenchConfig, rows: list[Row], diffs: dic
         ours_gbps, peer_gbps = r.bytes_per_rank / r.ours_s / 1e9, r.bytes_per_rank / r.all_to_all_s / 1e9
         cells = [r.op, r.mode, str(r.tokens), f"{r.bytes_per_rank / 1e6:.4g}", f"{r.ours_s * 1e6:.1f}",
                  f"{ours_gbps:.4g}", f"{r.all_to_all_s * 1e6:.1f}", f"{peer_gbps:.4g}",
-                 f"{r.all_to_all_s / r.ours_s:.3g}x"]
+                 f"{r.all_to_all_s / r.ours_s:.3g}x", f"{r.peer_copy_s * 1e6:.1f}",
+                 f"{r.bytes_per_rank / r.peer_copy_s / 1e9:.4g}", f"{r.peer_copy_s / r.ours_s:.0%}"]
         if cfg.link_gbps is not None:
             cells.append(f"{ours_gbps / cfg.link_gbps:.0%}")
         lines.append("| " + " | ".join(cells) + " |")

@@ -21,7 +21,7 @@ from torchrun_helper import run_torchrun  # noqa: E402
 bench = load_bench("bench_dispatch")
 
 kColumns = ["op", "mode", "tokens/rank", "MB out/rank", "ours µs", "ours GB/s", "all-to-all µs", "all-to-all GB/s",
-            "speed-up over all-to-all"]
+            "speed-up over all-to-all", "peer copy µs", "peer copy GB/s", "ours of peer copy"]
 
 
 def _table(stdout: str, columns: list[str]) -> list[dict[str, str]]:
@@ -69,16 +69,19 @@ def test_bench_runs_on_two_cpu_ranks_and_prints_the_table(nproc, args):
         assert float(row["all-to-all GB/s"]) == pytest.approx(mb / peer_us * 1e3, rel=2e-3), row
         assert float(row["speed-up over all-to-all"].rstrip("x")) == pytest.approx(peer_us / ours_us, rel=1e-2), row
         assert row["ours of 450 GB/s link"] == f"{float(row['ours GB/s']) / 450:.0%}", row
+        copy_us = float(row["peer copy µs"])
+        assert copy_us > 0 and float(row["peer copy GB/s"]) == pytest.approx(mb / copy_us * 1e3, rel=2e-3), row
+        assert row["ours of peer copy"] == f"{copy_us / ours_us:.0%}", row
 
 
 def test_table_cells_from_known_timings():
     cfg = bench.parse_args(["--tokens", "8", "--hidden", "128", "--experts", "8", "--link-gbps", "100",
                             "--symm-backend", "host"])
     ctx = bench.DistContext(0, 2, 0, 2, torch.device("cpu"), "gloo", None, None, None, False)
-    rows = [bench.Row("dispatch", "bandwidth", 8, 2e6, 1e-4, 2e-4)]
+    rows = [bench.Row("dispatch", "bandwidth", 8, 2e6, 1e-4, 2e-4, 5e-5)]
     text = bench.format_table(ctx, cfg, rows, {8: 0.0})
     assert _table(text, kColumns + ["ours of 100 GB/s link"])
-    assert "| dispatch | bandwidth | 8 | 2 | 100.0 | 20 | 200.0 | 10 | 2x | 20% |" in text
+    assert "| dispatch | bandwidth | 8 | 2 | 100.0 | 20 | 200.0 | 10 | 2x | 50.0 | 40 | 50% | 20% |" in text
 
 
 # ---- the correctness round can fail ----------------------------------------------------------------------
