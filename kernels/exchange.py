@@ -9,7 +9,9 @@
   the count matrix), and this rank's layout index;
 * :func:`exchange_combine`: each received row's expert output written back into its source
   rank's combine buffer, at the pair's slot;
-* :func:`exchange_barrier`: the group's barrier between those steps, on the device (CUDA).
+* :func:`exchange_barrier`: the group's barrier between those steps, on the device (CUDA);
+* :func:`exchange_count_sizes`: count, barrier and sizes in one launch (CUDA), the staged dispatch's
+  first step.
 
 On CUDA each is one launch (a warp per token or row, 16-byte vectors, peer writes through the
 addresses of :class:`ExchangePeers`), on the CPU the same moves as torch index copies.
@@ -218,6 +220,53 @@ def exchange_sizes(counts: torch.Tensor, rank: int, num_local_experts: int, alig
                                            _descriptors.current_stream(counts.device))
     pending = PendingLayoutSizes(rank, sizes=out)
     return pending.wait() if wait else pending
+
+
+def exchange_count_sizes(topk_idx: torch.Tensor, num_local_experts: int, peer_rows: torch.Tensor,
+                         flag_rows: torch.Tensor, flags: torch.Tensor, counts: torch.Tensor, rank: int,
+                         alignment: int, masked_max_rows: int = 0) -> tuple[torch.Tensor, PendingLayoutSizes]:
+    """:func:`exchange_count` into every rank's count matrix, :func:`exchange_barrier` and
+    :func:`exchange_sizes` in one launch (CUDA only, one CTA): the staged dispatch's steps before
+    its rows move, which the host used to launch one after another.
+
+    ``topk_idx`` int64 [T, k] of P E_l = E experts; ``peer_rows`` int64 [P]: the addresses of this
+    rank's row (int32 [E + 1]) in every rank's count matrix; ``flag_rows`` / ``flags`` as
+    :func:`exchange_barrier`'s; ``counts`` int32 [P, >= E + 1]: this rank's matrix, which the peers
+    fill. Returns ``within`` int32 [T * k] (as :func:`exchange_count`'s) and the launched sizes
+    (:class:`PendingLayoutSizes`, read after more work is queued)."""
+    fn = "exchange_count_sizes"
+    if not isinstance(topk_idx, torch.Tensor) or topk_idx.dtype != torch.int64 or topk_idx.dim() != 2:
+        _checks.fail(fn, ValueError, f"topk_idx must be an int64 tensor [T, k], got "
+                                     f"{getattr(topk_idx, 'dtype', type(topk_idx).__name__)} "
+                                     f"{list(getattr(topk_idx, 'shape', ()))}")
+    _checks.check_ints(fn, (("num_local_experts", num_local_experts, 1), ("alignment", alignment, 1),
+                     ("masked_max_rows", masked_max_rows, 0), ("rank", rank, 0)))
+    num_ranks = peer_rows.numel() if isinstance(peer_rows, torch.Tensor) else 0
+    for name, t, dtype, shape in (("peer_rows", peer_rows, torch.int64, (max(num_ranks, 1),)),
+                                  ("flag_rows", flag_rows, torch.int64, (num_ranks,)),
+                                  ("flags", flags, torch.int32, (num_ranks + 1,))):
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
+            _checks.fail(fn, ValueError, f"{name} must be a contiguous {dtype} tensor of shape {list(shape)}, got "
+                                         f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
+    num_experts = num_ranks * num_local_experts
+    counts = _check_counts(fn, counts, num_ranks, num_experts + 1)
+    if rank >= num_ranks:
+        _checks.fail(fn, ValueError, f"rank must be in [0, {num_ranks}), got {rank}")
+    if num_experts > kExchangeMaxExperts:
+        _checks.fail(fn, ValueError, f"at most {kExchangeMaxExperts} experts, got {num_experts}")
+    device = _checks.check_same_device(fn, [topk_idx, peer_rows, flag_rows, flags, counts])
+    if device.type != "cuda":
+        _checks.fail(fn, ValueError, f"runs on CUDA only (exchange_count, exchange_barrier and exchange_sizes on "
+                                     f"the CPU), got {device}")
+    flat = topk_idx.reshape(-1).contiguous()
+    within = torch.empty(flat.numel(), dtype=torch.int32, device=device)
+    sizes = torch.empty(3 * num_ranks + 1, dtype=torch.int32, device=device)
+    jit.native_module().moe_exchange_count_sizes(flat.data_ptr(), flat.numel(), within.data_ptr(), peer_rows.data_ptr(),
+                                                 flag_rows.data_ptr(), flags.data_ptr(), counts.data_ptr(),
+                                                 counts.stride(0), num_ranks, rank, num_local_experts, alignment,
+                                                 masked_max_rows, sizes.data_ptr(), device.index,
+                                                 _descriptors.current_stream(device))
+    return within, PendingLayoutSizes(rank, sizes=sizes)
 
 
 def exchange_barrier(flag_rows: torch.Tensor, flags: torch.Tensor, rank: int) -> None:

@@ -147,8 +147,9 @@ inline pybind11::tuple moe_ep_ll_code(int kernel, int top_k, int hidden, int in_
 
 inline pybind11::tuple moe_exchange_code(int kernel, int top_k, int hidden, int in_dtype) {
   namespace L = moe_launchers::moe_exchange;
-  MOE_HOST_ASSERT(kernel >= 0 && kernel <= 4,
-                  L::kFn << ": kernel must be 0 (dispatch), 1 (combine), 2 (count), 3 (sizes) or 4 (barrier), got "
+  MOE_HOST_ASSERT(kernel >= 0 && kernel <= 5,
+                  L::kFn << ": kernel must be 0 (dispatch), 1 (combine), 2 (count), 3 (sizes), 4 (barrier) or 5 "
+                            "(count-sizes), got "
                          << kernel);
   return as_tuple(L::generate(static_cast<L::Kernel>(kernel), top_k, hidden, static_cast<DType>(in_dtype)));
 }
@@ -170,9 +171,16 @@ inline void register_apis(pybind11::module_& m) {
         pybind11::call_guard<pybind11::gil_scoped_release>(),
         "staged barrier on the device: raise this rank's flag on every rank, wait for every rank's (one CTA)",
         arg("flag_rows"), arg("flags"), arg("rank"), arg("num_ranks"), arg("device"), arg("stream"));
+  m.def("moe_exchange_count_sizes", &moe_launchers::moe_exchange::count_sizes,
+        pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "staged count, barrier and sizes in one launch (one CTA): positions, this rank's count row into every "
+        "rank's matrix, the device barrier, then sizes int32 [3P + 1] from this rank's matrix",
+        arg("topk_idx"), arg("num_pairs"), arg("within"), arg("rows"), arg("flag_rows"), arg("flags"), arg("counts"),
+        arg("counts_stride"), arg("num_ranks"), arg("rank"), arg("num_local"), arg("alignment"),
+        arg("masked_max_rows"), arg("sizes"), arg("device"), arg("stream"));
   m.def("moe_exchange_code", &moe_exchange_code,
         "(name, code) of an exchange kernel: 0 dispatch (in_dtype: its input rows' dtype code), 1 combine, 2 count, "
-        "3 sizes, 4 barrier (no GPU)",
+        "3 sizes, 4 barrier, 5 count-sizes (no GPU)",
         arg("kernel"), arg("top_k"), arg("hidden"), arg("in_dtype") = 3);
   m.def("moe_ep_dispatch", &moe_ep_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "low-latency EP dispatch (one launch: send, then the last CTA waits): this rank's tokens (E4M3 with "

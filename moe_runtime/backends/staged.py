@@ -8,7 +8,8 @@ One forward, every rank of the expert-parallel group together (``P`` ranks, ``E_
    rank sends to each global expert into row ``p`` of every rank's ``signals`` view (the count
    matrix [P, E + 1]; ``kernels.exchange_count``); barrier; a one-CTA kernel reduces the
    matrix to the few ints the host needs (every rank's layout size, this rank's pairs, invalid ids:
-   ``kernels.exchange_sizes``, :class:`LayoutSizes`); with several ranks they are read in the
+   ``kernels.exchange_sizes``, :class:`LayoutSizes`); on CUDA with several ranks all three are one
+   launch (``kernels.exchange_count_sizes``); with several ranks the sizes are read in the
    forward's one host sync after step 3 is queued (one rank: before it, to size its buffers);
 3. dispatch: each (token, top-k slot) becomes one row (the token's row read once and quantized to
    E4M3 on the way), written straight into its place in the
@@ -146,12 +147,13 @@ class _LocalExchange:
     def __init__(self, hidden: int, top_k: int, device: torch.device):
         self.hidden, self.top_k, self.device = hidden, top_k, device
 
-    def count(self, topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``kernels.exchange_count``'s positions and the count matrix int32 [1, E + 1]."""
-        within, row = kernels.exchange_count(topk_idx, num_experts)
-        return within, row.view(1, -1)
+    def count(self, topk_idx: torch.Tensor, layout: "_LayoutArgs") -> tuple[torch.Tensor, torch.Tensor, None]:
+        """``kernels.exchange_count``'s positions, the count matrix int32 [1, E + 1] and no sizes
+        launched yet (the dispatch reads them first)."""
+        within, row = kernels.exchange_count(topk_idx, layout.num_experts)
+        return within, row.view(1, -1), None
 
-    def dispatch(self, pairs: "_Pairs", counts: torch.Tensor, layout: "_LayoutArgs"):
+    def dispatch(self, pairs: "_Pairs", counts: torch.Tensor, layout: "_LayoutArgs", pending: None = None):
         """Sizes first (the buffers are allocated per forward at the plan's size), then the rows:
         returns (plan, peers, index)."""
         plan = kernels.exchange_sizes(counts, 0, layout.num_local, layout.alignment, layout.masked_max_rows)
@@ -232,24 +234,28 @@ class _SymmExchange:
                                     self.rank, problem.num_max_tokens_per_rank * problem.top_k)
         self.buffer.barrier()
 
-    def count(self, topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def count(self, topk_idx: torch.Tensor, layout: "_LayoutArgs"):
         """``kernels.exchange_count``'s positions, its row (this rank's rows per global expert, then
         its invalid ids) in every rank's count matrix (written by the kernel on CUDA, copied on the
-        CPU), barrier; returns the positions and this rank's matrix int32 [P, E + 1] (which the sizes
+        CPU), barrier; returns the positions, this rank's matrix int32 [P, E + 1] (which the sizes
         and dispatch kernels read: a peer rewrites its row only after the barrier that ends this
-        forward's dispatch)."""
+        forward's dispatch) and, on CUDA, the sizes already launched: count, barrier and sizes are
+        one launch there (``kernels.exchange_count_sizes``); None on the CPU."""
         if self._count_rows is not None:
-            within, _ = kernels.exchange_count(topk_idx, num_experts, self._count_rows)
-        else:
-            within, row = kernels.exchange_count(topk_idx, num_experts)
-            width = row.numel()
-            for q in range(self.num_ranks):
-                self.buffer.peer_view("signals", q)[self.rank * width: (self.rank + 1) * width].copy_(row)
+            within, pending = kernels.exchange_count_sizes(topk_idx, layout.num_local, self._count_rows,
+                                                           self._barrier_rows, self._barrier_flags, self._counts,
+                                                           self.rank, layout.alignment, layout.masked_max_rows)
+            return within, self._counts, pending
+        within, row = kernels.exchange_count(topk_idx, layout.num_experts)
+        width = row.numel()
+        for q in range(self.num_ranks):
+            self.buffer.peer_view("signals", q)[self.rank * width: (self.rank + 1) * width].copy_(row)
         self.barrier()
-        return within, self._counts
+        return within, self._counts, None
 
-    def dispatch(self, pairs: "_Pairs", counts: torch.Tensor, layout: "_LayoutArgs"):
-        """The rows before the host reads the sizes: the sizes kernel, the dispatch (its index over
+    def dispatch(self, pairs: "_Pairs", counts: torch.Tensor, layout: "_LayoutArgs", pending=None):
+        """The rows before the host reads the sizes: the sizes kernel (unless ``pending``, the count's
+        launch, already holds them), the dispatch (its index over
         the whole receive capacity; rows a too-large layout would put past it are dropped) and the
         barrier are queued back to back, then one read returns (plan, peers, index), the index
         sliced to this rank's layout. Every rank sees the same plan and raises on it together; an
@@ -257,8 +263,9 @@ class _SymmExchange:
         others waiting in the barrier, whose kernel traps after ``MOE_EP_TIMEOUT_S`` seconds on CUDA
         (the process group's timeout on the CPU) unless that rank goes on to enter a later barrier,
         which the waiting ones would take for this one: the group is then out of step."""
-        pending = kernels.exchange_sizes(counts, self.rank, layout.num_local, layout.alignment,
-                                         layout.masked_max_rows, wait=False)
+        if pending is None:
+            pending = kernels.exchange_sizes(counts, self.rank, layout.num_local, layout.alignment,
+                                             layout.masked_max_rows, wait=False)
         index = kernels.exchange_dispatch(self._peers, *pairs, counts, layout.num_local, layout.alignment,
                                           layout.masked_max_rows, self.capacity, layout.first_expert)
         self.barrier()
@@ -361,13 +368,13 @@ class StagedDispatchCombine(DispatchCombine):
         # Each pair's position among its expert's pairs (unrouted pairs (-1) are never sent). The row
         # exchanged: this rank's pairs per global expert, then its invalid ids (checked after the
         # exchange, where every rank learns every rank's count: all raise together).
-        within, counts = ex.count(topk_idx, num_experts)
         # The alignment is read per forward: set_mk_alignment_for_contiguous_layout may change it.
         layout = _LayoutArgs(num_experts, self.problem.num_local_experts, contiguous_alignment(), self.masked_max_rows,
                              self.first_expert)
+        within, counts, pending = ex.count(topk_idx, layout)
         # The exchange quantizes each token's row once on its way to the owners (1x128 scales, as
         # per_token_cast_to_fp8): no cast launch, and the row is read once, not once per pair.
-        plan, peers, index = ex.dispatch(_Pairs(x, None, topk_idx, topk_weights, within), counts, layout)
+        plan, peers, index = ex.dispatch(_Pairs(x, None, topk_idx, topk_weights, within), counts, layout, pending)
         m = plan.num_layout_rows
 
         me = peers.rank

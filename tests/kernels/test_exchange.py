@@ -528,14 +528,97 @@ def test_gpu_barrier_without_a_peer_times_out():
     assert_timed_out(run_in_child(__file__, "barrier_alone", 2, seed=0), "the exchange barrier of rank 1")
 
 
-def test_barrier_machine_code():
+@pytest.mark.parametrize("kernel", [4, 5])
+def test_barrier_machine_code(kernel):
     """One system fence per raising thread, then relaxed flag stores (not a fence per flag); the
     waits: acquire loads (strong system-scope loads, then the L1 invalidation), a sleep between
-    them, a trap when a rank never arrives."""
-    text = sass(*kernels.jit.native_module().moe_exchange_code(4, 1, 128))
+    them, a trap when a rank never arrives. The barrier alone (4) and inside count-sizes (5)."""
+    text = sass(*kernels.jit.native_module().moe_exchange_code(kernel, 1, 128))
     assert "MEMBAR.SC.SYS" in text and "MEMBAR.ALL.SYS" not in text and "STG.E.STRONG.SYS" in text
     assert "LDG.E.STRONG.SYS" in text and "CCTL.IVALL" in text
     assert "NANOSLEEP" in text and "BPT.TRAP" in text
+
+
+def test_count_sizes_machine_code():
+    """Count-sizes numbers the pairs with shared-memory atomics (no global atomics), and reads the
+    count matrix, which peers write while it runs, through L2 (strong GPU-scope loads); the only
+    read-only-path loads are 64-bit (routing ids and addresses, which nothing writes meanwhile)."""
+    text = sass(*kernels.jit.native_module().moe_exchange_code(5, 1, 128))
+    assert "ATOMS.ADD" in text or "ATOMS.POPC.INC" in text
+    assert "ATOMG" not in text and "RED.E" not in text
+    assert "LDG.E.STRONG.GPU" in text
+    assert not re.search(r"LDG\.E(\.[A-Z]+)*\.CONSTANT", text.replace("LDG.E.64.CONSTANT", "")), \
+        "a 32-bit load on the read-only path"
+
+
+def count_sizes_rounds(seed: int, num_ranks: int, num_local: int, num_tokens: int, alignment: int,
+                       masked_max_rows: int) -> None:
+    """P simulated ranks in one process, each on its own stream, every rank's count matrix a
+    separate poisoned tensor (a row stride past E + 1) that the others write through plain
+    addresses: two rounds of exchange_count_sizes, fresh routing each (unrouted and invalid ids
+    included). Each rank's positions are exchange_count's up to their order within an expert,
+    each matrix holds every rank's count row (the columns past E + 1 untouched), and each rank's
+    sizes are exchange_sizes of that matrix on the CPU."""
+    torch.manual_seed(seed)
+    top_k, num_experts = min(8, num_ranks * num_local), num_ranks * num_local
+    width = num_experts + 4
+    matrices = [torch.full((num_ranks, width), -5, dtype=torch.int32, device="cuda") for _ in range(num_ranks)]
+    peer_rows = [torch.tensor([m[r].data_ptr() for m in matrices], dtype=torch.int64, device="cuda")
+                 for r in range(num_ranks)]
+    rows, flags = barrier_group(num_ranks)
+    streams = [torch.cuda.Stream() for _ in range(num_ranks)]
+    for _ in range(2):
+        routing = [make_routing(num_tokens, top_k, num_experts) for _ in range(num_ranks)]
+        on_device = [t.cuda() for t in routing]
+        torch.cuda.synchronize()
+        launched = []
+        for r in range(num_ranks):
+            with torch.cuda.stream(streams[r]):
+                launched.append(kernels.exchange_count_sizes(on_device[r], num_local, peer_rows[r], rows, flags[r],
+                                                             matrices[r], r, alignment, masked_max_rows))
+        torch.cuda.synchronize()
+        expected = [kernels.exchange_count(t, num_experts) for t in routing]
+        matrix = torch.stack([row for _, row in expected])
+        for r, (within, pending) in enumerate(launched):
+            got = matrices[r].cpu()
+            assert torch.equal(got[:, : num_experts + 1], matrix), f"rank {r}'s count matrix"
+            assert bool((got[:, num_experts + 1:] == -5).all()), "columns past E + 1 untouched"
+            assert pending.wait() == kernels.exchange_sizes(matrix, r, num_local, alignment, masked_max_rows), r
+            within, flat, n = within.cpu().long(), routing[r].reshape(-1), routing[r].numel() + 1
+            sent = within >= 0
+            assert torch.equal(sent, expected[r][0] >= 0), r
+            assert torch.equal(torch.sort(flat[sent] * n + within[sent]).values,
+                               torch.sort(flat[sent] * n + expected[r][0].long()[sent]).values), r
+    assert all(int(f[num_ranks]) == 2 for f in flags), "two barriers counted on every rank"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_ranks,num_local,num_tokens,alignment,masked_max_rows",
+                         [(2, 8, 37, 16, 8), (3, 5, 300, 64, 0), (8, 32, 4096, 128, 32), (2, 4, 0, 128, 32)])
+def test_gpu_count_sizes_matches_the_three_steps(seed, num_ranks, num_local, num_tokens, alignment, masked_max_rows):
+    assert_passed(run_in_child(__file__, "count_sizes_rounds", 30, seed=seed, num_ranks=num_ranks,
+                               num_local=num_local, num_tokens=num_tokens, alignment=alignment,
+                               masked_max_rows=masked_max_rows))
+
+
+def test_count_sizes_argument_checks():
+    topk_idx = torch.zeros(4, 2, dtype=torch.int64)
+    rows, flags, counts = torch.zeros(2, dtype=torch.int64), torch.zeros(3, dtype=torch.int32), \
+        torch.zeros(2, 9, dtype=torch.int32)
+    good = dict(topk_idx=topk_idx, num_local_experts=4, peer_rows=rows, flag_rows=rows, flags=flags, counts=counts,
+                rank=1, alignment=128, masked_max_rows=32)
+    for change, match in [({"topk_idx": topk_idx.int()}, "topk_idx must be an int64"),
+                          ({"peer_rows": rows.int()}, "peer_rows must be a contiguous torch.int64"),
+                          ({"flag_rows": rows[:1]}, r"flag_rows must be a contiguous torch.int64 tensor of shape \[2\]"),
+                          ({"flags": flags[:2]}, r"flags must be a contiguous torch.int32 tensor of shape \[3\]"),
+                          ({"counts": counts[:, :8]}, r"counts must be an int32 tensor \[2, >= 9\]"),
+                          ({"rank": 2}, r"rank must be in \[0, 2\)"),
+                          ({"alignment": 0}, "alignment must be an int >= 1"),
+                          ({"num_local_experts": 1025, "counts": torch.zeros(2, 2051, dtype=torch.int32)},
+                           "at most 2048 experts"),
+                          ({}, "runs on CUDA only")]:
+        with pytest.raises(ValueError, match=match):
+            kernels.exchange_count_sizes(**{**good, **change})
 
 
 def test_barrier_argument_checks():

@@ -54,7 +54,9 @@ struct ExchangeLayout {
         warp_sums(smem + 4 * num_experts + num_local + 1 + num_ranks) {}
 };
 
-// Returns the rows of all ranks' layouts together (the end of the last segment).
+// Returns the rows of all ranks' layouts together (the end of the last segment). The counts are
+// read through L2 (ld.global.cg), never the read-only path: the count and sizes kernel reads rows
+// that peers wrote while it ran.
 template <uint32_t kThreads>
 __device__ __forceinline__ int exchange_layout(const ExchangeLayout& l, const int* __restrict__ counts,
                                                 uint32_t counts_stride, uint32_t num_ranks, uint32_t rank,
@@ -63,13 +65,13 @@ __device__ __forceinline__ int exchange_layout(const ExchangeLayout& l, const in
   for (uint32_t g = tid; g < num_experts; g += kThreads) {
     int total = 0, before = 0;
     for (uint32_t src = 0; src < num_ranks; ++src) {
-      const int c = counts[uint64_t(src) * counts_stride + g];
+      const int c = __ldcg(counts + uint64_t(src) * counts_stride + g);
       total += c;
       before += src < rank ? c : 0;
     }
     l.total[g] = total;
     l.base[g] = before;
-    l.sent[g] = counts[uint64_t(rank) * counts_stride + g];
+    l.sent[g] = __ldcg(counts + uint64_t(rank) * counts_stride + g);
   }
   __syncthreads();
   const int masked_limit = static_cast<int>(min(masked_max_rows, alignment - 1));
@@ -211,15 +213,15 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm)
 // shared-memory atomic's return; -1 when not sent: -1 or an id outside [0, E)); the row, pairs per
 // expert then the count of ids outside [-1, E) (the caller raises on them after the exchange),
 // written to `row` when not null and to each of the num_rows int32 [E + 1] rows at the addresses
-// rows[i] (this rank's row of every rank's count matrix, peers' included).
+// rows[i] (this rank's row of every rank's count matrix, peers' included). counts: E + 1 ints of
+// shared memory.
 template <uint32_t kThreads>
-__global__ void __launch_bounds__(kThreads)
-    moe_exchange_count_kernel(const long long* __restrict__ topk_idx, uint32_t num_pairs, uint32_t num_experts,
-                              int* __restrict__ within, int* __restrict__ row, const long long* __restrict__ rows,
-                              uint32_t num_rows) {
+__device__ __forceinline__ void exchange_count_row(int* counts, const long long* __restrict__ topk_idx,
+                                                   uint32_t num_pairs, uint32_t num_experts, int* __restrict__ within,
+                                                   int* __restrict__ row, const long long* __restrict__ rows,
+                                                   uint32_t num_rows) {
   // Loads of a few pairs in flight per thread before their atomics: one CTA walks every pair.
   constexpr uint32_t kUnroll = 4;
-  extern __shared__ int counts[];  // [E + 1]
   for (uint32_t g = threadIdx.x; g <= num_experts; g += kThreads) counts[g] = 0;
   __syncthreads();
   for (uint32_t base = 0; base < num_pairs; base += kThreads * kUnroll) {
@@ -246,15 +248,24 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// After the count exchange, one CTA: sizes [3 P + 1] <- every rank's layout rows (padding
-// included) [P], its masked layout's rows per segment (0: contiguous) [P], every source's invalid
-// ids (counts[src][E]) [P], then the pairs this rank sends. counts_stride > E.
 template <uint32_t kThreads>
 __global__ void __launch_bounds__(kThreads)
-    moe_exchange_sizes_kernel(const int* __restrict__ counts, uint32_t counts_stride, uint32_t num_ranks,
-                              uint32_t rank, uint32_t num_local, uint32_t alignment, uint32_t masked_max_rows,
-                              int* __restrict__ sizes) {
-  extern __shared__ int smem[];
+    moe_exchange_count_kernel(const long long* __restrict__ topk_idx, uint32_t num_pairs, uint32_t num_experts,
+                              int* __restrict__ within, int* __restrict__ row, const long long* __restrict__ rows,
+                              uint32_t num_rows) {
+  extern __shared__ int counts[];  // [E + 1]
+  exchange_count_row<kThreads>(counts, topk_idx, num_pairs, num_experts, within, row, rows, num_rows);
+}
+
+// After the count exchange, one CTA: sizes [3 P + 1] <- every rank's layout rows (padding
+// included) [P], its masked layout's rows per segment (0: contiguous) [P], every source's invalid
+// ids (counts[src][E]) [P], then the pairs this rank sends. counts_stride > E. smem: the
+// ExchangeLayout's ints.
+template <uint32_t kThreads>
+__device__ __forceinline__ void exchange_sizes_block(int* smem, const int* __restrict__ counts, uint32_t counts_stride,
+                                                     uint32_t num_ranks, uint32_t rank, uint32_t num_local,
+                                                     uint32_t alignment, uint32_t masked_max_rows,
+                                                     int* __restrict__ sizes) {
   const uint32_t num_experts = num_ranks * num_local;
   const ExchangeLayout l(smem, num_experts, num_local, num_ranks);
   const int all_rows =
@@ -263,10 +274,20 @@ __global__ void __launch_bounds__(kThreads)
     const int end = q + 1 < num_ranks ? l.segment[(q + 1) * num_local] : all_rows;
     sizes[q] = end - l.segment[q * num_local];
     sizes[num_ranks + q] = l.masked[q];
-    sizes[2 * num_ranks + q] = counts[uint64_t(q) * counts_stride + num_experts];
+    sizes[2 * num_ranks + q] = __ldcg(counts + uint64_t(q) * counts_stride + num_experts);
   }
   const int num_send = block_exclusive_scan<kThreads>(l.sent, num_experts, l.warp_sums);
   if (threadIdx.x == 0) sizes[3 * num_ranks] = num_send;
+}
+
+template <uint32_t kThreads>
+__global__ void __launch_bounds__(kThreads)
+    moe_exchange_sizes_kernel(const int* __restrict__ counts, uint32_t counts_stride, uint32_t num_ranks,
+                              uint32_t rank, uint32_t num_local, uint32_t alignment, uint32_t masked_max_rows,
+                              int* __restrict__ sizes) {
+  extern __shared__ int smem[];
+  exchange_sizes_block<kThreads>(smem, counts, counts_stride, num_ranks, rank, num_local, alignment, masked_max_rows,
+                                 sizes);
 }
 
 // Row r < num_rows of this rank's layout with m_indices[r] >= 0 (a received row): its slot word
@@ -297,11 +318,11 @@ __global__ void __launch_bounds__(kWarps * 32)
 // raises this rank's word on rank r to the new count; then this rank's words are waited for. A
 // peer that passed may raise its next barrier's count before this rank looks, so the wait is for
 // "at least" (the counts only grow, wrapping harmlessly). A rank that never arrives makes the
-// kernel trap after timeout_ns instead of hanging.
+// kernel trap after timeout_ns instead of hanging. Writes of this CTA before it must be fenced by
+// their own threads and joined with __syncthreads first (the count and sizes kernel does).
 template <uint32_t kThreads>
-__global__ void __launch_bounds__(kThreads)
-    moe_exchange_barrier_kernel(const long long* __restrict__ flag_rows, int* __restrict__ flags, uint32_t rank,
-                                uint32_t num_ranks, uint64_t timeout_ns) {
+__device__ __forceinline__ void exchange_group_barrier(const long long* __restrict__ flag_rows, int* __restrict__ flags,
+                                                       uint32_t rank, uint32_t num_ranks, uint64_t timeout_ns) {
   const int epoch = static_cast<int>(static_cast<uint32_t>(*reinterpret_cast<volatile int*>(flags + num_ranks)) + 1u);
   for (uint32_t r = threadIdx.x; r < num_ranks; r += kThreads) {
     __threadfence_system();
@@ -312,6 +333,35 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   if (threadIdx.x == 0) flags[num_ranks] = epoch;
+}
+
+template <uint32_t kThreads>
+__global__ void __launch_bounds__(kThreads)
+    moe_exchange_barrier_kernel(const long long* __restrict__ flag_rows, int* __restrict__ flags, uint32_t rank,
+                                uint32_t num_ranks, uint64_t timeout_ns) {
+  exchange_group_barrier<kThreads>(flag_rows, flags, rank, num_ranks, timeout_ns);
+}
+
+// Count, the group's barrier and the sizes in one launch (one CTA), the staged dispatch's steps
+// before its rows move: the host launched three kernels for them, one after another. rows[i]: this
+// rank's row of every rank's count matrix (counts is this rank's matrix, int32 [P, counts_stride]);
+// the shared memory is the count's E + 1 ints or the layout's, whichever is larger (used one after
+// the other).
+template <uint32_t kThreads>
+__global__ void __launch_bounds__(kThreads)
+    moe_exchange_count_sizes_kernel(const long long* __restrict__ topk_idx, uint32_t num_pairs, int* __restrict__ within,
+                                    const long long* __restrict__ rows, const long long* __restrict__ flag_rows,
+                                    int* __restrict__ flags, const int* __restrict__ counts, uint32_t counts_stride,
+                                    uint32_t num_ranks, uint32_t rank, uint32_t num_local, uint32_t alignment,
+                                    uint32_t masked_max_rows, int* __restrict__ sizes, uint64_t timeout_ns) {
+  extern __shared__ int smem[];
+  exchange_count_row<kThreads>(smem, topk_idx, num_pairs, num_ranks * num_local, within, nullptr, rows, num_ranks);
+  // Each thread releases its own row writes (peers' memory) before the barrier's signals.
+  __threadfence_system();
+  __syncthreads();
+  exchange_group_barrier<kThreads>(flag_rows, flags, rank, num_ranks, timeout_ns);
+  exchange_sizes_block<kThreads>(smem, counts, counts_stride, num_ranks, rank, num_local, alignment, masked_max_rows,
+                                 sizes);
 }
 
 }  // namespace moe_kernels
