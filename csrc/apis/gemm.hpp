@@ -61,7 +61,6 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["swizzle_d"] = c.swizzle_d;
   d["multicast"] = c.multicast;
   d["share_b"] = c.share_b;
-  d["narrow_tail"] = c.narrow_tail;
   d["scale_warps"] = c.scale_warps;
   d["scale_load"] = scale_load_name(c.scale_load);
   d["pingpong"] = c.pingpong;

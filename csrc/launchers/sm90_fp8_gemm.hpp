@@ -52,7 +52,6 @@ struct Config {
   int pdl = 0;          // 1: programmatic dependent launch (the prologue overlaps the previous kernel)
   int k_unroll = 1;     // the math warpgroups' K loop unrolled this many times
   int overlap = 0;      // 1: block M 64 issues the next K block's wgmmas before it promotes (kOverlap)
-  int narrow_tail = 0;  // 1: the last n-block's wgmmas span only its N % block_n columns (kNarrowTail)
 
   // The last, partial wave's tiles split over K; kNormal only.
   TailSplit tail_split_of(int m) const {
@@ -397,16 +396,6 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
                         env_enabled("MOE_FP8_OVERLAP")
                     ? 1
                     : 0;
-  // MOE_FP8_NARROW_TAIL=1 (opt-in, not measured yet): where N % block N is at most half a tile
-  // (N = 4096 or 7168 on 192-wide tiles: 64 columns), the last n-block's wgmmas and promotion span
-  // only those columns instead of the whole tile. Grouped GEMMs only: the dense 128 x 192 kernel
-  // spilled with it (its tail split's state, outside the K loops); not with the overlapped loop.
-  const char* narrow_env = std::getenv("MOE_FP8_NARROW_TAIL");
-  const int tail_cols = n % t.block_n;
-  cfg.narrow_tail = narrow_env != nullptr && std::string(narrow_env) == "1" && type != GemmType::kNormal &&
-                            tail_cols != 0 && tail_cols * 2 <= t.block_n && cfg.overlap == 0
-                        ? 1
-                        : 0;
   return cfg;
 }
 
@@ -422,18 +411,18 @@ inline GeneratedKernel generate(const Config& c) {
      << static_cast<int>(c.residual) << ", " << c.swizzle_d << ", " << c.multicast << ", " << c.scale_warps
      << ", " << (c.pingpong ? "true" : "false") << ", " << (c.pdl ? "true" : "false") << ", " << c.k_unroll
      << ", " << c.scale_load << ", " << (c.overlap ? "true" : "false") << ", " << (c.share_b ? "true" : "false")
-     << ", " << (c.narrow_tail ? "true" : "false") << ">);\n"
+     << ">);\n"
      << "}\n";
   return {"sm90_fp8_gemm_nt", os.str()};
 }
 
 inline void launch(const Config& c, const Args& a) {
   using namespace moe_jit::driver;
-  static moe_jit::KernelMemo<std::array<int, 20>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 20> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 19>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 19> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
                                    c.scale_warps, c.pingpong, c.pdl, c.k_unroll, static_cast<int>(c.scale_load),
-                                   c.overlap, c.share_b, c.narrow_tail, a.device};
+                                   c.overlap, c.share_b, a.device};
   const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
 
   const bool masked = c.type == GemmType::kGroupedMasked;

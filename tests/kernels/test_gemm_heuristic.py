@@ -385,29 +385,3 @@ def test_clusters_sharing_b_only_where_the_kernel_can(m, n, k, gemm_type, groups
         assert cfg["grid"] % 2 == 0 and cfg["grid"] <= H200_SMS
     else:
         assert {key: cfg[key] for key in ("block_m", "block_n")} == {key: default[key] for key in ("block_m", "block_n")}
-
-
-@pytest.mark.parametrize("m,n,k,gemm_type,groups,block_n,narrow", [
-    (32768, 4096, 7168, 1, 4, "", 1),     # contiguous 128 x 192: 64 columns in the last n-block
-    (32768, 7168, 2048, 1, 4, "", 1),     # 7168 % 192 = 64
-    (4096, 4232, 1536, 1, 4, "136", 1),   # 16 columns, across two scale blocks
-    (4096, 4096, 1536, 1, 4, "160", 0),   # 96 of 160 columns: more than half
-    (256, 4096, 7168, 2, 32, "192", 1),   # masked 128 x 192
-    (32, 4096, 7168, 2, 32, "96", 0),     # masked 64 x 96: the overlapped loop
-    (4096, 7168, 2048, 0, 1, "192", 0),   # dense: never (its 128 x 192 kernel spilled)
-    (4096, 2112, 7168, 1, 4, "", 0),      # 2112 = 11 x 192: no tail
-])
-def test_narrow_tail_only_where_asked_and_the_tail_is_at_most_half(m, n, k, gemm_type, groups, block_n, narrow,
-                                                                   monkeypatch):
-    """MOE_FP8_NARROW_TAIL=1 narrows the last n-block of grouped GEMMs where N % block N is at most
-    half a tile, outside the overlapped loop; unset, never."""
-    native = kernels.jit.native_module()
-    if block_n:
-        monkeypatch.setenv("MOE_GEMM_BLOCK_N", block_n)
-    monkeypatch.delenv("MOE_FP8_NARROW_TAIL", raising=False)
-    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)["narrow_tail"] == 0
-    monkeypatch.setenv("MOE_FP8_NARROW_TAIL", "1")
-    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)
-    assert cfg["narrow_tail"] == narrow, cfg
-    if block_n == "96":
-        assert cfg["overlap"] == 1, cfg

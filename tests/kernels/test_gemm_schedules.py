@@ -336,4 +336,3 @@ def test_gpu_k_unroll_on_128_row_tiles_matches_plain_loop(m, n, k, seed, monkeyp
     assert calc_diff(outputs["1", "4"], reference_f64(a_fp8, b_fp8)) < 1e-3
     assert torch.equal(outputs["1", "4"], outputs["1", "1"])
     assert torch.equal(outputs["0", "8"], outputs["1", "1"]), "no ping-pong, unrolled 8 times"
-

@@ -395,59 +395,6 @@ def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("counts,n,k,block_n,env", [
-    ([1000, 0, 513, 2048], 4096, 1152, 192, {}),                            # B-sharing pairs (default)
-    ([300, 129], 7168, 2048, 192, {"MOE_FP8_SCALE_TMA": "0"}),              # scales gathered
-    ([600, 700], 448, 1024, 192, {"MOE_FP8_MULTICAST": "2"}),               # A sharing: a padding n-block past N
-    ([600, 700], 7168, 1152, 192, {"MOE_FP8_PINGPONG": "1", "MOE_FP8_MULTICAST": "0"}),  # ping-pong loop
-    ([300, 129], 4232, 1536, 136, {}),                                      # 16 columns across two scale blocks
-])
-def test_gpu_contiguous_narrow_tail_matches_full_width(counts, n, k, block_n, env, seed, monkeypatch):
-    """MOE_FP8_NARROW_TAIL=1 on contiguous tiles: the last n-block's wgmmas span N % block N
-    columns. Each output element comes from the same wgmma K slices and FFMAs as at full width, so
-    D is bit for bit the full width's, NaN where neither wrote."""
-    b_fp8 = make_weights(len(counts), n, k, "cuda")
-    a_fp8, m_indices = make_contiguous(counts, k, "cuda")
-    monkeypatch.setenv("MOE_GEMM_BLOCK_N", str(block_n))
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    outputs = {}
-    for narrow in ("1", "0"):
-        monkeypatch.setenv("MOE_FP8_NARROW_TAIL", narrow)
-        cfg = contiguous_config(m_indices, n, k, len(counts))
-        assert (cfg["block_m"], cfg["block_n"], cfg["narrow_tail"]) == (128, block_n, int(narrow)), cfg
-        if "MOE_FP8_MULTICAST" in env:
-            assert (cfg["multicast"], cfg["share_b"]) == (int(env["MOE_FP8_MULTICAST"]) or 1, 0), cfg
-        outputs[narrow] = run_contiguous(a_fp8, b_fp8, m_indices, n)
-    torch.cuda.synchronize()
-    assert_contiguous_rows(outputs["1"], a_fp8, b_fp8, m_indices)
-    assert_same_output(outputs["1"], outputs["0"], "narrow tail")
-
-
-@pytest.mark.gpu
-def test_gpu_masked_narrow_tail_matches_full_width(seed, monkeypatch):
-    """Masked 128 x 192 ping-pong tiles with MOE_FP8_NARROW_TAIL=1 (N = 4096: a 64-column tail):
-    bit for bit the full width's output, rows from masked_m rounded up to 8 left NaN."""
-    masked, max_m, n, k = [0, 200, 129, 256], 256, 4096, 1024
-    g = len(masked)
-    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "192")
-    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")
-    b_fp8 = make_weights(g, n, k, "cuda")
-    a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
-    a = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
-    masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
-    outputs = []
-    for narrow in ("1", "0"):
-        monkeypatch.setenv("MOE_FP8_NARROW_TAIL", narrow)
-        cfg = kernels.jit.native_module().fp8_gemm_nt_config(max_m, n, k, kernels.get_num_sms(), False, -1, 2, g)
-        assert (cfg["block_n"], cfg["narrow_tail"]) == (192, int(narrow)), cfg
-        outputs.append(run_masked(a, b_fp8, masked_m, max_m, n))
-    torch.cuda.synchronize()
-    assert_same_output(outputs[0], outputs[1], "narrow tail")
-    assert_masked_rows(outputs[0], a, b_fp8, masked)
-
-
-@pytest.mark.gpu
 def test_gpu_contiguous_bad_group_ids_are_skipped(seed):
     b_fp8 = make_weights(2, 256, 256, "cuda")
     a_fp8, m_indices = make_contiguous([128, 128], 256, "cuda")

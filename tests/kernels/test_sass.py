@@ -439,26 +439,3 @@ def test_moe_route_keeps_everything_in_registers(args):
     the 32 unrolled divisions' slow-path calls save registers on the stack; no model routes that wide."""
     text = sass(*kernels.jit.native_module().moe_route_code(*args))
     assert "LDL" not in text and "STL" not in text, "local memory (spills or an indexed array)"
-
-
-@pytest.mark.parametrize("m,n,k,gemm_type,groups,env", [
-    (32768, 4096, 7168, 1, 4, {}), (32768, 7168, 2048, 1, 4, {}),
-    (32768, 4096, 7168, 1, 4, {"MOE_FP8_PINGPONG": "1", "MOE_FP8_MULTICAST": "a"}),
-    (256, 4096, 7168, 2, 32, {"MOE_GEMM_BLOCK_N": "192"}),
-])
-def test_fp8_gemm_narrow_tail_issues_narrow_wgmmas(m, n, k, gemm_type, groups, env, monkeypatch):
-    """MOE_FP8_NARROW_TAIL=1 on grouped 128 x 192 tiles (contiguous in step, contiguous ping-pong,
-    masked): a second K loop of 64-wide wgmmas (QGMMA.64x64x32) beside the 192-wide ones, nothing
-    spilled."""
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("MOE_FP8_NARROW_TAIL", "1")
-    native = kernels.jit.native_module()
-    args = (m, n, k, H200_SMS, False, -1, gemm_type, groups)
-    assert native.fp8_gemm_nt_config(*args)["narrow_tail"] == 1
-    code = sass(*native.fp8_gemm_nt_code(*args))
-    assert "LDL" not in code and "STL" not in code, "register spills"
-    narrow = [body for body in _innermost_k_loops(code, 1 << 15) if "QGMMA.64x64x32" in body]
-    assert narrow, "no narrow K loop"
-    assert not any("QGMMA.64x192x32" in body for body in narrow), "a loop mixing the widths"
-    assert "QGMMA.64x192x32" in code

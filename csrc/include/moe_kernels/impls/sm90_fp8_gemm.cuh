@@ -95,8 +95,7 @@ struct MathTurns {
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
-          uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false,
-          bool kNarrowTail = false>
+          uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -155,14 +154,6 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   static_assert(!kOverlap || (kNumMathWG == 1 && kBlockN <= 128 && kOverlapRound % 2 == 0 &&
                               kNumKBlocks % kOverlapRound == 0),
                 "overlap: one math warpgroup, block N <= 128, whole rounds of an even count of K blocks");
-  // kNarrowTail: the last n-block's tiles hold kTailN < kBlockN valid columns (N % kBlockN): their
-  // wgmmas are kTailN wide instead of computing columns past N (N = 4096 on 192-wide tiles: 64 of
-  // 192). Its columns start at a fixed offset in a scale block, so one split serves.
-  constexpr uint32_t kTailN = kNarrowTail ? kShapeN % kBlockN : 0;
-  constexpr uint32_t kTailCol0 = (kShapeN - kTailN) % 128;
-  constexpr uint32_t kTailSplit = 128 - kTailCol0 < kTailN ? 128 - kTailCol0 : kTailN;
-  static_assert(!kNarrowTail || (kTailN != 0 && kTailN % 8 == 0 && !kOverlap),
-                "a narrow tail: N not a multiple of block N, the plain K loop");
   // A tile may straddle at most two 128-column scale blocks of B: tiles start at multiples of
   // gcd(kBlockN, 128) inside a scale block, so the last start plus kBlockN must stay within 256.
   static_assert(kBlockN % 8 == 0 && kBlockN <= 256, "block N is a multiple of 8 up to 256");
@@ -415,75 +406,54 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     }
   };
 
-  // The plain K loop, its wgmmas `width` columns wide (kBlockN, or kTailN on a narrow tail).
-  const auto plain_k_loop = [&](auto width, auto split, uint32_t split_col, uint32_t kb_begin, uint32_t kb_end) {
-    constexpr uint32_t kWidth = decltype(width)::value;
-    using WidthWgmma = sm90::Fp8Wgmma<kWidth>;
-    // Unrolled, ptxas may issue the next K block's full-barrier wait among this one's promotion.
-#pragma unroll kKUnroll
-    for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
-      // The turn before the full barrier: the same order, and ptxas schedules the K block in fewer
-      // instructions (block N 192: 175 per K block against 198 with the turn next to the wgmmas).
-      if constexpr (kPingPong) turns.take();
-      ring.consumer_wait(pipe);
-      // Scales first: their shared-memory latency hides behind the wgmmas.
-      const uint32_t stage = kBroadcastStage ? __shfl_sync(0xffffffffu, pipe.stage, 0) : pipe.stage;
-      float sa[kNumWaves][2], sb[2];
-      read_scales(stage, kb, sa, sb);
-      const uint64_t desc_b = desc_b0 + stage * (Smem::kB / 16);
-#pragma unroll
-      for (uint32_t w = 0; w < kNumWaves; ++w) {
-        const uint64_t desc_a = desc_a0 + (stage * Smem::kA + w * kWaveRows * kBlockK) / 16;
-        WidthWgmma::issue_k_block(desc_a, desc_b, acc, false);
-        if constexpr (kPingPong) turns.pass();
-        WidthWgmma::template wait<0>(acc);
-
-        // The stage is free once the last wave's wgmmas have read it (its scales are in registers).
-        if (w + 1 == kNumWaves) {
-          // Branches, not `release`: its broadcast stage and predicated arrivals cost masked
-          // 128-row tiles 16 R2UR per K block here (SASS), and no wgmma is in flight to serialize.
-          __syncwarp();
-          if constexpr (kNumMulticast > 1) {
-            if (lane < kNumMulticast) sm90::mbarrier_arrive_cluster(ring.empty + pipe.stage, lane);
-          } else if (lane == 0) {
-            ring.consumer_release(pipe);
-          }
-        }
-        promote_fp8_accum<kWidth, decltype(split)::value>(final_acc + w * Wgmma::kNumAccum, acc, sa[w][0],
-                                                            sa[w][1], sb[0], sb[1], split_col);
-      }
-    }
-  };
-
   const auto math_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
 #pragma unroll
     for (uint32_t i = 0; i < kNumWaves * Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
 
-    const auto full_width = [&] {
-      with_static_split<kBlockN>(t.n_block * kBlockN, [&](auto split) {
-        const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
-        if constexpr (kOverlap) {
-          // Whole tiles only; the tail split's units (dense GEMMs) take the plain loop.
-          if (kType != GemmType::kNormal || (kb_begin == 0 && kb_end == kNumKBlocks)) {
-            overlapped_k_loop(split, split_col, kb_begin, kb_end);
-            return;
-          }
+    with_static_split<kBlockN>(t.n_block * kBlockN, [&](auto split) {
+      const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
+      if constexpr (kOverlap) {
+        // Whole tiles only; the tail split's units (dense GEMMs) take the plain loop.
+        if (kType != GemmType::kNormal || (kb_begin == 0 && kb_end == kNumKBlocks)) {
+          overlapped_k_loop(split, split_col, kb_begin, kb_end);
+          return;
         }
-        plain_k_loop(cuda::std::integral_constant<uint32_t, kBlockN>{}, split, split_col, kb_begin, kb_end);
-      });
-    };
-    if constexpr (kNarrowTail) {
-      // The narrow tail's columns past kTailN stay zero; the store clips them at N. An n-block past
-      // N (a cluster's padding) takes it too.
-      if ((t.n_block + 1) * kBlockN > kShapeN) {
-        plain_k_loop(cuda::std::integral_constant<uint32_t, kTailN>{},
-                     cuda::std::integral_constant<uint32_t, kTailSplit>{}, kTailSplit, kb_begin, kb_end);
-      } else {
-        full_width();
       }
-    } else {
-      full_width();
-    }
+      // Unrolled, ptxas may issue the next K block's full-barrier wait among this one's promotion.
+#pragma unroll kKUnroll
+      for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
+        // The turn before the full barrier: the same order, and ptxas schedules the K block in fewer
+        // instructions (block N 192: 175 per K block against 198 with the turn next to the wgmmas).
+        if constexpr (kPingPong) turns.take();
+        ring.consumer_wait(pipe);
+        // Scales first: their shared-memory latency hides behind the wgmmas.
+        const uint32_t stage = kBroadcastStage ? __shfl_sync(0xffffffffu, pipe.stage, 0) : pipe.stage;
+        float sa[kNumWaves][2], sb[2];
+        read_scales(stage, kb, sa, sb);
+        const uint64_t desc_b = desc_b0 + stage * (Smem::kB / 16);
+#pragma unroll
+        for (uint32_t w = 0; w < kNumWaves; ++w) {
+          const uint64_t desc_a = desc_a0 + (stage * Smem::kA + w * kWaveRows * kBlockK) / 16;
+          Wgmma::issue_k_block(desc_a, desc_b, acc, false);
+          if constexpr (kPingPong) turns.pass();
+          Wgmma::template wait<0>(acc);
+
+          // The stage is free once the last wave's wgmmas have read it (its scales are in registers).
+          if (w + 1 == kNumWaves) {
+            // Branches, not `release`: its broadcast stage and predicated arrivals cost masked
+            // 128-row tiles 16 R2UR per K block here (SASS), and no wgmma is in flight to serialize.
+            __syncwarp();
+            if constexpr (kNumMulticast > 1) {
+              if (lane < kNumMulticast) sm90::mbarrier_arrive_cluster(ring.empty + pipe.stage, lane);
+            } else if (lane == 0) {
+              ring.consumer_release(pipe);
+            }
+          }
+          promote_fp8_accum<kBlockN, decltype(split)::value>(final_acc + w * Wgmma::kNumAccum, acc, sa[w][0],
+                                                               sa[w][1], sb[0], sb[1], split_col);
+        }
+      }
+    });
 
     // A cluster's n-block past N, or (kShareB) its m-block past M or of padding, was computed only to
     // keep the peers in step: nothing to store.
