@@ -112,6 +112,52 @@ class ExchangePeers:
         return (self.tables.data_ptr(), self.num_ranks, self.rank, self.pairs_per_rank)
 
 
+@dataclass(frozen=True, eq=False)
+class ExchangeBarrier:
+    """The group's barrier that :func:`exchange_dispatch` and :func:`exchange_combine` raise from
+    their last CTA instead of a separate :func:`exchange_barrier` launch (CUDA): ``flag_rows`` int64
+    [P] and ``flags`` int32 [P + 1] as :func:`exchange_barrier`'s, ``done`` int32 [1] (this rank's
+    memory, zero, touched by nothing else: the grid's finished CTAs). Checked once, here."""
+
+    flag_rows: torch.Tensor
+    flags: torch.Tensor
+    done: torch.Tensor
+
+    def __post_init__(self):
+        fn = "ExchangeBarrier"
+        num_ranks = self.flag_rows.numel() if isinstance(self.flag_rows, torch.Tensor) else 0
+        for name, t, dtype, shape in (("flag_rows", self.flag_rows, torch.int64, (max(num_ranks, 1),)),
+                                      ("flags", self.flags, torch.int32, (num_ranks + 1,)),
+                                      ("done", self.done, torch.int32, (1,))):
+            if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
+                _checks.fail(fn, ValueError, f"{name} must be a contiguous {dtype} tensor of shape {list(shape)}, got "
+                                             f"{getattr(t, 'dtype', type(t).__name__)} "
+                                             f"{list(getattr(t, 'shape', ()))}")
+        device = _checks.check_same_device(fn, [self.flag_rows, self.flags, self.done])
+        if device.type != "cuda":
+            _checks.fail(fn, ValueError, f"the device barrier runs on CUDA, got {device}")
+
+    @property
+    def num_ranks(self) -> int:
+        return self.flag_rows.numel()
+
+    def native(self) -> tuple:
+        return (self.flag_rows.data_ptr(), self.flags.data_ptr(), self.done.data_ptr())
+
+
+def _barrier_args(fn: str, barrier: ExchangeBarrier | None, peers: "ExchangePeers", device: torch.device) -> tuple:
+    """The native (flag_rows, flags, done) of ``barrier``, (0, 0, 0) for None; raises where it
+    cannot serve ``peers`` on ``device``."""
+    if barrier is None:
+        return (0, 0, 0)
+    if not isinstance(barrier, ExchangeBarrier):
+        _checks.fail(fn, TypeError, f"barrier must be None or an ExchangeBarrier, got {type(barrier).__name__}")
+    if barrier.num_ranks != peers.num_ranks or barrier.done.device != device:
+        _checks.fail(fn, ValueError, f"barrier must be for the peers' {peers.num_ranks} ranks on {device}, got "
+                                     f"{barrier.num_ranks} ranks on {barrier.done.device}")
+    return barrier.native()
+
+
 def exchange_count(topk_idx: torch.Tensor, num_experts: int,
                    peer_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """This rank's side of the count exchange: ``(within, row)`` from ``topk_idx`` int64 [T, k].
@@ -315,7 +361,7 @@ def _counts_matrix(counts: torch.Tensor, num_ranks: int, num_local: int) -> torc
 def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor | None, topk_idx: torch.Tensor,
                       topk_weights: torch.Tensor, within: torch.Tensor, counts: torch.Tensor, num_local_experts: int,
                       alignment: int, masked_max_rows: int, num_layout_rows: int,
-                      first_expert: int = 0) -> ExchangeIndex:
+                      first_expert: int = 0, barrier: ExchangeBarrier | None = None) -> ExchangeIndex:
     """Sends this rank's pairs into their owners' layouts and indexes this rank's layout.
 
     Layouts: :func:`kernels.reference.exchange.plan_exchange` of the count matrix ``counts`` int32
@@ -338,7 +384,9 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor |
     the peers' view rows (a layout larger than the buffers) is dropped and the layout's rows past
     ``num_layout_rows`` are not indexed: the caller raises on such sizes after a collective step,
     so that every rank raises together. On the CPU path, a ``num_layout_rows`` below a layout that
-    fits the views raises."""
+    fits the views raises. ``barrier`` (CUDA): the kernel's last CTA raises the group's barrier
+    after every row is written (:class:`ExchangeBarrier`), so no :func:`exchange_barrier` launch
+    follows."""
     fn = "exchange_dispatch"
     hidden = peers.hidden
     xq, num_tokens, k = _checks.check_token_pairs(fn, xq, xs, topk_idx, topk_weights, hidden, unquantized=True)
@@ -355,6 +403,7 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor |
         _checks.fail(fn, ValueError, f"{num_tokens} x {k} pairs exceed pairs_per_rank={peers.pairs_per_rank}")
     device = _checks.check_same_device(fn, [xq, topk_idx, topk_weights, within, counts, peers.acts[0]]
                                        + ([] if xs is None else [xs]))
+    barrier_args = _barrier_args(fn, barrier, peers, device)
     within = within.contiguous()  # the kernel indexes it by pair
     index = ExchangeIndex(torch.empty((num_layout_rows,), dtype=torch.int32, device=device),
                           torch.empty((num_layout_rows,), dtype=torch.int64, device=device),
@@ -377,7 +426,7 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor |
                                               topk_idx.data_ptr(), topk_weights.data_ptr(), xq.data_ptr(),
                                               _descriptors.dtype_code(xq, "xq"), xq.stride(0),
                                               0 if xs is None else xs.data_ptr(), device.index,
-                                              _descriptors.current_stream(device))
+                                              _descriptors.current_stream(device), barrier_args)
     return index
 
 
@@ -422,12 +471,14 @@ def _dispatch_reference(peers: ExchangePeers, xq, xs, topk_idx, topk_weights, wi
     index.masked_m.copy_(plan.expert_rows)
 
 
-def exchange_combine(peers: ExchangePeers, expert_out: torch.Tensor, m_indices: torch.Tensor) -> None:
+def exchange_combine(peers: ExchangePeers, expert_out: torch.Tensor, m_indices: torch.Tensor,
+                     barrier: ExchangeBarrier | None = None) -> None:
     """Every received row ``r`` of this rank's layout (``m_indices[r] >= 0``), slot word ``s =
     slots[rank][r]``: ``expert_out[r]`` into row ``s % pairs_per_rank`` of rank ``s //
     pairs_per_rank``'s ``combine`` view.
 
-    ``expert_out`` bfloat16 [M, H] and ``m_indices`` int32 [M] (:func:`exchange_dispatch`'s)."""
+    ``expert_out`` bfloat16 [M, H] and ``m_indices`` int32 [M] (:func:`exchange_dispatch`'s);
+    ``barrier`` as the dispatch's (raised also when M = 0)."""
     fn = "exchange_combine"
     hidden = peers.hidden
     if not isinstance(expert_out, torch.Tensor) or expert_out.dtype != torch.bfloat16 or expert_out.dim() != 2 \
@@ -443,7 +494,8 @@ def exchange_combine(peers: ExchangePeers, expert_out: torch.Tensor, m_indices: 
                                      f"{getattr(m_indices, 'dtype', type(m_indices).__name__)} "
                                      f"{list(getattr(m_indices, 'shape', ()))}")
     device = _checks.check_same_device(fn, [expert_out, m_indices, peers.acts[0]])
-    if num_rows == 0:
+    barrier_args = _barrier_args(fn, barrier, peers, device)
+    if num_rows == 0 and barrier is None:
         return
     if device.type == "cpu":
         rows = (m_indices >= 0).nonzero().view(-1)
@@ -458,4 +510,5 @@ def exchange_combine(peers: ExchangePeers, expert_out: torch.Tensor, m_indices: 
     expert_out = expert_out.contiguous() if not expert_out.is_contiguous() else (
         expert_out.clone() if expert_out.data_ptr() % 16 else expert_out)
     jit.native_module().moe_exchange_combine(peers.native(), hidden, m_indices.contiguous().data_ptr(), num_rows,
-                                             expert_out.data_ptr(), device.index, _descriptors.current_stream(device))
+                                             expert_out.data_ptr(), device.index, _descriptors.current_stream(device),
+                                             barrier_args)

@@ -56,17 +56,27 @@ inline moe_launchers::moe_exchange::Peers exchange_peers(const ExchangePeersTupl
 using ExchangeLayoutTuple = std::tuple<std::uint64_t, int, int, int, int, long long, long long, long long,
                                        std::uint64_t, std::uint64_t, std::uint64_t>;
 
+// The grid barrier as Python passes it: (flag_rows, flags, done), all 0 for none.
+using ExchangeBarrierTuple = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>;
+
+inline moe_launchers::moe_exchange::GridBarrier grid_barrier(const ExchangeBarrierTuple& t) {
+  const auto& [flag_rows, flags, done] = t;
+  return {flag_rows, flags, done};
+}
+
 inline void moe_exchange_dispatch(const ExchangePeersTuple& peers, const ExchangeLayoutTuple& layout, int top_k,
                                   int hidden, std::uint64_t within, long long num_pairs, std::uint64_t topk_idx,
                                   std::uint64_t topk_weights, std::uint64_t x, int x_dtype, long long x_row_stride,
-                                  std::uint64_t xs, int device, std::uint64_t stream) {
+                                  std::uint64_t xs, int device, std::uint64_t stream,
+                                  const ExchangeBarrierTuple& barrier) {
   const auto& [counts, stride, local, alignment, masked, capacity, rows, first, m_indices, global_ids, masked_m] =
       layout;
   moe_launchers::moe_exchange::dispatch(exchange_peers(peers),
                                         {counts, stride, local, alignment, masked, capacity, rows, first, m_indices,
                                          global_ids, masked_m},
                                         top_k, hidden, within, num_pairs, topk_idx, topk_weights, x,
-                                        static_cast<DType>(x_dtype), x_row_stride, xs, device, stream);
+                                        static_cast<DType>(x_dtype), x_row_stride, xs, device, stream,
+                                        grid_barrier(barrier));
 }
 
 inline void moe_exchange_count(std::uint64_t topk_idx, long long num_pairs, int num_experts, std::uint64_t within,
@@ -82,8 +92,10 @@ inline void moe_exchange_sizes(std::uint64_t counts, int counts_stride, int num_
 }
 
 inline void moe_exchange_combine(const ExchangePeersTuple& peers, int hidden, std::uint64_t m_indices,
-                                 long long num_rows, std::uint64_t expert_out, int device, std::uint64_t stream) {
-  moe_launchers::moe_exchange::combine(exchange_peers(peers), hidden, m_indices, num_rows, expert_out, device, stream);
+                                 long long num_rows, std::uint64_t expert_out, int device, std::uint64_t stream,
+                                 const ExchangeBarrierTuple& barrier) {
+  moe_launchers::moe_exchange::combine(exchange_peers(peers), hidden, m_indices, num_rows, expert_out, device, stream,
+                                       grid_barrier(barrier));
 }
 
 // The transport layout as Python passes it: (peers, off_x, off_sf, off_w, off_src, off_combine,
@@ -159,14 +171,16 @@ inline void register_apis(pybind11::module_& m) {
   m.def("moe_exchange_dispatch", &moe_exchange_dispatch, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "staged dispatch: the pairs' FP8 rows (E4M3 with scales, or quantized in the kernel), scales, weights and "
         "slot words into their owners' layout rows (layouts from the count matrix, positions from the count "
-        "kernel), and this rank's layout index");
+        "kernel), and this rank's layout index; barrier (flag_rows, flags, done) not all 0: its last CTA then "
+        "raises the group's barrier");
   m.def("moe_exchange_count", &moe_exchange_count, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "staged count: each pair's position among its expert's pairs and this rank's row of the count matrix "
         "(pairs per expert, invalid ids) into a local row and/or every rank's matrix (row addresses)");
   m.def("moe_exchange_sizes", &moe_exchange_sizes, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "staged sizes: every rank's layout rows, masked rows and invalid ids, and this rank's pairs sent, int32 [3P + 1]");
   m.def("moe_exchange_combine", &moe_exchange_combine, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "staged combine: received rows' (m_indices >= 0) expert outputs into their sources' combine buffers");
+        "staged combine: received rows' (m_indices >= 0) expert outputs into their sources' combine buffers; "
+        "barrier as the dispatch's");
   m.def("moe_exchange_barrier", &moe_launchers::moe_exchange::barrier,
         pybind11::call_guard<pybind11::gil_scoped_release>(),
         "staged barrier on the device: raise this rank's flag on every rank, wait for every rank's (one CTA)",

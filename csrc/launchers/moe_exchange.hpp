@@ -53,7 +53,9 @@ inline GeneratedKernel generate(Kernel kernel, int top_k, int hidden,
        << hidden << ", " << kWarps << ", " << kDispatchCtasPerSm
        << ">(const long long*, unsigned, unsigned, unsigned, unsigned, const int*, unsigned, unsigned, unsigned, "
           "unsigned, const int*, unsigned, const long long*, const float*, const "
-       << in_type << "*, moe_kernels::uint64_t, const float*, unsigned, long long, int*, long long*, int*);\n";
+       << in_type
+       << "*, moe_kernels::uint64_t, const float*, unsigned, long long, int*, long long*, int*, "
+          "moe_kernels::ExchangeGridBarrier);\n";
     return {"moe_exchange_dispatch", os.str()};
   }
   if (kernel == Kernel::kCount) {
@@ -78,8 +80,33 @@ inline GeneratedKernel generate(Kernel kernel, int top_k, int hidden,
     return {"moe_exchange_sizes", os.str()};
   }
   os << "template __global__ void moe_kernels::moe_exchange_combine_kernel<" << hidden << ", " << kWarps
-     << ">(const long long*, unsigned, unsigned, unsigned, const int*, unsigned, const __nv_bfloat16*);\n";
+     << ">(const long long*, unsigned, unsigned, unsigned, const int*, unsigned, const __nv_bfloat16*, "
+        "moe_kernels::ExchangeGridBarrier);\n";
   return {"moe_exchange_combine", os.str()};
+}
+
+// The group's barrier that the dispatch and combine kernels raise themselves once their last CTA
+// is done (impls/moe_exchange.cuh's ExchangeGridBarrier, the same layout): flag_rows int64 [P]
+// (device) and flags int32 [P + 1] as `barrier`'s, done int32 [1] zero between launches; all 0:
+// none (the caller launches `barrier` after the step).
+struct GridBarrier {
+  std::uint64_t flag_rows = 0, flags = 0, done = 0;
+};
+
+struct DeviceGridBarrier {
+  const long long* flag_rows;
+  int* flags;
+  int* done;
+  unsigned long long timeout_ns;
+};
+
+inline DeviceGridBarrier device_grid_barrier(const GridBarrier& b) {
+  const bool any = b.flag_rows != 0 || b.flags != 0 || b.done != 0;
+  MOE_HOST_ASSERT(!any || (b.flag_rows != 0 && b.flag_rows % 8 == 0 && b.flags != 0 && b.flags % 4 == 0 &&
+                           b.done != 0 && b.done % 4 == 0),
+                  kFn << ": the grid barrier's flag rows, flags and counter must all be aligned and non-null, or all 0");
+  return {reinterpret_cast<const long long*>(b.flag_rows), reinterpret_cast<int*>(b.flags),
+          reinterpret_cast<int*>(b.done), any ? peer_timeout_ns() : 0ull};
 }
 
 struct Peers {
@@ -246,7 +273,8 @@ struct Layout {
 // contiguous, or bf16 / fp16 / fp32 (xs = 0), quantized in the kernel. num_pairs = T * top_k.
 inline void dispatch(const Peers& p, const Layout& l, int top_k, int hidden, std::uint64_t within, long long num_pairs,
                      std::uint64_t topk_idx, std::uint64_t topk_weights, std::uint64_t x, moe_apis::DType x_dtype,
-                     long long x_row_stride, std::uint64_t xs, int device, std::uint64_t stream) {
+                     long long x_row_stride, std::uint64_t xs, int device, std::uint64_t stream,
+                     const GridBarrier& barrier = {}) {
   check_shape(top_k, hidden);
   check_peers(p, std::max(num_pairs, l.num_layout_rows));
   const long long num_experts = 1LL * l.num_local * p.num_ranks;
@@ -276,11 +304,11 @@ inline void dispatch(const Peers& p, const Layout& l, int top_k, int hidden, std
                 static_cast<unsigned long long>(x_row_stride), reinterpret_cast<const float*>(xs),
                 static_cast<unsigned>(l.num_layout_rows), l.first_expert,
                 reinterpret_cast<int*>(l.m_indices), reinterpret_cast<long long*>(l.global_ids),
-                reinterpret_cast<int*>(l.masked_m));
+                reinterpret_cast<int*>(l.masked_m), device_grid_barrier(barrier));
 }
 
 inline void combine(const Peers& p, int hidden, std::uint64_t m_indices, long long num_rows, std::uint64_t expert_out,
-                    int device, std::uint64_t stream) {
+                    int device, std::uint64_t stream, const GridBarrier& barrier = {}) {
   check_shape(1, hidden);
   check_peers(p, num_rows);
   MOE_HOST_ASSERT(expert_out % 16 == 0, kFn << ": expert_out must be 16-byte aligned");
@@ -289,7 +317,8 @@ inline void combine(const Peers& p, int hidden, std::uint64_t m_indices, long lo
                 reinterpret_cast<const long long*>(p.tables), static_cast<unsigned>(p.num_ranks),
                 static_cast<unsigned>(p.rank), static_cast<unsigned>(p.pairs_per_rank),
                 reinterpret_cast<const int*>(m_indices),
-                static_cast<unsigned>(num_rows), reinterpret_cast<const void*>(expert_out));
+                static_cast<unsigned>(num_rows), reinterpret_cast<const void*>(expert_out),
+                device_grid_barrier(barrier));
 }
 
 }  // namespace moe_launchers::moe_exchange

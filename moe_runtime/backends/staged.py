@@ -29,7 +29,8 @@ One forward, every rank of the expert-parallel group together (``P`` ranks, ``E_
    layout) and the ``m_grouped_*_masked`` pair runs, FP4 weights in the decode layout
    (``kernels.transform_fp4_for_decode``, made once on CUDA) — no 128-row padding per expert;
 5. combine: each output row is written into the ``combine`` view [T, k, H] of its source rank at
-   its slot (``kernels.exchange_combine``, one launch); barrier; each rank sums its slots in float32 in slot order and rounds once.
+   its slot (``kernels.exchange_combine``, one launch; on CUDA its last CTA raises the barrier that
+   follows); barrier; each rank sums its slots in float32 in slot order and rounds once.
 
 With one rank the "peer" buffers are this process's tensors, sized for the forward (a local
 permutation, no symmetric memory). With several, they are views of a :class:`SymmBuffer` (the
@@ -168,6 +169,10 @@ class _LocalExchange:
                                           layout.masked_max_rows, rows, layout.first_expert)
         return plan, peers, index
 
+    def send_back(self, peers: ExchangePeers, expert_out: torch.Tensor, m_indices: torch.Tensor) -> None:
+        """``kernels.exchange_combine`` into this rank's own combine view."""
+        kernels.exchange_combine(peers, expert_out, m_indices)
+
     def barrier(self) -> None:
         """Nothing crosses processes."""
 
@@ -182,7 +187,8 @@ def staged_view_specs(num_ranks: int, num_local_experts: int, num_max_tokens_per
     rows are pushed whole and the receiver never reads the sender's routing; ``signals`` holds the
     count matrix, int32 [P, E + 1]: row ``p`` is written by rank ``p`` (its rows per global expert,
     then its count of invalid ids), then the device barrier's flags, int32 [P + 1]
-    (:func:`kernels.exchange_barrier`).
+    (:func:`kernels.exchange_barrier`), then the counter of finished CTAs that the dispatch and
+    combine kernels raise that barrier with (:class:`kernels.ExchangeBarrier`), int32 [1].
     """
     rows = num_ranks * num_max_tokens_per_rank * min(top_k, num_local_experts)
     capacity = align_up(rows + num_local_experts * (alignment - 1), alignment)
@@ -191,7 +197,7 @@ def staged_view_specs(num_ranks: int, num_local_experts: int, num_max_tokens_per
              ViewSpec("l1_weights", (capacity,), torch.float32),
              ViewSpec("l1_slots", (capacity,), torch.int32),
              ViewSpec("combine", (num_max_tokens_per_rank * top_k, hidden), torch.bfloat16),
-             ViewSpec("signals", (num_ranks * (num_ranks * num_local_experts + 1) + num_ranks + 1,), torch.int32)]
+             ViewSpec("signals", (num_ranks * (num_ranks * num_local_experts + 1) + num_ranks + 2,), torch.int32)]
     return specs, capacity
 
 
@@ -221,13 +227,17 @@ class _SymmExchange:
         # (one launch; torch's symmetric-memory barrier cost the host several times that).
         matrix = self.num_ranks * width
         self._barrier_flags = self.buffer.view("signals")[matrix: matrix + self.num_ranks + 1]
-        self._count_rows = self._barrier_rows = None
+        self._count_rows = self._barrier_rows = self._grid_barrier = None
         if device.type == "cuda":
             signals = [self.buffer.peer_view("signals", q).data_ptr() for q in ranks]
             self._count_rows = torch.tensor([base + 4 * self.rank * width for base in signals], dtype=torch.int64,
                                             device=device)
             self._barrier_rows = torch.tensor([base + 4 * matrix for base in signals], dtype=torch.int64,
                                               device=device)
+            # The dispatch and combine kernels raise the barrier that follows them from their last CTA.
+            done = matrix + self.num_ranks + 1
+            self._grid_barrier = kernels.ExchangeBarrier(self._barrier_rows, self._barrier_flags,
+                                                         self.buffer.view("signals")[done: done + 1])
         self._peers = ExchangePeers(tuple(self.buffer.peer_view("l1_acts", r).view(torch.uint8) for r in ranks),
                                     *(tuple(self.buffer.peer_view(name, r) for r in ranks)
                                       for name in ("l1_acts_sf", "l1_weights", "l1_slots", "combine")),
@@ -267,12 +277,21 @@ class _SymmExchange:
             pending = kernels.exchange_sizes(counts, self.rank, layout.num_local, layout.alignment,
                                              layout.masked_max_rows, wait=False)
         index = kernels.exchange_dispatch(self._peers, *pairs, counts, layout.num_local, layout.alignment,
-                                          layout.masked_max_rows, self.capacity, layout.first_expert)
-        self.barrier()
+                                          layout.masked_max_rows, self.capacity, layout.first_expert,
+                                          barrier=self._grid_barrier)
+        if self._grid_barrier is None:
+            self.barrier()
         plan = pending.wait()
         check_plan(plan, layout.num_experts, self.capacity)
         m = plan.num_layout_rows
         return plan, self._peers, ExchangeIndex(index.m_indices[:m], index.global_ids[:m], index.masked_m)
+
+    def send_back(self, peers: ExchangePeers, expert_out: torch.Tensor, m_indices: torch.Tensor) -> None:
+        """``kernels.exchange_combine`` of the layout's rows into their sources' combine views, then
+        the barrier (raised by the combine kernel itself on CUDA)."""
+        kernels.exchange_combine(peers, expert_out, m_indices, barrier=self._grid_barrier)
+        if self._grid_barrier is None:
+            self.barrier()
 
     def barrier(self) -> None:
         """Collective, stream-ordered: every rank's writes before it are visible after it."""
@@ -411,8 +430,7 @@ class StagedDispatchCombine(DispatchCombine):
         num_tokens, k = handle.num_local_tokens, self.problem.top_k
         if handle.pair_rows is not None:
             return kernels.moe_combine(expert_out, handle.pair_rows, handle.routed, num_tokens, k, handle.out_dtype)
-        kernels.exchange_combine(peers, expert_out, handle.m_indices)
-        self.exchange.barrier()
+        self.exchange.send_back(peers, expert_out, handle.m_indices)
 
         # Slot order and float32, as the reference sums; unrouted slots hold stale data and add 0.
         return kernels.moe_combine(peers.combine[peers.rank], None, handle.routed, num_tokens, k, handle.out_dtype)

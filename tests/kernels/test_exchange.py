@@ -322,6 +322,22 @@ def test_gpu_dispatch_matches_cpu(seed, num_ranks, num_local, num_tokens, top_k,
     check_index(cpu_index, plan, layout["first_expert"])
 
 
+@pytest.mark.gpu
+def test_gpu_dispatch_raises_its_barrier_on_one_rank(seed):
+    """With an ExchangeBarrier the dispatch writes what it writes without one, then its last CTA
+    passes the group's barrier (one rank: its own flag) and leaves the CTA counter at zero."""
+    num_ranks, num_local, num_tokens, top_k, hidden, others = kCases[0]
+    gpu, inputs, layout, plan = make_problem(num_ranks, num_local, num_tokens, top_k, hidden, 0, "cuda", others)
+    rows, flags = barrier_group(1)
+    done = torch.zeros(1, dtype=torch.int32, device="cuda")
+    for _ in range(2):
+        index = kernels.exchange_dispatch(gpu, **inputs, **layout, barrier=kernels.ExchangeBarrier(rows, flags[0], done))
+    torch.cuda.synchronize()
+    check_dispatch(gpu, inputs, layout, plan)
+    check_index(index, plan, layout["first_expert"])
+    assert flags[0].tolist() == [2, 2] and int(done) == 0
+
+
 def test_cpu_dispatch_casts_unquantized_rows(seed):
     """The CPU path casts bfloat16 rows (here with a non-contiguous last dim) with
     per_token_cast_to_fp8 before its reference dispatch."""
@@ -599,6 +615,103 @@ def test_gpu_count_sizes_matches_the_three_steps(seed, num_ranks, num_local, num
     assert_passed(run_in_child(__file__, "count_sizes_rounds", 30, seed=seed, num_ranks=num_ranks,
                                num_local=num_local, num_tokens=num_tokens, alignment=alignment,
                                masked_max_rows=masked_max_rows))
+
+
+def combine_with_barriers(seed: int, num_ranks: int) -> None:
+    """P simulated ranks on their own streams, each with a layout of received rows (a third of
+    them padding) whose slot words name pairs of every source, no pair named twice: two rounds of
+    exchange_combine with an ExchangeBarrier, each rank then reading its own combine view on its
+    stream. The barrier its peers' combine kernels raised from their last CTA orders their rows
+    before that read: every pair holds its row, the rest its poison; each rank counts two
+    barriers and its CTA counter is back at zero. Ranks arrive in varying orders."""
+    torch.manual_seed(seed)
+    hidden, pairs_per_rank, num_rows = 256, 64, 300
+    combine = tuple(torch.empty(pairs_per_rank, hidden, dtype=torch.bfloat16, device="cuda") for _ in range(num_ranks))
+    words = torch.randperm(num_ranks * pairs_per_rank).to(torch.int32)
+    slots, m_indices = [], []
+    for r in range(num_ranks):
+        mine = words[r::num_ranks]
+        rows = torch.randperm(num_rows)[: mine.numel()]
+        slot = torch.full((num_rows,), -7, dtype=torch.int32)
+        slot[rows] = mine
+        index = torch.full((num_rows,), -1, dtype=torch.int32)
+        index[rows] = 0
+        slots.append(slot.cuda())
+        m_indices.append(index.cuda())
+    views = (tuple(torch.zeros(num_rows, hidden, dtype=torch.uint8, device="cuda") for _ in range(num_ranks)),
+             tuple(torch.zeros(num_rows, hidden // 128, device="cuda") for _ in range(num_ranks)),
+             tuple(torch.zeros(num_rows, device="cuda") for _ in range(num_ranks)), tuple(slots), combine)
+    peers = [kernels.ExchangePeers(*views, r, pairs_per_rank) for r in range(num_ranks)]
+    flag_rows, flags = barrier_group(num_ranks)
+    done = [torch.zeros(1, dtype=torch.int32, device="cuda") for _ in range(num_ranks)]
+    streams = [torch.cuda.Stream() for _ in range(num_ranks)]
+    for round_ in range(2):
+        outs = [torch.randn(num_rows, hidden, device="cuda").to(torch.bfloat16) for _ in range(num_ranks)]
+        for c in combine:
+            c.fill_(float("nan"))
+        torch.cuda.synchronize()
+        seen = []
+        for r in range(num_ranks):
+            with torch.cuda.stream(streams[r]):
+                torch.cuda._sleep(200_000 * ((r + round_) % 3))
+                kernels.exchange_combine(peers[r], outs[r], m_indices[r],
+                                         barrier=kernels.ExchangeBarrier(flag_rows, flags[r], done[r]))
+                seen.append(combine[r].clone())
+        torch.cuda.synchronize()
+        for q in range(num_ranks):
+            expected = torch.full((pairs_per_rank, hidden), float("nan"), dtype=torch.bfloat16)
+            for r in range(num_ranks):
+                rows = (m_indices[r] >= 0).nonzero().view(-1).cpu()
+                for row in rows.tolist():
+                    word = int(slots[r][row])
+                    if word // pairs_per_rank == q:
+                        expected[word % pairs_per_rank] = outs[r][row].cpu()
+            assert torch.equal(seen[q].cpu().nan_to_num(7), expected.nan_to_num(7)), f"rank {q}, round {round_}"
+    assert all(int(f[num_ranks]) == 2 for f in flags) and all(int(d) == 0 for d in done)
+
+
+def combine_barrier_alone(seed: int) -> None:
+    """Rank 0 of 2 combines with the barrier; rank 1 never does."""
+    peers, expert_out, m_indices, _ = make_combine(2, 40, 256, 0, 16, "cuda")
+    flag_rows, flags = barrier_group(2)
+    done = torch.zeros(1, dtype=torch.int32, device="cuda")
+    kernels.exchange_combine(peers, expert_out, m_indices, barrier=kernels.ExchangeBarrier(flag_rows, flags[0], done))
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_ranks", [2, 3, 8])
+def test_gpu_combine_barrier_orders_peer_writes(seed, num_ranks):
+    assert_passed(run_in_child(__file__, "combine_with_barriers", 30, seed=seed, num_ranks=num_ranks))
+
+
+@pytest.mark.gpu
+def test_gpu_combine_barrier_without_a_peer_times_out():
+    assert_timed_out(run_in_child(__file__, "combine_barrier_alone", 2, seed=0), "the exchange barrier of rank 1")
+
+
+@pytest.mark.parametrize("kernel", [0, 1])
+def test_dispatch_and_combine_raise_the_barrier_from_their_last_cta(kernel):
+    """The last-CTA counter (a global atomic) and the barrier's fence, flag stores and trapping
+    waits are in the dispatch and combine kernels."""
+    text = sass(*kernels.jit.native_module().moe_exchange_code(kernel, 8, 7168))
+    assert "ATOMG" in text or "RED.E.ADD" in text
+    assert "MEMBAR.SC.SYS" in text and "STG.E.STRONG.SYS" in text and "LDG.E.STRONG.SYS" in text
+    assert "BPT.TRAP" in text
+
+
+def test_exchange_barrier_checks():
+    rows, flags, done = torch.zeros(2, dtype=torch.int64), torch.zeros(3, dtype=torch.int32), \
+        torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"flags must be a contiguous torch.int32 tensor of shape \[3\]"):
+        kernels.ExchangeBarrier(rows, flags[:2], done)
+    with pytest.raises(ValueError, match=r"done must be a contiguous torch.int32 tensor of shape \[1\]"):
+        kernels.ExchangeBarrier(rows, flags, torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="runs on CUDA"):
+        kernels.ExchangeBarrier(rows, flags, done)
+    peers, expert_out, m_indices, _ = make_combine(2, 10, 128, 0, 8, "cpu")
+    with pytest.raises(TypeError, match="barrier must be None or an ExchangeBarrier"):
+        kernels.exchange_combine(peers, expert_out, m_indices, barrier=(rows, flags, done))
 
 
 def test_count_sizes_argument_checks():

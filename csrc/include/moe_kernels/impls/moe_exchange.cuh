@@ -101,6 +101,48 @@ __device__ __forceinline__ int exchange_layout(const ExchangeLayout& l, const in
   return all_rows;
 }
 
+// The group's barrier between the exchange's steps, on the device (one CTA): flags[q] (int32
+// [P + 1] in rank q's symmetric memory, its address flag_rows[q]) holds in word src the last
+// barrier rank src reached, and in word P rank q's own count of barriers. Each thread r < P
+// fences (a release of everything this rank's stream wrote before, peers' memory included) and
+// raises this rank's word on rank r to the new count; then this rank's words are waited for. A
+// peer that passed may raise its next barrier's count before this rank looks, so the wait is for
+// "at least" (the counts only grow, wrapping harmlessly). A rank that never arrives makes the
+// kernel trap after timeout_ns instead of hanging. Writes of this CTA before it must be fenced by
+// their own threads and joined with __syncthreads first (the count and sizes kernel does).
+template <uint32_t kThreads>
+__device__ __forceinline__ void exchange_group_barrier(const long long* __restrict__ flag_rows, int* __restrict__ flags,
+                                                       uint32_t rank, uint32_t num_ranks, uint64_t timeout_ns) {
+  const int epoch = static_cast<int>(static_cast<uint32_t>(*reinterpret_cast<volatile int*>(flags + num_ranks)) + 1u);
+  for (uint32_t r = threadIdx.x; r < num_ranks; r += kThreads) {
+    __threadfence_system();
+    signals::store_relaxed_sys(reinterpret_cast<int*>(flag_rows[r]) + rank, epoch);
+  }
+  for (uint32_t s = threadIdx.x; s < num_ranks; s += kThreads) {
+    signals::wait_flag<true>(flags + s, epoch, timeout_ns, "the exchange barrier", static_cast<int>(s));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) flags[num_ranks] = epoch;
+}
+
+// The group's barrier after a multi-CTA step (dispatch, combine), raised by the step's last CTA to
+// finish (signals::last_cta_done_all: every thread fenced its own writes first). flag_rows null:
+// none, the caller launches the barrier kernel after the step.
+struct ExchangeGridBarrier {
+  const long long* flag_rows;  // int64 [P]: every rank's flags (exchange_group_barrier's)
+  int* flags;                  // int32 [P + 1]: this rank's
+  int* done;                   // int32: the grid's finished CTAs, zero between launches
+  uint64_t timeout_ns;
+};
+
+template <uint32_t kThreads>
+__device__ __forceinline__ void exchange_grid_barrier(const ExchangeGridBarrier& b, uint32_t rank,
+                                                      uint32_t num_ranks) {
+  if (b.flag_rows == nullptr) return;  // the same for every CTA
+  if (signals::last_cta_done_all(b.done)) exchange_group_barrier<kThreads>(b.flag_rows, b.flags, rank, num_ranks,
+                                                                          b.timeout_ns);
+}
+
 // Pair p = t * k + j < num_tokens * k with global expert g = topk_idx[p] in [0, E) and position
 // w = within[p] in [0, sent[g]) goes to row base[g] + w of rank g / E_l; other pairs (unrouted, a
 // position the counts do not cover, or a row at or past row_capacity, the rows every rank's views
@@ -120,7 +162,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm)
                                  const long long* __restrict__ topk_idx, const float* __restrict__ topk_weights,
                                  const InT* __restrict__ x, uint64_t x_row_stride, const float* __restrict__ xs,
                                  uint32_t num_layout_rows, long long first_expert, int* __restrict__ m_indices,
-                                 long long* __restrict__ global_ids, int* __restrict__ masked_m) {
+                                 long long* __restrict__ global_ids, int* __restrict__ masked_m,
+                                 ExchangeGridBarrier barrier) {
   static_assert(kHidden % 128 == 0, "one scale per 128 columns, rows moved 16 bytes at a time");
   constexpr uint32_t kThreads = kWarps * 32;
   constexpr uint32_t kScales = kHidden / 128;
@@ -206,6 +249,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm)
   if (blockIdx.x == 0) {
     for (uint32_t e = threadIdx.x; e < num_local; e += kThreads) masked_m[e] = own_total[e];
   }
+  exchange_grid_barrier<kThreads>(barrier, rank, num_ranks);
 }
 
 // This rank's side of the count exchange, one CTA (the row is final when its histogram is), for
@@ -296,7 +340,7 @@ template <uint32_t kHidden, uint32_t kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_exchange_combine_kernel(const long long* __restrict__ tables, uint32_t num_ranks, uint32_t rank,
                                 uint32_t pairs_per_rank, const int* __restrict__ m_indices, uint32_t num_rows,
-                                const __nv_bfloat16* __restrict__ expert_out) {
+                                const __nv_bfloat16* __restrict__ expert_out, ExchangeGridBarrier barrier) {
   static_assert(kHidden % 8 == 0, "rows are copied 16 bytes at a time");
   const uint32_t lane = threadIdx.x % 32;
   const int* slots = reinterpret_cast<const int*>(tables[kExSlots * num_ranks + rank]);
@@ -309,30 +353,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                 uint64_t(slot % pairs_per_rank) * (kHidden / 8);
     copy_row<kHidden / 8, 32>(reinterpret_cast<const uint4*>(expert_out + uint64_t(r) * kHidden), dst, lane);
   }
-}
-
-// The group's barrier between the exchange's steps, on the device (one CTA): flags[q] (int32
-// [P + 1] in rank q's symmetric memory, its address flag_rows[q]) holds in word src the last
-// barrier rank src reached, and in word P rank q's own count of barriers. Each thread r < P
-// fences (a release of everything this rank's stream wrote before, peers' memory included) and
-// raises this rank's word on rank r to the new count; then this rank's words are waited for. A
-// peer that passed may raise its next barrier's count before this rank looks, so the wait is for
-// "at least" (the counts only grow, wrapping harmlessly). A rank that never arrives makes the
-// kernel trap after timeout_ns instead of hanging. Writes of this CTA before it must be fenced by
-// their own threads and joined with __syncthreads first (the count and sizes kernel does).
-template <uint32_t kThreads>
-__device__ __forceinline__ void exchange_group_barrier(const long long* __restrict__ flag_rows, int* __restrict__ flags,
-                                                       uint32_t rank, uint32_t num_ranks, uint64_t timeout_ns) {
-  const int epoch = static_cast<int>(static_cast<uint32_t>(*reinterpret_cast<volatile int*>(flags + num_ranks)) + 1u);
-  for (uint32_t r = threadIdx.x; r < num_ranks; r += kThreads) {
-    __threadfence_system();
-    signals::store_relaxed_sys(reinterpret_cast<int*>(flag_rows[r]) + rank, epoch);
-  }
-  for (uint32_t s = threadIdx.x; s < num_ranks; s += kThreads) {
-    signals::wait_flag<true>(flags + s, epoch, timeout_ns, "the exchange barrier", static_cast<int>(s));
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) flags[num_ranks] = epoch;
+  exchange_grid_barrier<kWarps * 32>(barrier, rank, num_ranks);
 }
 
 template <uint32_t kThreads>
