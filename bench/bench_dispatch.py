@@ -28,7 +28,8 @@ transport counts forwards on the device) a row times the pair ("round") against 
 all-to-alls of the same traffic; a second row replays both from CUDA graphs (no host work per call).
 
 ``--profile``: rank 0 also prints torch.profiler's device time per kernel and cProfile's host time
-per Python function for each timed call.
+per Python function for each timed call. ``--trace DIR`` (implies ``--profile``): every rank also
+writes the profiled calls' timeline as a chrome trace into DIR.
 
 The peer is ``all_to_all_single`` of the process group (NCCL on GPUs, gloo on CPU) on one uint8
 buffer per rank with the same per-pair byte counts (the rows a rank keeps included), measured in
@@ -109,6 +110,7 @@ class BenchConfig:
     link_gbps: float | None
     transport: str = "staged"
     profile: bool = False
+    trace_dir: str | None = None  # --trace: each rank's chrome trace of every profiled row
 
     @property
     def device_type(self) -> str:
@@ -139,6 +141,9 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     parser.add_argument("--profile", action="store_true",
                         help="after the table, rank 0 prints torch.profiler's per-kernel device times and the host "
                              "time of each timed call (kProfileIters calls)")
+    parser.add_argument("--trace", metavar="DIR", default=None,
+                        help="with --profile implied: every rank also writes the profiled calls' timeline (host "
+                             "and device) as a chrome trace, DIR/<row>_rank<r>.json")
     parser.add_argument("--transport", choices=kTransports, default="staged",
                         help="staged: StagedDispatchCombine; low_latency: LowLatencyDispatchCombine (CUDA, latency "
                              "rows only, each dispatch timed with its combine)")
@@ -158,8 +163,10 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
         raise ValueError(f"--symm-backend {backend} needs CUDA, which is not available; use --symm-backend host")
     if args.transport == "low_latency" and backend == "host":
         raise ValueError("--transport low_latency writes peer GPU memory: it needs CUDA (not --symm-backend host)")
+    if args.trace is not None:
+        os.makedirs(args.trace, exist_ok=True)
     return BenchConfig(args.tokens, args.hidden, args.topk, args.experts, args.latency_tokens, args.iters, backend,
-                       args.seed, args.link_gbps, args.transport, args.profile)
+                       args.seed, args.link_gbps, args.transport, args.profile or args.trace is not None, args.trace)
 
 
 # ---- inputs and traffic ----------------------------------------------------------------------------------
@@ -409,11 +416,13 @@ class PeerCopy:
         self.buffer.destroy()
 
 
-def profile_calls(ctx: DistContext, clock: Clock, label: str, fn: Callable[[], object]) -> None:
+def profile_calls(ctx: DistContext, clock: Clock, label: str, fn: Callable[[], object],
+                  trace_dir: str | None = None) -> None:
     """``--profile``: every rank runs ``kProfileIters`` aligned calls of ``fn`` under torch.profiler;
     rank 0 prints the device time per kernel (the alignment's barrier and one-element all-reduce
     appear as their own rows) and the host time of one call (Python until ``fn`` returns, the
-    device not waited for)."""
+    device not waited for). ``trace_dir``: every rank writes the timeline there as a chrome trace
+    (where the host waits and where the device idles)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if clock.cuda else [])
@@ -426,6 +435,9 @@ def profile_calls(ctx: DistContext, clock: Clock, label: str, fn: Callable[[], o
             host.append(time.perf_counter() - t0)
             if clock.cuda:
                 torch.cuda.synchronize()
+    if trace_dir is not None:
+        name = "_".join(label.replace(",", "").replace("/", "per").split())
+        prof.export_chrome_trace(os.path.join(trace_dir, f"{name}_rank{ctx.rank}.json"))
     # Where the host time goes, by Python function (time blocked in a device sync included).
     python = cProfile.Profile()
     for _ in range(kProfileIters):
@@ -491,7 +503,7 @@ def measure_round(ctx: DistContext, cfg: BenchConfig, dc, clock: Clock, batch: B
                         *(clock.median_s(g.replay, cfg.iters) for g in graphs)))
     ceiling.destroy()
     if cfg.profile:
-        profile_calls(ctx, clock, f"round, {mode}, {batch.x.shape[0]} tokens/rank", ours)
+        profile_calls(ctx, clock, f"round, {mode}, {batch.x.shape[0]} tokens/rank", ours, cfg.trace_dir)
     return rows
 
 
@@ -513,7 +525,7 @@ def measure(ctx: DistContext, cfg: BenchConfig, dc: StagedDispatchCombine, clock
         copy_s = clock.median_s(ceiling, cfg.iters)
         ceiling.destroy()
         if cfg.profile:
-            profile_calls(ctx, clock, f"{op}, {mode}, {batch.x.shape[0]} tokens/rank", ours[op])
+            profile_calls(ctx, clock, f"{op}, {mode}, {batch.x.shape[0]} tokens/rank", ours[op], cfg.trace_dir)
         rows.append(Row(op, mode, batch.x.shape[0], traffic.bytes_per_rank(op), ours_s, peer_s, copy_s))
     return rows
 

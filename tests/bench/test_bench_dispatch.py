@@ -3,6 +3,7 @@ correctness round against deliberately broken dispatches, and its argument check
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -72,6 +73,21 @@ def test_bench_runs_on_two_cpu_ranks_and_prints_the_table(nproc, args):
         copy_us = float(row["peer copy µs"])
         assert copy_us > 0 and float(row["peer copy GB/s"]) == pytest.approx(mb / copy_us * 1e3, rel=2e-3), row
         assert row["ours of peer copy"] == f"{copy_us / ours_us:.0%}", row
+
+
+@pytest.mark.multirank
+def test_trace_writes_every_rank_timeline(tmp_path):
+    """--trace DIR: the profile tables on rank 0, and one chrome trace per profiled row and rank."""
+    args = ["--tokens", "24", "--hidden", "256", "--topk", "2", "--experts", "4", "--latency-tokens", "3",
+            "--iters", "2", "--symm-backend", "host", "--trace", str(tmp_path)]
+    stdout = run_torchrun(kScript, 2, args, "| dispatch | bandwidth | 24 |", timeout=180)
+    assert stdout.count("### profile: ") == 4, stdout
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(f"{op}_{mode}_{tokens}_tokensperrank_rank{r}.json"
+                           for op in ("dispatch", "combine") for mode, tokens in (("bandwidth", 24), ("latency", 3))
+                           for r in (0, 1)), names
+    for path in tmp_path.iterdir():
+        assert json.loads(path.read_text())["traceEvents"], path
 
 
 def test_table_cells_from_known_timings():
