@@ -189,12 +189,16 @@ def combine_with_barriers(seed: int, num_ranks: int) -> None:
         for c in combine:
             c.fill_(float("nan"))
         torch.cuda.synchronize()
-        seen = []
+        # Every rank's combine is queued before any rank's read (a read queued behind a waiting
+        # kernel could otherwise hold a later rank's combine on a shared hardware queue).
         for r in range(num_ranks):
             with torch.cuda.stream(streams[r]):
                 torch.cuda._sleep(200_000 * ((r + round_) % 3))
                 kernels.exchange_combine(peers[r], outs[r], m_indices[r],
                                          barrier=kernels.ExchangeBarrier(flag_rows, flags[r], done[r]))
+        seen = []
+        for r in range(num_ranks):
+            with torch.cuda.stream(streams[r]):
                 seen.append(combine[r].clone())
         torch.cuda.synchronize()
         for q in range(num_ranks):
