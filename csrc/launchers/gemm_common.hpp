@@ -3,13 +3,16 @@
 // sm90_bf16_gemm.hpp): the tile heuristic, TMA descriptors, the epilogue's swizzle choice and the
 // scale-warp switch.
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <cstdlib>
 #include <string>
 
 #include "jit/compiler.hpp"
 #include "jit/device_runtime.hpp"
 #include "jit/driver.hpp"
+#include "jit/env_memo.hpp"
 #include "jit/exception.hpp"
 #include "moe_kernels/common/masked_store.h"
 
@@ -189,6 +192,55 @@ inline moe_jit::driver::CUtensorMapSwizzle tma_swizzle(int bytes) {
                        : CU_TENSOR_MAP_SWIZZLE_NONE;
 }
 
+// MOE_TMA_MEMO=0 encodes every map afresh (for A/B timing of the memo below).
+inline bool tma_memo_enabled() {
+  static moe_jit::EnvMemo<int, bool, std::hash<int>> memo;
+  return memo.get(0, [] {
+    const char* value = std::getenv("MOE_TMA_MEMO");
+    return value == nullptr || std::string(value) != "0";
+  });
+}
+
+// Encoded maps by their arguments, per thread, direct-mapped. A map holds the address, sizes,
+// strides, box and modes and nothing of the memory's contents or of the context, so the same
+// arguments give the same 128 bytes: a call on the buffers of an earlier one (the caching
+// allocator hands them out again) skips cuTensorMapEncodeTiled.
+class TmaMemo {
+ public:
+  static constexpr int kSlots = 256;
+  using Key = std::array<std::uint64_t, 8>;
+
+  template <typename Encode>
+  static moe_jit::driver::CUtensorMap get(const Key& key, Encode&& encode) {
+    static thread_local TmaMemo memo;
+    Slot& slot = memo.slots_[slot_of(key)];
+    if (!slot.valid || slot.key != key) {
+      slot.valid = false;  // an encode that throws leaves the slot empty
+      slot.map = encode();
+      slot.key = key;
+      slot.valid = true;
+    }
+    return slot.map;
+  }
+
+ private:
+  // FNV over the words, then a finalizer: addresses differ in their high bits, which FNV's low
+  // bits do not see.
+  static std::size_t slot_of(const Key& key) {
+    std::uint64_t h = moe_jit::IntArrayHash{}(key);
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    return static_cast<std::size_t>((h ^ (h >> 31)) % kSlots);
+  }
+
+  struct Slot {
+    moe_jit::driver::CUtensorMap map{};
+    Key key{};
+    bool valid = false;
+  };
+  std::array<Slot, kSlots> slots_{};
+};
+
 // Row-major tensor [outer2, outer, inner] with strides in elements; outer2 = 0: a 2-D tensor. A
 // kernel that stores with 3-D coordinates needs a 3-D map even for one group (outer2 = 1).
 inline moe_jit::driver::CUtensorMap make_tma(const char* fn, std::uint64_t ptr, moe_jit::driver::CUtensorMapDataType dtype,
@@ -205,17 +257,25 @@ inline moe_jit::driver::CUtensorMap make_tma(const char* fn, std::uint64_t ptr, 
   MOE_HOST_ASSERT(outer * std::max<std::uint64_t>(outer2, 1) < (1ull << 31),
                   fn << ": " << what << " has " << outer * std::max<std::uint64_t>(outer2, 1)
                      << " rows; the kernels address at most 2^31");
-  CUtensorMap map{};
-  const cuuint32_t rank = outer2 > 0 ? 3 : 2;
-  const cuuint64_t dims[3] = {inner, outer, outer2 > 0 ? outer2 : 1};
-  const cuuint64_t strides[2] = {row_stride * elem_bytes, outer2_stride * elem_bytes};
-  const cuuint32_t box[3] = {box_inner, box_outer, 1};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  MOE_CU_CHECK(api().cuTensorMapEncodeTiled(&map, dtype, rank, reinterpret_cast<void*>(ptr), dims, strides, box,
-                                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
-  return map;
+  const auto encode = [&] {
+    CUtensorMap map{};
+    const cuuint32_t rank = outer2 > 0 ? 3 : 2;
+    const cuuint64_t dims[3] = {inner, outer, outer2 > 0 ? outer2 : 1};
+    const cuuint64_t strides[2] = {row_stride * elem_bytes, outer2_stride * elem_bytes};
+    const cuuint32_t box[3] = {box_inner, box_outer, 1};
+    const cuuint32_t elem_strides[3] = {1, 1, 1};
+    MOE_CU_CHECK(api().cuTensorMapEncodeTiled(&map, dtype, rank, reinterpret_cast<void*>(ptr), dims, strides, box,
+                                              elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+    return map;
+  };
+  if (!tma_memo_enabled()) return encode();
+  const TmaMemo::Key key = {ptr, inner, outer, row_stride, outer2, outer2_stride,
+                            (static_cast<std::uint64_t>(box_inner) << 32) | box_outer,
+                            (static_cast<std::uint64_t>(dtype) << 16) | (static_cast<std::uint64_t>(swizzle) << 8) |
+                                static_cast<std::uint64_t>(elem_bytes)};
+  return TmaMemo::get(key, encode);
 }
 
 // The bf16 D map of a GEMM epilogue: one TMA box per epilogue atom (swizzle_d / 2 columns, or the

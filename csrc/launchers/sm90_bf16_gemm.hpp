@@ -35,7 +35,7 @@ struct Config {
 
 inline int stage_bytes(int block_m, int block_n) { return (block_m + block_n) * kBlockK * 2; }
 
-inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual) {
+inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual) {
   MOE_HOST_ASSERT(m >= 1, "bf16_gemm_nt: M must be >= 1, got " << m);
   MOE_HOST_ASSERT(n >= 8 && n % 8 == 0, "bf16_gemm_nt: N must be a positive multiple of 8, got " << n);
   MOE_HOST_ASSERT(k >= kBlockK && k % kBlockK == 0, "bf16_gemm_nt: K must be a positive multiple of 64, got " << k);
@@ -43,6 +43,13 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   return {compile_m ? m : 0, n, k,
           choose_tiles("bf16_gemm_nt", 1, m, n, num_sms, kMaxBlockN, stage_bytes, [](int) { return true; }),
           residual, num_sms};
+}
+
+// plan_config once per shape and environment (moe_jit::EnvMemo), as the FP8 family does.
+inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual) {
+  static moe_jit::EnvMemo<std::array<int, 6>, Config, moe_jit::IntArrayHash> memo;
+  const std::array<int, 6> key = {m, n, k, num_sms, compile_m, static_cast<int>(residual)};
+  return memo.get(key, [&] { return plan_config(m, n, k, num_sms, compile_m, residual); });
 }
 
 inline GeneratedKernel generate(const Config& c) {

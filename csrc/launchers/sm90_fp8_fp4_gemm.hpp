@@ -54,7 +54,7 @@ inline const char* function_name(GemmType type) {
 }
 
 // `m`: rows of A (contiguous) or the expected rows per group (masked, `num_groups` problems).
-inline Config get_config(int m, int n, int k, int num_sms, GemmType type, int num_groups) {
+inline Config plan_config(int m, int n, int k, int num_sms, GemmType type, int num_groups) {
   const char* fn = function_name(type);
   MOE_HOST_ASSERT(type != GemmType::kNormal, fn << ": the FP4-weight GEMM is m-grouped");
   MOE_HOST_ASSERT(m >= 1, fn << ": M must be >= 1, got " << m);
@@ -78,6 +78,13 @@ inline Config get_config(int m, int n, int k, int num_sms, GemmType type, int nu
   cfg.swizzle_d = t.swizzle_d;
   cfg.scale_warps = std::min(scale_warps_setting(), t.num_stages);
   return cfg;
+}
+
+// plan_config once per shape and environment (moe_jit::EnvMemo), as the FP8 family does.
+inline Config get_config(int m, int n, int k, int num_sms, GemmType type, int num_groups) {
+  static moe_jit::EnvMemo<std::array<int, 6>, Config, moe_jit::IntArrayHash> memo;
+  const std::array<int, 6> key = {m, n, k, num_sms, static_cast<int>(type), num_groups};
+  return memo.get(key, [&] { return plan_config(m, n, k, num_sms, type, num_groups); });
 }
 
 inline GeneratedKernel generate(const Config& c) {
@@ -188,8 +195,8 @@ inline int swap_ab_stage_bytes(int block_t, int block_w, int k_blocks, bool frag
 // `expected_m` <= kSwapAbMaxTokens rows per group. The token block covers expected_m; the weight
 // block is the widest (most math warps to hide the conversion's latency) that still gives every
 // SM a tile.
-inline SwapAbConfig get_swap_ab_config(int expected_m, int n, int k, int num_sms, int num_groups,
-                                       bool fragment_layout = false) {
+inline SwapAbConfig plan_swap_ab_config(int expected_m, int n, int k, int num_sms, int num_groups,
+                                        bool fragment_layout) {
   const char* fn = "m_grouped_fp8_fp4_gemm_nt_masked";
   MOE_HOST_ASSERT(expected_m >= 1 && expected_m <= kSwapAbMaxTokens,
                   fn << ": the swapped decode kernel takes 1.." << kSwapAbMaxTokens << " expected rows, got " << expected_m);
@@ -236,6 +243,13 @@ inline SwapAbConfig get_swap_ab_config(int expected_m, int n, int k, int num_sms
   MOE_HOST_ASSERT(c.num_stages >= 2, fn << ": no pipeline fits shared memory");
   c.smem_bytes = d_bytes + c.num_stages * per_stage;
   return c;
+}
+
+inline SwapAbConfig get_swap_ab_config(int expected_m, int n, int k, int num_sms, int num_groups,
+                                       bool fragment_layout = false) {
+  static moe_jit::EnvMemo<std::array<int, 6>, SwapAbConfig, moe_jit::IntArrayHash> memo;
+  const std::array<int, 6> key = {expected_m, n, k, num_sms, num_groups, fragment_layout};
+  return memo.get(key, [&] { return plan_swap_ab_config(expected_m, n, k, num_sms, num_groups, fragment_layout); });
 }
 
 inline GeneratedKernel generate(const SwapAbConfig& c) {

@@ -52,11 +52,12 @@ struct Config {
   int pdl = 0;          // 1: programmatic dependent launch (the prologue overlaps the previous kernel)
   int k_unroll = 1;     // the math warpgroups' K loop unrolled this many times
   int overlap = 0;      // 1: block M 64 issues the next K block's wgmmas before it promotes (kOverlap)
+  bool tail_split_on = true;  // MOE_GEMM_TAIL_SPLIT when planned (the plan is redone when it changes)
 
   // The last, partial wave's tiles split over K; kNormal only.
   TailSplit tail_split_of(int m) const {
     return type == GemmType::kNormal && splits && !share_b
-               ? tail_split(num_tiles(m), num_sms, k, multicast, split_k)
+               ? tail_split(num_tiles(m), num_sms, k, multicast, split_k, tail_split_on)
                : TailSplit{};
   }
   // The persistent grid of an m-row problem: whole clusters, at most one CTA per SM.
@@ -261,9 +262,9 @@ inline const char* function_name(GemmType type) {
 // many rows lies in one group (or is padding); a multiple of 256 allows 256-row tiles.
 // split_workspace: whether the launch gets the tail split's workspace (not inside a CUDA graph
 // capture); without it the tiles are planned whole. scale_load: scale_load_for the launch's tensors.
-inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual,
-                         GemmType type, int num_groups, int contiguous_alignment, bool split_workspace,
-                         unsigned scale_load) {
+inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual,
+                          GemmType type, int num_groups, int contiguous_alignment, bool split_workspace,
+                          unsigned scale_load) {
   const char* fn = function_name(type);
   check_shape(fn, m, n, k);
   MOE_HOST_ASSERT(num_sms >= 1, fn << ": num_sms must be >= 1, got " << num_sms);
@@ -331,8 +332,8 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
     }
   }
   if (scale_load == moe_kernels::kScaleTmaKMajor && (t.block_m < kScaleTmaKMajorMinBlockM || k < kScaleTmaKMajorMinK)) {
-    return get_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment, split_workspace,
-                      moe_kernels::kScaleGather);
+    return plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment, split_workspace,
+                       moe_kernels::kScaleGather);
   }
   cfg.block_m = t.block_m;
   cfg.block_n = t.block_n;
@@ -354,6 +355,7 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   cfg.scale_warps = scale_load == moe_kernels::kScaleGather ? std::min(scale_warps_setting(), t.num_stages) : 0;
   cfg.split_k = single_wave_ways;
   cfg.splits = split_workspace;
+  cfg.tail_split_on = tail_split_enabled();
   // Programmatic dependent launch unless MOE_GEMM_PDL=0 (read per call): in a CUDA graph of 8
   // dependent dense GEMMs at 64-128 rows, 1.00-1.10x per GEMM in 13 of 14 shapes, 0.95x at 128 x
   // 7168 x 16384 (bench/RESULTS.md, session 10). Grouped and large-M GEMMs were not timed against
@@ -397,6 +399,20 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
                     ? 1
                     : 0;
   return cfg;
+}
+
+// plan_config once per shape and environment: a call then skips the heuristic and its getenv reads
+// (about 2 µs of host time per call, bench/RESULTS.md session 20).
+inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual,
+                         GemmType type, int num_groups, int contiguous_alignment, bool split_workspace,
+                         unsigned scale_load) {
+  static moe_jit::EnvMemo<std::array<int, 11>, Config, moe_jit::IntArrayHash> memo;
+  const std::array<int, 11> key = {m, n, k, num_sms, compile_m, static_cast<int>(residual), static_cast<int>(type),
+                                   num_groups, contiguous_alignment, split_workspace, static_cast<int>(scale_load)};
+  return memo.get(key, [&] {
+    return plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment,
+                       split_workspace, scale_load);
+  });
 }
 
 inline GeneratedKernel generate(const Config& c) {

@@ -385,3 +385,48 @@ def test_clusters_sharing_b_only_where_the_kernel_can(m, n, k, gemm_type, groups
         assert cfg["grid"] % 2 == 0 and cfg["grid"] <= H200_SMS
     else:
         assert {key: cfg[key] for key in ("block_m", "block_n")} == {key: default[key] for key in ("block_m", "block_n")}
+
+
+def test_plans_are_memoized_per_environment(monkeypatch):
+    """The launchers keep each shape's plan until the environment changes (jit/env_memo.hpp): a
+    switch set, changed, removed or set again between two calls applies to the second, for the FP8,
+    FP8 x FP4 and BF16 families alike; an unrelated variable changes no plan."""
+    native = kernels.jit.native_module()
+    for name in ("MOE_GEMM_BLOCK_N", "MOE_GEMM_TAIL_SPLIT", "MOE_FP4_DECODE_K_BLOCKS"):
+        monkeypatch.delenv(name, raising=False)
+
+    def fp8():
+        cfg = native.fp8_gemm_nt_config(4096, 4096, 7168, H200_SMS)
+        return cfg["block_n"], cfg["tail_splits"]
+
+    def fp4_decode():
+        return native.fp8_fp4_gemm_nt_swap_ab_code(8, 4096, 7168, H200_SMS, 32)[2]["k_blocks"]
+
+    def bf16():  # the kernel's block N, its fifth template argument
+        code = native.bf16_gemm_nt_code(4096, 4096, 7168, H200_SMS)[1]
+        return int(code.split("sm90_bf16_gemm_nt<")[1].split(",")[4])
+
+    base, base_fp4, base_bf16 = fp8(), fp4_decode(), bf16()
+    assert fp8() == base and fp4_decode() == base_fp4 and bf16() == base_bf16
+    for _ in range(2):  # the second round sets the same strings again (glibc may reuse them)
+        monkeypatch.setenv("MOE_GEMM_BLOCK_N", "64")
+        assert fp8()[0] == 64 and bf16() == 64
+        monkeypatch.setenv("MOE_GEMM_BLOCK_N", "128")
+        assert fp8()[0] == 128
+        monkeypatch.delenv("MOE_GEMM_BLOCK_N")
+        assert fp8() == base and bf16() == base_bf16
+        monkeypatch.setenv("MOE_FP4_DECODE_K_BLOCKS", "1" if base_fp4 == 2 else "2")
+        assert fp4_decode() != base_fp4
+        monkeypatch.delenv("MOE_FP4_DECODE_K_BLOCKS")
+        assert fp4_decode() == base_fp4
+    # 128-row tiles of 4096 x 7168 x 16384 split their last wave over K; the switch, read when
+    # planned, turns that off.
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")
+    assert native.fp8_gemm_nt_config(4096, 7168, 16384, H200_SMS)["tail_splits"] == 4
+    monkeypatch.setenv("MOE_GEMM_TAIL_SPLIT", "0")
+    assert native.fp8_gemm_nt_config(4096, 7168, 16384, H200_SMS)["tail_splits"] == 1
+    monkeypatch.delenv("MOE_GEMM_TAIL_SPLIT")
+    assert native.fp8_gemm_nt_config(4096, 7168, 16384, H200_SMS)["tail_splits"] == 4
+    monkeypatch.delenv("MOE_GEMM_BLOCK_M")
+    monkeypatch.setenv("MOE_RUNTIME_UNRELATED_VARIABLE", "1")
+    assert fp8() == base and fp4_decode() == base_fp4 and bf16() == base_bf16

@@ -1,0 +1,115 @@
+"""The GEMM launchers' host path under the host-only driver (kernels/testing/host_driver.cpp): what
+reaches cuLaunchKernelEx and cuTensorMapEncodeTiled on a CPU-only machine, kernels compiled by NVRTC
+and never run. Covers the plan memo (jit/env_memo.hpp) and the descriptor memo (gemm_common.hpp
+TmaMemo)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernels.testing.host_driver import build_host_driver, host_driver_env
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Runs in a process whose driver is the host-only one; prints one JSON object of observations.
+_CHILD = r"""
+import json, os
+from kernels.jit import native_module
+from kernels.testing.host_driver import HostDriverRecord
+
+rec = HostDriverRecord.attach()
+native = native_module()
+A, SFA, B, SFB, D = (0x10_0000_0000 * (i + 1) for i in range(5))
+out = {}
+
+def dense(m, n, k, d=D, a=A):
+    native.fp8_gemm_nt(a, k, SFA, 1, (m + 3) // 4 * 4, B, k, SFB, k // 128, 1, d, n, 0, -1, 0, m, n, k, False, 0, 0,
+                       0, 0)
+
+def encodes_of(call):
+    before = rec.encodes()
+    call()
+    return rec.encodes() - before
+
+def launch_of(m, n, k):
+    dense(m, n, k)
+    last = rec.last_launch()
+    plan = native.fp8_gemm_nt_config(m, n, k, 132, split_workspace=False, scale_load=1)
+    return {"launch": [last.grid, last.smem_bytes, last.cluster, int(last.pdl)],
+            "plan": [plan["grid"], plan["smem_bytes"], plan["multicast"], plan["pdl"]]}
+
+m, n, k = 128, 4096, 7168
+out["first"] = encodes_of(lambda: dense(m, n, k))
+out["repeat"] = encodes_of(lambda: dense(m, n, k))
+out["new_d"] = encodes_of(lambda: dense(m, n, k, d=D + 4096))
+out["back_to_d"] = encodes_of(lambda: dense(m, n, k))
+out["new_rows"] = encodes_of(lambda: dense(m + 8, n, k))
+launches = rec.launches()
+os.environ["MOE_TMA_MEMO"] = "0"
+out["memo_off"] = [encodes_of(lambda: dense(m, n, k)) for _ in range(2)]
+del os.environ["MOE_TMA_MEMO"]
+out["memo_on_again"] = encodes_of(lambda: dense(m, n, k))
+out["launches"] = rec.launches() - launches
+out["plans"] = [launch_of(*shape) for shape in [(128, 4096, 7168), (64, 2112, 7168), (2048, 7168, 2048),
+                                                 (4096, 4096, 7168), (1, 576, 7168)]]
+dense(m, n, k)
+out["pdl_default"] = rec.last_launch().pdl
+os.environ["MOE_GEMM_PDL"] = "0"
+dense(m, n, k)
+out["pdl_off"] = rec.last_launch().pdl
+del os.environ["MOE_GEMM_PDL"]
+dense(m, n, k)
+out["pdl_back"] = rec.last_launch().pdl
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory) -> dict:
+    lib_dir = build_host_driver(tmp_path_factory.mktemp("host_driver"))
+    env = host_driver_env(lib_dir)
+    for name in ("MOE_TMA_MEMO", "MOE_GEMM_PDL", "MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_MULTICAST"):
+        env.pop(name, None)
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_descriptors_are_encoded_once_per_buffer(observed):
+    """Five maps (A, B, D, A's and B's scales) on the first call; none when the same buffers come
+    back; one when only D moves (also when it moves back: the old one is still held); A, D and A's
+    scales when the row count changes."""
+    assert observed["first"] == 5
+    assert observed["repeat"] == 0
+    assert observed["new_d"] == 1
+    assert observed["back_to_d"] == 0
+    assert observed["new_rows"] == 3
+
+
+def test_memo_switch_encodes_every_map(observed):
+    """MOE_TMA_MEMO=0, set between calls, encodes all five maps on every call; unset, the memo
+    serves them again."""
+    assert observed["memo_off"] == [5, 5]
+    assert observed["memo_on_again"] == 0
+    assert observed["launches"] == 3
+
+
+def test_launches_follow_the_plan(observed):
+    """Grid, shared memory, cluster size and PDL of what reaches the driver are the heuristic's
+    (planned for a launch without the split workspace, as the raw call here has none)."""
+    for case in observed["plans"]:
+        assert case["launch"] == case["plan"], case
+
+
+def test_env_switch_reaches_the_next_launch(observed):
+    """A switch read by the memoized plan (MOE_GEMM_PDL) applies from the next call on, and its
+    removal too."""
+    assert observed["pdl_default"] is True
+    assert observed["pdl_off"] is False
+    assert observed["pdl_back"] is True
