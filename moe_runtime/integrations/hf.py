@@ -1,29 +1,46 @@
 """Replace the sparse MoE blocks of Hugging Face transformers models with ``MegaMoELayer``.
 
-Supported block classes and how they are read (transformers 5 keeps the routed experts fused as
-``experts.gate_up_proj`` [E, 2I, H] and ``experts.down_proj`` [E, H, I]; transformers 4 kept one
-MLP per expert in an ``nn.ModuleList``; both are understood):
+Transformers 5 keeps the routed experts fused as ``experts.gate_up_proj`` [E, 2I, H] and
+``experts.down_proj`` [E, H, I]; transformers 4 kept one MLP per expert in an ``nn.ModuleList``;
+both are understood. Each supported block class maps to a :class:`BlockFamily` that says where its
+router's tensors are and which of ``RouterConfig``'s choices its routing makes (``kBlockFamilies``):
 
-===================== ========== ====================================================================
-class                 family     routing / extras
-===================== ========== ====================================================================
-MixtralSparseMoeBlock mixtral    softmax, top-k renormalised; v4 experts ``w1`` (gate) ``w3`` (up) ``w2``
-Qwen2MoeSparseMoeBlock qwen2_moe softmax, ``norm_topk_prob``; ``shared_expert`` MLP scaled by
-                                 ``sigmoid(shared_expert_gate(x))``
-Qwen3MoeSparseMoeBlock qwen3_moe softmax, ``norm_topk_prob``
-DeepseekV3MoE         deepseek_v3 sigmoid + ``e_score_correction_bias``, grouped top-k (``n_group``,
-                                 ``topk_group``), ``norm_topk_prob``, ``routed_scaling_factor``;
-                                 ``shared_experts`` MLP
-===================== ========== ====================================================================
+========================== ============================================================================
+family (block classes)     routing / extras
+========================== ============================================================================
+mixtral                    softmax, top-k renormalised; v4 experts ``w1`` (gate) ``w3`` (up) ``w2``
+qwen2_moe, qwen3_next      softmax, ``norm_topk_prob``; ``shared_expert`` scaled by
+                           ``sigmoid(shared_expert_gate(x))``
+qwen3_5_moe                as qwen3_next, always renormalised
+qwen3_moe, olmoe,          softmax, ``norm_topk_prob``
+flex_olmo
+qwen3_vl_moe               softmax, always renormalised
+deepseek_v3, glm4_moe,     sigmoid + ``gate.e_score_correction_bias``, grouped top-k (``n_group``,
+glm4_moe_lite, dots1,      ``topk_group``), ``norm_topk_prob``, ``routed_scaling_factor``, float32 logits;
+deepseek_v32, kimi_linear, ``shared_experts``
+exaone_moe, solar_open
+deepseek_v2                softmax, never renormalised, ``routed_scaling_factor``, float32 logits;
+                           ``shared_experts``; ``topk_method="greedy"`` only
+mistral_large4             softmax, grouped top-k, always renormalised, ``routed_scaling_factor``, float32
+                           logits; ``shared_experts``
+minimax_m2                 sigmoid + the block's ``e_score_correction_bias``, always renormalised
+ernie4_5_moe               softmax + ``gate.moe_statics.e_score_correction_bias``, always renormalised,
+                           float32 logits; ``shared_experts``
+hunyuan_v1_moe             softmax of ``gate.wg``, always renormalised; ``shared_mlp``
+afmoe                      sigmoid of ``router.gate`` + the block's ``expert_bias``, always renormalised,
+                           ``router.route_scale``; ``shared_experts``
+========================== ============================================================================
 
-The replacement returns what the original block returned: a tensor in transformers 5, the
-``(hidden_states, router_logits)`` tuple of the transformers 4 Mixtral / Qwen blocks (found by
-running the original block once on one token before replacing it).
+Logits run in float32 where the family's gate casts to it, else in the router weight's dtype, so
+that near-ties pick the same experts. Experts must be SwiGLU without biases; anything else raises
+``NotImplementedError``. The replacement returns what the original block returned: a tensor in
+transformers 5, the ``(hidden_states, router_logits)`` tuple of the transformers 4 Mixtral / Qwen
+blocks (found by running the original block once on one token before replacing it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -31,11 +48,63 @@ from torch import nn
 
 from moe_runtime.layer import MoEBlockWeights
 
-kBlockFamilies = {
-    "MixtralSparseMoeBlock": "mixtral",
-    "Qwen2MoeSparseMoeBlock": "qwen2_moe",
-    "Qwen3MoeSparseMoeBlock": "qwen3_moe",
-    "DeepseekV3MoE": "deepseek_v3",
+
+@dataclass(frozen=True)
+class BlockFamily:
+    """Where one transformers block class keeps its router and what its routing does.
+
+    Paths are dotted attribute names from the block. ``norm_topk_prob``: fixed, or None to read the
+    ``norm_topk_prob`` flag (router, block, config; ``norm_default`` without one)."""
+
+    family: str
+    scoring_func: str = "softmax"
+    router: str = "gate"                    # the router module (top_k, n_group, ... live there)
+    router_weight: str = "gate.weight"      # [E, H]
+    score_bias: str | None = None           # the choice bias [E] (or [1, E])
+    norm_topk_prob: bool | None = None
+    norm_default: bool = False
+    grouped: bool = False                   # DeepSeek-V3's grouped top-k (n_group, topk_group)
+    scaling: str | None = None              # name of the routed scaling factor (router, block, config)
+    float32_logits: bool = False            # else the router weight's dtype
+    shared: str | None = None               # the shared-expert MLP (gate_proj, up_proj, down_proj)
+    shared_gate: str | None = None          # its sigmoid gate, Linear(H, 1)
+
+
+_QWEN2 = BlockFamily("qwen2_moe", shared="shared_expert", shared_gate="shared_expert_gate")
+_QWEN3 = BlockFamily("qwen3_moe")
+_DEEPSEEK_V3 = BlockFamily("deepseek_v3", "sigmoid", score_bias="gate.e_score_correction_bias", norm_default=True,
+                           grouped=True, scaling="routed_scaling_factor", float32_logits=True, shared="shared_experts")
+
+kBlockFamilies: dict[str, BlockFamily] = {
+    "MixtralSparseMoeBlock": BlockFamily("mixtral", norm_topk_prob=True),
+    "Qwen2MoeSparseMoeBlock": _QWEN2,
+    "Qwen3NextSparseMoeBlock": replace(_QWEN2, family="qwen3_next"),
+    "Qwen3_5MoeSparseMoeBlock": replace(_QWEN2, family="qwen3_5_moe", norm_topk_prob=True),
+    "Qwen3MoeSparseMoeBlock": _QWEN3,
+    "Qwen3VLMoeTextSparseMoeBlock": replace(_QWEN3, family="qwen3_vl_moe", norm_topk_prob=True),
+    "OlmoeSparseMoeBlock": replace(_QWEN3, family="olmoe"),
+    "FlexOlmoSparseMoeBlock": replace(_QWEN3, family="flex_olmo"),
+    "DeepseekV3MoE": _DEEPSEEK_V3,
+    "Glm4MoeMoE": replace(_DEEPSEEK_V3, family="glm4_moe"),
+    "Glm4MoeLiteMoE": replace(_DEEPSEEK_V3, family="glm4_moe_lite"),
+    "Dots1MoE": replace(_DEEPSEEK_V3, family="dots1"),
+    "DeepseekV32MoE": replace(_DEEPSEEK_V3, family="deepseek_v32"),
+    "KimiLinearMoE": replace(_DEEPSEEK_V3, family="kimi_linear"),
+    "ExaoneMoeSparseMoEBlock": replace(_DEEPSEEK_V3, family="exaone_moe"),
+    "SolarOpenMoE": replace(_DEEPSEEK_V3, family="solar_open"),
+    "DeepseekV2Moe": BlockFamily("deepseek_v2", norm_topk_prob=False, scaling="routed_scaling_factor",
+                                 float32_logits=True, shared="shared_experts"),
+    "MistralLarge4TextMoE": BlockFamily("mistral_large4", norm_topk_prob=True, grouped=True,
+                                        scaling="routed_scaling_factor", float32_logits=True, shared="shared_experts"),
+    "MiniMaxM2SparseMoeBlock": BlockFamily("minimax_m2", "sigmoid", score_bias="e_score_correction_bias",
+                                           norm_topk_prob=True),
+    "Ernie4_5_MoeSparseMoeBlock": BlockFamily("ernie4_5_moe", score_bias="gate.moe_statics.e_score_correction_bias",
+                                              norm_topk_prob=True, float32_logits=True, shared="shared_experts"),
+    "HunYuanMoEV1Moe": BlockFamily("hunyuan_v1_moe", router_weight="gate.wg.weight", norm_topk_prob=True,
+                                   shared="shared_mlp"),
+    "AfmoeSparseMoeBlock": BlockFamily("afmoe", "sigmoid", router="router", router_weight="router.gate.weight",
+                                       score_bias="expert_bias", norm_topk_prob=True, scaling="route_scale",
+                                       shared="shared_experts"),
 }
 # Per-expert MLP projections of transformers 4: (gate, up, down).
 kPerExpertNames = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
@@ -58,6 +127,7 @@ class MoEBlockSpec:
     use_score_bias: bool
     shared_intermediate_size: int
     shared_expert_gate: bool
+    float32_logits: bool = False
 
 
 def _attr(name: str, *sources, default=None):
@@ -66,6 +136,25 @@ def _attr(name: str, *sources, default=None):
         if value is not None:
             return value
     return default
+
+
+def _path(module: nn.Module, dotted: str | None):
+    """The attribute at ``dotted`` (a.b.c) below ``module``, or None where a step is missing."""
+    if dotted is None:
+        return None
+    for name in dotted.split("."):
+        module = getattr(module, name, None)
+        if module is None:
+            return None
+    return module
+
+
+def _family(block: nn.Module) -> BlockFamily:
+    cls = type(block).__name__
+    family = kBlockFamilies.get(cls)
+    if family is None:
+        raise NotImplementedError(f"block: {cls} is not a supported MoE block; supported: {sorted(kBlockFamilies)}")
+    return family
 
 
 def _check_silu(act, where: str) -> None:
@@ -81,8 +170,6 @@ def _per_expert_names(expert: nn.Module, where: str) -> tuple[str, str, str]:
             return names
     raise NotImplementedError(f"{where}: expert MLP {type(expert).__name__} has none of the known projection "
                               f"layouts {kPerExpertNames}")
-
-
 def _expert_shapes(experts: nn.Module, where: str) -> tuple[int, int, int]:
     """(num_experts, hidden, intermediate) of fused (transformers 5) or per-expert (4) experts."""
     if isinstance(experts, nn.ModuleList):
@@ -109,34 +196,38 @@ def read_block_spec(block: nn.Module, config=None) -> MoEBlockSpec:
     ``config``: the model's (text) config, consulted for fields a block does not carry itself.
     """
     cls = type(block).__name__
-    family = kBlockFamilies.get(cls)
-    if family is None:
-        raise NotImplementedError(f"block: {cls} is not a supported MoE block; supported: {sorted(kBlockFamilies)}")
-    gate, experts = block.gate, block.experts
+    fam = _family(block)
+    router, experts = _path(block, fam.router), block.experts
     num_experts, hidden, inter = _expert_shapes(experts, cls)
     act = getattr(experts, "act_fn", None) if not isinstance(experts, nn.ModuleList) else experts[0].act_fn
     _check_silu(act, cls)
-    top_k = _attr("top_k", gate, block, _ConfigView(config), default=None)
+    top_k = _attr("top_k", router, block, _ConfigView(config), default=None)
     if top_k is None:
         raise ValueError(f"{cls}: cannot find top_k on the router, the block or the config")
-    shared = _shared_module(block)
-    shared_inter = 0 if shared is None else shared.gate_proj.weight.shape[0]
-    routing = dict(scoring_func="softmax", norm_topk_prob=True, n_group=None, topk_group=None,
-                   routed_scaling_factor=1.0, use_score_bias=False)
-    if family in ("qwen2_moe", "qwen3_moe"):
-        routing["norm_topk_prob"] = bool(_attr("norm_topk_prob", gate, block, config, default=False))
-    elif family == "deepseek_v3":
-        routing.update(
-            scoring_func="sigmoid",
-            norm_topk_prob=bool(_attr("norm_topk_prob", gate, config, default=True)),
-            n_group=_attr("num_group", gate, default=None) or _attr("n_group", gate, config),
-            topk_group=_attr("topk_group", gate, config),
-            routed_scaling_factor=float(_attr("routed_scaling_factor", gate, config, default=1.0)),
-            use_score_bias=getattr(gate, "e_score_correction_bias", None) is not None,
-        )
-    return MoEBlockSpec(family=family, hidden_size=hidden, intermediate_size=inter, num_experts=num_experts,
-                        top_k=int(top_k), shared_intermediate_size=shared_inter,
-                        shared_expert_gate=getattr(block, "shared_expert_gate", None) is not None, **routing)
+    topk_method = _attr("topk_method", router, config, default="greedy")
+    if topk_method != "greedy":
+        raise NotImplementedError(f"{cls}: topk_method={topk_method!r} (groups scored by their best expert) is not "
+                                  "supported; only 'greedy' is")
+    shared = _shared_module(block, fam)
+    shared_inter = 0
+    if shared is not None:
+        _check_shared(shared, cls)
+        shared_inter = shared.gate_proj.weight.shape[0]
+    norm = fam.norm_topk_prob
+    if norm is None:
+        norm = bool(_attr("norm_topk_prob", router, block, config, default=fam.norm_default))
+    n_group = topk_group = None
+    if fam.grouped:
+        n_group = _attr("num_group", router) or _attr("n_group", router, config)
+        topk_group = _attr("topk_group", router, config)
+    scaling = 1.0 if fam.scaling is None else float(_attr(fam.scaling, router, block, config, default=1.0))
+    return MoEBlockSpec(family=fam.family, hidden_size=hidden, intermediate_size=inter, num_experts=num_experts,
+                        top_k=int(top_k), scoring_func=fam.scoring_func, norm_topk_prob=norm, n_group=n_group,
+                        topk_group=topk_group, routed_scaling_factor=scaling,
+                        use_score_bias=_path(block, fam.score_bias) is not None,
+                        shared_intermediate_size=shared_inter,
+                        shared_expert_gate=_path(block, fam.shared_gate) is not None,
+                        float32_logits=fam.float32_logits)
 
 
 class _ConfigView:
@@ -146,14 +237,25 @@ class _ConfigView:
         self.top_k = getattr(config, "num_experts_per_tok", None) if config is not None else None
 
 
-def _shared_module(block: nn.Module) -> nn.Module | None:
-    """The shared expert MLP (DeepSeek-V3 ``shared_experts``, Qwen2-MoE ``shared_expert``), or None."""
-    return _attr("shared_experts", block) or _attr("shared_expert", block)
+def _shared_module(block: nn.Module, fam: BlockFamily) -> nn.Module | None:
+    """The shared expert MLP of the block's family, or None."""
+    return _path(block, fam.shared)
 
 
-def _shared_mlp(block: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _check_shared(mlp: nn.Module, where: str) -> None:
+    projections = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    if not all(isinstance(p, nn.Linear) for p in projections):
+        raise NotImplementedError(f"{where}: shared expert {type(mlp).__name__} has no gate_proj / up_proj / "
+                                  "down_proj Linear layers")
+    if any(p.bias is not None for p in projections):
+        raise NotImplementedError(f"{where}: shared expert projections with biases are not supported by "
+                                  "MegaMoELayer")
+    _check_silu(getattr(mlp, "act_fn", None), f"{where} shared expert")
+
+
+def _shared_mlp(block: nn.Module, fam: BlockFamily) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Shared expert(s) as (gate_up [2Is, H], down [H, Is]), or None."""
-    mlp = _shared_module(block)
+    mlp = _shared_module(block, fam)
     if mlp is None:
         return None
     gate, up, down = (getattr(mlp, n).weight for n in ("gate_proj", "up_proj", "down_proj"))
@@ -167,7 +269,8 @@ def _detach(tensor: torch.Tensor | None) -> torch.Tensor | None:
 def read_block_weights(block: nn.Module, experts: range) -> MoEBlockWeights:
     """The tensors of a supported block, routed experts restricted to ``experts``."""
     cls = type(block).__name__
-    gate, module = block.gate, block.experts
+    fam = _family(block)
+    module = block.experts
     if isinstance(module, nn.ModuleList):
         gate_name, up_name, down_name = _per_expert_names(module[0], cls)
         gate_up = torch.stack([torch.cat([getattr(module[e], gate_name).weight, getattr(module[e], up_name).weight])
@@ -178,11 +281,12 @@ def read_block_weights(block: nn.Module, experts: range) -> MoEBlockWeights:
         down = module.down_proj[experts.start:experts.stop]
         if getattr(module, "is_transposed", False):
             gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
-    shared = _shared_mlp(block)
-    shared_gate = getattr(block, "shared_expert_gate", None)
-    bias = getattr(gate, "e_score_correction_bias", None)
+    shared = _shared_mlp(block, fam)
+    shared_gate = _path(block, fam.shared_gate)
+    bias = _path(block, fam.score_bias)
     return MoEBlockWeights(
-        router_weight=_detach(gate.weight), gate_up=_detach(gate_up), down=_detach(down), score_bias=_detach(bias),
+        router_weight=_detach(_path(block, fam.router_weight)), gate_up=_detach(gate_up), down=_detach(down),
+        score_bias=None if bias is None else _detach(bias.reshape(-1)),
         shared_gate_up=None if shared is None else _detach(shared[0]),
         shared_down=None if shared is None else _detach(shared[1]),
         shared_gate=None if shared_gate is None else _detach(shared_gate.weight))
@@ -226,7 +330,7 @@ class MegaMoEBlock(nn.Module):
 
 def _returns_tuple(block: nn.Module, hidden: int, device: torch.device, dtype: torch.dtype) -> bool:
     if device.type == "meta":
-        return isinstance(block.experts, nn.ModuleList) and kBlockFamilies[type(block).__name__] != "deepseek_v3"
+        return isinstance(block.experts, nn.ModuleList) and _family(block).family in ("mixtral", "qwen2_moe", "qwen3_moe")
     probe = torch.randn(1, 1, hidden, device=device, dtype=dtype)
     with torch.no_grad():
         return isinstance(block(probe), tuple)
@@ -253,7 +357,7 @@ def convert_block(block: nn.Module, *, config=None, backend: str = "auto", weigh
     router = RouterConfig(scoring_func=spec.scoring_func, norm_topk_prob=spec.norm_topk_prob, n_group=spec.n_group,
                           topk_group=spec.topk_group, routed_scaling_factor=spec.routed_scaling_factor,
                           use_score_bias=spec.use_score_bias,
-                          logits_dtype=None if spec.family == "deepseek_v3" else block.gate.weight.dtype)
+                          logits_dtype=None if spec.float32_logits else tensors.router_weight.dtype)
     layer = MegaMoELayer(spec.hidden_size, spec.intermediate_size, spec.num_experts, spec.top_k, router=router,
                          shared_intermediate_size=spec.shared_intermediate_size,
                          shared_expert_gate=spec.shared_expert_gate, weights=weights, backend=backend,

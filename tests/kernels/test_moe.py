@@ -194,11 +194,18 @@ def test_gpu_local_dispatch_equals_the_torch_path(seed, num_tokens, top_k, num_l
 
 # ---- moe_route --------------------------------------------------------------------------------------------
 
-_ROUTE_CONFIGS = {  # (num_experts, top_k, kwargs)
+_ROUTE_CONFIGS = {  # (num_experts, top_k, kwargs); the sigmoid ones and "biased" ones get a score bias
     "mixtral": (8, 2, dict()),
     "qwen2-moe": (60, 4, dict(norm=False)),
     "deepseek-v3": (256, 8, dict(sigmoid=True, n_group=8, topk_group=4, scaling=2.5)),
     "wide": (1024, 32, dict(sigmoid=True, n_group=32, topk_group=16, norm=False)),
+    # The other transformers families (moe_runtime/integrations/hf.py): softmax with a bias (Ernie
+    # 4.5), softmax over groups (Mistral-Large-4), sigmoid with a bias and no groups (MiniMax-M2,
+    # AFMoE), softmax scaled without renormalising (DeepSeek-V2).
+    "ernie-4.5": (64, 6, dict(biased=True)),
+    "mistral-large-4": (128, 4, dict(n_group=8, topk_group=4, scaling=1.5)),
+    "minimax-m2": (256, 8, dict(sigmoid=True)),
+    "deepseek-v2": (160, 6, dict(norm=False, scaling=16.0)),
 }
 
 
@@ -210,8 +217,10 @@ def test_gpu_route_matches_the_torch_path(seed, name, num_tokens):
     """Same experts in the same order; weights within float32 rounding (the sums run in another order)."""
     from kernels.moe import _route_reference
     num_experts, top_k, kwargs = _ROUTE_CONFIGS[name]
+    kwargs = dict(kwargs)
     logits = torch.randn(num_tokens, num_experts, device="cuda")
-    bias = torch.randn(num_experts, device="cuda") * 0.05 if kwargs.get("sigmoid") else None
+    biased = kwargs.pop("biased", False) or kwargs.get("sigmoid", False)
+    bias = torch.randn(num_experts, device="cuda") * 0.05 if biased else None
     idx, weights = kernels.moe_route(logits, top_k, score_bias=bias, **kwargs)
     want_idx, want_weights = _route_reference(logits, top_k, kwargs.get("sigmoid", False), kwargs.get("n_group"),
                                               kwargs.get("topk_group"), kwargs.get("norm", True),

@@ -11,30 +11,122 @@ import transformers
 from torch import nn
 
 from moe_runtime.integrations import find_moe_blocks
+from moe_runtime.integrations.hf import kBlockFamilies
 
 kCommon = dict(vocab_size=96, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                max_position_embeddings=64, intermediate_size=192)
-kFamilies = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+# Multi-head latent attention of the DeepSeek-V2/V3 descendants.
+kLatent = dict(num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=16, qk_nope_head_dim=16,
+               v_head_dim=32)
+# Grouped sigmoid routing with a correction bias, as DeepSeek-V3 (16 experts, top 4 of 2 of 4 groups).
+kGrouped = dict(num_experts_per_tok=4, n_group=4, topk_group=2, routed_scaling_factor=2.5)
+# Linear-attention layers of the hybrid models, kept small.
+kLinear = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+               layer_types=["linear_attention", "full_attention"])
+
+
+def _config(model_type: str, **kwargs):
+    return transformers.AutoConfig.for_model(model_type, **kwargs)
+
+
+def _without(name: str) -> dict:
+    return {k: v for k, v in kCommon.items() if k != name}
+
+
+kConfigs = {
+    "mixtral": lambda: transformers.MixtralConfig(**kCommon, num_local_experts=8, num_experts_per_tok=2),
+    "qwen2_moe": lambda: transformers.Qwen2MoeConfig(**kCommon, moe_intermediate_size=64, num_experts=8,
+                                                     num_experts_per_tok=2, shared_expert_intermediate_size=96,
+                                                     norm_topk_prob=False),
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**kCommon, moe_intermediate_size=64, num_experts=8,
+                                                     num_experts_per_tok=2, head_dim=32, norm_topk_prob=True),
+    "deepseek_v3": lambda: transformers.DeepseekV3Config(**kCommon, moe_intermediate_size=64, n_routed_experts=16,
+                                                         n_shared_experts=1, first_k_dense_replace=0, kv_lora_rank=32,
+                                                         q_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16,
+                                                         v_head_dim=32, **kGrouped),
+    "qwen3_next": lambda: _config("qwen3_next", **kCommon, **kLinear, head_dim=32, moe_intermediate_size=64,
+                                  num_experts=8, num_experts_per_tok=2, shared_expert_intermediate_size=64,
+                                  decoder_sparse_step=1, norm_topk_prob=True),
+    "qwen3_5_moe": lambda: _config("qwen3_5_moe_text", **_without("intermediate_size"), **kLinear, head_dim=32,
+                                   moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+                                   shared_expert_intermediate_size=64),
+    "qwen3_vl_moe": lambda: _config("qwen3_vl_moe_text", **kCommon, head_dim=32, moe_intermediate_size=64,
+                                    num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                     "mrope_section": [4, 6, 6]}),
+    "olmoe": lambda: _config("olmoe", **{**kCommon, "intermediate_size": 64}, num_experts=8, num_experts_per_tok=2,
+                             norm_topk_prob=False),
+    "flex_olmo": lambda: _config("flex_olmo", **{**kCommon, "intermediate_size": 64}, num_experts=8,
+                                 num_experts_per_tok=2, norm_topk_prob=False, pad_token_id=0),
+    "glm4_moe": lambda: _config("glm4_moe", **kCommon, head_dim=32, moe_intermediate_size=64, n_routed_experts=16,
+                                n_shared_experts=1, first_k_dense_replace=0, norm_topk_prob=True, **kGrouped),
+    "dots1": lambda: _config("dots1", **kCommon, moe_intermediate_size=64, n_routed_experts=16, n_shared_experts=1,
+                             first_k_dense_replace=0, norm_topk_prob=True, **kGrouped),
+    "glm4_moe_lite": lambda: _config("glm4_moe_lite", **{**kCommon, **kLatent}, moe_intermediate_size=64,
+                                     n_routed_experts=16, n_shared_experts=1, mlp_layer_types=["sparse", "sparse"],
+                                     norm_topk_prob=True, **kGrouped),
+    "deepseek_v32": lambda: _config("deepseek_v32", **{**kCommon, **kLatent}, moe_intermediate_size=64,
+                                    n_routed_experts=16, n_shared_experts=1, first_k_dense_replace=0, index_topk=4,
+                                    index_head_dim=32, index_n_heads=2, **kGrouped),
+    "kimi_linear": lambda: _config("kimi_linear", **{**kCommon, **kLatent}, moe_intermediate_size=64, num_experts=16,
+                                   num_experts_per_token=4, num_shared_experts=1, num_expert_group=4, topk_group=2,
+                                   moe_renormalize=True, routed_scaling_factor=2.5,
+                                   mlp_layer_types=["sparse", "sparse"],
+                                   layer_types=["linear_attention", "full_attention"], linear_head_dim=16,
+                                   linear_num_heads=4, pad_token_id=0),
+    "exaone_moe": lambda: _config("exaone_moe", **kCommon, head_dim=32, moe_intermediate_size=64, num_experts=16,
+                                  num_shared_experts=1, first_k_dense_replace=0, norm_topk_prob=True,
+                                  sliding_window=4, sliding_window_pattern=2, **kGrouped),
+    "solar_open": lambda: _config("solar_open", **_without("intermediate_size"), head_dim=32, moe_intermediate_size=64,
+                                  n_routed_experts=16, n_shared_experts=1, norm_topk_prob=True, **kGrouped),
+    "deepseek_v2": lambda: _config("deepseek_v2", **{**kCommon, **kLatent}, moe_intermediate_size=64,
+                                   n_routed_experts=16, num_experts_per_tok=4, n_shared_experts=2,
+                                   first_k_dense_replace=0, topk_method="greedy", routed_scaling_factor=1.5),
+    "mistral_large4": lambda: _config("mistral_large4_text", **{**kCommon, **kLatent}, moe_intermediate_size=64,
+                                      n_routed_experts=16, n_shared_experts=1, first_k_dense_replace=0, index_topk=4,
+                                      index_head_dim=32, index_n_heads=2, **{**kGrouped, "routed_scaling_factor": 1.5}),
+    "minimax_m2": lambda: _config("minimax_m2", **{**kCommon, "intermediate_size": 64}, head_dim=32,
+                                  num_local_experts=8, num_experts_per_tok=2),
+    "ernie4_5_moe": lambda: _config("ernie4_5_moe", **kCommon, moe_intermediate_size=64, moe_num_experts=8, moe_k=2,
+                                    moe_num_shared_experts=1, moe_layer_start_index=0, moe_layer_interval=1),
+    "hunyuan_v1_moe": lambda: _config("hunyuan_v1_moe", **{**kCommon, "intermediate_size": 64}, head_dim=32,
+                                      num_experts=8, moe_topk=2),
+    "afmoe": lambda: _config("afmoe", **kCommon, head_dim=32, moe_intermediate_size=64, num_experts=8,
+                             num_experts_per_tok=2, num_shared_experts=1, num_dense_layers=0, route_scale=1.5,
+                             global_attn_every_n_layers=2, sliding_window=4),
+}
+kFamilies = tuple(kConfigs)
+# Text models that transformers builds only as a base model (their causal LM is multimodal): the
+# tests compare their last hidden states.
+kBaseModelOnly = ("qwen3_vl_moe", "mistral_large4")
 # Expert weights at this fraction of unit scale make the MoE output a large part of the residual
 # stream (dropping it moves the logits by calc_diff > 0.1) without letting it swamp everything, as
-# in a trained model. DeepSeek-V3 multiplies its routed output by routed_scaling_factor.
-kExpertScale = {"deepseek_v3": 0.25}
+# in a trained model. The grouped families multiply their routed output by their scaling factor.
+kExpertScale = {family: 0.25 for family in ("deepseek_v3", "glm4_moe", "deepseek_v32", "kimi_linear", "mistral_large4")}
 kDefaultExpertScale = 0.35
 
 
 def tiny_config(family: str):
-    if family == "mixtral":
-        return transformers.MixtralConfig(**kCommon, num_local_experts=8, num_experts_per_tok=2)
-    if family == "qwen2_moe":
-        return transformers.Qwen2MoeConfig(**kCommon, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
-                                           shared_expert_intermediate_size=96, norm_topk_prob=False)
-    if family == "qwen3_moe":
-        return transformers.Qwen3MoeConfig(**kCommon, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
-                                           head_dim=32, norm_topk_prob=True)
-    return transformers.DeepseekV3Config(**kCommon, moe_intermediate_size=64, n_routed_experts=16,
-                                         num_experts_per_tok=4, n_shared_experts=1, n_group=4, topk_group=2,
-                                         routed_scaling_factor=2.5, first_k_dense_replace=0, kv_lora_rank=32,
-                                         q_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32)
+    return kConfigs[family]()
+
+
+def build_model(config, family: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The causal LM of ``config`` (the base model for ``kBaseModelOnly``), random init, in ``dtype``
+    but for the modules the model keeps in float32 (the grouped families' router)."""
+    auto = transformers.AutoModel if family in kBaseModelOnly else transformers.AutoModelForCausalLM
+    return auto.from_config(config, dtype=dtype)
+
+
+def model_output(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of a causal LM, the last hidden states of a base model."""
+    out = model(ids)
+    return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+
+
+def _path(module, dotted: str):
+    for name in dotted.split("."):
+        module = getattr(module, name)
+    return module
 
 
 def randomize_moe(model: nn.Module, generator: torch.Generator, family: str = "") -> None:
@@ -42,17 +134,18 @@ def randomize_moe(model: nn.Module, generator: torch.Generator, family: str = ""
     expert_scale = kExpertScale.get(family, kDefaultExpertScale)
     with torch.no_grad():
         for _, block in find_moe_blocks(model):
+            fam = kBlockFamilies[type(block).__name__]
             for name, param in block.named_parameters():
                 fan_in = param.shape[-1]
-                scale = 2.0 if name == "gate.weight" else expert_scale
+                scale = 2.0 if name == fam.router_weight else expert_scale
                 param.copy_(torch.randn(param.shape, generator=generator) * scale / fan_in**0.5)
-            bias = getattr(block.gate, "e_score_correction_bias", None)
-            if bias is not None:
+            if fam.score_bias is not None:
+                bias = _path(block, fam.score_bias)
                 bias.copy_(torch.randn(bias.shape, generator=generator) * 0.1)
 
 
 def tiny_model(family: str, dtype: torch.dtype, seed: int) -> nn.Module:
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(tiny_config(family), dtype=dtype).eval()
+    model = build_model(tiny_config(family), family, dtype).eval()
     randomize_moe(model, torch.Generator().manual_seed(seed), family)
     return model
