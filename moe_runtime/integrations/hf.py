@@ -106,6 +106,13 @@ kBlockFamilies: dict[str, BlockFamily] = {
                                        score_bias="expert_bias", norm_topk_prob=True, scaling="route_scale",
                                        shared="shared_experts"),
 }
+# config.json's model_type -> the family of its MoE blocks (the serving path reads checkpoints by it).
+kModelTypes: dict[str, BlockFamily] = {
+    **{fam.family: fam for fam in kBlockFamilies.values()},
+    "qwen3_5_moe_text": kBlockFamilies["Qwen3_5MoeSparseMoeBlock"],
+    "qwen3_vl_moe_text": kBlockFamilies["Qwen3VLMoeTextSparseMoeBlock"],
+    "mistral_large4_text": kBlockFamilies["MistralLarge4TextMoE"],
+}
 # Per-expert MLP projections of transformers 4: (gate, up, down).
 kPerExpertNames = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 

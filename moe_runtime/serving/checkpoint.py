@@ -3,7 +3,9 @@
 Tensor names understood, for a layer prefix ``P`` = ``model.layers.{i}.mlp`` (or
 ``...block_sparse_moe``, Mixtral's older name):
 
-* router ``P.gate.weight`` [E, H]; DeepSeek-V3 bias ``P.gate.e_score_correction_bias`` [E];
+* router ``P.gate.weight`` [E, H]; DeepSeek-V3 bias ``P.gate.e_score_correction_bias`` [E] (other
+  families' router, bias and shared-expert names from ``moe_runtime.integrations.hf``'s table, by
+  ``read_moe_layer(family=...)``);
 * experts fused as transformers 5 keeps them in memory: ``P.experts.gate_up_proj`` [E, 2I, H] and
   ``P.experts.down_proj`` [E, H, I] (read with a slice, so only this rank's rows leave the disk);
 * or per expert: ``P.experts.{e}.{gate,up,down}_proj.weight`` (Qwen, DeepSeek) or
@@ -130,10 +132,25 @@ def _read_mlp(ckpt: SafetensorsCheckpoint, prefix: str, dtype: torch.dtype):
     return torch.cat([gate, up], dim=0), down
 
 
+def _layer_names(family: str | None) -> tuple[str, str | None, tuple[str, ...], str | None]:
+    """(router weight, choice bias, shared MLPs to try, shared gate) below a layer prefix: the
+    family's (``moe_runtime.integrations.hf.kModelTypes``), or DeepSeek's and Qwen's for None."""
+    if family is None:
+        return "gate.weight", "gate.e_score_correction_bias", ("shared_experts", "shared_expert"), "shared_expert_gate"
+    from moe_runtime.integrations.hf import kModelTypes
+    fam = kModelTypes.get(family)
+    if fam is None:
+        raise ValueError(f"family: expected None or one of {sorted(kModelTypes)}, got {family!r}")
+    return fam.router_weight, fam.score_bias, (fam.shared,) if fam.shared else (), fam.shared_gate
+
+
 def read_moe_layer(ckpt: SafetensorsCheckpoint, layer_index: int, prefix: str, experts: range, *,
-                   dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu") -> MoELayerWeights:
-    """This rank's part of one MoE layer: the router in full, experts ``experts`` only."""
-    router = ckpt.read(f"{prefix}.gate.weight").float()
+                   dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
+                   family: str | None = None) -> MoELayerWeights:
+    """This rank's part of one MoE layer: the router in full, experts ``experts`` only. ``family``
+    (``MoEModelConfig.family``) names where its router, bias and shared expert are."""
+    router_name, bias_path, shared_paths, shared_gate_path = _layer_names(family)
+    router = ckpt.read(f"{prefix}.{router_name}").float()
     num_experts = router.shape[0]
     if experts.start < 0 or experts.stop > num_experts or experts.step != 1 or len(experts) == 0:
         raise ValueError(f"experts: expected a non-empty contiguous range inside [0, {num_experts}), got {experts}")
@@ -148,12 +165,18 @@ def read_moe_layer(ckpt: SafetensorsCheckpoint, layer_index: int, prefix: str, e
                        ckpt.read(f"{prefix}.experts.{e}.{up_name}.weight")], dim=0).to(dtype)
             for e in experts])
         down = torch.stack([ckpt.read(f"{prefix}.experts.{e}.{down_name}.weight").to(dtype) for e in experts])
-    bias_name = f"{prefix}.gate.e_score_correction_bias"
-    bias = ckpt.read(bias_name).float() if bias_name in ckpt else None
-    shared_gate_up, shared_down = _read_mlp(ckpt, f"{prefix}.shared_experts", dtype)
-    if shared_gate_up is None:
-        shared_gate_up, shared_down = _read_mlp(ckpt, f"{prefix}.shared_expert", dtype)
-    gate_name = f"{prefix}.shared_expert_gate.weight"
+    # Checkpoints may keep the bias on the block where the module keeps it on the gate (EXAONE-MoE's
+    # e_score_correction_bias, ERNIE's moe_statics): transformers renames them on loading.
+    bias_names = [] if bias_path is None else [f"{prefix}.{bias_path}"] + (
+        [f"{prefix}.{bias_path.removeprefix('gate.')}"] if bias_path.startswith("gate.") else [])
+    bias_name = next((name for name in bias_names if name in ckpt), None)
+    bias = ckpt.read(bias_name).float().reshape(-1) if bias_name is not None else None
+    shared_gate_up = shared_down = None
+    for path in shared_paths:
+        shared_gate_up, shared_down = _read_mlp(ckpt, f"{prefix}.{path}", dtype)
+        if shared_gate_up is not None:
+            break
+    gate_name = f"{prefix}.{shared_gate_path}.weight" if shared_gate_path else None
     shared_gate = ckpt.read(gate_name).to(dtype) if gate_name in ckpt else None
     def to(tensor: torch.Tensor | None) -> torch.Tensor | None:
         return None if tensor is None else tensor.to(device)

@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "With no arguments: a small embedded config that runs on CPU.")
     p.add_argument("--preset", choices=sorted(PRESETS), default="small", help="embedded layer shape and routing")
     p.add_argument("--checkpoint", metavar="DIR",
-                   help="safetensors checkpoint in the transformers layout; its MoE layers replace the preset")
+                   help="safetensors checkpoint in the transformers layout; its MoE layers replace the preset "
+                        "(the families of moe_runtime.integrations.hf, by config.json's model_type, but "
+                        "hunyuan_v1_moe)")
     p.add_argument("--layers", type=int,
                    help="number of MoE layers to serve (default: per preset; all of a checkpoint)")
     p.add_argument("--backend", default="auto", choices=["auto", "reference", "staged", "low_latency", "fused"],

@@ -30,6 +30,9 @@ class MoEModelConfig:
     # The gate's matmul precision ("bfloat16", "float16", "float32"); None: float32. Mixtral and
     # Qwen gates run in the model dtype, and near-tied top-k picks depend on it.
     router_logits_dtype: str | None = None
+    # The transformers family whose checkpoint tensor names to read (moe_runtime.integrations.hf
+    # kModelTypes); None: the DeepSeek / Qwen / Mixtral names.
+    family: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_experts", "top_k"):
@@ -75,45 +78,73 @@ PRESETS: dict[str, MoEModelConfig] = {
 
 def _first(cfg: dict, *keys, default=None):
     for key in keys:
-        if cfg.get(key) is not None:
+        if key is not None and cfg.get(key) is not None:
             return cfg[key]
     return default
+
+
+# Families whose MoE tensors the checkpoint reader does not know the names of yet (the in-memory
+# models work through moe_runtime.integrations.replace_moe_blocks).
+kCheckpointUnsupported = {"hunyuan_v1_moe": "its shared MLP and experts both follow intermediate_size, and its "
+                                            "top-k may differ per layer"}
 
 
 def config_from_hf(cfg: dict) -> MoEModelConfig:
     """MoE shape and routing from a transformers ``config.json`` dict.
 
-    Understands Mixtral (``num_local_experts``, softmax, normalised top-k), Qwen2-MoE
-    (``shared_expert_intermediate_size`` with a sigmoid shared-expert gate), Qwen3-MoE and
-    DeepSeek-V3 (``n_routed_experts``, sigmoid scores with a correction bias, grouped top-k,
-    ``routed_scaling_factor``, ``n_shared_experts`` x ``moe_intermediate_size``).
+    The family comes from ``model_type`` (``moe_runtime.integrations.hf.kModelTypes``: the same
+    table that ``replace_moe_blocks`` reads blocks by; a DeepSeek-V3 architecture under another
+    name is recognised by ``topk_method="noaux_tc"``); an unknown one raises NotImplementedError
+    rather than guess the routing. Keys: experts from ``n_routed_experts`` / ``num_local_experts``
+    / ``num_experts`` / ``moe_num_experts``; top-k from ``num_experts_per_tok`` /
+    ``num_experts_per_token`` / ``moe_k``; shared experts as ``shared_expert_intermediate_size``
+    (Qwen, with its sigmoid gate) or ``n_shared_experts`` / ``num_shared_experts`` /
+    ``moe_num_shared_experts`` times the expert size.
     """
+    from moe_runtime.integrations.hf import kModelTypes
+
     if "text_config" in cfg and "hidden_size" not in cfg:
         cfg = cfg["text_config"]
     model_type = cfg.get("model_type", "")
-    num_experts = _first(cfg, "n_routed_experts", "num_local_experts", "num_experts")
+    fam = kModelTypes.get(model_type)
+    if fam is None and cfg.get("topk_method") == "noaux_tc":
+        fam = kModelTypes["deepseek_v3"]
+    if fam is None:
+        raise NotImplementedError(f"config.json: model_type={model_type!r} is not a supported MoE family; supported: "
+                                  f"{sorted(kModelTypes)} (or any with topk_method='noaux_tc')")
+    if fam.family in kCheckpointUnsupported:
+        raise NotImplementedError(f"config.json: {model_type} checkpoints are not supported by the serving reader: "
+                                  f"{kCheckpointUnsupported[fam.family]}")
+    if _first(cfg, "topk_method", default="greedy") not in ("greedy", "noaux_tc"):
+        raise NotImplementedError(f"config.json: topk_method={cfg['topk_method']!r} is not supported (groups scored "
+                                  "by their best expert)")
+    num_experts = _first(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
     if num_experts is None:
         raise ValueError(f"config.json (model_type={model_type!r}) names no experts: expected one of "
-                         "n_routed_experts, num_local_experts, num_experts")
+                         "n_routed_experts, num_local_experts, num_experts, moe_num_experts")
     intermediate = _first(cfg, "moe_intermediate_size", "intermediate_size")
-    common = dict(hidden_size=cfg["hidden_size"], intermediate_size=intermediate, num_experts=num_experts,
-                  top_k=_first(cfg, "num_experts_per_tok", default=2))
-    if model_type.startswith("deepseek_v3") or cfg.get("topk_method") == "noaux_tc":
-        return MoEModelConfig(**common, scoring_func=cfg.get("scoring_func", "sigmoid"),
-                              norm_topk_prob=cfg.get("norm_topk_prob", True),
-                              n_group=cfg.get("n_group"), topk_group=cfg.get("topk_group"),
-                              routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
-                              use_score_bias=True,
-                              shared_intermediate_size=intermediate * (cfg.get("n_shared_experts") or 0))
-    # Mixtral and Qwen gates are nn.Linear layers in the model dtype.
+    norm = fam.norm_topk_prob
+    if norm is None:
+        norm = bool(_first(cfg, "norm_topk_prob", "moe_renormalize", default=fam.norm_default))
+    n_group = _first(cfg, "n_group", "num_expert_group") if fam.grouped else None
+    topk_group = cfg.get("topk_group") if fam.grouped else None
+    scaling = float(_first(cfg, fam.scaling, default=1.0)) if fam.scaling else 1.0
+    if fam.shared_gate is not None:
+        shared = cfg.get("shared_expert_intermediate_size") or 0
+    elif fam.shared is not None:
+        shared = intermediate * (_first(cfg, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts",
+                                        default=0))
+    else:
+        shared = 0
+    # Gates that run in the model dtype round their logits in it; near-tied picks depend on that.
     dtype = _first(cfg, "torch_dtype", "dtype", default="bfloat16")
     gate_dtype = dtype if dtype in ("bfloat16", "float16", "float32") else "bfloat16"
-    if model_type == "mixtral":
-        return MoEModelConfig(**common, norm_topk_prob=True, router_logits_dtype=gate_dtype)
-    shared = cfg.get("shared_expert_intermediate_size") or 0
-    return MoEModelConfig(**common, norm_topk_prob=cfg.get("norm_topk_prob", False),
-                          shared_intermediate_size=shared, shared_expert_gate=shared > 0,
-                          router_logits_dtype=gate_dtype)
+    return MoEModelConfig(hidden_size=cfg["hidden_size"], intermediate_size=intermediate, num_experts=num_experts,
+                          top_k=_first(cfg, "num_experts_per_tok", "num_experts_per_token", "moe_k", default=2),
+                          scoring_func=fam.scoring_func, norm_topk_prob=norm, n_group=n_group, topk_group=topk_group,
+                          routed_scaling_factor=scaling, use_score_bias=fam.score_bias is not None,
+                          shared_intermediate_size=shared, shared_expert_gate=fam.shared_gate is not None and shared > 0,
+                          router_logits_dtype=None if fam.float32_logits else gate_dtype, family=fam.family)
 
 
 def load_hf_config(directory: str | Path) -> dict:

@@ -134,7 +134,8 @@ def build_stack(config: MoEModelConfig, *, num_layers: int | None, backend: str,
     layers = []
     for index, prefix in chosen:
         if checkpoint is not None:
-            tensors = read_moe_layer(checkpoint, index, prefix, experts, dtype=dtype, device=device)
+            tensors = read_moe_layer(checkpoint, index, prefix, experts, dtype=dtype, device=device,
+                                     family=config.family)
         else:
             tensors = random_layer_weights(config, index, experts, seed=seed, dtype=dtype, device=device)
         layer = _make_layer(config, backend=backend, weights=weights, ep_group=ep_group, capacity=capacity,

@@ -407,9 +407,20 @@ def test_serve_options_validation():
         _options(duration_s=0.0)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "deepseek_v3"])
+def _checkpoint_families() -> list[str]:
+    """The tiny models' families but the base-model-only ones (their tensors have no model. prefix,
+    unlike a real checkpoint's) and those the reader refuses (test_checkpoint_refuses_...)."""
+    try:
+        from hf_models import kBaseModelOnly, kFamilies
+    except ImportError:  # no transformers
+        return []
+    return [f for f in kFamilies if f not in kBaseModelOnly and f != "hunyuan_v1_moe"]
+
+
+@pytest.mark.parametrize("family", _checkpoint_families())
 def test_checkpoint_from_save_pretrained_matches_the_transformers_block(tmp_path, seed, family):
-    """A checkpoint written by transformers' save_pretrained, read back one layer at a time."""
+    """A checkpoint written by transformers' save_pretrained, read back one layer at a time: the
+    routing from config.json and the tensors by the family's names reproduce the block."""
     pytest.importorskip("transformers")
     from hf_models import tiny_model
     from kernels.testing.numeric import calc_diff
@@ -419,18 +430,36 @@ def test_checkpoint_from_save_pretrained_matches_the_transformers_block(tmp_path
     model = tiny_model(family, torch.float32, seed)
     model.save_pretrained(tmp_path)
     config = config_from_hf(load_hf_config(tmp_path))
+    assert config.family == family
     ckpt = SafetensorsCheckpoint(tmp_path)
     (index, prefix), *_ = ckpt.moe_layers()
-    tensors = read_moe_layer(ckpt, index, prefix, range(config.num_experts), dtype=torch.float32)
+    tensors = read_moe_layer(ckpt, index, prefix, range(config.num_experts), dtype=torch.float32,
+                             family=config.family)
     layer = MegaMoELayer(config.hidden_size, config.intermediate_size, config.num_experts, config.top_k,
                          router=config.router_config(), shared_intermediate_size=config.shared_intermediate_size,
                          shared_expert_gate=config.shared_expert_gate, weights="bf16", backend="reference",
                          dtype=torch.float32)
     layer.load_weights(**tensors.load_kwargs())
-    block = dict(find_moe_blocks(model))[f"model.layers.{index}.mlp"]
+    # The checkpoint's names may differ from the modules' (Mixtral's block_sparse_moe on disk).
+    block = next(module for name, module in find_moe_blocks(model) if f"layers.{index}." in name + ".")
     x = torch.randn(2, 9, config.hidden_size)
     with torch.no_grad():
         assert calc_diff(layer(x), block(x)) < 1e-4
+
+
+def test_checkpoint_config_refuses_what_it_cannot_read():
+    """config.json of an unknown model type, of a family the reader does not know the tensors of,
+    or of DeepSeek-V2's group-limited routing: NotImplementedError naming it, not a guess."""
+    base = dict(hidden_size=64, intermediate_size=96, num_experts=4, num_experts_per_tok=2)
+    with pytest.raises(NotImplementedError, match="model_type='llama4_text' is not a supported MoE family"):
+        config_from_hf(dict(base, model_type="llama4_text"))
+    with pytest.raises(NotImplementedError, match="hunyuan_v1_moe checkpoints"):
+        config_from_hf(dict(base, model_type="hunyuan_v1_moe"))
+    with pytest.raises(NotImplementedError, match="group_limited_greedy"):
+        config_from_hf(dict(base, model_type="deepseek_v2", topk_method="group_limited_greedy"))
+    # A DeepSeek-V3 architecture under another name (Kimi-K2's kimi_k2) is read as DeepSeek-V3.
+    cfg = config_from_hf(dict(base, model_type="kimi_k2", topk_method="noaux_tc", n_group=2, topk_group=1))
+    assert (cfg.family, cfg.scoring_func, cfg.use_score_bias, cfg.n_group) == ("deepseek_v3", "sigmoid", True, 2)
 
 
 @pytest.mark.parametrize("world_size,max_batch_tokens", [(1, 48), (2, 4096), (8, 256)])
