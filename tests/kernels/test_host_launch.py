@@ -57,6 +57,21 @@ out["memo_on_again"] = encodes_of(lambda: dense(m, n, k))
 out["launches"] = rec.launches() - launches
 out["plans"] = [launch_of(*shape) for shape in [(128, 4096, 7168), (64, 2112, 7168), (2048, 7168, 2048),
                                                  (4096, 4096, 7168), (1, 576, 7168)]]
+# The grouped entry points share the memos: (first call, repeat) encodes each.
+def contiguous():
+    native.m_grouped_fp8_gemm_nt_contiguous(A, k, SFA, 1, 8192, B, k, SFB, (n // 128) * (k // 128), k // 128, 1, D, n,
+                                            0x60_0000_0000, 8192, n, k, 4, 128, 0, 0)
+
+def masked():
+    native.m_grouped_fp8_gemm_nt_masked(A, k, SFA, 1, 64, B, k, SFB, (n // 128) * (k // 128), k // 128, 1, D, n,
+                                        0x60_0000_0000, 64, 16, n, k, 32, 0, 0)
+
+def fp4_masked():
+    native.m_grouped_fp8_fp4_gemm_nt_masked(A, k, SFA, 1, 64, B, k // 2, SFB, n * (k // 32), k // 32, D, n,
+                                            0x60_0000_0000, 64, 8, n, k, 32, 0, 0)
+
+out["grouped"] = {name: [encodes_of(call), encodes_of(call)]
+                  for name, call in (("contiguous", contiguous), ("masked", masked), ("fp4_masked", fp4_masked))}
 dense(m, n, k)
 out["pdl_default"] = rec.last_launch().pdl
 os.environ["MOE_GEMM_PDL"] = "0"
@@ -98,6 +113,12 @@ def test_memo_switch_encodes_every_map(observed):
     assert observed["memo_off"] == [5, 5]
     assert observed["memo_on_again"] == 0
     assert observed["launches"] == 3
+
+
+def test_grouped_calls_share_the_descriptor_memo(observed):
+    """Contiguous (A, B, D and both scales by TMA), masked FP8 and masked FP8 x FP4 (A, B, D) GEMMs
+    encode their maps once and reuse them."""
+    assert observed["grouped"] == {"contiguous": [5, 0], "masked": [3, 0], "fp4_masked": [3, 0]}
 
 
 def test_launches_follow_the_plan(observed):
