@@ -9,14 +9,15 @@ running them), with device addresses that are never dereferenced, and prints the
 memo), the kernel memo, the TMA descriptors (or their memo) and the launch configuration; not the
 real driver's own work (its descriptor encodes and cuLaunchKernelEx, which
 ``bench/bench_host_overhead.py`` includes on a GPU machine). Each row is timed with the descriptor
-memo on and off (``MOE_TMA_MEMO=0``) in the same process; "encodes/call" counts the descriptors the
-driver was asked to encode per call. Kernels compile with NVRTC on first use (JIT cache).
+memo on and off (``MOE_TMA_MEMO=0``, read once per process: a second process, same build);
+"encodes/call" counts the descriptors the driver was asked to encode per call. Kernels compile with
+NVRTC on first use (JIT cache).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import subprocess
 import sys
 import tempfile
@@ -74,28 +75,30 @@ def _per_call_us(fn, iters: int) -> float:
 
 
 def _child(iters: int) -> int:
+    """Prints one JSON line: the pybind floor and (label, µs/call, encodes/call) per row."""
     from kernels.jit import native_module
     from kernels.testing.host_driver import HostDriverRecord
 
     record = HostDriverRecord.attach()
     native = native_module()
-    floor = _per_call_us(lambda: native.fp8_gemm_split_workspace_bytes(SMS), iters)
-    print(f"pybind call floor (fp8_gemm_split_workspace_bytes): {floor:.3f} µs\n")
-    print("| call (kernels._C, host-only driver) | µs/call | µs/call, MOE_TMA_MEMO=0 | encodes/call | "
-          "encodes/call, MOE_TMA_MEMO=0 |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    rows = []
     for label, fn in _rows(native):
         fn()  # compiles (or loads) the kernel
-        cells = []
-        for memo in ("1", "0"):
-            os.environ["MOE_TMA_MEMO"] = memo
-            before = record.encodes()
-            fn()
-            encodes = record.encodes() - before
-            cells.append((_per_call_us(fn, iters), encodes))
-        os.environ.pop("MOE_TMA_MEMO")
-        print(f"| {label} | {cells[0][0]:.3f} | {cells[1][0]:.3f} | {cells[0][1]} | {cells[1][1]} |", flush=True)
+        before = record.encodes()
+        fn()
+        encodes = record.encodes() - before
+        rows.append((label, _per_call_us(fn, iters), encodes))
+    floor = _per_call_us(lambda: native.fp8_gemm_split_workspace_bytes(SMS), iters)
+    print(json.dumps({"floor": floor, "rows": rows}))
     return 0
+
+
+def _run_child(env: dict, iters: int) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", "--iters", str(iters)], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench_host_launch child failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="moe_host_driver_") as tmp:
         env = host_driver_env(build_host_driver(tmp))
         env.pop("MOE_TMA_MEMO", None)
-        return subprocess.run([sys.executable, __file__, "--child", "--iters", str(args.iters)], env=env).returncode
+        memo = _run_child(env, args.iters)
+        fresh = _run_child({**env, "MOE_TMA_MEMO": "0"}, args.iters)
+    print(f"pybind call floor (fp8_gemm_split_workspace_bytes): {memo['floor']:.3f} µs\n")
+    print("| call (kernels._C, host-only driver) | µs/call | µs/call, MOE_TMA_MEMO=0 | encodes/call | "
+          "encodes/call, MOE_TMA_MEMO=0 |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for (label, us, encodes), (_, fresh_us, fresh_encodes) in zip(memo["rows"], fresh["rows"]):
+        print(f"| {label} | {us:.3f} | {fresh_us:.3f} | {encodes} | {fresh_encodes} |")
+    return 0
 
 
 if __name__ == "__main__":

@@ -258,6 +258,10 @@ inline void register_apis(pybind11::module_& m) {
       pybind11::arg("expected_m"), pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"),
       pybind11::arg("num_groups"), pybind11::arg("fragment_layout") = false);
   // gemm_type: 0 dense, 1 m-grouped contiguous, 2 m-grouped masked (m = expected rows per group).
+  m.def(
+      "fp8_gemm_plan_misses", [] { return L::plan_memo().misses(); },
+      "how many FP8 GEMM calls (and config queries) so far ran the tile heuristic instead of taking its memoized "
+      "plan (for tests)");
   m.def("fp8_gemm_split_workspace_bytes", &L::split_workspace_bytes,
         "bytes of fp8_gemm_nt's tail-split workspace for a device of num_sms SMs (zeroed once, then reused on "
         "one stream)",

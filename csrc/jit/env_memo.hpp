@@ -4,10 +4,12 @@
 // while the environment is unchanged; any change empties the memo, so a switch set between two
 // calls still applies to the second.
 //
-// "Unchanged" is decided on `environ` itself: setenv, unsetenv and putenv (os.environ's writes)
-// replace or remove an entry's pointer and never edit the string it points to, so the same list
-// of pointers means the same variables. Comparing the pointers costs about one cache line per
-// eight variables, against the microseconds of the heuristics it saves.
+// "Unchanged" is decided on `environ` itself: glibc's setenv and unsetenv (os.environ's writes)
+// replace or remove an entry's pointer and never edit or free the string it points to, so the same
+// list of pointers means the same variables. Not covered: a C caller that edits a string it gave
+// putenv in place, and C libraries whose setenv frees the old string (musl), where a new value can
+// come back at the old address. Comparing the pointers costs about one cache line per eight
+// variables (13 ns for 39 of them on the development CPU), against the heuristics it saves.
 #include <cstddef>
 #include <mutex>
 #include <unordered_map>
@@ -54,13 +56,21 @@ class EnvMemo {
     if (!env_.unchanged()) map_.clear();
     const auto it = map_.find(key);
     if (it != map_.end()) return it->second;
+    ++misses_;
     Value value = make();
     if (map_.size() >= kMaxEntries) map_.clear();
     map_.emplace(key, value);
     return value;
   }
 
+  // Calls that ran `make` so far (for tests).
+  long long misses() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return misses_;
+  }
+
  private:
+  long long misses_ = 0;
   std::mutex mutex_;
   EnvFingerprint env_;
   std::unordered_map<Key, Value, Hash> map_;

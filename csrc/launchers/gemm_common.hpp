@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <cstdlib>
 #include <string>
 
@@ -14,6 +13,7 @@
 #include "jit/driver.hpp"
 #include "jit/env_memo.hpp"
 #include "jit/exception.hpp"
+#include "launchers/tma_memo.hpp"
 #include "moe_kernels/common/masked_store.h"
 
 namespace moe_launchers::sm90_gemm {
@@ -191,55 +191,6 @@ inline moe_jit::driver::CUtensorMapSwizzle tma_swizzle(int bytes) {
          : bytes == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
                        : CU_TENSOR_MAP_SWIZZLE_NONE;
 }
-
-// MOE_TMA_MEMO=0 encodes every map afresh (for A/B timing of the memo below).
-inline bool tma_memo_enabled() {
-  static moe_jit::EnvMemo<int, bool, std::hash<int>> memo;
-  return memo.get(0, [] {
-    const char* value = std::getenv("MOE_TMA_MEMO");
-    return value == nullptr || std::string(value) != "0";
-  });
-}
-
-// Encoded maps by their arguments, per thread, direct-mapped. A map holds the address, sizes,
-// strides, box and modes and nothing of the memory's contents or of the context, so the same
-// arguments give the same 128 bytes: a call on the buffers of an earlier one (the caching
-// allocator hands them out again) skips cuTensorMapEncodeTiled.
-class TmaMemo {
- public:
-  static constexpr int kSlots = 256;
-  using Key = std::array<std::uint64_t, 8>;
-
-  template <typename Encode>
-  static moe_jit::driver::CUtensorMap get(const Key& key, Encode&& encode) {
-    static thread_local TmaMemo memo;
-    Slot& slot = memo.slots_[slot_of(key)];
-    if (!slot.valid || slot.key != key) {
-      slot.valid = false;  // an encode that throws leaves the slot empty
-      slot.map = encode();
-      slot.key = key;
-      slot.valid = true;
-    }
-    return slot.map;
-  }
-
- private:
-  // FNV over the words, then a finalizer: addresses differ in their high bits, which FNV's low
-  // bits do not see.
-  static std::size_t slot_of(const Key& key) {
-    std::uint64_t h = moe_jit::IntArrayHash{}(key);
-    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
-    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
-    return static_cast<std::size_t>((h ^ (h >> 31)) % kSlots);
-  }
-
-  struct Slot {
-    moe_jit::driver::CUtensorMap map{};
-    Key key{};
-    bool valid = false;
-  };
-  std::array<Slot, kSlots> slots_{};
-};
 
 // Row-major tensor [outer2, outer, inner] with strides in elements; outer2 = 0: a 2-D tensor. A
 // kernel that stores with 3-D coordinates needs a 3-D map even for one group (outer2 = 1).

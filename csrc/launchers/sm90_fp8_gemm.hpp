@@ -401,15 +401,21 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   return cfg;
 }
 
+using PlanMemo = moe_jit::EnvMemo<std::array<int, 11>, Config, moe_jit::IntArrayHash>;
+inline PlanMemo& plan_memo() {
+  static PlanMemo memo;
+  return memo;
+}
+
 // plan_config once per shape and environment: a call then skips the heuristic and its getenv reads
-// (about 2 µs of host time per call, bench/RESULTS.md session 20).
+// (the raw FP8 entry points' own host work went from 1.17-1.44 to 0.82-0.98 µs per call with this
+// and the descriptor memo, bench/RESULTS.md session 20).
 inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual,
                          GemmType type, int num_groups, int contiguous_alignment, bool split_workspace,
                          unsigned scale_load) {
-  static moe_jit::EnvMemo<std::array<int, 11>, Config, moe_jit::IntArrayHash> memo;
   const std::array<int, 11> key = {m, n, k, num_sms, compile_m, static_cast<int>(residual), static_cast<int>(type),
                                    num_groups, contiguous_alignment, split_workspace, static_cast<int>(scale_load)};
-  return memo.get(key, [&] {
+  return plan_memo().get(key, [&] {
     return plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment,
                        split_workspace, scale_load);
   });

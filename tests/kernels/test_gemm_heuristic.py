@@ -408,6 +408,13 @@ def test_plans_are_memoized_per_environment(monkeypatch):
 
     base, base_fp4, base_bf16 = fp8(), fp4_decode(), bf16()
     assert fp8() == base and fp4_decode() == base_fp4 and bf16() == base_bf16
+    # A repeated shape takes the plan without running the heuristic; any change of the environment
+    # empties the memo once.
+    misses = native.fp8_gemm_plan_misses()
+    assert fp8() == base and native.fp8_gemm_plan_misses() == misses
+    monkeypatch.setenv("MOE_RUNTIME_UNRELATED_VARIABLE", "0")
+    assert fp8() == base and native.fp8_gemm_plan_misses() == misses + 1
+    assert fp8() == base and native.fp8_gemm_plan_misses() == misses + 1
     for _ in range(2):  # the second round sets the same strings again (glibc may reuse them)
         monkeypatch.setenv("MOE_GEMM_BLOCK_N", "64")
         assert fp8()[0] == 64 and bf16() == 64
