@@ -68,26 +68,28 @@ class BlockFamily:
     float32_logits: bool = False            # else the router weight's dtype
     shared: str | None = None               # the shared-expert MLP (gate_proj, up_proj, down_proj)
     shared_gate: str | None = None          # its sigmoid gate, Linear(H, 1)
+    expert_size: str = "moe_intermediate_size"  # config.json's key of a routed expert's I
 
 
 _QWEN2 = BlockFamily("qwen2_moe", shared="shared_expert", shared_gate="shared_expert_gate")
 _QWEN3 = BlockFamily("qwen3_moe")
+_OLMOE = BlockFamily("olmoe", expert_size="intermediate_size")
 _DEEPSEEK_V3 = BlockFamily("deepseek_v3", "sigmoid", score_bias="gate.e_score_correction_bias", norm_default=True,
                            grouped=True, scaling="routed_scaling_factor", float32_logits=True, shared="shared_experts")
 
 kBlockFamilies: dict[str, BlockFamily] = {
-    "MixtralSparseMoeBlock": BlockFamily("mixtral", norm_topk_prob=True),
+    "MixtralSparseMoeBlock": BlockFamily("mixtral", norm_topk_prob=True, expert_size="intermediate_size"),
     "Qwen2MoeSparseMoeBlock": _QWEN2,
-    "Qwen3NextSparseMoeBlock": replace(_QWEN2, family="qwen3_next"),
+    "Qwen3NextSparseMoeBlock": replace(_QWEN2, family="qwen3_next", norm_default=True),
     "Qwen3_5MoeSparseMoeBlock": replace(_QWEN2, family="qwen3_5_moe", norm_topk_prob=True),
     "Qwen3MoeSparseMoeBlock": _QWEN3,
     "Qwen3VLMoeTextSparseMoeBlock": replace(_QWEN3, family="qwen3_vl_moe", norm_topk_prob=True),
-    "OlmoeSparseMoeBlock": replace(_QWEN3, family="olmoe"),
-    "FlexOlmoSparseMoeBlock": replace(_QWEN3, family="flex_olmo"),
+    "OlmoeSparseMoeBlock": _OLMOE,
+    "FlexOlmoSparseMoeBlock": replace(_OLMOE, family="flex_olmo"),
     "DeepseekV3MoE": _DEEPSEEK_V3,
     "Glm4MoeMoE": replace(_DEEPSEEK_V3, family="glm4_moe"),
     "Glm4MoeLiteMoE": replace(_DEEPSEEK_V3, family="glm4_moe_lite"),
-    "Dots1MoE": replace(_DEEPSEEK_V3, family="dots1"),
+    "Dots1MoE": replace(_DEEPSEEK_V3, family="dots1", norm_default=False),
     "DeepseekV32MoE": replace(_DEEPSEEK_V3, family="deepseek_v32"),
     "KimiLinearMoE": replace(_DEEPSEEK_V3, family="kimi_linear"),
     "ExaoneMoeSparseMoEBlock": replace(_DEEPSEEK_V3, family="exaone_moe"),
@@ -97,11 +99,11 @@ kBlockFamilies: dict[str, BlockFamily] = {
     "MistralLarge4TextMoE": BlockFamily("mistral_large4", norm_topk_prob=True, grouped=True,
                                         scaling="routed_scaling_factor", float32_logits=True, shared="shared_experts"),
     "MiniMaxM2SparseMoeBlock": BlockFamily("minimax_m2", "sigmoid", score_bias="e_score_correction_bias",
-                                           norm_topk_prob=True),
+                                           norm_topk_prob=True, expert_size="intermediate_size"),
     "Ernie4_5_MoeSparseMoeBlock": BlockFamily("ernie4_5_moe", score_bias="gate.moe_statics.e_score_correction_bias",
                                               norm_topk_prob=True, float32_logits=True, shared="shared_experts"),
     "HunYuanMoEV1Moe": BlockFamily("hunyuan_v1_moe", router_weight="gate.wg.weight", norm_topk_prob=True,
-                                   shared="shared_mlp"),
+                                   shared="shared_mlp", expert_size="intermediate_size"),
     "AfmoeSparseMoeBlock": BlockFamily("afmoe", "sigmoid", router="router", router_weight="router.gate.weight",
                                        score_bias="expert_bias", norm_topk_prob=True, scaling="route_scale",
                                        shared="shared_experts"),
@@ -211,8 +213,9 @@ def read_block_spec(block: nn.Module, config=None) -> MoEBlockSpec:
     top_k = _attr("top_k", router, block, _ConfigView(config), default=None)
     if top_k is None:
         raise ValueError(f"{cls}: cannot find top_k on the router, the block or the config")
+    # DeepSeek-V3's configs name their routing "noaux_tc" (the bias, which the family reads).
     topk_method = _attr("topk_method", router, config, default="greedy")
-    if topk_method != "greedy":
+    if topk_method not in ("greedy", "noaux_tc"):
         raise NotImplementedError(f"{cls}: topk_method={topk_method!r} (groups scored by their best expert) is not "
                                   "supported; only 'greedy' is")
     shared = _shared_module(block, fam)

@@ -78,13 +78,22 @@ class SafetensorsCheckpoint:
             self._handles[file] = self._safe_open(str(file), framework="pt")
         return self._handles[file]
 
-    def moe_layers(self) -> list[tuple[int, str]]:
-        """``(layer index, prefix)`` of every layer with routed experts, by layer index."""
-        found = {}
+    def moe_layers(self, num_hidden_layers: int | None = None) -> list[tuple[int, str]]:
+        """``(layer index, prefix)`` of every decoder layer with routed experts, by layer index.
+
+        Not served: multi-token-prediction layers, under ``mtp.`` (Qwen3-Next, Qwen3.5) or numbered
+        from ``num_hidden_layers`` on (DeepSeek-V3, GLM-4.5). Two prefixes of one index raise."""
+        found: dict[int, str] = {}
         for name in self._file_of:
             match = _LAYER_RE.match(name)
-            if match:
-                found[int(match.group(2))] = match.group(1)
+            if not match or match.group(1).startswith("mtp.") or ".mtp." in match.group(1):
+                continue
+            index, prefix = int(match.group(2)), match.group(1)
+            if num_hidden_layers is not None and index >= num_hidden_layers:
+                continue
+            if found.setdefault(index, prefix) != prefix:
+                raise ValueError(f"checkpoint {self.directory}: layer {index} has experts under two prefixes, "
+                                 f"{found[index]} and {prefix}")
         return sorted(found.items())
 
     def read(self, name: str, rows: slice | None = None) -> torch.Tensor:
@@ -158,6 +167,14 @@ def read_moe_layer(ckpt: SafetensorsCheckpoint, layer_index: int, prefix: str, e
         rows = slice(experts.start, experts.stop)
         gate_up = ckpt.read(f"{prefix}.experts.gate_up_proj", rows).to(dtype)
         down = ckpt.read(f"{prefix}.experts.down_proj", rows).to(dtype)
+        # Some releases (Qwen3-VL-MoE) store them transposed, [E, H, 2I] and [E, I, H]; as transformers
+        # does on loading, they are turned where the last dimension is not H (where H = 2I, or H = I,
+        # the two layouts cannot be told apart by shape and are read as stored).
+        hidden = router.shape[1]
+        if gate_up.shape[2] != hidden and gate_up.shape[1] == hidden:
+            gate_up = gate_up.transpose(1, 2).contiguous()
+        if down.shape[1] != hidden and down.shape[2] == hidden:
+            down = down.transpose(1, 2).contiguous()
     else:
         gate_name, up_name, down_name = _per_expert_names(ckpt, prefix)
         gate_up = torch.stack([

@@ -33,6 +33,9 @@ class MoEModelConfig:
     # The transformers family whose checkpoint tensor names to read (moe_runtime.integrations.hf
     # kModelTypes); None: the DeepSeek / Qwen / Mixtral names.
     family: str | None = None
+    # The model's decoder layers: checkpoint layers past them (DeepSeek-V3's multi-token-prediction
+    # layer) are not served. None: all.
+    num_hidden_layers: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_experts", "top_k"):
@@ -85,8 +88,10 @@ def _first(cfg: dict, *keys, default=None):
 
 # Families whose MoE tensors the checkpoint reader does not know the names of yet (the in-memory
 # models work through moe_runtime.integrations.replace_moe_blocks).
-kCheckpointUnsupported = {"hunyuan_v1_moe": "its shared MLP and experts both follow intermediate_size, and its "
-                                            "top-k may differ per layer"}
+kCheckpointUnsupported = {
+    "hunyuan_v1_moe": "its shared MLP and experts both follow intermediate_size, and its top-k may differ per layer",
+    "mistral_large4": "its checkpoints keep Mistral's own tensor names (layers.N.experts.E.w1, no model. or mlp.)",
+}
 
 
 def config_from_hf(cfg: dict) -> MoEModelConfig:
@@ -122,13 +127,19 @@ def config_from_hf(cfg: dict) -> MoEModelConfig:
     if num_experts is None:
         raise ValueError(f"config.json (model_type={model_type!r}) names no experts: expected one of "
                          "n_routed_experts, num_local_experts, num_experts, moe_num_experts")
-    intermediate = _first(cfg, "moe_intermediate_size", "intermediate_size")
+    intermediate = _first(cfg, fam.expert_size, "moe_intermediate_size", "intermediate_size")
     norm = fam.norm_topk_prob
     if norm is None:
         norm = bool(_first(cfg, "norm_topk_prob", "moe_renormalize", default=fam.norm_default))
+    # No defaults guessed for what changes the routing (the config classes' defaults differ by family).
+    required = ([("n_group", "num_expert_group"), ("topk_group",)] if fam.grouped else []) + \
+        ([(fam.scaling,)] if fam.scaling else [])
+    for keys in required:
+        if _first(cfg, *keys) is None:
+            raise ValueError(f"config.json ({model_type}): {' or '.join(keys)} is missing; the routing needs it")
     n_group = _first(cfg, "n_group", "num_expert_group") if fam.grouped else None
     topk_group = cfg.get("topk_group") if fam.grouped else None
-    scaling = float(_first(cfg, fam.scaling, default=1.0)) if fam.scaling else 1.0
+    scaling = float(cfg[fam.scaling]) if fam.scaling else 1.0
     if fam.shared_gate is not None:
         shared = cfg.get("shared_expert_intermediate_size") or 0
     elif fam.shared is not None:
@@ -144,7 +155,8 @@ def config_from_hf(cfg: dict) -> MoEModelConfig:
                           scoring_func=fam.scoring_func, norm_topk_prob=norm, n_group=n_group, topk_group=topk_group,
                           routed_scaling_factor=scaling, use_score_bias=fam.score_bias is not None,
                           shared_intermediate_size=shared, shared_expert_gate=fam.shared_gate is not None and shared > 0,
-                          router_logits_dtype=None if fam.float32_logits else gate_dtype, family=fam.family)
+                          router_logits_dtype=None if fam.float32_logits else gate_dtype, family=fam.family,
+                          num_hidden_layers=cfg.get("num_hidden_layers"))
 
 
 def load_hf_config(directory: str | Path) -> dict:

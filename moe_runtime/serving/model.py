@@ -118,7 +118,7 @@ def build_stack(config: MoEModelConfig, *, num_layers: int | None, backend: str,
     ``num_layers`` layers of random weights.
     """
     if checkpoint is not None:
-        available = checkpoint.moe_layers()
+        available = checkpoint.moe_layers(config.num_hidden_layers)
         if not available:
             raise ValueError(f"checkpoint {checkpoint.directory}: found no MoE layers (no '.experts.' tensors)")
         if num_layers is not None and num_layers > len(available):

@@ -192,6 +192,10 @@ def test_errors():
         meta = nn.Sequential(MixtralSparseMoeBlock())
     with pytest.raises(ValueError, match="meta"):
         replace_moe_blocks(meta)
+    # DeepSeek-V3's released configs name its routing topk_method="noaux_tc": read as the family.
+    config = tiny_config("deepseek_v3")
+    config.topk_method = "noaux_tc"
+    assert read_block_spec(find_moe_blocks(build_model(config, "deepseek_v3"))[0][1], config).use_score_bias
     # DeepSeek-V2's group-limited routing scores a group by its best expert, not its best two.
     config = tiny_config("deepseek_v2")
     config.topk_method, config.n_group, config.topk_group = "group_limited_greedy", 4, 2

@@ -457,9 +457,45 @@ def test_checkpoint_config_refuses_what_it_cannot_read():
         config_from_hf(dict(base, model_type="hunyuan_v1_moe"))
     with pytest.raises(NotImplementedError, match="group_limited_greedy"):
         config_from_hf(dict(base, model_type="deepseek_v2", topk_method="group_limited_greedy"))
+    with pytest.raises(NotImplementedError, match="mistral_large4 checkpoints"):
+        config_from_hf(dict(base, model_type="mistral_large4"))
     # A DeepSeek-V3 architecture under another name (Kimi-K2's kimi_k2) is read as DeepSeek-V3.
-    cfg = config_from_hf(dict(base, model_type="kimi_k2", topk_method="noaux_tc", n_group=2, topk_group=1))
+    grouped = dict(base, topk_method="noaux_tc", n_group=2, topk_group=1, routed_scaling_factor=2.5)
+    cfg = config_from_hf(dict(grouped, model_type="kimi_k2"))
     assert (cfg.family, cfg.scoring_func, cfg.use_score_bias, cfg.n_group) == ("deepseek_v3", "sigmoid", True, 2)
+    # What changes the routing is never defaulted.
+    for key in ("n_group", "topk_group", "routed_scaling_factor"):
+        with pytest.raises(ValueError, match=f"{key}( or num_expert_group)? is missing"):
+            config_from_hf({k: v for k, v in dict(grouped, model_type="glm4_moe").items() if k != key})
+    # Defaults of the norm flag follow the families' config classes: Qwen3-Next True, dots1 False.
+    assert config_from_hf(dict(base, model_type="qwen3_next")).norm_topk_prob is True
+    assert config_from_hf(dict(grouped, model_type="dots1")).norm_topk_prob is False
+    # Experts sized by intermediate_size even where the config also has a moe_intermediate_size.
+    assert config_from_hf(dict(base, model_type="olmoe", moe_intermediate_size=32)).intermediate_size == 96
+
+
+def test_checkpoint_skips_prediction_layers_and_reads_transposed_experts(tmp_path):
+    """Multi-token-prediction layers (under mtp., or past num_hidden_layers) are not served; fused
+    experts stored [E, H, 2I] / [E, I, H] (Qwen3-VL-MoE's release) are turned to [E, 2I, H] /
+    [E, H, I]; two prefixes of one layer raise."""
+    from safetensors.torch import save_file
+    experts, hidden, inter = 4, 32, 24
+    gate_up, down = torch.randn(experts, 2 * inter, hidden), torch.randn(experts, hidden, inter)
+    tensors = {}
+    for prefix in ("model.layers.0.mlp", "mtp.layers.0.mlp", "model.layers.2.mlp"):
+        tensors[f"{prefix}.gate.weight"] = torch.randn(experts, hidden)
+        tensors[f"{prefix}.experts.gate_up_proj"] = gate_up.transpose(1, 2).contiguous()
+        tensors[f"{prefix}.experts.down_proj"] = down.transpose(1, 2).contiguous()
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    ckpt = SafetensorsCheckpoint(tmp_path)
+    assert ckpt.moe_layers() == [(0, "model.layers.0.mlp"), (2, "model.layers.2.mlp")]
+    assert ckpt.moe_layers(num_hidden_layers=2) == [(0, "model.layers.0.mlp")]
+    got = read_moe_layer(ckpt, 0, "model.layers.0.mlp", range(1, 3), dtype=torch.float32)
+    torch.testing.assert_close(got.gate_up, gate_up[1:3])
+    torch.testing.assert_close(got.down, down[1:3])
+    save_file({"language_model.layers.0.mlp.experts.down_proj": down}, str(tmp_path / "extra.safetensors"))
+    with pytest.raises(ValueError, match="layer 0 has experts under two prefixes"):
+        SafetensorsCheckpoint(tmp_path).moe_layers()
 
 
 @pytest.mark.parametrize("world_size,max_batch_tokens", [(1, 48), (2, 4096), (8, 256)])
