@@ -106,8 +106,15 @@ kExpertScale = {family: 0.25 for family in ("deepseek_v3", "glm4_moe", "deepseek
 kDefaultExpertScale = 0.35
 
 
-def tiny_config(family: str):
-    return kConfigs[family]()
+def tiny_config(family: str, kernel_sizes: bool = False):
+    """``kernel_sizes``: every expert and shared-expert MLP 128 wide (the FP8 GEMMs' K block, so that
+    the staged backend takes the layer; the default sizes run on the reference backend only)."""
+    config = kConfigs[family]()
+    if kernel_sizes:
+        for name in ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"):
+            if getattr(config, name, None) is not None:
+                setattr(config, name, 128)
+    return config
 
 
 def build_model(config, family: str, dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -144,8 +151,8 @@ def randomize_moe(model: nn.Module, generator: torch.Generator, family: str = ""
                 bias.copy_(torch.randn(bias.shape, generator=generator) * 0.1)
 
 
-def tiny_model(family: str, dtype: torch.dtype, seed: int) -> nn.Module:
+def tiny_model(family: str, dtype: torch.dtype, seed: int, kernel_sizes: bool = False) -> nn.Module:
     torch.manual_seed(seed)
-    model = build_model(tiny_config(family), family, dtype).eval()
+    model = build_model(tiny_config(family, kernel_sizes), family, dtype).eval()
     randomize_moe(model, torch.Generator().manual_seed(seed), family)
     return model

@@ -71,6 +71,32 @@ def test_replace_keeps_logits(seed, family, weights, dtype):
     assert calc_diff(baseline, expected) > 10 * kTolerance[weights], "the MoE blocks barely move the logits"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", kFamilies)
+def test_gpu_replaced_blocks_run_the_kernels(seed, family):
+    """On CUDA, backend="auto" (the kernels: routing, exchange, FP8 GEMMs), experts 128 wide so the
+    staged backend takes them: each replaced block against the reference backend's on the same
+    input and FP8 weights (only the kernels differ; test_staged.py's layer tolerance) and against
+    the transformers block (FP8's rounding: 2.1-2.3e-3 for every family with the staged backend's
+    CPU references; a wrong expert costs far more), and the model end to end (up to 1.8e-2 there)."""
+    model = tiny_model(family, torch.bfloat16, seed, kernel_sizes=True).cuda()
+    ids = torch.randint(0, kCommon["vocab_size"], (4, 24), generator=torch.Generator().manual_seed(seed)).cuda()
+    x = torch.randn(3, 7, kCommon["hidden_size"], generator=torch.Generator().manual_seed(seed)).cuda().bfloat16()
+    originals = dict(find_moe_blocks(model))
+    with torch.no_grad():
+        expected = model_output(model, ids)
+        fast = replace_moe_blocks(copy.deepcopy(model), backend="auto", weights="fp8")
+        slow = replace_moe_blocks(copy.deepcopy(model), backend="reference", weights="fp8")
+        for name, original in originals.items():
+            block, reference = fast.get_submodule(name), slow.get_submodule(name)
+            assert block.moe.backend_name != "reference", name
+            got, want = block(x), original(x)
+            assert calc_diff(got, reference(x)) < 1e-3, f"{family} {name}: kernels against the reference backend"
+            assert calc_diff(got, want[0] if isinstance(want, tuple) else want) < 5e-3, f"{family} {name}"
+        assert calc_diff(model_output(fast, ids), expected) < 3e-2, f"{family}: the model against transformers"
+
+
 @pytest.mark.parametrize("family", kFamilies)
 def test_block_outputs_match(seed, family):
     model = tiny_model(family, torch.float32, seed)
