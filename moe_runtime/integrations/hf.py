@@ -29,7 +29,15 @@ ernie4_5_moe               softmax + ``gate.moe_statics.e_score_correction_bias`
 hunyuan_v1_moe             softmax of ``gate.wg``, always renormalised; ``shared_mlp``
 afmoe                      sigmoid of ``router.gate`` + the block's ``expert_bias``, always renormalised,
                            ``router.route_scale``; ``shared_experts``
+mistral4                   softmax, grouped top-k, ``norm_topk_prob``, ``routed_scaling_factor``;
+                           ``shared_experts``
+lfm2_moe                   sigmoid + the block's ``expert_bias`` (if any), ``norm_topk_prob`` (+1e-6 in
+                           transformers, 1e-20 here), ``routed_scaling_factor``
 ========================== ============================================================================
+
+Mistral4's and LFM2-MoE's gates also round their scores (softmax, sigmoid) to the model dtype;
+here the scores stay float32, so in a bfloat16 model a near-tie may pick another expert than
+transformers does (as any float32 recomputation would).
 
 Logits run in float32 where the family's gate casts to it, else in the router weight's dtype, so
 that near-ties pick the same experts. Experts must be SwiGLU without biases; anything else raises
@@ -104,6 +112,9 @@ kBlockFamilies: dict[str, BlockFamily] = {
                                               norm_topk_prob=True, float32_logits=True, shared="shared_experts"),
     "HunYuanMoEV1Moe": BlockFamily("hunyuan_v1_moe", router_weight="gate.wg.weight", norm_topk_prob=True,
                                    shared="shared_mlp", expert_size="intermediate_size"),
+    "Mistral4MoE": BlockFamily("mistral4", grouped=True, scaling="routed_scaling_factor", shared="shared_experts"),
+    "Lfm2MoeSparseMoeBlock": BlockFamily("lfm2_moe", "sigmoid", score_bias="expert_bias",
+                                         scaling="routed_scaling_factor"),
     "AfmoeSparseMoeBlock": BlockFamily("afmoe", "sigmoid", router="router", router_weight="router.gate.weight",
                                        score_bias="expert_bias", norm_topk_prob=True, scaling="route_scale",
                                        shared="shared_experts"),

@@ -1,7 +1,7 @@
 """Read the MoE layers of a safetensors checkpoint in the transformers layout, one rank's experts only.
 
 Tensor names understood, for a layer prefix ``P`` = ``model.layers.{i}.mlp`` (or
-``...block_sparse_moe``, Mixtral's older name):
+``...block_sparse_moe``, Mixtral's older name, or ``...feed_forward``, LFM2-MoE's):
 
 * router ``P.gate.weight`` [E, H]; DeepSeek-V3 bias ``P.gate.e_score_correction_bias`` [E] (other
   families' router, bias and shared-expert names from ``moe_runtime.integrations.hf``'s table, by
@@ -29,7 +29,7 @@ import torch
 from moe_runtime.layer import MoEBlockWeights
 
 kScaleBlock = 128
-_LAYER_RE = re.compile(r"^(.*\.layers\.(\d+)\.(?:mlp|block_sparse_moe))\.experts\.")
+_LAYER_RE = re.compile(r"^(.*\.layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward))\.experts\.")
 _PROJ_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 
 

@@ -91,6 +91,12 @@ kConfigs = {
                                     moe_num_shared_experts=1, moe_layer_start_index=0, moe_layer_interval=1),
     "hunyuan_v1_moe": lambda: _config("hunyuan_v1_moe", **{**kCommon, "intermediate_size": 64}, head_dim=32,
                                       num_experts=8, moe_topk=2),
+    "mistral4": lambda: _config("mistral4", **{**kCommon, **kLatent}, moe_intermediate_size=64, n_routed_experts=16,
+                                n_shared_experts=1, first_k_dense_replace=0, norm_topk_prob=True,
+                                **{**kGrouped, "routed_scaling_factor": 1.5}),
+    "lfm2_moe": lambda: _config("lfm2_moe", **kCommon, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+                                num_dense_layers=0, use_expert_bias=True, norm_topk_prob=True,
+                                routed_scaling_factor=1.5, layer_types=["conv", "full_attention"]),
     "afmoe": lambda: _config("afmoe", **kCommon, head_dim=32, moe_intermediate_size=64, num_experts=8,
                              num_experts_per_tok=2, num_shared_experts=1, num_dense_layers=0, route_scale=1.5,
                              global_attn_every_n_layers=2, sliding_window=4),
@@ -120,6 +126,8 @@ def tiny_config(family: str, kernel_sizes: bool = False):
 def build_model(config, family: str, dtype: torch.dtype = torch.float32) -> nn.Module:
     """The causal LM of ``config`` (the base model for ``kBaseModelOnly``), random init, in ``dtype``
     but for the modules the model keeps in float32 (the grouped families' router)."""
+    if family == "mistral4":  # not in AutoModelForCausalLM's table
+        return transformers.Mistral4ForCausalLM._from_config(config, dtype=dtype)
     auto = transformers.AutoModel if family in kBaseModelOnly else transformers.AutoModelForCausalLM
     return auto.from_config(config, dtype=dtype)
 

@@ -78,7 +78,7 @@ def test_gpu_replaced_blocks_run_the_kernels(seed, family):
     """On CUDA, backend="auto" (the kernels: routing, exchange, FP8 GEMMs), experts 128 wide so the
     staged backend takes them: each replaced block against the reference backend's on the same
     input and FP8 weights (only the kernels differ; test_staged.py's layer tolerance) and against
-    the transformers block (FP8's rounding: 2.1-2.3e-3 for every family with the staged backend's
+    the transformers block (FP8's rounding: 2.0-2.4e-3 for every family with the staged backend's
     CPU references; a wrong expert costs far more), and the model end to end (up to 1.8e-2 there)."""
     model = tiny_model(family, torch.bfloat16, seed, kernel_sizes=True).cuda()
     ids = torch.randint(0, kCommon["vocab_size"], (4, 24), generator=torch.Generator().manual_seed(seed)).cuda()
@@ -91,9 +91,14 @@ def test_gpu_replaced_blocks_run_the_kernels(seed, family):
         for name, original in originals.items():
             block, reference = fast.get_submodule(name), slow.get_submodule(name)
             assert block.moe.backend_name != "reference", name
-            got, want = block(x), original(x)
+            got = block(x)
             assert calc_diff(got, reference(x)) < 1e-3, f"{family} {name}: kernels against the reference backend"
-            assert calc_diff(got, want[0] if isinstance(want, tuple) else want) < 5e-3, f"{family} {name}"
+            # Against the transformers block in bf16 or in float32, whichever is nearer: Mistral4's
+            # and LFM2-MoE's gates round their scores or logits to the model dtype (ties in bf16
+            # pick other experts: 1.4e-2 and 1.6e-2 away at the other precision).
+            wants = [original(x), copy.deepcopy(original).float()(x.float())]
+            diff = min(calc_diff(got, want[0] if isinstance(want, tuple) else want) for want in wants)
+            assert diff < 5e-3, f"{family} {name}: {diff:.2e} from the transformers block"
         assert calc_diff(model_output(fast, ids), expected) < 3e-2, f"{family}: the model against transformers"
 
 
