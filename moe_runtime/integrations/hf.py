@@ -33,6 +33,9 @@ mistral4                   softmax, grouped top-k, ``norm_topk_prob``, ``routed_
                            ``shared_experts``
 lfm2_moe                   sigmoid + the block's ``expert_bias`` (if any), ``norm_topk_prob`` (+1e-6 in
                            transformers, 1e-20 here), ``routed_scaling_factor``
+cohere2_moe                ``expert_selection_fn``: softmax of the top-k logits (renormalised) or sigmoid
+                           with ``norm_topk_prob``; ``shared_experts``, their output and the routed one
+                           halved under ``shared_expert_combination_strategy="average"``
 ========================== ============================================================================
 
 Mistral4's and LFM2-MoE's gates also round their scores (softmax, sigmoid) to the model dtype;
@@ -77,6 +80,11 @@ class BlockFamily:
     shared: str | None = None               # the shared-expert MLP (gate_proj, up_proj, down_proj)
     shared_gate: str | None = None          # its sigmoid gate, Linear(H, 1)
     expert_size: str = "moe_intermediate_size"  # config.json's key of a routed expert's I
+    # Cohere2-MoE: the scoring named by the router's expert_selection_fn (its softmax runs over the
+    # top-k logits: renormalised), and shared_expert_combination_strategy="average", which halves
+    # the routed and the shared output.
+    scoring_attr: str | None = None
+    average_attr: str | None = None
 
 
 _QWEN2 = BlockFamily("qwen2_moe", shared="shared_expert", shared_gate="shared_expert_gate")
@@ -115,6 +123,9 @@ kBlockFamilies: dict[str, BlockFamily] = {
     "Mistral4MoE": BlockFamily("mistral4", grouped=True, scaling="routed_scaling_factor", shared="shared_experts"),
     "Lfm2MoeSparseMoeBlock": BlockFamily("lfm2_moe", "sigmoid", score_bias="expert_bias",
                                          scaling="routed_scaling_factor"),
+    "Cohere2MoeSparseMoeBlock": BlockFamily("cohere2_moe", shared="shared_experts", expert_size="intermediate_size",
+                                            norm_default=True, scoring_attr="expert_selection_fn",
+                                            average_attr="shared_expert_combination_strategy"),
     "AfmoeSparseMoeBlock": BlockFamily("afmoe", "sigmoid", router="router", router_weight="router.gate.weight",
                                        score_bias="expert_bias", norm_topk_prob=True, scaling="route_scale",
                                        shared="shared_experts"),
@@ -234,21 +245,40 @@ def read_block_spec(block: nn.Module, config=None) -> MoEBlockSpec:
     if shared is not None:
         _check_shared(shared, cls)
         shared_inter = shared.gate_proj.weight.shape[0]
+    scoring = fam.scoring_func
+    if fam.scoring_attr is not None:
+        scoring = _attr(fam.scoring_attr, router, block, config, default=fam.scoring_func)
+        if scoring not in ("softmax", "sigmoid"):
+            raise NotImplementedError(f"{cls}: {fam.scoring_attr}={scoring!r} is not supported")
     norm = fam.norm_topk_prob
     if norm is None:
         norm = bool(_attr("norm_topk_prob", router, block, config, default=fam.norm_default))
+    if fam.scoring_attr is not None and scoring == "softmax":
+        norm = True  # the softmax runs over the top-k logits
     n_group = topk_group = None
     if fam.grouped:
         n_group = _attr("num_group", router) or _attr("n_group", router, config)
         topk_group = _attr("topk_group", router, config)
     scaling = 1.0 if fam.scaling is None else float(_attr(fam.scaling, router, block, config, default=1.0))
+    if _averaged(block, fam, config):
+        scaling *= 0.5
     return MoEBlockSpec(family=fam.family, hidden_size=hidden, intermediate_size=inter, num_experts=num_experts,
-                        top_k=int(top_k), scoring_func=fam.scoring_func, norm_topk_prob=norm, n_group=n_group,
+                        top_k=int(top_k), scoring_func=scoring, norm_topk_prob=norm, n_group=n_group,
                         topk_group=topk_group, routed_scaling_factor=scaling,
                         use_score_bias=_path(block, fam.score_bias) is not None,
                         shared_intermediate_size=shared_inter,
                         shared_expert_gate=_path(block, fam.shared_gate) is not None,
                         float32_logits=fam.float32_logits)
+
+
+def _averaged(block: nn.Module, fam: BlockFamily, config=None) -> bool:
+    """Whether the block averages its routed and shared outputs (Cohere2-MoE's "average")."""
+    if fam.average_attr is None or _shared_module(block, fam) is None:
+        return False
+    strategy = _attr(fam.average_attr, block, config, default="sum")
+    if strategy not in ("sum", "average"):
+        raise NotImplementedError(f"{type(block).__name__}: {fam.average_attr}={strategy!r} is not supported")
+    return strategy == "average"
 
 
 class _ConfigView:
@@ -303,6 +333,8 @@ def read_block_weights(block: nn.Module, experts: range) -> MoEBlockWeights:
         if getattr(module, "is_transposed", False):
             gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
     shared = _shared_mlp(block, fam)
+    if shared is not None and _averaged(block, fam):
+        shared = (shared[0], shared[1] * 0.5)  # a power of two: exact in every dtype
     shared_gate = _path(block, fam.shared_gate)
     bias = _path(block, fam.score_bias)
     return MoEBlockWeights(

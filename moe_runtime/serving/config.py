@@ -91,6 +91,8 @@ def _first(cfg: dict, *keys, default=None):
 kCheckpointUnsupported = {
     "hunyuan_v1_moe": "its shared MLP and experts both follow intermediate_size, and its top-k may differ per layer",
     "mistral_large4": "its checkpoints keep Mistral's own tensor names (layers.N.experts.E.w1, no model. or mlp.)",
+    "cohere2_moe": "its scoring and its shared expert's combination come from the config, which the serving "
+                   "layer stack does not take yet",
 }
 
 

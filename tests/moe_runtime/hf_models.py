@@ -97,6 +97,10 @@ kConfigs = {
     "lfm2_moe": lambda: _config("lfm2_moe", **kCommon, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
                                 num_dense_layers=0, use_expert_bias=True, norm_topk_prob=True,
                                 routed_scaling_factor=1.5, layer_types=["conv", "full_attention"]),
+    "cohere2_moe": lambda: _config("cohere2_moe", **{**kCommon, "intermediate_size": 64}, head_dim=32, num_experts=8,
+                                   num_experts_per_tok=2, num_shared_experts=1,
+                                   shared_expert_combination_strategy="average", expert_selection_fn="sigmoid",
+                                   norm_topk_prob=True, sliding_window=4, sliding_window_pattern=2),
     "afmoe": lambda: _config("afmoe", **kCommon, head_dim=32, moe_intermediate_size=64, num_experts=8,
                              num_experts_per_tok=2, num_shared_experts=1, num_dense_layers=0, route_scale=1.5,
                              global_attn_every_n_layers=2, sliding_window=4),
@@ -109,6 +113,7 @@ kBaseModelOnly = ("qwen3_vl_moe", "mistral_large4")
 # stream (dropping it moves the logits by calc_diff > 0.1) without letting it swamp everything, as
 # in a trained model. The grouped families multiply their routed output by their scaling factor.
 kExpertScale = {family: 0.25 for family in ("deepseek_v3", "glm4_moe", "deepseek_v32", "kimi_linear", "mistral_large4")}
+kExpertScale["cohere2_moe"] = 0.5  # its "average" halves the MoE output
 kDefaultExpertScale = 0.35
 
 

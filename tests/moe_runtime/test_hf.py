@@ -143,6 +143,9 @@ _GROUPED = dict(scoring_func="sigmoid", norm_topk_prob=True, n_group=4, topk_gro
     ("hunyuan_v1_moe", dict(scoring_func="softmax", norm_topk_prob=True, shared_intermediate_size=64)),
     ("afmoe", dict(scoring_func="sigmoid", norm_topk_prob=True, use_score_bias=True, routed_scaling_factor=1.5,
                    shared_intermediate_size=64)),
+    # "average" halves the routed output (and the shared expert's down projection).
+    ("cohere2_moe", dict(scoring_func="sigmoid", norm_topk_prob=True, routed_scaling_factor=0.5,
+                         shared_intermediate_size=64)),
 ])
 def test_block_spec(family, expected):
     model = build_model(tiny_config(family), family)
@@ -152,6 +155,25 @@ def test_block_spec(family, expected):
     assert spec.intermediate_size == (192 if family == "mixtral" else 64)
     for key, value in expected.items():
         assert getattr(spec, key) == value, key
+
+
+def test_cohere2_softmax_and_sum(seed):
+    """Cohere2-MoE's other settings: softmax over the top-k logits (renormalised whatever
+    norm_topk_prob says) and the shared expert summed."""
+    config = tiny_config("cohere2_moe")
+    config.expert_selection_fn, config.shared_expert_combination_strategy, config.norm_topk_prob = \
+        "softmax", "sum", False
+    torch.manual_seed(seed)
+    model = build_model(config, "cohere2_moe").eval()
+    randomize_moe(model, torch.Generator().manual_seed(seed), "cohere2_moe")
+    name, block = find_moe_blocks(model)[0]
+    spec = read_block_spec(block, config)
+    assert (spec.scoring_func, spec.norm_topk_prob, spec.routed_scaling_factor) == ("softmax", True, 1.0)
+    x = torch.randn(3, 7, kCommon["hidden_size"], generator=torch.Generator().manual_seed(seed + 1))
+    with torch.no_grad():
+        expected = block(x)
+        got = replace_moe_blocks(copy.deepcopy(model), backend="reference", weights="bf16").get_submodule(name)(x)
+    assert calc_diff(got, expected) < 1e-4
 
 
 def test_every_family_is_covered():
