@@ -86,7 +86,7 @@ inline void fp8_gemm_nt(std::uint64_t a, long long lda, std::uint64_t sfa, long 
   args.split_workspace_bytes = split_workspace_bytes;
   const auto config = L::get_config(m, n, k, moe_jit::get_num_sms(device), compile_m, detail::residual_type(c_dtype),
                                     L::GemmType::kNormal, 1, 128, split_workspace != 0,
-                                    L::scale_load_for(L::GemmType::kNormal, args, n, k));
+                                    L::scale_layout_for(L::GemmType::kNormal, args, n, k));
   L::launch(config, args);
 }
 
@@ -102,7 +102,7 @@ inline void m_grouped_fp8_gemm_nt_contiguous(std::uint64_t a, long long lda, std
                      sfb_stride_n, sfb_stride_k, m, num_groups, m_indices, device, stream};
   const auto config = L::get_config(m, n, k, moe_jit::get_num_sms(device), false, L::Residual::kNone,
                                     L::GemmType::kGroupedContiguous, num_groups, alignment, true,
-                                    L::scale_load_for(L::GemmType::kGroupedContiguous, args, n, k));
+                                    L::scale_layout_for(L::GemmType::kGroupedContiguous, args, n, k));
   L::launch(config, args);
 }
 
@@ -120,7 +120,7 @@ inline void m_grouped_fp8_gemm_nt_masked(std::uint64_t a, long long lda, std::ui
                      sfb_stride_n, sfb_stride_k, max_m, num_groups, masked_m, device, stream};
   const auto config = L::get_config(std::min(expected_m, max_m), n, k, moe_jit::get_num_sms(device), false,
                                     L::Residual::kNone, L::GemmType::kGroupedMasked, num_groups, 128, true,
-                                    L::scale_load_for(L::GemmType::kGroupedMasked, args, n, k));
+                                    L::scale_layout_for(L::GemmType::kGroupedMasked, args, n, k));
   L::launch(config, args);
 }
 

@@ -223,18 +223,20 @@ inline bool takes_scale_tma(GemmType type) { return type != GemmType::kGroupedMa
 
 // The scale load a launch's layouts allow: TMA where both views exist (A MN-major preferred: a
 // K block's box is block_m floats, against 4 x block_m K-major), else the scale warps' gathers,
-// which take any strides. MOE_FP8_SCALE_TMA=0 (read per call) keeps the gathers, for A/B timing.
-inline unsigned scale_load_for(GemmType type, const Args& a, int n, int k) {
+// which take any strides. MOE_FP8_SCALE_TMA=0 keeps the gathers, for A/B timing: plan_config
+// applies it (so the launch path reads no environment outside the plan memo), scale_load_for too.
+inline unsigned scale_layout_for(GemmType type, const Args& a, int n, int k) {
   using namespace moe_kernels;
-  if (!env_enabled("MOE_FP8_SCALE_TMA") || !takes_scale_tma(type) || a.sfa % 16 != 0 ||
-      sfb_view_stride(a, n, k) < 0) {
-    return kScaleGather;
-  }
+  if (!takes_scale_tma(type) || a.sfa % 16 != 0 || sfb_view_stride(a, n, k) < 0) return kScaleGather;
   const long long rows = static_cast<long long>(sfa_rows(type, a)), kb = k / 128;
   const bool mn_major = (rows == 1 || a.sfa_stride_m == 1) && tma_row_stride(kb, a.sfa_stride_k, rows) >= 0;
   if (mn_major) return kScaleTmaMnMajor;
   const bool k_major = kb % 4 == 0 && a.sfa_stride_k == 1 && tma_row_stride(rows, a.sfa_stride_m, kb) >= 0;
   return k_major ? kScaleTmaKMajor : kScaleGather;
+}
+
+inline unsigned scale_load_for(GemmType type, const Args& a, int n, int k) {
+  return env_enabled("MOE_FP8_SCALE_TMA") ? scale_layout_for(type, a, n, k) : moe_kernels::kScaleGather;
 }
 
 // What contiguous K-major scales get (the quantizers' layout): the configs and kernels of the
@@ -269,6 +271,7 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   check_shape(fn, m, n, k);
   MOE_HOST_ASSERT(num_sms >= 1, fn << ": num_sms must be >= 1, got " << num_sms);
   MOE_HOST_ASSERT(num_groups >= 1, fn << ": num_groups must be >= 1, got " << num_groups);
+  if (!env_enabled("MOE_FP8_SCALE_TMA")) scale_load = moe_kernels::kScaleGather;
   Config cfg{};
   cfg.fn = fn;
   cfg.type = type;
@@ -471,7 +474,7 @@ inline void launch(const Config& c, const Args& a) {
   // The scale boxes of a TMA scale load (the kernel takes the maps either way; the gathers ignore them).
   CUtensorMap map_sfa{}, map_sfb{};
   if (c.scale_load != moe_kernels::kScaleGather) {
-    MOE_HOST_ASSERT(scale_load_for(c.type, a, c.n, c.k) != moe_kernels::kScaleGather,
+    MOE_HOST_ASSERT(scale_layout_for(c.type, a, c.n, c.k) != moe_kernels::kScaleGather,
                     c.fn << ": the kernel was planned for TMA scale loads, which these scales' layouts do not allow");
     const std::uint64_t kb = static_cast<std::uint64_t>(c.k / kBlockK);
     const std::uint64_t sfb_rows = static_cast<std::uint64_t>((c.n + 127) / 128) * a.num_groups;

@@ -78,6 +78,13 @@ def layers():
                                                 k // 128, 1, D, n, 0x60_0000_0000, 64, 16, n, k, 32, 0, 0)
 layers()
 out["model_repeat"] = encodes_of(layers)
+# MOE_FP8_SCALE_TMA=0, read by the memoized plan: a new row count encodes A and D only (the scales
+# are gathered), with the gathering plan's shared memory.
+os.environ["MOE_FP8_SCALE_TMA"] = "0"
+out["gather_encodes"] = encodes_of(lambda: dense(m + 16, n, k))
+out["gather_smem"] = [rec.last_launch().smem_bytes,
+                      native.fp8_gemm_nt_config(m + 16, n, k, 132, split_workspace=False, scale_load=0)["smem_bytes"]]
+del os.environ["MOE_FP8_SCALE_TMA"]
 dense(m, n, k)
 out["pdl_default"] = rec.last_launch().pdl
 os.environ["MOE_GEMM_PDL"] = "0"
@@ -102,7 +109,8 @@ def host_driver_dir(tmp_path_factory) -> Path:
 
 def _observe(lib_dir: Path, **switches: str) -> dict:
     env = host_driver_env(lib_dir)
-    for name in ("MOE_TMA_MEMO", "MOE_GEMM_PDL", "MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_MULTICAST"):
+    for name in ("MOE_TMA_MEMO", "MOE_GEMM_PDL", "MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_MULTICAST",
+                 "MOE_FP8_SCALE_TMA"):
         env.pop(name, None)
     env.update(switches, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=600)
@@ -159,8 +167,10 @@ def test_launches_follow_the_plan(observed):
 
 
 def test_env_switch_reaches_the_next_launch(observed):
-    """A switch read by the memoized plan (MOE_GEMM_PDL) applies from the next call on, and its
-    removal too."""
+    """Switches read by the memoized plan apply from the next call on, and their removal too:
+    MOE_GEMM_PDL, and MOE_FP8_SCALE_TMA=0 (gathered scales: no scale maps)."""
+    assert observed["gather_encodes"] == 2
+    assert observed["gather_smem"][0] == observed["gather_smem"][1]
     assert observed["pdl_default"] is True
     assert observed["pdl_off"] is False
     assert observed["pdl_back"] is True
