@@ -197,13 +197,14 @@ kRouteMaxExperts = 1024
 
 
 def _route_reference(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int | None, topk_group: int | None,
-                     norm: bool, scaling: float, score_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                     norm: bool, scaling: float, score_bias: torch.Tensor | None,
+                     group_max: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     num_tokens, num_experts = logits.shape
     scores = logits.sigmoid() if sigmoid else logits.softmax(dim=-1)
     choice = scores if score_bias is None else scores + score_bias
     if n_group is not None and num_tokens > 0:
         grouped = choice.view(num_tokens, n_group, -1)
-        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        group_scores = grouped.amax(dim=-1) if group_max else grouped.topk(2, dim=-1).values.sum(dim=-1)
         kept = group_scores.topk(topk_group, dim=-1).indices
         mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
         choice = grouped.masked_fill(~mask.unsqueeze(-1), float("-inf")).view(num_tokens, num_experts)
@@ -218,10 +219,12 @@ def _route_reference(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: i
 
 def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_group: int | None = None,
               topk_group: int | None = None, norm: bool = True, scaling: float = 1.0,
-              score_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              score_bias: torch.Tensor | None = None, group_score: str = "top2_sum") -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k routing of float32 ``logits`` [T, E]: scores softmax (or ``sigmoid``); choice = scores
     (+ ``score_bias`` float32 [E]); with ``n_group``, only the ``topk_group`` groups whose two best
-    choices sum highest compete; the ``top_k`` best choices, largest first, give ``topk_idx`` int64
+    choices sum highest compete (``group_score="max"``: whose best choice is highest, DeepSeek-V2's,
+    by torch ops on CUDA too, not the one-launch kernel); the ``top_k`` best choices, largest first,
+    give ``topk_idx`` int64
     [T, top_k] and their (unbiased) scores the ``topk_weights`` float32 [T, top_k], divided by their
     sum (+1e-20) with ``norm``, times ``scaling``. On CUDA, experts whose choices tie come out lowest
     id first (torch.topk leaves their order open) and NaN ranks above every number, as in torch."""
@@ -237,13 +240,17 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
             _checks.fail(fn, TypeError, f"{name} must be None or an int, got {value!r}")
     _checks.check_bool(fn, "sigmoid", sigmoid)
     _checks.check_bool(fn, "norm", norm)
+    if group_score not in ("top2_sum", "max"):
+        _checks.fail(fn, ValueError, f"group_score must be 'top2_sum' or 'max', got {group_score!r}")
+    group_max = group_score == "max"
     if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not math.isfinite(scaling):
         _checks.fail(fn, TypeError, f"scaling must be a finite number, got {scaling!r}")
     if (n_group is None) != (topk_group is None):
         _checks.fail(fn, ValueError, f"n_group and topk_group go together, got {n_group} and {topk_group}")
     if n_group is not None:
         per_group = num_experts // n_group if isinstance(n_group, int) and n_group > 0 else 0
-        if per_group < 2 or num_experts % n_group or not 0 < topk_group <= n_group or top_k > topk_group * per_group:
+        if per_group < (1 if group_max else 2) or num_experts % n_group or not 0 < topk_group <= n_group \
+                or top_k > topk_group * per_group:
             _checks.fail(fn, ValueError, f"n_group must split the {num_experts} experts into groups of >= 2 and "
                                          f"topk_group in [1, n_group] must keep >= top_k experts, got n_group={n_group}, "
                                          f"topk_group={topk_group}, top_k={top_k}")
@@ -254,9 +261,10 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
                                          f"{getattr(score_bias, 'dtype', type(score_bias).__name__)} "
                                          f"{list(getattr(score_bias, 'shape', ()))}")
         score_bias = score_bias.to(device=logits.device, dtype=torch.float32).contiguous()
-    fits = (num_experts <= kRouteMaxExperts and top_k <= 32 and (n_group is None or n_group <= 32))
+    fits = (num_experts <= kRouteMaxExperts and top_k <= 32 and (n_group is None or n_group <= 32)
+            and not (group_max and n_group is not None))
     if logits.device.type != "cuda" or not fits or num_tokens == 0:
-        return _route_reference(logits, top_k, sigmoid, n_group, topk_group, norm, scaling, score_bias)
+        return _route_reference(logits, top_k, sigmoid, n_group, topk_group, norm, scaling, score_bias, group_max)
     logits = logits.contiguous()
     topk_idx = torch.empty((num_tokens, top_k), dtype=torch.int64, device=logits.device)
     topk_weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=logits.device)

@@ -6,8 +6,9 @@ Semantics, per token, from router logits ``z`` [E] (float32):
 2. Choice scores ``c = s + bias`` when ``use_score_bias`` (DeepSeek-V3's
    ``e_score_correction_bias``), else ``c = s``. The bias only steers the choice.
 3. Grouped top-k (``n_group`` set): the experts form ``n_group`` contiguous groups; a group's score
-   is the sum of its two largest ``c``; the ``topk_group`` best groups are kept and the other
-   experts' ``c`` become ``-inf``.
+   is the sum of its two largest ``c`` (``group_score="top2_sum"``, DeepSeek-V3) or its largest
+   (``"max"``, DeepSeek-V2's group-limited routing); the ``topk_group`` best groups are kept and the
+   other experts' ``c`` become ``-inf``.
 4. ``topk_idx`` = the ``top_k`` largest ``c`` (``torch.topk``, largest first).
 5. ``topk_weights = s[topk_idx]`` (unbiased), divided by their sum (+1e-20) when
    ``norm_topk_prob``, times ``routed_scaling_factor``.
@@ -25,6 +26,7 @@ import torch
 import kernels
 
 kScoringFuncs = ("softmax", "sigmoid")
+kGroupScores = ("top2_sum", "max")
 
 
 @dataclass
@@ -43,6 +45,7 @@ class RouterConfig:
     routed_scaling_factor: float = 1.0
     use_score_bias: bool = False
     logits_dtype: torch.dtype | None = None
+    group_score: str = "top2_sum"
 
     def validate(self, num_experts: int, top_k: int) -> None:
         """Raise ValueError when this config cannot route ``top_k`` of ``num_experts``."""
@@ -55,6 +58,8 @@ class RouterConfig:
                 raise TypeError(f"{name} must be None or an int, got {value!r}")
         if self.scoring_func not in kScoringFuncs:
             raise ValueError(f"scoring_func must be one of {kScoringFuncs}, got {self.scoring_func!r}")
+        if self.group_score not in kGroupScores:
+            raise ValueError(f"group_score must be one of {kGroupScores}, got {self.group_score!r}")
         if not isinstance(top_k, int) or not 0 < top_k <= num_experts:
             raise ValueError(f"top_k must be an int in [1, num_experts={num_experts}], got {top_k!r}")
         if (self.n_group is None) != (self.topk_group is None):
@@ -64,7 +69,7 @@ class RouterConfig:
             if self.n_group <= 0 or num_experts % self.n_group != 0:
                 raise ValueError(f"n_group must divide num_experts={num_experts}, got {self.n_group}")
             per_group = num_experts // self.n_group
-            if per_group < 2:
+            if per_group < 2 and self.group_score == "top2_sum":
                 raise ValueError(f"grouped top-k scores a group by its two best experts: n_group={self.n_group} "
                                  f"leaves {per_group} expert per group")
             if not 0 < self.topk_group <= self.n_group:
@@ -112,6 +117,7 @@ def route(logits: torch.Tensor, top_k: int, config: RouterConfig | None = None,
     # One launch on CUDA (kernels.moe_route), the torch code on the CPU.
     topk_idx, weights = kernels.moe_route(logits.float(), top_k, sigmoid=config.scoring_func == "sigmoid",
                                           n_group=config.n_group, topk_group=config.topk_group,
+                                          group_score=config.group_score,
                                           norm=bool(config.norm_topk_prob), scaling=float(config.routed_scaling_factor),
                                           score_bias=bias)
     return RoutingResult(topk_idx, weights)

@@ -20,7 +20,8 @@ glm4_moe_lite, dots1,      ``topk_group``), ``norm_topk_prob``, ``routed_scaling
 deepseek_v32, kimi_linear, ``shared_experts``
 exaone_moe, solar_open
 deepseek_v2                softmax, never renormalised, ``routed_scaling_factor``, float32 logits;
-                           ``shared_experts``; ``topk_method="greedy"`` only
+                           ``shared_experts``; ``topk_method`` "greedy" or "group_limited_greedy"
+                           (groups ranked by their best score)
 mistral_large4             softmax, grouped top-k, always renormalised, ``routed_scaling_factor``, float32
                            logits; ``shared_experts``
 minimax_m2                 sigmoid + the block's ``e_score_correction_bias``, always renormalised
@@ -85,6 +86,9 @@ class BlockFamily:
     # the routed and the shared output.
     scoring_attr: str | None = None
     average_attr: str | None = None
+    # DeepSeek-V2: topk_method="group_limited_greedy" keeps the topk_group groups of the best single
+    # scores (RouterConfig group_score="max"); "greedy" is plain top-k.
+    group_limited: bool = False
 
 
 _QWEN2 = BlockFamily("qwen2_moe", shared="shared_expert", shared_gate="shared_expert_gate")
@@ -111,7 +115,7 @@ kBlockFamilies: dict[str, BlockFamily] = {
     "ExaoneMoeSparseMoEBlock": replace(_DEEPSEEK_V3, family="exaone_moe"),
     "SolarOpenMoE": replace(_DEEPSEEK_V3, family="solar_open"),
     "DeepseekV2Moe": BlockFamily("deepseek_v2", norm_topk_prob=False, scaling="routed_scaling_factor",
-                                 float32_logits=True, shared="shared_experts"),
+                                 float32_logits=True, shared="shared_experts", group_limited=True),
     "MistralLarge4TextMoE": BlockFamily("mistral_large4", norm_topk_prob=True, grouped=True,
                                         scaling="routed_scaling_factor", float32_logits=True, shared="shared_experts"),
     "MiniMaxM2SparseMoeBlock": BlockFamily("minimax_m2", "sigmoid", score_bias="e_score_correction_bias",
@@ -159,6 +163,7 @@ class MoEBlockSpec:
     shared_intermediate_size: int
     shared_expert_gate: bool
     float32_logits: bool = False
+    group_score: str = "top2_sum"
 
 
 def _attr(name: str, *sources, default=None):
@@ -237,9 +242,9 @@ def read_block_spec(block: nn.Module, config=None) -> MoEBlockSpec:
         raise ValueError(f"{cls}: cannot find top_k on the router, the block or the config")
     # DeepSeek-V3's configs name their routing "noaux_tc" (the bias, which the family reads).
     topk_method = _attr("topk_method", router, config, default="greedy")
-    if topk_method not in ("greedy", "noaux_tc"):
-        raise NotImplementedError(f"{cls}: topk_method={topk_method!r} (groups scored by their best expert) is not "
-                                  "supported; only 'greedy' is")
+    group_limited = fam.group_limited and topk_method == "group_limited_greedy"
+    if topk_method not in ("greedy", "noaux_tc") and not group_limited:
+        raise NotImplementedError(f"{cls}: topk_method={topk_method!r} is not supported for this family")
     shared = _shared_module(block, fam)
     shared_inter = 0
     if shared is not None:
@@ -256,7 +261,7 @@ def read_block_spec(block: nn.Module, config=None) -> MoEBlockSpec:
     if fam.scoring_attr is not None and scoring == "softmax":
         norm = True  # the softmax runs over the top-k logits
     n_group = topk_group = None
-    if fam.grouped:
+    if fam.grouped or group_limited:
         n_group = _attr("num_group", router) or _attr("n_group", router, config)
         topk_group = _attr("topk_group", router, config)
     scaling = 1.0 if fam.scaling is None else float(_attr(fam.scaling, router, block, config, default=1.0))
@@ -268,7 +273,7 @@ def read_block_spec(block: nn.Module, config=None) -> MoEBlockSpec:
                         use_score_bias=_path(block, fam.score_bias) is not None,
                         shared_intermediate_size=shared_inter,
                         shared_expert_gate=_path(block, fam.shared_gate) is not None,
-                        float32_logits=fam.float32_logits)
+                        float32_logits=fam.float32_logits, group_score="max" if group_limited else "top2_sum")
 
 
 def _averaged(block: nn.Module, fam: BlockFamily, config=None) -> bool:
@@ -409,7 +414,7 @@ def convert_block(block: nn.Module, *, config=None, backend: str = "auto", weigh
     # round the same way or near-ties pick different experts.
     router = RouterConfig(scoring_func=spec.scoring_func, norm_topk_prob=spec.norm_topk_prob, n_group=spec.n_group,
                           topk_group=spec.topk_group, routed_scaling_factor=spec.routed_scaling_factor,
-                          use_score_bias=spec.use_score_bias,
+                          use_score_bias=spec.use_score_bias, group_score=spec.group_score,
                           logits_dtype=None if spec.float32_logits else tensors.router_weight.dtype)
     layer = MegaMoELayer(spec.hidden_size, spec.intermediate_size, spec.num_experts, spec.top_k, router=router,
                          shared_intermediate_size=spec.shared_intermediate_size,

@@ -36,6 +36,7 @@ class MoEModelConfig:
     # The model's decoder layers: checkpoint layers past them (DeepSeek-V3's multi-token-prediction
     # layer) are not served. None: all.
     num_hidden_layers: int | None = None
+    group_score: str = "top2_sum"  # "max": DeepSeek-V2's group-limited routing (RouterConfig's)
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_experts", "top_k"):
@@ -45,6 +46,8 @@ class MoEModelConfig:
             raise ValueError(f"MoEModelConfig.top_k: {self.top_k} exceeds num_experts={self.num_experts}")
         if self.scoring_func not in ("softmax", "sigmoid"):
             raise ValueError(f"MoEModelConfig.scoring_func: expected 'softmax' or 'sigmoid', got {self.scoring_func!r}")
+        if self.group_score not in ("top2_sum", "max"):
+            raise ValueError(f"MoEModelConfig.group_score: expected 'top2_sum' or 'max', got {self.group_score!r}")
         if self.router_logits_dtype not in (None, "bfloat16", "float16", "float32"):
             raise ValueError(f"MoEModelConfig.router_logits_dtype: expected None, 'bfloat16', 'float16' or "
                              f"'float32', got {self.router_logits_dtype!r}")
@@ -58,7 +61,7 @@ class MoEModelConfig:
         return RouterConfig(scoring_func=self.scoring_func, norm_topk_prob=self.norm_topk_prob,
                             n_group=self.n_group, topk_group=self.topk_group,
                             routed_scaling_factor=self.routed_scaling_factor, use_score_bias=self.use_score_bias,
-                            logits_dtype=logits_dtype)
+                            logits_dtype=logits_dtype, group_score=self.group_score)
 
     def with_overrides(self, **kwargs) -> "MoEModelConfig":
         return replace(self, **kwargs)
@@ -122,9 +125,10 @@ def config_from_hf(cfg: dict) -> MoEModelConfig:
     if fam.family in kCheckpointUnsupported:
         raise NotImplementedError(f"config.json: {model_type} checkpoints are not supported by the serving reader: "
                                   f"{kCheckpointUnsupported[fam.family]}")
-    if _first(cfg, "topk_method", default="greedy") not in ("greedy", "noaux_tc"):
-        raise NotImplementedError(f"config.json: topk_method={cfg['topk_method']!r} is not supported (groups scored "
-                                  "by their best expert)")
+    topk_method = _first(cfg, "topk_method", default="greedy")
+    group_limited = fam.group_limited and topk_method == "group_limited_greedy"
+    if topk_method not in ("greedy", "noaux_tc") and not group_limited:
+        raise NotImplementedError(f"config.json: topk_method={topk_method!r} is not supported for {fam.family}")
     num_experts = _first(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
     if num_experts is None:
         raise ValueError(f"config.json (model_type={model_type!r}) names no experts: expected one of "
@@ -134,13 +138,14 @@ def config_from_hf(cfg: dict) -> MoEModelConfig:
     if norm is None:
         norm = bool(_first(cfg, "norm_topk_prob", "moe_renormalize", default=fam.norm_default))
     # No defaults guessed for what changes the routing (the config classes' defaults differ by family).
-    required = ([("n_group", "num_expert_group"), ("topk_group",)] if fam.grouped else []) + \
+    grouped = fam.grouped or group_limited
+    required = ([("n_group", "num_expert_group"), ("topk_group",)] if grouped else []) + \
         ([(fam.scaling,)] if fam.scaling else [])
     for keys in required:
         if _first(cfg, *keys) is None:
             raise ValueError(f"config.json ({model_type}): {' or '.join(keys)} is missing; the routing needs it")
-    n_group = _first(cfg, "n_group", "num_expert_group") if fam.grouped else None
-    topk_group = cfg.get("topk_group") if fam.grouped else None
+    n_group = _first(cfg, "n_group", "num_expert_group") if grouped else None
+    topk_group = cfg.get("topk_group") if grouped else None
     scaling = float(cfg[fam.scaling]) if fam.scaling else 1.0
     if fam.shared_gate is not None:
         shared = cfg.get("shared_expert_intermediate_size") or 0
@@ -158,7 +163,8 @@ def config_from_hf(cfg: dict) -> MoEModelConfig:
                           routed_scaling_factor=scaling, use_score_bias=fam.score_bias is not None,
                           shared_intermediate_size=shared, shared_expert_gate=fam.shared_gate is not None and shared > 0,
                           router_logits_dtype=None if fam.float32_logits else gate_dtype, family=fam.family,
-                          num_hidden_layers=cfg.get("num_hidden_layers"))
+                          num_hidden_layers=cfg.get("num_hidden_layers"),
+                          group_score="max" if group_limited else "top2_sum")
 
 
 def load_hf_config(directory: str | Path) -> dict:

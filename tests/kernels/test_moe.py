@@ -206,6 +206,8 @@ _ROUTE_CONFIGS = {  # (num_experts, top_k, kwargs); the sigmoid ones and "biased
     "mistral-large-4": (128, 4, dict(n_group=8, topk_group=4, scaling=1.5)),
     "minimax-m2": (256, 8, dict(sigmoid=True)),
     "deepseek-v2": (160, 6, dict(norm=False, scaling=16.0)),
+    # group-limited (groups by their best score): torch ops on CUDA, through moe_route's dispatch.
+    "deepseek-v2-grouped": (160, 6, dict(norm=False, scaling=16.0, n_group=8, topk_group=3, group_score="max")),
 }
 
 
@@ -224,7 +226,7 @@ def test_gpu_route_matches_the_torch_path(seed, name, num_tokens):
     idx, weights = kernels.moe_route(logits, top_k, score_bias=bias, **kwargs)
     want_idx, want_weights = _route_reference(logits, top_k, kwargs.get("sigmoid", False), kwargs.get("n_group"),
                                               kwargs.get("topk_group"), kwargs.get("norm", True),
-                                              kwargs.get("scaling", 1.0), bias)
+                                              kwargs.get("scaling", 1.0), bias, kwargs.get("group_score") == "max")
     assert idx.dtype == torch.int64 and weights.dtype == torch.float32
     # Tied choices may come out in another order than torch.topk's (which leaves it open): compare
     # those tokens as sets, the others slot by slot.
@@ -257,6 +259,7 @@ def test_gpu_route_nan_logits_still_give_distinct_valid_ids(seed, name):
     (dict(n_group=8, topk_group=4), "groups of >= 2"),
     (dict(n_group=4), "go together"),
     (dict(n_group=4, topk_group=0), "topk_group in \\[1, n_group\\]"),
+    (dict(group_score="sum"), "group_score must be"),
     (dict(top_k=9), r"top_k must be an int in \[1, 8\]"),
 ])
 def test_route_bad_input(kwargs, match):

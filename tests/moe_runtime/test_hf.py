@@ -157,6 +157,28 @@ def test_block_spec(family, expected):
         assert getattr(spec, key) == value, key
 
 
+def test_deepseek_v2_group_limited_routing(seed):
+    """DeepSeek-V2's topk_method="group_limited_greedy": the topk_group groups of the best single
+    scores compete (RouterConfig group_score="max"), as transformers does."""
+    config = tiny_config("deepseek_v2")
+    config.topk_method, config.n_group, config.topk_group = "group_limited_greedy", 4, 2
+    torch.manual_seed(seed)
+    model = build_model(config, "deepseek_v2").eval()
+    randomize_moe(model, torch.Generator().manual_seed(seed), "deepseek_v2")
+    name, block = find_moe_blocks(model)[0]
+    spec = read_block_spec(block, config)
+    assert (spec.group_score, spec.n_group, spec.topk_group) == ("max", 4, 2)
+    x = torch.randn(3, 7, kCommon["hidden_size"], generator=torch.Generator().manual_seed(seed + 1))
+    with torch.no_grad():
+        expected = block(x)
+        got = replace_moe_blocks(copy.deepcopy(model), backend="reference", weights="bf16").get_submodule(name)(x)
+        greedy = copy.deepcopy(model)
+        greedy.get_submodule(name).gate.topk_method = "greedy"
+        ungrouped = greedy.get_submodule(name)(x)
+    assert calc_diff(got, expected) < 1e-4
+    assert calc_diff(ungrouped, expected) > 1e-3, "the groups change nothing here: the test would not see them"
+
+
 def test_cohere2_softmax_and_sum(seed):
     """Cohere2-MoE's other settings: softmax over the top-k logits (renormalised whatever
     norm_topk_prob says) and the shared expert summed."""
@@ -249,11 +271,10 @@ def test_errors():
     config = tiny_config("deepseek_v3")
     config.topk_method = "noaux_tc"
     assert read_block_spec(find_moe_blocks(build_model(config, "deepseek_v3"))[0][1], config).use_score_bias
-    # DeepSeek-V2's group-limited routing scores a group by its best expert, not its best two.
-    config = tiny_config("deepseek_v2")
-    config.topk_method, config.n_group, config.topk_group = "group_limited_greedy", 4, 2
+    config = tiny_config("deepseek_v3")
+    config.topk_method = "group_limited_greedy"  # DeepSeek-V2's only
     with pytest.raises(NotImplementedError, match="group_limited_greedy"):
-        replace_moe_blocks(build_model(config, "deepseek_v2"))
+        replace_moe_blocks(build_model(config, "deepseek_v3"))
     # Shared experts with biases (DeepSeek-V2's mlp_bias) have no place in the layer.
     config = tiny_config("deepseek_v2")
     config.mlp_bias = True

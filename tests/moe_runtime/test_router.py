@@ -22,7 +22,8 @@ def _naive_route(logits, top_k, cfg, bias=None):
         choice = [s + (float(bias[i]) if bias is not None else 0.0) for i, s in enumerate(scores)]
         if cfg.n_group is not None:
             per = e // cfg.n_group
-            gs = [sum(sorted(choice[g * per:(g + 1) * per], reverse=True)[:2]) for g in range(cfg.n_group)]
+            best = 1 if cfg.group_score == "max" else 2
+            gs = [sum(sorted(choice[g * per:(g + 1) * per], reverse=True)[:best]) for g in range(cfg.n_group)]
             kept = sorted(range(cfg.n_group), key=lambda g: -gs[g])[:cfg.topk_group]
             choice = [c if i // per in kept else -math.inf for i, c in enumerate(choice)]
         chosen = sorted(range(e), key=lambda i: -choice[i])[:top_k]
@@ -75,6 +76,10 @@ def test_mixtral_semantics_equal_softmax_over_chosen():
     (RouterConfig(scoring_func="sigmoid", n_group=4, topk_group=2, use_score_bias=True,
                   routed_scaling_factor=2.5), 4, True),
     (RouterConfig(scoring_func="softmax", n_group=8, topk_group=3, norm_topk_prob=False), 6, False),
+    # DeepSeek-V2's group-limited routing: groups ranked by their best score (also groups of one).
+    (RouterConfig(scoring_func="softmax", n_group=8, topk_group=3, norm_topk_prob=False, group_score="max",
+                  routed_scaling_factor=16.0), 6, False),
+    (RouterConfig(scoring_func="softmax", n_group=32, topk_group=8, group_score="max"), 6, False),
 ])
 @pytest.mark.parametrize("num_tokens", [1, 37])
 def test_matches_naive_loop(cfg, top_k, use_bias, num_tokens):
@@ -110,6 +115,7 @@ def test_zero_tokens_and_logits_dtype():
     (dict(n_group=2, topk_group=3), 2, "topk_group"),
     (dict(n_group=4, topk_group=1), 3, "exceeds"),
     (dict(routed_scaling_factor=0.0), 2, "routed_scaling_factor"),
+    (dict(group_score="top3_sum"), 2, "group_score"),
 ])
 def test_config_errors(kwargs, top_k, match):
     with pytest.raises(ValueError, match=match):

@@ -449,14 +449,17 @@ def test_checkpoint_from_save_pretrained_matches_the_transformers_block(tmp_path
 
 def test_checkpoint_config_refuses_what_it_cannot_read():
     """config.json of an unknown model type, of a family the reader does not know the tensors of,
-    or of DeepSeek-V2's group-limited routing: NotImplementedError naming it, not a guess."""
+    or of a routing method the family does not have: NotImplementedError naming it, not a guess."""
     base = dict(hidden_size=64, intermediate_size=96, num_experts=4, num_experts_per_tok=2)
     with pytest.raises(NotImplementedError, match="model_type='llama4_text' is not a supported MoE family"):
         config_from_hf(dict(base, model_type="llama4_text"))
     with pytest.raises(NotImplementedError, match="hunyuan_v1_moe checkpoints"):
         config_from_hf(dict(base, model_type="hunyuan_v1_moe"))
     with pytest.raises(NotImplementedError, match="group_limited_greedy"):
-        config_from_hf(dict(base, model_type="deepseek_v2", topk_method="group_limited_greedy"))
+        config_from_hf(dict(base, model_type="glm4_moe", topk_method="group_limited_greedy"))
+    v2 = config_from_hf(dict(base, model_type="deepseek_v2", topk_method="group_limited_greedy", n_group=2,
+                             topk_group=1, routed_scaling_factor=16.0, n_shared_experts=2))
+    assert (v2.group_score, v2.n_group, v2.norm_topk_prob, v2.router_config().group_score) == ("max", 2, False, "max")
     with pytest.raises(NotImplementedError, match="mistral_large4 checkpoints"):
         config_from_hf(dict(base, model_type="mistral_large4"))
     # A DeepSeek-V3 architecture under another name (Kimi-K2's kimi_k2) is read as DeepSeek-V3.
