@@ -34,6 +34,18 @@ mistral4                   softmax, grouped top-k, ``norm_topk_prob``, ``routed_
                            ``shared_experts``
 lfm2_moe                   sigmoid + the block's ``expert_bias`` (if any), ``norm_topk_prob`` (+1e-6 in
                            transformers, 1e-20 here), ``routed_scaling_factor``
+glm_moe_dsa, glm4v_moe,    as deepseek_v3 (the same router, experts and block; mimo_v2_flash and beam
+mimo_v2_flash,             without shared experts, beam's scaling on the block)
+bailing_hybrid, dots3_note,
+beam
+qwen3_omni_moe (thinker),  as qwen3_moe (norm_topk_prob defaulting to True); qwen4_exp as qwen3_next
+mellum, qwen4_exp
+lara_mini                  softmax, ``norm_topk_prob`` (default True), float32 logits; ``shared_expert``
+hy_v3                      sigmoid + the block's ``e_score_correction_bias``, always renormalised,
+                           ``router_scaling_factor``, float32 logits; ``shared_experts``
+laguna, step3p7            sigmoid + ``gate.e_score_correction_bias``, always renormalised, the block's
+                           ``routed_scaling_factor``; ``shared_experts`` (a router logit softcap or a
+                           clamped SwiGLU, which Step-3.7 sets on some layers, raises)
 cohere2_moe                ``expert_selection_fn``: softmax of the top-k logits (renormalised) or sigmoid
                            with ``norm_topk_prob``; ``shared_experts``, their output and the routed one
                            halved under ``shared_expert_combination_strategy="average"``
@@ -89,6 +101,7 @@ class BlockFamily:
     # DeepSeek-V2: topk_method="group_limited_greedy" keeps the topk_group groups of the best single
     # scores (RouterConfig group_score="max"); "greedy" is plain top-k.
     group_limited: bool = False
+    scaling_key: str | None = None          # config.json's name of the scaling factor, where not ``scaling``
 
 
 _QWEN2 = BlockFamily("qwen2_moe", shared="shared_expert", shared_gate="shared_expert_gate")
@@ -114,6 +127,24 @@ kBlockFamilies: dict[str, BlockFamily] = {
     "KimiLinearMoE": replace(_DEEPSEEK_V3, family="kimi_linear"),
     "ExaoneMoeSparseMoEBlock": replace(_DEEPSEEK_V3, family="exaone_moe"),
     "SolarOpenMoE": replace(_DEEPSEEK_V3, family="solar_open"),
+    "GlmMoeDsaMoE": replace(_DEEPSEEK_V3, family="glm_moe_dsa"),
+    "Glm4vMoeTextMoE": replace(_DEEPSEEK_V3, family="glm4v_moe"),
+    "MiMoV2FlashMoE": replace(_DEEPSEEK_V3, family="mimo_v2_flash"),
+    "BailingHybridMoE": replace(_DEEPSEEK_V3, family="bailing_hybrid"),
+    "Dots3NoteTextMoE": replace(_DEEPSEEK_V3, family="dots3_note"),
+    "BeamMoE": replace(_DEEPSEEK_V3, family="beam"),  # its scaling sits on the block: same routing
+    "Qwen3OmniMoeThinkerTextSparseMoeBlock": replace(_QWEN3, family="qwen3_omni_moe", norm_default=True),
+    "Qwen4ExpTextSparseMoeBlock": replace(_QWEN2, family="qwen4_exp", norm_default=True),
+    "MellumSparseMoeBlock": replace(_QWEN3, family="mellum", norm_default=True),
+    "LaraMiniSparseMoeBlock": BlockFamily("lara_mini", norm_default=True, float32_logits=True, shared="shared_expert"),
+    "HYV3MoE": BlockFamily("hy_v3", "sigmoid", score_bias="e_score_correction_bias", norm_topk_prob=True,
+                           scaling="router_scaling_factor", float32_logits=True, shared="shared_experts"),
+    "LagunaSparseMoeBlock": BlockFamily("laguna", "sigmoid", score_bias="gate.e_score_correction_bias",
+                                        norm_topk_prob=True, scaling="routed_scaling_factor", shared="shared_experts",
+                                        scaling_key="moe_routed_scaling_factor"),
+    "Step3p7SparseMoeBlock": BlockFamily("step3p7", "sigmoid", score_bias="gate.e_score_correction_bias",
+                                         norm_topk_prob=True, scaling="routed_scaling_factor", shared="shared_experts",
+                                         scaling_key="moe_router_scaling_factor"),
     "DeepseekV2Moe": BlockFamily("deepseek_v2", norm_topk_prob=False, scaling="routed_scaling_factor",
                                  float32_logits=True, shared="shared_experts", group_limited=True),
     "MistralLarge4TextMoE": BlockFamily("mistral_large4", norm_topk_prob=True, grouped=True,
@@ -140,6 +171,11 @@ kModelTypes: dict[str, BlockFamily] = {
     "qwen3_5_moe_text": kBlockFamilies["Qwen3_5MoeSparseMoeBlock"],
     "qwen3_vl_moe_text": kBlockFamilies["Qwen3VLMoeTextSparseMoeBlock"],
     "mistral_large4_text": kBlockFamilies["MistralLarge4TextMoE"],
+    "glm4v_moe_text": kBlockFamilies["Glm4vMoeTextMoE"],
+    "dots3_note_text": kBlockFamilies["Dots3NoteTextMoE"],
+    "qwen4_exp_text": kBlockFamilies["Qwen4ExpTextSparseMoeBlock"],
+    "qwen3_omni_moe_text": kBlockFamilies["Qwen3OmniMoeThinkerTextSparseMoeBlock"],
+    "step3p5": kBlockFamilies["Step3p7SparseMoeBlock"],
 }
 # Per-expert MLP projections of transformers 4: (gate, up, down).
 kPerExpertNames = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
@@ -200,6 +236,13 @@ def _check_silu(act, where: str) -> None:
                                   f"activation {act!r} is not silu")
 
 
+def _check_unclamped(mlp: nn.Module, where: str) -> None:
+    """SwiGLU clamped to a finite limit (Step-3.7's swiglu_limits, on some layers) is not the layer's."""
+    limit = getattr(mlp, "limit", None)
+    if limit is not None and torch.isfinite(torch.as_tensor(limit, dtype=torch.float64)).any():
+        raise NotImplementedError(f"{where}: a SwiGLU clamped at {limit} is not supported by MegaMoELayer")
+
+
 def _per_expert_names(expert: nn.Module, where: str) -> tuple[str, str, str]:
     for names in kPerExpertNames:
         if all(isinstance(getattr(expert, n, None), nn.Linear) for n in names):
@@ -237,6 +280,7 @@ def read_block_spec(block: nn.Module, config=None) -> MoEBlockSpec:
     num_experts, hidden, inter = _expert_shapes(experts, cls)
     act = getattr(experts, "act_fn", None) if not isinstance(experts, nn.ModuleList) else experts[0].act_fn
     _check_silu(act, cls)
+    _check_unclamped(experts, cls)
     top_k = _attr("top_k", router, block, _ConfigView(config), default=None)
     if top_k is None:
         raise ValueError(f"{cls}: cannot find top_k on the router, the block or the config")
@@ -245,10 +289,14 @@ def read_block_spec(block: nn.Module, config=None) -> MoEBlockSpec:
     group_limited = fam.group_limited and topk_method == "group_limited_greedy"
     if topk_method not in ("greedy", "noaux_tc") and not group_limited:
         raise NotImplementedError(f"{cls}: topk_method={topk_method!r} is not supported for this family")
+    softcap = getattr(router, "router_logit_softcapping", None)
+    if softcap is not None and softcap > 0:
+        raise NotImplementedError(f"{cls}: router logits soft-capped at {softcap} (tanh) are not supported")
     shared = _shared_module(block, fam)
     shared_inter = 0
     if shared is not None:
         _check_shared(shared, cls)
+        _check_unclamped(shared, f"{cls} shared expert")
         shared_inter = shared.gate_proj.weight.shape[0]
     scoring = fam.scoring_func
     if fam.scoring_attr is not None:

@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default="small", help="embedded layer shape and routing")
     p.add_argument("--checkpoint", metavar="DIR",
                    help="safetensors checkpoint in the transformers layout; its MoE layers replace the preset "
-                        "(the families of moe_runtime.integrations.hf, by config.json's model_type, but "
-                        "hunyuan_v1_moe, mistral_large4 and cohere2_moe)")
+                        "(the families of moe_runtime.integrations.hf, by config.json's model_type, but those "
+                        "of moe_runtime.serving.config.kCheckpointUnsupported)")
     p.add_argument("--layers", type=int,
                    help="number of MoE layers to serve (default: per preset; all of a checkpoint)")
     p.add_argument("--backend", default="auto", choices=["auto", "reference", "staged", "low_latency", "fused"],

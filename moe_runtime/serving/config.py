@@ -96,6 +96,9 @@ kCheckpointUnsupported = {
     "mistral_large4": "its checkpoints keep Mistral's own tensor names (layers.N.experts.E.w1, no model. or mlp.)",
     "cohere2_moe": "its scoring and its shared expert's combination come from the config, which the serving "
                    "layer stack does not take yet",
+    "hy_v3": "its checkpoints name the router router.gate and the bias and shared MLP otherwise than the modules",
+    "bailing_hybrid": "its checkpoints keep the choice bias as gate.expert_bias",
+    "laguna": "its checkpoints name the shared MLP shared_expert and hold no choice bias",
 }
 
 
@@ -139,21 +142,23 @@ def config_from_hf(cfg: dict) -> MoEModelConfig:
         norm = bool(_first(cfg, "norm_topk_prob", "moe_renormalize", default=fam.norm_default))
     # No defaults guessed for what changes the routing (the config classes' defaults differ by family).
     grouped = fam.grouped or group_limited
+    scaling_key = fam.scaling_key or fam.scaling
     required = ([("n_group", "num_expert_group"), ("topk_group",)] if grouped else []) + \
-        ([(fam.scaling,)] if fam.scaling else [])
+        ([(scaling_key,)] if scaling_key else [])
     for keys in required:
         if _first(cfg, *keys) is None:
             raise ValueError(f"config.json ({model_type}): {' or '.join(keys)} is missing; the routing needs it")
     n_group = _first(cfg, "n_group", "num_expert_group") if grouped else None
     topk_group = cfg.get("topk_group") if grouped else None
-    scaling = float(cfg[fam.scaling]) if fam.scaling else 1.0
-    if fam.shared_gate is not None:
-        shared = cfg.get("shared_expert_intermediate_size") or 0
-    elif fam.shared is not None:
-        shared = intermediate * (_first(cfg, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts",
-                                        default=0))
-    else:
-        shared = 0
+    scaling = float(cfg[scaling_key]) if scaling_key else 1.0
+    # The shared MLP: one of its own width (Qwen, Laguna, Step-3.7), or n shared experts fused.
+    shared = 0
+    if fam.shared is not None:
+        shared = _first(cfg, "shared_expert_intermediate_size", "share_expert_dim", default=0)
+        if not shared and fam.shared_gate is None:
+            per_expert = _first(cfg, "shared_experts_intermediate_size", default=intermediate)
+            shared = per_expert * _first(cfg, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts",
+                                         default=0)
     # Gates that run in the model dtype round their logits in it; near-tied picks depend on that.
     dtype = _first(cfg, "torch_dtype", "dtype", default="bfloat16")
     gate_dtype = dtype if dtype in ("bfloat16", "float16", "float32") else "bfloat16"

@@ -101,6 +101,49 @@ kConfigs = {
                                    num_experts_per_tok=2, num_shared_experts=1,
                                    shared_expert_combination_strategy="average", expert_selection_fn="sigmoid",
                                    norm_topk_prob=True, sliding_window=4, sliding_window_pattern=2),
+    "glm_moe_dsa": lambda: _config("glm_moe_dsa", **{**kCommon, **kLatent}, moe_intermediate_size=64,
+                                   n_routed_experts=16, n_shared_experts=1, mlp_layer_types=["sparse", "sparse"],
+                                   norm_topk_prob=True, index_topk=4, index_head_dim=32, index_n_heads=2, **kGrouped),
+    "glm4v_moe": lambda: _config("glm4v_moe_text", **kCommon, head_dim=32, moe_intermediate_size=64,
+                                 n_routed_experts=16, n_shared_experts=1, first_k_dense_replace=0, norm_topk_prob=True,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                  "mrope_section": [2, 3, 3]}, **kGrouped),
+    "mimo_v2_flash": lambda: _config("mimo_v2_flash", **kCommon, head_dim=32, v_head_dim=32, moe_intermediate_size=64,
+                                     n_routed_experts=16, norm_topk_prob=True, mlp_layer_types=["sparse", "sparse"],
+                                     **kGrouped),
+    "bailing_hybrid": lambda: _config("bailing_hybrid", **{**kCommon, **kLatent}, head_dim=32, moe_intermediate_size=64,
+                                      num_experts=16, n_shared_experts=1, mlp_layer_types=["sparse", "sparse"],
+                                      layer_types=["linear_attention", "full_attention"], moe_renormalize=True,
+                                      num_expert_group=4, topk_group=2, num_experts_per_tok=4,
+                                      routed_scaling_factor=2.5, pad_token_id=0, eos_token_id=1),
+    "dots3_note": lambda: _config("dots3_note_text", **{**kCommon, **kLatent}, head_dim=32, moe_intermediate_size=64,
+                                  shared_experts_intermediate_size=64, n_routed_experts=16, n_shared_experts=1,
+                                  mlp_layer_types=["sparse", "sparse"], norm_topk_prob=True, index_topk=4,
+                                  index_head_dim=32, index_n_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                  **kGrouped),
+    "beam": lambda: _config("beam", **kCommon, head_dim=32, moe_intermediate_size=64, num_experts=16,
+                            norm_topk_prob=True, mlp_layer_types=["sparse", "sparse"], **kGrouped),
+    "qwen3_omni_moe": lambda: _config("qwen3_omni_moe_text", **kCommon, head_dim=32, moe_intermediate_size=64,
+                                      num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1),
+    "qwen4_exp": lambda: _config("qwen4_exp_text", **_without("intermediate_size"), **kLinear, head_dim=32,
+                                 moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+                                 shared_expert_intermediate_size=64, norm_topk_prob=True, hc_lowrank=16,
+                                 indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=32, indexer_budget=8,
+                                 indexer_compress_ratio=2),
+    "mellum": lambda: _config("mellum", **kCommon, head_dim=32, moe_intermediate_size=64, num_experts=8,
+                              num_experts_per_tok=2, norm_topk_prob=True, mlp_layer_types=["sparse", "sparse"]),
+    "lara_mini": lambda: _config("lara_mini", **kCommon, **kLinear, head_dim=32, moe_intermediate_size=64,
+                                 shared_expert_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+                                 norm_topk_prob=True, eos_token_id=None),
+    "hy_v3": lambda: _config("hy_v3", **kCommon, head_dim=32, moe_intermediate_size=64, num_experts=8,
+                             num_experts_per_tok=2, num_shared_experts=1, router_scaling_factor=2.826,
+                             mlp_layer_types=["sparse", "sparse"]),
+    "laguna": lambda: _config("laguna", **kCommon, head_dim=32, moe_intermediate_size=64,
+                              shared_expert_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+                              moe_routed_scaling_factor=1.5, mlp_layer_types=["sparse", "sparse"]),
+    "step3p7": lambda: _config("step3p5", **kCommon, head_dim=32, moe_intermediate_size=64, n_routed_experts=8,
+                               num_experts_per_tok=2, share_expert_dim=64, moe_router_scaling_factor=1.5,
+                               mlp_layer_types=["sparse", "sparse"], pad_token_id=0, sliding_window=4),
     "afmoe": lambda: _config("afmoe", **kCommon, head_dim=32, moe_intermediate_size=64, num_experts=8,
                              num_experts_per_tok=2, num_shared_experts=1, num_dense_layers=0, route_scale=1.5,
                              global_attn_every_n_layers=2, sliding_window=4),
@@ -108,12 +151,15 @@ kConfigs = {
 kFamilies = tuple(kConfigs)
 # Text models that transformers builds only as a base model (their causal LM is multimodal): the
 # tests compare their last hidden states.
-kBaseModelOnly = ("qwen3_vl_moe", "mistral_large4")
+kBaseModelOnly = ("qwen3_vl_moe", "mistral_large4", "glm4v_moe", "qwen3_omni_moe", "step3p7")
 # Expert weights at this fraction of unit scale make the MoE output a large part of the residual
 # stream (dropping it moves the logits by calc_diff > 0.1) without letting it swamp everything, as
 # in a trained model. The grouped families multiply their routed output by their scaling factor.
-kExpertScale = {family: 0.25 for family in ("deepseek_v3", "glm4_moe", "deepseek_v32", "kimi_linear", "mistral_large4")}
-kExpertScale["cohere2_moe"] = 0.5  # its "average" halves the MoE output
+kExpertScale = {family: 0.25 for family in ("deepseek_v3", "glm4_moe", "deepseek_v32", "kimi_linear", "mistral_large4",
+                                           "glm_moe_dsa", "dots3_note", "bailing_hybrid")}
+kExpertScale.update(cohere2_moe=0.5,  # its "average" halves the MoE output
+                    qwen4_exp=0.5, mimo_v2_flash=0.3,
+                    hy_v3=0.15)  # its scaling factor 2.826 makes the MoE output dominate
 kDefaultExpertScale = 0.35
 
 
@@ -122,7 +168,8 @@ def tiny_config(family: str, kernel_sizes: bool = False):
     the staged backend takes the layer; the default sizes run on the reference backend only)."""
     config = kConfigs[family]()
     if kernel_sizes:
-        for name in ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"):
+        for name in ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
+                     "shared_experts_intermediate_size", "share_expert_dim"):
             if getattr(config, name, None) is not None:
                 setattr(config, name, 128)
     return config
@@ -133,6 +180,12 @@ def build_model(config, family: str, dtype: torch.dtype = torch.float32) -> nn.M
     but for the modules the model keeps in float32 (the grouped families' router)."""
     if family == "mistral4":  # not in AutoModelForCausalLM's table
         return transformers.Mistral4ForCausalLM._from_config(config, dtype=dtype)
+    if family == "qwen3_omni_moe":  # the thinker's text model: no Auto mapping
+        from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe
+        return modeling_qwen3_omni_moe.Qwen3OmniMoeThinkerTextModel._from_config(config, dtype=dtype)
+    if family == "step3p7":
+        from transformers.models.step3p7 import modeling_step3p7
+        return modeling_step3p7.Step3p7TextModel._from_config(config, dtype=dtype)
     auto = transformers.AutoModel if family in kBaseModelOnly else transformers.AutoModelForCausalLM
     return auto.from_config(config, dtype=dtype)
 

@@ -275,6 +275,16 @@ def test_errors():
     config.topk_method = "group_limited_greedy"  # DeepSeek-V2's only
     with pytest.raises(NotImplementedError, match="group_limited_greedy"):
         replace_moe_blocks(build_model(config, "deepseek_v3"))
+    # A soft-capped router (Laguna's moe_router_logit_softcapping) and a clamped SwiGLU (Step-3.7's
+    # swiglu_limits) are not the layer's routing and experts.
+    config = tiny_config("laguna")
+    config.moe_router_logit_softcapping = 0.5
+    with pytest.raises(NotImplementedError, match="soft-capped"):
+        replace_moe_blocks(build_model(config, "laguna"))
+    config = tiny_config("step3p7")
+    config.swiglu_limits = [7.0, 7.0]
+    with pytest.raises(NotImplementedError, match="clamped at"):
+        replace_moe_blocks(build_model(config, "step3p7"))
     # Shared experts with biases (DeepSeek-V2's mlp_bias) have no place in the layer.
     config = tiny_config("deepseek_v2")
     config.mlp_bias = True

@@ -414,7 +414,8 @@ def _checkpoint_families() -> list[str]:
         from hf_models import kBaseModelOnly, kFamilies
     except ImportError:  # no transformers
         return []
-    return [f for f in kFamilies if f not in kBaseModelOnly and f not in ("hunyuan_v1_moe", "cohere2_moe")]
+    from moe_runtime.serving.config import kCheckpointUnsupported
+    return [f for f in kFamilies if f not in kBaseModelOnly and f not in kCheckpointUnsupported]
 
 
 @pytest.mark.parametrize("family", _checkpoint_families())
