@@ -99,6 +99,7 @@ kCheckpointUnsupported = {
     "hy_v3": "its checkpoints name the router router.gate and the bias and shared MLP otherwise than the modules",
     "bailing_hybrid": "its checkpoints keep the choice bias as gate.expert_bias",
     "laguna": "its checkpoints name the shared MLP shared_expert and hold no choice bias",
+    "qwen3_omni_moe": "its checkpoints hold the talker's MoE layers beside the thinker's",
 }
 
 
