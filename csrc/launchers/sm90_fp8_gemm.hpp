@@ -239,11 +239,10 @@ inline unsigned scale_load_for(GemmType type, const Args& a, int n, int k) {
   return env_enabled("MOE_FP8_SCALE_TMA") ? scale_layout_for(type, a, n, k) : moe_kernels::kScaleGather;
 }
 
-// What contiguous K-major scales get (the quantizers' layout): the configs and kernels of the
-// precompile CLI and of config queries without tensors.
+// What contiguous K-major scales allow (the quantizers' layout): the configs and kernels of the
+// precompile CLI and of config queries without tensors (plan_config applies MOE_FP8_SCALE_TMA).
 inline unsigned contiguous_scale_load(int k) {
-  return (k / 128) % 4 == 0 && env_enabled("MOE_FP8_SCALE_TMA") ? moe_kernels::kScaleTmaKMajor
-                                                                   : moe_kernels::kScaleGather;
+  return (k / 128) % 4 == 0 ? moe_kernels::kScaleTmaKMajor : moe_kernels::kScaleGather;
 }
 
 inline void check_shape(const char* fn, int m, int n, int k) {
@@ -263,7 +262,8 @@ inline const char* function_name(GemmType type) {
 // problems. contiguous_alignment: kGroupedContiguous's promise that every aligned block of that
 // many rows lies in one group (or is padding); a multiple of 256 allows 256-row tiles.
 // split_workspace: whether the launch gets the tail split's workspace (not inside a CUDA graph
-// capture); without it the tiles are planned whole. scale_load: scale_load_for the launch's tensors.
+// capture); without it the tiles are planned whole. scale_load: scale_layout_for the launch's tensors
+// (MOE_FP8_SCALE_TMA=0 turns it into the gathers here).
 inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual,
                           GemmType type, int num_groups, int contiguous_alignment, bool split_workspace,
                           unsigned scale_load) {
@@ -411,7 +411,7 @@ inline PlanMemo& plan_memo() {
 }
 
 // plan_config once per shape and environment: a call then skips the heuristic and its getenv reads
-// (the raw FP8 entry points' own host work went from 1.17-1.44 to 0.82-0.98 µs per call with this
+// (the raw FP8 entry points' own host work went from 1.17-1.44 to 0.72-0.80 µs per call with this
 // and the descriptor memo, bench/RESULTS.md session 20).
 inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual,
                          GemmType type, int num_groups, int contiguous_alignment, bool split_workspace,

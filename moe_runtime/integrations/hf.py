@@ -103,6 +103,15 @@ class BlockFamily:
     group_limited: bool = False
     scaling_key: str | None = None          # config.json's name of the scaling factor, where not ``scaling``
 
+    def is_group_limited(self, topk_method: str, where: str) -> bool:
+        """Whether ``topk_method`` asks for group-limited routing; raises NotImplementedError for a
+        method this family does not have (DeepSeek-V3's configs name theirs "noaux_tc": the bias,
+        which the family reads)."""
+        group_limited = self.group_limited and topk_method == "group_limited_greedy"
+        if topk_method not in ("greedy", "noaux_tc") and not group_limited:
+            raise NotImplementedError(f"{where}: topk_method={topk_method!r} is not supported for {self.family}")
+        return group_limited
+
 
 _QWEN2 = BlockFamily("qwen2_moe", shared="shared_expert", shared_gate="shared_expert_gate")
 _QWEN3 = BlockFamily("qwen3_moe")
@@ -249,6 +258,8 @@ def _per_expert_names(expert: nn.Module, where: str) -> tuple[str, str, str]:
             return names
     raise NotImplementedError(f"{where}: expert MLP {type(expert).__name__} has none of the known projection "
                               f"layouts {kPerExpertNames}")
+
+
 def _expert_shapes(experts: nn.Module, where: str) -> tuple[int, int, int]:
     """(num_experts, hidden, intermediate) of fused (transformers 5) or per-expert (4) experts."""
     if isinstance(experts, nn.ModuleList):
@@ -284,15 +295,11 @@ def read_block_spec(block: nn.Module, config=None) -> MoEBlockSpec:
     top_k = _attr("top_k", router, block, _ConfigView(config), default=None)
     if top_k is None:
         raise ValueError(f"{cls}: cannot find top_k on the router, the block or the config")
-    # DeepSeek-V3's configs name their routing "noaux_tc" (the bias, which the family reads).
-    topk_method = _attr("topk_method", router, config, default="greedy")
-    group_limited = fam.group_limited and topk_method == "group_limited_greedy"
-    if topk_method not in ("greedy", "noaux_tc") and not group_limited:
-        raise NotImplementedError(f"{cls}: topk_method={topk_method!r} is not supported for this family")
+    group_limited = fam.is_group_limited(_attr("topk_method", router, config, default="greedy"), cls)
     softcap = getattr(router, "router_logit_softcapping", None)
     if softcap is not None and softcap > 0:
         raise NotImplementedError(f"{cls}: router logits soft-capped at {softcap} (tanh) are not supported")
-    shared = _shared_module(block, fam)
+    shared = _path(block, fam.shared)
     shared_inter = 0
     if shared is not None:
         _check_shared(shared, cls)
@@ -326,7 +333,7 @@ def read_block_spec(block: nn.Module, config=None) -> MoEBlockSpec:
 
 def _averaged(block: nn.Module, fam: BlockFamily, config=None) -> bool:
     """Whether the block averages its routed and shared outputs (Cohere2-MoE's "average")."""
-    if fam.average_attr is None or _shared_module(block, fam) is None:
+    if fam.average_attr is None or _path(block, fam.shared) is None:
         return False
     strategy = _attr(fam.average_attr, block, config, default="sum")
     if strategy not in ("sum", "average"):
@@ -339,11 +346,6 @@ class _ConfigView:
 
     def __init__(self, config):
         self.top_k = getattr(config, "num_experts_per_tok", None) if config is not None else None
-
-
-def _shared_module(block: nn.Module, fam: BlockFamily) -> nn.Module | None:
-    """The shared expert MLP of the block's family, or None."""
-    return _path(block, fam.shared)
 
 
 def _check_shared(mlp: nn.Module, where: str) -> None:
@@ -359,7 +361,7 @@ def _check_shared(mlp: nn.Module, where: str) -> None:
 
 def _shared_mlp(block: nn.Module, fam: BlockFamily) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Shared expert(s) as (gate_up [2Is, H], down [H, Is]), or None."""
-    mlp = _shared_module(block, fam)
+    mlp = _path(block, fam.shared)
     if mlp is None:
         return None
     gate, up, down = (getattr(mlp, n).weight for n in ("gate_proj", "up_proj", "down_proj"))

@@ -129,10 +129,7 @@ def config_from_hf(cfg: dict) -> MoEModelConfig:
     if fam.family in kCheckpointUnsupported:
         raise NotImplementedError(f"config.json: {model_type} checkpoints are not supported by the serving reader: "
                                   f"{kCheckpointUnsupported[fam.family]}")
-    topk_method = _first(cfg, "topk_method", default="greedy")
-    group_limited = fam.group_limited and topk_method == "group_limited_greedy"
-    if topk_method not in ("greedy", "noaux_tc") and not group_limited:
-        raise NotImplementedError(f"config.json: topk_method={topk_method!r} is not supported for {fam.family}")
+    group_limited = fam.is_group_limited(_first(cfg, "topk_method", default="greedy"), "config.json")
     num_experts = _first(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
     if num_experts is None:
         raise ValueError(f"config.json (model_type={model_type!r}) names no experts: expected one of "

@@ -72,17 +72,6 @@ def barrier_alone(seed: int) -> None:
     torch.cuda.synchronize()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("num_ranks", [2, 3, 8])
-def test_gpu_barrier_orders_peer_writes(seed, num_ranks):
-    assert_passed(run_in_child(__file__, "barriers_order_writes", 20, seed=seed, num_ranks=num_ranks))
-
-
-@pytest.mark.gpu
-def test_gpu_barrier_without_a_peer_times_out():
-    assert_timed_out(run_in_child(__file__, "barrier_alone", 2, seed=0), "the exchange barrier of rank 1")
-
-
 @pytest.mark.parametrize("kernel", [4, 5])
 def test_barrier_machine_code(kernel):
     """One system fence per raising thread, then relaxed flag stores (not a fence per flag); the
@@ -222,15 +211,18 @@ def combine_barrier_alone(seed: int) -> None:
     torch.cuda.synchronize()
 
 
+# The barrier alone and raised by the combine kernel: the same rounds and the same lone rank.
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_ranks", [2, 3, 8])
-def test_gpu_combine_barrier_orders_peer_writes(seed, num_ranks):
-    assert_passed(run_in_child(__file__, "combine_with_barriers", 30, seed=seed, num_ranks=num_ranks))
+@pytest.mark.parametrize("child,timeout", [("barriers_order_writes", 20), ("combine_with_barriers", 30)])
+def test_gpu_barrier_orders_peer_writes(seed, child, timeout, num_ranks):
+    assert_passed(run_in_child(__file__, child, timeout, seed=seed, num_ranks=num_ranks))
 
 
 @pytest.mark.gpu
-def test_gpu_combine_barrier_without_a_peer_times_out():
-    assert_timed_out(run_in_child(__file__, "combine_barrier_alone", 2, seed=0), "the exchange barrier of rank 1")
+@pytest.mark.parametrize("child", ["barrier_alone", "combine_barrier_alone"])
+def test_gpu_barrier_without_a_peer_times_out(child):
+    assert_timed_out(run_in_child(__file__, child, 2, seed=0), "the exchange barrier of rank 1")
 
 
 @pytest.mark.parametrize("kernel", [0, 1])
