@@ -6,9 +6,11 @@ negligible next to the residual stream, and a wrong conversion could hide behind
 
 from __future__ import annotations
 
+import pytest
 import torch
 import transformers
 from torch import nn
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from moe_runtime.integrations import find_moe_blocks
 from moe_runtime.integrations.hf import kBlockFamilies
@@ -26,6 +28,9 @@ kLinear = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head
 
 
 def _config(model_type: str, **kwargs):
+    # The GPU machine's transformers is older than CI's: a family it lacks is skipped there.
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no model type {model_type!r}")
     return transformers.AutoConfig.for_model(model_type, **kwargs)
 
 
