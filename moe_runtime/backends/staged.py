@@ -242,6 +242,9 @@ class _SymmExchange:
                                     *(tuple(self.buffer.peer_view(name, r) for r in ranks)
                                       for name in ("l1_acts_sf", "l1_weights", "l1_slots", "combine")),
                                     self.rank, problem.num_max_tokens_per_rank * problem.top_k)
+        # On CUDA every forward's launches go through one object that checked the buffers once.
+        self._prepared = None if self._grid_barrier is None else kernels.PreparedExchange(
+            self._peers, self._counts, self._count_rows, self._grid_barrier, problem.num_local_experts, self.capacity)
         self.buffer.barrier()
 
     def count(self, topk_idx: torch.Tensor, layout: "_LayoutArgs"):
@@ -251,10 +254,8 @@ class _SymmExchange:
         and dispatch kernels read: a peer rewrites its row only after the barrier that ends this
         forward's dispatch) and, on CUDA, the sizes already launched: count, barrier and sizes are
         one launch there (``kernels.exchange_count_sizes``); None on the CPU."""
-        if self._count_rows is not None:
-            within, pending = kernels.exchange_count_sizes(topk_idx, layout.num_local, self._count_rows,
-                                                           self._barrier_rows, self._barrier_flags, self._counts,
-                                                           self.rank, layout.alignment, layout.masked_max_rows)
+        if self._prepared is not None:
+            within, pending = self._prepared.count_sizes(topk_idx, layout.alignment, layout.masked_max_rows)
             return within, self._counts, pending
         within, row = kernels.exchange_count(topk_idx, layout.num_experts)
         width = row.numel()
@@ -276,9 +277,13 @@ class _SymmExchange:
         if pending is None:
             pending = kernels.exchange_sizes(counts, self.rank, layout.num_local, layout.alignment,
                                              layout.masked_max_rows, wait=False)
-        index = kernels.exchange_dispatch(self._peers, *pairs, counts, layout.num_local, layout.alignment,
-                                          layout.masked_max_rows, self.capacity, layout.first_expert,
-                                          barrier=self._grid_barrier)
+        if self._prepared is not None and pairs.xs is None:
+            index = self._prepared.dispatch(pairs.xq, pairs.topk_idx, pairs.topk_weights, pairs.within,
+                                            layout.alignment, layout.masked_max_rows, layout.first_expert)
+        else:
+            index = kernels.exchange_dispatch(self._peers, *pairs, counts, layout.num_local, layout.alignment,
+                                              layout.masked_max_rows, self.capacity, layout.first_expert,
+                                              barrier=self._grid_barrier)
         if self._grid_barrier is None:
             self.barrier()
         plan = pending.wait()
@@ -289,6 +294,9 @@ class _SymmExchange:
     def send_back(self, peers: ExchangePeers, expert_out: torch.Tensor, m_indices: torch.Tensor) -> None:
         """``kernels.exchange_combine`` of the layout's rows into their sources' combine views, then
         the barrier (raised by the combine kernel itself on CUDA)."""
+        if self._prepared is not None:
+            self._prepared.combine(expert_out, m_indices)
+            return
         kernels.exchange_combine(peers, expert_out, m_indices, barrier=self._grid_barrier)
         if self._grid_barrier is None:
             self.barrier()
