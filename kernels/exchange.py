@@ -272,7 +272,8 @@ def exchange_sizes(counts: torch.Tensor, rank: int, num_local_experts: int, alig
 
 def exchange_count_sizes(topk_idx: torch.Tensor, num_local_experts: int, peer_rows: torch.Tensor,
                          flag_rows: torch.Tensor, flags: torch.Tensor, counts: torch.Tensor, rank: int,
-                         alignment: int, masked_max_rows: int = 0) -> tuple[torch.Tensor, PendingLayoutSizes]:
+                         alignment: int, masked_max_rows: int = 0,
+                         scratch: torch.Tensor | None = None) -> tuple[torch.Tensor, PendingLayoutSizes]:
     """:func:`exchange_count` into every rank's count matrix, :func:`exchange_barrier` and
     :func:`exchange_sizes` in one launch (CUDA only, one CTA): the staged dispatch's steps before
     its rows move, which the host used to launch one after another.
@@ -280,8 +281,10 @@ def exchange_count_sizes(topk_idx: torch.Tensor, num_local_experts: int, peer_ro
     ``topk_idx`` int64 [T, k] of P E_l = E experts; ``peer_rows`` int64 [P]: the addresses of this
     rank's row (int32 [E + 1]) in every rank's count matrix; ``flag_rows`` / ``flags`` as
     :func:`exchange_barrier`'s; ``counts`` int32 [P, >= E + 1]: this rank's matrix, which the peers
-    fill. Returns ``within`` int32 [T * k] (as :func:`exchange_count`'s) and the launched sizes
-    (:class:`PendingLayoutSizes`, read after more work is queued)."""
+    fill; ``scratch`` int32 [E + 2] on the device, zero, which the kernel leaves zero (its CTAs'
+    counts; None: a zeroed one per call). Returns ``within`` int32 [T * k] (as
+    :func:`exchange_count`'s) and the launched sizes (:class:`PendingLayoutSizes`, read after more
+    work is queued)."""
     fn = "exchange_count_sizes"
     if not isinstance(topk_idx, torch.Tensor) or topk_idx.dtype != torch.int64 or topk_idx.dim() != 2:
         _checks.fail(fn, ValueError, f"topk_idx must be an int64 tensor [T, k], got "
@@ -306,10 +309,17 @@ def exchange_count_sizes(topk_idx: torch.Tensor, num_local_experts: int, peer_ro
     if device.type != "cuda":
         _checks.fail(fn, ValueError, f"runs on CUDA only (exchange_count, exchange_barrier and exchange_sizes on "
                                      f"the CPU), got {device}")
+    if scratch is None:
+        scratch = torch.zeros(num_experts + 2, dtype=torch.int32, device=device)
+    elif not isinstance(scratch, torch.Tensor) or scratch.dtype != torch.int32 \
+            or tuple(scratch.shape) != (num_experts + 2,) or not scratch.is_contiguous() or scratch.device != device:
+        _checks.fail(fn, ValueError, f"scratch must be None or a contiguous int32 tensor of shape [{num_experts + 2}] on "
+                                     f"{device}")
     flat = topk_idx.reshape(-1).contiguous()
     within = torch.empty(flat.numel(), dtype=torch.int32, device=device)
     sizes = torch.empty(3 * num_ranks + 1, dtype=torch.int32, device=device)
-    jit.native_module().moe_exchange_count_sizes(flat.data_ptr(), flat.numel(), within.data_ptr(), peer_rows.data_ptr(),
+    jit.native_module().moe_exchange_count_sizes(flat.data_ptr(), flat.numel(), within.data_ptr(), scratch.data_ptr(),
+                                                 peer_rows.data_ptr(),
                                                  flag_rows.data_ptr(), flags.data_ptr(), counts.data_ptr(),
                                                  counts.stride(0), num_ranks, rank, num_local_experts, alignment,
                                                  masked_max_rows, sizes.data_ptr(), device.index,
@@ -558,6 +568,7 @@ class PreparedExchange:
         self._count = (count_rows.data_ptr(), barrier.flag_rows.data_ptr(), barrier.flags.data_ptr(), counts.data_ptr(),
                        counts.stride(0), num_ranks, peers.rank, num_local_experts)
         self._counts = (counts.data_ptr(), counts.stride(0), num_local_experts)
+        self._scratch = torch.zeros(num_ranks * num_local_experts + 2, dtype=torch.int32, device=device)
         self._within = torch.empty(peers.pairs_per_rank, dtype=torch.int32, device=device)
         self._sizes = torch.empty(3 * num_ranks + 1, dtype=torch.int32, device=device)
         self._index = ExchangeIndex(torch.empty(capacity, dtype=torch.int32, device=device),
@@ -588,7 +599,8 @@ class PreparedExchange:
         flat = self._pairs(fn, topk_idx).reshape(-1).contiguous()
         _checks.check_ints(fn, (("alignment", alignment, 1), ("masked_max_rows", masked_max_rows, 0)))
         rows, flag_rows, flags, counts, stride, num_ranks, rank, num_local = self._count
-        self._native.moe_exchange_count_sizes(flat.data_ptr(), flat.numel(), self._within.data_ptr(), rows, flag_rows,
+        self._native.moe_exchange_count_sizes(flat.data_ptr(), flat.numel(), self._within.data_ptr(),
+                                              self._scratch.data_ptr(), rows, flag_rows,
                                               flags, counts, stride, num_ranks, rank, num_local, alignment,
                                               masked_max_rows, self._sizes.data_ptr(), self.device.index,
                                               _descriptors.current_stream(self.device))

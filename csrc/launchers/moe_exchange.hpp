@@ -70,8 +70,8 @@ inline GeneratedKernel generate(Kernel kernel, int top_k, int hidden,
   }
   if (kernel == Kernel::kCountSizes) {
     os << "template __global__ void moe_kernels::moe_exchange_count_sizes_kernel<" << kCountThreads
-       << ">(const long long*, unsigned, int*, const long long*, const long long*, int*, const int*, unsigned, "
-          "unsigned, unsigned, unsigned, unsigned, unsigned, int*, moe_kernels::uint64_t);\n";
+       << ">(const long long*, unsigned, int*, int*, const long long*, const long long*, int*, const int*, "
+          "unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, int*, moe_kernels::uint64_t);\n";
     return {"moe_exchange_count_sizes", os.str()};
   }
   if (kernel == Kernel::kSizes) {
@@ -225,14 +225,18 @@ inline void sizes(std::uint64_t counts, int counts_stride, int num_ranks, int ra
                   static_cast<unsigned>(alignment), static_cast<unsigned>(masked_max_rows), reinterpret_cast<int*>(out));
 }
 
+// The pairs one CTA of the count-sizes kernel numbers (impls/moe_exchange.cuh kCountPairsPerThread).
+constexpr long long kCountChunk = 4LL * kCountThreads;
+
 // count, barrier and sizes in one launch (the staged dispatch's steps before its rows): within
-// int32 [num_pairs] from topk_idx int64 [num_pairs]; the count row into the P rows whose addresses
-// `rows` holds (this rank's row of every rank's matrix); the barrier on flag_rows / flags (as
-// `barrier`'s); sizes int32 [3 P + 1] from this rank's matrix counts int32 [P, counts_stride].
-inline void count_sizes(std::uint64_t topk_idx, long long num_pairs, std::uint64_t within, std::uint64_t rows,
-                        std::uint64_t flag_rows, std::uint64_t flags, std::uint64_t counts, int counts_stride,
-                        int num_ranks, int rank, int num_local, int alignment, int masked_max_rows, std::uint64_t out,
-                        int device, std::uint64_t stream) {
+// int32 [num_pairs] from topk_idx int64 [num_pairs], a CTA per kCountChunk pairs; scratch int32
+// [E + 2] zero (left zero); the count row into the P rows whose addresses `rows` holds (this
+// rank's row of every rank's matrix); the barrier on flag_rows / flags (as `barrier`'s); sizes
+// int32 [3 P + 1] from this rank's matrix counts int32 [P, counts_stride].
+inline void count_sizes(std::uint64_t topk_idx, long long num_pairs, std::uint64_t within, std::uint64_t scratch,
+                        std::uint64_t rows, std::uint64_t flag_rows, std::uint64_t flags, std::uint64_t counts,
+                        int counts_stride, int num_ranks, int rank, int num_local, int alignment, int masked_max_rows,
+                        std::uint64_t out, int device, std::uint64_t stream) {
   MOE_HOST_ASSERT(num_ranks >= 1 && num_ranks <= kMaxRanks && rank >= 0 && rank < num_ranks,
                   kFn << ": rank " << rank << " of " << num_ranks << " ranks (at most " << kMaxRanks << ")");
   const long long num_experts = 1LL * num_local * num_ranks;
@@ -240,17 +244,18 @@ inline void count_sizes(std::uint64_t topk_idx, long long num_pairs, std::uint64
   MOE_HOST_ASSERT(num_pairs >= 0 && num_pairs <= (1LL << 31) - 1, kFn << ": pairs must be in [0, 2^31), got " << num_pairs);
   MOE_HOST_ASSERT(alignment >= 1 && masked_max_rows >= 0,
                   kFn << ": alignment must be positive and masked_max_rows non-negative");
-  MOE_HOST_ASSERT(rows != 0 && rows % 8 == 0 && flag_rows % 8 == 0 && flag_rows != 0 && flags % 4 == 0 && flags != 0,
-                  kFn << ": the count rows' and the barrier's addresses must be aligned and non-null");
+  MOE_HOST_ASSERT(rows != 0 && rows % 8 == 0 && flag_rows % 8 == 0 && flag_rows != 0 && flags % 4 == 0 && flags != 0 &&
+                      scratch != 0 && scratch % 4 == 0,
+                  kFn << ": the count rows', scratch's and the barrier's addresses must be aligned and non-null");
   moe_jit::LaunchConfig cfg;
-  cfg.grid_x = 1;
+  cfg.grid_x = static_cast<unsigned>(std::max(1LL, (num_pairs + kCountChunk - 1) / kCountChunk));
   cfg.block_x = kCountThreads;
   cfg.smem_bytes = std::max(static_cast<unsigned>(sizeof(int) * (num_experts + 1)),
                             layout_smem_bytes(num_experts, num_local, num_ranks, kCountThreads));
   cfg.stream = stream;
   cfg.device = device;
   moe_jit::launch(*fixed_kernel(Kernel::kCountSizes, device), cfg, reinterpret_cast<const long long*>(topk_idx),
-                  static_cast<unsigned>(num_pairs), reinterpret_cast<int*>(within),
+                  static_cast<unsigned>(num_pairs), reinterpret_cast<int*>(within), reinterpret_cast<int*>(scratch),
                   reinterpret_cast<const long long*>(rows), reinterpret_cast<const long long*>(flag_rows),
                   reinterpret_cast<int*>(flags), reinterpret_cast<const int*>(counts),
                   static_cast<unsigned>(counts_stride), static_cast<unsigned>(num_ranks), static_cast<unsigned>(rank),

@@ -85,12 +85,13 @@ def test_barrier_machine_code(kernel):
 
 
 def test_count_sizes_machine_code():
-    """Count-sizes numbers the pairs with shared-memory atomics (no global atomics), and reads the
-    count matrix, which peers write while it runs, through L2 (strong GPU-scope loads); the only
-    read-only-path loads are 64-bit (routing ids and addresses, which nothing writes meanwhile)."""
+    """Count-sizes numbers a chunk's pairs with shared-memory atomics and takes the chunk's bases
+    with global ones (one per expert, not one per pair: no RED), and reads the count matrix, which
+    peers write while it runs, through L2 (strong GPU-scope loads); the only read-only-path loads
+    are 64-bit (routing ids and addresses, which nothing writes meanwhile)."""
     text = sass(*kernels.jit.native_module().moe_exchange_code(5, 1, 128))
     assert "ATOMS.ADD" in text or "ATOMS.POPC.INC" in text
-    assert "ATOMG" not in text and "RED.E" not in text
+    assert "ATOMG.E.ADD" in text and "RED.E" not in text
     assert "LDG.E.STRONG.GPU" in text
     assert not re.search(r"LDG\.E(\.[A-Z]+)*\.CONSTANT", text.replace("LDG.E.64.CONSTANT", "")), \
         "a 32-bit load on the read-only path"
@@ -101,9 +102,10 @@ def count_sizes_rounds(seed: int, num_ranks: int, num_local: int, num_tokens: in
     """P simulated ranks in one process, each on its own stream, every rank's count matrix a
     separate poisoned tensor (a row stride past E + 1) that the others write through plain
     addresses: two rounds of exchange_count_sizes, fresh routing each (unrouted and invalid ids
-    included). Each rank's positions are exchange_count's up to their order within an expert,
-    each matrix holds every rank's count row (the columns past E + 1 untouched), and each rank's
-    sizes are exchange_sizes of that matrix on the CPU."""
+    included; 4096 and 5000 tokens x top-8 take 8 and 10 chunks, the last one partial). Each
+    rank's positions are exchange_count's up to their order within an expert, each matrix holds
+    every rank's count row (the columns past E + 1 untouched), each rank's sizes are
+    exchange_sizes of that matrix on the CPU, and each rank's scratch is left zero."""
     torch.manual_seed(seed)
     top_k, num_experts = min(8, num_ranks * num_local), num_ranks * num_local
     width = num_experts + 4
@@ -111,6 +113,7 @@ def count_sizes_rounds(seed: int, num_ranks: int, num_local: int, num_tokens: in
     peer_rows = [torch.tensor([m[r].data_ptr() for m in matrices], dtype=torch.int64, device="cuda")
                  for r in range(num_ranks)]
     rows, flags = barrier_group(num_ranks)
+    scratch = [torch.zeros(num_experts + 2, dtype=torch.int32, device="cuda") for _ in range(num_ranks)]
     streams = [torch.cuda.Stream() for _ in range(num_ranks)]
     for _ in range(2):
         routing = [make_routing(num_tokens, top_k, num_experts) for _ in range(num_ranks)]
@@ -120,7 +123,7 @@ def count_sizes_rounds(seed: int, num_ranks: int, num_local: int, num_tokens: in
         for r in range(num_ranks):
             with torch.cuda.stream(streams[r]):
                 launched.append(kernels.exchange_count_sizes(on_device[r], num_local, peer_rows[r], rows, flags[r],
-                                                             matrices[r], r, alignment, masked_max_rows))
+                                                             matrices[r], r, alignment, masked_max_rows, scratch[r]))
         torch.cuda.synchronize()
         expected = [kernels.exchange_count(t, num_experts) for t in routing]
         matrix = torch.stack([row for _, row in expected])
@@ -135,11 +138,13 @@ def count_sizes_rounds(seed: int, num_ranks: int, num_local: int, num_tokens: in
             assert torch.equal(torch.sort(flat[sent] * n + within[sent]).values,
                                torch.sort(flat[sent] * n + expected[r][0].long()[sent]).values), r
     assert all(int(f[num_ranks]) == 2 for f in flags), "two barriers counted on every rank"
+    assert all(not bool(t.any()) for t in scratch), "scratch left zero"
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_ranks,num_local,num_tokens,alignment,masked_max_rows",
-                         [(2, 8, 37, 16, 8), (3, 5, 300, 64, 0), (8, 32, 4096, 128, 32), (2, 4, 0, 128, 32)])
+                         [(2, 8, 37, 16, 8), (3, 5, 300, 64, 0), (8, 32, 4096, 128, 32), (2, 4, 0, 128, 32),
+                          (2, 8, 5000, 128, 32)])
 def test_gpu_count_sizes_matches_the_three_steps(seed, num_ranks, num_local, num_tokens, alignment, masked_max_rows):
     assert_passed(run_in_child(__file__, "count_sizes_rounds", 30, seed=seed, num_ranks=num_ranks,
                                num_local=num_local, num_tokens=num_tokens, alignment=alignment,
