@@ -271,7 +271,7 @@ def exchange_sizes(counts: torch.Tensor, rank: int, num_local_experts: int, alig
 
 
 def exchange_count_sizes(topk_idx: torch.Tensor, num_local_experts: int, peer_rows: torch.Tensor,
-                         flag_rows: torch.Tensor, flags: torch.Tensor, counts: torch.Tensor, rank: int,
+                         barrier: ExchangeBarrier, counts: torch.Tensor, rank: int,
                          alignment: int, masked_max_rows: int = 0,
                          scratch: torch.Tensor | None = None) -> tuple[torch.Tensor, PendingLayoutSizes]:
     """:func:`exchange_count` into every rank's count matrix, :func:`exchange_barrier` and
@@ -279,8 +279,9 @@ def exchange_count_sizes(topk_idx: torch.Tensor, num_local_experts: int, peer_ro
     its rows move, which the host used to launch one after another.
 
     ``topk_idx`` int64 [T, k] of P E_l = E experts; ``peer_rows`` int64 [P]: the addresses of this
-    rank's row (int32 [E + 1]) in every rank's count matrix; ``flag_rows`` / ``flags`` as
-    :func:`exchange_barrier`'s; ``counts`` int32 [P, >= E + 1]: this rank's matrix, which the peers
+    rank's row (int32 [E + 1]) in every rank's count matrix; ``barrier``: the group's
+    :class:`ExchangeBarrier` (its flags; the kernel counts its own CTAs in ``scratch``); ``counts``
+    int32 [P, >= E + 1]: this rank's matrix, which the peers
     fill; ``scratch`` int32 [E + 2] on the device, zero, which the kernel leaves zero (its CTAs'
     counts; None: a zeroed one per call). Returns ``within`` int32 [T * k] (as
     :func:`exchange_count`'s) and the launched sizes (:class:`PendingLayoutSizes`, read after more
@@ -292,20 +293,21 @@ def exchange_count_sizes(topk_idx: torch.Tensor, num_local_experts: int, peer_ro
                                      f"{list(getattr(topk_idx, 'shape', ()))}")
     _checks.check_ints(fn, (("num_local_experts", num_local_experts, 1), ("alignment", alignment, 1),
                      ("masked_max_rows", masked_max_rows, 0), ("rank", rank, 0)))
-    num_ranks = peer_rows.numel() if isinstance(peer_rows, torch.Tensor) else 0
-    for name, t, dtype, shape in (("peer_rows", peer_rows, torch.int64, (max(num_ranks, 1),)),
-                                  ("flag_rows", flag_rows, torch.int64, (num_ranks,)),
-                                  ("flags", flags, torch.int32, (num_ranks + 1,))):
-        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
-            _checks.fail(fn, ValueError, f"{name} must be a contiguous {dtype} tensor of shape {list(shape)}, got "
-                                         f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
+    if not isinstance(barrier, ExchangeBarrier):
+        _checks.fail(fn, TypeError, f"barrier must be an ExchangeBarrier, got {type(barrier).__name__}")
+    num_ranks = barrier.num_ranks
+    if not isinstance(peer_rows, torch.Tensor) or peer_rows.dtype != torch.int64 \
+            or tuple(peer_rows.shape) != (num_ranks,) or not peer_rows.is_contiguous():
+        _checks.fail(fn, ValueError, f"peer_rows must be a contiguous torch.int64 tensor of shape [{num_ranks}] (the "
+                                     f"barrier's ranks), got {getattr(peer_rows, 'dtype', type(peer_rows).__name__)} "
+                                     f"{list(getattr(peer_rows, 'shape', ()))}")
     num_experts = num_ranks * num_local_experts
     counts = _check_counts(fn, counts, num_ranks, num_experts + 1)
     if rank >= num_ranks:
         _checks.fail(fn, ValueError, f"rank must be in [0, {num_ranks}), got {rank}")
     if num_experts > kExchangeMaxExperts:
         _checks.fail(fn, ValueError, f"at most {kExchangeMaxExperts} experts, got {num_experts}")
-    device = _checks.check_same_device(fn, [topk_idx, peer_rows, flag_rows, flags, counts])
+    device = _checks.check_same_device(fn, [topk_idx, peer_rows, barrier.flags, counts])
     if device.type != "cuda":
         _checks.fail(fn, ValueError, f"runs on CUDA only (exchange_count, exchange_barrier and exchange_sizes on "
                                      f"the CPU), got {device}")
@@ -319,8 +321,8 @@ def exchange_count_sizes(topk_idx: torch.Tensor, num_local_experts: int, peer_ro
     within = torch.empty(flat.numel(), dtype=torch.int32, device=device)
     sizes = torch.empty(3 * num_ranks + 1, dtype=torch.int32, device=device)
     jit.native_module().moe_exchange_count_sizes(flat.data_ptr(), flat.numel(), within.data_ptr(), scratch.data_ptr(),
-                                                 peer_rows.data_ptr(),
-                                                 flag_rows.data_ptr(), flags.data_ptr(), counts.data_ptr(),
+                                                 peer_rows.data_ptr(), barrier.flag_rows.data_ptr(),
+                                                 barrier.flags.data_ptr(), counts.data_ptr(),
                                                  counts.stride(0), num_ranks, rank, num_local_experts, alignment,
                                                  masked_max_rows, sizes.data_ptr(), device.index,
                                                  _descriptors.current_stream(device))

@@ -113,6 +113,7 @@ def count_sizes_rounds(seed: int, num_ranks: int, num_local: int, num_tokens: in
     peer_rows = [torch.tensor([m[r].data_ptr() for m in matrices], dtype=torch.int64, device="cuda")
                  for r in range(num_ranks)]
     rows, flags = barrier_group(num_ranks)
+    barriers = [kernels.ExchangeBarrier(rows, f, torch.zeros(1, dtype=torch.int32, device="cuda")) for f in flags]
     scratch = [torch.zeros(num_experts + 2, dtype=torch.int32, device="cuda") for _ in range(num_ranks)]
     streams = [torch.cuda.Stream() for _ in range(num_ranks)]
     for _ in range(2):
@@ -122,7 +123,7 @@ def count_sizes_rounds(seed: int, num_ranks: int, num_local: int, num_tokens: in
         launched = []
         for r in range(num_ranks):
             with torch.cuda.stream(streams[r]):
-                launched.append(kernels.exchange_count_sizes(on_device[r], num_local, peer_rows[r], rows, flags[r],
+                launched.append(kernels.exchange_count_sizes(on_device[r], num_local, peer_rows[r], barriers[r],
                                                              matrices[r], r, alignment, masked_max_rows, scratch[r]))
         torch.cuda.synchronize()
         expected = [kernels.exchange_count(t, num_experts) for t in routing]
@@ -259,12 +260,18 @@ def test_count_sizes_argument_checks():
     topk_idx = torch.zeros(4, 2, dtype=torch.int64)
     rows, flags, counts = torch.zeros(2, dtype=torch.int64), torch.zeros(3, dtype=torch.int32), \
         torch.zeros(2, 9, dtype=torch.int32)
-    good = dict(topk_idx=topk_idx, num_local_experts=4, peer_rows=rows, flag_rows=rows, flags=flags, counts=counts,
+    # A barrier of CPU tensors, which ExchangeBarrier refuses: every check below comes before the
+    # device one.
+    barrier = object.__new__(kernels.ExchangeBarrier)
+    for name, value in (("flag_rows", rows), ("flags", flags), ("done", torch.zeros(1, dtype=torch.int32))):
+        object.__setattr__(barrier, name, value)
+    good = dict(topk_idx=topk_idx, num_local_experts=4, peer_rows=rows, barrier=barrier, counts=counts,
                 rank=1, alignment=128, masked_max_rows=32)
+    with pytest.raises(TypeError, match="barrier must be an ExchangeBarrier"):
+        kernels.exchange_count_sizes(**{**good, "barrier": (rows, flags)})
     for change, match in [({"topk_idx": topk_idx.int()}, "topk_idx must be an int64"),
                           ({"peer_rows": rows.int()}, "peer_rows must be a contiguous torch.int64"),
-                          ({"flag_rows": rows[:1]}, r"flag_rows must be a contiguous torch.int64 tensor of shape \[2\]"),
-                          ({"flags": flags[:2]}, r"flags must be a contiguous torch.int32 tensor of shape \[3\]"),
+                          ({"peer_rows": rows[:1]}, r"peer_rows must be a contiguous torch.int64 tensor of shape \[2\]"),
                           ({"counts": counts[:, :8]}, r"counts must be an int32 tensor \[2, >= 9\]"),
                           ({"rank": 2}, r"rank must be in \[0, 2\)"),
                           ({"alignment": 0}, "alignment must be an int >= 1"),
