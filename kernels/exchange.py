@@ -275,8 +275,10 @@ def exchange_count_sizes(topk_idx: torch.Tensor, num_local_experts: int, peer_ro
                          alignment: int, masked_max_rows: int = 0,
                          scratch: torch.Tensor | None = None) -> tuple[torch.Tensor, PendingLayoutSizes]:
     """:func:`exchange_count` into every rank's count matrix, :func:`exchange_barrier` and
-    :func:`exchange_sizes` in one launch (CUDA only, one CTA): the staged dispatch's steps before
-    its rows move, which the host used to launch one after another.
+    :func:`exchange_sizes` in one launch (CUDA only; a CTA per 4096 pairs, the last to finish
+    passes the barrier and reduces the sizes): the staged dispatch's steps before its rows move,
+    which the host used to launch one after another. Calls that share a ``scratch`` must run in
+    order on one stream: its counters are exact only between launches.
 
     ``topk_idx`` int64 [T, k] of P E_l = E experts; ``peer_rows`` int64 [P]: the addresses of this
     rank's row (int32 [E + 1]) in every rank's count matrix; ``barrier``: the group's
@@ -539,7 +541,12 @@ class PreparedExchange:
     every rank's matrix; ``barrier``: :class:`ExchangeBarrier` of the group (count-sizes, dispatch
     and combine each pass it once); ``capacity``: rows of the layout index (the receive views'
     rows at most). The same launches as :func:`exchange_count_sizes`, :func:`exchange_dispatch` and
-    :func:`exchange_combine` with a barrier."""
+    :func:`exchange_combine` with a barrier.
+
+    One stream, calls in order (as the staged backend makes them): the count scratch, the
+    positions, the sizes, the index and the barrier's epochs are shared by every call, so a second
+    call in flight on another stream would corrupt them, and a result (``within``, the pending
+    sizes, the index) holds the newest call's values once the next call of its method is queued."""
 
     def __init__(self, peers: ExchangePeers, counts: torch.Tensor, count_rows: torch.Tensor,
                  barrier: ExchangeBarrier, num_local_experts: int, capacity: int):
@@ -577,6 +584,8 @@ class PreparedExchange:
                                     torch.empty(capacity, dtype=torch.int64, device=device),
                                     torch.empty(num_local_experts, dtype=torch.int32, device=device))
         self._capacity, self._view_rows = capacity, min(t.shape[0] for t in peers.acts)
+        # The zeroed scratch before the first launch, whichever stream that is on.
+        torch.cuda.current_stream(device).synchronize()
 
     def _tokens(self, fn: str, name: str, t: object, dtypes: tuple, shape: tuple) -> torch.Tensor:
         if not isinstance(t, torch.Tensor) or t.dtype not in dtypes or tuple(t.shape) != shape or t.device != self.device:

@@ -29,7 +29,8 @@ constexpr const char* kFn = "moe_exchange";
 
 enum class Kernel : int { kDispatch = 0, kCombine = 1, kCount = 2, kSizes = 3, kBarrier = 4, kCountSizes = 5 };
 constexpr int kBarrierThreads = 128;
-constexpr int kCountThreads = 1024;  // the count, sizes and count-sizes kernels' one CTA
+constexpr int kCountThreads = 1024;  // a CTA of the count, sizes and count-sizes kernels
+constexpr int kCountPairsPerThread = 4;  // count-sizes: a CTA numbers kCountThreads x this many pairs
 
 struct GeneratedKernel {
   std::string name;
@@ -69,8 +70,8 @@ inline GeneratedKernel generate(Kernel kernel, int top_k, int hidden,
     return {"moe_exchange_barrier", os.str()};
   }
   if (kernel == Kernel::kCountSizes) {
-    os << "template __global__ void moe_kernels::moe_exchange_count_sizes_kernel<" << kCountThreads
-       << ">(const long long*, unsigned, int*, int*, const long long*, const long long*, int*, const int*, "
+    os << "template __global__ void moe_kernels::moe_exchange_count_sizes_kernel<" << kCountThreads << ", "
+       << kCountPairsPerThread << ">(const long long*, unsigned, int*, int*, const long long*, const long long*, int*, const int*, "
           "unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, int*, moe_kernels::uint64_t);\n";
     return {"moe_exchange_count_sizes", os.str()};
   }
@@ -145,7 +146,7 @@ inline void launch_kernel(Kernel kernel, int top_k, int hidden, moe_apis::DType 
   moe_jit::launch(*compiled, cfg, args...);
 }
 
-// A one-CTA-shape kernel (count, sizes: kCountThreads threads, no template parameter but the kind).
+// A kernel of fixed template parameters (count, barrier, count-sizes, sizes: kCountThreads threads).
 inline std::shared_ptr<const moe_jit::CompiledKernel> fixed_kernel(Kernel kernel, int device) {
   static moe_jit::KernelMemo<std::array<int, 2>, moe_jit::IntArrayHash> memo;
   return memo.get({static_cast<int>(kernel), device}, [&] {
@@ -225,8 +226,8 @@ inline void sizes(std::uint64_t counts, int counts_stride, int num_ranks, int ra
                   static_cast<unsigned>(alignment), static_cast<unsigned>(masked_max_rows), reinterpret_cast<int*>(out));
 }
 
-// The pairs one CTA of the count-sizes kernel numbers (impls/moe_exchange.cuh kCountPairsPerThread).
-constexpr long long kCountChunk = 4LL * kCountThreads;
+// The pairs one CTA of the count-sizes kernel numbers (its template parameters, emitted above).
+constexpr long long kCountChunk = 1LL * kCountPairsPerThread * kCountThreads;
 
 // count, barrier and sizes in one launch (the staged dispatch's steps before its rows): within
 // int32 [num_pairs] from topk_idx int64 [num_pairs], a CTA per kCountChunk pairs; scratch int32

@@ -364,8 +364,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Count, the group's barrier and the sizes in one launch, the staged dispatch's steps before its
-// rows move (the host launched three kernels for them). The pairs are counted by kCountPairs-pair
-// chunks, a CTA each, since one SM's shared-memory atomics took 34 us for 4096 tokens x top-8: a
+// rows move (the host launched three kernels for them). The pairs are counted by chunks of
+// kThreads x kPairsPerThread pairs, a CTA each (the launcher sizes the grid by the same product), since one SM's shared-memory atomics took 34 us for 4096 tokens x top-8: a
 // CTA numbers its chunk's pairs per expert in shared memory, takes each expert's base with one
 // global atomic on scratch[g] (any order: positions stay distinct in [0, count) per expert), and
 // adds it. The last CTA to finish (scratch[E + 1] counts them) reads the row from scratch, resets
@@ -373,9 +373,7 @@ __global__ void __launch_bounds__(kThreads)
 // rank's row of rank i's), passes the group's barrier and reduces this rank's matrix counts
 // (int32 [P, counts_stride]) to the sizes. Shared memory: the chunk's E + 1 counters or the
 // layout's ints, whichever is larger (one after the other).
-constexpr uint32_t kCountPairsPerThread = 4;
-
-template <uint32_t kThreads>
+template <uint32_t kThreads, uint32_t kPairsPerThread>
 __global__ void __launch_bounds__(kThreads)
     moe_exchange_count_sizes_kernel(const long long* __restrict__ topk_idx, uint32_t num_pairs, int* __restrict__ within,
                                     int* __restrict__ scratch, const long long* __restrict__ rows,
@@ -383,21 +381,21 @@ __global__ void __launch_bounds__(kThreads)
                                     const int* __restrict__ counts, uint32_t counts_stride, uint32_t num_ranks,
                                     uint32_t rank, uint32_t num_local, uint32_t alignment, uint32_t masked_max_rows,
                                     int* __restrict__ sizes, uint64_t timeout_ns) {
-  constexpr uint32_t kChunk = kThreads * kCountPairsPerThread;
+  constexpr uint32_t kChunk = kThreads * kPairsPerThread;
   extern __shared__ int smem[];
   const uint32_t num_experts = num_ranks * num_local;
   for (uint32_t g = threadIdx.x; g <= num_experts; g += kThreads) smem[g] = 0;
   __syncthreads();
   // The chunk's ids in flight together, then their shared-memory atomics (the position in the chunk).
-  long long ids[kCountPairsPerThread];
-  int positions[kCountPairsPerThread];
+  long long ids[kPairsPerThread];
+  int positions[kPairsPerThread];
 #pragma unroll
-  for (uint32_t u = 0; u < kCountPairsPerThread; ++u) {
+  for (uint32_t u = 0; u < kPairsPerThread; ++u) {
     const uint32_t p = blockIdx.x * kChunk + u * kThreads + threadIdx.x;
     ids[u] = p < num_pairs ? __ldg(topk_idx + p) : -1;
   }
 #pragma unroll
-  for (uint32_t u = 0; u < kCountPairsPerThread; ++u) {
+  for (uint32_t u = 0; u < kPairsPerThread; ++u) {
     const bool sent = ids[u] >= 0 && ids[u] < num_experts;
     positions[u] = sent || ids[u] != -1
                        ? atomicAdd(&smem[sent ? static_cast<uint32_t>(ids[u]) : num_experts], 1)
@@ -411,7 +409,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 #pragma unroll
-  for (uint32_t u = 0; u < kCountPairsPerThread; ++u) {
+  for (uint32_t u = 0; u < kPairsPerThread; ++u) {
     const uint32_t p = blockIdx.x * kChunk + u * kThreads + threadIdx.x;
     const bool sent = ids[u] >= 0 && ids[u] < num_experts;
     if (p < num_pairs) within[p] = sent ? smem[static_cast<uint32_t>(ids[u])] + positions[u] : -1;
