@@ -224,15 +224,41 @@ class PendingLayoutSizes:
     """:func:`exchange_sizes` launched, not yet read: ``sizes`` int32 [3 P + 1] (every rank's layout
     rows, masked rows, invalid ids, then this rank's pairs sent) on the device, or the result
     already computed (CPU). :meth:`wait` reads it: a host sync on CUDA, which also waits for what
-    the stream ran after the launch."""
+    the stream ran after the launch unless :meth:`start_copy` began the read before that."""
 
     rank: int
     sizes: torch.Tensor | None = None
     result: reference_exchange.LayoutSizes | None = None
+    _host: torch.Tensor | None = None      # start_copy's pinned buffer
+    _copied: object | None = None          # its torch.cuda.Event, recorded after the copy
+
+    def start_copy(self, host: torch.Tensor, stream) -> None:
+        """Reads the sizes into ``host`` (pinned int32 [3 P + 1]) on ``stream``, after what the
+        current stream queued so far (the launch that computes them): :meth:`wait` then waits for
+        that copy alone, not for the work queued after this call (the dispatch kernel), so the host
+        goes on while it runs. A no-op off CUDA or when the result is known."""
+        if self.result is not None or self.sizes is None or self.sizes.device.type != "cuda":
+            return
+        if not isinstance(host, torch.Tensor) or host.dtype != torch.int32 or host.device.type != "cpu" \
+                or host.numel() != self.sizes.numel() or not host.is_pinned():
+            _checks.fail("PendingLayoutSizes.start_copy", ValueError,
+                         f"host must be a pinned CPU int32 tensor of {self.sizes.numel()} elements")
+        stream.wait_stream(torch.cuda.current_stream(self.sizes.device))
+        with torch.cuda.stream(stream):
+            host.copy_(self.sizes, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record(stream)
+        self.sizes.record_stream(stream)  # the allocator keeps it until the copy has run
+        self._host = host
 
     def wait(self) -> reference_exchange.LayoutSizes:
         if self.result is None:
-            host, p = self.sizes.tolist(), (self.sizes.numel() - 1) // 3
+            if self._copied is not None:
+                self._copied.synchronize()
+                host = self._host.tolist()
+            else:
+                host = self.sizes.tolist()
+            p = (self.sizes.numel() - 1) // 3
             self.result = reference_exchange.LayoutSizes(self.rank, tuple(host[:p]), tuple(host[p: 2 * p]), host[3 * p],
                                                          tuple(host[2 * p: 3 * p]))
         return self.result

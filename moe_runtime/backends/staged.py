@@ -228,7 +228,12 @@ class _SymmExchange:
         matrix = self.num_ranks * width
         self._barrier_flags = self.buffer.view("signals")[matrix: matrix + self.num_ranks + 1]
         self._count_rows = self._barrier_rows = self._grid_barrier = None
+        self._sizes_host = self._copy_stream = None
         if device.type == "cuda":
+            # The sizes are read on a side stream into pinned memory right after the count, so the
+            # host goes on (slices the index, launches the experts' GEMMs) while the rows move.
+            self._sizes_host = torch.empty(3 * self.num_ranks + 1, dtype=torch.int32, pin_memory=True)
+            self._copy_stream = torch.cuda.Stream(device)
             signals = [self.buffer.peer_view("signals", q).data_ptr() for q in ranks]
             self._count_rows = torch.tensor([base + 4 * self.rank * width for base in signals], dtype=torch.int64,
                                             device=device)
@@ -269,7 +274,9 @@ class _SymmExchange:
         launch, already holds them), the dispatch (its index over
         the whole receive capacity; rows a too-large layout would put past it are dropped) and the
         barrier are queued back to back, then one read returns (plan, peers, index), the index
-        sliced to this rank's layout. Every rank sees the same plan and raises on it together; an
+        sliced to this rank's layout. On CUDA that read starts on a side stream before the dispatch
+        is queued and waits for the count alone, so the host returns (and queues the experts) while
+        the rows move. Every rank sees the same plan and raises on it together; an
         error of one rank's own before the barrier (its arguments, a failed compile) leaves the
         others waiting in the barrier, whose kernel traps after ``MOE_EP_TIMEOUT_S`` seconds on CUDA
         (the process group's timeout on the CPU) unless that rank goes on to enter a later barrier,
@@ -277,6 +284,8 @@ class _SymmExchange:
         if pending is None:
             pending = kernels.exchange_sizes(counts, self.rank, layout.num_local, layout.alignment,
                                              layout.masked_max_rows, wait=False)
+        if self._copy_stream is not None:
+            pending.start_copy(self._sizes_host, self._copy_stream)
         if self._prepared is not None and pairs.xs is None:
             index = self._prepared.dispatch(pairs.xq, pairs.topk_idx, pairs.topk_weights, pairs.within,
                                             layout.alignment, layout.masked_max_rows, layout.first_expert)
