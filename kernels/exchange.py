@@ -652,7 +652,9 @@ class PreparedExchange:
         num_tokens, k = topk_idx.shape
         x = self._tokens(fn, "x", x, (torch.bfloat16, torch.float16, torch.float32), (num_tokens, self.peers.hidden))
         topk_weights = self._tokens(fn, "topk_weights", topk_weights, (torch.float32,), (num_tokens, k)).contiguous()
-        if within.data_ptr() != self._within.data_ptr() or within.numel() != num_tokens * k:
+        # An empty slice's data_ptr() is 0, so the storage is compared (no tokens: within is [0]).
+        if (not isinstance(within, torch.Tensor) or within.storage_offset() != 0 or within.numel() != num_tokens * k
+                or within.untyped_storage().data_ptr() != self._within.untyped_storage().data_ptr()):
             _checks.fail(fn, ValueError, "within must be this object's count_sizes result for these pairs")
         _checks.check_ints(fn, (("alignment", alignment, 1), ("masked_max_rows", masked_max_rows, 0),
                                 ("first_expert", first_expert, 0)))
@@ -660,7 +662,7 @@ class PreparedExchange:
         index = self._index
         layout = (*self._counts, alignment, masked_max_rows, self._view_rows, self._capacity, first_expert,
                   index.m_indices.data_ptr(), index.global_ids.data_ptr(), index.masked_m.data_ptr())
-        self._native.moe_exchange_dispatch(self.peers.native(), layout, k, self.peers.hidden, within.data_ptr(),
+        self._native.moe_exchange_dispatch(self.peers.native(), layout, k, self.peers.hidden, self._within.data_ptr(),
                                            within.numel(), topk_idx.data_ptr(), topk_weights.data_ptr(), x.data_ptr(),
                                            _descriptors.dtype_code(x, "x"), x.stride(0), 0, self.device.index,
                                            _descriptors.current_stream(self.device), self._barrier)
