@@ -8,8 +8,8 @@ call. Public functions that share a name with DeepGEMM's keep DeepGEMM's signatu
 from . import jit, reference, testing
 from ._fp4_fragment import transform_fp4_for_decode
 from .ep import EpLayout, ep_buffer_views, ep_combine, ep_dispatch, ep_signal_ints
-from .exchange import (ExchangeBarrier, ExchangePeers, exchange_barrier, exchange_combine, exchange_count,
-                       exchange_count_sizes, exchange_dispatch, exchange_sizes)
+from .exchange import (ExchangeBarrier, ExchangePeers, PreparedExchange, exchange_barrier, exchange_combine,
+                       exchange_count, exchange_count_sizes, exchange_dispatch, exchange_sizes)
 from .gemm import bf16_gemm_nt, fp8_gemm_nt
 from .grouped import (
     get_mk_alignment_for_contiguous_layout,
@@ -35,6 +35,7 @@ __all__ = [
     "EpLayout",
     "ExchangeBarrier",
     "ExchangePeers",
+    "PreparedExchange",
     "bf16_gemm_nt",
     "cast_back_from_fp4",
     "ceil_to_ue8m0",

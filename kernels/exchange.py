@@ -11,7 +11,9 @@
   rank's combine buffer, at the pair's slot;
 * :func:`exchange_barrier`: the group's barrier between those steps, on the device (CUDA);
 * :func:`exchange_count_sizes`: count, barrier and sizes in one launch (CUDA), the staged dispatch's
-  first step.
+  first step;
+* :class:`PreparedExchange`: count-sizes, dispatch and combine over fixed buffers, checked once
+  (CUDA): the staged backend's per-call path.
 
 On CUDA each is one launch (a warp per token or row, 16-byte vectors, peer writes through the
 addresses of :class:`ExchangePeers`), on the CPU the same moves as torch index copies.
@@ -222,15 +224,41 @@ class PendingLayoutSizes:
     """:func:`exchange_sizes` launched, not yet read: ``sizes`` int32 [3 P + 1] (every rank's layout
     rows, masked rows, invalid ids, then this rank's pairs sent) on the device, or the result
     already computed (CPU). :meth:`wait` reads it: a host sync on CUDA, which also waits for what
-    the stream ran after the launch."""
+    the stream ran after the launch unless :meth:`start_copy` began the read before that."""
 
     rank: int
     sizes: torch.Tensor | None = None
     result: reference_exchange.LayoutSizes | None = None
+    _host: torch.Tensor | None = None      # start_copy's pinned buffer
+    _copied: object | None = None          # its torch.cuda.Event, recorded after the copy
+
+    def start_copy(self, host: torch.Tensor, stream) -> None:
+        """Reads the sizes into ``host`` (pinned int32 [3 P + 1]) on ``stream``, after what the
+        current stream queued so far (the launch that computes them): :meth:`wait` then waits for
+        that copy alone, not for the work queued after this call (the dispatch kernel), so the host
+        goes on while it runs. A no-op off CUDA or when the result is known."""
+        if self.result is not None or self.sizes is None or self.sizes.device.type != "cuda":
+            return
+        if not isinstance(host, torch.Tensor) or host.dtype != torch.int32 or host.device.type != "cpu" \
+                or host.numel() != self.sizes.numel() or not host.is_pinned():
+            _checks.fail("PendingLayoutSizes.start_copy", ValueError,
+                         f"host must be a pinned CPU int32 tensor of {self.sizes.numel()} elements")
+        stream.wait_stream(torch.cuda.current_stream(self.sizes.device))
+        with torch.cuda.stream(stream):
+            host.copy_(self.sizes, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record(stream)
+        self.sizes.record_stream(stream)  # the allocator keeps it until the copy has run
+        self._host = host
 
     def wait(self) -> reference_exchange.LayoutSizes:
         if self.result is None:
-            host, p = self.sizes.tolist(), (self.sizes.numel() - 1) // 3
+            if self._copied is not None:
+                self._copied.synchronize()
+                host = self._host.tolist()
+            else:
+                host = self.sizes.tolist()
+            p = (self.sizes.numel() - 1) // 3
             self.result = reference_exchange.LayoutSizes(self.rank, tuple(host[:p]), tuple(host[p: 2 * p]), host[3 * p],
                                                          tuple(host[2 * p: 3 * p]))
         return self.result
@@ -269,17 +297,23 @@ def exchange_sizes(counts: torch.Tensor, rank: int, num_local_experts: int, alig
 
 
 def exchange_count_sizes(topk_idx: torch.Tensor, num_local_experts: int, peer_rows: torch.Tensor,
-                         flag_rows: torch.Tensor, flags: torch.Tensor, counts: torch.Tensor, rank: int,
-                         alignment: int, masked_max_rows: int = 0) -> tuple[torch.Tensor, PendingLayoutSizes]:
+                         barrier: ExchangeBarrier, counts: torch.Tensor, rank: int,
+                         alignment: int, masked_max_rows: int = 0,
+                         scratch: torch.Tensor | None = None) -> tuple[torch.Tensor, PendingLayoutSizes]:
     """:func:`exchange_count` into every rank's count matrix, :func:`exchange_barrier` and
-    :func:`exchange_sizes` in one launch (CUDA only, one CTA): the staged dispatch's steps before
-    its rows move, which the host used to launch one after another.
+    :func:`exchange_sizes` in one launch (CUDA only; a CTA per 4096 pairs, the last to finish
+    passes the barrier and reduces the sizes): the staged dispatch's steps before its rows move,
+    which the host used to launch one after another. Calls that share a ``scratch`` must run in
+    order on one stream: its counters are exact only between launches.
 
     ``topk_idx`` int64 [T, k] of P E_l = E experts; ``peer_rows`` int64 [P]: the addresses of this
-    rank's row (int32 [E + 1]) in every rank's count matrix; ``flag_rows`` / ``flags`` as
-    :func:`exchange_barrier`'s; ``counts`` int32 [P, >= E + 1]: this rank's matrix, which the peers
-    fill. Returns ``within`` int32 [T * k] (as :func:`exchange_count`'s) and the launched sizes
-    (:class:`PendingLayoutSizes`, read after more work is queued)."""
+    rank's row (int32 [E + 1]) in every rank's count matrix; ``barrier``: the group's
+    :class:`ExchangeBarrier` (its flags; the kernel counts its own CTAs in ``scratch``); ``counts``
+    int32 [P, >= E + 1]: this rank's matrix, which the peers
+    fill; ``scratch`` int32 [E + 2] on the device, zero, which the kernel leaves zero (its CTAs'
+    counts; None: a zeroed one per call). Returns ``within`` int32 [T * k] (as
+    :func:`exchange_count`'s) and the launched sizes (:class:`PendingLayoutSizes`, read after more
+    work is queued)."""
     fn = "exchange_count_sizes"
     if not isinstance(topk_idx, torch.Tensor) or topk_idx.dtype != torch.int64 or topk_idx.dim() != 2:
         _checks.fail(fn, ValueError, f"topk_idx must be an int64 tensor [T, k], got "
@@ -287,28 +321,36 @@ def exchange_count_sizes(topk_idx: torch.Tensor, num_local_experts: int, peer_ro
                                      f"{list(getattr(topk_idx, 'shape', ()))}")
     _checks.check_ints(fn, (("num_local_experts", num_local_experts, 1), ("alignment", alignment, 1),
                      ("masked_max_rows", masked_max_rows, 0), ("rank", rank, 0)))
-    num_ranks = peer_rows.numel() if isinstance(peer_rows, torch.Tensor) else 0
-    for name, t, dtype, shape in (("peer_rows", peer_rows, torch.int64, (max(num_ranks, 1),)),
-                                  ("flag_rows", flag_rows, torch.int64, (num_ranks,)),
-                                  ("flags", flags, torch.int32, (num_ranks + 1,))):
-        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
-            _checks.fail(fn, ValueError, f"{name} must be a contiguous {dtype} tensor of shape {list(shape)}, got "
-                                         f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
+    if not isinstance(barrier, ExchangeBarrier):
+        _checks.fail(fn, TypeError, f"barrier must be an ExchangeBarrier, got {type(barrier).__name__}")
+    num_ranks = barrier.num_ranks
+    if not isinstance(peer_rows, torch.Tensor) or peer_rows.dtype != torch.int64 \
+            or tuple(peer_rows.shape) != (num_ranks,) or not peer_rows.is_contiguous():
+        _checks.fail(fn, ValueError, f"peer_rows must be a contiguous torch.int64 tensor of shape [{num_ranks}] (the "
+                                     f"barrier's ranks), got {getattr(peer_rows, 'dtype', type(peer_rows).__name__)} "
+                                     f"{list(getattr(peer_rows, 'shape', ()))}")
     num_experts = num_ranks * num_local_experts
     counts = _check_counts(fn, counts, num_ranks, num_experts + 1)
     if rank >= num_ranks:
         _checks.fail(fn, ValueError, f"rank must be in [0, {num_ranks}), got {rank}")
     if num_experts > kExchangeMaxExperts:
         _checks.fail(fn, ValueError, f"at most {kExchangeMaxExperts} experts, got {num_experts}")
-    device = _checks.check_same_device(fn, [topk_idx, peer_rows, flag_rows, flags, counts])
+    device = _checks.check_same_device(fn, [topk_idx, peer_rows, barrier.flags, counts])
     if device.type != "cuda":
         _checks.fail(fn, ValueError, f"runs on CUDA only (exchange_count, exchange_barrier and exchange_sizes on "
                                      f"the CPU), got {device}")
+    if scratch is None:
+        scratch = torch.zeros(num_experts + 2, dtype=torch.int32, device=device)
+    elif not isinstance(scratch, torch.Tensor) or scratch.dtype != torch.int32 \
+            or tuple(scratch.shape) != (num_experts + 2,) or not scratch.is_contiguous() or scratch.device != device:
+        _checks.fail(fn, ValueError, f"scratch must be None or a contiguous int32 tensor of shape [{num_experts + 2}] on "
+                                     f"{device}")
     flat = topk_idx.reshape(-1).contiguous()
     within = torch.empty(flat.numel(), dtype=torch.int32, device=device)
     sizes = torch.empty(3 * num_ranks + 1, dtype=torch.int32, device=device)
-    jit.native_module().moe_exchange_count_sizes(flat.data_ptr(), flat.numel(), within.data_ptr(), peer_rows.data_ptr(),
-                                                 flag_rows.data_ptr(), flags.data_ptr(), counts.data_ptr(),
+    jit.native_module().moe_exchange_count_sizes(flat.data_ptr(), flat.numel(), within.data_ptr(), scratch.data_ptr(),
+                                                 peer_rows.data_ptr(), barrier.flag_rows.data_ptr(),
+                                                 barrier.flags.data_ptr(), counts.data_ptr(),
                                                  counts.stride(0), num_ranks, rank, num_local_experts, alignment,
                                                  masked_max_rows, sizes.data_ptr(), device.index,
                                                  _descriptors.current_stream(device))
@@ -512,3 +554,133 @@ def exchange_combine(peers: ExchangePeers, expert_out: torch.Tensor, m_indices: 
     jit.native_module().moe_exchange_combine(peers.native(), hidden, m_indices.contiguous().data_ptr(), num_rows,
                                              expert_out.data_ptr(), device.index, _descriptors.current_stream(device),
                                              barrier_args)
+
+
+class PreparedExchange:
+    """One rank's staged exchange on CUDA over buffers fixed for its lifetime, each fixed argument
+    checked once here; a call then checks only the tensors it is given and launches into buffers
+    this object keeps (the positions, the sizes, the layout index), so each call's results stay
+    valid until the next call of the same method, as the peers' rows do.
+
+    ``peers``: :class:`ExchangePeers` (CUDA); ``counts`` int32 [P, >= P E_l + 1]: this rank's count
+    matrix, which the peers fill; ``count_rows`` int64 [P]: the addresses of this rank's row in
+    every rank's matrix; ``barrier``: :class:`ExchangeBarrier` of the group (count-sizes, dispatch
+    and combine each pass it once); ``capacity``: rows of the layout index (the receive views'
+    rows at most). The same launches as :func:`exchange_count_sizes`, :func:`exchange_dispatch` and
+    :func:`exchange_combine` with a barrier.
+
+    One stream, calls in order (as the staged backend makes them): the count scratch, the
+    positions, the sizes, the index and the barrier's epochs are shared by every call, so a second
+    call in flight on another stream would corrupt them, and a result (``within``, the pending
+    sizes, the index) holds the newest call's values once the next call of its method is queued."""
+
+    def __init__(self, peers: ExchangePeers, counts: torch.Tensor, count_rows: torch.Tensor,
+                 barrier: ExchangeBarrier, num_local_experts: int, capacity: int):
+        fn = "PreparedExchange"
+        if not isinstance(peers, ExchangePeers):
+            _checks.fail(fn, TypeError, f"peers must be ExchangePeers, got {type(peers).__name__}")
+        _checks.check_ints(fn, (("num_local_experts", num_local_experts, 1), ("capacity", capacity, 0)))
+        num_ranks = peers.num_ranks
+        device = peers.acts[0].device
+        if device.type != "cuda":
+            _checks.fail(fn, ValueError, f"runs on CUDA only (the module's functions on the CPU), got {device}")
+        if not isinstance(barrier, ExchangeBarrier):
+            _checks.fail(fn, TypeError, f"barrier must be an ExchangeBarrier, got {type(barrier).__name__}")
+        barrier_args = _barrier_args(fn, barrier, peers, device)
+        counts = _check_counts(fn, counts, num_ranks, num_ranks * num_local_experts + 1)
+        if not isinstance(count_rows, torch.Tensor) or count_rows.dtype != torch.int64 \
+                or tuple(count_rows.shape) != (num_ranks,) or not count_rows.is_contiguous():
+            _checks.fail(fn, ValueError, f"count_rows must be a contiguous int64 tensor of shape [{num_ranks}]")
+        if num_ranks * num_local_experts > kExchangeMaxExperts:
+            _checks.fail(fn, ValueError, f"at most {kExchangeMaxExperts} experts, got {num_ranks * num_local_experts}")
+        if capacity > min(t.shape[0] for t in peers.acts):
+            _checks.fail(fn, ValueError, f"capacity={capacity} exceeds the peers' {min(t.shape[0] for t in peers.acts)} "
+                                         "rows")
+        _checks.check_same_device(fn, [counts, count_rows, peers.acts[0]])
+        self.peers, self.device, self.num_local = peers, device, num_local_experts
+        self._native = jit.native_module()
+        self._barrier = barrier_args
+        self._count = (count_rows.data_ptr(), barrier.flag_rows.data_ptr(), barrier.flags.data_ptr(), counts.data_ptr(),
+                       counts.stride(0), num_ranks, peers.rank, num_local_experts)
+        self._counts = (counts.data_ptr(), counts.stride(0), num_local_experts)
+        self._scratch = torch.zeros(num_ranks * num_local_experts + 2, dtype=torch.int32, device=device)
+        self._within = torch.empty(peers.pairs_per_rank, dtype=torch.int32, device=device)
+        self._sizes = torch.empty(3 * num_ranks + 1, dtype=torch.int32, device=device)
+        self._index = ExchangeIndex(torch.empty(capacity, dtype=torch.int32, device=device),
+                                    torch.empty(capacity, dtype=torch.int64, device=device),
+                                    torch.empty(num_local_experts, dtype=torch.int32, device=device))
+        self._capacity, self._view_rows = capacity, min(t.shape[0] for t in peers.acts)
+        # The zeroed scratch before the first launch, whichever stream that is on.
+        torch.cuda.current_stream(device).synchronize()
+
+    def _tokens(self, fn: str, name: str, t: object, dtypes: tuple, shape: tuple) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor) or t.dtype not in dtypes or tuple(t.shape) != shape or t.device != self.device:
+            _checks.fail(fn, ValueError, f"{name} must be a {' or '.join(map(str, dtypes))} tensor of shape {list(shape)} "
+                                         f"on {self.device}, got {getattr(t, 'dtype', type(t).__name__)} "
+                                         f"{list(getattr(t, 'shape', ()))} on {getattr(t, 'device', '-')}")
+        return t
+
+    def _pairs(self, fn: str, topk_idx: object) -> torch.Tensor:
+        if not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2:
+            _checks.fail(fn, ValueError, "topk_idx must be an int64 tensor [T, k]")
+        topk_idx = self._tokens(fn, "topk_idx", topk_idx, (torch.int64,), tuple(topk_idx.shape))
+        if topk_idx.numel() > self.peers.pairs_per_rank:
+            _checks.fail(fn, ValueError, f"{topk_idx.shape[0]} x {topk_idx.shape[1]} pairs exceed pairs_per_rank="
+                                         f"{self.peers.pairs_per_rank}")
+        return topk_idx
+
+    def count_sizes(self, topk_idx: torch.Tensor, alignment: int,
+                    masked_max_rows: int = 0) -> tuple[torch.Tensor, PendingLayoutSizes]:
+        """:func:`exchange_count_sizes`: ``within`` int32 [T * k] and the launched sizes."""
+        fn = "PreparedExchange.count_sizes"
+        flat = self._pairs(fn, topk_idx).reshape(-1).contiguous()
+        _checks.check_ints(fn, (("alignment", alignment, 1), ("masked_max_rows", masked_max_rows, 0)))
+        rows, flag_rows, flags, counts, stride, num_ranks, rank, num_local = self._count
+        self._native.moe_exchange_count_sizes(flat.data_ptr(), flat.numel(), self._within.data_ptr(),
+                                              self._scratch.data_ptr(), rows, flag_rows,
+                                              flags, counts, stride, num_ranks, rank, num_local, alignment,
+                                              masked_max_rows, self._sizes.data_ptr(), self.device.index,
+                                              _descriptors.current_stream(self.device))
+        return self._within[: flat.numel()], PendingLayoutSizes(rank, sizes=self._sizes)
+
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, within: torch.Tensor,
+                 alignment: int, masked_max_rows: int, first_expert: int) -> ExchangeIndex:
+        """:func:`exchange_dispatch` of bfloat16 / float16 / float32 rows ``x`` [T, H] (quantized in
+        the kernel) with ``within`` from :meth:`count_sizes`; the index over the whole capacity."""
+        fn = "PreparedExchange.dispatch"
+        topk_idx = self._pairs(fn, topk_idx).contiguous()
+        num_tokens, k = topk_idx.shape
+        x = self._tokens(fn, "x", x, (torch.bfloat16, torch.float16, torch.float32), (num_tokens, self.peers.hidden))
+        topk_weights = self._tokens(fn, "topk_weights", topk_weights, (torch.float32,), (num_tokens, k)).contiguous()
+        # An empty slice's data_ptr() is 0, so the storage is compared (no tokens: within is [0]).
+        if (not isinstance(within, torch.Tensor) or within.storage_offset() != 0 or within.numel() != num_tokens * k
+                or within.untyped_storage().data_ptr() != self._within.untyped_storage().data_ptr()):
+            _checks.fail(fn, ValueError, "within must be this object's count_sizes result for these pairs")
+        _checks.check_ints(fn, (("alignment", alignment, 1), ("masked_max_rows", masked_max_rows, 0),
+                                ("first_expert", first_expert, 0)))
+        x = _checks.vector_rows(x, self.peers.hidden)
+        index = self._index
+        layout = (*self._counts, alignment, masked_max_rows, self._view_rows, self._capacity, first_expert,
+                  index.m_indices.data_ptr(), index.global_ids.data_ptr(), index.masked_m.data_ptr())
+        self._native.moe_exchange_dispatch(self.peers.native(), layout, k, self.peers.hidden, self._within.data_ptr(),
+                                           within.numel(), topk_idx.data_ptr(), topk_weights.data_ptr(), x.data_ptr(),
+                                           _descriptors.dtype_code(x, "x"), x.stride(0), 0, self.device.index,
+                                           _descriptors.current_stream(self.device), self._barrier)
+        return index
+
+    def combine(self, expert_out: torch.Tensor, m_indices: torch.Tensor) -> None:
+        """:func:`exchange_combine` of ``expert_out`` bfloat16 [M, H] by ``m_indices`` int32 [M]
+        (M at most the capacity), then the group's barrier (also at M = 0)."""
+        fn = "PreparedExchange.combine"
+        if not isinstance(expert_out, torch.Tensor) or expert_out.dim() != 2:
+            _checks.fail(fn, ValueError, f"expert_out must be a bfloat16 tensor [M, {self.peers.hidden}]")
+        num_rows = expert_out.shape[0]
+        self._tokens(fn, "expert_out", expert_out, (torch.bfloat16,), (num_rows, self.peers.hidden))
+        self._tokens(fn, "m_indices", m_indices, (torch.int32,), (num_rows,))
+        if num_rows > self._capacity:
+            _checks.fail(fn, ValueError, f"{num_rows} rows exceed the capacity of {self._capacity}")
+        expert_out = expert_out.contiguous() if not expert_out.is_contiguous() else (
+            expert_out.clone() if expert_out.data_ptr() % 16 else expert_out)
+        self._native.moe_exchange_combine(self.peers.native(), self.peers.hidden, m_indices.contiguous().data_ptr(),
+                                          num_rows, expert_out.data_ptr(), self.device.index,
+                                          _descriptors.current_stream(self.device), self._barrier)

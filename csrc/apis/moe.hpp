@@ -187,9 +187,11 @@ inline void register_apis(pybind11::module_& m) {
         arg("flag_rows"), arg("flags"), arg("rank"), arg("num_ranks"), arg("device"), arg("stream"));
   m.def("moe_exchange_count_sizes", &moe_launchers::moe_exchange::count_sizes,
         pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "staged count, barrier and sizes in one launch (one CTA): positions, this rank's count row into every "
-        "rank's matrix, the device barrier, then sizes int32 [3P + 1] from this rank's matrix",
-        arg("topk_idx"), arg("num_pairs"), arg("within"), arg("rows"), arg("flag_rows"), arg("flags"), arg("counts"),
+        "staged count, barrier and sizes in one launch (a CTA per 4096 pairs, the last one going on): positions, "
+        "this rank's count row into every rank's matrix, the device barrier, then sizes int32 [3P + 1] from this "
+        "rank's matrix",
+        arg("topk_idx"), arg("num_pairs"), arg("within"), arg("scratch"), arg("rows"), arg("flag_rows"), arg("flags"),
+        arg("counts"),
         arg("counts_stride"), arg("num_ranks"), arg("rank"), arg("num_local"), arg("alignment"),
         arg("masked_max_rows"), arg("sizes"), arg("device"), arg("stream"));
   m.def("moe_exchange_code", &moe_exchange_code,

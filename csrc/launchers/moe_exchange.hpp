@@ -29,7 +29,8 @@ constexpr const char* kFn = "moe_exchange";
 
 enum class Kernel : int { kDispatch = 0, kCombine = 1, kCount = 2, kSizes = 3, kBarrier = 4, kCountSizes = 5 };
 constexpr int kBarrierThreads = 128;
-constexpr int kCountThreads = 1024;  // the count, sizes and count-sizes kernels' one CTA
+constexpr int kCountThreads = 1024;  // a CTA of the count, sizes and count-sizes kernels
+constexpr int kCountPairsPerThread = 4;  // count-sizes: a CTA numbers kCountThreads x this many pairs
 
 struct GeneratedKernel {
   std::string name;
@@ -69,9 +70,9 @@ inline GeneratedKernel generate(Kernel kernel, int top_k, int hidden,
     return {"moe_exchange_barrier", os.str()};
   }
   if (kernel == Kernel::kCountSizes) {
-    os << "template __global__ void moe_kernels::moe_exchange_count_sizes_kernel<" << kCountThreads
-       << ">(const long long*, unsigned, int*, const long long*, const long long*, int*, const int*, unsigned, "
-          "unsigned, unsigned, unsigned, unsigned, unsigned, int*, moe_kernels::uint64_t);\n";
+    os << "template __global__ void moe_kernels::moe_exchange_count_sizes_kernel<" << kCountThreads << ", "
+       << kCountPairsPerThread << ">(const long long*, unsigned, int*, int*, const long long*, const long long*, int*, const int*, "
+          "unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, int*, moe_kernels::uint64_t);\n";
     return {"moe_exchange_count_sizes", os.str()};
   }
   if (kernel == Kernel::kSizes) {
@@ -145,7 +146,7 @@ inline void launch_kernel(Kernel kernel, int top_k, int hidden, moe_apis::DType 
   moe_jit::launch(*compiled, cfg, args...);
 }
 
-// A one-CTA-shape kernel (count, sizes: kCountThreads threads, no template parameter but the kind).
+// A kernel of fixed template parameters (count, barrier, count-sizes, sizes: kCountThreads threads).
 inline std::shared_ptr<const moe_jit::CompiledKernel> fixed_kernel(Kernel kernel, int device) {
   static moe_jit::KernelMemo<std::array<int, 2>, moe_jit::IntArrayHash> memo;
   return memo.get({static_cast<int>(kernel), device}, [&] {
@@ -225,14 +226,18 @@ inline void sizes(std::uint64_t counts, int counts_stride, int num_ranks, int ra
                   static_cast<unsigned>(alignment), static_cast<unsigned>(masked_max_rows), reinterpret_cast<int*>(out));
 }
 
+// The pairs one CTA of the count-sizes kernel numbers (its template parameters, emitted above).
+constexpr long long kCountChunk = 1LL * kCountPairsPerThread * kCountThreads;
+
 // count, barrier and sizes in one launch (the staged dispatch's steps before its rows): within
-// int32 [num_pairs] from topk_idx int64 [num_pairs]; the count row into the P rows whose addresses
-// `rows` holds (this rank's row of every rank's matrix); the barrier on flag_rows / flags (as
-// `barrier`'s); sizes int32 [3 P + 1] from this rank's matrix counts int32 [P, counts_stride].
-inline void count_sizes(std::uint64_t topk_idx, long long num_pairs, std::uint64_t within, std::uint64_t rows,
-                        std::uint64_t flag_rows, std::uint64_t flags, std::uint64_t counts, int counts_stride,
-                        int num_ranks, int rank, int num_local, int alignment, int masked_max_rows, std::uint64_t out,
-                        int device, std::uint64_t stream) {
+// int32 [num_pairs] from topk_idx int64 [num_pairs], a CTA per kCountChunk pairs; scratch int32
+// [E + 2] zero (left zero); the count row into the P rows whose addresses `rows` holds (this
+// rank's row of every rank's matrix); the barrier on flag_rows / flags (as `barrier`'s); sizes
+// int32 [3 P + 1] from this rank's matrix counts int32 [P, counts_stride].
+inline void count_sizes(std::uint64_t topk_idx, long long num_pairs, std::uint64_t within, std::uint64_t scratch,
+                        std::uint64_t rows, std::uint64_t flag_rows, std::uint64_t flags, std::uint64_t counts,
+                        int counts_stride, int num_ranks, int rank, int num_local, int alignment, int masked_max_rows,
+                        std::uint64_t out, int device, std::uint64_t stream) {
   MOE_HOST_ASSERT(num_ranks >= 1 && num_ranks <= kMaxRanks && rank >= 0 && rank < num_ranks,
                   kFn << ": rank " << rank << " of " << num_ranks << " ranks (at most " << kMaxRanks << ")");
   const long long num_experts = 1LL * num_local * num_ranks;
@@ -240,17 +245,18 @@ inline void count_sizes(std::uint64_t topk_idx, long long num_pairs, std::uint64
   MOE_HOST_ASSERT(num_pairs >= 0 && num_pairs <= (1LL << 31) - 1, kFn << ": pairs must be in [0, 2^31), got " << num_pairs);
   MOE_HOST_ASSERT(alignment >= 1 && masked_max_rows >= 0,
                   kFn << ": alignment must be positive and masked_max_rows non-negative");
-  MOE_HOST_ASSERT(rows != 0 && rows % 8 == 0 && flag_rows % 8 == 0 && flag_rows != 0 && flags % 4 == 0 && flags != 0,
-                  kFn << ": the count rows' and the barrier's addresses must be aligned and non-null");
+  MOE_HOST_ASSERT(rows != 0 && rows % 8 == 0 && flag_rows % 8 == 0 && flag_rows != 0 && flags % 4 == 0 && flags != 0 &&
+                      scratch != 0 && scratch % 4 == 0,
+                  kFn << ": the count rows', scratch's and the barrier's addresses must be aligned and non-null");
   moe_jit::LaunchConfig cfg;
-  cfg.grid_x = 1;
+  cfg.grid_x = static_cast<unsigned>(std::max(1LL, (num_pairs + kCountChunk - 1) / kCountChunk));
   cfg.block_x = kCountThreads;
   cfg.smem_bytes = std::max(static_cast<unsigned>(sizeof(int) * (num_experts + 1)),
                             layout_smem_bytes(num_experts, num_local, num_ranks, kCountThreads));
   cfg.stream = stream;
   cfg.device = device;
   moe_jit::launch(*fixed_kernel(Kernel::kCountSizes, device), cfg, reinterpret_cast<const long long*>(topk_idx),
-                  static_cast<unsigned>(num_pairs), reinterpret_cast<int*>(within),
+                  static_cast<unsigned>(num_pairs), reinterpret_cast<int*>(within), reinterpret_cast<int*>(scratch),
                   reinterpret_cast<const long long*>(rows), reinterpret_cast<const long long*>(flag_rows),
                   reinterpret_cast<int*>(flags), reinterpret_cast<const int*>(counts),
                   static_cast<unsigned>(counts_stride), static_cast<unsigned>(num_ranks), static_cast<unsigned>(rank),

@@ -228,7 +228,12 @@ class _SymmExchange:
         matrix = self.num_ranks * width
         self._barrier_flags = self.buffer.view("signals")[matrix: matrix + self.num_ranks + 1]
         self._count_rows = self._barrier_rows = self._grid_barrier = None
+        self._sizes_host = self._copy_stream = None
         if device.type == "cuda":
+            # The sizes are read on a side stream into pinned memory right after the count, so the
+            # host goes on (slices the index, launches the experts' GEMMs) while the rows move.
+            self._sizes_host = torch.empty(3 * self.num_ranks + 1, dtype=torch.int32, pin_memory=True)
+            self._copy_stream = torch.cuda.Stream(device)
             signals = [self.buffer.peer_view("signals", q).data_ptr() for q in ranks]
             self._count_rows = torch.tensor([base + 4 * self.rank * width for base in signals], dtype=torch.int64,
                                             device=device)
@@ -242,6 +247,9 @@ class _SymmExchange:
                                     *(tuple(self.buffer.peer_view(name, r) for r in ranks)
                                       for name in ("l1_acts_sf", "l1_weights", "l1_slots", "combine")),
                                     self.rank, problem.num_max_tokens_per_rank * problem.top_k)
+        # On CUDA every forward's launches go through one object that checked the buffers once.
+        self._prepared = None if self._grid_barrier is None else kernels.PreparedExchange(
+            self._peers, self._counts, self._count_rows, self._grid_barrier, problem.num_local_experts, self.capacity)
         self.buffer.barrier()
 
     def count(self, topk_idx: torch.Tensor, layout: "_LayoutArgs"):
@@ -251,10 +259,8 @@ class _SymmExchange:
         and dispatch kernels read: a peer rewrites its row only after the barrier that ends this
         forward's dispatch) and, on CUDA, the sizes already launched: count, barrier and sizes are
         one launch there (``kernels.exchange_count_sizes``); None on the CPU."""
-        if self._count_rows is not None:
-            within, pending = kernels.exchange_count_sizes(topk_idx, layout.num_local, self._count_rows,
-                                                           self._barrier_rows, self._barrier_flags, self._counts,
-                                                           self.rank, layout.alignment, layout.masked_max_rows)
+        if self._prepared is not None:
+            within, pending = self._prepared.count_sizes(topk_idx, layout.alignment, layout.masked_max_rows)
             return within, self._counts, pending
         within, row = kernels.exchange_count(topk_idx, layout.num_experts)
         width = row.numel()
@@ -268,7 +274,9 @@ class _SymmExchange:
         launch, already holds them), the dispatch (its index over
         the whole receive capacity; rows a too-large layout would put past it are dropped) and the
         barrier are queued back to back, then one read returns (plan, peers, index), the index
-        sliced to this rank's layout. Every rank sees the same plan and raises on it together; an
+        sliced to this rank's layout. On CUDA that read starts on a side stream before the dispatch
+        is queued and waits for the count alone, so the host returns (and queues the experts) while
+        the rows move. Every rank sees the same plan and raises on it together; an
         error of one rank's own before the barrier (its arguments, a failed compile) leaves the
         others waiting in the barrier, whose kernel traps after ``MOE_EP_TIMEOUT_S`` seconds on CUDA
         (the process group's timeout on the CPU) unless that rank goes on to enter a later barrier,
@@ -276,9 +284,15 @@ class _SymmExchange:
         if pending is None:
             pending = kernels.exchange_sizes(counts, self.rank, layout.num_local, layout.alignment,
                                              layout.masked_max_rows, wait=False)
-        index = kernels.exchange_dispatch(self._peers, *pairs, counts, layout.num_local, layout.alignment,
-                                          layout.masked_max_rows, self.capacity, layout.first_expert,
-                                          barrier=self._grid_barrier)
+        if self._copy_stream is not None:
+            pending.start_copy(self._sizes_host, self._copy_stream)
+        if self._prepared is not None and pairs.xs is None:
+            index = self._prepared.dispatch(pairs.xq, pairs.topk_idx, pairs.topk_weights, pairs.within,
+                                            layout.alignment, layout.masked_max_rows, layout.first_expert)
+        else:
+            index = kernels.exchange_dispatch(self._peers, *pairs, counts, layout.num_local, layout.alignment,
+                                              layout.masked_max_rows, self.capacity, layout.first_expert,
+                                              barrier=self._grid_barrier)
         if self._grid_barrier is None:
             self.barrier()
         plan = pending.wait()
@@ -289,6 +303,9 @@ class _SymmExchange:
     def send_back(self, peers: ExchangePeers, expert_out: torch.Tensor, m_indices: torch.Tensor) -> None:
         """``kernels.exchange_combine`` of the layout's rows into their sources' combine views, then
         the barrier (raised by the combine kernel itself on CUDA)."""
+        if self._prepared is not None:
+            self._prepared.combine(expert_out, m_indices)
+            return
         kernels.exchange_combine(peers, expert_out, m_indices, barrier=self._grid_barrier)
         if self._grid_barrier is None:
             self.barrier()

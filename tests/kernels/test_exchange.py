@@ -461,3 +461,28 @@ def test_gpu_sizes_match_cpu(seed, num_ranks, num_local, high, alignment, masked
         assert kernels.exchange_sizes(padded.cuda()[:, : counts.shape[1] + 3], rank, num_local, alignment,
                                       masked_max_rows) == kernels.exchange_sizes(counts, rank, num_local, alignment,
                                                                                  masked_max_rows)
+
+
+def test_pending_sizes_start_copy_is_a_no_op_off_cuda():
+    pending = kernels.exchange.PendingLayoutSizes(0, sizes=torch.arange(7, dtype=torch.int32))
+    pending.start_copy(torch.empty(7, dtype=torch.int32), stream=None)
+    assert pending.wait().num_layout_rows == 0 and pending.wait().num_send_rows == 6
+
+
+@pytest.mark.gpu
+def test_gpu_pending_sizes_read_waits_for_the_count_alone():
+    """start_copy reads the sizes on a side stream: wait() returns while later work (a second of
+    spinning queued after it) still runs, with the values the blocking read gives."""
+    import time
+    sizes = torch.arange(7, dtype=torch.int32, device="cuda") * 3
+    pending = kernels.exchange.PendingLayoutSizes(1, sizes=sizes)
+    with pytest.raises(ValueError, match="pinned CPU int32"):
+        pending.start_copy(torch.empty(7, dtype=torch.int32), torch.cuda.Stream())
+    pending.start_copy(torch.empty(7, dtype=torch.int32, pin_memory=True), torch.cuda.Stream())
+    torch.cuda._sleep(int(2e9))
+    start = time.perf_counter()
+    plan = pending.wait()
+    waited = time.perf_counter() - start
+    torch.cuda.synchronize()
+    assert waited < 0.3, f"wait() took {waited:.3f} s: it waited for the later work"
+    assert plan == kernels.exchange.PendingLayoutSizes(1, sizes=sizes).wait()

@@ -13,7 +13,8 @@ import torch
 
 import kernels
 from device_waits import assert_passed, assert_timed_out, child_main, run_in_child
-from test_exchange import check_dispatch, check_index, kCases, make_combine, make_problem, make_routing
+from kernels.reference import exchange as exchange_reference
+from test_exchange import check_combine, check_dispatch, check_index, kCases, make_combine, make_problem, make_routing
 from test_sass import sass
 
 
@@ -84,12 +85,13 @@ def test_barrier_machine_code(kernel):
 
 
 def test_count_sizes_machine_code():
-    """Count-sizes numbers the pairs with shared-memory atomics (no global atomics), and reads the
-    count matrix, which peers write while it runs, through L2 (strong GPU-scope loads); the only
-    read-only-path loads are 64-bit (routing ids and addresses, which nothing writes meanwhile)."""
+    """Count-sizes numbers a chunk's pairs with shared-memory atomics and takes the chunk's bases
+    with global ones (one per expert, not one per pair: no RED), and reads the count matrix, which
+    peers write while it runs, through L2 (strong GPU-scope loads); the only read-only-path loads
+    are 64-bit (routing ids and addresses, which nothing writes meanwhile)."""
     text = sass(*kernels.jit.native_module().moe_exchange_code(5, 1, 128))
     assert "ATOMS.ADD" in text or "ATOMS.POPC.INC" in text
-    assert "ATOMG" not in text and "RED.E" not in text
+    assert "ATOMG.E.ADD" in text and "RED.E" not in text
     assert "LDG.E.STRONG.GPU" in text
     assert not re.search(r"LDG\.E(\.[A-Z]+)*\.CONSTANT", text.replace("LDG.E.64.CONSTANT", "")), \
         "a 32-bit load on the read-only path"
@@ -100,9 +102,10 @@ def count_sizes_rounds(seed: int, num_ranks: int, num_local: int, num_tokens: in
     """P simulated ranks in one process, each on its own stream, every rank's count matrix a
     separate poisoned tensor (a row stride past E + 1) that the others write through plain
     addresses: two rounds of exchange_count_sizes, fresh routing each (unrouted and invalid ids
-    included). Each rank's positions are exchange_count's up to their order within an expert,
-    each matrix holds every rank's count row (the columns past E + 1 untouched), and each rank's
-    sizes are exchange_sizes of that matrix on the CPU."""
+    included; 4096 and 5000 tokens x top-8 take 8 and 10 chunks, the last one partial). Each
+    rank's positions are exchange_count's up to their order within an expert, each matrix holds
+    every rank's count row (the columns past E + 1 untouched), each rank's sizes are
+    exchange_sizes of that matrix on the CPU, and each rank's scratch is left zero."""
     torch.manual_seed(seed)
     top_k, num_experts = min(8, num_ranks * num_local), num_ranks * num_local
     width = num_experts + 4
@@ -110,6 +113,8 @@ def count_sizes_rounds(seed: int, num_ranks: int, num_local: int, num_tokens: in
     peer_rows = [torch.tensor([m[r].data_ptr() for m in matrices], dtype=torch.int64, device="cuda")
                  for r in range(num_ranks)]
     rows, flags = barrier_group(num_ranks)
+    barriers = [kernels.ExchangeBarrier(rows, f, torch.zeros(1, dtype=torch.int32, device="cuda")) for f in flags]
+    scratch = [torch.zeros(num_experts + 2, dtype=torch.int32, device="cuda") for _ in range(num_ranks)]
     streams = [torch.cuda.Stream() for _ in range(num_ranks)]
     for _ in range(2):
         routing = [make_routing(num_tokens, top_k, num_experts) for _ in range(num_ranks)]
@@ -118,8 +123,8 @@ def count_sizes_rounds(seed: int, num_ranks: int, num_local: int, num_tokens: in
         launched = []
         for r in range(num_ranks):
             with torch.cuda.stream(streams[r]):
-                launched.append(kernels.exchange_count_sizes(on_device[r], num_local, peer_rows[r], rows, flags[r],
-                                                             matrices[r], r, alignment, masked_max_rows))
+                launched.append(kernels.exchange_count_sizes(on_device[r], num_local, peer_rows[r], barriers[r],
+                                                             matrices[r], r, alignment, masked_max_rows, scratch[r]))
         torch.cuda.synchronize()
         expected = [kernels.exchange_count(t, num_experts) for t in routing]
         matrix = torch.stack([row for _, row in expected])
@@ -134,11 +139,13 @@ def count_sizes_rounds(seed: int, num_ranks: int, num_local: int, num_tokens: in
             assert torch.equal(torch.sort(flat[sent] * n + within[sent]).values,
                                torch.sort(flat[sent] * n + expected[r][0].long()[sent]).values), r
     assert all(int(f[num_ranks]) == 2 for f in flags), "two barriers counted on every rank"
+    assert all(not bool(t.any()) for t in scratch), "scratch left zero"
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_ranks,num_local,num_tokens,alignment,masked_max_rows",
-                         [(2, 8, 37, 16, 8), (3, 5, 300, 64, 0), (8, 32, 4096, 128, 32), (2, 4, 0, 128, 32)])
+                         [(2, 8, 37, 16, 8), (3, 5, 300, 64, 0), (8, 32, 4096, 128, 32), (2, 4, 0, 128, 32),
+                          (2, 8, 5000, 128, 32)])
 def test_gpu_count_sizes_matches_the_three_steps(seed, num_ranks, num_local, num_tokens, alignment, masked_max_rows):
     assert_passed(run_in_child(__file__, "count_sizes_rounds", 30, seed=seed, num_ranks=num_ranks,
                                num_local=num_local, num_tokens=num_tokens, alignment=alignment,
@@ -253,12 +260,18 @@ def test_count_sizes_argument_checks():
     topk_idx = torch.zeros(4, 2, dtype=torch.int64)
     rows, flags, counts = torch.zeros(2, dtype=torch.int64), torch.zeros(3, dtype=torch.int32), \
         torch.zeros(2, 9, dtype=torch.int32)
-    good = dict(topk_idx=topk_idx, num_local_experts=4, peer_rows=rows, flag_rows=rows, flags=flags, counts=counts,
+    # A barrier of CPU tensors, which ExchangeBarrier refuses: every check below comes before the
+    # device one.
+    barrier = object.__new__(kernels.ExchangeBarrier)
+    for name, value in (("flag_rows", rows), ("flags", flags), ("done", torch.zeros(1, dtype=torch.int32))):
+        object.__setattr__(barrier, name, value)
+    good = dict(topk_idx=topk_idx, num_local_experts=4, peer_rows=rows, barrier=barrier, counts=counts,
                 rank=1, alignment=128, masked_max_rows=32)
+    with pytest.raises(TypeError, match="barrier must be an ExchangeBarrier"):
+        kernels.exchange_count_sizes(**{**good, "barrier": (rows, flags)})
     for change, match in [({"topk_idx": topk_idx.int()}, "topk_idx must be an int64"),
                           ({"peer_rows": rows.int()}, "peer_rows must be a contiguous torch.int64"),
-                          ({"flag_rows": rows[:1]}, r"flag_rows must be a contiguous torch.int64 tensor of shape \[2\]"),
-                          ({"flags": flags[:2]}, r"flags must be a contiguous torch.int32 tensor of shape \[3\]"),
+                          ({"peer_rows": rows[:1]}, r"peer_rows must be a contiguous torch.int64 tensor of shape \[2\]"),
                           ({"counts": counts[:, :8]}, r"counts must be an int32 tensor \[2, >= 9\]"),
                           ({"rank": 2}, r"rank must be in \[0, 2\)"),
                           ({"alignment": 0}, "alignment must be an int >= 1"),
@@ -296,6 +309,85 @@ def test_gpu_dispatch_raises_its_barrier_on_one_rank(seed):
     check_dispatch(gpu, inputs, layout, plan)
     check_index(index, plan, layout["first_expert"])
     assert flags[0].tolist() == [2, 2] and int(done) == 0
+
+
+
+# ---- the prepared exchange ----------------------------------------------------------------------------
+
+
+def prepared_rounds(seed: int, num_local: int, num_tokens: int, top_k: int, hidden: int, alignment: int,
+                    masked_max_rows: int) -> None:
+    """One rank (its own barrier), two forwards through one PreparedExchange: count-sizes into a
+    poisoned count matrix (a row stride past E + 1), the dispatch of bfloat16 rows quantized in the
+    kernel, the combine of random expert outputs. Each step against the module's functions and the
+    reference plan: the matrix row and the sizes, every pair's row (at the position its ``within``
+    gives) and the layout index, each received row in its combine slot; three barriers a forward."""
+    torch.manual_seed(seed)
+    num_experts = num_local
+    # The staged backend's receive rows: every pair, plus each expert's padding.
+    capacity = -(-(num_tokens * top_k + num_local * (alignment - 1)) // alignment) * alignment
+    pairs_per_rank = num_tokens * top_k + 3
+    peers = kernels.ExchangePeers(
+        (torch.randint(0, 256, (capacity, hidden), dtype=torch.uint8, device="cuda"),),
+        (torch.full((capacity, hidden // 128), float("nan"), device="cuda"),),
+        (torch.full((capacity,), float("nan"), device="cuda"),),
+        (torch.full((capacity,), -7, dtype=torch.int32, device="cuda"),),
+        (torch.full((pairs_per_rank, hidden), float("nan"), dtype=torch.bfloat16, device="cuda"),), 0, pairs_per_rank)
+    counts = torch.full((1, num_experts + 3), -5, dtype=torch.int32, device="cuda")
+    count_rows = torch.tensor([counts[0].data_ptr()], dtype=torch.int64, device="cuda")
+    flag_rows, flags = barrier_group(1)
+    done = torch.zeros(1, dtype=torch.int32, device="cuda")
+    prepared = kernels.PreparedExchange(peers, counts, count_rows, kernels.ExchangeBarrier(flag_rows, flags[0], done),
+                                        num_local, capacity)
+    for _ in range(2):
+        topk_idx = torch.rand(num_tokens, num_experts).topk(top_k, dim=1).indices  # distinct experts per token
+        topk_idx[torch.rand(num_tokens, top_k) < 0.1] = -1
+        topk_idx = topk_idx.cuda()
+        x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+        weights = torch.rand(num_tokens, top_k, device="cuda")
+        within, pending = prepared.count_sizes(topk_idx, alignment, masked_max_rows)
+        index = prepared.dispatch(x, topk_idx, weights, within, alignment, masked_max_rows, 0)
+        torch.cuda.synchronize()
+        _, row = kernels.exchange_count(topk_idx.cpu(), num_experts)
+        assert torch.equal(counts[0, : num_experts + 1].cpu(), row) and bool((counts[0, num_experts + 1:] == -5).all())
+        matrix = row.view(1, -1)
+        assert pending.wait() == kernels.exchange_sizes(matrix, 0, num_local, alignment, masked_max_rows)
+        plan = exchange_reference.plan_exchange(matrix[:, :num_experts].long().view(1, 1, num_local).transpose(0, 1),
+                                                0, alignment, masked_max_rows)
+        xq, xs = kernels.per_token_cast_to_fp8(x, use_ue8m0=False, gran_k=128)
+        inputs = {"xq": xq.view(torch.uint8), "xs": xs, "topk_idx": topk_idx, "topk_weights": weights}
+        check_dispatch(peers, inputs, {"within": within, "num_local_experts": num_local}, plan)
+        m = plan.num_layout_rows
+        check_index(kernels.exchange.ExchangeIndex(index.m_indices[:m], index.global_ids[:m], index.masked_m), plan, 0)
+        expert_out = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+        for c in peers.combine:
+            c.fill_(float("nan"))
+        prepared.combine(expert_out, index.m_indices[:m])
+        torch.cuda.synchronize()
+        rows = (index.m_indices[:m] >= 0).nonzero().view(-1).cpu().tolist()
+        slots = peers.slots[0].cpu()
+        check_combine(peers, expert_out, {(int(slots[r]) // peers.pairs_per_rank, int(slots[r]) % peers.pairs_per_rank): r
+                                          for r in rows})
+    assert flags[0].tolist() == [6, 6] and int(done) == 0, "three barriers a forward, the CTA counter back at zero"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_local,num_tokens,top_k,hidden,alignment,masked_max_rows",
+                         [(16, 37, 4, 384, 16, 8), (32, 300, 8, 7168, 128, 32), (8, 3, 2, 256, 128, 32)])
+def test_gpu_prepared_exchange_matches_the_functions(seed, num_local, num_tokens, top_k, hidden, alignment,
+                                                     masked_max_rows):
+    assert_passed(run_in_child(__file__, "prepared_rounds", 20, seed=seed, num_local=num_local,
+                               num_tokens=num_tokens, top_k=top_k, hidden=hidden, alignment=alignment,
+                               masked_max_rows=masked_max_rows))
+
+
+def test_prepared_exchange_checks():
+    peers, _, _, _ = make_problem(2, 4, 8, 2, 128, 0, "cpu", 3)
+    counts, rows = torch.zeros(2, 9, dtype=torch.int32), torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="runs on CUDA only"):
+        kernels.PreparedExchange(peers, counts, rows, None, 4, 4)
+    with pytest.raises(TypeError, match="peers must be ExchangePeers"):
+        kernels.PreparedExchange(peers.acts, counts, rows, None, 4, 4)
 
 
 if __name__ == "__main__":  # a child of run_in_child
