@@ -68,6 +68,22 @@ class BuildExtWithCxxLinker(build_ext):
 
 ParallelCompile("MOE_BUILD_JOBS", default=0).install()
 
+
+def torch_build_args() -> tuple[list[str], list[str]]:
+    """Compile and link arguments for the one source that reads torch tensors
+    (csrc/apis/gemm_tensors.cpp): torch's headers as system headers (their warnings are not ours),
+    its C++ ABI, and libc10 / libtorch_python found at run time through an rpath."""
+    import torch
+    from torch.utils import cpp_extension
+
+    compile_args = [f"-isystem{path}" for path in cpp_extension.include_paths()]
+    compile_args.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    return compile_args, [f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_python"]
+
+
+torch_compile_args, torch_link_args = torch_build_args()
+
 extension = Pybind11Extension(
     "kernels._C",
     sources=host_sources(),
@@ -75,11 +91,11 @@ extension = Pybind11Extension(
     include_dirs=[CSRC, DEVICE_INCLUDE],  # the device headers that the launchers share (no CUDA in them)
     cxx_std=17,
     libraries=["dl", "pthread"],
-    extra_compile_args=["-O2", "-Wall", "-Wextra"],
+    extra_compile_args=["-O2", "-Wall", "-Wextra", *torch_compile_args],
     # A private, hidden copy of libstdc++: _C then works whatever libstdc++ the process loaded
     # first. On the H200 image the toolchain (CXX=/opt/gcc/bin/g++) links libstdc++ statically
     # anyway; with its symbols exported, _C crashed at its first C++ exception.
-    extra_link_args=["-static-libstdc++", "-Wl,--exclude-libs,ALL"],
+    extra_link_args=["-static-libstdc++", "-Wl,--exclude-libs,ALL", *torch_link_args],
 )
 
 setup(

@@ -13,6 +13,7 @@ the launchers' own C++ share on any machine.
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -22,18 +23,36 @@ import torch
 import kernels
 from kernels import _descriptors, gemm
 from kernels.jit import native_module
+from kernels.testing.bench import bench_kineto, per_call_us
 
 
-def host_us(fn, iters: int = 2000) -> float:
-    for _ in range(50):
+def host_us(fn, rounds: int = 21, calls: int = 100) -> float:
+    """Median host microseconds per call over ``rounds`` rounds of ``calls`` calls, each round
+    started on an idle GPU: 100 launches stay well inside the launch queue, so the host never
+    waits for a kernel (2000 back to back did: a call whose kernel outlasted its host work read
+    as the kernel's time)."""
+    for _ in range(20):
         fn()
+    samples = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / iters * 1e6
+    return statistics.median(samples)
+
+
+def call_breakdown(rows: list[tuple[str, str, object]]) -> None:
+    """Events around one call on an idle stream (``per_call_us``) next to the kernel's own time
+    (profiler, L2 warm, as the call sees it): what the call adds beyond its kernel, against a bare
+    torch launch measured the same way in the same run."""
+    print(f"\n{'one call, events around it':<46} {'call us':>8} {'kernel us':>9} {'call - kernel':>13}")
+    for label, kernel_name, fn in rows:
+        call = per_call_us(fn, iters=200)
+        kernel = bench_kineto(fn, kernel_name, flush_l2=False).median_s * 1e6
+        print(f"{label:<46} {call:>8.2f} {kernel:>9.2f} {call - kernel:>13.2f}", flush=True)
 
 
 def main() -> int:
@@ -58,6 +77,10 @@ def main() -> int:
     dev = x.device
     stream = _descriptors.current_stream(dev)
     sms = kernels.get_num_sms()
+    raw_gemm = lambda: native.fp8_gemm_nt(
+        a[0].data_ptr(), 7168, a[1].data_ptr(), a[1].stride(0), a[1].stride(1), b[0].data_ptr(), 7168,
+        b[1].data_ptr(), b[1].stride(0), b[1].stride(1), d.data_ptr(), 2112, 0, -1, 0, 64, 2112, 7168, False,
+        dev.index, 0, 0, stream)
     rows = [
         ("torch: x.add_(0) (launch cost for scale)", lambda: x.add_(0)),
         ("torch: torch.empty(64, 7168, fp8)", lambda: torch.empty(64, 7168, dtype=torch.float8_e4m3fn, device=dev)),
@@ -66,10 +89,7 @@ def main() -> int:
         ("_C.per_token_cast_to_fp8 (raw)", lambda: native.per_token_cast_to_fp8(
             x.data_ptr(), 1, 64, 7168, 7168, out.data_ptr(), sf.data_ptr(), 56, 1, 128, False, 0, stream)),
         ("kernels.per_token_cast_to_fp8", lambda: kernels.per_token_cast_to_fp8(x)),
-        ("_C.fp8_gemm_nt (raw, no split workspace)", lambda: native.fp8_gemm_nt(
-            a[0].data_ptr(), 7168, a[1].data_ptr(), a[1].stride(0), a[1].stride(1), b[0].data_ptr(), 7168,
-            b[1].data_ptr(), b[1].stride(0), b[1].stride(1), d.data_ptr(), 2112, 0, -1, 0, 64, 2112, 7168, False,
-            dev.index, 0, 0, stream)),
+        ("_C.fp8_gemm_nt (raw, no split workspace)", raw_gemm),
         ("_C.fp8_gemm_nt_config (heuristic + dict)", lambda: native.fp8_gemm_nt_config(64, 2112, 7168, sms)),
         ("kernels.gemm._launch_args (checks)", lambda: gemm._launch_args(a, b, d, None, False)),
         ("kernels.fp8_gemm_nt", lambda: kernels.fp8_gemm_nt(a, b, d)),
@@ -91,6 +111,9 @@ def main() -> int:
     for label, fn in rows:
         print(f"{label:<62} {host_us(fn):>12.2f}", flush=True)
     if not memo_off:
+        call_breakdown([("torch: x.add_(0)", "", lambda: x.add_(0)),
+                        ("_C.fp8_gemm_nt (raw), 64 x 2112 x 7168", "sm90_fp8_gemm", raw_gemm),
+                        ("kernels.fp8_gemm_nt, 64 x 2112 x 7168", "sm90_fp8_gemm", lambda: kernels.fp8_gemm_nt(a, b, d))])
         sys.stdout.flush()
         return subprocess.run([sys.executable, __file__], env={**os.environ, "MOE_TMA_MEMO": "0"}).returncode
     return 0

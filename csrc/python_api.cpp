@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 
 #include "apis/gemm.hpp"
+#include "apis/gemm_tensors.hpp"
 #include "apis/moe.hpp"
 #include "apis/quant.hpp"
 #include "apis/runtime.hpp"
@@ -11,5 +12,6 @@ PYBIND11_MODULE(_C, m) {
   moe_apis::runtime::register_apis(m);
   moe_apis::quant::register_apis(m);
   moe_apis::gemm::register_apis(m);
+  moe_apis::gemm_tensors::register_apis(m);
   moe_apis::moe::register_apis(m);
 }

@@ -74,13 +74,20 @@ class _TensorLike:
         return getattr(self._tensor, name)
 
 
-def _fast_path(**overrides):
+# The two fast argument checks: the Python one, and the C++ one that fp8_gemm_nt runs first on
+# CUDA tensors (kernels._C.fp8_gemm_nt_args is its check alone, CPU tensors included). Each must
+# refuse what the full checks refuse; the C++ one must take what the Python one takes, the same way.
+kFastChecks = {"python": lambda *args: kernels.gemm._launch_args(*args),
+               "c++": lambda *args: kernels.jit.native_module().fp8_gemm_nt_args(*args)}
+
+
+def _fast_path(check="python", **overrides):
     m, n, k = 8, 16, 128
     args = dict(a=(torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, 1)),
                 b=(torch.zeros(n, k, dtype=torch.float8_e4m3fn), torch.ones(1, 1)),
                 d=torch.empty(m, n, dtype=torch.bfloat16), c=None)
     args.update(overrides)
-    return kernels.gemm._launch_args(args["a"], args["b"], args["d"], args["c"], False)
+    return kFastChecks[check](args["a"], args["b"], args["d"], args["c"], False)
 
 
 @pytest.mark.parametrize("overrides", [
@@ -108,26 +115,80 @@ def _fast_path(**overrides):
     dict(a=(_TensorLike(torch.zeros(8, 128, dtype=torch.float8_e4m3fn)), torch.ones(8, 1))),
     dict(b=(torch.zeros(16, 128, dtype=torch.float8_e4m3fn), _TensorLike(torch.ones(1, 1)))),
 ])
-def test_fast_path_refuses_what_the_checks_refuse(overrides):
-    """The per-call fast path (one read of each shape and stride, unpacked) refuses every argument
-    the full checks refuse, so that _validate runs and names the argument."""
-    assert _fast_path() is not None
-    assert _fast_path(**overrides) is None
+@pytest.mark.parametrize("check", kFastChecks)
+def test_fast_path_refuses_what_the_checks_refuse(check, overrides):
+    """The per-call fast paths (one read of each shape and stride) refuse every argument the full
+    checks refuse, so that _validate runs and names the argument."""
+    assert _fast_path(check) is not None
+    assert _fast_path(check, **overrides) is None
 
 
-def test_fast_path_takes_the_accepted_layouts():
+@pytest.mark.parametrize("check", kFastChecks)
+def test_fast_path_takes_the_accepted_layouts(check):
     """Padded rows of A and B, MN-major (transposed) scales, a list for a pair, a residual of either
-    dtype: accepted, with their strides passed on."""
+    dtype, an nn.Parameter: accepted, with their strides passed on."""
     m, n, k = 8, 16, 256
     a = torch.zeros(m, k + 128, dtype=torch.float8_e4m3fn)[:, :k]
     sfa = torch.ones(2, m).t()
-    b = [torch.zeros(n, k + 16, dtype=torch.float8_e4m3fn)[:, :k], torch.ones(1, 2)]
+    b = [torch.zeros(n, k + 16, dtype=torch.float8_e4m3fn)[:, :k], torch.nn.Parameter(torch.ones(1, 2))]
     d = torch.empty(m, n, dtype=torch.bfloat16)
     for c in (None, torch.zeros(m, n, dtype=torch.bfloat16), torch.zeros(m, n + 8)[:, :n]):
-        args = kernels.gemm._launch_args((a, sfa), b, d, c, True)
+        args = kFastChecks[check]((a, sfa), b, d, c, True)
         assert args is not None
         assert args[1] == k + 128 and args[3:5] == (1, m) and args[6] == k + 16 and args[15:19] == (m, n, k, True)
         assert args[13:15] == ((-1, 0) if c is None else (kernels._descriptors.DTYPE_CODES[c.dtype], c.stride(0)))
+        assert args == kernels.gemm._launch_args((a, sfa), b, d, c, True)
+
+
+class _Subclass(torch.Tensor):
+    pass
+
+
+def test_cpp_check_leaves_subclasses_and_meta_tensors_to_python():
+    """A tensor subclass may redefine its storage, a meta tensor has none: the C++ check declines
+    both (the Python path then takes the subclass as it always did, and names the meta device)."""
+    d = torch.empty(8, 16, dtype=torch.bfloat16)
+    assert _fast_path("c++", d=d.as_subclass(_Subclass)) is None
+    assert _fast_path("python", d=d.as_subclass(_Subclass)) is not None
+    assert _fast_path("c++", d=torch.empty(8, 16, dtype=torch.bfloat16, device="meta")) is None
+
+
+def _random_call(g: torch.Generator):
+    """Arguments of one fp8_gemm_nt call: valid layouts drawn at random, each of about a dozen
+    aspects wrong with probability 1/16 (half the calls stay valid)."""
+    def pick(*options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+
+    def bad() -> bool:
+        return bool(torch.rand(1, generator=g) < 1 / 16)
+    m, n, k = pick(0, 1, 7, 64, 129), 12 if bad() else pick(8, 16, 136, 264), 100 if bad() else pick(128, 256, 384)
+    kb, nb = max(k // 128, 1) + bad(), (n + 127) // 128 - bad()
+    fp8 = torch.float8_e4m3fn
+    a = torch.zeros(m, k + (8 if bad() else pick(0, 16, 128)), dtype=torch.bfloat16 if bad() else fp8)[:, :k]
+    sfa = torch.ones(m, kb, dtype=torch.float16) if bad() else pick(torch.ones(m, kb), torch.ones(kb, m).t())
+    b = torch.zeros(n, k + (4 if bad() else pick(0, 16)), dtype=fp8)[:, :k]
+    sfb = torch.ones(nb, kb)[None] if bad() else pick(torch.ones(nb, kb), torch.ones(kb, nb).t())
+    d = torch.empty(m, n + 8, dtype=torch.bfloat16)[:, :n] if pick(0, 1) else torch.empty(m, n, dtype=torch.bfloat16)
+    if bad():
+        d = pick(torch.empty(n, m, dtype=torch.bfloat16).t(), torch.empty(m, n + 4, dtype=torch.bfloat16)[:, :n],
+                 torch.empty(m, n))
+    c = pick(None, None, torch.zeros(m, n), torch.zeros(m, n, dtype=torch.bfloat16), torch.zeros(m, n + 8)[:, :n])
+    if bad():
+        c = pick(torch.zeros(m, n, dtype=torch.float16), torch.zeros(m, 8), "c")
+    return (a, sfa), pick((b, sfb), [b, sfb]), d, c, pick(True, False)
+
+
+def test_cpp_check_agrees_with_python_on_random_calls():
+    """300 random calls, about half of them valid: the C++ check returns exactly the Python one's
+    launch arguments, or declines where it declines."""
+    g = torch.Generator().manual_seed(7)
+    accepted = 0
+    for _ in range(300):
+        args = _random_call(g)
+        want = kernels.gemm._launch_args(*args)
+        assert kFastChecks["c++"](*args) == want, [getattr(t, "shape", t) for t in args[:3]]
+        accepted += want is not None
+    assert 50 < accepted < 250
 
 
 def test_meta_tensor_among_cpu_ones_is_named():
@@ -304,3 +365,26 @@ def test_accepted_recipe_and_compiled_dims_reach_the_fast_path(recipe, compiled_
     assert kernels.gemm._launch_args(a_fp8, b_fp8, d, None, "m" in compiled_dims) is not None
     kernels.fp8_gemm_nt(a_fp8, b_fp8, d, recipe=recipe, compiled_dims=compiled_dims)
     assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-4
+
+
+@pytest.mark.gpu
+def test_gpu_plain_cuda_tensors_take_the_cpp_path(seed):
+    """fp8_gemm_nt's first step, the C++ checks and launch, takes plain CUDA tensors (a silent
+    decline would only cost host time: this asserts it does not happen), M = 0 included, and
+    declines an output of a tensor subclass, leaving it untouched for the Python path, which then
+    runs it. Both outputs are right against float64."""
+    native, (m, n, k) = kernels.jit.native_module(), (77, 576, 7168)
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    subclass = d.clone().as_subclass(_Subclass)
+    assert native.fp8_gemm_nt_tensors(a_fp8, b_fp8, d, None, False, d.get_device(), stream, 0, 0) is True
+    assert native.fp8_gemm_nt_tensors(a_fp8, b_fp8, subclass, None, False, d.get_device(), stream, 0, 0) is False
+    empty = (a_fp8[0][:0], a_fp8[1][:0])
+    assert native.fp8_gemm_nt_tensors(empty, b_fp8, d[:0], None, False, d.get_device(), stream, 0, 0) is True
+    torch.cuda.synchronize()
+    assert torch.isnan(subclass).all(), "a declined call wrote its output"
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, subclass)
+    for got in (d, subclass.as_subclass(torch.Tensor)):
+        assert torch.isfinite(got).all(), "output not fully written"
+        assert calc_diff(got, reference_f64(a_fp8, b_fp8)) < 1e-3

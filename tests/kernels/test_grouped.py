@@ -189,6 +189,17 @@ class _TensorLike:
 
 _FP8 = torch.float8_e4m3fn
 
+# The fast argument checks in Python and the C++ ones the entry points run first on CUDA tensors
+# (kernels._C.*_args: the check alone, CPU tensors included), called with the same keywords.
+kContiguousChecks = {
+    "python": kernels.grouped._contiguous_launch_args,
+    "c++": lambda a, b, d, m_indices: kernels.jit.native_module().m_grouped_fp8_gemm_nt_contiguous_args(
+        a, b, d, m_indices, kernels.get_mk_alignment_for_contiguous_layout())}
+kMaskedChecks = {
+    "python": kernels.grouped._masked_launch_args,
+    "c++": lambda a, b, d, masked_m, expected_m: kernels.jit.native_module().m_grouped_fp8_gemm_nt_masked_args(
+        a, b, d, masked_m, expected_m)}
+
 
 @pytest.mark.parametrize("over", [
     dict(a=(torch.zeros(128, 128, dtype=torch.bfloat16), torch.ones(128, 1))),
@@ -214,23 +225,25 @@ _FP8 = torch.float8_e4m3fn
     dict(m_indices=torch.zeros(256, dtype=torch.int32)[::2]),
     dict(m_indices=torch.zeros(1, 128, dtype=torch.int32)),
 ])
-def test_contiguous_fast_path_refuses_what_the_checks_refuse(over):
-    """The per-call fast path (one read of each shape and stride) refuses every argument the full
+@pytest.mark.parametrize("check", kContiguousChecks)
+def test_contiguous_fast_path_refuses_what_the_checks_refuse(check, over):
+    """The per-call fast paths (one read of each shape and stride) refuse every argument the full
     checks refuse, so that they run and name it."""
-    assert kernels.grouped._contiguous_launch_args(**_contig_args()) is not None
-    assert kernels.grouped._contiguous_launch_args(**_contig_args(**over)) is None
+    assert kContiguousChecks[check](**_contig_args()) is not None
+    assert kContiguousChecks[check](**_contig_args(**over)) is None
     with pytest.raises((TypeError, ValueError)):
         kernels.m_grouped_fp8_gemm_nt_contiguous(**_contig_args(**over))
 
 
-def test_contiguous_fast_path_takes_the_accepted_layouts():
+@pytest.mark.parametrize("check", kContiguousChecks)
+def test_contiguous_fast_path_takes_the_accepted_layouts(check):
     """Padded rows of A and B, MN-major (transposed) A scales, lists for pairs: accepted, with their
     strides passed on; CPU tensors give device index -1 (the caller then takes the checked CPU path)."""
     m, n, k, g = 128, 16, 256, 2
     a = [torch.zeros(m, k + 128, dtype=_FP8)[:, :k], torch.ones(2, m).t()]
     b = [torch.zeros(g, n, k + 16, dtype=_FP8)[:, :, :k], torch.ones(g, 1, 2)]
     d = torch.empty(m, n + 8, dtype=torch.bfloat16)[:, :n]
-    args = kernels.grouped._contiguous_launch_args(a, b, d, torch.zeros(m, dtype=torch.int32))
+    args = kContiguousChecks[check](a, b, d, torch.zeros(m, dtype=torch.int32))
     assert args is not None
     assert args[1] == k + 128 and args[3:5] == (1, m) and args[6] == k + 16 and args[8:11] == (2, 2, 1)
     assert args[12] == n + 8 and args[14:] == (m, n, k, g, kernels.get_mk_alignment_for_contiguous_layout(), -1)
@@ -259,25 +272,73 @@ def _masked_args(**over):
     dict(d=torch.empty(2, 16, 16, dtype=torch.bfloat16)[:, :8]),                   # output groups with gaps
     dict(d=torch.empty(2, 8, 24, dtype=torch.bfloat16)),
 ])
-def test_masked_fast_path_refuses_what_the_checks_refuse(over):
-    assert kernels.grouped._masked_launch_args(**_masked_args()) is not None
-    assert kernels.grouped._masked_launch_args(**_masked_args(**over)) is None
+@pytest.mark.parametrize("check", kMaskedChecks)
+def test_masked_fast_path_refuses_what_the_checks_refuse(check, over):
+    assert kMaskedChecks[check](**_masked_args()) is not None
+    assert kMaskedChecks[check](**_masked_args(**over)) is None
     with pytest.raises((TypeError, ValueError)):
         kernels.m_grouped_fp8_gemm_nt_masked(**_masked_args(**over))
 
 
-def test_masked_fast_path_passes_strides_on():
+@pytest.mark.parametrize("check", kMaskedChecks)
+def test_masked_fast_path_passes_strides_on(check):
     g, max_m, n, k = 2, 8, 16, 256
     a = (torch.zeros(g, max_m, k + 128, dtype=_FP8)[:, :, :k], torch.ones(g, 2, max_m).transpose(1, 2))
-    args = kernels.grouped._masked_launch_args(a, (torch.zeros(g, n, k, dtype=_FP8), torch.ones(g, 1, 2)),
+    args = kMaskedChecks[check](a, (torch.zeros(g, n, k, dtype=_FP8), torch.ones(g, 1, 2)),
                                                torch.empty(g, max_m, n, dtype=torch.bfloat16),
                                                torch.zeros(g, dtype=torch.int32), 5)
     assert args is None  # MN-major scales of a 3-D A stack their groups with a gap (2 * max_m, not max_m)
     sfa = torch.ones(g * max_m, 2).reshape(g, max_m, 2)
-    args = kernels.grouped._masked_launch_args((a[0], sfa), (torch.zeros(g, n, k, dtype=_FP8), torch.ones(g, 1, 2)),
+    args = kMaskedChecks[check]((a[0], sfa), (torch.zeros(g, n, k, dtype=_FP8), torch.ones(g, 1, 2)),
                                                torch.empty(g, max_m, n, dtype=torch.bfloat16),
                                                torch.zeros(g, dtype=torch.int32), 5)
     assert args[1] == k + 128 and args[3:5] == (2, 1) and args[14:] == (max_m, 5, n, k, g, -1)
+
+
+def _random_grouped_call(g: torch.Generator, masked: bool) -> dict:
+    """Keyword arguments of one contiguous or masked call: valid layouts drawn at random, each of
+    about a dozen aspects wrong with probability 1/16."""
+    def pick(*options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+
+    def bad() -> bool:
+        return bool(torch.rand(1, generator=g) < 1 / 16)
+    groups, m = pick(1, 2, 3), 0 if bad() else pick(1, 8, 128, 200)
+    n, k = 12 if bad() else pick(8, 16, 136), 100 if bad() else pick(128, 256)
+    kb = max(k // 128, 1) + bad()
+    rows = (groups, m) if masked else (m,)
+    lead = (groups + bad(),) if masked else ()
+    a = torch.zeros(*lead, m, k + (8 if bad() else pick(0, 16)), dtype=torch.bfloat16 if bad() else _FP8)[..., :k]
+    sfa = torch.ones(*rows, kb) if masked or pick(0, 1) else torch.ones(kb, m).t()
+    if bad():
+        sfa = torch.ones(*rows, 2 * kb)[..., :kb]
+    b = torch.zeros(groups, n, k + (4 if bad() else pick(0, 16)), dtype=_FP8)[..., :k]
+    if bad():
+        b = torch.zeros(groups + 1, n, k, dtype=_FP8)[1:] if pick(0, 1) else b[:, :, :k].transpose(1, 2)
+    sfb = torch.ones(groups, (n + 127) // 128 - bad(), kb)
+    d = torch.empty(*rows, n + pick(0, 8), dtype=torch.float32 if bad() else torch.bfloat16)[..., :n]
+    index = torch.zeros(groups if masked else m, dtype=torch.int64 if bad() else torch.int32)
+    if bad():
+        index = torch.zeros(2 * index.numel(), dtype=torch.int32)[::2]
+    args = dict(a=pick((a, sfa), [a, sfa]), b=(b, sfb), d=d)
+    if masked:
+        return dict(args, masked_m=index, expected_m=pick(1, 4, 100) if not bad() else pick(0, True, 4.0))
+    return dict(args, m_indices=index)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_cpp_checks_agree_with_python_on_random_calls(masked):
+    """300 random calls of each layout: the C++ check returns exactly the Python one's launch
+    arguments, or declines where it declines."""
+    g = torch.Generator().manual_seed(11)
+    checks = kMaskedChecks if masked else kContiguousChecks
+    accepted = 0
+    for _ in range(300):
+        args = _random_grouped_call(g, masked)
+        want = checks["python"](**args)
+        assert checks["c++"](**args) == want, {name: getattr(t, "shape", t) for name, t in args.items()}
+        accepted += want is not None
+    assert 50 < accepted < 250, accepted
 
 
 @pytest.mark.parametrize("expected_m,masked_m,match", [
@@ -579,3 +640,44 @@ def test_gpu_contiguous_k_unroll_matches_plain_loop(counts, n, k, seed, monkeypa
     assert_contiguous_rows(plain, a_fp8, b_fp8, m_indices)
     for (pingpong, unroll), d in outputs.items():
         assert_same_output(d, plain, f"K loop unrolled {unroll} times, ping-pong {pingpong}")
+
+
+class _Subclass(torch.Tensor):
+    pass
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("masked", [False, True])
+def test_gpu_plain_cuda_tensors_take_the_cpp_path(masked, seed):
+    """The entry points' first step, the C++ checks and launch, takes plain CUDA tensors (a silent
+    decline would only cost host time: this asserts it does not happen) and declines an output of
+    a tensor subclass, leaving it untouched for the Python path, which then runs it. Both outputs
+    are right against float64."""
+    native, n, k = kernels.jit.native_module(), 576, 512
+    stream = torch.cuda.current_stream().cuda_stream
+    if masked:
+        counts, max_m, expected_m = [5, 0, 17], 24, 8
+        b_fp8 = make_weights(len(counts), n, k, "cuda")
+        a_fp8, sfa = per_token_cast_to_fp8(torch.randn(len(counts) * max_m, k, device="cuda", dtype=torch.bfloat16))
+        a = (a_fp8.view(len(counts), max_m, k), sfa.view(len(counts), max_m, -1))
+        index = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        d = torch.full((len(counts), max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        launch, extra, call = native.m_grouped_fp8_gemm_nt_masked_tensors, expected_m, kernels.m_grouped_fp8_gemm_nt_masked
+    else:
+        b_fp8 = make_weights(3, n, k, "cuda")
+        a, index = make_contiguous([130, 0, 7], k, "cuda")
+        d = torch.full((index.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        launch, extra = native.m_grouped_fp8_gemm_nt_contiguous_tensors, kernels.get_mk_alignment_for_contiguous_layout()
+        call = kernels.m_grouped_fp8_gemm_nt_contiguous
+    tail = (extra, d.get_device(), stream)
+    subclass = d.clone().as_subclass(_Subclass)
+    assert launch(a, b_fp8, d, index, *tail) is True
+    assert launch(a, b_fp8, subclass, index, *tail) is False
+    torch.cuda.synchronize()
+    assert torch.isnan(subclass).all(), "a declined call wrote its output"
+    call(a, b_fp8, subclass, index, *((expected_m,) if masked else ()))
+    for got in (d, subclass.as_subclass(torch.Tensor)):
+        if masked:
+            assert_masked_rows(got, a, b_fp8, counts)
+        else:
+            assert_contiguous_rows(got, a, b_fp8, index)

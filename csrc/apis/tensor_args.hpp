@@ -1,0 +1,83 @@
+#pragma once
+// Reading torch tensors' metadata in C++ for the entry points' fast argument paths: one call's
+// Python checks read ~25 tensor attributes (3-4 us on the H200's host, as much as the launch);
+// here they cost tens of nanoseconds. Only the TU that defines the fast paths includes torch.
+//
+// Nothing here may throw: _C carries its own hidden libstdc++, so an exception from libtorch
+// must never unwind through it. Every accessor used is one that cannot throw for the tensors let
+// through, and anything unusual is declined (the Python path, with its messages, then runs).
+#include <cstdint>
+
+#include <Python.h>
+#include <c10/core/impl/COW.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+namespace moe_apis::tensor_args {
+
+// One tensor as the launchers see it; `dim` at most 3.
+struct View {
+  std::uint64_t ptr = 0;
+  std::int64_t size[3] = {0, 0, 0};
+  std::int64_t stride[3] = {0, 0, 0};
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  int device = -1;
+};
+
+// A plain strided CUDA tensor of `dim` dimensions (torch.Tensor or nn.Parameter, not a subclass:
+// those may redefine what their storage means), or false. `written`: the kernel writes through
+// the pointer, so a copy-on-write storage (shared until materialized) is declined. `any_device`
+// also takes CPU tensors (device -1): the tests compare these checks with the Python ones on CPU.
+inline bool read(PyObject* obj, int dim, bool written, bool any_device, View& out) {
+  if (obj == nullptr || THPVariableClass == nullptr || !THPVariable_CheckExact(obj)) return false;
+  const c10::TensorImpl* impl = THPVariable_Unpack(obj).unsafeGetTensorImpl();
+  if (impl == nullptr || !(impl->is_cuda() || (any_device && impl->is_cpu())) || impl->layout() != c10::kStrided || impl->is_nested() ||
+      impl->is_python_dispatch() || impl->has_symbolic_sizes_strides() ||
+      impl->key_set().has(c10::DispatchKey::Functionalize) || !impl->has_storage() || !impl->dtype_initialized() ||
+      impl->dim() != dim) {
+    return false;
+  }
+  const c10::IntArrayRef sizes = impl->sizes();
+  const c10::IntArrayRef strides = impl->strides();
+  std::int64_t numel = 1;
+  for (int i = 0; i < dim; ++i) {
+    out.size[i] = sizes[i];
+    out.stride[i] = strides[i];
+    numel *= sizes[i];
+  }
+  c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
+  if (storage == nullptr) return false;
+  const c10::DataPtr& data = storage->_mutable_data_ptr_no_checks();
+  if (written && c10::impl::cow::is_cow_data_ptr(data)) return false;
+  // As Tensor.data_ptr(): 0 for an empty tensor.
+  out.ptr = numel == 0 ? 0
+                       : reinterpret_cast<std::uint64_t>(static_cast<const char*>(data.get()) +
+                                                         impl->itemsize() * impl->storage_offset());
+  if (!impl->dtype().isScalarType()) return false;
+  out.dtype = impl->dtype().toScalarType();
+  out.device = impl->is_cuda() ? impl->device().index() : -1;
+  return true;
+}
+
+// A pair (tuple or list of two) of plain CUDA tensors of `dim0` and `dim1` dimensions.
+inline bool read_pair(PyObject* obj, int dim0, int dim1, bool any_device, View& first, View& second) {
+  PyObject* items[2];
+  if (PyTuple_CheckExact(obj) && PyTuple_GET_SIZE(obj) == 2) {
+    items[0] = PyTuple_GET_ITEM(obj, 0);
+    items[1] = PyTuple_GET_ITEM(obj, 1);
+  } else if (PyList_CheckExact(obj) && PyList_GET_SIZE(obj) == 2) {
+    items[0] = PyList_GET_ITEM(obj, 0);
+    items[1] = PyList_GET_ITEM(obj, 1);
+  } else {
+    return false;
+  }
+  return read(items[0], dim0, false, any_device, first) && read(items[1], dim1, false, any_device, second);
+}
+
+// kernels/_descriptors.py's DTYPE_CODES for the residual C (bf16 or fp32), -1 otherwise.
+inline int residual_code(c10::ScalarType dtype) {
+  if (dtype == c10::ScalarType::Float) return 0;
+  if (dtype == c10::ScalarType::BFloat16) return 1;
+  return -1;
+}
+
+}  // namespace moe_apis::tensor_args
