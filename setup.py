@@ -1,7 +1,8 @@
 """Build of ``kernels._C`` and packaging of the device templates.
 
-``_C`` is C++17 against Python and pybind11 only (no CUDA headers or libraries), so it builds on a
-machine without a GPU or a CUDA toolkit. The device templates under ``csrc/include`` are copied
+``_C`` is C++17 against Python, pybind11 and (in csrc/apis/gemm_tensors.cpp only) torch's headers,
+with no CUDA headers or libraries, so it builds on a machine without a GPU or a CUDA toolkit; it is
+built against the torch it runs with (libc10, libtorch_python through an rpath). The device templates under ``csrc/include`` are copied
 into the package as ``kernels/_include`` so that an installed (non-editable) package can
 JIT-compile; an editable install reads them from ``csrc/include`` in the checkout instead.
 Set ``MOE_BUILD_JOBS`` to compile the C++ sources in parallel.

@@ -55,6 +55,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch  # noqa: F401  first: _C links its libc10 and libtorch_python (found loaded, whatever _C's rpath says)
+
 from kernels import _C
 
 JitError = _C.JitError
