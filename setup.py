@@ -79,6 +79,8 @@ def torch_build_args() -> tuple[list[str], list[str]]:
 
     compile_args = [f"-isystem{path}" for path in cpp_extension.include_paths()]
     compile_args.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
+    # The tensor layout _C reads is this torch's: kernels/jit.py uses those entry points only under it.
+    compile_args.append(f'-DMOE_TORCH_VERSION="{torch.__version__}"')
     lib = os.path.join(os.path.dirname(torch.__file__), "lib")
     return compile_args, [f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_python"]
 

@@ -160,7 +160,7 @@ def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, tor
     # The common call (plain CUDA tensors, the default recipe) is checked and launched in C++:
     # the checks below read ~25 tensor attributes, 3-4 us of host time per call on the H200's host.
     # What the C++ checks decline (False, nothing done) goes through the Python path as before.
-    if recipe is None and type(d) is torch.Tensor and type(compiled_dims) is str:
+    if jit.TENSOR_API and recipe is None and type(d) is torch.Tensor and type(compiled_dims) is str:
         device = d.get_device()
         compile_m = _COMPILED_DIMS.get(compiled_dims)
         if device >= 0 and compile_m is not None:

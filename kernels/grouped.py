@@ -251,7 +251,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tu
     """
     fn = "m_grouped_fp8_gemm_nt_contiguous"
     # Plain CUDA tensors and the default recipe: checked and launched in C++ (see fp8_gemm_nt).
-    if recipe is None and type(d) is torch.Tensor:
+    if jit.TENSOR_API and recipe is None and type(d) is torch.Tensor:
         device = d.get_device()
         if device >= 0 and jit.native_module().m_grouped_fp8_gemm_nt_contiguous_tensors(
                 a, b, d, m_indices, _alignment, device, _descriptors.current_stream_of(device)):
@@ -289,7 +289,7 @@ def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[
     up to a multiple of 8 on are left untouched; the rows between hold unspecified values.
     """
     fn = "m_grouped_fp8_gemm_nt_masked"
-    if recipe is None and type(d) is torch.Tensor:
+    if jit.TENSOR_API and recipe is None and type(d) is torch.Tensor:
         device = d.get_device()
         if device >= 0 and jit.native_module().m_grouped_fp8_gemm_nt_masked_tensors(
                 a, b, d, masked_m, expected_m, device, _descriptors.current_stream_of(device)):

@@ -55,11 +55,14 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch  # noqa: F401  first: _C links its libc10 and libtorch_python (found loaded, whatever _C's rpath says)
+import torch  # first: _C links its libc10 and libtorch_python (found loaded, whatever _C's rpath says)
 
 from kernels import _C
 
 JitError = _C.JitError
+# The entry points that read torch tensors in C++ (csrc/apis/gemm_tensors.cpp) know the tensor layout
+# of the torch _C was built with; under another torch the Python checks run instead (rebuild _C).
+TENSOR_API = _C.tensor_api_torch_version == torch.__version__
 
 _HEADER_PACKAGES = ("nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "nvidia-cuda-cccl", "nvidia-cutlass")
 _NVRTC_NAMES = ("libnvrtc.so.13", "libnvrtc.so")

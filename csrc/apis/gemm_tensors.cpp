@@ -286,6 +286,8 @@ PyMethodDef kMethods[] = {
 }  // namespace
 
 void register_apis(pybind11::module_& m) {
+  // The torch these entry points read tensors of; another one may lay TensorImpl out otherwise.
+  m.attr("tensor_api_torch_version") = MOE_TORCH_VERSION;
   jit_error_type = m.attr("JitError").ptr();
   Py_INCREF(jit_error_type);
   for (PyMethodDef& def : kMethods) {

@@ -388,3 +388,10 @@ def test_gpu_plain_cuda_tensors_take_the_cpp_path(seed):
     for got in (d, subclass.as_subclass(torch.Tensor)):
         assert torch.isfinite(got).all(), "output not fully written"
         assert calc_diff(got, reference_f64(a_fp8, b_fp8)) < 1e-3
+
+
+def test_cpp_entry_points_serve_the_torch_they_were_built_with():
+    """_C reads tensors with the layout of the torch it was built with: its tensor entry points are
+    used under that torch only (kernels.jit.TENSOR_API; another torch takes the Python checks)."""
+    assert kernels.jit.native_module().tensor_api_torch_version == torch.__version__
+    assert kernels.jit.TENSOR_API
