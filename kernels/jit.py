@@ -355,8 +355,6 @@ def _device(device: int | None) -> int:
         if not isinstance(device, int) or device < 0:
             raise ValueError(f"device={device!r}: expected a non-negative CUDA device ordinal")
         return device
-    import torch
-
     return torch.cuda.current_device() if torch.cuda.is_available() else 0
 
 
