@@ -113,7 +113,8 @@ def main() -> int:
     if not memo_off:
         call_breakdown([("torch: x.add_(0)", "", lambda: x.add_(0)),
                         ("_C.fp8_gemm_nt (raw), 64 x 2112 x 7168", "sm90_fp8_gemm", raw_gemm),
-                        ("kernels.fp8_gemm_nt, 64 x 2112 x 7168", "sm90_fp8_gemm", lambda: kernels.fp8_gemm_nt(a, b, d))])
+                        ("kernels.fp8_gemm_nt, 64 x 2112 x 7168", "sm90_fp8_gemm",
+                         lambda: kernels.fp8_gemm_nt(a, b, d))])
         sys.stdout.flush()
         return subprocess.run([sys.executable, __file__], env={**os.environ, "MOE_TMA_MEMO": "0"}).returncode
     return 0

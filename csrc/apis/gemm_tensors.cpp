@@ -33,7 +33,7 @@ struct Fp8GemmArgs {
 };
 
 bool fp8_gemm_args(PyObject* a, PyObject* b, PyObject* d, PyObject* c, bool any_device, Fp8GemmArgs& out) {
-  if (!T::read_pair(a, 2, 2, any_device, out.a, out.sfa) || !T::read_pair(b, 2, 2, any_device, out.b, out.sfb) ||
+  if (!T::read_pair(a, 2, any_device, out.a, out.sfa) || !T::read_pair(b, 2, any_device, out.b, out.sfb) ||
       !T::read(d, 2, true, any_device, out.d)) {
     return false;
   }
@@ -153,8 +153,8 @@ bool fp8_weights(const T::View& b, const T::View& sfb, std::int64_t k) {
 
 // `a_dim`: 2 (contiguous: A [M, K]) or 3 (masked: A [G, max_m, K]).
 bool grouped_args(PyObject* const* args, int a_dim, bool any_device, GroupedArgs& out) {
-  if (!T::read_pair(args[0], a_dim, a_dim, any_device, out.a, out.sfa) ||
-      !T::read_pair(args[1], 3, 3, any_device, out.b, out.sfb) || !T::read(args[2], a_dim, true, any_device, out.d) ||
+  if (!T::read_pair(args[0], a_dim, any_device, out.a, out.sfa) ||
+      !T::read_pair(args[1], 3, any_device, out.b, out.sfb) || !T::read(args[2], a_dim, true, any_device, out.d) ||
       !T::read(args[3], 1, false, any_device, out.index)) {
     return false;
   }
@@ -276,7 +276,8 @@ PyMethodDef kMethods[] = {
     MOE_FASTCALL(m_grouped_fp8_gemm_nt_masked_tensors,
                  "m_grouped_fp8_gemm_nt_masked_tensors(a, b, d, masked_m, expected_m, device, stream) -> bool"),
     MOE_FASTCALL(m_grouped_fp8_gemm_nt_contiguous_args,
-                 "m_grouped_fp8_gemm_nt_contiguous_args(a, b, d, m_indices, alignment) -> the launch arguments, or None"),
+                 "m_grouped_fp8_gemm_nt_contiguous_args(a, b, d, m_indices, alignment) -> the launch arguments, "
+                 "or None"),
     MOE_FASTCALL(m_grouped_fp8_gemm_nt_masked_args,
                  "m_grouped_fp8_gemm_nt_masked_args(a, b, d, masked_m, expected_m) -> the launch arguments, or None"),
 };

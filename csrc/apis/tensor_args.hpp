@@ -30,10 +30,10 @@ struct View {
 inline bool read(PyObject* obj, int dim, bool written, bool any_device, View& out) {
   if (obj == nullptr || THPVariableClass == nullptr || !THPVariable_CheckExact(obj)) return false;
   const c10::TensorImpl* impl = THPVariable_Unpack(obj).unsafeGetTensorImpl();
-  if (impl == nullptr || !(impl->is_cuda() || (any_device && impl->is_cpu())) || impl->layout() != c10::kStrided || impl->is_nested() ||
-      impl->is_python_dispatch() || impl->has_symbolic_sizes_strides() ||
+  if (impl == nullptr || !(impl->is_cuda() || (any_device && impl->is_cpu())) || impl->layout() != c10::kStrided ||
+      impl->is_nested() || impl->is_python_dispatch() || impl->has_symbolic_sizes_strides() ||
       impl->key_set().has(c10::DispatchKey::Functionalize) || !impl->has_storage() || !impl->dtype_initialized() ||
-      impl->dim() != dim) {
+      !impl->dtype().isScalarType() || impl->dim() != dim) {
     return false;
   }
   const c10::IntArrayRef sizes = impl->sizes();
@@ -52,14 +52,13 @@ inline bool read(PyObject* obj, int dim, bool written, bool any_device, View& ou
   out.ptr = numel == 0 ? 0
                        : reinterpret_cast<std::uint64_t>(static_cast<const char*>(data.get()) +
                                                          impl->itemsize() * impl->storage_offset());
-  if (!impl->dtype().isScalarType()) return false;
   out.dtype = impl->dtype().toScalarType();
   out.device = impl->is_cuda() ? impl->device().index() : -1;
   return true;
 }
 
-// A pair (tuple or list of two) of plain CUDA tensors of `dim0` and `dim1` dimensions.
-inline bool read_pair(PyObject* obj, int dim0, int dim1, bool any_device, View& first, View& second) {
+// A pair (tuple or list of two) of plain CUDA tensors of `dim` dimensions each.
+inline bool read_pair(PyObject* obj, int dim, bool any_device, View& first, View& second) {
   PyObject* items[2];
   if (PyTuple_CheckExact(obj) && PyTuple_GET_SIZE(obj) == 2) {
     items[0] = PyTuple_GET_ITEM(obj, 0);
@@ -70,7 +69,7 @@ inline bool read_pair(PyObject* obj, int dim0, int dim1, bool any_device, View& 
   } else {
     return false;
   }
-  return read(items[0], dim0, false, any_device, first) && read(items[1], dim1, false, any_device, second);
+  return read(items[0], dim, false, any_device, first) && read(items[1], dim, false, any_device, second);
 }
 
 // kernels/_descriptors.py's DTYPE_CODES for the residual C (bf16 or fp32), -1 otherwise.

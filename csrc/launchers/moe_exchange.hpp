@@ -115,13 +115,18 @@ struct Peers {
   int num_ranks, rank, pairs_per_rank;
 };
 
+// `what` (pairs, rows) counts an int32 index: [0, 2^31).
+inline void check_int32_count(const char* what, long long count) {
+  MOE_HOST_ASSERT(count >= 0 && count <= (1LL << 31) - 1, kFn << ": " << what << " must be in [0, 2^31), got " << count);
+}
+
 inline void check_peers(const Peers& p, long long num_rows) {
   MOE_HOST_ASSERT(p.num_ranks >= 1 && p.num_ranks <= kMaxRanks && p.rank >= 0 && p.rank < p.num_ranks,
                   kFn << ": rank " << p.rank << " of " << p.num_ranks << " ranks (at most " << kMaxRanks << ")");
   MOE_HOST_ASSERT(p.pairs_per_rank >= 1 && 1LL * p.pairs_per_rank * p.num_ranks <= (1LL << 31) - 1,
                   kFn << ": ranks x pairs_per_rank must fit an int32 slot word, got " << p.num_ranks << " x "
                       << p.pairs_per_rank);
-  MOE_HOST_ASSERT(num_rows >= 0 && num_rows <= (1LL << 31) - 1, kFn << ": rows must be in [0, 2^31), got " << num_rows);
+  check_int32_count("rows", num_rows);
 }
 
 // in_dtype: the dispatch's input rows (the other kernels ignore it).
@@ -161,7 +166,7 @@ inline void count(std::uint64_t topk_idx, long long num_pairs, int num_experts, 
                   std::uint64_t row, std::uint64_t rows, int num_rows, int device, std::uint64_t stream) {
   MOE_HOST_ASSERT(num_experts >= 1 && num_experts <= kMaxExperts,
                   kFn << ": num_experts must be in [1, " << kMaxExperts << "], got " << num_experts);
-  MOE_HOST_ASSERT(num_pairs >= 0 && num_pairs <= (1LL << 31) - 1, kFn << ": pairs must be in [0, 2^31), got " << num_pairs);
+  check_int32_count("pairs", num_pairs);
   MOE_HOST_ASSERT(num_rows >= 0 && num_rows <= kMaxRanks && (rows != 0 || num_rows == 0),
                   kFn << ": need 0 <= rows <= " << kMaxRanks << " row addresses, got " << num_rows);
   const auto compiled = fixed_kernel(Kernel::kCount, device);
@@ -242,7 +247,7 @@ inline void count_sizes(std::uint64_t topk_idx, long long num_pairs, std::uint64
                   kFn << ": rank " << rank << " of " << num_ranks << " ranks (at most " << kMaxRanks << ")");
   const long long num_experts = 1LL * num_local * num_ranks;
   check_layout_counts(num_ranks, num_local, counts_stride, num_experts + 1);
-  MOE_HOST_ASSERT(num_pairs >= 0 && num_pairs <= (1LL << 31) - 1, kFn << ": pairs must be in [0, 2^31), got " << num_pairs);
+  check_int32_count("pairs", num_pairs);
   MOE_HOST_ASSERT(alignment >= 1 && masked_max_rows >= 0,
                   kFn << ": alignment must be positive and masked_max_rows non-negative");
   MOE_HOST_ASSERT(rows != 0 && rows % 8 == 0 && flag_rows % 8 == 0 && flag_rows != 0 && flags % 4 == 0 && flags != 0 &&

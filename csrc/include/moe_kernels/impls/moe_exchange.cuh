@@ -365,9 +365,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // Count, the group's barrier and the sizes in one launch, the staged dispatch's steps before its
 // rows move (the host launched three kernels for them). The pairs are counted by chunks of
-// kThreads x kPairsPerThread pairs, a CTA each (the launcher sizes the grid by the same product), since one SM's shared-memory atomics took 34 us for 4096 tokens x top-8: a
-// CTA numbers its chunk's pairs per expert in shared memory, takes each expert's base with one
-// global atomic on scratch[g] (any order: positions stay distinct in [0, count) per expert), and
+// kThreads x kPairsPerThread pairs, a CTA each (the launcher sizes the grid by the same product),
+// since one SM's shared-memory atomics took 34 us for 4096 tokens x top-8: a CTA numbers its
+// chunk's pairs per expert in shared memory, takes each expert's base with one global atomic on
+// scratch[g] (any order: positions stay distinct in [0, count) per expert), and
 // adds it. The last CTA to finish (scratch[E + 1] counts them) reads the row from scratch, resets
 // scratch to zero for the next launch, writes the row into every rank's matrix (rows[i]: this
 // rank's row of rank i's), passes the group's barrier and reduces this rank's matrix counts
