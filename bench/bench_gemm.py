@@ -22,7 +22,7 @@ import torch
 
 import kernels
 from kernels.testing import (bench_kineto, calc_diff, env_switches, flush_mode, kernel_us_with_env, parse_env_variants,
-                             per_call_us)
+                             per_call_us, per_call_us_interleaved)
 
 SHAPES = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168)]
 
@@ -158,8 +158,9 @@ def main() -> int:
         print("bench_gemm: needs a CUDA device", file=sys.stderr)
         return 1
     rows = []
+    bare = torch.zeros(1024, device="cuda")
     header = (f"{'M':>5} {'N':>6} {'K':>6} {'tile':>14} | {'ours us':>8} {'TFLOP/s':>8} {'GB/s':>7} {'call us':>8} | "
-              f"{'cuBLAS':>8} {'us':>8} {'TFLOP/s':>8} {'call us':>8} | {'speedup':>7} {'diff':>8} | "
+              f"{'cuBLAS':>8} {'us':>8} {'TFLOP/s':>8} {'call us':>8} | {'add_ call':>9} | {'speedup':>7} {'diff':>8} | "
               f"{'1-CTA us':>8} {'clusters':>8}" + (" | MN-major SFA us  gain     diff" if args.sfa_mn_major else "") + "".join(f" | {label} us  gain {'tile':>14} diff" for label, _ in variants))
     print(f"L2 flush before every timed run: {flush_mode()} (MOE_BENCH_FLUSH)")
     print(header)
@@ -174,11 +175,11 @@ def main() -> int:
             ref = kernels.reference.gemm.fp8_gemm_nt(a_fp8, b_fp8)
             diff = calc_diff(d, ref)
             t = bench_kineto(ours, "sm90_fp8_gemm_nt").median_s
-            call = per_call_us(ours)
             kind, theirs = cublas_call(a_fp8, b_fp8, ref)
             # cuBLAS kernel names vary (sm90_xmma, cutlass, nvjet); count every kernel of the call.
             t_ref = bench_kineto(theirs, "").median_s
-            call_ref = per_call_us(theirs)
+            # Ours, cuBLAS's and a bare torch launch's calls sampled in turn, under the same state.
+            call, call_ref, call_bare = per_call_us_interleaved([ours, theirs, lambda: bare.add_(0)])
             flops = 2 * m * n * k
             nbytes = m * k + n * k + m * n * 2
             # The same call with the 2-CTA clusters off (MOE_FP8_MULTICAST=0), where they would be on.
@@ -194,7 +195,7 @@ def main() -> int:
             t_ref = min(t_ref, bench_kineto(theirs, "").median_s)
             row = dict(m=m, n=n, k=k, tile=tile, us=t * 1e6, tflops=flops / t / 1e12, gbps=nbytes / t / 1e9, call_us=call,
                        cublas=kind, cublas_us=t_ref * 1e6, cublas_tflops=flops / t_ref / 1e12, cublas_call_us=call_ref,
-                       speedup=t_ref / t, diff=diff, single_us=single_us)
+                       bare_call_us=call_bare, speedup=t_ref / t, diff=diff, single_us=single_us)
             extra = ""
             if args.sfa_mn_major:
                 a_mn = (a_fp8[0], a_fp8[1].t().contiguous().t())
@@ -219,11 +220,17 @@ def main() -> int:
             gain = "-" if single_us is None else f"{single_us / row['us']:.2f}x"
             print(f"{m:>5} {n:>6} {k:>6} {tile:>14} | {row['us']:>8.1f} {row['tflops']:>8.0f} {row['gbps']:>7.0f} "
                   f"{call:>8.1f} | {kind:>8} {row['cublas_us']:>8.1f} {row['cublas_tflops']:>8.0f} "
-                  f"{call_ref:>8.1f} | {row['speedup']:>6.2f}x {diff:>8.1e} | {single:>8} {gain:>8}{extra}", flush=True)
+                  f"{call_ref:>8.1f} | {call_bare:>9.1f} | {row['speedup']:>6.2f}x {diff:>8.1e} | {single:>8} {gain:>8}{extra}", flush=True)
     block = [r["speedup"] for r in rows if r["cublas"] == "block"]
     if block:
         geo = torch.tensor(block).log().mean().exp().item()
         print(f"geometric mean speed-up over cuBLAS block-scaled ({len(block)} shapes): {geo:.3f}x")
+    if rows:
+        over = [r["call_us"] - r["us"] for r in rows]
+        print(f"time per call - kernel time: at most 10 us in {sum(o <= 10 for o in over)} of {len(over)} shapes, "
+              f"median {sorted(over)[len(over) // 2]:.1f} us (cuBLAS: median "
+              f"{sorted(r['cublas_call_us'] - r['cublas_us'] for r in rows)[len(rows) // 2]:.1f} us; a bare "
+              f"x.add_(0) call: median {sorted(r['bare_call_us'] for r in rows)[len(rows) // 2]:.1f} us)")
     if args.graph_chain > 0:
         print(f"\n{args.graph_chain} calls in a CUDA graph (whole tiles: no split workspace in a capture), "
               "us per GEMM of a replay")

@@ -35,6 +35,10 @@ declare -A problems=(
   [contiguous_8x4096_7168x2048]="scripts/grouped_once.py --weights fp8 --groups 8 --contiguous 4096 --n 7168 --k 2048"
   [peer_contiguous_8x4096_7168x2048]="scripts/deepgemm_once.py --groups 8 --contiguous 4096 --n 7168 --k 2048"
   [dense_4096x2112x7168]="scripts/gemm_once.py --m 4096 --n 2112 --k 7168"
+  [dense_4096x32768x512_mn]="scripts/gemm_once.py --m 4096 --n 32768 --k 512 --mn-scales"
+  [peer_dense_4096x32768x512]="scripts/deepgemm_once.py --m 4096 --n 32768 --k 512"
+  [dense_4096x7168x2048_mn]="scripts/gemm_once.py --m 4096 --n 7168 --k 2048 --mn-scales"
+  [peer_dense_4096x7168x2048]="scripts/deepgemm_once.py --m 4096 --n 7168 --k 2048"
 )
 names=("$@")
 [[ ${#names[@]} == 0 ]] && names=(dense_4096x7168x16384 dense_4096x4096x7168 dense_128x4096x7168

@@ -22,7 +22,7 @@ import contextlib
 import os
 import statistics
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -171,20 +171,32 @@ def bench_kineto(fn: Callable[[], object], kernel_name: str, num_tests: int = 30
 
 def per_call_us(fn: Callable[[], object], iters: int = 100, warmup: int = 5) -> float:
     """Median microseconds of one call of ``fn`` issued on an idle stream, host work included."""
+    return per_call_us_interleaved([fn], iters, warmup)[0]
+
+
+def per_call_us_interleaved(fns: Sequence[Callable[[], object]], iters: int = 100,
+                            warmup: int = 5) -> list[float]:
+    """``per_call_us`` of each of ``fns``, their samples taken in turn (one call of each per round,
+    the order rotated every round), so that all see the same host and GPU state: timed one after
+    the other, neighbouring calls' medians moved by several microseconds with the machine's state
+    (bench/RESULTS.md, session 21). Returns the medians in the order of ``fns``."""
     if not torch.cuda.is_available():
         raise RuntimeError("per_call_us needs a CUDA device")
     for _ in range(warmup):
-        fn()
+        for fn in fns:
+            fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(samples)
+    samples: list[list[float]] = [[] for _ in fns]
+    for i in range(iters):
+        for j in range(len(fns)):
+            which = (i + j) % len(fns)
+            torch.cuda.synchronize()
+            start.record()
+            fns[which]()
+            end.record()
+            end.synchronize()
+            samples[which].append(start.elapsed_time(end) * 1e3)
+    return [statistics.median(s) for s in samples]
 
 
 def copy_ceiling_gbps(num_bytes: int = 2 << 30, iters: int = 20) -> float:

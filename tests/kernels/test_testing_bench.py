@@ -116,3 +116,46 @@ def test_per_run_seconds_refuses_what_does_not_add_up():
     # Without a flush the matching kernels must divide into the runs.
     with pytest.raises(RuntimeError, match="per run: none"):
         per_run_seconds(_profile([[("gemm", 1.0), ("gemm", 1.0)], [("gemm", 1.0)]], flush=()), "gemm", 2, [])
+
+
+def test_per_call_us_interleaved_takes_turns_and_keeps_each_calls_samples(monkeypatch):
+    """Each round calls every function once, the order rotated round by round, and each median is
+    made of its own function's samples (a fake device clock: call i costs i + 1 us, and the first
+    call of a round 10 us more, so a fixed order would charge one function every round's first)."""
+    import torch
+
+    import kernels.testing.bench as bench_helpers
+
+    clock = {"us": 0.0, "calls_this_round": 0}
+    order = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            self.at = 0.0
+
+        def record(self):
+            self.at = clock["us"]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return (other.at - self.at) / 1e3  # milliseconds
+
+    def call(i):
+        def fn():
+            order.append(i)
+            clock["us"] += (i + 1) + (10.0 if clock["calls_this_round"] == 0 else 0.0)
+            clock["calls_this_round"] = (clock["calls_this_round"] + 1) % 3
+        return fn
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    medians = bench_helpers.per_call_us_interleaved([call(0), call(1), call(2)], iters=9, warmup=1)
+    timed = order[3:]
+    rounds = [timed[r * 3:(r + 1) * 3] for r in range(9)]
+    assert all(sorted(r) == [0, 1, 2] for r in rounds)
+    assert [r[0] for r in rounds[:3]] == [0, 1, 2], "the first call of a round rotates"
+    # Each function was first in 3 of its 9 rounds: its median is its own cost.
+    assert medians == pytest.approx([1.0, 2.0, 3.0])
