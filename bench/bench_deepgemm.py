@@ -56,7 +56,7 @@ import kernels
 from bench_gemm import SHAPES, block_scaled
 from bench_grouped import NK, make_contiguous, make_masked, make_masked_fragment, output_check
 from kernels.testing import (bench_kineto, calc_diff, checked_variant_us, env_switches, flush_mode, parse_env_variants,
-                             per_call_us)
+                             per_call_us_interleaved)
 
 _OURS = "sm90_fp8_gemm_nt"
 _THEIRS = "sm90_fp8_gemm_1d2d"  # DeepGEMM's SM90 FP8 kernel (1x128 A scales, 128x128 B scales)
@@ -173,7 +173,8 @@ def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]], mn_scales: b
         call()
         row[f"{side}_diff"] = check(out)
         row[f"{side}_us"] = bench_kineto(call, kernel).median_s * 1e6
-        row[f"{side}_call_us"] = per_call_us(call)
+    # Both calls sampled in turn, under the same state of the machine (per_call_us_interleaved).
+    row["ours_call_us"], row["theirs_call_us"] = per_call_us_interleaved([cell.ours, cell.theirs])
     row["variants"] = []
     if mn_scales and cell.ours_mn is not None:  # FP4 cells have no FP8 twin: no column, as for variants
         row["variants"].append(("MN-major scales", *checked_variant_us(cell.ours_mn, cell.ours_kernel,
