@@ -226,11 +226,14 @@ def main() -> int:
         geo = torch.tensor(block).log().mean().exp().item()
         print(f"geometric mean speed-up over cuBLAS block-scaled ({len(block)} shapes): {geo:.3f}x")
     if rows:
+        def median(values: list[float]) -> float:  # the upper one of an even count, a value seen
+            return sorted(values)[len(values) // 2]
+
         over = [r["call_us"] - r["us"] for r in rows]
         print(f"time per call - kernel time: at most 10 us in {sum(o <= 10 for o in over)} of {len(over)} shapes, "
-              f"median {sorted(over)[len(over) // 2]:.1f} us (cuBLAS: median "
-              f"{sorted(r['cublas_call_us'] - r['cublas_us'] for r in rows)[len(rows) // 2]:.1f} us; a bare "
-              f"x.add_(0) call: median {sorted(r['bare_call_us'] for r in rows)[len(rows) // 2]:.1f} us)")
+              f"median {median(over):.1f} us (cuBLAS: median "
+              f"{median([r['cublas_call_us'] - r['cublas_us'] for r in rows]):.1f} us; a bare "
+              f"x.add_(0) call: median {median([r['bare_call_us'] for r in rows]):.1f} us)")
     if args.graph_chain > 0:
         print(f"\n{args.graph_chain} calls in a CUDA graph (whole tiles: no split workspace in a capture), "
               "us per GEMM of a replay")

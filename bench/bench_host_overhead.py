@@ -23,7 +23,7 @@ import torch
 import kernels
 from kernels import _descriptors, gemm
 from kernels.jit import native_module
-from kernels.testing.bench import bench_kineto, per_call_us
+from kernels.testing.bench import bench_kineto, per_call_us_interleaved
 
 
 def host_us(fn, rounds: int = 21, calls: int = 100) -> float:
@@ -45,12 +45,12 @@ def host_us(fn, rounds: int = 21, calls: int = 100) -> float:
 
 
 def call_breakdown(rows: list[tuple[str, str, object]]) -> None:
-    """Events around one call on an idle stream (``per_call_us``) next to the kernel's own time
-    (profiler, L2 warm, as the call sees it): what the call adds beyond its kernel, against a bare
-    torch launch measured the same way in the same run."""
+    """Events around one call on an idle stream next to the kernel's own time (profiler, L2 warm,
+    as the call sees it): what the call adds beyond its kernel, against a bare torch launch measured
+    the same way in the same rounds (``per_call_us_interleaved``)."""
     print(f"\n{'one call, events around it':<46} {'call us':>8} {'kernel us':>9} {'call - kernel':>13}")
-    for label, kernel_name, fn in rows:
-        call = per_call_us(fn, iters=200)
+    calls = per_call_us_interleaved([fn for _, _, fn in rows], iters=200)
+    for (label, kernel_name, fn), call in zip(rows, calls):
         kernel = bench_kineto(fn, kernel_name, flush_l2=False).median_s * 1e6
         print(f"{label:<46} {call:>8.2f} {kernel:>9.2f} {call - kernel:>13.2f}", flush=True)
 
