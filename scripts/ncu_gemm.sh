@@ -18,6 +18,7 @@ ncu="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
 declare -A problems=(
   [dense_4096x7168x16384]="scripts/gemm_once.py --m 4096 --n 7168 --k 16384"
   [dense_4096x4096x7168]="scripts/gemm_once.py --m 4096 --n 4096 --k 7168"
+  [dense_4096x4096x7168_mn]="scripts/gemm_once.py --m 4096 --n 4096 --k 7168 --mn-scales"
   [dense_128x4096x7168]="scripts/gemm_once.py --m 128 --n 4096 --k 7168"
   [dense_128x4096x7168_mn]="scripts/gemm_once.py --m 128 --n 4096 --k 7168 --mn-scales"
   [dense_64x4096x7168_mn]="scripts/gemm_once.py --m 64 --n 4096 --k 7168 --mn-scales"

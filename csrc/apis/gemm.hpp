@@ -67,6 +67,7 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["pdl"] = c.pdl;
   d["k_unroll"] = c.k_unroll;
   d["overlap"] = c.overlap;
+  d["wg_store"] = c.wg_store;
   d["tail_splits"] = c.tail_split_of(m).ways;
   return d;
 }

@@ -52,6 +52,7 @@ struct Config {
   int pdl = 0;          // 1: programmatic dependent launch (the prologue overlaps the previous kernel)
   int k_unroll = 1;     // the math warpgroups' K loop unrolled this many times
   int overlap = 0;      // 1: block M 64 issues the next K block's wgmmas before it promotes (kOverlap)
+  int wg_store = 0;     // 1: each math warpgroup runs its own epilogue, D stored in 64-row boxes (kWgStore)
   bool tail_split_on = true;  // MOE_GEMM_TAIL_SPLIT when planned (the plan is redone when it changes)
 
   // The last, partial wave's tiles split over K; kNormal only.
@@ -401,6 +402,14 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
                         env_enabled("MOE_FP8_OVERLAP")
                     ? 1
                     : 0;
+  // Per-warpgroup epilogues (kWgStore) on tiles of two math warpgroups without turns, with 2-D stores
+  // (dense and contiguous): at 4096 rows 0.97x the time of the tile-wide epilogue at K = 512, 0.98-0.99x
+  // on the contiguous cells, level elsewhere (bench/RESULTS.md, session 23). MOE_FP8_WG_STORE=0 turns
+  // them off.
+  cfg.wg_store = t.block_m >= 128 && cfg.pingpong == 0 && type != GemmType::kGroupedMasked &&
+                         env_enabled("MOE_FP8_WG_STORE")
+                     ? 1
+                     : 0;
   return cfg;
 }
 
@@ -436,18 +445,18 @@ inline GeneratedKernel generate(const Config& c) {
      << static_cast<int>(c.residual) << ", " << c.swizzle_d << ", " << c.multicast << ", " << c.scale_warps
      << ", " << (c.pingpong ? "true" : "false") << ", " << (c.pdl ? "true" : "false") << ", " << c.k_unroll
      << ", " << c.scale_load << ", " << (c.overlap ? "true" : "false") << ", " << (c.share_b ? "true" : "false")
-     << ">);\n"
+     << ", " << (c.wg_store ? "true" : "false") << ">);\n"
      << "}\n";
   return {"sm90_fp8_gemm_nt", os.str()};
 }
 
 inline void launch(const Config& c, const Args& a) {
   using namespace moe_jit::driver;
-  static moe_jit::KernelMemo<std::array<int, 19>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 19> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 20>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 20> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
                                    c.scale_warps, c.pingpong, c.pdl, c.k_unroll, static_cast<int>(c.scale_load),
-                                   c.overlap, c.share_b, a.device};
+                                   c.overlap, c.share_b, c.wg_store, a.device};
   const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
 
   const bool masked = c.type == GemmType::kGroupedMasked;
@@ -460,8 +469,9 @@ inline void launch(const Config& c, const Args& a) {
   const CUtensorMap map_b = make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
                                      static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK,
                                      c.block_n / b_share, CU_TENSOR_MAP_SWIZZLE_128B, "B");
-  const CUtensorMap map_d = make_tma_d(c.fn, a.d, c.n, a.m, a.ldd, c.block_n, c.block_m, c.swizzle_d, masked,
-                                       a.num_groups);
+  // Per-warpgroup epilogues store 64-row stripes.
+  const CUtensorMap map_d = make_tma_d(c.fn, a.d, c.n, a.m, a.ldd, c.block_n, c.wg_store ? 64 : c.block_m,
+                                       c.swizzle_d, masked, a.num_groups);
 
   // The scale warps address A's scales with 32-bit element offsets (row x stride_m, k block x
   // stride_k), the kernel's strides being 32-bit already.

@@ -437,3 +437,26 @@ def test_plans_are_memoized_per_environment(monkeypatch):
     monkeypatch.delenv("MOE_GEMM_BLOCK_M")
     monkeypatch.setenv("MOE_RUNTIME_UNRELATED_VARIABLE", "1")
     assert fp8() == base and fp4_decode() == base_fp4 and bf16() == base_bf16
+
+
+def test_wg_store_where_legal_unless_turned_off(monkeypatch):
+    """Per-warpgroup epilogues on tiles of two math warpgroups without turns and with 2-D stores
+    (dense, contiguous); block M 64, ping-pong and masked tiles keep the tile-wide epilogue, and
+    MOE_FP8_WG_STORE=0 turns them off everywhere."""
+    monkeypatch.delenv("MOE_FP8_PINGPONG", raising=False)
+    native = kernels.jit.native_module()
+    cases = {
+        "dense 256": ((4096, 4096, 7168, H200_SMS), 1),
+        "dense 128 x 192": ((4096, 2112, 7168, H200_SMS), 1),
+        "dense ping-pong": ((1000, 7168, 1536, H200_SMS), 0),
+        "dense 64": ((64, 2112, 7168, H200_SMS), 0),
+        "contiguous": ((32768, 4096, 7168, H200_SMS, False, -1, 1, 4), 1),
+        "masked": ((1024, 4096, 7168, H200_SMS, False, -1, 2, 8), 0),
+    }
+    monkeypatch.setenv("MOE_FP8_WG_STORE", "0")
+    for name, (args, _) in cases.items():
+        assert native.fp8_gemm_nt_config(*args)["wg_store"] == 0, name
+    monkeypatch.delenv("MOE_FP8_WG_STORE")
+    for name, (args, expected) in cases.items():
+        cfg = native.fp8_gemm_nt_config(*args)
+        assert cfg["wg_store"] == expected, (name, cfg)

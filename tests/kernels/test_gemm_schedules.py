@@ -336,3 +336,40 @@ def test_gpu_k_unroll_on_128_row_tiles_matches_plain_loop(m, n, k, seed, monkeyp
     assert calc_diff(outputs["1", "4"], reference_f64(a_fp8, b_fp8)) < 1e-3
     assert torch.equal(outputs["1", "4"], outputs["1", "1"])
     assert torch.equal(outputs["0", "8"], outputs["1", "1"]), "no ping-pong, unrolled 8 times"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,env", [
+    (4096, 4096, 7168, {}),                                                  # 256 x 128, clusters sharing A
+    (300, 7168, 2048, {}),                                                   # the last tile's second wave past M
+    (1000, 4232, 1536, {"MOE_GEMM_BLOCK_M": "256"}),                         # a partial m-block, a partial n-block
+    (257, 264, 640, {"MOE_GEMM_BLOCK_M": "256", "MOE_FP8_MULTICAST": "0"}),  # one row past the first tile
+    (4096, 2112, 7168, {}),                                                  # 128 x 192, no turns
+    (4096, 2112, 16384, {"MOE_GEMM_BLOCK_M": "256", "MOE_FP8_MULTICAST": "2"}),  # a split tail
+    (200, 576, 7168, {"MOE_GEMM_BLOCK_M": "128", "MOE_FP8_PINGPONG": "0"}),  # 128-row tiles, rows 192-199 past M
+])
+def test_gpu_wg_store_matches_tile_store(m, n, k, env, seed, monkeypatch):
+    """Per-warpgroup epilogues (MOE_FP8_WG_STORE=1: each math warpgroup stores its own 64-row
+    stripes in 64-row TMA boxes) against the tile-wide epilogue: bit for bit the same D, NaN-poisoned,
+    also with a residual C; stripes past M are not stored."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    native = kernels.jit.native_module()
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    c = torch.randn(m, n, device="cuda")
+    outputs = {}
+    for wg_store in ("0", "1"):
+        monkeypatch.setenv("MOE_FP8_WG_STORE", wg_store)
+        cfg = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
+        assert cfg["block_m"] >= 128 and cfg["wg_store"] == int(wg_store), cfg
+        d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        with_c = torch.full_like(d, float("nan"))
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c)
+        outputs[wg_store] = (d, with_c)
+    torch.cuda.synchronize()
+    d, with_c = outputs["1"]
+    assert torch.isfinite(d).all() and torch.isfinite(with_c).all(), "output not fully written"
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+    assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
+    assert torch.equal(d, outputs["0"][0]) and torch.equal(with_c, outputs["0"][1])

@@ -681,3 +681,24 @@ def test_gpu_plain_cuda_tensors_take_the_cpp_path(masked, seed):
             assert_masked_rows(got, a, b_fp8, counts)
         else:
             assert_contiguous_rows(got, a, b_fp8, index)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts,n,k", [
+    ([1000, 0, 513, 2048], 4096, 1152),  # padding rows, an empty group
+    ([4096, 4096], 7168, 2048),          # clusters sharing B
+])
+def test_gpu_contiguous_wg_store_matches_tile_store(counts, n, k, seed, monkeypatch):
+    """Contiguous 128-row tiles with per-warpgroup epilogues (MOE_FP8_WG_STORE=1) against the
+    tile-wide one: bit for bit the same D (NaN where neither wrote)."""
+    b_fp8 = make_weights(len(counts), n, k, "cuda")
+    a_fp8, m_indices = make_contiguous(counts, k, "cuda")
+    outputs = {}
+    for wg_store in ("0", "1"):
+        monkeypatch.setenv("MOE_FP8_WG_STORE", wg_store)
+        cfg = contiguous_config(m_indices, n, k, len(counts))
+        assert (cfg["block_m"], cfg["wg_store"]) == (128, int(wg_store)), cfg
+        outputs[wg_store] = run_contiguous(a_fp8, b_fp8, m_indices, n)
+    torch.cuda.synchronize()
+    assert_contiguous_rows(outputs["1"], a_fp8, b_fp8, m_indices)
+    assert_same_output(outputs["1"], outputs["0"], "per-warpgroup epilogues")

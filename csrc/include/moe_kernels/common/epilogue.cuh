@@ -96,31 +96,49 @@ __device__ __forceinline__ void store_fragment_to_smem(uint8_t* smem_d, const fl
 // below store_rows (the tile's rows under its group's masked_m) only, one box per lane: a 128 x 160
 // tile has 80 boxes, which one thread issued one after the other while its warpgroup's next wgmmas
 // waited. Each lane commits and later waits for its own stores; the caller's warp 0 waits for the
-// last ones (tma_store_wait_all) before the CTA exits. A tile taller than its warpgroups' 64-row fragments
-// comes in kNumWaves waves of kWaveRows rows, the fragments of wave w at final_acc + w *
-// kBlockN / 2.
+// last ones (their shared-memory reads at least) before the CTA exits. A tile taller than its
+// warpgroups' 64-row fragments comes in kNumWaves waves of kWaveRows rows, the fragments of wave w
+// at final_acc + w * kBlockN / 2.
+// kWgStore (2-D stores): each math warpgroup waits for, writes and stores its own 64-row stripes
+// alone (named barrier kWgStoreBarrier + warpgroup, 128 threads; its warp 0 issues boxes of 64 rows,
+// map_d's box then), so one warpgroup's epilogue may run under the other's wgmmas instead of both
+// meeting at a barrier with the tensor cores idle.
+constexpr uint32_t kWgStoreBarrier = 4;  // ids 0-3: __syncthreads, the tile epilogue, MathTurns
 template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kSwizzleBytes, ResidualType kResidual, bool k3d,
-          uint32_t kNumMathThreads, uint32_t kNumWaves = 1, uint32_t kWaveRows = kBlockM>
+          uint32_t kNumMathThreads, uint32_t kNumWaves = 1, uint32_t kWaveRows = kBlockM, bool kWgStore = false>
 __device__ __forceinline__ void store_tile(const TmaDescriptor* map_d, uint8_t* smem_d, const float* final_acc,
                                            uint32_t tile_row0, uint32_t lane, const void* c, uint32_t ldc,
                                            uint32_t global_row0, uint32_t global_col0, uint32_t m, uint32_t n,
                                            uint32_t store_row, uint32_t group, uint32_t store_rows = kBlockM) {
   using Layout = EpilogueLayout<kBlockN, kSwizzleBytes>;
-  if (threadIdx.x < 32) sm90::tma_store_wait_read<0>();
-  sm90::named_barrier_sync(1, kNumMathThreads);
+  static_assert(!kWgStore || (!k3d && kNumMathThreads == 256), "per-warpgroup stores: 2-D, two math warpgroups");
+  const uint32_t wg = threadIdx.x / 128;
+  const bool issuer = kWgStore ? threadIdx.x % 128 < 32 : threadIdx.x < 32;
+  const uint32_t barrier = kWgStore ? kWgStoreBarrier + wg : 1;
+  constexpr uint32_t kBarrierThreads = kWgStore ? 128 : kNumMathThreads;
+  if (issuer) sm90::tma_store_wait_read<0>();
+  sm90::named_barrier_sync(barrier, kBarrierThreads);
 #pragma unroll
   for (uint32_t w = 0; w < kNumWaves; ++w) {
     store_fragment_to_smem<kBlockM, kBlockN, kSwizzleBytes, kResidual>(
         smem_d, final_acc + w * (kBlockN / 2), tile_row0 + w * kWaveRows, lane, c, ldc, global_row0, global_col0, m, n);
   }
   sm90::fence_proxy_async_shared();
-  sm90::named_barrier_sync(1, kNumMathThreads);
-  if (threadIdx.x < 32) {
+  sm90::named_barrier_sync(barrier, kBarrierThreads);
+  if (issuer) {
 #pragma unroll
     for (uint32_t atom = 0; atom < Layout::kNumAtoms; ++atom) {
       const uint8_t* src = smem_d + atom * kBlockM * Layout::kAtomN * 2;
       const uint32_t col = global_col0 + atom * Layout::kAtomN;
-      if constexpr (k3d) {
+      if constexpr (kWgStore) {
+#pragma unroll
+        for (uint32_t w = 0; w < kNumWaves; ++w) {
+          const uint32_t row = w * kWaveRows + wg * 64;
+          if (lane == 0 && global_row0 + row < m) {
+            sm90::tma_store_2d(map_d, src + row * Layout::kAtomN * 2, col, store_row + row);
+          }
+        }
+      } else if constexpr (k3d) {
         static_assert(kBlockM % kMaskedStoreRows == 0, "masked tiles are stored in whole boxes");
         static_assert(kBlockM <= 32 * kMaskedStoreRows, "one box per lane");
         const uint32_t row = lane * kMaskedStoreRows;

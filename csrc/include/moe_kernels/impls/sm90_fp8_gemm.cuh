@@ -95,7 +95,7 @@ struct MathTurns {
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
-          uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false>
+          uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false, bool kWgStore = false>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -144,6 +144,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   static_assert(kNumWaves == 1 || kGemmType != static_cast<int>(GemmType::kGroupedMasked),
                 "block M 256 is for dense and contiguous GEMMs");
   static_assert(!kPingPong || (kNumMathWG == 2 && kNumWaves == 1), "ping-pong takes two math warpgroups, one wave");
+  static_assert(!kWgStore || (kNumMathWG == 2 && !kPingPong && kGemmType != static_cast<int>(GemmType::kGroupedMasked)),
+                "per-warpgroup epilogues (common/epilogue.cuh): two math warpgroups without turns, 2-D stores");
   // kOverlap: a lone math warpgroup (block M 64) issues K block kb + 1's wgmmas into a second
   // accumulator set before it promotes K block kb, so the tensor cores work while it promotes;
   // without, it waited for its wgmmas and promoted with the tensor cores idle, one K block after
@@ -472,7 +474,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       }
     }
     constexpr bool kMasked = kType == GemmType::kGroupedMasked;
-    store_tile<kBlockM, kBlockN, kSwizzleDBytes, kResidualType, kMasked, kNumMathThreads, kNumWaves, kWaveRows>(
+    store_tile<kBlockM, kBlockN, kSwizzleDBytes, kResidualType, kMasked, kNumMathThreads, kNumWaves, kWaveRows,
+               kWgStore>(
         &map_d, smem_d, final_acc, tile_row0, lane, c, ldc, a_row0(t), t.n_block * kBlockN, m, kShapeN,
         kMasked ? t.m_block * kBlockM : a_row0(t), t.group, kMasked ? scheduler.masked_rows(t) : kBlockM);
   };
@@ -481,7 +484,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     if (scheduler.tail_unit(t)) math_tile(t, t.k_begin, t.k_end);
   }
   if constexpr (kPingPong) turns.finish();
-  if (threadIdx.x < 32) sm90::tma_store_wait_all<0>();  // warp 0 issued the stores (common/epilogue.cuh)
+  // The issuing warps' last stores must have read shared memory before the CTA exits; the kernel's
+  // completion covers their writes to global memory.
+  if (kWgStore ? threadIdx.x % 128 < 32 : threadIdx.x < 32) sm90::tma_store_wait_read<0>();
 #endif
 }
 
