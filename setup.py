@@ -2,9 +2,10 @@
 
 ``_C`` is C++17 against Python, pybind11 and (in csrc/apis/gemm_tensors.cpp only) torch's headers,
 with no CUDA headers or libraries, so it builds on a machine without a GPU or a CUDA toolkit; it is
-built against the torch it runs with (libc10, libtorch_python through an rpath). The device templates under ``csrc/include`` are copied
-into the package as ``kernels/_include`` so that an installed (non-editable) package can
-JIT-compile; an editable install reads them from ``csrc/include`` in the checkout instead.
+built against the torch it runs with (libc10, libtorch_python through an rpath). The device
+templates under ``csrc/include`` are copied into the package as ``kernels/_include`` so that an
+installed (non-editable) package can JIT-compile; an editable install reads them from
+``csrc/include`` in the checkout instead.
 Set ``MOE_BUILD_JOBS`` to compile the C++ sources in parallel.
 """
 

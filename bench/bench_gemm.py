@@ -16,6 +16,7 @@ scale warp instead of three): "NAME=VALUE us" and our default's speed-up over it
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 
 import torch
@@ -226,9 +227,7 @@ def main() -> int:
         geo = torch.tensor(block).log().mean().exp().item()
         print(f"geometric mean speed-up over cuBLAS block-scaled ({len(block)} shapes): {geo:.3f}x")
     if rows:
-        def median(values: list[float]) -> float:  # the upper one of an even count, a value seen
-            return sorted(values)[len(values) // 2]
-
+        median = statistics.median_high  # the upper one of an even count: a value seen
         over = [r["call_us"] - r["us"] for r in rows]
         print(f"time per call - kernel time: at most 10 us in {sum(o <= 10 for o in over)} of {len(over)} shapes, "
               f"median {median(over):.1f} us (cuBLAS: median "

@@ -219,6 +219,21 @@ def _check_counts(fn: str, counts: object, num_ranks: int, min_width: int) -> to
     return counts
 
 
+def _check_row_addresses(fn: str, name: str, t: object, num_ranks: int) -> torch.Tensor:
+    """``t``: int64 [P], contiguous, one address per rank (this rank's row in every rank's count matrix)."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or tuple(t.shape) != (num_ranks,) \
+            or not t.is_contiguous():
+        _checks.fail(fn, ValueError, f"{name} must be a contiguous torch.int64 tensor of shape [{num_ranks}] (one "
+                                     f"address per rank), got {getattr(t, 'dtype', type(t).__name__)} "
+                                     f"{list(getattr(t, 'shape', ()))}")
+    return t
+
+
+def _check_num_experts(fn: str, num_experts: int) -> None:
+    if num_experts > kExchangeMaxExperts:
+        _checks.fail(fn, ValueError, f"at most {kExchangeMaxExperts} experts on CUDA, got {num_experts}")
+
+
 @dataclass
 class PendingLayoutSizes:
     """:func:`exchange_sizes` launched, not yet read: ``sizes`` int32 [3 P + 1] (every rank's layout
@@ -286,8 +301,7 @@ def exchange_sizes(counts: torch.Tensor, rank: int, num_local_experts: int, alig
         pending = PendingLayoutSizes(rank, result=reference_exchange.LayoutSizes(
             rank, sizes.padded_rows, sizes.masked_rows, sizes.num_send_rows, tuple(counts[:, num_experts].tolist())))
         return pending.wait() if wait else pending
-    if num_experts > kExchangeMaxExperts:
-        _checks.fail(fn, ValueError, f"at most {kExchangeMaxExperts} experts on CUDA, got {num_experts}")
+    _check_num_experts(fn, num_experts)
     out = torch.empty(3 * num_ranks + 1, dtype=torch.int32, device=counts.device)
     jit.native_module().moe_exchange_sizes(counts.data_ptr(), counts.stride(0), num_ranks, rank, num_local_experts,
                                            alignment, masked_max_rows, out.data_ptr(), counts.device.index,
@@ -324,17 +338,12 @@ def exchange_count_sizes(topk_idx: torch.Tensor, num_local_experts: int, peer_ro
     if not isinstance(barrier, ExchangeBarrier):
         _checks.fail(fn, TypeError, f"barrier must be an ExchangeBarrier, got {type(barrier).__name__}")
     num_ranks = barrier.num_ranks
-    if not isinstance(peer_rows, torch.Tensor) or peer_rows.dtype != torch.int64 \
-            or tuple(peer_rows.shape) != (num_ranks,) or not peer_rows.is_contiguous():
-        _checks.fail(fn, ValueError, f"peer_rows must be a contiguous torch.int64 tensor of shape [{num_ranks}] (the "
-                                     f"barrier's ranks), got {getattr(peer_rows, 'dtype', type(peer_rows).__name__)} "
-                                     f"{list(getattr(peer_rows, 'shape', ()))}")
+    peer_rows = _check_row_addresses(fn, "peer_rows", peer_rows, num_ranks)
     num_experts = num_ranks * num_local_experts
     counts = _check_counts(fn, counts, num_ranks, num_experts + 1)
     if rank >= num_ranks:
         _checks.fail(fn, ValueError, f"rank must be in [0, {num_ranks}), got {rank}")
-    if num_experts > kExchangeMaxExperts:
-        _checks.fail(fn, ValueError, f"at most {kExchangeMaxExperts} experts, got {num_experts}")
+    _check_num_experts(fn, num_experts)
     device = _checks.check_same_device(fn, [topk_idx, peer_rows, barrier.flags, counts])
     if device.type != "cuda":
         _checks.fail(fn, ValueError, f"runs on CUDA only (exchange_count, exchange_barrier and exchange_sizes on "
@@ -588,14 +597,11 @@ class PreparedExchange:
             _checks.fail(fn, TypeError, f"barrier must be an ExchangeBarrier, got {type(barrier).__name__}")
         barrier_args = _barrier_args(fn, barrier, peers, device)
         counts = _check_counts(fn, counts, num_ranks, num_ranks * num_local_experts + 1)
-        if not isinstance(count_rows, torch.Tensor) or count_rows.dtype != torch.int64 \
-                or tuple(count_rows.shape) != (num_ranks,) or not count_rows.is_contiguous():
-            _checks.fail(fn, ValueError, f"count_rows must be a contiguous int64 tensor of shape [{num_ranks}]")
-        if num_ranks * num_local_experts > kExchangeMaxExperts:
-            _checks.fail(fn, ValueError, f"at most {kExchangeMaxExperts} experts, got {num_ranks * num_local_experts}")
-        if capacity > min(t.shape[0] for t in peers.acts):
-            _checks.fail(fn, ValueError, f"capacity={capacity} exceeds the peers' {min(t.shape[0] for t in peers.acts)} "
-                                         "rows")
+        count_rows = _check_row_addresses(fn, "count_rows", count_rows, num_ranks)
+        _check_num_experts(fn, num_ranks * num_local_experts)
+        view_rows = min(t.shape[0] for t in peers.acts)
+        if capacity > view_rows:
+            _checks.fail(fn, ValueError, f"capacity={capacity} exceeds the peers' {view_rows} rows")
         _checks.check_same_device(fn, [counts, count_rows, peers.acts[0]])
         self.peers, self.device, self.num_local = peers, device, num_local_experts
         self._native = jit.native_module()
@@ -609,7 +615,7 @@ class PreparedExchange:
         self._index = ExchangeIndex(torch.empty(capacity, dtype=torch.int32, device=device),
                                     torch.empty(capacity, dtype=torch.int64, device=device),
                                     torch.empty(num_local_experts, dtype=torch.int32, device=device))
-        self._capacity, self._view_rows = capacity, min(t.shape[0] for t in peers.acts)
+        self._capacity, self._view_rows = capacity, view_rows
         # The zeroed scratch before the first launch, whichever stream that is on.
         torch.cuda.current_stream(device).synchronize()
 

@@ -1,4 +1,5 @@
-"""Operands, references and shapes shared by the FP8 GEMM tests (test_gemm*.py)."""
+"""Operands, references, shapes and random draws shared by the FP8 GEMM tests (test_gemm*.py,
+test_grouped.py)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,21 @@ def with_switch_off(m, n, k, switch, monkeypatch):
     assert torch.isfinite(d).all(), "output not fully written"
     assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
     return a_fp8, b_fp8, d, off
+
+
+class TensorSubclass(torch.Tensor):
+    """A tensor subclass: the C++ fast checks decline it (it may redefine its storage)."""
+
+
+class RandomDraws:
+    """The random choices of the fast-check agreement tests: ``pick`` one of the options, ``bad``
+    true with probability 1/16 (one aspect of a call made wrong)."""
+
+    def __init__(self, g: torch.Generator):
+        self.g = g
+
+    def pick(self, *options):
+        return options[int(torch.randint(len(options), (1,), generator=self.g))]
+
+    def bad(self) -> bool:
+        return bool(torch.rand(1, generator=self.g) < 1 / 16)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernels
-from gemm_cases import DEEPSEEK_NK, GPU_MS, H200_SMS, make_operands, reference_f64
+from gemm_cases import DEEPSEEK_NK, GPU_MS, H200_SMS, RandomDraws, TensorSubclass, make_operands, reference_f64
 from kernels.testing import calc_diff
 
 # ---- CPU -------------------------------------------------------------------------------------
@@ -140,27 +140,20 @@ def test_fast_path_takes_the_accepted_layouts(check):
         assert args == kernels.gemm._launch_args((a, sfa), b, d, c, True)
 
 
-class _Subclass(torch.Tensor):
-    pass
-
-
 def test_cpp_check_leaves_subclasses_and_meta_tensors_to_python():
     """A tensor subclass may redefine its storage, a meta tensor has none: the C++ check declines
     both (the Python path then takes the subclass as it always did, and names the meta device)."""
     d = torch.empty(8, 16, dtype=torch.bfloat16)
-    assert _fast_path("c++", d=d.as_subclass(_Subclass)) is None
-    assert _fast_path("python", d=d.as_subclass(_Subclass)) is not None
+    assert _fast_path("c++", d=d.as_subclass(TensorSubclass)) is None
+    assert _fast_path("python", d=d.as_subclass(TensorSubclass)) is not None
     assert _fast_path("c++", d=torch.empty(8, 16, dtype=torch.bfloat16, device="meta")) is None
 
 
 def _random_call(g: torch.Generator):
     """Arguments of one fp8_gemm_nt call: valid layouts drawn at random, each of about a dozen
     aspects wrong with probability 1/16 (half the calls stay valid)."""
-    def pick(*options):
-        return options[int(torch.randint(len(options), (1,), generator=g))]
-
-    def bad() -> bool:
-        return bool(torch.rand(1, generator=g) < 1 / 16)
+    draws = RandomDraws(g)
+    pick, bad = draws.pick, draws.bad
     m, n, k = pick(0, 1, 7, 64, 129), 12 if bad() else pick(8, 16, 136, 264), 100 if bad() else pick(128, 256, 384)
     kb, nb = max(k // 128, 1) + bad(), (n + 127) // 128 - bad()
     fp8 = torch.float8_e4m3fn
@@ -377,7 +370,7 @@ def test_gpu_plain_cuda_tensors_take_the_cpp_path(seed):
     a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
     stream = torch.cuda.current_stream().cuda_stream
     d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    subclass = d.clone().as_subclass(_Subclass)
+    subclass = d.clone().as_subclass(TensorSubclass)
     assert native.fp8_gemm_nt_tensors(a_fp8, b_fp8, d, None, False, d.get_device(), stream, 0, 0) is True
     assert native.fp8_gemm_nt_tensors(a_fp8, b_fp8, subclass, None, False, d.get_device(), stream, 0, 0) is False
     empty = (a_fp8[0][:0], a_fp8[1][:0])

@@ -14,7 +14,7 @@ from kernels.reference.gemm import dequantize_a, dequantize_b
 from kernels.reference.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 from kernels.testing import calc_diff
 
-H200_SMS = 132
+from gemm_cases import H200_SMS, RandomDraws, TensorSubclass
 
 
 def make_weights(g: int, n: int, k: int, device: str):
@@ -298,11 +298,8 @@ def test_masked_fast_path_passes_strides_on(check):
 def _random_grouped_call(g: torch.Generator, masked: bool) -> dict:
     """Keyword arguments of one contiguous or masked call: valid layouts drawn at random, each of
     about a dozen aspects wrong with probability 1/16."""
-    def pick(*options):
-        return options[int(torch.randint(len(options), (1,), generator=g))]
-
-    def bad() -> bool:
-        return bool(torch.rand(1, generator=g) < 1 / 16)
+    draws = RandomDraws(g)
+    pick, bad = draws.pick, draws.bad
     groups, m = pick(1, 2, 3), 0 if bad() else pick(1, 8, 128, 200)
     n, k = 12 if bad() else pick(8, 16, 136), 100 if bad() else pick(128, 256)
     kb = max(k // 128, 1) + bad()
@@ -642,10 +639,6 @@ def test_gpu_contiguous_k_unroll_matches_plain_loop(counts, n, k, seed, monkeypa
         assert_same_output(d, plain, f"K loop unrolled {unroll} times, ping-pong {pingpong}")
 
 
-class _Subclass(torch.Tensor):
-    pass
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("masked", [False, True])
 def test_gpu_plain_cuda_tensors_take_the_cpp_path(masked, seed):
@@ -670,7 +663,7 @@ def test_gpu_plain_cuda_tensors_take_the_cpp_path(masked, seed):
         launch, extra = native.m_grouped_fp8_gemm_nt_contiguous_tensors, kernels.get_mk_alignment_for_contiguous_layout()
         call = kernels.m_grouped_fp8_gemm_nt_contiguous
     tail = (extra, d.get_device(), stream)
-    subclass = d.clone().as_subclass(_Subclass)
+    subclass = d.clone().as_subclass(TensorSubclass)
     assert launch(a, b_fp8, d, index, *tail) is True
     assert launch(a, b_fp8, subclass, index, *tail) is False
     torch.cuda.synchronize()
