@@ -252,36 +252,52 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm)
   exchange_grid_barrier<kThreads>(barrier, rank, num_ranks);
 }
 
+// Numbers kUnroll pairs per thread, pairs first + u x kThreads + threadIdx.x (u < kUnroll), their ids
+// loaded together before the shared-memory atomics on counts [E + 1] (ids outside [-1, E) counted in
+// counts[E]). position[u]: the pair's number among the pairs counted for its expert (the atomic's
+// return), -1 when it is not sent (id -1 or outside [0, E), or past num_pairs); expert[u] its id.
+template <uint32_t kThreads, uint32_t kUnroll>
+__device__ __forceinline__ void exchange_number_pairs(int* counts, const long long* __restrict__ topk_idx,
+                                                      uint32_t first, uint32_t num_pairs, uint32_t num_experts,
+                                                      uint32_t (&expert)[kUnroll], int (&position)[kUnroll]) {
+  long long ids[kUnroll];
+#pragma unroll
+  for (uint32_t u = 0; u < kUnroll; ++u) {
+    const uint32_t p = first + u * kThreads + threadIdx.x;
+    ids[u] = p < num_pairs ? __ldg(topk_idx + p) : -1;
+  }
+#pragma unroll
+  for (uint32_t u = 0; u < kUnroll; ++u) {
+    const bool sent = ids[u] >= 0 && ids[u] < num_experts;
+    expert[u] = sent ? static_cast<uint32_t>(ids[u]) : num_experts;
+    const int n = sent || ids[u] != -1 ? atomicAdd(&counts[expert[u]], 1) : -1;
+    position[u] = sent ? n : -1;
+  }
+}
+
 // This rank's side of the count exchange, one CTA (the row is final when its histogram is), for
-// P E_l = E experts: within[p] = the pair's position among this rank's pairs of its expert (the
-// shared-memory atomic's return; -1 when not sent: -1 or an id outside [0, E)); the row, pairs per
-// expert then the count of ids outside [-1, E) (the caller raises on them after the exchange),
-// written to `row` when not null and to each of the num_rows int32 [E + 1] rows at the addresses
-// rows[i] (this rank's row of every rank's count matrix, peers' included). counts: E + 1 ints of
-// shared memory.
+// P E_l = E experts: within[p] = the pair's position among this rank's pairs of its expert (-1 when
+// not sent: -1 or an id outside [0, E)); the row, pairs per expert then the count of ids outside
+// [-1, E) (the caller raises on them after the exchange), written to `row` when not null and to each
+// of the num_rows int32 [E + 1] rows at the addresses rows[i] (this rank's row of every rank's count
+// matrix, peers' included). counts: E + 1 ints of shared memory.
 template <uint32_t kThreads>
 __device__ __forceinline__ void exchange_count_row(int* counts, const long long* __restrict__ topk_idx,
                                                    uint32_t num_pairs, uint32_t num_experts, int* __restrict__ within,
                                                    int* __restrict__ row, const long long* __restrict__ rows,
                                                    uint32_t num_rows) {
-  // Loads of a few pairs in flight per thread before their atomics: one CTA walks every pair.
+  // A few pairs' loads in flight per thread before their atomics: one CTA walks every pair.
   constexpr uint32_t kUnroll = 4;
   for (uint32_t g = threadIdx.x; g <= num_experts; g += kThreads) counts[g] = 0;
   __syncthreads();
   for (uint32_t base = 0; base < num_pairs; base += kThreads * kUnroll) {
-    long long ids[kUnroll];
+    uint32_t expert[kUnroll];
+    int position[kUnroll];
+    exchange_number_pairs<kThreads, kUnroll>(counts, topk_idx, base, num_pairs, num_experts, expert, position);
 #pragma unroll
     for (uint32_t u = 0; u < kUnroll; ++u) {
       const uint32_t p = base + u * kThreads + threadIdx.x;
-      ids[u] = p < num_pairs ? __ldg(topk_idx + p) : -1;
-    }
-#pragma unroll
-    for (uint32_t u = 0; u < kUnroll; ++u) {
-      const uint32_t p = base + u * kThreads + threadIdx.x;
-      const bool sent = ids[u] >= 0 && ids[u] < num_experts;
-      int position = -1;
-      if (sent || ids[u] != -1) position = atomicAdd(&counts[sent ? static_cast<uint32_t>(ids[u]) : num_experts], 1);
-      if (p < num_pairs) within[p] = sent ? position : -1;
+      if (p < num_pairs) within[p] = position[u];
     }
   }
   __syncthreads();
@@ -387,21 +403,11 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t num_experts = num_ranks * num_local;
   for (uint32_t g = threadIdx.x; g <= num_experts; g += kThreads) smem[g] = 0;
   __syncthreads();
-  // The chunk's ids in flight together, then their shared-memory atomics (the position in the chunk).
-  long long ids[kPairsPerThread];
+  // The chunk's pairs numbered per expert within the chunk.
+  uint32_t expert[kPairsPerThread];
   int positions[kPairsPerThread];
-#pragma unroll
-  for (uint32_t u = 0; u < kPairsPerThread; ++u) {
-    const uint32_t p = blockIdx.x * kChunk + u * kThreads + threadIdx.x;
-    ids[u] = p < num_pairs ? __ldg(topk_idx + p) : -1;
-  }
-#pragma unroll
-  for (uint32_t u = 0; u < kPairsPerThread; ++u) {
-    const bool sent = ids[u] >= 0 && ids[u] < num_experts;
-    positions[u] = sent || ids[u] != -1
-                       ? atomicAdd(&smem[sent ? static_cast<uint32_t>(ids[u]) : num_experts], 1)
-                       : -1;
-  }
+  exchange_number_pairs<kThreads, kPairsPerThread>(smem, topk_idx, blockIdx.x * kChunk, num_pairs, num_experts,
+                                                   expert, positions);
   __syncthreads();
   // The chunk's base per expert among all chunks; the counters become the bases.
   for (uint32_t g = threadIdx.x; g <= num_experts; g += kThreads) {
@@ -412,8 +418,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (uint32_t u = 0; u < kPairsPerThread; ++u) {
     const uint32_t p = blockIdx.x * kChunk + u * kThreads + threadIdx.x;
-    const bool sent = ids[u] >= 0 && ids[u] < num_experts;
-    if (p < num_pairs) within[p] = sent ? smem[static_cast<uint32_t>(ids[u])] + positions[u] : -1;
+    if (p < num_pairs) within[p] = positions[u] >= 0 ? smem[expert[u]] + positions[u] : -1;
   }
   if (!signals::last_cta_done_all(scratch + num_experts + 1)) return;
   // Every chunk's atomics are in scratch (each CTA's fence, then the counter's chain).
