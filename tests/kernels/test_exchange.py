@@ -93,6 +93,7 @@ def check_index(index, plan, first_expert):
 def make_combine(num_ranks: int, rows: int, hidden: int, rank: int, pairs_per_rank: int, device: str):
     """An owner's layout of ``rows`` rows, about a third padding, each valid row from a distinct
     (source, pair); returns (peers, expert_out, m_indices, expected {(source, pair): row})."""
+    assert num_ranks * pairs_per_rank >= rows, "every valid row needs its own (source, pair)"
     m_indices = torch.randint(0, 4, (rows,), dtype=torch.int32)
     m_indices[torch.rand(rows) < 0.3] = -1
     valid = (m_indices >= 0).nonzero().view(-1)

@@ -211,7 +211,8 @@ def combine_with_barriers(seed: int, num_ranks: int) -> None:
 
 def combine_barrier_alone(seed: int) -> None:
     """Rank 0 of 2 combines with the barrier; rank 1 never does."""
-    peers, expert_out, m_indices, _ = make_combine(2, 40, 256, 0, 16, "cuda")
+    torch.manual_seed(seed)
+    peers, expert_out, m_indices, _ = make_combine(2, 40, 256, 0, 20, "cuda")
     flag_rows, flags = barrier_group(2)
     done = torch.zeros(1, dtype=torch.int32, device="cuda")
     kernels.exchange_combine(peers, expert_out, m_indices, barrier=kernels.ExchangeBarrier(flag_rows, flags[0], done))
