@@ -8,8 +8,9 @@ call. Public functions that share a name with DeepGEMM's keep DeepGEMM's signatu
 from . import jit, reference, testing
 from ._fp4_fragment import transform_fp4_for_decode
 from .ep import EpLayout, ep_buffer_views, ep_combine, ep_dispatch, ep_signal_ints
-from .exchange import (ExchangeBarrier, ExchangePeers, PreparedExchange, exchange_barrier, exchange_combine,
-                       exchange_count, exchange_count_sizes, exchange_dispatch, exchange_sizes)
+from .exchange import (ExchangeBarrier, ExchangePeers, exchange_barrier, exchange_combine, exchange_count,
+                       exchange_count_sizes, exchange_dispatch, exchange_sizes)
+from .exchange_prepared import PreparedExchange
 from .gemm import bf16_gemm_nt, fp8_gemm_nt
 from .grouped import (
     get_mk_alignment_for_contiguous_layout,
