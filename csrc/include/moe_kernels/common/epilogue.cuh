@@ -104,6 +104,13 @@ __device__ __forceinline__ void store_fragment_to_smem(uint8_t* smem_d, const fl
 // map_d's box then), so one warpgroup's epilogue may run under the other's wgmmas instead of both
 // meeting at a barrier with the tensor cores idle.
 constexpr uint32_t kWgStoreBarrier = 4;  // ids 0-3: __syncthreads, the tile epilogue, MathTurns
+
+// The threads that issue store_tile's TMA stores, and so must wait for their shared-memory reads
+// before the CTA exits: warp 0 of each math warpgroup (kWgStore), else the CTA's warp 0.
+template <bool kWgStore>
+__device__ __forceinline__ bool store_tile_issuer() {
+  return kWgStore ? threadIdx.x % 128 < 32 : threadIdx.x < 32;
+}
 template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kSwizzleBytes, ResidualType kResidual, bool k3d,
           uint32_t kNumMathThreads, uint32_t kNumWaves = 1, uint32_t kWaveRows = kBlockM, bool kWgStore = false>
 __device__ __forceinline__ void store_tile(const TmaDescriptor* map_d, uint8_t* smem_d, const float* final_acc,
@@ -113,7 +120,7 @@ __device__ __forceinline__ void store_tile(const TmaDescriptor* map_d, uint8_t* 
   using Layout = EpilogueLayout<kBlockN, kSwizzleBytes>;
   static_assert(!kWgStore || (!k3d && kNumMathThreads == 256), "per-warpgroup stores: 2-D, two math warpgroups");
   const uint32_t wg = threadIdx.x / 128;
-  const bool issuer = kWgStore ? threadIdx.x % 128 < 32 : threadIdx.x < 32;
+  const bool issuer = store_tile_issuer<kWgStore>();
   const uint32_t barrier = kWgStore ? kWgStoreBarrier + wg : 1;
   constexpr uint32_t kBarrierThreads = kWgStore ? 128 : kNumMathThreads;
   if (issuer) sm90::tma_store_wait_read<0>();

@@ -486,7 +486,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   if constexpr (kPingPong) turns.finish();
   // The issuing warps' last stores must have read shared memory before the CTA exits; the kernel's
   // completion covers their writes to global memory.
-  if (kWgStore ? threadIdx.x % 128 < 32 : threadIdx.x < 32) sm90::tma_store_wait_read<0>();
+  if (store_tile_issuer<kWgStore>()) sm90::tma_store_wait_read<0>();
 #endif
 }
 
