@@ -131,6 +131,14 @@ def check_token_pairs(fn: str, xq: object, xs: object, topk_idx: object, topk_we
     return xq, num_tokens, k
 
 
+def contiguous_aligned(x: torch.Tensor) -> torch.Tensor:
+    """``x`` contiguous with a 16-byte aligned base, for kernels that address its rows by their width
+    alone and read them 16 bytes at a time; a copy where ``x`` is not."""
+    if not x.is_contiguous():
+        return x.contiguous()
+    return x.clone() if x.data_ptr() % 16 else x
+
+
 def vector_rows(x: torch.Tensor, row_elems: int) -> torch.Tensor:
     """``x`` [T, H] as rows a kernel reads 16 bytes at a time: a contiguous last dim, a 16-byte aligned
     base and row stride, rows at least ``row_elems`` apart; a copy where ``x`` is not."""

@@ -198,7 +198,6 @@ def ep_combine(layout: EpLayout, expert_out: torch.Tensor) -> None:
                                      f"{getattr(expert_out, 'dtype', type(expert_out).__name__)} "
                                      f"{list(getattr(expert_out, 'shape', ()))}")
     device = _checks.check_same_device(fn, [expert_out, layout.peers])
-    expert_out = expert_out.contiguous() if not expert_out.is_contiguous() else (
-        expert_out.clone() if expert_out.data_ptr() % 16 else expert_out)
+    expert_out = _checks.contiguous_aligned(expert_out)
     jit.native_module().moe_ep_combine(layout.native(), expert_out.data_ptr(), device.index,
                                        _descriptors.current_stream(device))

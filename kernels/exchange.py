@@ -558,8 +558,7 @@ def exchange_combine(peers: ExchangePeers, expert_out: torch.Tensor, m_indices: 
                 peers.combine[p].index_copy_(0, pair.index_select(0, mine),
                                              expert_out.index_select(0, rows.index_select(0, mine)))
         return
-    expert_out = expert_out.contiguous() if not expert_out.is_contiguous() else (
-        expert_out.clone() if expert_out.data_ptr() % 16 else expert_out)
+    expert_out = _checks.contiguous_aligned(expert_out)
     jit.native_module().moe_exchange_combine(peers.native(), hidden, m_indices.contiguous().data_ptr(), num_rows,
                                              expert_out.data_ptr(), device.index, _descriptors.current_stream(device),
                                              barrier_args)

@@ -132,8 +132,7 @@ class PreparedExchange:
         self._tokens(fn, "m_indices", m_indices, (torch.int32,), (num_rows,))
         if num_rows > self._capacity:
             _checks.fail(fn, ValueError, f"{num_rows} rows exceed the capacity of {self._capacity}")
-        expert_out = expert_out.contiguous() if not expert_out.is_contiguous() else (
-            expert_out.clone() if expert_out.data_ptr() % 16 else expert_out)
+        expert_out = _checks.contiguous_aligned(expert_out)
         self._native.moe_exchange_combine(self.peers.native(), self.peers.hidden, m_indices.contiguous().data_ptr(),
                                           num_rows, expert_out.data_ptr(), self.device.index,
                                           _descriptors.current_stream(self.device), self._barrier)

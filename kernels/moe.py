@@ -175,7 +175,7 @@ def moe_local_dispatch(xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tenso
     if device.type == "cpu" or num_tokens == 0 or num_local_experts > kDispatchMaxLocalExperts \
             or num_tokens * k > kDispatchMaxPairs or k == 0 or k > kCombineMaxTopK or hidden == 0:
         return _local_dispatch_reference(xq, xs, topk_idx, topk_weights, num_local_experts, first_expert)
-    xq = xq.contiguous() if not xq.is_contiguous() else (xq.clone() if xq.data_ptr() % 16 else xq)
+    xq = _checks.contiguous_aligned(xq)
     xs, topk_idx, topk_weights = xs.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
     m = num_local_experts * num_tokens + num_tokens * k
     out = LocalDispatch(torch.empty((m, hidden), dtype=torch.uint8, device=device),

@@ -24,3 +24,20 @@ def test_vector_rows_keeps_aligned_rows_and_copies_the_rest(dtype):
         y = _checks.vector_rows(x, row_elems)
         assert y is not x and y.is_contiguous() and torch.equal(y, x)
         assert y.data_ptr() % 16 == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.uint8])
+def test_contiguous_aligned_keeps_dense_aligned_rows_and_copies_the_rest(dtype):
+    """Rows addressed by their width alone: a contiguous tensor on a 16-byte aligned base passes
+    through as the same tensor; a padded row stride or a misaligned base comes back as a contiguous,
+    aligned copy with the same values."""
+    hidden = 128
+    wide = torch.arange(8 * (hidden + 64)).to(dtype).view(8, hidden + 64)
+    dense = wide[:, :hidden].contiguous()
+    assert _checks.contiguous_aligned(dense) is dense
+    misaligned = dense.view(-1)[1:1 + 7 * hidden].view(7, hidden)
+    assert misaligned.is_contiguous() and misaligned.data_ptr() % 16
+    for x in (wide[:, :hidden], misaligned):
+        y = _checks.contiguous_aligned(x)
+        assert y is not x and y.is_contiguous() and torch.equal(y, x)
+        assert y.data_ptr() % 16 == 0
