@@ -43,9 +43,10 @@ inline unsigned scale_load(int value, int k, int gemm_type) {
 }
 
 inline const char* scale_load_name(unsigned scale_load) {
-  return scale_load == moe_kernels::kScaleGather      ? "gather"
-         : scale_load == moe_kernels::kScaleTmaMnMajor ? "tma_mn_major"
-                                                        : "tma_k_major";
+  return scale_load == moe_kernels::kScaleGather          ? "gather"
+         : scale_load == moe_kernels::kScaleTmaMnMajor     ? "tma_mn_major"
+         : scale_load == moe_kernels::kScaleTmaKMajorTable ? "tma_k_major_table"
+                                                            : "tma_k_major";
 }
 
 inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c, int m) {

@@ -141,6 +141,17 @@ constexpr int kWideTileCost = 14;  // sixteenths
 constexpr int kScaleTmaKMajorMinBlockM = 256;
 constexpr int kScaleTmaKMajorMinK = 1024;
 
+// MOE_FP8_SCALE_TABLE=1 (opt-in, read per plan): K-major A scales of dense 64- and 128-row tiles come
+// as one TMA box per tile (common/fp8_gemm_layout.h's kScaleTmaKMajorTable) instead of the gathers
+// above, where the table leaves at least kScaleTableMinStages stages. MN-major scales by TMA took
+// 0.77-0.87x the gathers' time on the same narrow small-M tiles (bench/RESULTS.md, session 19):
+// the table is to bring K-major scales there. Not timed yet, so not a default.
+constexpr int kScaleTableMinStages = 4;
+inline bool scale_table_enabled() {
+  const char* value = std::getenv("MOE_FP8_SCALE_TABLE");
+  return value != nullptr && std::string(value) == "1";
+}
+
 // Masked decode tiles (block M 64, up to 128 rows per group) of short K (at most
 // kMaskedShortKBlocks K blocks) take block N up to 128 only: their few K blocks per tile leave the
 // wave count that the score weighs mattering less than the deeper pipeline of narrower tiles. At
@@ -258,6 +269,25 @@ inline const char* function_name(GemmType type) {
                                               : "fp8_gemm_nt";
 }
 
+// The table's two slots and barriers beside the stages of t: the stages that still fit (capped by
+// MOE_GEMM_STAGES like choose_tiles'), or false where the tile takes no table (256 rows) or fewer
+// than kScaleTableMinStages would be left.
+inline bool fit_scale_table(Tiles& t, int k) {
+  using namespace moe_kernels;
+  if (t.block_m > 128) return false;
+  const unsigned k_blocks = static_cast<unsigned>(k / kBlockK);
+  const int table = static_cast<int>(fp8_gemm_table_bytes(static_cast<unsigned>(t.block_m), k_blocks, kScaleTmaKMajorTable) +
+                                     fp8_gemm_table_barrier_bytes(kScaleTmaKMajorTable));
+  const int per_stage = stage_bytes(t.block_m, t.block_n, kScaleTmaKMajorTable);
+  int stages = std::min(kMaxStages, (kSmemLimit - pipeline_smem(t.block_m, t.block_n, 0, per_stage) - table) /
+                                        (per_stage + 16));
+  if (const int cap = env_int("MOE_GEMM_STAGES")) stages = std::min(stages, cap);
+  if (stages < kScaleTableMinStages) return false;
+  t.num_stages = stages;
+  t.smem_bytes = pipeline_smem(t.block_m, t.block_n, stages, per_stage) + table;
+  return true;
+}
+
 // Analytic choice: fewest waves of tiles weighted by a tile's cost, then the larger block N. `m` is
 // the rows of the problem; for kGroupedMasked the expected rows per group, times `num_groups`
 // problems. contiguous_alignment: kGroupedContiguous's promise that every aligned block of that
@@ -267,12 +297,17 @@ inline const char* function_name(GemmType type) {
 // (MOE_FP8_SCALE_TMA=0 turns it into the gathers here).
 inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual,
                           GemmType type, int num_groups, int contiguous_alignment, bool split_workspace,
-                          unsigned scale_load) {
+                          unsigned scale_load, bool allow_table = true) {
   const char* fn = function_name(type);
   check_shape(fn, m, n, k);
   MOE_HOST_ASSERT(num_sms >= 1, fn << ": num_sms must be >= 1, got " << num_sms);
   MOE_HOST_ASSERT(num_groups >= 1, fn << ": num_groups must be >= 1, got " << num_groups);
   if (!env_enabled("MOE_FP8_SCALE_TMA")) scale_load = moe_kernels::kScaleGather;
+  // K-major A scales in a table per tile (dense; the box's rows at most 256 floats), where asked for.
+  if (allow_table && scale_load == moe_kernels::kScaleTmaKMajor && type == GemmType::kNormal &&
+      moe_kernels::fp8_gemm_table_cols(static_cast<unsigned>(k / kBlockK)) <= 256 && scale_table_enabled()) {
+    scale_load = moe_kernels::kScaleTmaKMajorTable;
+  }
   Config cfg{};
   cfg.fn = fn;
   cfg.type = type;
@@ -337,7 +372,12 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   }
   if (scale_load == moe_kernels::kScaleTmaKMajor && (t.block_m < kScaleTmaKMajorMinBlockM || k < kScaleTmaKMajorMinK)) {
     return plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment, split_workspace,
-                       moe_kernels::kScaleGather);
+                       moe_kernels::kScaleGather, false);
+  }
+  if (scale_load == moe_kernels::kScaleTmaKMajorTable && !fit_scale_table(t, k)) {
+    // A 256-row tile, or one that the table would leave too few stages: the K-major rules above.
+    return plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment, split_workspace,
+                       moe_kernels::kScaleTmaKMajor, false);
   }
   cfg.block_m = t.block_m;
   cfg.block_n = t.block_n;
@@ -446,7 +486,11 @@ inline GeneratedKernel generate(const Config& c) {
      << ", " << (c.pingpong ? "true" : "false") << ", " << (c.pdl ? "true" : "false") << ", " << c.k_unroll
      << ", " << c.scale_load << ", " << (c.overlap ? "true" : "false") << ", " << (c.share_b ? "true" : "false")
      << ", " << (c.wg_store ? "true" : "false") << ">);\n"
-     << "}\n";
+     << "}\n"
+     // The launch's dynamic shared memory is what the kernel lays out (stages, table, barriers).
+     << "static_assert(moe_kernels::Fp8GemmSmem<" << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", "
+     << c.scale_load << ", " << c.k / kBlockK << ">::kTotal == " << c.smem_bytes
+     << ", \"the launcher's shared memory differs from the kernel's layout\");\n";
   return {"sm90_fp8_gemm_nt", os.str()};
 }
 
@@ -484,13 +528,20 @@ inline void launch(const Config& c, const Args& a) {
   // The scale boxes of a TMA scale load (the kernel takes the maps either way; the gathers ignore them).
   CUtensorMap map_sfa{}, map_sfb{};
   if (c.scale_load != moe_kernels::kScaleGather) {
-    MOE_HOST_ASSERT(scale_layout_for(c.type, a, c.n, c.k) != moe_kernels::kScaleGather,
+    const unsigned layout = c.scale_load == moe_kernels::kScaleTmaKMajorTable ? moe_kernels::kScaleTmaKMajor : c.scale_load;
+    MOE_HOST_ASSERT(scale_layout_for(c.type, a, c.n, c.k) == layout,
                     c.fn << ": the kernel was planned for TMA scale loads, which these scales' layouts do not allow");
     const std::uint64_t kb = static_cast<std::uint64_t>(c.k / kBlockK);
     const std::uint64_t sfb_rows = static_cast<std::uint64_t>((c.n + 127) / 128) * a.num_groups;
     if (c.scale_load == moe_kernels::kScaleTmaMnMajor) {
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows_a, kb,
                          tma_row_stride(kb, a.sfa_stride_k, rows_a), c.block_m, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
+    } else if (c.scale_load == moe_kernels::kScaleTmaKMajorTable) {
+      // A tile's rows, every K block: the box's columns past K read as zeros and are never used.
+      map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, rows_a,
+                         tma_row_stride(rows_a, a.sfa_stride_m, kb),
+                         moe_kernels::fp8_gemm_table_cols(static_cast<unsigned>(kb)), c.block_m,
+                         CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
     } else {
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, rows_a,
                          tma_row_stride(rows_a, a.sfa_stride_m, kb), 4, c.block_m, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");

@@ -288,6 +288,64 @@ def test_scale_load_switch_and_stages(monkeypatch):
                                       scale_load=1)["scale_load"] == "gather"
 
 
+@pytest.mark.parametrize("m,n,k,block_m", [(64, 2112, 7168, 64), (128, 4096, 7168, 64), (100, 7168, 16384, 64),
+                                           (128, 24576, 1536, 128), (64, 32768, 512, 64), (1000, 4096, 2048, 128)])
+def test_scale_table_on_dense_tiles_of_one_wave(m, n, k, block_m, monkeypatch):
+    """MOE_FP8_SCALE_TABLE=1: K-major A scales of dense 64- and 128-row tiles come in one TMA box
+    per tile (no scale warps), the table's two slots beside the stages, which still number at
+    least 4; its rows are the K blocks rounded up to an odd count of 16 bytes. Unset, the same
+    tiles gather; their tiles stay as the gathers' (only the stages change)."""
+    native = kernels.jit.native_module()
+    gather = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    monkeypatch.setenv("MOE_FP8_SCALE_TABLE", "1")
+    table = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert (gather["scale_load"], table["scale_load"], table["scale_warps"]) == ("gather", "tma_k_major_table", 0)
+    assert (table["block_m"], table["block_n"]) == (gather["block_m"], gather["block_n"]) and table["block_m"] == block_m
+    k_blocks = k // 128
+    cols = -(-k_blocks // 4) * 4
+    cols += 4 if cols // 4 % 2 == 0 else 0
+    stage = (table["block_m"] + table["block_n"]) * 128 + 128
+    d_tile = table["block_m"] * table["block_n"] * 2
+    assert table["smem_bytes"] == d_tile + table["num_stages"] * (stage + 16) + 2 * block_m * cols * 4 + 32
+    assert 4 <= table["num_stages"] and table["smem_bytes"] <= 232448
+    assert table["smem_bytes"] + stage + 16 > 232448 or table["num_stages"] == 32, "a stage more would fit"
+
+
+@pytest.mark.parametrize("m,n,k,gemm_type,groups,scale_load,expected", [
+    (4096, 4096, 7168, 0, 1, -1, "tma_k_major"),      # 256-row tiles keep their K-major boxes
+    (4096, 32768, 512, 0, 1, -1, "gather"),           # 256-row tiles of K < 1024 gather
+    (64, 2112, 7168, 0, 1, 1, "tma_mn_major"),        # MN-major scales stay MN-major
+    (64, 2112, 640, 0, 1, -1, "gather"),              # K / 128 = 5: no TMA view of B's scales
+    (8192, 4096, 7168, 1, 4, -1, "gather"),           # contiguous: a tile's rows are its group's
+    (16, 7168, 2048, 2, 32, -1, "gather"),            # masked
+    (64, 2112, 32768, 0, 1, -1, "gather"),            # 256 K blocks: 260 columns, past a TMA box's 256
+    (64, 2112, 32256, 0, 1, -1, "tma_k_major_table"),  # 252 K blocks: 252 columns
+])
+def test_scale_table_only_where_it_applies(m, n, k, gemm_type, groups, scale_load, expected, monkeypatch):
+    monkeypatch.setenv("MOE_FP8_SCALE_TABLE", "1")
+    native = kernels.jit.native_module()
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups, scale_load=scale_load)
+    assert cfg["scale_load"] == expected, cfg
+
+
+def test_scale_table_gives_way_to_stages(monkeypatch):
+    """A table that would leave fewer than 4 stages is not taken, and MOE_GEMM_STAGES caps the
+    table's stages like any other's: a 128-row tile at K = 7168 holds two slots of 128 x 60 floats
+    (60 KB), beside which 128 x 192 stages (41 KB) fit twice, 128 x 64 ones (24 KB) six times."""
+    monkeypatch.setenv("MOE_FP8_SCALE_TABLE", "1")
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "128")
+    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "192")
+    native = kernels.jit.native_module()
+    assert native.fp8_gemm_nt_config(128, 7168, 7168, H200_SMS)["scale_load"] == "gather"
+    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "64")
+    cfg = native.fp8_gemm_nt_config(128, 7168, 7168, H200_SMS)
+    assert (cfg["scale_load"], cfg["num_stages"]) == ("tma_k_major_table", 6)
+    monkeypatch.setenv("MOE_GEMM_STAGES", "5")
+    assert native.fp8_gemm_nt_config(128, 7168, 7168, H200_SMS)["num_stages"] == 5
+    monkeypatch.setenv("MOE_FP8_SCALE_TMA", "0")
+    assert native.fp8_gemm_nt_config(128, 7168, 7168, H200_SMS)["scale_load"] == "gather"
+
+
 def test_overlap_on_lone_warpgroup_tiles(monkeypatch):
     """Block M 64 with block N <= 128 and whole rounds of max(4, k_unroll) K blocks (an even count)
     overlap promotion with the next K block's wgmmas; wider tiles (three accumulator sets would not

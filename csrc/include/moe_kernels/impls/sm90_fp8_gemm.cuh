@@ -15,7 +15,8 @@
 //   last warpgroup, warps 1-3:  scale producers (kScaleGather only), taking the stages in turn —
 //                               cp.async gathers of the tile's 1x128 A scales and two B scales into
 //                               the stage, completing on the same mbarrier. Scales whose layout TMA
-//                               can read come with the tiles instead (common/fp8_gemm_layout.h).
+//                               can read come with the tiles instead, or a dense tile's K-major A
+//                               scales once per tile into a table (common/fp8_gemm_layout.h).
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/epilogue.cuh>
@@ -30,7 +31,7 @@
 
 namespace moe_kernels {
 
-template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kNumStages, uint32_t kScaleLoad>
+template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kNumStages, uint32_t kScaleLoad, uint32_t kNumKBlocks>
 struct Fp8GemmSmem {
   static constexpr uint32_t kBlockK = 128;
   static constexpr uint32_t kD = kBlockM * kBlockN * 2;
@@ -45,14 +46,21 @@ struct Fp8GemmSmem {
   static constexpr uint32_t kOffsetA = kD;
   static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kA;
   static constexpr uint32_t kOffsetSf = kOffsetB + kNumStages * kB;
-  static constexpr uint32_t kOffsetBarriers = kOffsetSf + kNumStages * kSfFloats * 4;
-  static constexpr uint32_t kTotal = kOffsetBarriers + 2 * kNumStages * 8;
+  // kScaleTmaKMajorTable: two slots of a tile's A scales, [kBlockM rows][kTableCols], after the stages.
+  static constexpr uint32_t kTableCols = fp8_gemm_table_cols(kNumKBlocks);
+  static constexpr uint32_t kTableSlot = fp8_gemm_table_slot_bytes(kBlockM, kNumKBlocks);
+  static constexpr uint32_t kOffsetTable = kOffsetSf + kNumStages * kSfFloats * 4;
+  static constexpr uint32_t kOffsetBarriers = kOffsetTable + fp8_gemm_table_bytes(kBlockM, kNumKBlocks, kScaleLoad);
+  static constexpr uint32_t kTotal =
+      kOffsetBarriers + 2 * kNumStages * 8 + fp8_gemm_table_barrier_bytes(kScaleLoad);
   static_assert(kA + kB + kSfFloats * 4 == fp8_gemm_stage_bytes(kBlockM, kBlockN, kScaleLoad),
                 "the launcher sizes stages alike");
   // 128-byte swizzled TMA tiles need 1024-byte aligned stage buffers, TMA scale boxes 128-byte ones.
   static_assert(kD % 1024 == 0 && kA % 1024 == 0 && kB % 1024 == 0, "stage buffers must stay 1024-byte aligned");
   static_assert(kScaleLoad == kScaleGather || (kSfFloats % 32 == 0 && kSfb % 32 == 0),
                 "TMA scale boxes must land on 128-byte boundaries");
+  static_assert(kScaleLoad != kScaleTmaKMajorTable || (kOffsetTable % 128 == 0 && kTableSlot % 128 == 0),
+                "the table's slots must land on 128-byte boundaries");
 };
 
 // Ping-pong of a 128-row tile's two math warpgroups: they issue their K blocks' wgmmas in turn (WG0
@@ -107,7 +115,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                      const __grid_constant__ TmaDescriptor map_d, const __grid_constant__ TmaDescriptor map_sfa,
                      const __grid_constant__ TmaDescriptor map_sfb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages, kScaleLoad>;
+  using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages, kScaleLoad, kShapeK / 128>;
   using Wgmma = sm90::Fp8Wgmma<kBlockN>;
   constexpr uint32_t kBlockK = Smem::kBlockK;
   constexpr uint32_t kNumMathWG = fp8_gemm_math_warpgroups(kBlockM);
@@ -119,7 +127,13 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // Scale producers: warps 1.. of the producer warpgroup (warp 0 issues the TMA loads), at most
   // one per stage; none where the TMA warp loads the scales.
   constexpr bool kScaleTma = kScaleLoad != kScaleGather;
-  static_assert(kScaleLoad <= kScaleTmaKMajor, "a scale load of common/fp8_gemm_layout.h");
+  static_assert(kScaleLoad <= kScaleTmaKMajorTable, "a scale load of common/fp8_gemm_layout.h");
+  // The table holds one tile's rows for one wave of the math warpgroups, dense tiles only (a
+  // contiguous or masked tile's rows would need their group's).
+  constexpr bool kScaleTable = kScaleLoad == kScaleTmaKMajorTable;
+  static_assert(!kScaleTable || (kBlockM <= 128 && kGemmType == static_cast<int>(GemmType::kNormal) &&
+                                 Smem::kTableCols <= 256),
+                "the scale table: dense tiles of block M 64 or 128, at most 256 columns (a TMA box's rows)");
   static_assert(kScaleTma ? kScaleWarps == 0 : kScaleWarps >= 1 && kScaleWarps <= 3,
                 "1 to 3 scale warps gather the scales, none with TMA scale loads");
   constexpr uint32_t kNumScaleWarps = kScaleWarps < kNumStages ? kScaleWarps : kNumStages;
@@ -183,6 +197,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   auto* smem_sf = reinterpret_cast<float*>(smem + Smem::kOffsetSf);
   auto* barriers = reinterpret_cast<uint64_t*>(smem + Smem::kOffsetBarriers);
   const StageRing<kNumStages> ring{barriers, barriers + kNumStages};
+  // The table's two slots: full (the tile's box landed) and empty (every math warp has read it).
+  [[maybe_unused]] const StageRing<2> table_ring{barriers + 2 * kNumStages, barriers + 2 * kNumStages + 2};
+  [[maybe_unused]] auto* smem_table = reinterpret_cast<float*>(smem + Smem::kOffsetTable);
 
   const uint32_t warp = threadIdx.x / 32;
   const uint32_t lane = sm90::lane_id();
@@ -196,6 +213,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     }
     // Full: one expect-tx arrival for the TMA loads, plus one cp.async arrival per scale lane.
     ring.init(kScaleTma ? 1 : 1 + 32, kNumMathWG * 4 * kNumMulticast);
+    // The table is this CTA's own (never multicast): its slot is free once the local math warps are done.
+    if constexpr (kScaleTable) table_ring.init(1, kNumMathWG * 4);
   }
   if constexpr (kNumMulticast > 1) {
     sm90::cluster_sync();  // the peers' barriers exist before any multicast or remote arrival
@@ -234,9 +253,18 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     const uint32_t producer_warp = warp - kNumMathWG * 4;
     if (producer_warp == 0 && lane == 0) {
       const uint32_t rank = kNumMulticast > 1 ? sm90::cluster_ctarank() : 0;
+      [[maybe_unused]] PipelineState<2> table_pipe;
       const auto load_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
         const uint32_t row_a = a_row0(t) + (kShareB ? 0 : rank * kMulticastRowsA), row_b = b_row0(t);
         const uint32_t row_sfa = a_row0(t), row_sfb = sfb_row0(t);
+        if constexpr (kScaleTable) {
+          // Every K block of the tile's rows, its split unit's too (it reads its own columns).
+          table_ring.producer_acquire(table_pipe);
+          uint64_t* full = table_ring.full + table_pipe.stage;
+          sm90::mbarrier_arrive_expect_tx(full, Smem::kTableSlot);
+          sm90::tma_load_2d(smem_table + table_pipe.stage * (Smem::kTableSlot / 4), &map_sfa, full, 0, row_sfa);
+          table_pipe.advance();
+        }
         for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
           ring.producer_acquire(pipe);
           uint64_t* full = ring.full + pipe.stage;
@@ -248,7 +276,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
             float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
             if constexpr (kScaleLoad == kScaleTmaMnMajor) {
               sm90::tma_load_2d(sf, &map_sfa, full, row_sfa, kb);
-            } else {
+            } else if constexpr (kScaleLoad == kScaleTmaKMajor) {
               sm90::tma_load_2d(sf, &map_sfa, full, kb & ~3u, row_sfa);
             }
             sm90::tma_load_2d(sf + Smem::kSfb, &map_sfb, full, kb & ~3u, row_sfb);
@@ -338,16 +366,24 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // tiles (group ids loaded per thread too) had 32 R2UR in their two waves' K block, 1 broadcast.
   constexpr bool kBroadcastStage = kType == GemmType::kGroupedMasked || (kNumWaves > 1 && kGrouped);
 
-  // The K block's scales from its stage: A's two rows of the thread per wave, B's two blocks.
+  // kScaleTable: the current tile's slot (set by math_tile once its box has landed).
+  [[maybe_unused]] const float* table_tile = smem_table;
+  // The K block's scales from its stage (A's from the tile's table): A's two rows of the thread
+  // per wave, B's two blocks.
   const auto read_scales = [&](uint32_t stage, uint32_t kb, float (&sa)[kNumWaves][2], float (&sb)[2]) {
     const float* sf = smem_sf + stage * Smem::kSfFloats;
     // The K block's column in a box of 4 K blocks (TMA scale loads), else 0.
     const uint32_t column = kScaleTma ? kb % 4 : 0;
-    const float* sf_a = sf + (kScaleLoad == kScaleTmaKMajor ? column : 0);
+    if constexpr (kScaleTable) {
+      sa[0][0] = table_tile[tile_row0 * Smem::kTableCols + kb];
+      sa[0][1] = table_tile[(tile_row0 + 8) * Smem::kTableCols + kb];
+    } else {
+      const float* sf_a = sf + (kScaleLoad == kScaleTmaKMajor ? column : 0);
 #pragma unroll
-    for (uint32_t w = 0; w < kNumWaves; ++w) {
-      sa[w][0] = sf_a[(w * kWaveRows + tile_row0) * Smem::kSfaRow];
-      sa[w][1] = sf_a[(w * kWaveRows + tile_row0 + 8) * Smem::kSfaRow];
+      for (uint32_t w = 0; w < kNumWaves; ++w) {
+        sa[w][0] = sf_a[(w * kWaveRows + tile_row0) * Smem::kSfaRow];
+        sa[w][1] = sf_a[(w * kWaveRows + tile_row0 + 8) * Smem::kSfaRow];
+      }
     }
     sb[0] = sf[Smem::kSfb + column];
     sb[1] = sf[Smem::kSfb + Smem::kSfbStep + column];
@@ -408,9 +444,14 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     }
   };
 
+  [[maybe_unused]] PipelineState<2> table_pipe;
   const auto math_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
 #pragma unroll
     for (uint32_t i = 0; i < kNumWaves * Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
+    if constexpr (kScaleTable) {
+      table_ring.consumer_wait(table_pipe);
+      table_tile = smem_table + table_pipe.stage * (Smem::kTableSlot / 4);
+    }
 
     with_static_split<kBlockN>(t.n_block * kBlockN, [&](auto split) {
       const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
@@ -456,6 +497,13 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         }
       }
     });
+
+    // The K loops have read every scale of the table's slot into registers: the producer may refill it.
+    if constexpr (kScaleTable) {
+      __syncwarp();
+      if (lane == 0) table_ring.consumer_release(table_pipe);
+      table_pipe.advance();
+    }
 
     // A cluster's n-block past N, or (kShareB) its m-block past M or of padding, was computed only to
     // keep the peers in step: nothing to store.
