@@ -1,0 +1,76 @@
+"""Our dense FP8 GEMM's kernels with and without an environment variant, in SASS, without a GPU:
+each compiled here for sm_90a with NVRTC and disassembled with cuobjdump; per problem the plan's
+tile and stages, the innermost K loops (instructions / K blocks), cp.async copies and spills.
+
+    python scripts/sass_census.py --ms 64,128 --variant MOE_FP8_SCALE_TABLE=1
+
+Prints a Markdown table (the first columns are the default's, the second the variant's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+kRepo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [kRepo, os.path.join(kRepo, "tests", "kernels")]
+
+import kernels  # noqa: E402
+from gemm_cases import DEEPSEEK_NK, H200_SMS  # noqa: E402
+from test_sass import _innermost_k_loops, sass  # noqa: E402
+
+
+def k_loops(code: str, block_n: int) -> list[tuple[int, int]]:
+    """(instructions, K blocks) of each innermost K loop: four QGMMAs and block_n / 2 FFMAs per K
+    block (the barrier waits' out-of-line retries branch back over whole loops and are left out)."""
+    loops = set()
+    for body in _innermost_k_loops(code, 8192):
+        ops = [op for op in body.splitlines() if op.strip()]
+        k_blocks = sum("QGMMA" in op for op in ops) // 4
+        if k_blocks and sum("FFMA" in op for op in ops) == k_blocks * block_n // 2:
+            loops.add((len(ops), k_blocks))
+    return sorted(loops)
+
+
+def census(m: int, n: int, k: int) -> dict:
+    native = kernels.jit.native_module()
+    config = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    code = sass(*native.fp8_gemm_nt_code(m, n, k, H200_SMS))
+    return dict(config=config, loops=k_loops(code, config["block_n"]), ldgsts="LDGSTS" in code,
+                spills="LDL" in code or "STL" in code)
+
+
+def row(m: int, n: int, k: int, variant: dict[str, str]) -> str:
+    for name in variant:
+        os.environ.pop(name, None)
+    base = census(m, n, k)
+    os.environ.update(variant)
+    try:
+        var = census(m, n, k)
+    finally:
+        for name in variant:
+            os.environ.pop(name)
+    loops = lambda c: ", ".join(f"{ops}/{kb}" for ops, kb in c["loops"])  # noqa: E731
+    tile = lambda c: f"{c['config']['block_m']} x {c['config']['block_n']}"  # noqa: E731
+    return (f"| {m} x {n} x {k} | {tile(base)}, {base['config']['scale_load']} | {tile(var)}, {var['config']['scale_load']} "
+            f"| {base['config']['num_stages']} / {var['config']['num_stages']} | {loops(base)} | {loops(var)} "
+            f"| {base['ldgsts']} / {var['ldgsts']} | {base['spills']} / {var['spills']} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ms", default="64,128")
+    parser.add_argument("--variant", required=True, metavar="NAME=VALUE[,NAME=VALUE...]")
+    args = parser.parse_args()
+    variant = dict(setting.split("=", 1) for setting in args.variant.split(","))
+    print("| M x N x K | default tile, scale load | variant tile, scale load | stages | K loops, default "
+          "(instructions / K blocks) | K loops, variant | LDGSTS | spills |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for m in (int(x) for x in args.ms.split(",")):
+        for n, k in DEEPSEEK_NK:
+            print(row(m, n, k, variant), flush=True)
+
+
+if __name__ == "__main__":
+    main()
