@@ -42,15 +42,19 @@ def census(m: int, n: int, k: int) -> dict:
 
 
 def row(m: int, n: int, k: int, variant: dict[str, str]) -> str:
-    for name in variant:
-        os.environ.pop(name, None)
-    base = census(m, n, k)
-    os.environ.update(variant)
+    """One table row: the default (the variant's variables unset) against the variant; the
+    environment is left as it was."""
+    saved = {name: os.environ.pop(name, None) for name in variant}
     try:
+        base = census(m, n, k)
+        os.environ.update(variant)
         var = census(m, n, k)
     finally:
-        for name in variant:
-            os.environ.pop(name)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     loops = lambda c: ", ".join(f"{ops}/{kb}" for ops, kb in c["loops"])  # noqa: E731
     tile = lambda c: f"{c['config']['block_m']} x {c['config']['block_n']}"  # noqa: E731
     return (f"| {m} x {n} x {k} | {tile(base)}, {base['config']['scale_load']} | {tile(var)}, {var['config']['scale_load']} "
