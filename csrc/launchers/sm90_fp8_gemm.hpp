@@ -276,8 +276,9 @@ inline bool fit_scale_table(Tiles& t, int k) {
   using namespace moe_kernels;
   if (t.block_m > 128) return false;
   const unsigned k_blocks = static_cast<unsigned>(k / kBlockK);
-  const int table = static_cast<int>(fp8_gemm_table_bytes(static_cast<unsigned>(t.block_m), k_blocks, kScaleTmaKMajorTable) +
-                                     fp8_gemm_table_barrier_bytes(kScaleTmaKMajorTable));
+  const int table =
+      static_cast<int>(fp8_gemm_table_bytes(static_cast<unsigned>(t.block_m), k_blocks, kScaleTmaKMajorTable) +
+                       fp8_gemm_table_barrier_bytes(kScaleTmaKMajorTable));
   const int per_stage = stage_bytes(t.block_m, t.block_n, kScaleTmaKMajorTable);
   int stages = std::min(kMaxStages, (kSmemLimit - pipeline_smem(t.block_m, t.block_n, 0, per_stage) - table) /
                                         (per_stage + 16));
@@ -528,7 +529,8 @@ inline void launch(const Config& c, const Args& a) {
   // The scale boxes of a TMA scale load (the kernel takes the maps either way; the gathers ignore them).
   CUtensorMap map_sfa{}, map_sfb{};
   if (c.scale_load != moe_kernels::kScaleGather) {
-    const unsigned layout = c.scale_load == moe_kernels::kScaleTmaKMajorTable ? moe_kernels::kScaleTmaKMajor : c.scale_load;
+    const unsigned layout =
+        c.scale_load == moe_kernels::kScaleTmaKMajorTable ? moe_kernels::kScaleTmaKMajor : c.scale_load;
     MOE_HOST_ASSERT(scale_layout_for(c.type, a, c.n, c.k) == layout,
                     c.fn << ": the kernel was planned for TMA scale loads, which these scales' layouts do not allow");
     const std::uint64_t kb = static_cast<std::uint64_t>(c.k / kBlockK);
