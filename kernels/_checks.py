@@ -36,7 +36,8 @@ def check_fp8_operand(fn: str, name: str, t: object, shape: tuple[int | None, ..
         expected = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
         fail(fn, ValueError, f"{name} must have shape {expected}, got {list(t.shape)}")
     stride = t.stride()
-    if stride[-1] != 1 or stride[-2] % 16 != 0 or stride[-2] < t.shape[-1]:
+    # K = 0 has no layout to check (torch gives such a tensor unit strides): the K checks name it.
+    if t.shape[-1] and (stride[-1] != 1 or stride[-2] % 16 != 0 or stride[-2] < t.shape[-1]):
         fail(fn, ValueError, f"{name} must be K-major (stride 1 along K, a row stride that is a multiple of 16 "
                              f"elements), got strides {stride}")
     if t.dim() == 3 and t.shape[0] > 1 and t.shape[1] > 0 and stride[0] != t.shape[1] * stride[1]:
@@ -50,6 +51,8 @@ def check_scales(fn: str, name: str, sf: object, shape: tuple[int, ...]) -> torc
         fail(fn, TypeError, f"{name} must be a torch.Tensor, got {type(sf).__name__}")
     if sf.dtype != torch.float32:
         fail(fn, TypeError, f"{name} must be float32 (UE8M0 scales as float32 powers of two), got {sf.dtype}")
+    if sf.layout is not torch.strided:
+        fail(fn, ValueError, f"{name} must be a dense (strided) tensor, got layout {sf.layout}")
     if tuple(sf.shape) != tuple(shape):
         fail(fn, ValueError, f"{name} must have shape {list(shape)}, got {list(sf.shape)}")
     if sf.numel() and min(sf.stride()) < 0:

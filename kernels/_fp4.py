@@ -23,7 +23,8 @@ def sf_to_ue8m0_bytes(fn: str, name: str, sf: torch.Tensor) -> torch.Tensor:
     same shape, ``byte = (bits >> 23) & 0xFF``. Raises ValueError unless every value is a positive
     normal float32 power of two (sign 0, mantissa 0, exponent field 1..254); the check is one host
     sync on CUDA."""
-    bits = sf.view(torch.int32)
+    # A lazily negated view (the negative bit) shows negative values, which the check below names.
+    bits = sf.resolve_neg().view(torch.int32)
     exponent = (bits >> 23) & 0xFF
     valid = ((bits & _SIGN_AND_MANTISSA) == 0) & (exponent >= 1) & (exponent <= 254)
     if sf.numel() and not bool(valid.all()):
@@ -40,6 +41,8 @@ def check_weights(fn: str, b: object, k: int) -> tuple[torch.Tensor, torch.Tenso
         _checks.fail(fn, TypeError, f"b[0] (B) must be a torch.Tensor, got {type(b_t).__name__}")
     if b_t.dtype not in _PACKED_DTYPES:
         _checks.fail(fn, TypeError, f"b[0] (B) must be int8 or uint8 (two E2M1 codes per byte), got {b_t.dtype}")
+    if b_t.layout is not torch.strided:
+        _checks.fail(fn, ValueError, f"b[0] (B) must be a dense (strided) tensor, got layout {b_t.layout}")
     if b_t.dim() != 3:
         _checks.fail(fn, ValueError, f"b[0] (B) must have shape [G, N, K/2], got {list(b_t.shape)}")
     g, n, half_k = b_t.shape
@@ -59,39 +62,41 @@ def check_weights(fn: str, b: object, k: int) -> tuple[torch.Tensor, torch.Tenso
     return b_t, check_sfb(fn, sfb, g, n, k), g, n
 
 
-def check_sfb(fn: str, sfb: object, g: int, n: int, k: int) -> torch.Tensor:
-    """SFB [G, N, K/32] in one of the accepted forms; returned as given."""
+def check_sfb(fn: str, sfb: object, g: int, n: int, k: int, name: str = "b[1] (SFB)") -> torch.Tensor:
+    """SFB [G, N, K/32] in one of the accepted forms; returned as given. ``name`` names it in messages."""
     if not isinstance(sfb, torch.Tensor):
-        _checks.fail(fn, TypeError, f"b[1] (SFB) must be a torch.Tensor, got {type(sfb).__name__}")
+        _checks.fail(fn, TypeError, f"{name} must be a torch.Tensor, got {type(sfb).__name__}")
     if sfb.dtype not in _SF_DTYPES:
-        _checks.fail(fn, TypeError, f"b[1] (SFB) must be float8_e8m0fnu or uint8 (UE8M0 exponent bytes) or float32 "
+        _checks.fail(fn, TypeError, f"{name} must be float8_e8m0fnu or uint8 (UE8M0 exponent bytes) or float32 "
                                     f"(powers of two), got {sfb.dtype}")
+    if sfb.layout is not torch.strided:
+        _checks.fail(fn, ValueError, f"{name} must be a dense (strided) tensor, got layout {sfb.layout}")
     shape = (g, n, k // GRAN_K)
     if tuple(sfb.shape) != shape:
-        _checks.fail(fn, ValueError, f"b[1] (SFB) must have shape {list(shape)} (one scale per 1x{GRAN_K}), "
+        _checks.fail(fn, ValueError, f"{name} must have shape {list(shape)} (one scale per 1x{GRAN_K}), "
                                      f"got {list(sfb.shape)}")
     if sfb.dtype != torch.float32:  # bytes go to the kernel as they are: 4-byte loads per row and 128-K block
         stride = sfb.stride()
         if stride[2] != 1 or stride[1] % 4 or (g > 1 and stride[0] % 4):
-            _checks.fail(fn, ValueError, f"b[1] (SFB) must be contiguous in its last dim with row and group strides "
+            _checks.fail(fn, ValueError, f"{name} must be contiguous in its last dim with row and group strides "
                                          f"that are multiples of 4 bytes, got strides {stride}")
     return sfb
 
 
-def sfb_bytes(fn: str, sfb: torch.Tensor) -> torch.Tensor:
+def sfb_bytes(fn: str, sfb: torch.Tensor, name: str = "b[1] (SFB)") -> torch.Tensor:
     """SFB as uint8 exponent bytes: a view of the byte forms, a conversion of float32."""
     if sfb.dtype == torch.float32:
-        return sf_to_ue8m0_bytes(fn, "b[1] (SFB)", sfb)
+        return sf_to_ue8m0_bytes(fn, name, sfb)
     return sfb.view(torch.uint8)
 
 
-def check_sfb_range(fn: str, sfb_bytes: torch.Tensor) -> None:
+def check_sfb_range(fn: str, sfb_bytes: torch.Tensor, name: str = "b[1] (SFB)") -> None:
     """Exponent bytes must lie in [1, 254]: the kernels read 0 and 255 differently from UE8M0
     (0 as a zero scale, 255 as a finite or infinite one; UE8M0 says 2^-127 and NaN). The quantizers
     never write them. Checked where a pass over the scales is cheap: the CPU path and the one-time
     decode-layout transform (the CUDA GEMMs take the bytes as they are)."""
     if sfb_bytes.numel() and bool(((sfb_bytes == 0) | (sfb_bytes == 255)).any()):
-        _checks.fail(fn, ValueError, "b[1] (SFB) holds exponent bytes 0 or 255; scales must be 2^-126 .. 2^127 "
+        _checks.fail(fn, ValueError, f"{name} holds exponent bytes 0 or 255; scales must be 2^-126 .. 2^127 "
                                      "(bytes 1 .. 254)")
 
 

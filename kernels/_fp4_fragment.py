@@ -49,14 +49,19 @@ def transform_fp4_for_decode(packed: torch.Tensor, sf: torch.Tensor) -> torch.Te
     if not isinstance(packed, torch.Tensor) or packed.dim() != 3 or packed.dtype not in (torch.int8, torch.uint8):
         raise ValueError(f"{fn}: packed must be int8/uint8 [G, N, K/2], got "
                          f"{getattr(packed, 'dtype', type(packed).__name__)} {tuple(getattr(packed, 'shape', ()))}")
+    if packed.layout is not torch.strided:
+        raise ValueError(f"{fn}: packed must be a dense (strided) tensor, got layout {packed.layout}")
     g, n, half_k = packed.shape
     k = 2 * half_k
-    if k % kBlockK:
-        raise ValueError(f"{fn}: K must be a multiple of {kBlockK}, got {k}")
-    exponents = _fp4.sfb_bytes(fn, _fp4.check_sfb(fn, sf, g, n, k))
-    _fp4.check_sfb_range(fn, exponents)
-    if exponents.device != packed.device:
-        raise ValueError(f"{fn}: sf must be on {packed.device} like packed, got {exponents.device}")
+    if k % kBlockK or k == 0:
+        raise ValueError(f"{fn}: K must be a positive multiple of {kBlockK}, got {k}")
+    if n == 0:
+        raise ValueError(f"{fn}: N (packed's rows per group) must be >= 1, got shape {tuple(packed.shape)}")
+    sf = _fp4.check_sfb(fn, sf, g, n, k, name="sf")
+    if packed.device.type not in ("cpu", "cuda") or sf.device != packed.device:
+        raise ValueError(f"{fn}: packed and sf must be on one CPU or CUDA device, got {packed.device} and {sf.device}")
+    exponents = _fp4.sfb_bytes(fn, sf, name="sf")
+    _fp4.check_sfb_range(fn, exponents, name="sf")
     n_pad = (n + kRowsPerBlock - 1) // kRowsPerBlock * kRowsPerBlock
     nb, kb = n_pad // kRowsPerBlock, k // kBlockK
     out = torch.empty((g, kb, nb, kBlockBytes), dtype=torch.uint8, device=packed.device)
@@ -113,11 +118,11 @@ def m_grouped_fp8_fp4_gemm_nt_masked_fragment(a: tuple[torch.Tensor, torch.Tenso
     if not isinstance(d, torch.Tensor) or d.dim() != 3:
         _checks.fail(fn, ValueError, f"d must be [G, max_m, N], got {getattr(d, 'shape', type(d).__name__)}")
     n = d.shape[2]
+    _checks.check_nk(fn, n, k)
     expected = (groups, k // kBlockK, (n + kRowsPerBlock - 1) // kRowsPerBlock, kBlockBytes)
     if b.dtype != torch.uint8 or tuple(b.shape) != expected or not b.is_contiguous():
         _checks.fail(fn, ValueError, f"b (decode layout) must be contiguous uint8 {list(expected)} from "
                                      f"transform_fp4_for_decode, got {b.dtype} {list(b.shape)}")
-    _checks.check_nk(fn, n, k)
     _checks.check_output(fn, d, (groups, max_m, n))
     masked_m = grouped._check_index(fn, "masked_m", masked_m, groups)
     device = _checks.check_same_device(fn, [a_t, sfa, b, d, masked_m])

@@ -39,12 +39,18 @@ kEpViews = ("ep_x", "ep_sf", "ep_w", "ep_src", "ep_combine", "ep_signals")
 def ep_signal_ints(num_ranks: int, num_local_experts: int) -> int:
     """Words of a rank's signal area: two sets of E_l slot counters, P dispatch and P combine flags,
     the dispatches and the combines this rank finished, two grid-completion counters."""
+    _checks.check_ints("ep_signal_ints", (("num_ranks", num_ranks, 1), ("num_local_experts", num_local_experts, 1)))
     return 2 * num_local_experts + 2 * num_ranks + 4
 
 
 def ep_buffer_views(num_ranks: int, num_local_experts: int, max_tokens: int, top_k: int,
                     hidden: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     """``(name, shape, dtype)`` of each transport view, in :data:`kEpViews` order."""
+    fn = "ep_buffer_views"
+    _checks.check_ints(fn, (("num_ranks", num_ranks, 1), ("num_local_experts", num_local_experts, 1),
+                            ("max_tokens", max_tokens, 1), ("top_k", top_k, 1), ("hidden", hidden, 128)))
+    if hidden % 128:
+        _checks.fail(fn, ValueError, f"hidden must be a multiple of 128 (the 1x128 scale groups), got {hidden}")
     rows = num_ranks * max_tokens
     return [("ep_x", (num_local_experts, rows, hidden), torch.uint8),
             ("ep_sf", (num_local_experts, rows, hidden // 128), torch.float32),
@@ -137,6 +143,11 @@ class EpLayout:
                 self.max_tokens, self.top_k, self.hidden)
 
 
+def _check_layout(fn: str, layout: object) -> None:
+    if not isinstance(layout, EpLayout):
+        _checks.fail(fn, TypeError, f"layout must be an EpLayout, got {type(layout).__name__}")
+
+
 def ep_dispatch(layout: EpLayout, x: torch.Tensor, xs: torch.Tensor | None, topk_idx: torch.Tensor,
                 topk_weights: torch.Tensor, masked_m: torch.Tensor | None = None,
                 routed: torch.Tensor | None = None) -> torch.Tensor:
@@ -154,6 +165,7 @@ def ep_dispatch(layout: EpLayout, x: torch.Tensor, xs: torch.Tensor | None, topk
     T <= max_tokens. A token's ids must be distinct (as a router's are): a repeated one can overflow
     its expert's R rows, and the pairs that would are dropped."""
     fn = "ep_dispatch"
+    _check_layout(fn, layout)
     x, num_tokens, _ = _checks.check_token_pairs(fn, x, xs, topk_idx, topk_weights, layout.hidden, layout.top_k,
                                                  x_name="x", unquantized=True)
     if num_tokens > layout.max_tokens:
@@ -191,6 +203,7 @@ def ep_combine(layout: EpLayout, expert_out: torch.Tensor) -> None:
     ``expert_out`` bfloat16 [E_l, R, H], valid in the rows the dispatch counted (its ``masked_m``;
     the transport reads its own counts, not the caller's)."""
     fn = "ep_combine"
+    _check_layout(fn, layout)
     shape = (layout.num_local_experts, layout.rows_per_expert, layout.hidden)
     if not isinstance(expert_out, torch.Tensor) or expert_out.dtype != torch.bfloat16 \
             or tuple(expert_out.shape) != shape:

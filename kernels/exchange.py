@@ -75,6 +75,10 @@ class ExchangePeers:
         if not 0 <= self.rank < num_ranks or self.pairs_per_rank < 1:
             _checks.fail(fn, ValueError, f"need 0 <= rank < {num_ranks} and pairs_per_rank >= 1, got rank={self.rank}, "
                                          f"pairs_per_rank={self.pairs_per_rank}")
+        for name, v in views.items():
+            for q, t in enumerate(v):
+                if not isinstance(t, torch.Tensor):
+                    _checks.fail(fn, TypeError, f"{name}[{q}] must be a torch.Tensor, got {type(t).__name__}")
         if num_ranks * self.pairs_per_rank >= 2**31:
             _checks.fail(fn, ValueError, f"ranks x pairs_per_rank = {num_ranks * self.pairs_per_rank} must fit the "
                                          "int32 slot word")
@@ -180,6 +184,8 @@ def exchange_count(topk_idx: torch.Tensor, num_experts: int,
                                      f"{list(getattr(topk_idx, 'shape', ()))}")
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
         _checks.fail(fn, ValueError, f"num_experts must be a positive int, got {num_experts!r}")
+    if topk_idx.device.type not in ("cpu", "cuda"):
+        _checks.fail(fn, ValueError, f"topk_idx must be on a CPU or CUDA device, got {topk_idx.device}")
     if peer_rows is not None and (not isinstance(peer_rows, torch.Tensor) or peer_rows.dtype != torch.int64
                                   or peer_rows.dim() != 1 or not peer_rows.is_contiguous()
                                   or peer_rows.device != topk_idx.device or peer_rows.device.type != "cuda"):
@@ -227,6 +233,11 @@ def _check_row_addresses(fn: str, name: str, t: object, num_ranks: int) -> torch
                                      f"address per rank), got {getattr(t, 'dtype', type(t).__name__)} "
                                      f"{list(getattr(t, 'shape', ()))}")
     return t
+
+
+def _check_peers(fn: str, peers: object) -> None:
+    if not isinstance(peers, ExchangePeers):
+        _checks.fail(fn, TypeError, f"peers must be ExchangePeers, got {type(peers).__name__}")
 
 
 def _check_num_experts(fn: str, num_experts: int) -> None:
@@ -295,6 +306,8 @@ def exchange_sizes(counts: torch.Tensor, rank: int, num_local_experts: int, alig
     counts = _check_counts(fn, counts, max(num_ranks, 1), num_experts + 1)
     if rank >= num_ranks:
         _checks.fail(fn, ValueError, f"rank must be in [0, {num_ranks}), got {rank}")
+    if counts.device.type not in ("cpu", "cuda"):
+        _checks.fail(fn, ValueError, f"counts must be on a CPU or CUDA device, got {counts.device}")
     if counts.device.type == "cpu":
         sizes = reference_exchange.layout_sizes(_counts_matrix(counts, num_ranks, num_local_experts), rank, alignment,
                                                 masked_max_rows)
@@ -439,6 +452,7 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor |
     after every row is written (:class:`ExchangeBarrier`), so no :func:`exchange_barrier` launch
     follows."""
     fn = "exchange_dispatch"
+    _check_peers(fn, peers)
     hidden = peers.hidden
     xq, num_tokens, k = _checks.check_token_pairs(fn, xq, xs, topk_idx, topk_weights, hidden, unquantized=True)
     if not isinstance(within, torch.Tensor) or within.dtype != torch.int32 or tuple(within.shape) != (num_tokens * k,):
@@ -531,6 +545,7 @@ def exchange_combine(peers: ExchangePeers, expert_out: torch.Tensor, m_indices: 
     ``expert_out`` bfloat16 [M, H] and ``m_indices`` int32 [M] (:func:`exchange_dispatch`'s);
     ``barrier`` as the dispatch's (raised also when M = 0)."""
     fn = "exchange_combine"
+    _check_peers(fn, peers)
     hidden = peers.hidden
     if not isinstance(expert_out, torch.Tensor) or expert_out.dtype != torch.bfloat16 or expert_out.dim() != 2 \
             or expert_out.shape[1] != hidden:

@@ -233,6 +233,8 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
         _checks.fail(fn, ValueError, f"logits must be a float32 [T, E] tensor, got "
                                      f"{getattr(logits, 'dtype', type(logits).__name__)}")
     num_tokens, num_experts = logits.shape
+    if logits.device.type not in ("cpu", "cuda"):
+        _checks.fail(fn, ValueError, f"logits must be on a CPU or CUDA device, got {logits.device}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 < top_k <= num_experts:
         _checks.fail(fn, ValueError, f"top_k must be an int in [1, {num_experts}], got {top_k!r}")
     for name, value in (("n_group", n_group), ("topk_group", topk_group)):
@@ -260,6 +262,8 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
             _checks.fail(fn, ValueError, f"score_bias must be a floating [{num_experts}] tensor, got "
                                          f"{getattr(score_bias, 'dtype', type(score_bias).__name__)} "
                                          f"{list(getattr(score_bias, 'shape', ()))}")
+        if score_bias.device.type not in ("cpu", "cuda"):
+            _checks.fail(fn, ValueError, f"score_bias must be on a CPU or CUDA device, got {score_bias.device}")
         score_bias = score_bias.to(device=logits.device, dtype=torch.float32).contiguous()
     fits = (num_experts <= kRouteMaxExperts and top_k <= 32 and (n_group is None or n_group <= 32)
             and not (group_max and n_group is not None))
@@ -279,7 +283,9 @@ def _swiglu_quant_reference(h: torch.Tensor, weights: torch.Tensor,
                             mn_major_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
     inter = h.shape[1] // 2
     act = torch.nn.functional.silu(h[:, :inter].float()).mul_(h[:, inter:]).mul_(weights.view(-1, 1))
-    return per_token_cast_to_fp8(act, use_ue8m0=False, gran_k=128, mn_major_sf=mn_major_sf)
+    # ``act`` follows h's layout: a column-major h (which the CUDA path copies) must not reach the
+    # quantizer, which takes rows with a contiguous last dim.
+    return per_token_cast_to_fp8(act.contiguous(), use_ue8m0=False, gran_k=128, mn_major_sf=mn_major_sf)
 
 
 def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Tensor | None = None,
@@ -296,10 +302,11 @@ def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Ten
     outputs are left unwritten (the CPU computes every row)."""
     fn = "swiglu_quant_fp8"
     _checks.check_bool(fn, "mn_major_sf", mn_major_sf)
-    if not isinstance(h, torch.Tensor) or h.dtype != torch.bfloat16 or h.dim() != 2 or h.shape[1] % 256 \
-            or h.shape[1] == 0:
-        _checks.fail(fn, ValueError, f"h must be a bfloat16 [M, 2I] tensor with I a multiple of 128, got "
-                                     f"{getattr(h, 'dtype', type(h).__name__)} {list(getattr(h, 'shape', ()))}")
+    if not isinstance(h, torch.Tensor) or h.dtype != torch.bfloat16 or h.layout is not torch.strided or h.dim() != 2 \
+            or h.shape[1] % 256 or h.shape[1] == 0:
+        _checks.fail(fn, ValueError, f"h must be a bfloat16 [M, 2I] tensor (dense) with I a multiple of 128, got "
+                                     f"{getattr(h, 'dtype', type(h).__name__)} {getattr(h, 'layout', '')} "
+                                     f"{list(getattr(h, 'shape', ()))}")
     m, inter = h.shape[0], h.shape[1] // 2
     if not isinstance(weights, torch.Tensor) or weights.dtype != torch.float32 or weights.numel() != m \
             or weights.dim() not in (1, 2) or (weights.dim() == 2 and weights.shape[1] != 1):

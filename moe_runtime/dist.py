@@ -194,8 +194,15 @@ def init_distributed(backend: str | None = None, device=None,
                        backend, world, cpu_group, world, owns)
 
 
+def _check_group(group: object) -> None:
+    if group is not None and not isinstance(group, getattr(dist, "ProcessGroup", ())):
+        raise TypeError(f"the process group must be None or a torch.distributed.ProcessGroup, got "
+                        f"{type(group).__name__}")
+
+
 def group_size(group: dist.ProcessGroup | None) -> int:
     """Size of ``group``; 1 for ``None`` without an initialised process group."""
+    _check_group(group)
     if group is None and not dist.is_initialized():
         return 1
     return dist.get_world_size(group)
@@ -203,6 +210,7 @@ def group_size(group: dist.ProcessGroup | None) -> int:
 
 def group_rank(group: dist.ProcessGroup | None) -> int:
     """This process's rank in ``group``; 0 for ``None`` without an initialised process group."""
+    _check_group(group)
     if group is None and not dist.is_initialized():
         return 0
     return dist.get_rank(group)

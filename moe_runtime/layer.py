@@ -31,6 +31,15 @@ def _check_int(value, name: str, minimum: int) -> int:
     return value
 
 
+def _as_device(value, name: str) -> torch.device:
+    """``torch.device(value)``, or a ValueError naming ``name``."""
+    try:
+        return torch.device(value)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda:0', "
+                         f"got {value!r} ({error})") from None
+
+
 @dataclass
 class MoEBlockWeights:
     """Tensors in ``MegaMoELayer.load_weights`` layout; ``gate_up``/``down`` hold ``experts`` only.
@@ -77,22 +86,28 @@ class MegaMoELayer(nn.Module):
         self.num_max_tokens_per_rank = _check_int(num_max_tokens_per_rank, "num_max_tokens_per_rank", 1)
         if weights not in kWeightFormats:
             raise ValueError(f"weights must be one of {kWeightFormats}, got {weights!r}")
+        if not isinstance(shared_expert_gate, bool):
+            raise TypeError(f"shared_expert_gate must be a bool, got {shared_expert_gate!r}")
         if shared_expert_gate and not shared_intermediate_size:
             raise ValueError("shared_expert_gate=True needs shared experts (shared_intermediate_size > 0)")
         if weights == "fp4" and (hidden_size % 2 or intermediate_size % 2 or shared_intermediate_size % 2):
             raise ValueError(f"weights='fp4' packs two values per byte: hidden_size={hidden_size}, "
                              f"intermediate_size={intermediate_size} and shared_intermediate_size="
                              f"{shared_intermediate_size} must be even")
+        if router is not None and not isinstance(router, RouterConfig):
+            raise TypeError(f"router must be None or a RouterConfig, got {type(router).__name__}")
         self.router_config = router if router is not None else RouterConfig()
         self.router_config.validate(num_experts, top_k)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        if dtype.itemsize < 2:  # bf16 weights and expert outputs in FP8, without scales
+            raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {dtype}")
         self.weights = weights
         self.dtype = dtype
         self.shared_expert_gate = bool(shared_expert_gate)
         self.ep_group = ep_group
         self.placement = expert_placement(num_experts, group_size(ep_group), group_rank(ep_group))
-        self._default_device = torch.device(device) if device is not None else torch.get_default_device()
+        self._default_device = _as_device(device, "device") if device is not None else torch.get_default_device()
         self._backend_request = backend
         self.backend_name = resolve_backend(backend, self._problem(self._default_device))
         self._backend_cache: tuple | None = None
@@ -124,21 +139,38 @@ class MegaMoELayer(nn.Module):
         data = data.view(dtype) if data.dtype in _kStorageViews.values() else data
         return ExpertWeight(fmt, data, None if sf is None else sf.view(torch.float32), shape)
 
-    def _expect(self, tensor, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def _expect(self, tensor, name: str, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """``tensor`` checked for ``load_weights`` onto ``device``: a float tensor of ``shape``
+        holding finite values (meta tensors only for a meta ``device``)."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a tensor of shape {shape}, got {type(tensor).__name__}")
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
         if not tensor.is_floating_point():
             raise TypeError(f"{name} must be a float tensor, got {tensor.dtype}")
+        if tensor.device.type == "meta":
+            if device.type != "meta":
+                raise ValueError(f"{name} is on the meta device (no values) but the weights load onto {device}: "
+                                 "pass the checkpoint's tensors")
+            return tensor
+        # NaN or inf cannot be quantized (the scale of its FP8 block or FP4 group becomes NaN) and
+        # would reach every token routed there: one pass at load, over views of about 2^26 values
+        # along the first dim (no copy of a strided checkpoint tensor; a bounded mask per step).
+        if tensor.dim() and tensor.numel():
+            step = max(1, (1 << 26) // max(1, tensor[0].numel()))
+            for part in tensor.split(step):
+                if not bool(torch.isfinite(part).all()):
+                    raise ValueError(f"{name} must hold finite values, got NaN or inf")
+        elif tensor.numel() and not bool(torch.isfinite(tensor)):
+            raise ValueError(f"{name} must hold finite values, got NaN or inf")
         return tensor
 
-    def _local_slice(self, tensor, name: str, rows: int, cols: int) -> torch.Tensor:
+    def _local_slice(self, tensor, name: str, rows: int, cols: int, device: torch.device) -> torch.Tensor:
         """Full-E tensors are cut to this rank's experts; E_local tensors are taken as they are."""
         e, e_local = self.num_experts, self.num_local_experts
         if isinstance(tensor, torch.Tensor) and tensor.dim() == 3 and tensor.shape[0] == e:
             tensor = tensor[self.placement.first_expert: self.placement.first_expert + e_local]
-        return self._expect(tensor, name, (e_local, rows, cols))
+        return self._expect(tensor, name, (e_local, rows, cols), device)
 
     def load_weights(self, *, router_weight, gate_up, down, score_bias=None, shared_gate_up=None,
                      shared_down=None, shared_gate=None, device=None) -> "MegaMoELayer":
@@ -151,7 +183,7 @@ class MegaMoELayer(nn.Module):
         ``device``: where the weights live (default: the construction device).
         """
         h, i, e, s = self.hidden_size, self.intermediate_size, self.num_experts, self.shared_intermediate_size
-        device = torch.device(device) if device is not None else self._default_device
+        device = _as_device(device, "device") if device is not None else self._default_device
         if device != self._default_device:
             # "auto" picks by device: weights loaded elsewhere than the layer was built may change the pick.
             self.backend_name = resolve_backend(self._backend_request, self._problem(device))
@@ -160,27 +192,27 @@ class MegaMoELayer(nn.Module):
         gate_dtype = self.router_config.logits_dtype or torch.float32
         # Everything is checked and quantized before any buffer changes: a bad argument leaves the
         # layer as it was (a half-replaced layer would keep serving mixed weights).
-        router = self._expect(router_weight, "router_weight", (e, h)).to(device=device, dtype=gate_dtype)
+        router = self._expect(router_weight, "router_weight", (e, h), device).to(device=device, dtype=gate_dtype)
         if self.router_config.use_score_bias:
             if score_bias is None:
                 raise ValueError("router.use_score_bias=True needs score_bias [E]")
-            bias = self._expect(score_bias, "score_bias", (e,)).to(device=device, dtype=torch.float32)
+            bias = self._expect(score_bias, "score_bias", (e,), device).to(device=device, dtype=torch.float32)
         elif score_bias is not None:
             raise ValueError("score_bias was given but router.use_score_bias is False")
         else:
             bias = None
-        w13 = self._local_slice(gate_up, "gate_up", 2 * i, h).to(device)
-        w2 = self._local_slice(down, "down", h, i).to(device)
+        w13 = self._local_slice(gate_up, "gate_up", 2 * i, h, device).to(device)
+        w2 = self._local_slice(down, "down", h, i, device).to(device)
         if (shared_gate_up is None) != (s == 0) or (shared_down is None) != (s == 0):
             raise ValueError(f"shared_gate_up and shared_down are needed iff shared_intermediate_size > 0 "
                              f"(it is {s})")
         if s:
-            sw13 = self._expect(shared_gate_up, "shared_gate_up", (2 * s, h)).to(device)
-            sw2 = self._expect(shared_down, "shared_down", (h, s)).to(device)
+            sw13 = self._expect(shared_gate_up, "shared_gate_up", (2 * s, h), device).to(device)
+            sw2 = self._expect(shared_down, "shared_down", (h, s), device).to(device)
         if (shared_gate is None) == self.shared_expert_gate:
             raise ValueError(f"shared_gate [1, H] is needed iff shared_expert_gate=True (it is {self.shared_expert_gate})")
-        gate = None if shared_gate is None else self._expect(shared_gate, "shared_gate", (1, h)).to(device=device,
-                                                                                                   dtype=self.dtype)
+        gate = None if shared_gate is None else \
+            self._expect(shared_gate, "shared_gate", (1, h), device).to(device=device, dtype=self.dtype)
         stored = {"w13": quantize_expert_weight(w13, self.weights, self.dtype),
                   "w2": quantize_expert_weight(w2, self.weights, self.dtype)}
         if s:
@@ -260,12 +292,17 @@ class MegaMoELayer(nn.Module):
             raise RuntimeError("MegaMoELayer.forward before load_weights()")
         if not isinstance(hidden_states, torch.Tensor) or not hidden_states.is_floating_point():
             raise TypeError(f"hidden_states must be a float tensor, got {getattr(hidden_states, 'dtype', None)}")
+        if hidden_states.dtype.itemsize < 2:  # FP8 activations would come back as FP8 expert outputs
+            raise TypeError(f"hidden_states must be float16, bfloat16, float32 or float64, got {hidden_states.dtype}")
         if hidden_states.dim() == 0 or hidden_states.shape[-1] != self.hidden_size:
             raise ValueError(f"hidden_states must be [..., hidden_size={self.hidden_size}], "
                              f"got shape {tuple(hidden_states.shape)}")
         device = self.router_weight.device
         if hidden_states.device != device:
             raise ValueError(f"hidden_states is on {hidden_states.device} but the layer's weights are on {device}")
+        if device.type == "meta":
+            raise ValueError("hidden_states and the layer's weights are on the meta device: the forward computes "
+                             "values (move the layer to a CPU or CUDA device)")
         shape, out_dtype = hidden_states.shape, hidden_states.dtype
         x = hidden_states.reshape(-1, self.hidden_size)
         if x.dtype not in (torch.bfloat16, torch.float32):  # the kernels take bf16 or fp32 activations

@@ -139,6 +139,8 @@ def make_mega_moe_config(num_ranks: int, num_experts: int, num_max_tokens_per_ra
                              f"scale groups), got {value}")
     if weights not in kWeightFormats:
         raise ValueError(f"weights must be one of {kWeightFormats}, got {weights!r}")
+    if not isinstance(use_fp8_dispatch, bool):
+        raise TypeError(f"use_fp8_dispatch must be a bool, got {use_fp8_dispatch!r}")
     if activation not in kActivations:
         raise ValueError(f"activation must be one of {kActivations}, got {activation!r}")
     if use_fp8_dispatch and weights == "bf16":

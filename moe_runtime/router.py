@@ -19,6 +19,8 @@ Qwen3-MoE softmax with its config's flag; DeepSeek-V3 sigmoid + bias + grouped t
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -48,10 +50,20 @@ class RouterConfig:
     group_score: str = "top2_sum"
 
     def validate(self, num_experts: int, top_k: int) -> None:
-        """Raise ValueError when this config cannot route ``top_k`` of ``num_experts``."""
+        """Raise ValueError (TypeError for a wrong type) when this config cannot route ``top_k`` of
+        ``num_experts``."""
         if self.logits_dtype is not None and (not isinstance(self.logits_dtype, torch.dtype)
                                               or not self.logits_dtype.is_floating_point):
             raise TypeError(f"logits_dtype must be None or a floating torch.dtype, got {self.logits_dtype!r}")
+        if self.logits_dtype is not None and self.logits_dtype.itemsize < 2:
+            raise TypeError(f"logits_dtype must be None, float16, bfloat16, float32 or float64 (a router GEMM "
+                            f"without scales), got {self.logits_dtype}")
+        for name in ("norm_topk_prob", "use_score_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        scaling = self.routed_scaling_factor
+        if isinstance(scaling, bool) or not isinstance(scaling, numbers.Real):
+            raise TypeError(f"routed_scaling_factor must be a number, got {scaling!r}")
         for name in ("n_group", "topk_group"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
@@ -60,7 +72,7 @@ class RouterConfig:
             raise ValueError(f"scoring_func must be one of {kScoringFuncs}, got {self.scoring_func!r}")
         if self.group_score not in kGroupScores:
             raise ValueError(f"group_score must be one of {kGroupScores}, got {self.group_score!r}")
-        if not isinstance(top_k, int) or not 0 < top_k <= num_experts:
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 < top_k <= num_experts:
             raise ValueError(f"top_k must be an int in [1, num_experts={num_experts}], got {top_k!r}")
         if (self.n_group is None) != (self.topk_group is None):
             raise ValueError(f"n_group and topk_group go together, got n_group={self.n_group}, "
@@ -77,8 +89,8 @@ class RouterConfig:
             if top_k > self.topk_group * per_group:
                 raise ValueError(f"top_k={top_k} exceeds the {self.topk_group * per_group} experts of the "
                                  f"topk_group={self.topk_group} kept groups")
-        if not self.routed_scaling_factor > 0:
-            raise ValueError(f"routed_scaling_factor must be > 0, got {self.routed_scaling_factor}")
+        if not 0 < self.routed_scaling_factor < math.inf:
+            raise ValueError(f"routed_scaling_factor must be finite and > 0, got {self.routed_scaling_factor}")
 
 
 @dataclass
@@ -102,7 +114,12 @@ def route(logits: torch.Tensor, top_k: int, config: RouterConfig | None = None,
     ``score_bias`` float [E] (DeepSeek-V3's correction bias; needed iff ``config.use_score_bias``)
     only steers the choice. Returns ``RoutingResult(topk_idx int64 [T, top_k], topk_weights float32
     [T, top_k])``."""
-    config = config or RouterConfig()
+    config = RouterConfig() if config is None else config
+    if not isinstance(config, RouterConfig):
+        raise TypeError(f"config must be None or a RouterConfig, got {type(config).__name__}")
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise TypeError(f"logits must be a floating-point tensor [T, E], got "
+                        f"{getattr(logits, 'dtype', type(logits).__name__)}")
     if logits.dim() != 2:
         raise ValueError(f"logits must be [T, E], got shape {tuple(logits.shape)}")
     num_tokens, num_experts = logits.shape
@@ -111,6 +128,8 @@ def route(logits: torch.Tensor, top_k: int, config: RouterConfig | None = None,
     if config.use_score_bias:
         if score_bias is None:
             raise ValueError("RouterConfig.use_score_bias=True needs score_bias [E]")
+        if not isinstance(score_bias, torch.Tensor):
+            raise TypeError(f"score_bias must be a float tensor [{num_experts}], got {type(score_bias).__name__}")
         if tuple(score_bias.shape) != (num_experts,):
             raise ValueError(f"score_bias must be [{num_experts}], got {tuple(score_bias.shape)}")
         bias = score_bias

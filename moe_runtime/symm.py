@@ -282,7 +282,11 @@ class SymmBuffer:
         if device is None:  # the backend first: "host" (argument or environment) allocates CPU memory
             device = torch.device("cuda", torch.cuda.current_device()) if (
                 torch.cuda.is_available() and requested != "host") else torch.device("cpu")
-        device = torch.device(device)
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"device must be a torch.device or a device string such as 'cpu' or 'cuda:0', got "
+                             f"{device!r} ({error})") from None
         backend = requested if requested is not None else default_backend(device)
         self.layout = layout
         self.group = group

@@ -187,9 +187,14 @@ def _check_shapes(l1: WeightPair, l2: WeightPair):
     if two_i % 2 != 0:
         raise ValueError(f"l1 weight rows must be 2 * intermediate_size, got {two_i}")
     i = two_i // 2
+    if i == 0 or h == 0:
+        raise ValueError(f"l1 weight must be [E, 2I, H] with I and H >= 1, got {tuple(l1.weight.shape)}")
     if l2.weight.shape[0] != e or l2.weight.shape[1] != h or _logical_k(l2.weight, fmt2) != i:
         raise ValueError(f"l2 weight must be [E={e}, H={h}, I={i}] for l1 {tuple(l1.weight.shape)}, "
                          f"got {tuple(l2.weight.shape)}")
+    devices = sorted({str(t.device) for t in (l1.weight, l1.sf, l2.weight, l2.sf)})
+    if len(devices) != 1:
+        raise ValueError(f"l1 and l2 weights and scale factors must be on one device, got {devices}")
     return fmt1, i
 
 
@@ -269,6 +274,12 @@ def dequantize_mega_moe_weights(l1, l2, target: str = "sm90") -> tuple[torch.Ten
                 _apply_row_scales(l2.weight, _unpack_ue8m0_utccp(l2.sf, _scale_groups(l2.weight, fmt)), fmt))
     if fmt == "fp4":
         return cast_back_from_fp4(l1.weight, l1.sf, kFp4Gran), cast_back_from_fp4(l2.weight, l2.sf, kFp4Gran)
+    e, two_i, h = l1.weight.shape
+    for name, sf, expected in (("l1", l1.sf, (e, two_i // kBlock, 2, _ceil_div(h, kBlock))),
+                               ("l2", l2.sf, (e, _ceil_div(h, kBlock), _ceil_div(two_i // 2, kBlock)))):
+        if sf.dtype != torch.float32 or tuple(sf.shape) != expected:
+            raise ValueError(f"sm90 {name} sf must be float32 {list(expected)} (transform_weights_for_mega_moe's "
+                             f"layout), got {sf.dtype} {tuple(sf.shape)}")
     rows = torch.arange(l1.weight.shape[1], device=l1.sf.device)
     row_sf = l1.sf[:, rows // kBlock, ((rows % (2 * kInterleaveRows)) >= kInterleaveRows).long()]
     return _apply_row_scales(l1.weight, row_sf, fmt), dequantize_per_block(l2.weight, l2.sf, kBlock)

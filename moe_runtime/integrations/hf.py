@@ -497,6 +497,8 @@ def replace_moe_blocks(model: nn.Module, backend: str = "auto", weights: str = "
     model becomes a collective over the group. Raises ValueError when the model has no supported
     block, naming the MoE-looking classes it did find.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     blocks = find_moe_blocks(model)
     if not blocks:
         lookalikes = sorted({type(m).__name__ for _, m in model.named_modules()

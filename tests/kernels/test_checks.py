@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kernels
 from kernels import _checks
 
 
@@ -41,3 +42,38 @@ def test_contiguous_aligned_keeps_dense_aligned_rows_and_copies_the_rest(dtype):
         y = _checks.contiguous_aligned(x)
         assert y is not x and y.is_contiguous() and torch.equal(y, x)
         assert y.data_ptr() % 16 == 0
+
+
+_FP8 = torch.float8_e4m3fn
+
+
+def _pair(rows: int, k: int, sf_cols: int | None = None):
+    return torch.zeros(rows, k, dtype=_FP8), torch.ones(rows, max(k // 128, 1) if sf_cols is None else sf_cols)
+
+
+# Through the public GEMMs (CPU): check_fp8_operand with K = 0 names K, not A's strides (torch gives an
+# [M, 0] tensor unit strides); check_scales refuses a sparse scale tensor before the reference reads
+# it. bf16_gemm_nt's own checks (kernels/gemm.py) sit here too: tests/kernels/test_gemm.py is not ours.
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: kernels.fp8_gemm_nt((torch.zeros(4, 0, dtype=_FP8), torch.ones(4, 0)),
+                                 (torch.zeros(16, 0, dtype=_FP8), torch.ones(1, 0)),
+                                 torch.empty(4, 16, dtype=torch.bfloat16)),
+     ValueError, "fp8_gemm_nt: K must be a positive multiple of 128, got 0"),
+    (lambda: kernels.m_grouped_fp8_gemm_nt_contiguous((torch.zeros(4, 0, dtype=_FP8), torch.ones(4, 0)),
+                                                      (torch.zeros(1, 16, 0, dtype=_FP8), torch.ones(1, 1, 0)),
+                                                      torch.empty(4, 16, dtype=torch.bfloat16),
+                                                      torch.zeros(4, dtype=torch.int32)),
+     ValueError, "m_grouped_fp8_gemm_nt_contiguous: K must be a positive multiple of 128, got 0"),
+    (lambda: kernels.fp8_gemm_nt((torch.zeros(4, 128, dtype=_FP8), torch.ones(4, 1).to_sparse()), _pair(16, 128),
+                                 torch.empty(4, 16, dtype=torch.bfloat16)),
+     ValueError, r"fp8_gemm_nt: a\[1\] \(SFA\) must be a dense \(strided\) tensor, got layout torch.sparse_coo"),
+    (lambda: kernels.bf16_gemm_nt(torch.zeros(4, 0, dtype=torch.bfloat16), torch.zeros(16, 0, dtype=torch.bfloat16),
+                                  torch.empty(4, 16, dtype=torch.bfloat16)),
+     ValueError, "bf16_gemm_nt: N must be a positive multiple of 8 and K of 64, got N=16, K=0"),
+    (lambda: kernels.bf16_gemm_nt(torch.zeros(4, 64, dtype=torch.bfloat16).to_sparse(),
+                                  torch.zeros(16, 64, dtype=torch.bfloat16), torch.empty(4, 16, dtype=torch.bfloat16)),
+     ValueError, "bf16_gemm_nt: a must be a dense \\(strided\\) tensor, got layout torch.sparse_coo"),
+])
+def test_public_gemms_name_empty_k_and_sparse_operands(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

@@ -263,6 +263,22 @@ def test_layout_checks(overrides, match):
         kernels.EpLayout(**_layout_args(**overrides))
 
 
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: kernels.ep_dispatch(None, torch.zeros(1, 128), None, torch.zeros(1, 2, dtype=torch.int64),
+                                 torch.ones(1, 2)), TypeError, "ep_dispatch: layout must be an EpLayout, got NoneType"),
+    (lambda: kernels.ep_combine("layout", torch.zeros(2, 8, 128, dtype=torch.bfloat16)), TypeError,
+     "ep_combine: layout must be an EpLayout, got str"),
+    (lambda: kernels.ep_buffer_views(0, 2, 4, 2, 128), ValueError, "ep_buffer_views: num_ranks must be an int >= 1, got 0"),
+    (lambda: kernels.ep_buffer_views(2, 2, -4, 2, 128), ValueError, "max_tokens must be an int >= 1, got -4"),
+    (lambda: kernels.ep_buffer_views(2, 2, 4, 2.0, 128), ValueError, "top_k must be an int >= 1, got 2.0"),
+    (lambda: kernels.ep_buffer_views(2, 2, 4, 2, 200), ValueError, "hidden must be a multiple of 128 .*got 200"),
+    (lambda: kernels.ep_signal_ints(2, -1), ValueError, "ep_signal_ints: num_local_experts must be an int >= 1"),
+])
+def test_cpu_bad_arguments(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
 def test_buffer_views_and_signal_words():
     views = dict((name, (shape, dtype)) for name, shape, dtype in kernels.ep_buffer_views(4, 8, 16, 8, 7168))
     assert tuple(views) == kernels.ep.kEpViews

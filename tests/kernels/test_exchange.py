@@ -278,6 +278,30 @@ def test_bad_arguments_name_the_argument():
                               peers.combine, 0, 4)
 
 
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda peers, inputs, layout: kernels.ExchangePeers((None, peers.acts[1]), peers.acts_sf, peers.weights,
+                                                         peers.slots, peers.combine, 0, 4),
+     TypeError, "ExchangePeers: acts\\[0\\] must be a torch.Tensor, got NoneType"),
+    (lambda peers, inputs, layout: kernels.ExchangePeers(peers.acts, peers.acts_sf, peers.weights,
+                                                         (peers.slots[0], [0]), peers.combine, 0, 4),
+     TypeError, "ExchangePeers: slots\\[1\\] must be a torch.Tensor, got list"),
+    (lambda peers, inputs, layout: kernels.exchange_dispatch(None, **inputs, **layout),
+     TypeError, "exchange_dispatch: peers must be ExchangePeers, got NoneType"),
+    (lambda peers, inputs, layout: kernels.exchange_combine(peers.acts, torch.zeros(4, 128, dtype=torch.bfloat16),
+                                                            torch.zeros(4, dtype=torch.int32)),
+     TypeError, "exchange_combine: peers must be ExchangePeers, got tuple"),
+    (lambda peers, inputs, layout: kernels.exchange_count(inputs["topk_idx"].to("meta"), 8),
+     ValueError, "exchange_count: topk_idx must be on a CPU or CUDA device, got meta"),
+    (lambda peers, inputs, layout: kernels.exchange_sizes(layout["counts"].to("meta"), 0, 4, 16),
+     ValueError, "exchange_sizes: counts must be on a CPU or CUDA device, got meta"),
+])
+def test_bad_argument_types_and_devices(call, error, match):
+    peers, inputs, layout, _ = make_problem(2, 4, 8, 2, 128, 0, "cpu", 3)
+    with pytest.raises(error, match=match):
+        call(peers, inputs, layout)
+
+
 @pytest.mark.parametrize("kernel,top_k,hidden,in_dtype", [
     (0, 8, 7168, torch.float8_e4m3fn), (0, 6, 2048, torch.float8_e4m3fn), (0, 8, 7168, torch.bfloat16),
     (0, 40, 16384, torch.float32), (1, 8, 7168, None), (1, 1, 384, None), (2, 1, 128, None), (3, 1, 128, None)])

@@ -85,7 +85,20 @@ def test_rows_past_n_are_zero():
 @pytest.mark.parametrize("packed,sf,match", [
     (torch.zeros(2, 64, dtype=torch.uint8), torch.zeros(2, 64, 4, dtype=torch.uint8), r"\[G, N, K/2\]"),
     (torch.zeros(1, 64, 32, dtype=torch.uint8), torch.zeros(1, 64, 2, dtype=torch.uint8), "multiple of 128"),
-    (torch.zeros(1, 64, 64, dtype=torch.uint8), torch.zeros(1, 64, 2, dtype=torch.uint8), r"SFB.*shape \[1, 64, 4\]"),
+    (torch.zeros(1, 64, 64, dtype=torch.uint8), torch.zeros(1, 64, 2, dtype=torch.uint8),
+     r"transform_fp4_for_decode: sf must have shape \[1, 64, 4\]"),
+    (torch.zeros(1, 64, 0, dtype=torch.uint8), torch.zeros(1, 64, 0), "K must be a positive multiple of 128, got 0"),
+    (torch.zeros(1, 0, 64, dtype=torch.uint8), torch.zeros(1, 0, 4), r"N \(packed's rows per group\) must be >= 1"),
+    (torch.zeros(1, 64, 64, dtype=torch.uint8, device="meta"), torch.ones(1, 64, 4, device="meta"),
+     "packed and sf must be on one CPU or CUDA device, got meta and meta"),
+    (torch.zeros(1, 64, 64, dtype=torch.uint8), torch.ones(1, 64, 4, device="meta"),
+     "packed and sf must be on one CPU or CUDA device, got cpu and meta"),
+    (torch.zeros(1, 64, 64, dtype=torch.uint8).to_sparse(), torch.ones(1, 64, 4),
+     "packed must be a dense \\(strided\\) tensor"),
+    (torch.zeros(1, 64, 64, dtype=torch.uint8), torch.ones(1, 64, 4).to_sparse(),
+     "transform_fp4_for_decode: sf must be a dense \\(strided\\) tensor"),
+    (torch.zeros(1, 64, 64, dtype=torch.uint8), torch.full((1, 64, 4), 0.75),
+     "transform_fp4_for_decode: sf must hold positive normal powers of two"),
 ])
 def test_bad_input(packed, sf, match):
     with pytest.raises((ValueError, TypeError), match=match):
@@ -128,6 +141,10 @@ def test_decode_layout_bad_input():
         kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, packed, d, masked_m, 2)
     with pytest.raises(ValueError, match=r"b \(decode layout\) must be contiguous uint8 \[1, 1, 1, 4352\]"):
         kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, kernels.transform_fp4_for_decode(packed, sf)[..., :4096], d,
+                                                 masked_m, 2)
+    # N comes from d: an empty one is named as N, not as a decode layout of 0 row blocks.
+    with pytest.raises(ValueError, match="m_grouped_fp8_fp4_gemm_nt_masked: N must be a positive multiple of 8, got 0"):
+        kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, kernels.transform_fp4_for_decode(packed, sf), d[..., :0],
                                                  masked_m, 2)
 
 

@@ -261,12 +261,14 @@ def test_gpu_route_nan_logits_still_give_distinct_valid_ids(seed, name):
     (dict(n_group=4, topk_group=0), "topk_group in \\[1, n_group\\]"),
     (dict(group_score="sum"), "group_score must be"),
     (dict(top_k=9), r"top_k must be an int in \[1, 8\]"),
+    (dict(logits=torch.randn(3, 8, device="meta")), "moe_route: logits must be on a CPU or CUDA device, got meta"),
+    (dict(score_bias=torch.zeros(8, device="meta")), "moe_route: score_bias must be on a CPU or CUDA device, got meta"),
 ])
 def test_route_bad_input(kwargs, match):
-    args = dict(top_k=2)
+    args = dict(logits=torch.randn(3, 8), top_k=2)
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
-        kernels.moe_route(torch.randn(3, 8), **args)
+        kernels.moe_route(**args)
 
 
 @pytest.mark.parametrize("kwargs,match", [

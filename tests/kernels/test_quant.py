@@ -226,6 +226,9 @@ def _bad_calls() -> list[BadCall]:
         BadCall("per_block_cast_to_fp8", {"x": x, "use_ue8m0": "yes"}, TypeError, "use_ue8m0"),
         BadCall("ceil_to_ue8m0", {"x": 1.0}, TypeError, "torch.Tensor"),
         BadCall("ceil_to_ue8m0", {"x": x.double()}, TypeError, "float32"),
+        BadCall("ceil_to_ue8m0", {"x": x.abs().to("meta")}, ValueError, "ceil_to_ue8m0: x must hold values .*meta"),
+        BadCall("ceil_to_ue8m0", {"x": x.abs().to_sparse()}, ValueError,
+                "ceil_to_ue8m0: x must be a dense .*sparse_coo"),
     ]
 
 

@@ -175,6 +175,17 @@ def test_transform_sf_rejects_non_powers_of_two(value):
      ValueError, "gran_k"),
     (lambda: kernels.transform_sf_for_fp4_gemm(torch.ones(2, 4, dtype=torch.uint8)), TypeError,
      "sf must be a float32 tensor"),
+    (lambda: kernels.per_token_cast_to_fp4(torch.ones(2, 32).to_sparse()), ValueError,
+     "per_token_cast_to_fp4: x must be a dense .*sparse_coo"),
+    (lambda: kernels.cast_back_from_fp4(torch.zeros(2, 16, dtype=torch.int8).to_sparse(), torch.ones(2, 1)),
+     ValueError, "cast_back_from_fp4: packed must be a dense .*sparse_coo"),
+    (lambda: kernels.cast_back_from_fp4(torch.zeros(2, 16, dtype=torch.int8), torch.ones(2, 1).to_sparse()),
+     ValueError, "cast_back_from_fp4: sf must be a dense .*sparse_coo"),
+    (lambda: kernels.transform_sf_for_fp4_gemm(torch.ones(2, 4).to_sparse()), ValueError,
+     "transform_sf_for_fp4_gemm: sf must be a dense .*sparse_coo"),
+    # A lazily negated view shows -1: named as a value that is not a positive power of two.
+    (lambda: kernels.transform_sf_for_fp4_gemm(torch._neg_view(torch.ones(2, 4))), ValueError,
+     "transform_sf_for_fp4_gemm: sf must hold positive normal powers of two .* e.g. -1.0"),
 ])
 def test_bad_arguments_raise(call, error, match):
     with pytest.raises(error, match=match):

@@ -33,6 +33,16 @@ def test_cpu_is_the_definition(seed, m, inter):
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(sf, sf_ref)
 
 
+def test_cpu_takes_any_layout_of_h(seed):
+    """The CUDA path copies an h whose rows are not dense; the CPU path takes such an h too (a
+    column-major one once reached the quantizer and failed there, naming per_token_cast_to_fp8's x)."""
+    h = (torch.randn(2 * 256, 5) * 3).to(torch.bfloat16).t()
+    w = torch.rand(5)
+    q, sf = kernels.swiglu_quant_fp8(h, w)
+    q_ref, sf_ref = _definition(h.contiguous(), w)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(sf, sf_ref)
+
+
 @pytest.mark.parametrize("m,inter", [(1, 256), (7, 384), (130, 256)])
 def test_cpu_mn_major_sf(seed, m, inter):
     """mn_major_sf: the same scales, stored MN-major TMA-aligned (M rounded up to 4 floats)."""
@@ -48,6 +58,7 @@ def test_cpu_mn_major_sf(seed, m, inter):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(h=torch.zeros(4, 200, dtype=torch.bfloat16)), "h must be a bfloat16 \\[M, 2I\\]"),
+    (dict(h=torch.zeros(4, 256, dtype=torch.bfloat16).to_sparse()), "h must be a bfloat16 .*dense.* torch.sparse_coo"),
     (dict(weights=torch.zeros(3)), "weights must be a float32 \\[4\\]"),
     (dict(masked_m=torch.zeros(2, dtype=torch.int32), rows_per_group=3), "rows_per_group must be a positive int"),
     (dict(masked_m=torch.zeros(3, dtype=torch.int32), rows_per_group=2), "masked_m must be an int32 tensor of shape \\[2\\]"),

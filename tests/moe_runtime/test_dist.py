@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from moe_runtime.dist import (apply_multicast_safety_env, expert_placement, init_distributed, kMulticastSafetyEnv,
-                              rank_print, reduce_rows_to_owners, uneven_all_gather)
+from moe_runtime.dist import (apply_multicast_safety_env, expert_placement, group_rank, group_size, init_distributed,
+                              kMulticastSafetyEnv, rank_print, reduce_rows_to_owners, uneven_all_gather)
 
 
 @pytest.mark.parametrize("num_experts,ep_size", [(8, 1), (8, 2), (256, 8), (6, 3)])
@@ -32,6 +32,14 @@ def test_placement_errors(args, match):
     if match == "not divisible":
         with pytest.raises(ValueError, match="num_experts=10"):
             expert_placement(*args)
+
+
+@pytest.mark.parametrize("fn", [group_size, group_rank])
+@pytest.mark.parametrize("group", ["world", 0, object()])
+def test_group_must_be_a_process_group(fn, group):
+    with pytest.raises(TypeError, match="process group must be None or a torch.distributed.ProcessGroup, got "
+                                        f"{type(group).__name__}"):
+        fn(group)
 
 
 def test_owner_out_of_range():

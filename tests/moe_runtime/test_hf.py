@@ -258,6 +258,11 @@ def test_transformers4_layout_and_tuple_output(seed):
 def test_errors():
     with pytest.raises(ValueError, match="no supported MoE block"):
         replace_moe_blocks(nn.Sequential(nn.Linear(4, 4)))
+    for model in (None, [nn.Linear(4, 4)]):
+        with pytest.raises(TypeError, match=f"model must be a torch.nn.Module, got {type(model).__name__}"):
+            replace_moe_blocks(model)
+    with pytest.raises(TypeError, match="process group must be None or a torch.distributed.ProcessGroup"):
+        replace_moe_blocks(tiny_model("mixtral", torch.float32, 0), ep_group="world")
     block = MixtralSparseMoeBlock()
     for expert in block.experts:
         expert.act_fn = nn.GELU()

@@ -181,6 +181,55 @@ def test_construction_errors(kwargs, match):
                      args.pop("top_k"), **args)
 
 
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(router={"scoring_func": "softmax"}), TypeError, "router must be None or a RouterConfig, got dict"),
+    (dict(dtype=torch.float8_e4m3fn), TypeError, "dtype must be float16, bfloat16, float32 or float64, got "
+                                                 "torch.float8_e4m3fn"),
+    (dict(shared_intermediate_size=S, shared_expert_gate="yes"), TypeError, "shared_expert_gate must be a bool"),
+    (dict(device="gpu0"), ValueError, "device must be a torch.device or a device string .* got 'gpu0'"),
+    (dict(ep_group="world"), TypeError, "process group must be None or a torch.distributed.ProcessGroup, got str"),
+])
+def test_construction_type_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        MegaMoELayer(H, I, E, 2, **kwargs)
+
+
+def _nonfinite(name, value):
+    w = _weights(0)
+    del w["score_bias"]
+    w[name] = w[name].clone()
+    w[name].view(-1)[7] = value
+    return w
+
+
+@pytest.mark.parametrize("weights", ["bf16", "fp8", "fp4"])
+@pytest.mark.parametrize("kwargs,error,match", [
+    (_nonfinite("gate_up", float("nan")), ValueError, "gate_up must hold finite values, got NaN or inf"),
+    (_nonfinite("down", float("-inf")), ValueError, "down must hold finite values"),
+    (_nonfinite("router_weight", float("nan")), ValueError, "router_weight must hold finite values"),
+    ({**_nonfinite("gate_up", 0.0), "gate_up": torch.zeros(E, 2 * I, H, device="meta")}, ValueError,
+     "gate_up is on the meta device \\(no values\\) but the weights load onto cpu"),
+    ({**_nonfinite("gate_up", 0.0), "device": "nowhere"}, ValueError, "device must be a torch.device .*'nowhere'"),
+])
+def test_load_weights_value_errors(weights, kwargs, error, match):
+    layer = MegaMoELayer(H, I, E, 2, weights=weights)
+    with pytest.raises(error, match=match):
+        layer.load_weights(**kwargs)
+    assert not layer.loaded
+
+
+def test_forward_refuses_fp8_activations_and_meta_layers():
+    w = _weights(0)
+    del w["score_bias"]
+    layer = MegaMoELayer(H, I, E, 2).load_weights(**w)
+    with pytest.raises(TypeError, match="hidden_states must be float16, bfloat16, float32 or float64, got "
+                                        "torch.float8_e4m3fn"):
+        layer(torch.randn(2, H).to(torch.float8_e4m3fn))
+    meta = MegaMoELayer(H, I, E, 2, device="meta").load_weights(**{k: v.to("meta") for k, v in w.items()})
+    with pytest.raises(ValueError, match="on the meta device: the forward computes values"):
+        meta(torch.randn(2, H, device="meta"))
+
+
 def test_load_and_forward_errors():
     w = _weights(0, shared=True, gate=True)
     layer = MegaMoELayer(H, I, E, 2, weights="bf16")

@@ -122,6 +122,36 @@ def test_config_errors(kwargs, top_k, match):
         route(torch.randn(3, 8), top_k, RouterConfig(**kwargs))
 
 
+@pytest.mark.parametrize("kwargs,top_k,error,match", [
+    (dict(routed_scaling_factor=float("inf")), 2, ValueError, "routed_scaling_factor must be finite and > 0, got inf"),
+    (dict(routed_scaling_factor="2"), 2, TypeError, "routed_scaling_factor must be a number, got '2'"),
+    (dict(routed_scaling_factor=None), 2, TypeError, "routed_scaling_factor must be a number, got None"),
+    (dict(norm_topk_prob="no"), 2, TypeError, "norm_topk_prob must be a bool, got 'no'"),
+    (dict(norm_topk_prob=None), 2, TypeError, "norm_topk_prob must be a bool, got None"),
+    (dict(use_score_bias=1), 2, TypeError, "use_score_bias must be a bool, got 1"),
+    (dict(logits_dtype=torch.float8_e4m3fn), 2, TypeError, "logits_dtype must be None, float16, bfloat16"),
+    (dict(), True, ValueError, "top_k must be an int in \\[1, num_experts=8\\], got True"),
+])
+def test_config_type_errors(kwargs, top_k, error, match):
+    with pytest.raises(error, match=match):
+        RouterConfig(**kwargs).validate(8, top_k)
+
+
+@pytest.mark.parametrize("args,error,match", [
+    (([[0.0] * 8], 2), TypeError, "logits must be a floating-point tensor \\[T, E\\], got list"),
+    ((None, 2), TypeError, "logits must be a floating-point tensor"),
+    ((torch.ones(3, 8, dtype=torch.int64), 2), TypeError, "logits must be a floating-point tensor .*torch.int64"),
+    ((torch.ones(3, 8, dtype=torch.complex64), 2), TypeError, "torch.complex64"),
+    ((torch.randn(3, 8), 2, {"scoring_func": "softmax"}), TypeError, "config must be None or a RouterConfig, got dict"),
+    ((torch.randn(3, 8), 2, RouterConfig(use_score_bias=True), [0.0] * 8), TypeError,
+     "score_bias must be a float tensor \\[8\\], got list"),
+    ((torch.randn(3, 8, device="meta"), 2), ValueError, "logits must be on a CPU or CUDA device, got meta"),
+])
+def test_route_argument_errors(args, error, match):
+    with pytest.raises(error, match=match):
+        route(*args)
+
+
 def test_bias_errors():
     with pytest.raises(ValueError, match="score_bias"):
         route(torch.randn(3, 8), 2, RouterConfig(use_score_bias=True))

@@ -102,6 +102,12 @@ def test_mega_moe_config_errors(kwargs, match):
         make_mega_moe_config(**args)
 
 
+@pytest.mark.parametrize("value", ["yes", None, 1])
+def test_mega_moe_config_use_fp8_dispatch_must_be_a_bool(value):
+    with pytest.raises(TypeError, match=f"use_fp8_dispatch must be a bool, got {value!r}"):
+        make_mega_moe_config(4, 32, 64, 4, 256, 256, use_fp8_dispatch=value)
+
+
 def test_single_process_host_buffer():
     with get_symm_buffer_for_mega_moe(None, 8, 10, 2, 256, 128, backend="host") as buf:
         assert buf.backend == "host" and buf.world_size == 1 and buf.rank == 0
@@ -134,6 +140,8 @@ def test_symm_buffer_errors():
         SymmBuffer(layout, backend="torch", device="cpu")
     with pytest.raises(ValueError, match="CPU memory"):
         SymmBuffer(layout, backend="host", device="meta")
+    with pytest.raises(ValueError, match="device must be a torch.device or a device string .* got 'gpu0'"):
+        SymmBuffer(layout, backend="host", device="gpu0")
 
 
 def test_nvshmem_backend_missing_package_is_a_clear_error():

@@ -100,6 +100,26 @@ def test_sm100_rejects_non_power_of_two_scales():
         transform_weights_for_mega_moe(l1, l2, target="sm100")
 
 
+@pytest.mark.parametrize("call,match", [
+    # Scales on another device than their weights.
+    (lambda l1, l2: transform_weights_for_mega_moe((l1[0], l1[1].to("meta")), l2),
+     r"l1 and l2 weights and scale factors must be on one device, got \['cpu', 'meta'\]"),
+    # intermediate_size 0: no layer to lay out.
+    (lambda l1, l2: transform_weights_for_mega_moe((l1[0][:, :0], l1[1][:, :0]), (l2[0][:, :, :0], l2[1][:, :, :0])),
+     r"l1 weight must be \[E, 2I, H\] with I and H >= 1, got \(2, 0, 128\)"),
+    # sm90 FP8 scales of the wrong shape (an IndexError from the gather before).
+    (lambda l1, l2: dequantize_mega_moe_weights((transform_weights_for_mega_moe(l1, l2)[0][0], torch.ones(3)),
+                                                transform_weights_for_mega_moe(l1, l2)[1]),
+     r"sm90 l1 sf must be float32 \[2, 1, 2, 1\]"),
+    (lambda l1, l2: dequantize_mega_moe_weights(transform_weights_for_mega_moe(l1, l2)[0], (l2[0], l2[1][:, :, :0])),
+     r"sm90 l2 sf must be float32 \[2, 1, 1\]"),
+])
+def test_shape_and_device_errors(call, match):
+    l1, l2 = _make("fp8", 2, 64, 128, seed=9)
+    with pytest.raises(ValueError, match=match):
+        call(l1, l2)
+
+
 def test_errors():
     l1, l2 = _make("fp8", 2, 64, 128, seed=9)
     with pytest.raises(ValueError, match="target"):
