@@ -18,6 +18,7 @@ sys.path[:0] = [kRepo, os.path.join(kRepo, "tests", "kernels")]
 
 import kernels  # noqa: E402
 from gemm_cases import DEEPSEEK_NK, H200_SMS  # noqa: E402
+from kernels.testing import env_switches, parse_env_variants  # noqa: E402
 from test_sass import _innermost_k_loops, sass  # noqa: E402
 
 
@@ -44,17 +45,12 @@ def census(m: int, n: int, k: int) -> dict:
 def row(m: int, n: int, k: int, variant: dict[str, str]) -> str:
     """One table row: the default (the variant's variables unset) against the variant; the
     environment is left as it was."""
-    saved = {name: os.environ.pop(name, None) for name in variant}
-    try:
+    with env_switches(**variant):
+        for name in variant:
+            os.environ.pop(name)
         base = census(m, n, k)
-        os.environ.update(variant)
+    with env_switches(**variant):
         var = census(m, n, k)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     loops = lambda c: ", ".join(f"{ops}/{kb}" for ops, kb in c["loops"])  # noqa: E731
     tile = lambda c: f"{c['config']['block_m']} x {c['config']['block_n']}"  # noqa: E731
     return (f"| {m} x {n} x {k} | {tile(base)}, {base['config']['scale_load']} | {tile(var)}, {var['config']['scale_load']} "
@@ -67,7 +63,7 @@ def main() -> None:
     parser.add_argument("--ms", default="64,128")
     parser.add_argument("--variant", required=True, metavar="NAME=VALUE[,NAME=VALUE...]")
     args = parser.parse_args()
-    variant = dict(setting.split("=", 1) for setting in args.variant.split(","))
+    (_, variant), = parse_env_variants([args.variant])
     print("| M x N x K | default tile, scale load | variant tile, scale load | stages | K loops, default "
           "(instructions / K blocks) | K loops, variant | LDGSTS | spills |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
