@@ -202,11 +202,22 @@ def _nonfinite(name, value):
     return w
 
 
+def _nonfinite_strided_last(name):
+    """An inf in the last element of a non-contiguous (column-major per expert) copy."""
+    w = _nonfinite(name, 0.0)
+    strided = w[name].transpose(1, 2).contiguous().transpose(1, 2)
+    strided[-1, -1, -1] = float("inf")
+    assert not strided.is_contiguous()
+    w[name] = strided
+    return w
+
+
 @pytest.mark.parametrize("weights", ["bf16", "fp8", "fp4"])
 @pytest.mark.parametrize("kwargs,error,match", [
     (_nonfinite("gate_up", float("nan")), ValueError, "gate_up must hold finite values, got NaN or inf"),
     (_nonfinite("down", float("-inf")), ValueError, "down must hold finite values"),
     (_nonfinite("router_weight", float("nan")), ValueError, "router_weight must hold finite values"),
+    (_nonfinite_strided_last("gate_up"), ValueError, "gate_up must hold finite values"),
     ({**_nonfinite("gate_up", 0.0), "gate_up": torch.zeros(E, 2 * I, H, device="meta")}, ValueError,
      "gate_up is on the meta device \\(no values\\) but the weights load onto cpu"),
     ({**_nonfinite("gate_up", 0.0), "device": "nowhere"}, ValueError, "device must be a torch.device .*'nowhere'"),
