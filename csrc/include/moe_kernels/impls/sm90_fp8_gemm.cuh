@@ -128,8 +128,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // one per stage; none where the TMA warp loads the scales.
   constexpr bool kScaleTma = kScaleLoad != kScaleGather;
   static_assert(kScaleLoad <= kScaleTmaKMajorTable, "a scale load of common/fp8_gemm_layout.h");
-  // The table holds one tile's rows for one wave of the math warpgroups, dense tiles only (a
-  // contiguous or masked tile's rows would need their group's).
+  // The table holds one tile's rows for one wave of the math warpgroups, dense tiles only:
+  // contiguous 128 x 192 tiles would keep under 4 stages beside it at K >= 2048, and masked tiles
+  // gather their scales (launchers/sm90_fp8_gemm.hpp).
   constexpr bool kScaleTable = kScaleLoad == kScaleTmaKMajorTable;
   static_assert(!kScaleTable || (kBlockM <= 128 && kGemmType == static_cast<int>(GemmType::kNormal) &&
                                  Smem::kTableCols <= 256),
