@@ -22,14 +22,15 @@ from kernels.testing import env_switches, parse_env_variants  # noqa: E402
 from test_sass import _innermost_k_loops, sass  # noqa: E402
 
 
-def k_loops(code: str, block_n: int) -> list[tuple[int, int]]:
+def k_loops(code: str, block_n: int, waves: int = 1) -> list[tuple[int, int]]:
     """(instructions, K blocks) of each innermost K loop: four QGMMAs and block_n / 2 FFMAs per K
-    block (the barrier waits' out-of-line retries branch back over whole loops and are left out)."""
+    block and wave (256-row tiles run two waves; the barrier waits' out-of-line retries branch back
+    over whole loops and are left out)."""
     loops = set()
-    for body in _innermost_k_loops(code, 8192):
+    for body in _innermost_k_loops(code, 8192 * waves):
         ops = [op for op in body.splitlines() if op.strip()]
-        k_blocks = sum("QGMMA" in op for op in ops) // 4
-        if k_blocks and sum("FFMA" in op for op in ops) == k_blocks * block_n // 2:
+        k_blocks = sum("QGMMA" in op for op in ops) // (4 * waves)
+        if k_blocks and sum("FFMA" in op for op in ops) == k_blocks * waves * block_n // 2:
             loops.add((len(ops), k_blocks))
     return sorted(loops)
 
@@ -38,8 +39,8 @@ def census(m: int, n: int, k: int) -> dict:
     native = kernels.jit.native_module()
     config = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
     code = sass(*native.fp8_gemm_nt_code(m, n, k, H200_SMS))
-    return dict(config=config, loops=k_loops(code, config["block_n"]), ldgsts="LDGSTS" in code,
-                spills="LDL" in code or "STL" in code)
+    return dict(config=config, loops=k_loops(code, config["block_n"], 2 if config["block_m"] == 256 else 1),
+                ldgsts="LDGSTS" in code, spills="LDL" in code or "STL" in code)
 
 
 def row(m: int, n: int, k: int, variant: dict[str, str]) -> str:

@@ -147,10 +147,16 @@ constexpr int kScaleTmaKMajorMinK = 1024;
 // 0.77-0.87x the gathers' time on the same narrow small-M tiles (bench/RESULTS.md, session 19):
 // the table is to bring K-major scales there. Not timed yet, so not a default.
 constexpr int kScaleTableMinStages = 4;
-inline bool scale_table_enabled() {
-  const char* value = std::getenv("MOE_FP8_SCALE_TABLE");
+inline bool env_is_one(const char* name) {
+  const char* value = std::getenv(name);
   return value != nullptr && std::string(value) == "1";
 }
+
+// MOE_FP8_SCALE_RING=1 (opt-in, read per plan): where the rules above load K-major A scales by TMA
+// (256-row tiles), each box of 4 K blocks goes once into a ring of its own instead of into the 4
+// stages it serves (kScaleTmaKMajorRing): 1 KB of A scales per K block instead of 4 KB, MN-major's
+// bytes. On the quantizers' K-major scales the 4096-row cells ran 0.95-0.99x DeepGEMM against
+// 0.97-1.02x on MN-major ones (bench/RESULTS.md, session 24). Not timed yet, so not a default.
 
 // Masked decode tiles (block M 64, up to 128 rows per group) of short K (at most
 // kMaskedShortKBlocks K blocks) take block N up to 128 only: their few K blocks per tile leave the
@@ -269,23 +275,21 @@ inline const char* function_name(GemmType type) {
                                               : "fp8_gemm_nt";
 }
 
-// The table's two slots and barriers beside the stages of t: the stages that still fit (capped by
-// MOE_GEMM_STAGES like choose_tiles'), or false where the tile takes no table (256 rows) or fewer
-// than kScaleTableMinStages would be left.
-inline bool fit_scale_table(Tiles& t, int k) {
+// The A scales' own slots and barriers (the table's, the ring's) beside the stages of t: the stages
+// that still fit (capped by MOE_GEMM_STAGES like choose_tiles'), or false where fewer than
+// min_stages would be left.
+inline bool fit_sfa_slots(Tiles& t, int k, unsigned scale_load, int min_stages) {
   using namespace moe_kernels;
-  if (t.block_m > 128) return false;
   const unsigned k_blocks = static_cast<unsigned>(k / kBlockK);
-  const int table =
-      static_cast<int>(fp8_gemm_table_bytes(static_cast<unsigned>(t.block_m), k_blocks, kScaleTmaKMajorTable) +
-                       fp8_gemm_table_barrier_bytes(kScaleTmaKMajorTable));
-  const int per_stage = stage_bytes(t.block_m, t.block_n, kScaleTmaKMajorTable);
-  int stages = std::min(kMaxStages, (kSmemLimit - pipeline_smem(t.block_m, t.block_n, 0, per_stage) - table) /
+  const int slots = static_cast<int>(fp8_gemm_sfa_slots_bytes(static_cast<unsigned>(t.block_m), k_blocks, scale_load) +
+                                     fp8_gemm_sfa_slot_barrier_bytes(scale_load));
+  const int per_stage = stage_bytes(t.block_m, t.block_n, scale_load);
+  int stages = std::min(kMaxStages, (kSmemLimit - pipeline_smem(t.block_m, t.block_n, 0, per_stage) - slots) /
                                         (per_stage + 16));
   if (const int cap = env_int("MOE_GEMM_STAGES")) stages = std::min(stages, cap);
-  if (stages < kScaleTableMinStages) return false;
+  if (stages < min_stages) return false;
   t.num_stages = stages;
-  t.smem_bytes = pipeline_smem(t.block_m, t.block_n, stages, per_stage) + table;
+  t.smem_bytes = pipeline_smem(t.block_m, t.block_n, stages, per_stage) + slots;
   return true;
 }
 
@@ -306,7 +310,7 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   if (!env_enabled("MOE_FP8_SCALE_TMA")) scale_load = moe_kernels::kScaleGather;
   // K-major A scales in a table per tile (dense; the box's rows at most 256 floats), where asked for.
   if (allow_table && scale_load == moe_kernels::kScaleTmaKMajor && type == GemmType::kNormal &&
-      moe_kernels::fp8_gemm_table_cols(static_cast<unsigned>(k / kBlockK)) <= 256 && scale_table_enabled()) {
+      moe_kernels::fp8_gemm_table_cols(static_cast<unsigned>(k / kBlockK)) <= 256 && env_is_one("MOE_FP8_SCALE_TABLE")) {
     scale_load = moe_kernels::kScaleTmaKMajorTable;
   }
   Config cfg{};
@@ -375,10 +379,20 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
     return plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment, split_workspace,
                        moe_kernels::kScaleGather, false);
   }
-  if (scale_load == moe_kernels::kScaleTmaKMajorTable && !fit_scale_table(t, k)) {
+  if (scale_load == moe_kernels::kScaleTmaKMajorTable &&
+      (t.block_m > 128 || !fit_sfa_slots(t, k, scale_load, kScaleTableMinStages))) {
     // A 256-row tile, or one that the table would leave too few stages: the K-major rules above.
     return plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment, split_workspace,
                        moe_kernels::kScaleTmaKMajor, false);
+  }
+  // The ring holds the boxes the stages would: the same shared memory at 256 x 128's 3 stages.
+  if (scale_load == moe_kernels::kScaleTmaKMajor && env_is_one("MOE_FP8_SCALE_RING")) {
+    Tiles ringed = t;
+    if (fit_sfa_slots(ringed, k, moe_kernels::kScaleTmaKMajorRing, 2)) {
+      t = ringed;
+      scale_load = moe_kernels::kScaleTmaKMajorRing;
+      cfg.scale_load = scale_load;
+    }
   }
   cfg.block_m = t.block_m;
   cfg.block_n = t.block_n;
@@ -427,8 +441,12 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // Masked GEMMs, grouped 256-row tiles and 128-row tiles without ping-pong other than 128 x 192 are
   // not measured and keep the plain loop. MOE_GEMM_K_UNROLL=N overrides.
   const int k_unroll = env_int("MOE_GEMM_K_UNROLL");
+  // The scale ring's 256-row contiguous tiles too: unrolled, its wait and release fall on K blocks
+  // known at compile time (SASS: 811 instructions per 4 K blocks, against 822 for boxes per stage
+  // unrolled alike; in the plain loop the ring's run-time checks made 254-796 per K block).
   const bool unrolled4 = (type == GemmType::kNormal && t.block_m == 256) ||
-                         (type != GemmType::kGroupedMasked && cfg.pingpong == 1);
+                         (type != GemmType::kGroupedMasked && cfg.pingpong == 1) ||
+                         scale_load == moe_kernels::kScaleTmaKMajorRing;
   const bool unrolled8 = in_step_tile && cfg.pingpong == 0;
   cfg.k_unroll = k_unroll > 0 ? k_unroll : unrolled4 ? 4 : unrolled8 ? 8 : 1;
   // A lone math warpgroup (block M 64) overlaps its promotion with the next K block's wgmmas where
@@ -529,8 +547,9 @@ inline void launch(const Config& c, const Args& a) {
   // The scale boxes of a TMA scale load (the kernel takes the maps either way; the gathers ignore them).
   CUtensorMap map_sfa{}, map_sfb{};
   if (c.scale_load != moe_kernels::kScaleGather) {
-    const unsigned layout =
-        c.scale_load == moe_kernels::kScaleTmaKMajorTable ? moe_kernels::kScaleTmaKMajor : c.scale_load;
+    const bool k_major_slots = c.scale_load == moe_kernels::kScaleTmaKMajorTable ||
+                               c.scale_load == moe_kernels::kScaleTmaKMajorRing;
+    const unsigned layout = k_major_slots ? moe_kernels::kScaleTmaKMajor : c.scale_load;
     MOE_HOST_ASSERT(scale_layout_for(c.type, a, c.n, c.k) == layout,
                     c.fn << ": the kernel was planned for TMA scale loads, which these scales' layouts do not allow");
     const std::uint64_t kb = static_cast<std::uint64_t>(c.k / kBlockK);

@@ -346,6 +346,39 @@ def test_scale_table_gives_way_to_stages(monkeypatch):
     assert native.fp8_gemm_nt_config(128, 7168, 7168, H200_SMS)["scale_load"] == "gather"
 
 
+@pytest.mark.parametrize("m,n,k,gemm_type,groups,alignment,scale_load,expected", [
+    (4096, 4096, 7168, 0, 1, 128, -1, "tma_k_major_ring"),     # 256 x 128, the ring instead of per-stage boxes
+    (4096, 7168, 16384, 0, 1, 128, -1, "tma_k_major_ring"),
+    (32768, 4096, 7168, 1, 4, 256, -1, "tma_k_major_ring"),    # contiguous 256-row tiles
+    (32768, 4096, 7168, 1, 4, 128, -1, "gather"),              # contiguous 128-row tiles gather K-major scales
+    (4096, 32768, 512, 0, 1, 128, -1, "gather"),               # K < 1024 gathers on 256-row tiles
+    (64, 2112, 7168, 0, 1, 128, -1, "gather"),                 # small tiles gather (or take the table)
+    (4096, 4096, 7168, 0, 1, 128, 1, "tma_mn_major"),          # MN-major boxes are the bytes used already
+    (16, 7168, 2048, 2, 32, 128, -1, "gather"),                # masked
+])
+def test_scale_ring_where_k_major_boxes_load(m, n, k, gemm_type, groups, alignment, scale_load, expected, monkeypatch):
+    """MOE_FP8_SCALE_RING=1: where the TMA warp would load K-major boxes of 4 K blocks with every
+    stage, each goes once into a ring of three slots of block_m x 4 floats; the stages lose their A
+    box, so the shared memory is the same but for the ring's barriers (256 x 128 keeps 3 stages)."""
+    native = kernels.jit.native_module()
+    args = (m, n, k, H200_SMS, False, -1, gemm_type, groups)
+    boxes = native.fp8_gemm_nt_config(*args, alignment=alignment, scale_load=scale_load)
+    monkeypatch.setenv("MOE_FP8_SCALE_RING", "1")
+    ring = native.fp8_gemm_nt_config(*args, alignment=alignment, scale_load=scale_load)
+    assert ring["scale_load"] == expected, ring
+    if expected == "tma_k_major_ring":
+        assert boxes["scale_load"] == "tma_k_major"
+        assert (ring["block_m"], ring["block_n"], ring["num_stages"], ring["multicast"]) == \
+            (boxes["block_m"], boxes["block_n"], boxes["num_stages"], boxes["multicast"])
+        assert ring["smem_bytes"] == boxes["smem_bytes"] + 3 * 16
+        assert ring["k_unroll"] == 4  # dense 256-row tiles unroll 4 anyway; contiguous ones for the ring
+    else:
+        assert ring == boxes
+    monkeypatch.setenv("MOE_FP8_SCALE_TABLE", "1")
+    if (m, n, k) == (64, 2112, 7168):
+        assert native.fp8_gemm_nt_config(*args, scale_load=scale_load)["scale_load"] == "tma_k_major_table"
+
+
 def test_overlap_on_lone_warpgroup_tiles(monkeypatch):
     """Block M 64 with block N <= 128 and whole rounds of max(4, k_unroll) K blocks (an even count)
     overlap promotion with the next K block's wgmmas; wider tiles (three accumulator sets would not

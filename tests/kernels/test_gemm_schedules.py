@@ -107,6 +107,30 @@ def test_gpu_scale_table_matches_gather(m, n, k, env, seed, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,env", [
+    (4096, 4096, 7168, ""), (4095, 7168, 2048, ""), (4096, 7168, 16384, ""), (2500, 24576, 1536, ""),
+    (4096, 4096, 7168, "MOE_FP8_MULTICAST=0"), (2048, 512, 7168, "MOE_GEMM_BLOCK_M=256,MOE_GEMM_SPLIT_K=3"),
+    (2560, 512, 16384, "MOE_GEMM_BLOCK_M=256,MOE_GEMM_SPLIT_K=3"), (2304, 6144, 16384, ""),
+])
+def test_gpu_scale_ring_matches_boxes_per_stage(m, n, k, env, seed, monkeypatch):
+    """MOE_FP8_SCALE_RING=1: 256-row tiles' K-major A scales, each box of 4 K blocks loaded once into
+    a ring of three slots, against the same box loaded with each of its 4 stages (MOE_FP8_SCALE_RING
+    unset, kScaleTmaKMajor): the same scales reach the same FFMAs, so D is bit for bit the same. The
+    cases cover clusters and single CTAs, an M tail (4095), and split units over K that start inside
+    a box (56 K blocks in 3: 19, 19, 18; 128 in 3: 43, 43, 42), alone or after whole tiles in 2-CTA
+    clusters (2304 x 6144 x 16384, the heuristic's own tail split)."""
+    monkeypatch.setenv("MOE_FP8_SCALE_RING", "1")
+    for setting in filter(None, env.split(",")):
+        name, value = setting.split("=")
+        monkeypatch.setenv(name, value)
+    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
+    assert (cfg["block_m"], cfg["scale_load"]) == (256, "tma_k_major_ring"), cfg
+    assert (cfg["tail_splits"] == 3) == ("SPLIT_K" in env or (m, n, k) == (2304, 6144, 16384)), cfg
+    _, _, d, boxes = with_switch_off(m, n, k, "MOE_FP8_SCALE_RING", monkeypatch)
+    assert torch.equal(d, boxes)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,block_m,unroll", [
     (1, 2112, 7168, "", ""), (64, 4096, 7168, "", ""), (128, 4096, 7168, "", ""), (64, 32768, 512, "", ""),
     (33, 7168, 2048, "", ""), (128, 7168, 16384, "", ""), (1216, 1024, 8192, "64", ""),

@@ -232,6 +232,34 @@ def test_gpu_contiguous_256_row_tiles(counts, forced, n, k, seed, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("counts,forced", [([4000, 0, 3900, 1], ""), ([513, 700, 255], "256")])
+@pytest.mark.parametrize("n,k", GROUPED_NK)
+def test_gpu_contiguous_scale_ring_matches_boxes_per_stage(counts, forced, n, k, seed, monkeypatch):
+    """MOE_FP8_SCALE_RING=1 on 256-row contiguous tiles: each K-major box of 4 K blocks of A scales
+    loaded once into the ring, against the same box loaded with each of its 4 stages (unset): the
+    same scales reach the same FFMAs, so D is bit for bit the same; every valid row against float64.
+    Under 2048 rows the heuristic takes 128-row tiles: block M 256 is forced there."""
+    if forced:
+        monkeypatch.setenv("MOE_GEMM_BLOCK_M", forced)
+    kernels.set_mk_alignment_for_contiguous_layout(256)
+    try:
+        b_fp8 = make_weights(len(counts), n, k, "cuda")
+        a_fp8, m_indices = make_contiguous(counts, k, "cuda", align=256)
+        outputs = {}
+        for ring in ("1", "0"):
+            monkeypatch.setenv("MOE_FP8_SCALE_RING", ring)
+            cfg = kernels.jit.native_module().fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(),
+                                                                 gemm_type=1, num_groups=len(counts), alignment=256)
+            assert (cfg["block_m"], cfg["scale_load"]) == (256, "tma_k_major_ring" if ring == "1" else "tma_k_major")
+            outputs[ring] = run_contiguous(a_fp8, b_fp8, m_indices, n)
+        torch.cuda.synchronize()
+    finally:
+        kernels.set_mk_alignment_for_contiguous_layout(128)
+    assert_contiguous_rows(outputs["1"], a_fp8, b_fp8, m_indices)
+    assert torch.equal(outputs["1"].nan_to_num(7.0), outputs["0"].nan_to_num(7.0))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("masked,max_m,expected_m", [([20] * 32, 32, 20), ([0, 5, 100, 0, 77, 1, 128, 3], 128, 8)])
 @pytest.mark.parametrize("n,k", [(4096, 7168), (4096, 2048)])
 def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, seed, monkeypatch):

@@ -111,6 +111,36 @@ def test_fp8_gemm_scale_table_loads_by_tma_alone(m, n, k, monkeypatch):
     assert per_k_block(code) <= per_k_block(gathered) + 8
 
 
+@pytest.mark.parametrize("m,n,k,gemm_type,groups,alignment", [(4096, 4096, 7168, 0, 1, 128), (4096, 7168, 2048, 0, 1, 128),
+                                                               (32768, 4096, 7168, 1, 4, 256)])
+def test_fp8_gemm_scale_ring_keeps_the_k_loop(m, n, k, gemm_type, groups, alignment, monkeypatch):
+    """MOE_FP8_SCALE_RING=1 on 256-row tiles: the TMA warp loads a K-major box once per 4 K blocks
+    (fewer UTMALDG in the code: the per-stage A box is gone), nothing spills, and the whole tiles'
+    K loop (dense: unrolled 4, its ring wait and release at compile-time K blocks) is no longer than
+    with a box per stage (783 against 785 instructions per 4 K blocks at 4096 x 4096 x 7168)."""
+    native = kernels.jit.native_module()
+    args = (m, n, k, H200_SMS, False, -1, gemm_type, groups)
+
+    def compiled():
+        config = native.fp8_gemm_nt_config(*args, alignment=alignment)
+        code = sass(*native.fp8_gemm_nt_code(*args, alignment=alignment))
+        loops = [[op for op in body.splitlines() if op.strip()] for body in _k_loop_bodies(code, 16384)]
+        k_loops = [ops for ops in loops
+                   if any("QGMMA" in op for op in ops)
+                   and sum("FFMA" in op for op in ops) == sum("QGMMA" in op for op in ops) // 4 * config["block_n"] // 2]
+        return config, code, min(len(ops) / (sum("QGMMA" in op for op in ops) // 8) for ops in k_loops)
+
+    boxes, boxes_code, boxes_per_k_block = compiled()
+    monkeypatch.setenv("MOE_FP8_SCALE_RING", "1")
+    ring, code, ring_per_k_block = compiled()
+    assert (boxes["scale_load"], ring["scale_load"], ring["block_m"]) == ("tma_k_major", "tma_k_major_ring", 256)
+    for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG"):
+        assert instruction in code, instruction
+    assert code.count("UTMALDG") < boxes_code.count("UTMALDG")
+    assert "LDL" not in code and "STL" not in code, "register spills"
+    assert ring_per_k_block <= boxes_per_k_block + 2, (ring_per_k_block, boxes_per_k_block)
+
+
 @pytest.mark.parametrize("m,n,k,gemm_type,groups", [(300, 2112, 7168, 0, 1), (1000, 7168, 1536, 0, 1),
                                                      (32768, 4096, 7168, 1, 4), (3712, 4096, 1152, 1, 4)])
 def test_fp8_gemm_clusters_sharing_b_multicast_b(m, n, k, gemm_type, groups, monkeypatch):

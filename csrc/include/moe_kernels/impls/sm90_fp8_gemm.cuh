@@ -46,21 +46,24 @@ struct Fp8GemmSmem {
   static constexpr uint32_t kOffsetA = kD;
   static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kA;
   static constexpr uint32_t kOffsetSf = kOffsetB + kNumStages * kB;
-  // kScaleTmaKMajorTable: two slots of a tile's A scales, [kBlockM rows][kTableCols], after the stages.
-  static constexpr uint32_t kTableCols = fp8_gemm_table_cols(kNumKBlocks);
-  static constexpr uint32_t kTableSlot = fp8_gemm_table_slot_bytes(kBlockM, kNumKBlocks);
-  static constexpr uint32_t kOffsetTable = kOffsetSf + kNumStages * kSfFloats * 4;
-  static constexpr uint32_t kOffsetBarriers = kOffsetTable + fp8_gemm_table_bytes(kBlockM, kNumKBlocks, kScaleLoad);
-  static constexpr uint32_t kTotal =
-      kOffsetBarriers + 2 * kNumStages * 8 + fp8_gemm_table_barrier_bytes(kScaleLoad);
+  // kScaleTmaKMajorTable / Ring: the A scales' own slots, [kBlockM rows][kSfaCols] each, after the
+  // stages (at least one slot's worth of barriers is named, none is used elsewhere).
+  static constexpr uint32_t kSfaSlots = fp8_gemm_sfa_slots(kScaleLoad);
+  static constexpr uint32_t kSfaRing = kSfaSlots > 0 ? kSfaSlots : 1;
+  static constexpr uint32_t kSfaCols = fp8_gemm_sfa_slot_cols(kNumKBlocks, kScaleLoad);
+  static constexpr uint32_t kSfaSlot = fp8_gemm_sfa_slot_bytes(kBlockM, kNumKBlocks, kScaleLoad);
+  static constexpr uint32_t kOffsetSfaSlots = kOffsetSf + kNumStages * kSfFloats * 4;
+  static constexpr uint32_t kOffsetBarriers =
+      kOffsetSfaSlots + fp8_gemm_sfa_slots_bytes(kBlockM, kNumKBlocks, kScaleLoad);
+  static constexpr uint32_t kTotal = kOffsetBarriers + 2 * kNumStages * 8 + fp8_gemm_sfa_slot_barrier_bytes(kScaleLoad);
   static_assert(kA + kB + kSfFloats * 4 == fp8_gemm_stage_bytes(kBlockM, kBlockN, kScaleLoad),
                 "the launcher sizes stages alike");
   // 128-byte swizzled TMA tiles need 1024-byte aligned stage buffers, TMA scale boxes 128-byte ones.
   static_assert(kD % 1024 == 0 && kA % 1024 == 0 && kB % 1024 == 0, "stage buffers must stay 1024-byte aligned");
   static_assert(kScaleLoad == kScaleGather || (kSfFloats % 32 == 0 && kSfb % 32 == 0),
                 "TMA scale boxes must land on 128-byte boundaries");
-  static_assert(kScaleLoad != kScaleTmaKMajorTable || (kOffsetTable % 128 == 0 && kTableSlot % 128 == 0),
-                "the table's slots must land on 128-byte boundaries");
+  static_assert(kSfaSlots == 0 || (kOffsetSfaSlots % 128 == 0 && kSfaSlot % 128 == 0),
+                "the A scales' slots must land on 128-byte boundaries");
 };
 
 // Ping-pong of a 128-row tile's two math warpgroups: they issue their K blocks' wgmmas in turn (WG0
@@ -127,14 +130,20 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // Scale producers: warps 1.. of the producer warpgroup (warp 0 issues the TMA loads), at most
   // one per stage; none where the TMA warp loads the scales.
   constexpr bool kScaleTma = kScaleLoad != kScaleGather;
-  static_assert(kScaleLoad <= kScaleTmaKMajorTable, "a scale load of common/fp8_gemm_layout.h");
+  static_assert(kScaleLoad <= kScaleTmaKMajorRing, "a scale load of common/fp8_gemm_layout.h");
   // The table holds one tile's rows for one wave of the math warpgroups, dense tiles only:
   // contiguous 128 x 192 tiles would keep under 4 stages beside it at K >= 2048, and masked tiles
   // gather their scales (launchers/sm90_fp8_gemm.hpp).
   constexpr bool kScaleTable = kScaleLoad == kScaleTmaKMajorTable;
   static_assert(!kScaleTable || (kBlockM <= 128 && kGemmType == static_cast<int>(GemmType::kNormal) &&
-                                 Smem::kTableCols <= 256),
+                                 Smem::kSfaCols <= 256),
                 "the scale table: dense tiles of block M 64 or 128, at most 256 columns (a TMA box's rows)");
+  // The ring: a box of 4 K blocks per slot, waited for before its first K block and released after
+  // its last in the plain K loop (not the overlapped one). Its K blocks are kb_begin's group of 4
+  // and each later one; a split unit's first group may start inside a box.
+  constexpr bool kScaleRing = kScaleLoad == kScaleTmaKMajorRing;
+  static_assert(!kScaleRing || (!kOverlap && kGemmType != static_cast<int>(GemmType::kGroupedMasked)),
+                "the scale ring: dense and contiguous tiles of the plain K loop");
   static_assert(kScaleTma ? kScaleWarps == 0 : kScaleWarps >= 1 && kScaleWarps <= 3,
                 "1 to 3 scale warps gather the scales, none with TMA scale loads");
   constexpr uint32_t kNumScaleWarps = kScaleWarps < kNumStages ? kScaleWarps : kNumStages;
@@ -198,9 +207,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   auto* smem_sf = reinterpret_cast<float*>(smem + Smem::kOffsetSf);
   auto* barriers = reinterpret_cast<uint64_t*>(smem + Smem::kOffsetBarriers);
   const StageRing<kNumStages> ring{barriers, barriers + kNumStages};
-  // The table's two slots: full (the tile's box landed) and empty (every math warp has read it).
-  [[maybe_unused]] const StageRing<2> table_ring{barriers + 2 * kNumStages, barriers + 2 * kNumStages + 2};
-  [[maybe_unused]] auto* smem_table = reinterpret_cast<float*>(smem + Smem::kOffsetTable);
+  // The A scales' slots: full (the box landed) and empty (every math warp has read it).
+  [[maybe_unused]] const StageRing<Smem::kSfaRing> sfa_ring{barriers + 2 * kNumStages,
+                                                            barriers + 2 * kNumStages + Smem::kSfaRing};
+  [[maybe_unused]] auto* smem_sfa = reinterpret_cast<float*>(smem + Smem::kOffsetSfaSlots);
 
   const uint32_t warp = threadIdx.x / 32;
   const uint32_t lane = sm90::lane_id();
@@ -214,8 +224,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     }
     // Full: one expect-tx arrival for the TMA loads, plus one cp.async arrival per scale lane.
     ring.init(kScaleTma ? 1 : 1 + 32, kNumMathWG * 4 * kNumMulticast);
-    // The table is this CTA's own (never multicast): its slot is free once the local math warps are done.
-    if constexpr (kScaleTable) table_ring.init(1, kNumMathWG * 4);
+    // The slots are this CTA's own (never multicast): one is free once the local math warps are done.
+    if constexpr (Smem::kSfaSlots > 0) sfa_ring.init(1, kNumMathWG * 4);
   }
   if constexpr (kNumMulticast > 1) {
     sm90::cluster_sync();  // the peers' barriers exist before any multicast or remote arrival
@@ -254,19 +264,24 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     const uint32_t producer_warp = warp - kNumMathWG * 4;
     if (producer_warp == 0 && lane == 0) {
       const uint32_t rank = kNumMulticast > 1 ? sm90::cluster_ctarank() : 0;
-      [[maybe_unused]] PipelineState<2> table_pipe;
+      [[maybe_unused]] PipelineState<Smem::kSfaRing> sfa_pipe;
+      // A box of the A scales' slots at column `col` of the tile's rows.
+      [[maybe_unused]] const auto load_sfa = [&](uint32_t col, uint32_t row) {
+        sfa_ring.producer_acquire(sfa_pipe);
+        uint64_t* full = sfa_ring.full + sfa_pipe.stage;
+        sm90::mbarrier_arrive_expect_tx(full, Smem::kSfaSlot);
+        sm90::tma_load_2d(smem_sfa + sfa_pipe.stage * (Smem::kSfaSlot / 4), &map_sfa, full, col, row);
+        sfa_pipe.advance();
+      };
       const auto load_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
         const uint32_t row_a = a_row0(t) + (kShareB ? 0 : rank * kMulticastRowsA), row_b = b_row0(t);
         const uint32_t row_sfa = a_row0(t), row_sfb = sfb_row0(t);
-        if constexpr (kScaleTable) {
-          // Every K block of the tile's rows, its split unit's too (it reads its own columns).
-          table_ring.producer_acquire(table_pipe);
-          uint64_t* full = table_ring.full + table_pipe.stage;
-          sm90::mbarrier_arrive_expect_tx(full, Smem::kTableSlot);
-          sm90::tma_load_2d(smem_table + table_pipe.stage * (Smem::kTableSlot / 4), &map_sfa, full, 0, row_sfa);
-          table_pipe.advance();
-        }
+        // The table: every K block of the tile's rows, its split unit's too (it reads its own columns).
+        if constexpr (kScaleTable) load_sfa(0, row_sfa);
         for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
+          if constexpr (kScaleRing) {
+            if (kb == kb_begin || kb % 4 == 0) load_sfa(kb & ~3u, row_sfa);
+          }
           ring.producer_acquire(pipe);
           uint64_t* full = ring.full + pipe.stage;
           sm90::mbarrier_arrive_expect_tx(full, Smem::kTmaBytes);
@@ -367,8 +382,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // tiles (group ids loaded per thread too) had 32 R2UR in their two waves' K block, 1 broadcast.
   constexpr bool kBroadcastStage = kType == GemmType::kGroupedMasked || (kNumWaves > 1 && kGrouped);
 
-  // kScaleTable: the current tile's slot (set by math_tile once its box has landed).
-  [[maybe_unused]] const float* table_tile = smem_table;
+  // kScaleTable / kScaleRing: the slot being read (set once its box has landed).
+  [[maybe_unused]] const float* sfa_slot = smem_sfa;
   // The K block's scales from its stage (A's from the tile's table): A's two rows of the thread
   // per wave, B's two blocks.
   const auto read_scales = [&](uint32_t stage, uint32_t kb, float (&sa)[kNumWaves][2], float (&sb)[2]) {
@@ -376,8 +391,14 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     // The K block's column in a box of 4 K blocks (TMA scale loads), else 0.
     const uint32_t column = kScaleTma ? kb % 4 : 0;
     if constexpr (kScaleTable) {
-      sa[0][0] = table_tile[tile_row0 * Smem::kTableCols + kb];
-      sa[0][1] = table_tile[(tile_row0 + 8) * Smem::kTableCols + kb];
+      sa[0][0] = sfa_slot[tile_row0 * Smem::kSfaCols + kb];
+      sa[0][1] = sfa_slot[(tile_row0 + 8) * Smem::kSfaCols + kb];
+    } else if constexpr (kScaleRing) {
+#pragma unroll
+      for (uint32_t w = 0; w < kNumWaves; ++w) {
+        sa[w][0] = sfa_slot[(w * kWaveRows + tile_row0) * 4 + column];
+        sa[w][1] = sfa_slot[(w * kWaveRows + tile_row0 + 8) * 4 + column];
+      }
     } else {
       const float* sf_a = sf + (kScaleLoad == kScaleTmaKMajor ? column : 0);
 #pragma unroll
@@ -445,14 +466,21 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     }
   };
 
-  [[maybe_unused]] PipelineState<2> table_pipe;
+  [[maybe_unused]] PipelineState<Smem::kSfaRing> sfa_pipe;
+  // The slot of sfa_pipe once its box has landed; its release once every math warp has read it.
+  [[maybe_unused]] const auto acquire_sfa = [&] {
+    sfa_ring.consumer_wait(sfa_pipe);
+    sfa_slot = smem_sfa + sfa_pipe.stage * (Smem::kSfaSlot / 4);
+  };
+  [[maybe_unused]] const auto release_sfa = [&] {
+    __syncwarp();
+    if (lane == 0) sfa_ring.consumer_release(sfa_pipe);
+    sfa_pipe.advance();
+  };
   const auto math_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
 #pragma unroll
     for (uint32_t i = 0; i < kNumWaves * Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
-    if constexpr (kScaleTable) {
-      table_ring.consumer_wait(table_pipe);
-      table_tile = smem_table + table_pipe.stage * (Smem::kTableSlot / 4);
-    }
+    if constexpr (kScaleTable) acquire_sfa();
 
     with_static_split<kBlockN>(t.n_block * kBlockN, [&](auto split) {
       const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
@@ -469,11 +497,17 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         // The turn before the full barrier: the same order, and ptxas schedules the K block in fewer
         // instructions (block N 192: 175 per K block against 198 with the turn next to the wgmmas).
         if constexpr (kPingPong) turns.take();
+        if constexpr (kScaleRing) {
+          if (kb == kb_begin || kb % 4 == 0) acquire_sfa();
+        }
         ring.consumer_wait(pipe);
         // Scales first: their shared-memory latency hides behind the wgmmas.
         const uint32_t stage = kBroadcastStage ? __shfl_sync(0xffffffffu, pipe.stage, 0) : pipe.stage;
         float sa[kNumWaves][2], sb[2];
         read_scales(stage, kb, sa, sb);
+        if constexpr (kScaleRing) {
+          if (kb + 1 == kb_end || kb % 4 == 3) release_sfa();
+        }
         const uint64_t desc_b = desc_b0 + stage * (Smem::kB / 16);
 #pragma unroll
         for (uint32_t w = 0; w < kNumWaves; ++w) {
@@ -500,11 +534,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     });
 
     // The K loops have read every scale of the table's slot into registers: the producer may refill it.
-    if constexpr (kScaleTable) {
-      __syncwarp();
-      if (lane == 0) table_ring.consumer_release(table_pipe);
-      table_pipe.advance();
-    }
+    if constexpr (kScaleTable) release_sfa();
 
     // A cluster's n-block past N, or (kShareB) its m-block past M or of padding, was computed only to
     // keep the peers in step: nothing to store.
