@@ -310,7 +310,8 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   if (!env_enabled("MOE_FP8_SCALE_TMA")) scale_load = moe_kernels::kScaleGather;
   // K-major A scales in a table per tile (dense; the box's rows at most 256 floats), where asked for.
   if (allow_table && scale_load == moe_kernels::kScaleTmaKMajor && type == GemmType::kNormal &&
-      moe_kernels::fp8_gemm_table_cols(static_cast<unsigned>(k / kBlockK)) <= 256 && env_is_one("MOE_FP8_SCALE_TABLE")) {
+      moe_kernels::fp8_gemm_table_cols(static_cast<unsigned>(k / kBlockK)) <= 256 &&
+      env_is_one("MOE_FP8_SCALE_TABLE")) {
     scale_load = moe_kernels::kScaleTmaKMajorTable;
   }
   Config cfg{};

@@ -217,18 +217,29 @@ def test_gpu_contiguous_256_row_tiles(counts, forced, n, k, seed, monkeypatch):
     against float64, NaN-poisoned, padding rows and empty groups included."""
     if forced:
         monkeypatch.setenv("MOE_GEMM_BLOCK_M", forced)
+    a_fp8, b_fp8, m_indices, [(cfg, d)] = run_contiguous_256(counts, n, k, [{}], monkeypatch)
+    assert cfg["block_m"] == 256, cfg
+    assert_contiguous_rows(d, a_fp8, b_fp8, m_indices)
+
+
+def run_contiguous_256(counts, n, k, settings, monkeypatch):
+    """Weights, a contiguous layout aligned to 256 rows, and (plan, D) of one call under each of
+    ``settings`` (environment switches set in turn); the alignment is 128 again afterwards."""
     kernels.set_mk_alignment_for_contiguous_layout(256)
     try:
         b_fp8 = make_weights(len(counts), n, k, "cuda")
         a_fp8, m_indices = make_contiguous(counts, k, "cuda", align=256)
-        cfg = kernels.jit.native_module().fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(),
-                                                             gemm_type=1, num_groups=len(counts), alignment=256)
-        assert cfg["block_m"] == 256, cfg
-        d = run_contiguous(a_fp8, b_fp8, m_indices, n)
+        results = []
+        for env in settings:
+            for name, value in env.items():
+                monkeypatch.setenv(name, value)
+            cfg = kernels.jit.native_module().fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(),
+                                                                 gemm_type=1, num_groups=len(counts), alignment=256)
+            results.append((cfg, run_contiguous(a_fp8, b_fp8, m_indices, n)))
         torch.cuda.synchronize()
     finally:
         kernels.set_mk_alignment_for_contiguous_layout(128)
-    assert_contiguous_rows(d, a_fp8, b_fp8, m_indices)
+    return a_fp8, b_fp8, m_indices, results
 
 
 @pytest.mark.gpu
@@ -241,22 +252,13 @@ def test_gpu_contiguous_scale_ring_matches_boxes_per_stage(counts, forced, n, k,
     Under 2048 rows the heuristic takes 128-row tiles: block M 256 is forced there."""
     if forced:
         monkeypatch.setenv("MOE_GEMM_BLOCK_M", forced)
-    kernels.set_mk_alignment_for_contiguous_layout(256)
-    try:
-        b_fp8 = make_weights(len(counts), n, k, "cuda")
-        a_fp8, m_indices = make_contiguous(counts, k, "cuda", align=256)
-        outputs = {}
-        for ring in ("1", "0"):
-            monkeypatch.setenv("MOE_FP8_SCALE_RING", ring)
-            cfg = kernels.jit.native_module().fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(),
-                                                                 gemm_type=1, num_groups=len(counts), alignment=256)
-            assert (cfg["block_m"], cfg["scale_load"]) == (256, "tma_k_major_ring" if ring == "1" else "tma_k_major")
-            outputs[ring] = run_contiguous(a_fp8, b_fp8, m_indices, n)
-        torch.cuda.synchronize()
-    finally:
-        kernels.set_mk_alignment_for_contiguous_layout(128)
-    assert_contiguous_rows(outputs["1"], a_fp8, b_fp8, m_indices)
-    assert torch.equal(outputs["1"].nan_to_num(7.0), outputs["0"].nan_to_num(7.0))
+    settings = [{"MOE_FP8_SCALE_RING": "1"}, {"MOE_FP8_SCALE_RING": "0"}]
+    a_fp8, b_fp8, m_indices, [(ring_cfg, ring), (boxes_cfg, boxes)] = run_contiguous_256(counts, n, k, settings,
+                                                                                        monkeypatch)
+    assert (ring_cfg["block_m"], ring_cfg["scale_load"], boxes_cfg["scale_load"]) == \
+        (256, "tma_k_major_ring", "tma_k_major")
+    assert_contiguous_rows(ring, a_fp8, b_fp8, m_indices)
+    assert torch.equal(ring.nan_to_num(7.0), boxes.nan_to_num(7.0))
 
 
 @pytest.mark.gpu
