@@ -558,15 +558,13 @@ inline void launch(const Config& c, const Args& a) {
     if (c.scale_load == moe_kernels::kScaleTmaMnMajor) {
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows_a, kb,
                          tma_row_stride(kb, a.sfa_stride_k, rows_a), c.block_m, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
-    } else if (c.scale_load == moe_kernels::kScaleTmaKMajorTable) {
-      // A tile's rows, every K block: the box's columns past K read as zeros and are never used.
+    } else {
+      // K-major: boxes of 4 K blocks (a stage's, a ring slot's), or a table's every K block (its
+      // columns past K read as zeros and are never used).
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, rows_a,
                          tma_row_stride(rows_a, a.sfa_stride_m, kb),
-                         moe_kernels::fp8_gemm_table_cols(static_cast<unsigned>(kb)), c.block_m,
+                         moe_kernels::fp8_gemm_sfa_slot_cols(static_cast<unsigned>(kb), c.scale_load), c.block_m,
                          CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
-    } else {
-      map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, rows_a,
-                         tma_row_stride(rows_a, a.sfa_stride_m, kb), 4, c.block_m, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
     }
     map_sfb = make_tma(c.fn, a.sfb, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sfb_rows, sfb_view_stride(a, c.n, c.k), 4,
                        2, CU_TENSOR_MAP_SWIZZLE_NONE, "SFB");

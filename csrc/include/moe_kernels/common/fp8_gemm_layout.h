@@ -58,8 +58,10 @@ constexpr unsigned fp8_gemm_sfa_slots_bytes(unsigned block_m, unsigned k_blocks,
 }
 constexpr unsigned fp8_gemm_sfa_slot_barrier_bytes(unsigned scale_load) { return fp8_gemm_sfa_slots(scale_load) * 16; }
 
-// Floats between consecutive rows' A scales in a stage.
-constexpr unsigned fp8_gemm_sfa_row_floats(unsigned scale_load) { return scale_load == kScaleTmaKMajor ? 4u : 1u; }
+// Floats between consecutive rows' A scales in a stage's box, or in a ring slot (both 4 K blocks wide).
+constexpr unsigned fp8_gemm_sfa_row_floats(unsigned scale_load) {
+  return scale_load == kScaleTmaKMajor || scale_load == kScaleTmaKMajorRing ? 4u : 1u;
+}
 
 // The stage's B scales: the first 128-column block's at fp8_gemm_sfb_offset, the second's
 // fp8_gemm_sfb_step floats after it.

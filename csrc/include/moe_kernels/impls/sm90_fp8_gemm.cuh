@@ -140,8 +140,12 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                 "the scale table: dense tiles of block M 64 or 128, at most 256 columns (a TMA box's rows)");
   // The ring: a box of 4 K blocks per slot, waited for before its first K block and released after
   // its last in the plain K loop (not the overlapped one). Its K blocks are kb_begin's group of 4
-  // and each later one; a split unit's first group may start inside a box.
+  // and each later one; a split unit's first group may start inside a box. The producer and the
+  // math warps take a new box at the same K blocks (ring_box_starts).
   constexpr bool kScaleRing = kScaleLoad == kScaleTmaKMajorRing;
+  [[maybe_unused]] const auto ring_box_starts = [](uint32_t kb, uint32_t kb_begin) {
+    return kb == kb_begin || kb % 4 == 0;
+  };
   static_assert(!kScaleRing || (!kOverlap && kGemmType != static_cast<int>(GemmType::kGroupedMasked)),
                 "the scale ring: dense and contiguous tiles of the plain K loop");
   static_assert(kScaleTma ? kScaleWarps == 0 : kScaleWarps >= 1 && kScaleWarps <= 3,
@@ -280,7 +284,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         if constexpr (kScaleTable) load_sfa(0, row_sfa);
         for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
           if constexpr (kScaleRing) {
-            if (kb == kb_begin || kb % 4 == 0) load_sfa(kb & ~3u, row_sfa);
+            if (ring_box_starts(kb, kb_begin)) load_sfa(kb & ~3u, row_sfa);
           }
           ring.producer_acquire(pipe);
           uint64_t* full = ring.full + pipe.stage;
@@ -393,14 +397,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     if constexpr (kScaleTable) {
       sa[0][0] = sfa_slot[tile_row0 * Smem::kSfaCols + kb];
       sa[0][1] = sfa_slot[(tile_row0 + 8) * Smem::kSfaCols + kb];
-    } else if constexpr (kScaleRing) {
-#pragma unroll
-      for (uint32_t w = 0; w < kNumWaves; ++w) {
-        sa[w][0] = sfa_slot[(w * kWaveRows + tile_row0) * 4 + column];
-        sa[w][1] = sfa_slot[(w * kWaveRows + tile_row0 + 8) * 4 + column];
-      }
     } else {
-      const float* sf_a = sf + (kScaleLoad == kScaleTmaKMajor ? column : 0);
+      // A stage's box, or the ring's slot of the same 4 K blocks (kSfaRow floats a row).
+      const float* sf_a = kScaleRing ? sfa_slot + column : sf + (kScaleLoad == kScaleTmaKMajor ? column : 0);
 #pragma unroll
       for (uint32_t w = 0; w < kNumWaves; ++w) {
         sa[w][0] = sf_a[(w * kWaveRows + tile_row0) * Smem::kSfaRow];
@@ -498,7 +497,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         // instructions (block N 192: 175 per K block against 198 with the turn next to the wgmmas).
         if constexpr (kPingPong) turns.take();
         if constexpr (kScaleRing) {
-          if (kb == kb_begin || kb % 4 == 0) acquire_sfa();
+          if (ring_box_starts(kb, kb_begin)) acquire_sfa();
         }
         ring.consumer_wait(pipe);
         // Scales first: their shared-memory latency hides behind the wgmmas.
