@@ -12,6 +12,12 @@ def fail(fn: str, kind: type[Exception], message: str):
     raise kind(f"{fn}: {message}")
 
 
+def check_dense(fn: str, name: str, t: torch.Tensor) -> None:
+    """A strided (dense) tensor: sparse and other layouts have no data pointer and strides to read."""
+    if t.layout is not torch.strided:
+        fail(fn, ValueError, f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+
+
 def check_recipe(fn: str, recipe: object) -> None:
     """Only DeepSeek-V3's recipe exists: 1x128 activation scales, 128x128 weight scales."""
     if recipe is not None and (not isinstance(recipe, (tuple, list)) or tuple(recipe) != (1, BLOCK, BLOCK)):
@@ -51,8 +57,7 @@ def check_scales(fn: str, name: str, sf: object, shape: tuple[int, ...]) -> torc
         fail(fn, TypeError, f"{name} must be a torch.Tensor, got {type(sf).__name__}")
     if sf.dtype != torch.float32:
         fail(fn, TypeError, f"{name} must be float32 (UE8M0 scales as float32 powers of two), got {sf.dtype}")
-    if sf.layout is not torch.strided:
-        fail(fn, ValueError, f"{name} must be a dense (strided) tensor, got layout {sf.layout}")
+    check_dense(fn, name, sf)
     if tuple(sf.shape) != tuple(shape):
         fail(fn, ValueError, f"{name} must have shape {list(shape)}, got {list(sf.shape)}")
     if sf.numel() and min(sf.stride()) < 0:

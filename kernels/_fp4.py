@@ -41,8 +41,7 @@ def check_weights(fn: str, b: object, k: int) -> tuple[torch.Tensor, torch.Tenso
         _checks.fail(fn, TypeError, f"b[0] (B) must be a torch.Tensor, got {type(b_t).__name__}")
     if b_t.dtype not in _PACKED_DTYPES:
         _checks.fail(fn, TypeError, f"b[0] (B) must be int8 or uint8 (two E2M1 codes per byte), got {b_t.dtype}")
-    if b_t.layout is not torch.strided:
-        _checks.fail(fn, ValueError, f"b[0] (B) must be a dense (strided) tensor, got layout {b_t.layout}")
+    _checks.check_dense(fn, "b[0] (B)", b_t)
     if b_t.dim() != 3:
         _checks.fail(fn, ValueError, f"b[0] (B) must have shape [G, N, K/2], got {list(b_t.shape)}")
     g, n, half_k = b_t.shape
@@ -69,8 +68,7 @@ def check_sfb(fn: str, sfb: object, g: int, n: int, k: int, name: str = "b[1] (S
     if sfb.dtype not in _SF_DTYPES:
         _checks.fail(fn, TypeError, f"{name} must be float8_e8m0fnu or uint8 (UE8M0 exponent bytes) or float32 "
                                     f"(powers of two), got {sfb.dtype}")
-    if sfb.layout is not torch.strided:
-        _checks.fail(fn, ValueError, f"{name} must be a dense (strided) tensor, got layout {sfb.layout}")
+    _checks.check_dense(fn, name, sfb)
     shape = (g, n, k // GRAN_K)
     if tuple(sfb.shape) != shape:
         _checks.fail(fn, ValueError, f"{name} must have shape {list(shape)} (one scale per 1x{GRAN_K}), "

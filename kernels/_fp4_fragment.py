@@ -43,14 +43,13 @@ def transform_fp4_for_decode(packed: torch.Tensor, sf: torch.Tensor) -> torch.Te
     """Packed E2M1 ``[G, N, K/2]`` (int8 or uint8, K a multiple of 128) and its scales ``sf``
     ``[G, N, K/32]`` (float32 powers of two, float8_e8m0fnu or UE8M0 bytes as uint8) -> uint8
     ``[G, K/128, ceil(N/64), 4352]`` in the layout described above."""
-    from . import _fp4
+    from . import _checks, _fp4
 
     fn = "transform_fp4_for_decode"
     if not isinstance(packed, torch.Tensor) or packed.dim() != 3 or packed.dtype not in (torch.int8, torch.uint8):
         raise ValueError(f"{fn}: packed must be int8/uint8 [G, N, K/2], got "
                          f"{getattr(packed, 'dtype', type(packed).__name__)} {tuple(getattr(packed, 'shape', ()))}")
-    if packed.layout is not torch.strided:
-        raise ValueError(f"{fn}: packed must be a dense (strided) tensor, got layout {packed.layout}")
+    _checks.check_dense(fn, "packed", packed)
     g, n, half_k = packed.shape
     k = 2 * half_k
     if k % kBlockK or k == 0:

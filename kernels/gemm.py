@@ -203,8 +203,7 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
         if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or t.dim() != 2:
             _checks.fail(fn, TypeError, f"{name} must be a 2-D bfloat16 tensor, got "
                                         f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
-        if t.layout is not torch.strided:
-            _checks.fail(fn, ValueError, f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+        _checks.check_dense(fn, name, t)
         # K = 0 has no layout to check (torch gives such a tensor unit strides): the K check below names it.
         if t.shape[1] and (t.stride(1) != 1 or t.stride(0) % 8 or t.stride(0) < t.shape[1]):
             _checks.fail(fn, ValueError, f"{name} must be K-major with a row stride that is a multiple of 8, "

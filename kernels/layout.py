@@ -61,8 +61,7 @@ def get_mn_major_tma_aligned_tensor(x: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype != torch.float32:
         raise TypeError(f"{fn}: x must be float32 scales, got {x.dtype}")
-    if x.layout is not torch.strided:
-        raise ValueError(f"{fn}: x must be a dense (strided) tensor, got layout {x.layout}")
+    _checks.check_dense(fn, "x", x)
     if x.dim() not in (2, 3):
         raise ValueError(f"{fn}: x must be [MN, K] or [G, MN, K], got shape {tuple(x.shape)}")
     batched = x if x.dim() == 3 else x.unsqueeze(0)

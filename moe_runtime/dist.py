@@ -194,6 +194,15 @@ def init_distributed(backend: str | None = None, device=None,
                        backend, world, cpu_group, world, owns)
 
 
+def as_device(value, name: str) -> torch.device:
+    """``torch.device(value)``, or a ValueError naming ``name``."""
+    try:
+        return torch.device(value)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda:0', "
+                         f"got {value!r} ({error})") from None
+
+
 def _check_group(group: object) -> None:
     if group is not None and not isinstance(group, getattr(dist, "ProcessGroup", ())):
         raise TypeError(f"the process group must be None or a torch.distributed.ProcessGroup, got "

@@ -16,7 +16,7 @@ import torch.nn as nn
 from kernels.reference.quant import dequantize_per_token
 from moe_runtime.backends import LocalExperts, MoEProblem, create_backend, resolve_backend
 from moe_runtime.backends.reference import expert_mlp, quantize_activations
-from moe_runtime.dist import expert_placement, group_rank, group_size
+from moe_runtime.dist import as_device, expert_placement, group_rank, group_size
 from moe_runtime.quant_weights import ExpertWeight, kWeightFormats, quantize_expert_weight
 from moe_runtime.router import RouterConfig, route, router_logits
 
@@ -29,15 +29,6 @@ def _check_int(value, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
-
-
-def _as_device(value, name: str) -> torch.device:
-    """``torch.device(value)``, or a ValueError naming ``name``."""
-    try:
-        return torch.device(value)
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda:0', "
-                         f"got {value!r} ({error})") from None
 
 
 @dataclass
@@ -107,7 +98,7 @@ class MegaMoELayer(nn.Module):
         self.shared_expert_gate = bool(shared_expert_gate)
         self.ep_group = ep_group
         self.placement = expert_placement(num_experts, group_size(ep_group), group_rank(ep_group))
-        self._default_device = _as_device(device, "device") if device is not None else torch.get_default_device()
+        self._default_device = as_device(device, "device") if device is not None else torch.get_default_device()
         self._backend_request = backend
         self.backend_name = resolve_backend(backend, self._problem(self._default_device))
         self._backend_cache: tuple | None = None
@@ -183,7 +174,7 @@ class MegaMoELayer(nn.Module):
         ``device``: where the weights live (default: the construction device).
         """
         h, i, e, s = self.hidden_size, self.intermediate_size, self.num_experts, self.shared_intermediate_size
-        device = _as_device(device, "device") if device is not None else self._default_device
+        device = as_device(device, "device") if device is not None else self._default_device
         if device != self._default_device:
             # "auto" picks by device: weights loaded elsewhere than the layer was built may change the pick.
             self.backend_name = resolve_backend(self._backend_request, self._problem(device))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from moe_runtime.dist import group_rank, group_size, hostname
+from moe_runtime.dist import as_device, group_rank, group_size, hostname
 
 # TMA needs a 16-byte aligned global address; 128 bytes (one L2 cache line, four 32-byte sectors)
 # also keeps every view on its own cache lines, so a peer's writes or atomics into one view (the
@@ -282,11 +282,7 @@ class SymmBuffer:
         if device is None:  # the backend first: "host" (argument or environment) allocates CPU memory
             device = torch.device("cuda", torch.cuda.current_device()) if (
                 torch.cuda.is_available() and requested != "host") else torch.device("cpu")
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError) as error:
-            raise ValueError(f"device must be a torch.device or a device string such as 'cpu' or 'cuda:0', got "
-                             f"{device!r} ({error})") from None
+        device = as_device(device, "device")
         backend = requested if requested is not None else default_backend(device)
         self.layout = layout
         self.group = group
