@@ -53,12 +53,12 @@ from typing import Callable
 import torch
 
 import kernels
-from bench_gemm import SHAPES, block_scaled
+from bench_gemm import OURS_KERNELS, SHAPES, block_scaled
 from bench_grouped import NK, make_contiguous, make_masked, make_masked_fragment, output_check
 from kernels.testing import (bench_kineto, calc_diff, checked_variant_us, env_switches, flush_mode, parse_env_variants,
                              per_call_us_interleaved)
 
-_OURS = "sm90_fp8_gemm_nt"
+_OURS = OURS_KERNELS  # every kernel of our call, the copy of K-major A scales too (bench_gemm.py)
 _THEIRS = "sm90_fp8_gemm_1d2d"  # DeepGEMM's SM90 FP8 kernel (1x128 A scales, 128x128 B scales)
 PARTS = ("dense", "contiguous", "masked", "fp4")
 _MAX_DIFF = {"dense": 1e-3, "contiguous": 1e-3, "masked": 1e-3, "fp4": 2e-3}  # our output's bound per part

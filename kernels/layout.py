@@ -13,14 +13,16 @@ ours accept them too:
   activation scales ``[G, M, K/128]`` K-major with the groups stacked without gaps (the masked
   kernel addresses group g's rows at ``g * M``), weight scales (128x128) contiguous.
 
-CPU and CUDA tensors alike; the copies are torch's strided copy on the tensor's device.
+CPU and CUDA tensors alike. On an SM90 GPU the MN-major copy is a kernel of ours (``mn_major_sf``,
+also what ``fp8_gemm_nt`` runs before its 256-row tiles on scales of another layout), elsewhere
+torch's strided copy.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import _checks
+from . import _checks, _descriptors, jit
 
 _TMA_ALIGNMENT_BYTES = 16
 
@@ -71,7 +73,12 @@ def get_mn_major_tma_aligned_tensor(x: torch.Tensor) -> torch.Tensor:
         return x  # an empty tensor has no layout to change
     storage = torch.empty((groups, k, aligned_mn), dtype=x.dtype, device=x.device)
     out = storage.transpose(1, 2)[:, :mn, :]
-    out.copy_(batched)
+    if x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9 and min(batched.stride()) >= 0:
+        jit.native_module().mn_major_sf(batched.data_ptr(), groups, mn, k, batched.stride(1), batched.stride(2),
+                                        batched.stride(0), storage.data_ptr(), aligned_mn, aligned_mn * k,
+                                        x.get_device(), _descriptors.current_stream(x.device))
+    else:
+        out.copy_(batched)
     return out if x.dim() == 3 else out.squeeze(0)
 
 

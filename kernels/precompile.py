@@ -128,6 +128,8 @@ def _dense_gemm(family: str, code_fn: str, graph_variant: bool = False) -> Calla
                     name, graph_code = generate(m, n, k, num_sms, False, -1, split_workspace=False)
                     if graph_code != code:
                         out.append(KernelSource(family, f"n={n} k={k} m<={m} in a graph", name, graph_code))
+        if code_fn == "fp8_gemm_nt_code":  # 256-row tiles copy K-major A scales MN-major first
+            out.append(KernelSource(family, "A scales copied MN-major", *_native().mn_major_sf_code()))
         return out
 
     return sources

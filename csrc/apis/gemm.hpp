@@ -65,6 +65,7 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["share_b"] = c.share_b;
   d["scale_warps"] = c.scale_warps;
   d["scale_load"] = scale_load_name(c.scale_load);
+  d["sfa_copy"] = c.sfa_copy;
   d["pingpong"] = c.pingpong;
   d["pdl"] = c.pdl;
   d["k_unroll"] = c.k_unroll;
@@ -87,9 +88,20 @@ inline void fp8_gemm_nt(std::uint64_t a, long long lda, std::uint64_t sfa, long 
                sfb_stride_k, m, 1, 0, device, stream};
   args.split_workspace = split_workspace;
   args.split_workspace_bytes = split_workspace_bytes;
-  const auto config = L::get_config(m, n, k, moe_jit::get_num_sms(device), compile_m, detail::residual_type(c_dtype),
-                                    L::GemmType::kNormal, 1, 128, split_workspace != 0,
-                                    L::scale_layout_for(L::GemmType::kNormal, args, n, k));
+  const int num_sms = moe_jit::get_num_sms(device);
+  const auto residual = detail::residual_type(c_dtype);
+  const auto config = L::get_config(m, n, k, num_sms, compile_m, residual, L::GemmType::kNormal, 1, 128,
+                                    split_workspace != 0, L::scale_layout_for(L::GemmType::kNormal, args, n, k));
+  L::Args copied;
+  // The copy is MN-major, so it loads by TMA wherever B's scales do too.
+  if (config.sfa_copy && L::sfa_copy_args(args, k, copied) &&
+      L::scale_layout_for(L::GemmType::kNormal, copied, n, k) == moe_kernels::kScaleTmaMnMajor) {
+    L::copy_sfa(args, copied, k, config.pdl != 0);
+    L::launch(L::get_config(m, n, k, num_sms, compile_m, residual, L::GemmType::kNormal, 1, 128, true,
+                            moe_kernels::kScaleTmaMnMajor),
+              copied);
+    return;
+  }
   L::launch(config, args);
 }
 
@@ -266,9 +278,27 @@ inline void register_apis(pybind11::module_& m) {
       "how many FP8 GEMM calls (and config queries) so far ran the tile heuristic instead of taking its memoized "
       "plan (for tests)");
   m.def("fp8_gemm_split_workspace_bytes", &L::split_workspace_bytes,
-        "bytes of fp8_gemm_nt's tail-split workspace for a device of num_sms SMs (zeroed once, then reused on "
-        "one stream)",
+        "bytes of fp8_gemm_nt's workspace for a device of num_sms SMs (zeroed once, then reused on one stream): "
+        "the tail split's partials and counters, then room for A's scales copied MN-major",
         pybind11::arg("num_sms"));
+  m.def(
+      "mn_major_sf",
+      [](std::uint64_t src, long long groups, long long rows, long long k_blocks, long long src_stride_m,
+         long long src_stride_k, long long src_group_stride, std::uint64_t dst, long long dst_stride,
+         long long dst_group_stride, int device, std::uint64_t stream) {
+        moe_launchers::mn_major_sf::launch({src, groups, rows, k_blocks, src_stride_m, src_stride_k, src_group_stride,
+                                            dst, dst_stride, dst_group_stride, device, stream});
+      },
+      pybind11::call_guard<pybind11::gil_scoped_release>(),
+      "float32 scales [groups][rows][k_blocks] (strides in elements) into dst[g][kb][r] at g * dst_group_stride + "
+      "kb * dst_stride + r (SM90)",
+      pybind11::arg("src"), pybind11::arg("groups"), pybind11::arg("rows"), pybind11::arg("k_blocks"),
+      pybind11::arg("src_stride_m"), pybind11::arg("src_stride_k"), pybind11::arg("src_group_stride"),
+      pybind11::arg("dst"), pybind11::arg("dst_stride"), pybind11::arg("dst_group_stride"), pybind11::arg("device"),
+      pybind11::arg("stream"));
+  m.def(
+      "mn_major_sf_code", [] { return pybind11::make_tuple(moe_launchers::mn_major_sf::kFn, moe_launchers::mn_major_sf::code()); },
+      "(name, code) of the MN-major scale copy kernel (no GPU needed)");
   m.def(
       "fp8_gemm_nt_config",
       [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype, int gemm_type, int num_groups,
@@ -312,9 +342,16 @@ inline void register_apis(pybind11::module_& m) {
       "fp8_gemm_nt_code",
       [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype, int gemm_type, int num_groups,
          int alignment, bool split_workspace, int scale_load) {
-        const auto g = L::generate(L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
-                                                 detail::gemm_type(gemm_type), num_groups, alignment,
-                                                 split_workspace, detail::scale_load(scale_load, k, gemm_type)));
+        auto config = L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
+                                    detail::gemm_type(gemm_type), num_groups, alignment, split_workspace,
+                                    detail::scale_load(scale_load, k, gemm_type));
+        // The kernel that runs on the copy of A's scales (B's scales contiguous, as scale_load -1 assumes).
+        if (config.sfa_copy) {
+          config = L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
+                                 detail::gemm_type(gemm_type), num_groups, alignment, split_workspace,
+                                 moe_kernels::kScaleTmaMnMajor);
+        }
+        const auto g = L::generate(config);
         return pybind11::make_tuple(g.name, g.code);
       },
       "(name, code) of the kernel a shape gets (no GPU needed)", pybind11::arg("m"), pybind11::arg("n"),

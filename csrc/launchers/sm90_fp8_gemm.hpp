@@ -14,6 +14,7 @@
 #include "jit/exception.hpp"
 #include "jit/kernel_runtime.hpp"
 #include "launchers/gemm_common.hpp"
+#include "launchers/mn_major_sf.hpp"
 #include "moe_kernels/common/fp8_gemm_layout.h"
 
 namespace moe_launchers::sm90_fp8_gemm {
@@ -26,10 +27,22 @@ constexpr int kMaxBlockN = 192;  // two FP32 accumulator sets of kBlockN/2 regis
 constexpr int kMaxTileFloats = 128 * 256;  // the largest tile: 128 x 192, 256 x 128
 
 
-// The tail split's workspace: partials of every CTA (one unit each at most), then a counter per CTA
-// tile of the tail.
-inline std::uint64_t split_workspace_bytes(int num_sms) {
-  return static_cast<std::uint64_t>(num_sms) * kMaxTileFloats * 4 + static_cast<std::uint64_t>(num_sms) * 4;
+// The workspace of a dense launch: the tail split's partials of every CTA (one unit each at most),
+// then a counter per CTA tile of the tail, then (from a 256-byte boundary) room for A's scales
+// copied MN-major (sfa_copy): kSfaCopyMaxFloats floats, 32768 rows at K = 7168 or 16384 at K = 16384.
+constexpr std::uint64_t kSfaCopyMaxFloats = 1ull << 21;
+
+inline std::uint64_t sfa_copy_offset(int num_sms) {
+  const std::uint64_t end = static_cast<std::uint64_t>(num_sms) * kMaxTileFloats * 4 + static_cast<std::uint64_t>(num_sms) * 4;
+  return (end + 255) / 256 * 256;
+}
+
+inline std::uint64_t split_workspace_bytes(int num_sms) { return sfa_copy_offset(num_sms) + kSfaCopyMaxFloats * 4; }
+
+// The copy's layout: K block kb of row r at kb * sfa_copy_stride(m) + r.
+inline long long sfa_copy_stride(long long m) { return (m + 3) / 4 * 4; }
+inline bool sfa_copy_fits(long long m, int k) {
+  return static_cast<std::uint64_t>(sfa_copy_stride(m)) * static_cast<std::uint64_t>(k / 128) <= kSfaCopyMaxFloats;
 }
 
 struct Config {
@@ -53,6 +66,7 @@ struct Config {
   int k_unroll = 1;     // the math warpgroups' K loop unrolled this many times
   int overlap = 0;      // 1: block M 64 issues the next K block's wgmmas before it promotes (kOverlap)
   int wg_store = 0;     // 1: each math warpgroup runs its own epilogue, D stored in 64-row boxes (kWgStore)
+  int sfa_copy = 0;     // 1: A's scales are copied MN-major into the workspace first, the launch planned on them
   bool tail_split_on = true;  // MOE_GEMM_TAIL_SPLIT when planned (the plan is redone when it changes)
 
   // The last, partial wave's tiles split over K; kNormal only.
@@ -470,6 +484,18 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
                          env_enabled("MOE_FP8_WG_STORE")
                      ? 1
                      : 0;
+  // Dense 256-row tiles on A scales that are not MN-major (the quantizers' K-major ones, or any
+  // strides): a small kernel first copies them MN-major into the workspace (launchers/mn_major_sf.hpp),
+  // and the GEMM is planned and run on that copy (sfa_copy_args). On an H100 at M = 4096 the MN-major
+  // kernel took 0.85x the time of the K-major boxes at N x K = 7168 x 2048, 0.91x at 24576 x 1536,
+  // 0.97-0.98x at 7168 x 16384 and 4096 x 7168, and 0.97x the gathers' at 32768 x 512 (bench/RESULTS.md,
+  // session 26). The workspace holds up to kSfaCopyMaxFloats: none inside a CUDA graph capture.
+  // MOE_FP8_SFA_COPY=0 turns it off.
+  cfg.sfa_copy = type == GemmType::kNormal && t.block_m == 256 && split_workspace &&
+                         scale_load != moe_kernels::kScaleTmaMnMajor && sfa_copy_fits(m, k) &&
+                         env_enabled("MOE_FP8_SCALE_TMA") && env_enabled("MOE_FP8_SFA_COPY")
+                     ? 1
+                     : 0;
   return cfg;
 }
 
@@ -602,6 +628,28 @@ inline void launch(const Config& c, const Args& a) {
                   static_cast<std::uint32_t>(k_blocks / splits), static_cast<std::uint32_t>(k_blocks % splits),
                   reinterpret_cast<float*>(a.split_workspace),
                   reinterpret_cast<int*>(split_counters), map_a, map_b, map_d, map_sfa, map_sfb);
+}
+
+// A planned sfa_copy's arguments: A's scales read from the workspace's copy, MN-major and
+// TMA-aligned. False (args unchanged) where the launch has no workspace of that size.
+inline bool sfa_copy_args(const Args& a, int k, Args& copied) {
+  const int device_sms = moe_jit::device_info(a.device).num_sms;
+  if (a.split_workspace == 0 || a.split_workspace_bytes < split_workspace_bytes(device_sms) || !sfa_copy_fits(a.m, k)) {
+    return false;
+  }
+  copied = a;
+  copied.sfa = a.split_workspace + sfa_copy_offset(device_sms);
+  copied.sfa_stride_m = 1;
+  copied.sfa_stride_k = sfa_copy_stride(a.m);
+  return true;
+}
+
+// The copy of a's A scales into copied's (stream-ordered before the GEMM; with pdl, the GEMM's
+// prologue runs beside it and its wait_prerequisites waits for it).
+inline void copy_sfa(const Args& a, const Args& copied, int k, bool pdl) {
+  const long long k_blocks = k / kBlockK;
+  mn_major_sf::launch({a.sfa, 1, a.m, k_blocks, a.sfa_stride_m, a.sfa_stride_k, 0, copied.sfa, copied.sfa_stride_k,
+                       copied.sfa_stride_k * k_blocks, a.device, a.stream, pdl});
 }
 
 }  // namespace moe_launchers::sm90_fp8_gemm

@@ -153,12 +153,15 @@ def test_small_m_rows_and_single_wave_split(m, n, k, monkeypatch):
 def test_without_workspace_tiles_are_planned_whole(m, n, k, monkeypatch):
     """A launch without the split workspace (inside a CUDA graph capture) runs every tile whole, so
     its tiles are the heuristic's whole-tile choice (as with MOE_GEMM_TAIL_SPLIT=0), not a plan
-    made for a split that would not happen; the config reports no split."""
+    made for a split that would not happen; the config reports no split (nor the copy of A's scales
+    into the workspace)."""
     native = kernels.jit.native_module()
     whole = native.fp8_gemm_nt_config(m, n, k, H200_SMS, split_workspace=False)
-    assert whole["tail_splits"] == 1
+    assert whole["tail_splits"] == 1 and whole["sfa_copy"] == 0
     monkeypatch.setenv("MOE_GEMM_TAIL_SPLIT", "0")
-    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS) == whole
+    with_workspace = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert with_workspace.pop("sfa_copy") == (with_workspace["block_m"] == 256)
+    assert with_workspace == {key: value for key, value in whole.items() if key != "sfa_copy"}
 
 
 def test_tail_split_has_no_workspace_inside_a_graph_capture(monkeypatch):
@@ -286,6 +289,35 @@ def test_scale_load_switch_and_stages(monkeypatch):
         native.fp8_gemm_nt_config(4096, 4096, 640, H200_SMS, scale_load=1)
     assert native.fp8_gemm_nt_config(16, 7168, 2048, H200_SMS, gemm_type=2, num_groups=32,
                                       scale_load=1)["scale_load"] == "gather"
+
+
+@pytest.mark.parametrize("m,n,k,scale_load,split_workspace,expected", [
+    (4096, 7168, 2048, -1, True, 1),       # 256 x 128 on K-major boxes: copied
+    (4096, 32768, 512, -1, True, 1),       # 256 x 128 gathering (K < 1024): copied
+    (4096, 7168, 16384, 0, True, 1),       # any layout the gathers take
+    (4096, 7168, 2048, 1, True, 0),        # MN-major already
+    (4096, 7168, 2048, -1, False, 0),      # no workspace (a CUDA graph capture)
+    (4096, 2112, 7168, -1, True, 0),       # 128-row tiles
+    (128, 4096, 7168, -1, True, 0),        # 64-row tiles
+    (16384, 7168, 16384, -1, True, 1),     # 16384 x 128 floats: the workspace's whole room
+    (16388, 7168, 16384, -1, True, 0),     # past it
+])
+def test_sfa_copy_on_wide_tiles(m, n, k, scale_load, split_workspace, expected, monkeypatch):
+    """Dense 256-row tiles on A scales that are not MN-major copy them MN-major into the workspace
+    first where they fit it; the kernel generated for such a plan is the MN-major one.
+    MOE_FP8_SFA_COPY=0 and MOE_FP8_SCALE_TMA=0 turn the copy off."""
+    native = kernels.jit.native_module()
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, split_workspace=split_workspace, scale_load=scale_load)
+    assert cfg["sfa_copy"] == expected, cfg
+    if expected:
+        mn = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=1)
+        code = native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=scale_load)[1]
+        assert code == native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=1)[1]
+        assert (mn["block_m"], mn["scale_load"], mn["sfa_copy"]) == (256, "tma_mn_major", 0)
+        for switch in ("MOE_FP8_SFA_COPY", "MOE_FP8_SCALE_TMA"):
+            monkeypatch.setenv(switch, "0")
+            assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)["sfa_copy"] == 0
+            monkeypatch.delenv(switch)
 
 
 @pytest.mark.parametrize("m,n,k,block_m", [(64, 2112, 7168, 64), (128, 4096, 7168, 64), (100, 7168, 16384, 64),

@@ -76,6 +76,62 @@ def test_gpu_scale_tma_matches_gather(m, n, k, seed, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,sfa_view", [
+    (4096, 7168, 2048, None), (4095, 24576, 1536, None), (2049, 32768, 512, None), (4096, 7168, 16384, None),
+    (3001, 4096, 7168, "columns"), (8191, 4232, 2048, None), (2304, 6144, 16384, None),
+])
+def test_gpu_sfa_copy_matches_mn_major_and_k_major_kernels(m, n, k, sfa_view, seed, monkeypatch):
+    """256-row tiles on A scales that are not MN-major: the scales copied MN-major into the workspace
+    (mn_major_sf), then the MN-major kernel. D bit for bit the call's on the caller's own MN-major
+    copy (get_mn_major_tma_aligned_tensor) and the call's without the copy (MOE_FP8_SFA_COPY=0:
+    K-major boxes per stage, or the gathers): the same scales reach the same FFMAs. The cases cover
+    M tails of a 32-row copy tile and of a 256-row tile (4095, 2049, 3001, 8191), K blocks past one
+    copy tile (128), K = 512 (gathers without the copy), scales with gaps between rows ("columns":
+    every other column of a wider tensor) and the tail split (2304 x 6144 x 16384)."""
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    if sfa_view == "columns":
+        wide = torch.rand(m, 2 * (k // 128), device="cuda")
+        wide[:, ::2] = a_fp8[1]
+        a_fp8 = (a_fp8[0], wide[:, ::2])
+    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
+    assert (cfg["block_m"], cfg["sfa_copy"]) == (256, 1), cfg
+    outputs = {}
+    for name, sfa, copy in (("copy", a_fp8[1], "1"), ("mn", kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]), "1"),
+                            ("k_major", a_fp8[1], "0")):
+        monkeypatch.setenv("MOE_FP8_SFA_COPY", copy)
+        outputs[name] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.fp8_gemm_nt((a_fp8[0], sfa), b_fp8, outputs[name])
+    torch.cuda.synchronize()
+    assert torch.isfinite(outputs["copy"]).all(), "output not fully written"
+    assert calc_diff(outputs["copy"], reference_f64(a_fp8, b_fp8)) < 1e-3
+    assert torch.equal(outputs["copy"], outputs["mn"])
+    assert torch.equal(outputs["copy"], outputs["k_major"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", ["1", "0"])
+def test_gpu_sfa_copy_back_to_back_calls(pdl, seed, monkeypatch):
+    """Calls on one stream without a sync between them, each with its own A scales copied into the
+    one workspace: each copy waits for the GEMM before it, which reads the previous copy (with PDL
+    that GEMM starts its dependents early). Every D must be its own operands' product."""
+    monkeypatch.setenv("MOE_GEMM_PDL", pdl)
+    m, n, k = 4096, 7168, 2048
+    b_fp8 = make_operands(8, n, k, "cuda")[1]
+    calls = []
+    for i in range(4):
+        a_fp8 = make_operands(m, 8, k, "cuda")[0]
+        a_fp8 = (a_fp8[0], a_fp8[1] * (1 + i))  # scales apart, so a stale copy shows in D
+        calls.append((a_fp8, torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")))
+    assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["sfa_copy"] == 1
+    torch.cuda.synchronize()
+    for a_fp8, d in calls:
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+    torch.cuda.synchronize()
+    for a_fp8, d in calls:
+        assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,env", [
     (64, 2112, 7168, ""), (2, 4096, 7168, ""), (100, 7168, 16384, ""), (127, 576, 7168, ""), (128, 4096, 7168, ""),
     (128, 24576, 1536, ""), (64, 32768, 512, ""), (1000, 4096, 2048, ""), (700, 7168, 1536, "MOE_FP8_MULTICAST=2"),

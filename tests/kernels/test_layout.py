@@ -136,10 +136,25 @@ def test_gpu_gemms_read_every_layout(m, n, k, seed):
 
 @pytest.mark.gpu
 @kNeedsCuda
-def test_gpu_layouts_match_cpu(seed):
-    x = torch.rand(3, 131, 56) + 0.5
-    assert torch.equal(kernels.get_mn_major_tma_aligned_tensor(x.cuda()).cpu(), x)
-    assert kernels.get_mn_major_tma_aligned_tensor(x.cuda()).stride() == (132 * 56, 1, 132)
+@pytest.mark.parametrize("shape,view", [((3, 131, 56), None), ((1, 1), None), ((4097, 56), None), ((33, 5), None),
+                                        ((2, 70, 129), None), ((300, 40), "columns"), ((40, 300), "transposed"),
+                                        ((5, 64, 16), "groups")])
+def test_gpu_layouts_match_cpu(shape, view, seed):
+    """The copy kernel (mn_major_sf, on SM90) against the CPU's strided copy, on fresh values: tails of
+    the kernel's 32 x 32 tiles in rows and K blocks, groups, and sources with gaps (every other
+    column), transposed (stride 1 along M already, K stride unaligned) or with groups apart."""
+    x = torch.rand(shape) * 3 - 1
+    if view == "columns":
+        x = torch.rand(shape[0], 2 * shape[1])[:, ::2]
+    elif view == "transposed":
+        x = torch.rand(shape[1], shape[0]).t()
+    elif view == "groups":
+        x = torch.rand(shape[0], shape[1] + 3, shape[2])[:, 1:-2]
+    y = kernels.get_mn_major_tma_aligned_tensor(x.cuda())
+    torch.cuda.synchronize()
+    assert torch.equal(y.cpu(), x)
+    expected = kernels.get_mn_major_tma_aligned_tensor(x)
+    assert y.stride() == expected.stride()
 
 
 @pytest.mark.parametrize("m,groups", [(0, 3), (1, 56), (5, 16), (8, 1), (129, 7)])

@@ -69,10 +69,13 @@ def test_fp8_gemm_uses_qgmma_tma_and_setmaxnreg(m, n, k, gemm_type, groups, scal
     for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG"):
         assert instruction in code, instruction
     # Only the scale warps copy with cp.async (LDGSTS); TMA scale loads leave none. K-major scales
-    # go by TMA on 256-row tiles only, masked GEMMs' never.
+    # go by TMA on 256-row tiles only, masked GEMMs' never; dense 256-row tiles run on a copy of the
+    # A scales made MN-major (sfa_copy), so their kernel is the MN-major one.
     gathered = gemm_type == 2 or (scale_load == 2 and config["block_m"] < 256)
     assert config["scale_load"] == ("gather" if gathered else ("gather", "tma_mn_major", "tma_k_major")[scale_load])
-    assert ("LDGSTS" in code) == (config["scale_load"] == "gather")
+    assert config["sfa_copy"] == (gemm_type == 0 and config["block_m"] == 256 and scale_load != 1)
+    runs = "tma_mn_major" if config["sfa_copy"] else config["scale_load"]
+    assert ("LDGSTS" in code) == (runs == "gather")
     # The scale warps keep 32-bit row offsets per tile: no spills at block M 128 either (they had
     # spilled hoisted 64-bit row pointers inside their K loop).
     assert "LDL" not in code and "STL" not in code, "register spills"
@@ -505,3 +508,16 @@ def test_moe_route_keeps_everything_in_registers(args):
     the 32 unrolled divisions' slow-path calls save registers on the stack; no model routes that wide."""
     text = sass(*kernels.jit.native_module().moe_route_code(*args))
     assert "LDL" not in text and "STL" not in text, "local memory (spills or an indexed array)"
+
+
+def test_mn_major_sf_copy_waits_then_loads_before_storing():
+    """The scale copy before the wide-tile GEMMs: it waits for the kernels before it (griddepcontrol,
+    ACQBULK) and lets the next one launch (PREEXIT), and issues its four loads per thread before the
+    first store to shared memory (one memory latency a CTA), without local memory."""
+    code = sass(*kernels.jit.native_module().mn_major_sf_code())
+    ops = [op for _, op in (m.groups() for m in _SASS_LINE.finditer(code))]
+    assert any("ACQBULK" in op for op in ops) and any("PREEXIT" in op for op in ops)
+    loads = [i for i, op in enumerate(ops) if "LDG" in op]
+    first_store = next(i for i, op in enumerate(ops) if op.startswith("STS") or " STS " in op)
+    assert len(loads) == 4 and max(loads) < first_store, ops
+    assert "LDL" not in code and "STL" not in code
