@@ -2,7 +2,7 @@
 each compiled here for sm_90a with NVRTC and disassembled with cuobjdump; per problem the plan's
 tile and stages, the innermost K loops (instructions / K blocks), cp.async copies and spills.
 
-    python scripts/sass_census.py --ms 64,128 --variant MOE_FP8_SCALE_TABLE=1
+    python scripts/sass_census.py --ms 64,128 --variant MOE_FP8_OVERLAP=0
 
 Prints a Markdown table (the first columns are the default's, the second the variant's).
 """
@@ -38,6 +38,8 @@ def k_loops(code: str, block_n: int, waves: int = 1) -> list[tuple[int, int]]:
 def census(m: int, n: int, k: int) -> dict:
     native = kernels.jit.native_module()
     config = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    if config["sfa_copy"]:  # the kernel that runs reads the MN-major copy of A's scales
+        config = dict(config, scale_load="tma_mn_major (copy)")
     code = sass(*native.fp8_gemm_nt_code(m, n, k, H200_SMS))
     return dict(config=config, loops=k_loops(code, config["block_n"], 2 if config["block_m"] == 256 else 1),
                 ldgsts="LDGSTS" in code, spills="LDL" in code or "STL" in code)

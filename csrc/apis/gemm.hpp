@@ -45,8 +45,6 @@ inline unsigned scale_load(int value, int k, int gemm_type) {
 inline const char* scale_load_name(unsigned scale_load) {
   return scale_load == moe_kernels::kScaleGather          ? "gather"
          : scale_load == moe_kernels::kScaleTmaMnMajor     ? "tma_mn_major"
-         : scale_load == moe_kernels::kScaleTmaKMajorTable ? "tma_k_major_table"
-         : scale_load == moe_kernels::kScaleTmaKMajorRing  ? "tma_k_major_ring"
                                                             : "tma_k_major";
 }
 

@@ -155,22 +155,11 @@ constexpr int kWideTileCost = 14;  // sixteenths
 constexpr int kScaleTmaKMajorMinBlockM = 256;
 constexpr int kScaleTmaKMajorMinK = 1024;
 
-// MOE_FP8_SCALE_TABLE=1 (opt-in, read per plan): K-major A scales of dense 64- and 128-row tiles come
-// as one TMA box per tile (common/fp8_gemm_layout.h's kScaleTmaKMajorTable) instead of the gathers
-// above, where the table leaves at least kScaleTableMinStages stages. MN-major scales by TMA took
-// 0.77-0.87x the gathers' time on the same narrow small-M tiles (bench/RESULTS.md, session 19):
-// the table is to bring K-major scales there. Not timed yet, so not a default.
-constexpr int kScaleTableMinStages = 4;
-inline bool env_is_one(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr && std::string(value) == "1";
-}
-
-// MOE_FP8_SCALE_RING=1 (opt-in, read per plan): where the rules above load K-major A scales by TMA
-// (256-row tiles), each box of 4 K blocks goes once into a ring of its own instead of into the 4
-// stages it serves (kScaleTmaKMajorRing): 1 KB of A scales per K block instead of 4 KB, MN-major's
-// bytes. On the quantizers' K-major scales the 4096-row cells ran 0.95-0.99x DeepGEMM against
-// 0.97-1.02x on MN-major ones (bench/RESULTS.md, session 24). Not timed yet, so not a default.
+// Two ways of loading K-major A scales once per tile or per 4 K blocks into slots beside the stages
+// (a table per 64- or 128-row tile, a ring of 4-K-block boxes for 256-row tiles) were timed on an
+// H100 against these rules and removed: the table slower in 11 of 14 small-M cells, the ring 1.10x
+// the boxes' time at 4096 x 7168 x 16384 (bench/RESULTS.md, session 26). Dense 256-row tiles copy
+// K-major A scales MN-major instead (Config::sfa_copy).
 
 // Masked decode tiles (block M 64, up to 128 rows per group) of short K (at most
 // kMaskedShortKBlocks K blocks) take block N up to 128 only: their few K blocks per tile leave the
@@ -289,24 +278,6 @@ inline const char* function_name(GemmType type) {
                                               : "fp8_gemm_nt";
 }
 
-// The A scales' own slots and barriers (the table's, the ring's) beside the stages of t: the stages
-// that still fit (capped by MOE_GEMM_STAGES like choose_tiles'), or false where fewer than
-// min_stages would be left.
-inline bool fit_sfa_slots(Tiles& t, int k, unsigned scale_load, int min_stages) {
-  using namespace moe_kernels;
-  const unsigned k_blocks = static_cast<unsigned>(k / kBlockK);
-  const int slots = static_cast<int>(fp8_gemm_sfa_slots_bytes(static_cast<unsigned>(t.block_m), k_blocks, scale_load) +
-                                     fp8_gemm_sfa_slot_barrier_bytes(scale_load));
-  const int per_stage = stage_bytes(t.block_m, t.block_n, scale_load);
-  int stages = std::min(kMaxStages, (kSmemLimit - pipeline_smem(t.block_m, t.block_n, 0, per_stage) - slots) /
-                                        (per_stage + 16));
-  if (const int cap = env_int("MOE_GEMM_STAGES")) stages = std::min(stages, cap);
-  if (stages < min_stages) return false;
-  t.num_stages = stages;
-  t.smem_bytes = pipeline_smem(t.block_m, t.block_n, stages, per_stage) + slots;
-  return true;
-}
-
 // Analytic choice: fewest waves of tiles weighted by a tile's cost, then the larger block N. `m` is
 // the rows of the problem; for kGroupedMasked the expected rows per group, times `num_groups`
 // problems. contiguous_alignment: kGroupedContiguous's promise that every aligned block of that
@@ -316,18 +287,12 @@ inline bool fit_sfa_slots(Tiles& t, int k, unsigned scale_load, int min_stages) 
 // (MOE_FP8_SCALE_TMA=0 turns it into the gathers here).
 inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual,
                           GemmType type, int num_groups, int contiguous_alignment, bool split_workspace,
-                          unsigned scale_load, bool allow_table = true) {
+                          unsigned scale_load) {
   const char* fn = function_name(type);
   check_shape(fn, m, n, k);
   MOE_HOST_ASSERT(num_sms >= 1, fn << ": num_sms must be >= 1, got " << num_sms);
   MOE_HOST_ASSERT(num_groups >= 1, fn << ": num_groups must be >= 1, got " << num_groups);
   if (!env_enabled("MOE_FP8_SCALE_TMA")) scale_load = moe_kernels::kScaleGather;
-  // K-major A scales in a table per tile (dense; the box's rows at most 256 floats), where asked for.
-  if (allow_table && scale_load == moe_kernels::kScaleTmaKMajor && type == GemmType::kNormal &&
-      moe_kernels::fp8_gemm_table_cols(static_cast<unsigned>(k / kBlockK)) <= 256 &&
-      env_is_one("MOE_FP8_SCALE_TABLE")) {
-    scale_load = moe_kernels::kScaleTmaKMajorTable;
-  }
   Config cfg{};
   cfg.fn = fn;
   cfg.type = type;
@@ -392,22 +357,7 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   }
   if (scale_load == moe_kernels::kScaleTmaKMajor && (t.block_m < kScaleTmaKMajorMinBlockM || k < kScaleTmaKMajorMinK)) {
     return plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment, split_workspace,
-                       moe_kernels::kScaleGather, false);
-  }
-  if (scale_load == moe_kernels::kScaleTmaKMajorTable &&
-      (t.block_m > 128 || !fit_sfa_slots(t, k, scale_load, kScaleTableMinStages))) {
-    // A 256-row tile, or one that the table would leave too few stages: the K-major rules above.
-    return plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment, split_workspace,
-                       moe_kernels::kScaleTmaKMajor, false);
-  }
-  // The ring holds the boxes the stages would: the same shared memory at 256 x 128's 3 stages.
-  if (scale_load == moe_kernels::kScaleTmaKMajor && env_is_one("MOE_FP8_SCALE_RING")) {
-    Tiles ringed = t;
-    if (fit_sfa_slots(ringed, k, moe_kernels::kScaleTmaKMajorRing, 2)) {
-      t = ringed;
-      scale_load = moe_kernels::kScaleTmaKMajorRing;
-      cfg.scale_load = scale_load;
-    }
+                       moe_kernels::kScaleGather);
   }
   cfg.block_m = t.block_m;
   cfg.block_n = t.block_n;
@@ -456,12 +406,8 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // Masked GEMMs, grouped 256-row tiles and 128-row tiles without ping-pong other than 128 x 192 are
   // not measured and keep the plain loop. MOE_GEMM_K_UNROLL=N overrides.
   const int k_unroll = env_int("MOE_GEMM_K_UNROLL");
-  // The scale ring's 256-row contiguous tiles too: unrolled, its wait and release fall on K blocks
-  // known at compile time (SASS: 811 instructions per 4 K blocks, against 822 for boxes per stage
-  // unrolled alike; in the plain loop the ring's run-time checks made 254-796 per K block).
   const bool unrolled4 = (type == GemmType::kNormal && t.block_m == 256) ||
-                         (type != GemmType::kGroupedMasked && cfg.pingpong == 1) ||
-                         scale_load == moe_kernels::kScaleTmaKMajorRing;
+                         (type != GemmType::kGroupedMasked && cfg.pingpong == 1);
   const bool unrolled8 = in_step_tile && cfg.pingpong == 0;
   cfg.k_unroll = k_unroll > 0 ? k_unroll : unrolled4 ? 4 : unrolled8 ? 8 : 1;
   // A lone math warpgroup (block M 64) overlaps its promotion with the next K block's wgmmas where
@@ -535,7 +481,7 @@ inline GeneratedKernel generate(const Config& c) {
      << "}\n"
      // The launch's dynamic shared memory is what the kernel lays out (stages, table, barriers).
      << "static_assert(moe_kernels::Fp8GemmSmem<" << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", "
-     << c.scale_load << ", " << c.k / kBlockK << ">::kTotal == " << c.smem_bytes
+     << c.scale_load << ">::kTotal == " << c.smem_bytes
      << ", \"the launcher's shared memory differs from the kernel's layout\");\n";
   return {"sm90_fp8_gemm_nt", os.str()};
 }
@@ -574,10 +520,7 @@ inline void launch(const Config& c, const Args& a) {
   // The scale boxes of a TMA scale load (the kernel takes the maps either way; the gathers ignore them).
   CUtensorMap map_sfa{}, map_sfb{};
   if (c.scale_load != moe_kernels::kScaleGather) {
-    const bool k_major_slots = c.scale_load == moe_kernels::kScaleTmaKMajorTable ||
-                               c.scale_load == moe_kernels::kScaleTmaKMajorRing;
-    const unsigned layout = k_major_slots ? moe_kernels::kScaleTmaKMajor : c.scale_load;
-    MOE_HOST_ASSERT(scale_layout_for(c.type, a, c.n, c.k) == layout,
+    MOE_HOST_ASSERT(scale_layout_for(c.type, a, c.n, c.k) == c.scale_load,
                     c.fn << ": the kernel was planned for TMA scale loads, which these scales' layouts do not allow");
     const std::uint64_t kb = static_cast<std::uint64_t>(c.k / kBlockK);
     const std::uint64_t sfb_rows = static_cast<std::uint64_t>((c.n + 127) / 128) * a.num_groups;
@@ -585,12 +528,9 @@ inline void launch(const Config& c, const Args& a) {
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows_a, kb,
                          tma_row_stride(kb, a.sfa_stride_k, rows_a), c.block_m, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
     } else {
-      // K-major: boxes of 4 K blocks (a stage's, a ring slot's), or a table's every K block (its
-      // columns past K read as zeros and are never used).
+      // K-major: boxes of 4 K blocks.
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, rows_a,
-                         tma_row_stride(rows_a, a.sfa_stride_m, kb),
-                         moe_kernels::fp8_gemm_sfa_slot_cols(static_cast<unsigned>(kb), c.scale_load), c.block_m,
-                         CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
+                         tma_row_stride(rows_a, a.sfa_stride_m, kb), 4, c.block_m, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
     }
     map_sfb = make_tma(c.fn, a.sfb, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sfb_rows, sfb_view_stride(a, c.n, c.k), 4,
                        2, CU_TENSOR_MAP_SWIZZLE_NONE, "SFB");

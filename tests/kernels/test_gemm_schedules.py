@@ -132,61 +132,6 @@ def test_gpu_sfa_copy_back_to_back_calls(pdl, seed, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,env", [
-    (64, 2112, 7168, ""), (2, 4096, 7168, ""), (100, 7168, 16384, ""), (127, 576, 7168, ""), (128, 4096, 7168, ""),
-    (128, 24576, 1536, ""), (64, 32768, 512, ""), (1000, 4096, 2048, ""), (700, 7168, 1536, "MOE_FP8_MULTICAST=2"),
-    (1216, 1024, 8192, "MOE_GEMM_BLOCK_M=64"), (300, 4232, 2048, "MOE_GEMM_STAGES=4"),
-    (1000, 7168, 1536, "MOE_FP8_MULTICAST=b"), (129, 2112, 7168, "MOE_GEMM_BLOCK_M=128,MOE_FP8_PINGPONG=1"),
-    (1100, 7168, 1536, "MOE_FP8_MULTICAST=b"),
-    (4096, 4232, 2048, "MOE_GEMM_BLOCK_M=128,MOE_GEMM_BLOCK_N=104,MOE_FP8_MULTICAST=2"),
-    (4096, 4096, 7168, "MOE_GEMM_BLOCK_M=128"), (1024, 4096, 512, "MOE_GEMM_BLOCK_M=64,MOE_FP8_MULTICAST=0"),
-])
-def test_gpu_scale_table_matches_gather(m, n, k, env, seed, monkeypatch):
-    """MOE_FP8_SCALE_TABLE=1: each dense tile's K-major A scales, every K block, in one TMA box
-    into one of two table slots, against the scale warps' gathers (MOE_FP8_SCALE_TMA=0): the same
-    scales reach the same FFMAs, so D is bit for bit the same. The cases cover 64- and 128-row
-    tiles, M tails whose box runs past the last row (2, 100, 127, 1000, 1100), table rows with
-    columns past K (K / 128 = 56, 16, 64, 128: zeros the kernel never reads), the overlapped and
-    the ping-pong loops, split tail units after whole tiles (1216 x 1024 x 8192), clusters sharing
-    A and sharing B with tiles after an idle padding n-block or an invalid m-block (4096 x 4232,
-    1100 x 7168), CTAs that refill both slots many times over several m-blocks (4096 x 4096 x
-    7168: ~8 tiles per CTA; 1024 x 4096 x 512: 4 K blocks a tile against 8 stages), and the
-    fewest stages a table allows."""
-    monkeypatch.setenv("MOE_FP8_SCALE_TABLE", "1")
-    for setting in filter(None, env.split(",")):
-        name, value = setting.split("=")
-        monkeypatch.setenv(name, value)
-    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
-    assert cfg["scale_load"] == "tma_k_major_table", cfg
-    _, _, d, gathered = with_switch_off(m, n, k, "MOE_FP8_SCALE_TMA", monkeypatch)
-    assert torch.equal(d, gathered)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,env", [
-    (4096, 4096, 7168, ""), (4095, 7168, 2048, ""), (4096, 7168, 16384, ""), (2500, 24576, 1536, ""),
-    (4096, 4096, 7168, "MOE_FP8_MULTICAST=0"), (2048, 512, 7168, "MOE_GEMM_BLOCK_M=256,MOE_GEMM_SPLIT_K=3"),
-    (2560, 512, 16384, "MOE_GEMM_BLOCK_M=256,MOE_GEMM_SPLIT_K=3"), (2304, 6144, 16384, ""),
-])
-def test_gpu_scale_ring_matches_boxes_per_stage(m, n, k, env, seed, monkeypatch):
-    """MOE_FP8_SCALE_RING=1: 256-row tiles' K-major A scales, each box of 4 K blocks loaded once into
-    a ring of three slots, against the same box loaded with each of its 4 stages (MOE_FP8_SCALE_RING
-    unset, kScaleTmaKMajor): the same scales reach the same FFMAs, so D is bit for bit the same. The
-    cases cover clusters and single CTAs, an M tail (4095), and split units over K that start inside
-    a box (56 K blocks in 3: 19, 19, 18; 128 in 3: 43, 43, 42), alone or after whole tiles in 2-CTA
-    clusters (2304 x 6144 x 16384, the heuristic's own tail split)."""
-    monkeypatch.setenv("MOE_FP8_SCALE_RING", "1")
-    for setting in filter(None, env.split(",")):
-        name, value = setting.split("=")
-        monkeypatch.setenv(name, value)
-    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
-    assert (cfg["block_m"], cfg["scale_load"]) == (256, "tma_k_major_ring"), cfg
-    assert (cfg["tail_splits"] == 3) == ("SPLIT_K" in env or (m, n, k) == (2304, 6144, 16384)), cfg
-    _, _, d, boxes = with_switch_off(m, n, k, "MOE_FP8_SCALE_RING", monkeypatch)
-    assert torch.equal(d, boxes)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,block_m,unroll", [
     (1, 2112, 7168, "", ""), (64, 4096, 7168, "", ""), (128, 4096, 7168, "", ""), (64, 32768, 512, "", ""),
     (33, 7168, 2048, "", ""), (128, 7168, 16384, "", ""), (1216, 1024, 8192, "64", ""),

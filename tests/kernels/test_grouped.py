@@ -243,25 +243,6 @@ def run_contiguous_256(counts, n, k, settings, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("counts,forced", [([4000, 0, 3900, 1], ""), ([513, 700, 255], "256")])
-@pytest.mark.parametrize("n,k", GROUPED_NK)
-def test_gpu_contiguous_scale_ring_matches_boxes_per_stage(counts, forced, n, k, seed, monkeypatch):
-    """MOE_FP8_SCALE_RING=1 on 256-row contiguous tiles: each K-major box of 4 K blocks of A scales
-    loaded once into the ring, against the same box loaded with each of its 4 stages (unset): the
-    same scales reach the same FFMAs, so D is bit for bit the same; every valid row against float64.
-    Under 2048 rows the heuristic takes 128-row tiles: block M 256 is forced there."""
-    if forced:
-        monkeypatch.setenv("MOE_GEMM_BLOCK_M", forced)
-    settings = [{"MOE_FP8_SCALE_RING": "1"}, {"MOE_FP8_SCALE_RING": "0"}]
-    a_fp8, b_fp8, m_indices, [(ring_cfg, ring), (boxes_cfg, boxes)] = run_contiguous_256(counts, n, k, settings,
-                                                                                        monkeypatch)
-    assert (ring_cfg["block_m"], ring_cfg["scale_load"], boxes_cfg["scale_load"]) == \
-        (256, "tma_k_major_ring", "tma_k_major")
-    assert_contiguous_rows(ring, a_fp8, b_fp8, m_indices)
-    assert torch.equal(ring.nan_to_num(7.0), boxes.nan_to_num(7.0))
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("masked,max_m,expected_m", [([20] * 32, 32, 20), ([0, 5, 100, 0, 77, 1, 128, 3], 128, 8)])
 @pytest.mark.parametrize("n,k", [(4096, 7168), (4096, 2048)])
 def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, seed, monkeypatch):

@@ -81,69 +81,6 @@ def test_fp8_gemm_uses_qgmma_tma_and_setmaxnreg(m, n, k, gemm_type, groups, scal
     assert "LDL" not in code and "STL" not in code, "register spills"
 
 
-@pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (128, 4096, 7168), (64, 576, 7168), (128, 24576, 1536),
-                                   (1000, 4096, 2048), (64, 7168, 16384)])
-def test_fp8_gemm_scale_table_loads_by_tma_alone(m, n, k, monkeypatch):
-    """MOE_FP8_SCALE_TABLE=1: a tile's K-major A scales arrive in one TMA box, so no scale warp
-    copies (no LDGSTS), nothing spills, and the innermost K loops are no longer than the gathers'
-    (which read A's scales from the stage the same way, one LDS per row)."""
-    native = kernels.jit.native_module()
-    gathered = sass(*native.fp8_gemm_nt_code(m, n, k, H200_SMS))
-    monkeypatch.setenv("MOE_FP8_SCALE_TABLE", "1")
-    config = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
-    assert config["scale_load"] == "tma_k_major_table"
-    code = sass(*native.fp8_gemm_nt_code(m, n, k, H200_SMS))
-    for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG"):
-        assert instruction in code, instruction
-    assert "LDGSTS" not in code and "LDGSTS" in gathered
-    assert "LDL" not in code and "STL" not in code, "register spills"
-
-    def per_k_block(listing):
-        """Instructions per K block of the longest K loop: bodies of four QGMMAs and block_n / 2
-        FFMAs per K block (the barrier waits' out-of-line retries branch back over whole loops)."""
-        loops = []
-        for body in _innermost_k_loops(listing, 8192):
-            ops = [op for op in body.splitlines() if op.strip()]
-            k_blocks = sum("QGMMA" in op for op in ops) // 4
-            if k_blocks and sum("FFMA" in op for op in ops) == k_blocks * config["block_n"] // 2:
-                loops.append(len(ops) / k_blocks)
-        assert loops
-        return max(loops)
-    # Two LDS of the table's rows and the column's address against the stage's (+3 per K block
-    # measured at 64 x 2112 x 7168: 274 against 253 per round of 4 in the overlapped loop).
-    assert per_k_block(code) <= per_k_block(gathered) + 8
-
-
-@pytest.mark.parametrize("m,n,k,gemm_type,groups,alignment", [(4096, 4096, 7168, 0, 1, 128), (4096, 7168, 2048, 0, 1, 128),
-                                                               (32768, 4096, 7168, 1, 4, 256)])
-def test_fp8_gemm_scale_ring_keeps_the_k_loop(m, n, k, gemm_type, groups, alignment, monkeypatch):
-    """MOE_FP8_SCALE_RING=1 on 256-row tiles: the TMA warp loads a K-major box once per 4 K blocks
-    (fewer UTMALDG in the code: the per-stage A box is gone), nothing spills, and the whole tiles'
-    K loop (dense: unrolled 4, its ring wait and release at compile-time K blocks) is no longer than
-    with a box per stage (783 against 785 instructions per 4 K blocks at 4096 x 4096 x 7168)."""
-    native = kernels.jit.native_module()
-    args = (m, n, k, H200_SMS, False, -1, gemm_type, groups)
-
-    def compiled():
-        config = native.fp8_gemm_nt_config(*args, alignment=alignment)
-        code = sass(*native.fp8_gemm_nt_code(*args, alignment=alignment))
-        loops = [[op for op in body.splitlines() if op.strip()] for body in _k_loop_bodies(code, 16384)]
-        k_loops = [ops for ops in loops
-                   if any("QGMMA" in op for op in ops)
-                   and sum("FFMA" in op for op in ops) == sum("QGMMA" in op for op in ops) // 4 * config["block_n"] // 2]
-        return config, code, min(len(ops) / (sum("QGMMA" in op for op in ops) // 8) for ops in k_loops)
-
-    boxes, boxes_code, boxes_per_k_block = compiled()
-    monkeypatch.setenv("MOE_FP8_SCALE_RING", "1")
-    ring, code, ring_per_k_block = compiled()
-    assert (boxes["scale_load"], ring["scale_load"], ring["block_m"]) == ("tma_k_major", "tma_k_major_ring", 256)
-    for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG"):
-        assert instruction in code, instruction
-    assert code.count("UTMALDG") < boxes_code.count("UTMALDG")
-    assert "LDL" not in code and "STL" not in code, "register spills"
-    assert ring_per_k_block <= boxes_per_k_block + 2, (ring_per_k_block, boxes_per_k_block)
-
-
 @pytest.mark.parametrize("m,n,k,gemm_type,groups", [(300, 2112, 7168, 0, 1), (1000, 7168, 1536, 0, 1),
                                                      (32768, 4096, 7168, 1, 4), (3712, 4096, 1152, 1, 4)])
 def test_fp8_gemm_clusters_sharing_b_multicast_b(m, n, k, gemm_type, groups, monkeypatch):

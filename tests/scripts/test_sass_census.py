@@ -1,5 +1,5 @@
 """scripts/sass_census.py: its K-loop filter on a hand-written disassembly, and one row compiled
-here (NVRTC, cuobjdump; no GPU) with and without the scale table."""
+here (NVRTC, cuobjdump; no GPU) with and without an environment variant."""
 
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ def test_k_loops_keep_loops_of_whole_k_blocks_only():
 def test_row_compares_the_variant_with_the_default(monkeypatch):
     if not find_cuobjdump():
         pytest.skip("cuobjdump not found (pip nvidia-cuda-cuobjdump)")
-    monkeypatch.setenv("MOE_FP8_SCALE_TABLE", "0")
-    row = sass_census.row(64, 2112, 7168, {"MOE_FP8_SCALE_TABLE": "1"})
+    monkeypatch.setenv("MOE_GEMM_BLOCK_N", "0")
+    row = sass_census.row(64, 2112, 7168, {"MOE_GEMM_BLOCK_N": "32"})
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert cells[:3] == ["64 x 2112 x 7168", "64 x 16, gather", "64 x 16, tma_k_major_table"]
-    assert cells[6:] == ["True / False", "False / False"]
-    assert os.environ["MOE_FP8_SCALE_TABLE"] == "0", "the variant's environment is undone"
+    assert cells[:3] == ["64 x 2112 x 7168", "64 x 16, gather", "64 x 32, gather"]
+    assert cells[6:] == ["True / True", "False / False"]
+    assert os.environ["MOE_GEMM_BLOCK_N"] == "0", "the variant's environment is undone"
