@@ -93,6 +93,28 @@ out["pdl_off"] = rec.last_launch().pdl
 del os.environ["MOE_GEMM_PDL"]
 dense(m, n, k)
 out["pdl_back"] = rec.last_launch().pdl
+# K-major A scales with a workspace: 256-row tiles copy them (mn_major_sf), then the GEMM runs the
+# MN-major plan; not without room for the copy, with MOE_FP8_SFA_COPY=0, or on 128-row tiles.
+WS = 0x70_0000_0000
+ws_bytes = native.fp8_gemm_split_workspace_bytes(132)
+
+def dense_k_major(m, n, k, nbytes=ws_bytes):
+    native.fp8_gemm_nt(A, k, SFA, k // 128, 1, B, k, SFB, k // 128, 1, D, n, 0, -1, 0, m, n, k, False, 0, WS, nbytes,
+                       0)
+
+def launches_of(call):
+    before = rec.launches()
+    call()
+    return rec.launches() - before
+
+plans = [native.fp8_gemm_nt_config(4096, 7168, 2048, 132, scale_load=load)["smem_bytes"] for load in (1, 2)]
+out["copy"] = [launches_of(lambda: dense_k_major(4096, 7168, 2048)), rec.last_launch().smem_bytes, *plans]
+out["copy_small_workspace"] = [launches_of(lambda: dense_k_major(4096, 7168, 2048, ws_bytes - 1)),
+                               rec.last_launch().smem_bytes]
+os.environ["MOE_FP8_SFA_COPY"] = "0"
+out["copy_off"] = [launches_of(lambda: dense_k_major(4096, 7168, 2048)), rec.last_launch().smem_bytes]
+del os.environ["MOE_FP8_SFA_COPY"]
+out["copy_128_rows"] = launches_of(lambda: dense_k_major(4096, 2112, 7168))
 print(json.dumps(out))
 """
 
@@ -110,7 +132,7 @@ def host_driver_dir(tmp_path_factory) -> Path:
 def _observe(lib_dir: Path, **switches: str) -> dict:
     env = host_driver_env(lib_dir)
     for name in ("MOE_TMA_MEMO", "MOE_GEMM_PDL", "MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_MULTICAST",
-                 "MOE_FP8_SCALE_TMA"):
+                 "MOE_FP8_SCALE_TMA", "MOE_FP8_SFA_COPY"):
         env.pop(name, None)
     env.update(switches, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=600)
@@ -174,3 +196,15 @@ def test_env_switch_reaches_the_next_launch(observed):
     assert observed["pdl_default"] is True
     assert observed["pdl_off"] is False
     assert observed["pdl_back"] is True
+
+
+def test_k_major_scales_of_wide_tiles_are_copied_first(observed):
+    """Dense 256-row tiles on K-major A scales with the workspace: two launches, the copy and then
+    the GEMM with the MN-major plan's shared memory; one launch (the K-major plan) where the
+    workspace lacks the copy's room or MOE_FP8_SFA_COPY=0, and on 128-row tiles."""
+    launches, smem, mn_smem, k_major_smem = observed["copy"]
+    assert mn_smem != k_major_smem
+    assert (launches, smem) == (2, mn_smem)
+    assert observed["copy_small_workspace"] == [1, k_major_smem]
+    assert observed["copy_off"] == [1, k_major_smem]
+    assert observed["copy_128_rows"] == 1
