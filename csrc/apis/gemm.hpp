@@ -92,7 +92,7 @@ inline void fp8_gemm_nt(std::uint64_t a, long long lda, std::uint64_t sfa, long 
                                     split_workspace != 0, L::scale_layout_for(L::GemmType::kNormal, args, n, k));
   L::Args copied;
   // The copy is MN-major, so it loads by TMA wherever B's scales do too.
-  if (config.sfa_copy && L::sfa_copy_args(args, k, copied) &&
+  if (config.sfa_copy && L::sfa_copy_args(args, copied) &&
       L::scale_layout_for(L::GemmType::kNormal, copied, n, k) == moe_kernels::kScaleTmaMnMajor) {
     L::copy_sfa(args, copied, k, config.pdl != 0);
     L::launch(L::get_config(m, n, k, num_sms, compile_m, residual, L::GemmType::kNormal, 1, 128, true,

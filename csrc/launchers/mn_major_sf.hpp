@@ -17,7 +17,13 @@ constexpr const char* kFn = "mn_major_sf";
 constexpr unsigned kTile = 32;      // impls/mn_major_sf.cuh's kMnMajorSfTile
 constexpr unsigned kThreads = 256;  // its kMnMajorSfThreads
 
-inline std::string code() { return "#include <moe_kernels/impls/mn_major_sf.cuh>\n"; }
+// The kernel asserts at compile time that its tile and block are the grid's and block's here.
+inline std::string code() {
+  return "#include <moe_kernels/impls/mn_major_sf.cuh>\n"
+         "static_assert(moe_kernels::kMnMajorSfTile == " + std::to_string(kTile) +
+         " && moe_kernels::kMnMajorSfThreads == " + std::to_string(kThreads) +
+         ", \"the launcher's tile or block differs from the kernel's\");\n";
+}
 
 // The destination's stride between K blocks: rows rounded up to 16 bytes of floats.
 inline long long aligned_rows(long long rows) { return (rows + 3) / 4 * 4; }

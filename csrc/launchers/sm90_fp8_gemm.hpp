@@ -39,10 +39,10 @@ inline std::uint64_t sfa_copy_offset(int num_sms) {
 
 inline std::uint64_t split_workspace_bytes(int num_sms) { return sfa_copy_offset(num_sms) + kSfaCopyMaxFloats * 4; }
 
-// The copy's layout: K block kb of row r at kb * sfa_copy_stride(m) + r.
-inline long long sfa_copy_stride(long long m) { return (m + 3) / 4 * 4; }
+// The copy's layout: K block kb of row r at kb * mn_major_sf::aligned_rows(m) + r.
 inline bool sfa_copy_fits(long long m, int k) {
-  return static_cast<std::uint64_t>(sfa_copy_stride(m)) * static_cast<std::uint64_t>(k / 128) <= kSfaCopyMaxFloats;
+  return static_cast<std::uint64_t>(mn_major_sf::aligned_rows(m)) * static_cast<std::uint64_t>(k / 128) <=
+         kSfaCopyMaxFloats;
 }
 
 struct Config {
@@ -570,17 +570,16 @@ inline void launch(const Config& c, const Args& a) {
                   reinterpret_cast<int*>(split_counters), map_a, map_b, map_d, map_sfa, map_sfb);
 }
 
-// A planned sfa_copy's arguments: A's scales read from the workspace's copy, MN-major and
-// TMA-aligned. False (args unchanged) where the launch has no workspace of that size.
-inline bool sfa_copy_args(const Args& a, int k, Args& copied) {
+// A planned sfa_copy's arguments (the plan checked that the copy fits the workspace's room): A's
+// scales read from the workspace's copy, MN-major and TMA-aligned. False (args unchanged) where
+// the launch has no workspace of that size.
+inline bool sfa_copy_args(const Args& a, Args& copied) {
   const int device_sms = moe_jit::device_info(a.device).num_sms;
-  if (a.split_workspace == 0 || a.split_workspace_bytes < split_workspace_bytes(device_sms) || !sfa_copy_fits(a.m, k)) {
-    return false;
-  }
+  if (a.split_workspace == 0 || a.split_workspace_bytes < split_workspace_bytes(device_sms)) return false;
   copied = a;
   copied.sfa = a.split_workspace + sfa_copy_offset(device_sms);
   copied.sfa_stride_m = 1;
-  copied.sfa_stride_k = sfa_copy_stride(a.m);
+  copied.sfa_stride_k = mn_major_sf::aligned_rows(a.m);
   return true;
 }
 
