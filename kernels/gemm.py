@@ -125,26 +125,27 @@ def _launch_args(a, b, d, c, compile_m: bool):
             sfb_sk, d.data_ptr(), ldd, c_ptr, c_code, ldc, m, n, k, compile_m, device)
 
 
-# The tail split's workspace (partial sums, then counters the kernel leaves zero), one per (device,
-# stream): launches on one stream run in order, so they can share it; another stream gets its own.
-# Not inside a CUDA graph capture: a graph would bake in one workspace, which graphs captured on the
-# same stream and replayed at the same time would share (and one made during a capture is zeroed
-# only when that graph runs), so captured GEMMs run every tile whole.
-_split_workspaces: dict[tuple[int, int], tuple[int, int, torch.Tensor]] = {}
+# The FP8 GEMMs' workspace (the dense tail split's partial sums, then counters the kernel leaves
+# zero, then room for A's scales copied MN-major, dense and contiguous), one per (device, stream):
+# launches on one stream run in order, so they can share it; another stream gets its own. Not inside
+# a CUDA graph capture: a graph would bake in one workspace, which graphs captured on the same stream
+# and replayed at the same time would share (and one made during a capture is zeroed only when that
+# graph runs), so captured GEMMs run every tile whole and read A's scales where they are.
+_workspaces: dict[tuple[int, int], tuple[int, int, torch.Tensor]] = {}
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
 
 
-def _split_workspace(device: int, stream: int) -> tuple[int, int]:
-    """``(address, bytes)`` of the tail-split workspace of ``stream`` on ``device``; ``(0, 0)``
-    (no split) while the stream is being captured."""
+def fp8_workspace(device: int, stream: int) -> tuple[int, int]:
+    """``(address, bytes)`` of the FP8 GEMMs' workspace of ``stream`` on ``device``; ``(0, 0)``
+    (none) while the stream is being captured."""
     if _capturing():
         return 0, 0
-    entry = _split_workspaces.get((device, stream))
+    entry = _workspaces.get((device, stream))
     if entry is None:
         num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         nbytes = jit.native_module().fp8_gemm_split_workspace_bytes(num_sms)
         workspace = torch.zeros(nbytes, dtype=torch.uint8, device=torch.device("cuda", device))
-        entry = _split_workspaces[(device, stream)] = (workspace.data_ptr(), nbytes, workspace)
+        entry = _workspaces[(device, stream)] = (workspace.data_ptr(), nbytes, workspace)
     return entry[0], entry[1]
 
 
@@ -166,7 +167,7 @@ def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, tor
         if device >= 0 and compile_m is not None:
             stream = _descriptors.current_stream_of(device)
             if jit.native_module().fp8_gemm_nt_tensors(a, b, d, c, compile_m, device, stream,
-                                                       *_split_workspace(device, stream)):
+                                                       *fp8_workspace(device, stream)):
                 return
     _checks.check_recipe(_FN, recipe)
     compile_m = _COMPILED_DIMS.get(compiled_dims) if isinstance(compiled_dims, str) else None
@@ -190,7 +191,7 @@ def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, tor
     if args[15] == 0:  # m == 0: nothing to compute
         return
     stream = _descriptors.current_stream_of(device)
-    jit.native_module().fp8_gemm_nt(*args, *_split_workspace(device, stream), stream)
+    jit.native_module().fp8_gemm_nt(*args, *fp8_workspace(device, stream), stream)
 
 
 def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None,

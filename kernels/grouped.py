@@ -50,6 +50,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks, _descriptors, _fp4, jit
+from .gemm import fp8_workspace
 from .reference import gemm as reference
 
 _BLOCK = _checks.BLOCK
@@ -251,15 +252,19 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tu
     """
     fn = "m_grouped_fp8_gemm_nt_contiguous"
     # Plain CUDA tensors and the default recipe: checked and launched in C++ (see fp8_gemm_nt).
+    # Large layouts first copy K-major A scales MN-major into the FP8 workspace (not in a capture).
     if jit.TENSOR_API and recipe is None and type(d) is torch.Tensor:
         device = d.get_device()
-        if device >= 0 and jit.native_module().m_grouped_fp8_gemm_nt_contiguous_tensors(
-                a, b, d, m_indices, _alignment, device, _descriptors.current_stream_of(device)):
-            return
+        if device >= 0:
+            stream = _descriptors.current_stream_of(device)
+            if jit.native_module().m_grouped_fp8_gemm_nt_contiguous_tensors(
+                    a, b, d, m_indices, _alignment, device, stream, *fp8_workspace(device, stream)):
+                return
     _checks.check_recipe(fn, recipe)
     args = _contiguous_launch_args(a, b, d, m_indices)
     if args is not None and args[-1] >= 0:
-        jit.native_module().m_grouped_fp8_gemm_nt_contiguous(*args, _descriptors.current_stream_of(args[-1]))
+        stream = _descriptors.current_stream_of(args[-1])
+        jit.native_module().m_grouped_fp8_gemm_nt_contiguous(*args, *fp8_workspace(args[-1], stream), stream)
         return
     a_t, sfa, m, k = _contiguous_activations(fn, a)
     b_t, sfb, g, n = _check_weights(fn, b, k)
@@ -271,11 +276,12 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tu
         return
     if m == 0:
         return
+    stream = _descriptors.current_stream(device)
     jit.native_module().m_grouped_fp8_gemm_nt_contiguous(
         a_t.data_ptr(), a_t.stride(0), sfa.data_ptr(), sfa.stride(0), sfa.stride(1),
         b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(1), sfb.stride(2),
         d.data_ptr(), d.stride(0), m_indices.data_ptr(), m, n, k, g, _alignment, device.index,
-        _descriptors.current_stream(device))
+        *fp8_workspace(device.index, stream), stream)
 
 
 def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],

@@ -73,6 +73,23 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   return d;
 }
 
+// config's launch. Where it planned sfa_copy, A's scales are first copied MN-major into the
+// workspace and the kernel mn_major_config() plans on that copy runs instead.
+template <class MnMajorConfig>
+inline void launch_fp8(const moe_launchers::sm90_fp8_gemm::Config& config,
+                       const moe_launchers::sm90_fp8_gemm::Args& args, MnMajorConfig&& mn_major_config) {
+  namespace L = moe_launchers::sm90_fp8_gemm;
+  L::Args copied;
+  // The copy is MN-major, so it loads by TMA wherever B's scales do too.
+  if (config.sfa_copy && L::sfa_copy_args(args, copied) &&
+      L::scale_layout_for(config.type, copied, config.n, config.k) == moe_kernels::kScaleTmaMnMajor) {
+    L::copy_sfa(args, copied, config.k, config.pdl != 0);
+    L::launch(mn_major_config(), copied);
+    return;
+  }
+  L::launch(config, args);
+}
+
 }  // namespace detail
 
 inline void fp8_gemm_nt(std::uint64_t a, long long lda, std::uint64_t sfa, long long sfa_stride_m,
@@ -90,17 +107,10 @@ inline void fp8_gemm_nt(std::uint64_t a, long long lda, std::uint64_t sfa, long 
   const auto residual = detail::residual_type(c_dtype);
   const auto config = L::get_config(m, n, k, num_sms, compile_m, residual, L::GemmType::kNormal, 1, 128,
                                     split_workspace != 0, L::scale_layout_for(L::GemmType::kNormal, args, n, k));
-  L::Args copied;
-  // The copy is MN-major, so it loads by TMA wherever B's scales do too.
-  if (config.sfa_copy && L::sfa_copy_args(args, copied) &&
-      L::scale_layout_for(L::GemmType::kNormal, copied, n, k) == moe_kernels::kScaleTmaMnMajor) {
-    L::copy_sfa(args, copied, k, config.pdl != 0);
-    L::launch(L::get_config(m, n, k, num_sms, compile_m, residual, L::GemmType::kNormal, 1, 128, true,
-                            moe_kernels::kScaleTmaMnMajor),
-              copied);
-    return;
-  }
-  L::launch(config, args);
+  detail::launch_fp8(config, args, [&] {
+    return L::get_config(m, n, k, num_sms, compile_m, residual, L::GemmType::kNormal, 1, 128, true,
+                         moe_kernels::kScaleTmaMnMajor);
+  });
 }
 
 // m_indices: int32 [m] on the device. Rows of a group are contiguous and every aligned block of
@@ -109,14 +119,22 @@ inline void m_grouped_fp8_gemm_nt_contiguous(std::uint64_t a, long long lda, std
                                              long long sfa_stride_k, std::uint64_t b, long long ldb, std::uint64_t sfb,
                                              long long sfb_stride_g, long long sfb_stride_n, long long sfb_stride_k,
                                              std::uint64_t d, long long ldd, std::uint64_t m_indices, int m, int n,
-                                             int k, int num_groups, int alignment, int device, std::uint64_t stream) {
+                                             int k, int num_groups, int alignment, int device,
+                                             std::uint64_t workspace, std::uint64_t workspace_bytes,
+                                             std::uint64_t stream) {
   namespace L = moe_launchers::sm90_fp8_gemm;
-  const L::Args args{a, sfa, b, sfb, d, 0, lda, ldb, ldd, 0, sfa_stride_m, sfa_stride_k, sfb_stride_g,
-                     sfb_stride_n, sfb_stride_k, m, num_groups, m_indices, device, stream};
-  const auto config = L::get_config(m, n, k, moe_jit::get_num_sms(device), false, L::Residual::kNone,
-                                    L::GemmType::kGroupedContiguous, num_groups, alignment, true,
+  L::Args args{a, sfa, b, sfb, d, 0, lda, ldb, ldd, 0, sfa_stride_m, sfa_stride_k, sfb_stride_g,
+               sfb_stride_n, sfb_stride_k, m, num_groups, m_indices, device, stream};
+  args.split_workspace = workspace;
+  args.split_workspace_bytes = workspace_bytes;
+  const int num_sms = moe_jit::get_num_sms(device);
+  const auto config = L::get_config(m, n, k, num_sms, false, L::Residual::kNone, L::GemmType::kGroupedContiguous,
+                                    num_groups, alignment, workspace != 0,
                                     L::scale_layout_for(L::GemmType::kGroupedContiguous, args, n, k));
-  L::launch(config, args);
+  detail::launch_fp8(config, args, [&] {
+    return L::get_config(m, n, k, num_sms, false, L::Residual::kNone, L::GemmType::kGroupedContiguous, num_groups,
+                         alignment, true, moe_kernels::kScaleTmaMnMajor);
+  });
 }
 
 // masked_m: int32 [num_groups] on the device; a, d hold max_m rows per group (row stride lda/ldd,
@@ -221,7 +239,8 @@ inline void register_apis(pybind11::module_& m) {
       pybind11::arg("c_dtype") = -1);
   m.def("m_grouped_fp8_gemm_nt_contiguous", &m_grouped_fp8_gemm_nt_contiguous,
         pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "grouped D = A @ B[g]^T over contiguous row blocks (m_indices); raw pointers, strides in elements");
+        "grouped D = A @ B[g]^T over contiguous row blocks (m_indices); raw pointers, strides in elements; "
+        "workspace: fp8_gemm_split_workspace_bytes(num_sms) bytes, where A's scales are copied MN-major (0: none)");
   m.def("m_grouped_fp8_gemm_nt_masked", &m_grouped_fp8_gemm_nt_masked,
         pybind11::call_guard<pybind11::gil_scoped_release>(),
         "grouped D[g] = A[g] @ B[g]^T over the first masked_m[g] rows; raw pointers, strides in elements");

@@ -194,12 +194,14 @@ bool grouped_args(PyObject* const* args, int a_dim, bool any_device, GroupedArgs
   return true;
 }
 
-// m_grouped_fp8_gemm_nt_contiguous_tensors(a, b, d, m_indices, alignment, device, stream) -> bool
+// m_grouped_fp8_gemm_nt_contiguous_tensors(a, b, d, m_indices, alignment, device, stream, workspace,
+// workspace_bytes) -> bool
 PyObject* m_grouped_fp8_gemm_nt_contiguous_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  long long alignment = 0, device = 0, stream = 0;
+  long long alignment = 0, device = 0, stream = 0, workspace = 0, workspace_bytes = 0;
   GroupedArgs g;
-  if (nargs != 7 || !read_int(args[4], alignment) || !read_int(args[5], device) || !read_int(args[6], stream) ||
-      alignment <= 0 || alignment > INT_MAX || !grouped_args(args, 2, false, g) || g.d.device != device) {
+  if (nargs != 9 || !read_int(args[4], alignment) || !read_int(args[5], device) || !read_int(args[6], stream) ||
+      !read_int(args[7], workspace) || !read_int(args[8], workspace_bytes) || alignment <= 0 ||
+      alignment > INT_MAX || !grouped_args(args, 2, false, g) || g.d.device != device) {
     Py_RETURN_FALSE;
   }
   return launch_released([&] {
@@ -207,6 +209,8 @@ PyObject* m_grouped_fp8_gemm_nt_contiguous_tensors(PyObject*, PyObject* const* a
                                            g.b.ptr, g.b.stride[1], g.sfb.ptr, g.sfb.stride[0], g.sfb.stride[1],
                                            g.sfb.stride[2], g.d.ptr, g.d.stride[0], g.index.ptr, g.m, g.n, g.k,
                                            g.groups, static_cast<int>(alignment), static_cast<int>(device),
+                                           static_cast<std::uint64_t>(workspace),
+                                           static_cast<std::uint64_t>(workspace_bytes),
                                            static_cast<std::uint64_t>(stream));
   });
 }
@@ -272,7 +276,8 @@ PyMethodDef kMethods[] = {
                  "they decline"),
     MOE_FASTCALL(fp8_gemm_nt_args, "fp8_gemm_nt_args(a, b, d, c, compile_m) -> the launch arguments, or None"),
     MOE_FASTCALL(m_grouped_fp8_gemm_nt_contiguous_tensors,
-                 "m_grouped_fp8_gemm_nt_contiguous_tensors(a, b, d, m_indices, alignment, device, stream) -> bool"),
+                 "m_grouped_fp8_gemm_nt_contiguous_tensors(a, b, d, m_indices, alignment, device, stream, workspace, "
+                 "workspace_bytes) -> bool"),
     MOE_FASTCALL(m_grouped_fp8_gemm_nt_masked_tensors,
                  "m_grouped_fp8_gemm_nt_masked_tensors(a, b, d, masked_m, expected_m, device, stream) -> bool"),
     MOE_FASTCALL(m_grouped_fp8_gemm_nt_contiguous_args,

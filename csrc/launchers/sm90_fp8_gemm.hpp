@@ -40,6 +40,10 @@ inline std::uint64_t sfa_copy_offset(int num_sms) {
 inline std::uint64_t split_workspace_bytes(int num_sms) { return sfa_copy_offset(num_sms) + kSfaCopyMaxFloats * 4; }
 
 // The copy's layout: K block kb of row r at kb * mn_major_sf::aligned_rows(m) + r.
+// Contiguous GEMMs copy their A scales from this many rows (timed at 32768; below, the copy's own
+// launch weighs more against what the MN-major loads save).
+constexpr int kSfaCopyMinRowsContiguous = 4096;
+
 inline bool sfa_copy_fits(long long m, int k) {
   return static_cast<std::uint64_t>(mn_major_sf::aligned_rows(m)) * static_cast<std::uint64_t>(k / 128) <=
          kSfaCopyMaxFloats;
@@ -435,10 +439,13 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // and the GEMM is planned and run on that copy (sfa_copy_args). On an H100 at M = 4096 the MN-major
   // kernel took 0.85x the time of the K-major boxes at N x K = 7168 x 2048, 0.91x at 24576 x 1536,
   // 0.97-0.98x at 7168 x 16384 and 4096 x 7168, and 0.97x the gathers' at 32768 x 512 (bench/RESULTS.md,
-  // session 26). The workspace holds up to kSfaCopyMaxFloats: none inside a CUDA graph capture.
-  // MOE_FP8_SFA_COPY=0 turns it off.
-  cfg.sfa_copy = type == GemmType::kNormal && t.block_m == 256 && split_workspace &&
-                         scale_load != moe_kernels::kScaleTmaMnMajor && sfa_copy_fits(m, k) &&
+  // session 26). Contiguous GEMMs of kSfaCopyMinRowsContiguous rows or more likewise (their 128-row
+  // tiles gather K-major scales): on the H200 the MN-major kernel took 0.96-0.98x the gathers' time in
+  // the four contiguous cells (session 24). The workspace holds up to kSfaCopyMaxFloats: none inside
+  // a CUDA graph capture. MOE_FP8_SFA_COPY=0 turns it off.
+  const bool copies = (type == GemmType::kNormal && t.block_m == 256) ||
+                      (type == GemmType::kGroupedContiguous && m >= kSfaCopyMinRowsContiguous);
+  cfg.sfa_copy = copies && split_workspace && scale_load != moe_kernels::kScaleTmaMnMajor && sfa_copy_fits(m, k) &&
                          env_enabled("MOE_FP8_SCALE_TMA") && env_enabled("MOE_FP8_SFA_COPY")
                      ? 1
                      : 0;

@@ -169,9 +169,9 @@ def test_tail_split_has_no_workspace_inside_a_graph_capture(monkeypatch):
     graphs captured on one stream would share one, and one made during a capture would be zeroed
     only when that graph runs. Nothing is allocated or remembered for the capture."""
     monkeypatch.setattr(kernels.gemm, "_capturing", lambda: True)
-    before = dict(kernels.gemm._split_workspaces)
-    assert kernels.gemm._split_workspace(0, 12345) == (0, 0)
-    assert kernels.gemm._split_workspaces == before
+    before = dict(kernels.gemm._workspaces)
+    assert kernels.gemm.fp8_workspace(0, 12345) == (0, 0)
+    assert kernels.gemm._workspaces == before
 
 
 @pytest.mark.parametrize("env", [None, "0", "1"])
@@ -318,6 +318,35 @@ def test_sfa_copy_on_wide_tiles(m, n, k, scale_load, split_workspace, expected, 
             monkeypatch.setenv(switch, "0")
             assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)["sfa_copy"] == 0
             monkeypatch.delenv(switch)
+
+
+@pytest.mark.parametrize("m,n,k,alignment,scale_load,split_workspace,expected", [
+    (32768, 4096, 7168, 128, -1, True, 1),   # 128 x 192 tiles gathering K-major scales: copied
+    (32768, 7168, 2048, 128, -1, True, 1),
+    (32768, 4096, 7168, 256, -1, True, 1),   # 256-row tiles on K-major boxes
+    (4096, 7168, 2048, 128, 0, True, 1),     # any layout the gathers take, from 4096 rows
+    (4095, 7168, 2048, 128, -1, True, 0),    # below them
+    (32768, 4096, 7168, 128, 1, True, 0),    # MN-major already
+    (32768, 4096, 7168, 128, -1, False, 0),  # no workspace (a CUDA graph capture)
+    (40960, 4096, 7168, 128, -1, True, 0),   # 40960 x 56 floats: past the workspace's room
+])
+def test_sfa_copy_on_contiguous_layouts(m, n, k, alignment, scale_load, split_workspace, expected, monkeypatch):
+    """Contiguous layouts of 4096 rows or more on A scales that are not MN-major copy them MN-major
+    into the workspace first where they fit; the kernel generated for such a plan is the MN-major
+    one, with the same tiles. MOE_FP8_SFA_COPY=0 turns the copy off."""
+    native = kernels.jit.native_module()
+    grouped = dict(gemm_type=1, num_groups=4, alignment=alignment)
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, split_workspace=split_workspace, scale_load=scale_load,
+                                    **grouped)
+    assert cfg["sfa_copy"] == expected, cfg
+    if expected:
+        mn = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=1, **grouped)
+        assert (mn["scale_load"], mn["sfa_copy"]) == ("tma_mn_major", 0)
+        assert (mn["block_m"], mn["block_n"]) == (cfg["block_m"], cfg["block_n"])
+        code = native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=scale_load, **grouped)[1]
+        assert code == native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=1, **grouped)[1]
+        monkeypatch.setenv("MOE_FP8_SFA_COPY", "0")
+        assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load, **grouped)["sfa_copy"] == 0
 
 
 def test_overlap_on_lone_warpgroup_tiles(monkeypatch):

@@ -268,6 +268,67 @@ def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("counts,sfa_view", [
+    ([4000, 0, 3900, 1], None),   # 8192 rows: an empty group, padding blocks, a one-row group
+    ([2047, 2049], None),         # 4224 rows: the copy's last 32-row tile partly past the rows
+    ([3000, 1500], "columns"),    # A scales with gaps between rows (every other column of a wider tensor)
+])
+@pytest.mark.parametrize("n,k", GROUPED_NK)
+def test_gpu_contiguous_sfa_copy_matches_mn_major_and_gathers(counts, sfa_view, n, k, seed, monkeypatch):
+    """Contiguous layouts of 4096 rows or more on A scales that are not MN-major: the scales copied
+    MN-major into the workspace, then the MN-major kernel. D bit for bit the call's on the caller's
+    own MN-major scales and the call's without the copy (MOE_FP8_SFA_COPY=0: the gathers), the same
+    rows written (padding blocks left NaN)."""
+    b_fp8 = make_weights(len(counts), n, k, "cuda")
+    a_fp8, m_indices = make_contiguous(counts, k, "cuda")
+    rows = m_indices.shape[0]
+    if sfa_view == "columns":
+        wide = torch.rand(rows, 2 * (k // 128), device="cuda")
+        wide[:, ::2] = a_fp8[1]
+        a_fp8 = (a_fp8[0], wide[:, ::2])
+    cfg = contiguous_config(m_indices, n, k, len(counts))
+    assert cfg["sfa_copy"] == 1, cfg
+    outputs = {}
+    for name, sfa, copy in (("copy", a_fp8[1], "1"), ("mn", kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]), "1"),
+                            ("gather", a_fp8[1], "0")):
+        monkeypatch.setenv("MOE_FP8_SFA_COPY", copy)
+        outputs[name] = run_contiguous((a_fp8[0], sfa), b_fp8, m_indices, n)
+    torch.cuda.synchronize()
+    valid = m_indices >= 0
+    assert calc_diff(outputs["copy"][valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
+    assert_same_output(outputs["copy"], outputs["mn"], "copy against the caller's MN-major scales")
+    assert_same_output(outputs["copy"], outputs["gather"], "copy against the gathers")
+
+
+@pytest.mark.gpu
+def test_gpu_contiguous_and_dense_copies_share_the_workspace(seed):
+    """Contiguous and dense calls on one stream without a sync between them, each copying its own A
+    scales into the one workspace: every D must be its own operands' product."""
+    n, k = 7168, 2048
+    b_fp8 = make_weights(2, n, k, "cuda")
+    calls = []
+    for i in range(4):
+        a_fp8, m_indices = make_contiguous([2048, 2048], k, "cuda")
+        calls.append(((a_fp8[0], a_fp8[1] * (1 + i)), m_indices))  # scales apart, so a stale copy shows in D
+    dense_b = (b_fp8[0][0], b_fp8[1][0])
+    assert contiguous_config(calls[0][1], n, k, 2)["sfa_copy"] == 1
+    assert kernels.jit.native_module().fp8_gemm_nt_config(4096, n, k, kernels.get_num_sms())["sfa_copy"] == 1
+    outputs = []
+    torch.cuda.synchronize()
+    for a_fp8, m_indices in calls:
+        d = torch.full((4096, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
+        d_dense = torch.full((4096, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.fp8_gemm_nt((a_fp8[0], a_fp8[1] * 3), dense_b, d_dense)
+        outputs.append((d, d_dense))
+    torch.cuda.synchronize()
+    for (a_fp8, m_indices), (d, d_dense) in zip(calls, outputs):
+        assert calc_diff(d, expected_contiguous(a_fp8, b_fp8, m_indices)) < 1e-3
+        want = dequantize_a(a_fp8[0], a_fp8[1] * 3).double() @ dequantize_b(*dense_b).double().t()
+        assert calc_diff(d_dense, want) < 1e-3
+
+
+@pytest.mark.gpu
 def test_gpu_contiguous_bad_group_ids_are_skipped(seed):
     b_fp8 = make_weights(2, 256, 256, "cuda")
     a_fp8, m_indices = make_contiguous([128, 128], 256, "cuda")

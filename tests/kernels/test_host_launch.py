@@ -57,7 +57,7 @@ out["plans"] = [launch_of(*shape) for shape in [(128, 4096, 7168), (64, 2112, 71
 # The grouped entry points share the memos: (first call, repeat) encodes each.
 def contiguous():
     native.m_grouped_fp8_gemm_nt_contiguous(A, k, SFA, 1, 8192, B, k, SFB, (n // 128) * (k // 128), k // 128, 1, D, n,
-                                            0x60_0000_0000, 8192, n, k, 4, 128, 0, 0)
+                                            0x60_0000_0000, 8192, n, k, 4, 128, 0, 0, 0, 0)
 
 def masked():
     native.m_grouped_fp8_gemm_nt_masked(A, k, SFA, 1, 64, B, k, SFB, (n // 128) * (k // 128), k // 128, 1, D, n,

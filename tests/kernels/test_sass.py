@@ -69,11 +69,13 @@ def test_fp8_gemm_uses_qgmma_tma_and_setmaxnreg(m, n, k, gemm_type, groups, scal
     for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG"):
         assert instruction in code, instruction
     # Only the scale warps copy with cp.async (LDGSTS); TMA scale loads leave none. K-major scales
-    # go by TMA on 256-row tiles only, masked GEMMs' never; dense 256-row tiles run on a copy of the
-    # A scales made MN-major (sfa_copy), so their kernel is the MN-major one.
+    # go by TMA on 256-row tiles only, masked GEMMs' never; dense 256-row tiles and contiguous
+    # layouts of 4096 rows or more run on a copy of the A scales made MN-major (sfa_copy), so their
+    # kernel is the MN-major one.
     gathered = gemm_type == 2 or (scale_load == 2 and config["block_m"] < 256)
     assert config["scale_load"] == ("gather" if gathered else ("gather", "tma_mn_major", "tma_k_major")[scale_load])
-    assert config["sfa_copy"] == (gemm_type == 0 and config["block_m"] == 256 and scale_load != 1)
+    copies = (gemm_type == 0 and config["block_m"] == 256) or (gemm_type == 1 and m >= 4096)
+    assert config["sfa_copy"] == (copies and scale_load != 1)
     runs = "tma_mn_major" if config["sfa_copy"] else config["scale_load"]
     assert ("LDGSTS" in code) == (runs == "gather")
     # The scale warps keep 32-bit row offsets per tile: no spills at block M 128 either (they had
@@ -296,9 +298,12 @@ def test_fp8_gemm_pingpong_takes_turns_with_asynchronous_wgmmas(m, n, k, gemm_ty
         give = [i for i, line in enumerate(ops) if "BAR.ARV" in line]
         wait = [i for i, line in enumerate(ops) if "WARPGROUP.DEPBAR" in line]
         if config["pingpong"]:
-            assert len(take) == len(give) == len(wait) == k_blocks
-            for j in range(k_blocks):
-                assert take[j] < qgmma[4 * j] and qgmma[4 * j + 3] < give[j] < wait[j]
+            # Per K block: take the turn, four wgmmas, pass it, wait on them. ptxas may rotate a loop
+            # (the MN-major kernel's remainder loop starts at the wgmmas and ends taking the next turn).
+            events = sorted([(i, "T") for i in take] + [(i, "Q") for i in qgmma] + [(i, "G") for i in give] +
+                            [(i, "W") for i in wait])
+            events = "".join(event for _, event in events)
+            assert len(events) == 7 * k_blocks and events in "TQQQQGW" * (k_blocks + 1), events
         else:
             assert not take and not give
     if config["pingpong"]:
