@@ -31,9 +31,9 @@ run exits 1.
 kernels/testing/bench.py), with its own speed-ups and geometric means: that flush leaves dirty lines
 in L2 whose write-back the next kernel pays, which weighs most on the short decode cells.
 
-Kernel time from the profiler with the L2 flushed before every run (each side's GEMM kernel only:
-DeepGEMM's A scales are handed over in the MN-major TMA-aligned layout it wants, so it runs no
-transpose), and the time per call from Python. "speed-up" = DeepGEMM's kernel time over ours. Both
+Kernel time from the profiler with the L2 flushed before every run (ours: every kernel of the call,
+the copy of K-major A scales included; DeepGEMM's: its GEMM kernel, its A scales handed over in the
+MN-major TMA-aligned layout it wants, so it runs no transpose), and the time per call from Python. "speed-up" = DeepGEMM's kernel time over ours. Both
 outputs are NaN-poisoned, then checked against float32 math on the dequantized operands (first and
 last group for the grouped cells).
 
