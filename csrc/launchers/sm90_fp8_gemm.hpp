@@ -15,6 +15,7 @@
 #include "jit/kernel_runtime.hpp"
 #include "launchers/gemm_common.hpp"
 #include "launchers/mn_major_sf.hpp"
+#include "launchers/sm90_fp8_gemm_workspace.hpp"
 #include "moe_kernels/common/fp8_gemm_layout.h"
 
 namespace moe_launchers::sm90_fp8_gemm {
@@ -24,30 +25,10 @@ using namespace moe_launchers::sm90_gemm;
 constexpr int kBlockK = 128;
 constexpr int kMaxBlockN = 192;  // two FP32 accumulator sets of kBlockN/2 registers fit 232
 
-constexpr int kMaxTileFloats = 128 * 256;  // the largest tile: 128 x 192, 256 x 128
-
-
-// The workspace of a dense launch: the tail split's partials of every CTA (one unit each at most),
-// then a counter per CTA tile of the tail, then (from a 256-byte boundary) room for A's scales
-// copied MN-major (sfa_copy): kSfaCopyMaxFloats floats, 32768 rows at K = 7168 or 16384 at K = 16384.
-constexpr std::uint64_t kSfaCopyMaxFloats = 1ull << 21;
-
-inline std::uint64_t sfa_copy_offset(int num_sms) {
-  const std::uint64_t end = static_cast<std::uint64_t>(num_sms) * kMaxTileFloats * 4 + static_cast<std::uint64_t>(num_sms) * 4;
-  return (end + 255) / 256 * 256;
-}
-
-inline std::uint64_t split_workspace_bytes(int num_sms) { return sfa_copy_offset(num_sms) + kSfaCopyMaxFloats * 4; }
-
-// The copy's layout: K block kb of row r at kb * mn_major_sf::aligned_rows(m) + r.
-// Contiguous GEMMs copy their A scales from this many rows (timed at 32768; below, the copy's own
-// launch weighs more against what the MN-major loads save).
+// Contiguous GEMMs copy A scales that are not MN-major from this many rows (Config::sfa_copy); below,
+// the copy's own launch weighs more against what the MN-major loads save. The benchmark's cells have
+// 32768 rows; smaller layouts are not timed.
 constexpr int kSfaCopyMinRowsContiguous = 4096;
-
-inline bool sfa_copy_fits(long long m, int k) {
-  return static_cast<std::uint64_t>(mn_major_sf::aligned_rows(m)) * static_cast<std::uint64_t>(k / 128) <=
-         kSfaCopyMaxFloats;
-}
 
 struct Config {
   const char* fn;  // the public function, for error messages
