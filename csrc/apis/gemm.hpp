@@ -64,6 +64,7 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["scale_warps"] = c.scale_warps;
   d["scale_load"] = scale_load_name(c.scale_load);
   d["sfa_copy"] = c.sfa_copy;
+  d["early_loads"] = c.early_loads;
   d["pingpong"] = c.pingpong;
   d["pdl"] = c.pdl;
   d["k_unroll"] = c.k_unroll;
@@ -71,6 +72,14 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["wg_store"] = c.wg_store;
   d["tail_splits"] = c.tail_split_of(m).ways;
   return d;
+}
+
+// The plan the kernel behind a planned sfa_copy runs: mn_major (planned on MN-major scales), loading
+// its first stages before it waits for the copy where `config` says so.
+inline moe_launchers::sm90_fp8_gemm::Config behind_copy(const moe_launchers::sm90_fp8_gemm::Config& config,
+                                                        moe_launchers::sm90_fp8_gemm::Config mn_major) {
+  mn_major.early_loads = config.early_loads;
+  return mn_major;
 }
 
 // config's launch. Where it planned sfa_copy, A's scales are first copied MN-major into the
@@ -84,7 +93,7 @@ inline void launch_fp8(const moe_launchers::sm90_fp8_gemm::Config& config,
   if (config.sfa_copy && L::sfa_copy_args(args, copied) &&
       L::scale_layout_for(config.type, copied, config.n, config.k) == moe_kernels::kScaleTmaMnMajor) {
     L::copy_sfa(args, copied, config.k, config.pdl != 0);
-    L::launch(mn_major_config(), copied);
+    L::launch(behind_copy(config, mn_major_config()), copied);
     return;
   }
   L::launch(config, args);
@@ -364,9 +373,10 @@ inline void register_apis(pybind11::module_& m) {
                                     detail::scale_load(scale_load, k, gemm_type));
         // The kernel that runs on the copy of A's scales (B's scales contiguous, as scale_load -1 assumes).
         if (config.sfa_copy) {
-          config = L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
-                                 detail::gemm_type(gemm_type), num_groups, alignment, split_workspace,
-                                 moe_kernels::kScaleTmaMnMajor);
+          config = detail::behind_copy(config, L::get_config(m_, n, k, num_sms, compile_m,
+                                                             detail::residual_type(c_dtype),
+                                                             detail::gemm_type(gemm_type), num_groups, alignment,
+                                                             split_workspace, moe_kernels::kScaleTmaMnMajor));
         }
         const auto g = L::generate(config);
         return pybind11::make_tuple(g.name, g.code);

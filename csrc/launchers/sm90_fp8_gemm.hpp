@@ -25,9 +25,8 @@ using namespace moe_launchers::sm90_gemm;
 constexpr int kBlockK = 128;
 constexpr int kMaxBlockN = 192;  // two FP32 accumulator sets of kBlockN/2 registers fit 232
 
-// Contiguous GEMMs copy A scales that are not MN-major from this many rows (Config::sfa_copy); below,
-// the copy's own launch weighs more against what the MN-major loads save. The benchmark's cells have
-// 32768 rows; smaller layouts are not timed.
+// MOE_FP8_SFA_COPY=all: contiguous GEMMs copy A scales that are not MN-major from this many rows
+// (Config::sfa_copy); below, the copy's own launch weighs more against what the MN-major loads save.
 constexpr int kSfaCopyMinRowsContiguous = 4096;
 
 struct Config {
@@ -52,6 +51,7 @@ struct Config {
   int overlap = 0;      // 1: block M 64 issues the next K block's wgmmas before it promotes (kOverlap)
   int wg_store = 0;     // 1: each math warpgroup runs its own epilogue, D stored in 64-row boxes (kWgStore)
   int sfa_copy = 0;     // 1: A's scales are copied MN-major into the workspace first, the launch planned on them
+  int early_loads = 0;  // 1: the GEMM behind that copy loads its first stages before waiting for it (kEarlyLoads)
   bool tail_split_on = true;  // MOE_GEMM_TAIL_SPLIT when planned (the plan is redone when it changes)
 
   // The last, partial wave's tiles split over K; kNormal only.
@@ -420,16 +420,22 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // and the GEMM is planned and run on that copy (sfa_copy_args). On an H100 at M = 4096 the MN-major
   // kernel took 0.85x the time of the K-major boxes at N x K = 7168 x 2048, 0.91x at 24576 x 1536,
   // 0.97-0.98x at 7168 x 16384 and 4096 x 7168, and 0.97x the gathers' at 32768 x 512 (bench/RESULTS.md,
-  // session 26). Contiguous GEMMs of kSfaCopyMinRowsContiguous rows or more likewise (their 128-row
-  // tiles gather K-major scales): on the H200 the MN-major kernel took 0.96-0.98x the gathers' time in
-  // the four contiguous cells (session 24). The workspace holds up to kSfaCopyMaxFloats: none inside
-  // a CUDA graph capture. MOE_FP8_SFA_COPY=0 turns it off.
-  const bool copies = (type == GemmType::kNormal && t.block_m == 256) ||
-                      (type == GemmType::kGroupedContiguous && m >= kSfaCopyMinRowsContiguous);
+  // session 26). The workspace holds up to kSfaCopyMaxFloats: none inside a CUDA graph capture.
+  // MOE_FP8_SFA_COPY=0 turns it off. MOE_FP8_SFA_COPY=all (written, not yet timed) copies for every
+  // dense tile and for contiguous GEMMs of kSfaCopyMinRowsContiguous rows or more (their 128-row tiles
+  // gather K-major scales), and the GEMM behind the copy loads its first stages' A and B before it
+  // waits for the copy (early_loads, with PDL), so the copy overlaps the pipeline's fill: MN-major
+  // scales took 0.93-1.00x the gathers' time in 13 of the 14 dense cells of 64 and 128 rows (H100,
+  // session 26) and 0.96-0.98x in the four contiguous ones (H200, session 24).
+  const char* copy_env = std::getenv("MOE_FP8_SFA_COPY");
+  const bool copy_all = copy_env != nullptr && std::string(copy_env) == "all";
+  const bool copies = (type == GemmType::kNormal && (t.block_m == 256 || copy_all)) ||
+                      (type == GemmType::kGroupedContiguous && copy_all && m >= kSfaCopyMinRowsContiguous);
   cfg.sfa_copy = copies && split_workspace && scale_load != moe_kernels::kScaleTmaMnMajor && sfa_copy_fits(m, k) &&
                          env_enabled("MOE_FP8_SCALE_TMA") && env_enabled("MOE_FP8_SFA_COPY")
                      ? 1
                      : 0;
+  cfg.early_loads = cfg.sfa_copy && copy_all && cfg.pdl ? 1 : 0;
   return cfg;
 }
 
@@ -465,7 +471,7 @@ inline GeneratedKernel generate(const Config& c) {
      << static_cast<int>(c.residual) << ", " << c.swizzle_d << ", " << c.multicast << ", " << c.scale_warps
      << ", " << (c.pingpong ? "true" : "false") << ", " << (c.pdl ? "true" : "false") << ", " << c.k_unroll
      << ", " << c.scale_load << ", " << (c.overlap ? "true" : "false") << ", " << (c.share_b ? "true" : "false")
-     << ", " << (c.wg_store ? "true" : "false") << ">);\n"
+     << ", " << (c.wg_store ? "true" : "false") << ", " << (c.early_loads ? "true" : "false") << ">);\n"
      << "}\n"
      // The launch's dynamic shared memory is what the kernel lays out (stages, table, barriers).
      << "static_assert(moe_kernels::Fp8GemmSmem<" << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", "
@@ -476,11 +482,11 @@ inline GeneratedKernel generate(const Config& c) {
 
 inline void launch(const Config& c, const Args& a) {
   using namespace moe_jit::driver;
-  static moe_jit::KernelMemo<std::array<int, 20>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 20> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 21>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 21> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
                                    c.scale_warps, c.pingpong, c.pdl, c.k_unroll, static_cast<int>(c.scale_load),
-                                   c.overlap, c.share_b, c.wg_store, a.device};
+                                   c.overlap, c.share_b, c.wg_store, c.early_loads, a.device};
   const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
 
   const bool masked = c.type == GemmType::kGroupedMasked;

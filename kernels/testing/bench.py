@@ -122,8 +122,9 @@ def per_run_seconds(kernels: Iterable[tuple[str, float, float]], kernel_name: st
     ``flush_kernels``: the names one flush launches, in order ([]: no flush). The runs are told
     apart by where the flush's sequence starts, so a run may launch kernels of the same names (a
     memset, say) and keep them; of each run's kernels those whose name contains ``kernel_name`` are
-    summed. Raises RuntimeError where the profile does not split into ``num_tests`` runs or the
-    runs count different numbers of matching kernels (none included)."""
+    timed together: the time during which at least one of them runs (busy_seconds), their durations'
+    sum where none overlaps. Raises RuntimeError where the profile does not split into ``num_tests``
+    runs or the runs count different numbers of matching kernels (none included)."""
     kernels = list(kernels)
     names = [name for name, _, _ in kernels]
     if flush_kernels:
@@ -137,8 +138,21 @@ def per_run_seconds(kernels: Iterable[tuple[str, float, float]], kernel_name: st
         seen = sorted(set(names))
         raise RuntimeError(f"bench_kineto: kernels matching {kernel_name!r} per run: {counts or 'none'} over "
                            f"{num_tests} runs; kernels seen: {seen[:20]}")
-    seconds = [sum(kernels[i][2] for i in range(b, e) if kernel_name in names[i]) * 1e-6 for b, e in runs]
+    seconds = [busy_seconds([kernels[i][1:] for i in range(b, e) if kernel_name in names[i]]) for b, e in runs]
     return seconds, counts[0]
+
+
+def busy_seconds(spans: Iterable[tuple[float, float]]) -> float:
+    """Seconds covered by the union of (start µs, duration µs) spans: kernels that overlap (one
+    launched with programmatic dependent launch starts before the one it follows has ended) count
+    once, and the gaps between kernels not at all."""
+    total, end = 0.0, float("-inf")
+    for start, duration in sorted(spans):
+        stop = start + duration
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total * 1e-6
 
 
 def bench_kineto(fn: Callable[[], object], kernel_name: str, num_tests: int = 30,
@@ -147,7 +161,8 @@ def bench_kineto(fn: Callable[[], object], kernel_name: str, num_tests: int = 30
     (``flush_mode``; flush_l2=False: none).
 
     ``kernel_name`` is a substring of the CUDA kernel name(s) to count ("" counts every kernel
-    of ``fn``); when ``fn`` launches several matching kernels, their durations are summed per run.
+    of ``fn``); when ``fn`` launches several matching kernels, a run's time is that during which at
+    least one of them runs (their durations' sum where none overlaps; see busy_seconds).
     The flush's kernels are never counted, and each run starts after its flush has finished.
     """
     if not torch.cuda.is_available():

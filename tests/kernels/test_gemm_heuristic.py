@@ -331,22 +331,47 @@ def test_sfa_copy_on_wide_tiles(m, n, k, scale_load, split_workspace, expected, 
     (40960, 4096, 7168, 128, -1, True, 0),   # 40960 x 56 floats: past the workspace's room
 ])
 def test_sfa_copy_on_contiguous_layouts(m, n, k, alignment, scale_load, split_workspace, expected, monkeypatch):
-    """Contiguous layouts of 4096 rows or more on A scales that are not MN-major copy them MN-major
-    into the workspace first where they fit; the kernel generated for such a plan is the MN-major
-    one, with the same tiles. MOE_FP8_SFA_COPY=0 turns the copy off."""
+    """MOE_FP8_SFA_COPY=all: contiguous layouts of 4096 rows or more on A scales that are not
+    MN-major copy them MN-major into the workspace first where they fit; the kernel generated for
+    such a plan is the MN-major one with the same tiles, loading its first stages before it waits for
+    the copy. Unset, contiguous layouts do not copy; =0 turns every copy off."""
     native = kernels.jit.native_module()
     grouped = dict(gemm_type=1, num_groups=4, alignment=alignment)
-    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, split_workspace=split_workspace, scale_load=scale_load,
-                                    **grouped)
-    assert cfg["sfa_copy"] == expected, cfg
+    plan = lambda load, **kw: native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=load, **grouped, **kw)  # noqa: E731
+    assert plan(scale_load, split_workspace=split_workspace)["sfa_copy"] == 0
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+    cfg = plan(scale_load, split_workspace=split_workspace)
+    assert (cfg["sfa_copy"], cfg["early_loads"]) == (expected, expected), cfg
     if expected:
-        mn = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=1, **grouped)
-        assert (mn["scale_load"], mn["sfa_copy"]) == ("tma_mn_major", 0)
+        mn = plan(1)
+        assert (mn["scale_load"], mn["sfa_copy"], mn["early_loads"]) == ("tma_mn_major", 0, 0)
         assert (mn["block_m"], mn["block_n"]) == (cfg["block_m"], cfg["block_n"])
         code = native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=scale_load, **grouped)[1]
-        assert code == native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=1, **grouped)[1]
+        mn_code = native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=1, **grouped)[1]
+        assert code == mn_code.replace(", false>);", ", true>);")  # the same kernel, kEarlyLoads on
         monkeypatch.setenv("MOE_FP8_SFA_COPY", "0")
-        assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load, **grouped)["sfa_copy"] == 0
+        assert plan(scale_load)["sfa_copy"] == 0
+
+
+@pytest.mark.parametrize("m,n,k,scale_load", [
+    (1, 2112, 7168, -1), (64, 2112, 7168, -1), (128, 4096, 7168, -1), (129, 7168, 2048, 0), (1000, 7168, 1536, -1),
+    (4096, 2112, 7168, -1), (4096, 7168, 2048, -1),
+])
+def test_sfa_copy_all_dense_tiles(m, n, k, scale_load, monkeypatch):
+    """MOE_FP8_SFA_COPY=all copies A scales that are not MN-major for dense tiles of any height, the
+    GEMM behind the copy on the MN-major plan with early loads (PDL only: MOE_GEMM_PDL=0 keeps the
+    copy, without them). Unset, only 256-row tiles copy, without early loads."""
+    native = kernels.jit.native_module()
+    plan = lambda load=scale_load: native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=load)  # noqa: E731
+    default = plan()
+    assert (default["sfa_copy"], default["early_loads"]) == (int(default["block_m"] == 256), 0)
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+    assert (plan()["sfa_copy"], plan()["early_loads"]) == (1, 1)
+    code = native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=scale_load)[1]
+    assert code == native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=1)[1].replace(", false>);", ", true>);")
+    monkeypatch.setenv("MOE_GEMM_PDL", "0")
+    assert (plan()["sfa_copy"], plan()["early_loads"]) == (1, 0)
+    assert (plan(1)["sfa_copy"], plan(1)["early_loads"]) == (0, 0)
 
 
 def test_overlap_on_lone_warpgroup_tiles(monkeypatch):

@@ -109,6 +109,64 @@ def test_gpu_sfa_copy_matches_mn_major_and_k_major_kernels(m, n, k, sfa_view, se
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,sfa_view", [
+    (1, 2112, 7168, None), (7, 576, 7168, None), (64, 2112, 7168, None), (128, 4096, 7168, None),
+    (129, 7168, 2048, "columns"), (1000, 7168, 1536, None), (128, 7168, 16384, None), (4095, 2112, 7168, None),
+    (300, 4232, 512, None),
+])
+def test_gpu_sfa_copy_all_matches_mn_major_and_k_major_kernels(m, n, k, sfa_view, seed, monkeypatch):
+    """MOE_FP8_SFA_COPY=all: tiles of any height on A scales that are not MN-major run on the copy,
+    the GEMM loading its first stages (A, B, B's scales) before it waits for the copy (PDL). D bit for
+    bit the call's on the caller's own MN-major copy and the call's without the copy (gathers or
+    K-major boxes). Cases: one-row and 7-row problems, 64- and 128-row tiles (clusters at 128 x 7168 x
+    16384, a single wave split over K), a tile's K blocks fewer than the stages (K = 512), scales with
+    gaps between rows, M tails of the copy's 32-row tiles."""
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    if sfa_view == "columns":
+        wide = torch.rand(m, 2 * (k // 128), device="cuda")
+        wide[:, ::2] = a_fp8[1]
+        a_fp8 = (a_fp8[0], wide[:, ::2])
+    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
+    assert (cfg["sfa_copy"], cfg["early_loads"]) == (1, 1), cfg
+    outputs = {}
+    for name, sfa, copy in (("copy", a_fp8[1], "all"),
+                            ("mn", kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]), "all"),
+                            ("k_major", a_fp8[1], "0")):
+        monkeypatch.setenv("MOE_FP8_SFA_COPY", copy)
+        outputs[name] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.fp8_gemm_nt((a_fp8[0], sfa), b_fp8, outputs[name])
+    torch.cuda.synchronize()
+    assert torch.isfinite(outputs["copy"]).all(), "output not fully written"
+    assert calc_diff(outputs["copy"], reference_f64(a_fp8, b_fp8)) < 1e-3
+    assert torch.equal(outputs["copy"], outputs["mn"])
+    assert torch.equal(outputs["copy"], outputs["k_major"])
+
+
+@pytest.mark.gpu
+def test_gpu_sfa_copy_all_reads_what_the_kernels_before_just_wrote(seed, monkeypatch):
+    """MOE_FP8_SFA_COPY=all with PDL: each call's A and its scales are made by the GPU quantizer right
+    before it, with no sync, while the previous GEMM may still run. The copy waits for the quantizer;
+    the GEMM loads A and B before waiting for the copy, which is safe only because the copy's own wait
+    saw the quantizer finish. Every D must be its own operands' product."""
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+    m, n, k = 128, 4096, 7168
+    b_fp8 = make_operands(8, n, k, "cuda")[1]
+    xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * (1 + i) for i in range(6)]
+    assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["early_loads"] == 1
+    torch.cuda.synchronize()
+    results = []
+    for x in xs:
+        a_fp8 = kernels.per_token_cast_to_fp8(x)
+        d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+        results.append((a_fp8, d))
+    torch.cuda.synchronize()
+    for a_fp8, d in results:
+        assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("pdl", ["1", "0"])
 def test_gpu_sfa_copy_back_to_back_calls(pdl, seed, monkeypatch):
     """Calls on one stream without a sync between them, each with its own A scales copied into the

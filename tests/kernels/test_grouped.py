@@ -275,10 +275,12 @@ def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, 
 ])
 @pytest.mark.parametrize("n,k", GROUPED_NK)
 def test_gpu_contiguous_sfa_copy_matches_mn_major_and_gathers(counts, sfa_view, n, k, seed, monkeypatch):
-    """Contiguous layouts of 4096 rows or more on A scales that are not MN-major: the scales copied
-    MN-major into the workspace, then the MN-major kernel. D bit for bit the call's on the caller's
-    own MN-major scales and the call's without the copy (MOE_FP8_SFA_COPY=0: the gathers), the same
-    rows written (padding blocks left NaN)."""
+    """MOE_FP8_SFA_COPY=all, contiguous layouts of 4096 rows or more on A scales that are not
+    MN-major: the scales copied MN-major into the workspace, then the MN-major kernel loading its
+    first stages before it waits for the copy. D bit for bit the call's on the caller's own MN-major
+    scales and the call's without the copy (MOE_FP8_SFA_COPY=0: the gathers), the same rows written
+    (padding blocks left NaN)."""
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
     b_fp8 = make_weights(len(counts), n, k, "cuda")
     a_fp8, m_indices = make_contiguous(counts, k, "cuda")
     rows = m_indices.shape[0]
@@ -289,7 +291,8 @@ def test_gpu_contiguous_sfa_copy_matches_mn_major_and_gathers(counts, sfa_view, 
     cfg = contiguous_config(m_indices, n, k, len(counts))
     assert cfg["sfa_copy"] == 1, cfg
     outputs = {}
-    for name, sfa, copy in (("copy", a_fp8[1], "1"), ("mn", kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]), "1"),
+    for name, sfa, copy in (("copy", a_fp8[1], "all"),
+                            ("mn", kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]), "all"),
                             ("gather", a_fp8[1], "0")):
         monkeypatch.setenv("MOE_FP8_SFA_COPY", copy)
         outputs[name] = run_contiguous((a_fp8[0], sfa), b_fp8, m_indices, n)
@@ -301,9 +304,13 @@ def test_gpu_contiguous_sfa_copy_matches_mn_major_and_gathers(counts, sfa_view, 
 
 
 @pytest.mark.gpu
-def test_gpu_contiguous_and_dense_copies_share_the_workspace(seed):
-    """Contiguous and dense calls on one stream without a sync between them, each copying its own A
-    scales into the one workspace: every D must be its own operands' product."""
+@pytest.mark.parametrize("pdl", ["1", "0"])
+def test_gpu_contiguous_and_dense_copies_share_the_workspace(pdl, seed, monkeypatch):
+    """MOE_FP8_SFA_COPY=all: contiguous and dense calls on one stream without a sync between them,
+    each copying its own A scales into the one workspace (with PDL, each GEMM loading A and B before
+    it waits for its copy): every D must be its own operands' product."""
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+    monkeypatch.setenv("MOE_GEMM_PDL", pdl)
     n, k = 7168, 2048
     b_fp8 = make_weights(2, n, k, "cuda")
     calls = []
@@ -312,7 +319,8 @@ def test_gpu_contiguous_and_dense_copies_share_the_workspace(seed):
         calls.append(((a_fp8[0], a_fp8[1] * (1 + i)), m_indices))  # scales apart, so a stale copy shows in D
     dense_b = (b_fp8[0][0], b_fp8[1][0])
     assert contiguous_config(calls[0][1], n, k, 2)["sfa_copy"] == 1
-    assert kernels.jit.native_module().fp8_gemm_nt_config(4096, n, k, kernels.get_num_sms())["sfa_copy"] == 1
+    for rows in (4096, 128):
+        assert kernels.jit.native_module().fp8_gemm_nt_config(rows, n, k, kernels.get_num_sms())["sfa_copy"] == 1
     outputs = []
     torch.cuda.synchronize()
     for a_fp8, m_indices in calls:
@@ -320,12 +328,16 @@ def test_gpu_contiguous_and_dense_copies_share_the_workspace(seed):
         kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
         d_dense = torch.full((4096, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         kernels.fp8_gemm_nt((a_fp8[0], a_fp8[1] * 3), dense_b, d_dense)
-        outputs.append((d, d_dense))
+        # 128 rows: 64-row tiles, copied too; their scales made by the kernel just before.
+        d_small = torch.full((128, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.fp8_gemm_nt((a_fp8[0][:128], a_fp8[1][:128] * 5), dense_b, d_small)
+        outputs.append((d, d_dense, d_small))
     torch.cuda.synchronize()
-    for (a_fp8, m_indices), (d, d_dense) in zip(calls, outputs):
+    rhs = dequantize_b(*dense_b).double().t()
+    for (a_fp8, m_indices), (d, d_dense, d_small) in zip(calls, outputs):
         assert calc_diff(d, expected_contiguous(a_fp8, b_fp8, m_indices)) < 1e-3
-        want = dequantize_a(a_fp8[0], a_fp8[1] * 3).double() @ dequantize_b(*dense_b).double().t()
-        assert calc_diff(d_dense, want) < 1e-3
+        assert calc_diff(d_dense, dequantize_a(a_fp8[0], a_fp8[1] * 3).double() @ rhs) < 1e-3
+        assert calc_diff(d_small, dequantize_a(a_fp8[0][:128], a_fp8[1][:128] * 5).double() @ rhs) < 1e-3
 
 
 @pytest.mark.gpu

@@ -115,17 +115,22 @@ os.environ["MOE_FP8_SFA_COPY"] = "0"
 out["copy_off"] = [launches_of(lambda: dense_k_major(4096, 7168, 2048)), rec.last_launch().smem_bytes]
 del os.environ["MOE_FP8_SFA_COPY"]
 out["copy_128_rows"] = launches_of(lambda: dense_k_major(4096, 2112, 7168))
-# Contiguous layouts of 4096 rows or more copy K-major A scales likewise; not below, not without a
-# workspace (a graph capture).
+# MOE_FP8_SFA_COPY=all: contiguous layouts of 4096 rows or more copy K-major A scales likewise (not
+# below, not without a workspace: a graph capture), and dense tiles of any height.
 def contiguous_k_major(m, ws=WS, nbytes=ws_bytes):
     native.m_grouped_fp8_gemm_nt_contiguous(A, k, SFA, k // 128, 1, B, k, SFB, (n // 128) * (k // 128), k // 128,
                                             1, D, n, 0x60_0000_0000, m, n, k, 4, 128, 0, ws, nbytes, 0)
 
 grouped_plans = [native.fp8_gemm_nt_config(8192, n, k, 132, gemm_type=1, num_groups=4, scale_load=load)["smem_bytes"]
                  for load in (1, 0)]
+out["contiguous_default"] = launches_of(lambda: contiguous_k_major(8192))
+os.environ["MOE_FP8_SFA_COPY"] = "all"
 out["contiguous_copy"] = [launches_of(lambda: contiguous_k_major(8192)), rec.last_launch().smem_bytes, *grouped_plans]
 out["contiguous_no_workspace"] = [launches_of(lambda: contiguous_k_major(8192, 0, 0)), rec.last_launch().smem_bytes]
 out["contiguous_small"] = launches_of(lambda: contiguous_k_major(2048))
+small_plans = [native.fp8_gemm_nt_config(128, n, k, 132, scale_load=load)["smem_bytes"] for load in (1, 0)]
+out["dense_small_copy"] = [launches_of(lambda: dense_k_major(128, n, k)), rec.last_launch().smem_bytes, *small_plans]
+del os.environ["MOE_FP8_SFA_COPY"]
 print(json.dumps(out))
 """
 
@@ -221,12 +226,16 @@ def test_k_major_scales_of_wide_tiles_are_copied_first(observed):
     assert observed["copy_128_rows"] == 1
 
 
-def test_contiguous_k_major_scales_are_copied_first(observed):
-    """Contiguous layouts of 4096 rows or more on K-major A scales with the workspace: the copy, then
-    the GEMM with the MN-major plan's shared memory; one launch (the gathers' plan) without the
-    workspace, and below 4096 rows."""
+def test_sfa_copy_all_copies_contiguous_and_narrow_tiles_first(observed):
+    """MOE_FP8_SFA_COPY=all, K-major A scales with the workspace: contiguous layouts of 4096 rows or
+    more and dense 64-row tiles launch the copy, then the GEMM with the MN-major plan's shared
+    memory; one launch (the gathers' plan) without the workspace, below 4096 contiguous rows, and for
+    contiguous layouts with the switch unset."""
+    assert observed["contiguous_default"] == 1
     launches, smem, mn_smem, gather_smem = observed["contiguous_copy"]
     assert mn_smem != gather_smem
     assert (launches, smem) == (2, mn_smem)
     assert observed["contiguous_no_workspace"] == [1, gather_smem]
     assert observed["contiguous_small"] == 1
+    launches, smem, mn_smem, gather_smem = observed["dense_small_copy"]
+    assert (launches, smem) == (2, mn_smem)

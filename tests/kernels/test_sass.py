@@ -69,13 +69,11 @@ def test_fp8_gemm_uses_qgmma_tma_and_setmaxnreg(m, n, k, gemm_type, groups, scal
     for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG"):
         assert instruction in code, instruction
     # Only the scale warps copy with cp.async (LDGSTS); TMA scale loads leave none. K-major scales
-    # go by TMA on 256-row tiles only, masked GEMMs' never; dense 256-row tiles and contiguous
-    # layouts of 4096 rows or more run on a copy of the A scales made MN-major (sfa_copy), so their
-    # kernel is the MN-major one.
+    # go by TMA on 256-row tiles only, masked GEMMs' never; dense 256-row tiles run on a copy of the
+    # A scales made MN-major (sfa_copy), so their kernel is the MN-major one.
     gathered = gemm_type == 2 or (scale_load == 2 and config["block_m"] < 256)
     assert config["scale_load"] == ("gather" if gathered else ("gather", "tma_mn_major", "tma_k_major")[scale_load])
-    copies = (gemm_type == 0 and config["block_m"] == 256) or (gemm_type == 1 and m >= 4096)
-    assert config["sfa_copy"] == (copies and scale_load != 1)
+    assert config["sfa_copy"] == (gemm_type == 0 and config["block_m"] == 256 and scale_load != 1)
     runs = "tma_mn_major" if config["sfa_copy"] else config["scale_load"]
     assert ("LDGSTS" in code) == (runs == "gather")
     # The scale warps keep 32-bit row offsets per tile: no spills at block M 128 either (they had
@@ -463,3 +461,34 @@ def test_mn_major_sf_copy_waits_then_loads_before_storing():
     first_store = next(i for i, op in enumerate(ops) if op.startswith("STS") or " STS " in op)
     assert len(loads) == 4 and max(loads) < first_store, ops
     assert "LDL" not in code and "STL" not in code
+
+
+@pytest.mark.parametrize("m,n,k,gemm_type,groups", [
+    (128, 4096, 7168, 0, 1), (64, 2112, 7168, 0, 1), (1000, 7168, 1536, 0, 1), (4096, 7168, 2048, 0, 1),
+    (32768, 4096, 7168, 1, 4),
+])
+def test_fp8_gemm_early_loads_wait_after_the_first_tma_loads(m, n, k, gemm_type, groups, monkeypatch):
+    """The GEMM behind the copy of A's scales (MOE_FP8_SFA_COPY=all, kEarlyLoads): the TMA warp
+    issues its first stages' loads (UTMALDG) before griddepcontrol.wait (ACQBULK), which only it
+    runs (once per load path: whole tiles, the tail unit), and nothing spills. Without early loads
+    (the default copy's kernel) the wait comes before every load."""
+    native = kernels.jit.native_module()
+    args = (m, n, k, H200_SMS, False, -1, gemm_type, groups)
+
+    def ops_of(code):
+        return [op for _, op in (match.groups() for match in _SASS_LINE.finditer(code))]
+
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+    assert native.fp8_gemm_nt_config(*args, scale_load=2)["early_loads"] == 1
+    code = sass(*native.fp8_gemm_nt_code(*args, scale_load=2))
+    ops = ops_of(code)
+    waits = [i for i, op in enumerate(ops) if "ACQBULK" in op]
+    loads = [i for i, op in enumerate(ops) if "UTMALDG" in op]
+    assert 1 <= len(waits) <= 2 and loads[0] < waits[0] and any(i > waits[0] for i in loads)
+    for instruction in ("QGMMA", "UTMASTG", "USETMAXREG", "PREEXIT"):
+        assert instruction in code, instruction
+    assert "LDL" not in code and "STL" not in code, "register spills"
+    monkeypatch.delenv("MOE_FP8_SFA_COPY")
+    plain = ops_of(sass(*native.fp8_gemm_nt_code(*args, scale_load=1)))
+    waits = [i for i, op in enumerate(plain) if "ACQBULK" in op]
+    assert len(waits) == 1 and all(i > waits[0] for i, op in enumerate(plain) if "UTMALDG" in op)

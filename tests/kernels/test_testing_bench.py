@@ -59,16 +59,16 @@ def test_flush_mode_reads_the_switch(monkeypatch):
 
 
 def _profile(runs, flush=("sum_kernel",)):
-    """A profile's (name, start, duration) kernels: per run the flush's kernels (duration 100),
-    then the run's (name, duration) pairs."""
+    """A profile's (name, start, duration) kernels, one after the other with a 1 µs gap: per run the
+    flush's kernels (duration 100), then the run's (name, duration) pairs."""
     events, t = [], 0.0
     for run in runs:
         for name in flush:
             events.append((name, t, 100.0))
-            t += 1
+            t += 101
         for name, dur in run:
             events.append((name, t, dur))
-            t += 1
+            t += dur + 1
     return events
 
 
@@ -84,6 +84,19 @@ def test_per_run_seconds_sums_matching_kernels_and_drops_the_flush():
     # Without a flush nothing is dropped.
     times, _ = per_run_seconds(_profile(runs, flush=()), "", 2, [])
     assert times == pytest.approx([55e-6, 55e-6])
+
+
+def test_per_run_seconds_counts_overlapping_kernels_once():
+    """A copy kernel, then a GEMM launched with PDL that starts 2 µs before the copy ends: the run
+    took the union of their spans, not the sum of their durations."""
+    from kernels.testing.bench import busy_seconds, per_run_seconds
+
+    profile = [("sum_kernel", 0.0, 100.0), ("copy", 101.0, 3.0), ("gemm", 102.0, 10.0),
+               ("sum_kernel", 200.0, 100.0), ("copy", 301.0, 3.0), ("gemm", 305.0, 10.0)]
+    times, per_run = per_run_seconds(profile, "", 2, ["sum_kernel"])
+    assert per_run == 2 and times == pytest.approx([11e-6, 13e-6])
+    assert busy_seconds([(0.0, 5.0), (1.0, 2.0), (10.0, 1.0)]) == pytest.approx(6e-6)  # one inside another
+    assert busy_seconds([]) == 0.0
 
 
 def test_per_run_seconds_keeps_a_runs_kernels_named_like_one_of_the_flushs():
