@@ -75,63 +75,42 @@ def test_gpu_scale_tma_matches_gather(m, n, k, seed, monkeypatch):
     assert torch.equal(d, d_mn)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,sfa_view", [
+# (switch, m, n, k, A scales' view): the default copies for 256-row tiles only, =all for every tile.
+SFA_COPY_CASES = [("1", *case) for case in [
     (4096, 7168, 2048, None), (4095, 24576, 1536, None), (2049, 32768, 512, None), (4096, 7168, 16384, None),
     (3001, 4096, 7168, "columns"), (8191, 4232, 2048, None), (2304, 6144, 16384, None),
-])
-def test_gpu_sfa_copy_matches_mn_major_and_k_major_kernels(m, n, k, sfa_view, seed, monkeypatch):
-    """256-row tiles on A scales that are not MN-major: the scales copied MN-major into the workspace
-    (mn_major_sf), then the MN-major kernel. D bit for bit the call's on the caller's own MN-major
-    copy (get_mn_major_tma_aligned_tensor) and the call's without the copy (MOE_FP8_SFA_COPY=0:
-    K-major boxes per stage, or the gathers): the same scales reach the same FFMAs. The cases cover
-    M tails of a 32-row copy tile and of a 256-row tile (4095, 2049, 3001, 8191), K blocks past one
-    copy tile (128), K = 512 (gathers without the copy), scales with gaps between rows ("columns":
-    every other column of a wider tensor) and the tail split (2304 x 6144 x 16384)."""
-    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
-    if sfa_view == "columns":
-        wide = torch.rand(m, 2 * (k // 128), device="cuda")
-        wide[:, ::2] = a_fp8[1]
-        a_fp8 = (a_fp8[0], wide[:, ::2])
-    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
-    assert (cfg["block_m"], cfg["sfa_copy"]) == (256, 1), cfg
-    outputs = {}
-    for name, sfa, copy in (("copy", a_fp8[1], "1"), ("mn", kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]), "1"),
-                            ("k_major", a_fp8[1], "0")):
-        monkeypatch.setenv("MOE_FP8_SFA_COPY", copy)
-        outputs[name] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kernels.fp8_gemm_nt((a_fp8[0], sfa), b_fp8, outputs[name])
-    torch.cuda.synchronize()
-    assert torch.isfinite(outputs["copy"]).all(), "output not fully written"
-    assert calc_diff(outputs["copy"], reference_f64(a_fp8, b_fp8)) < 1e-3
-    assert torch.equal(outputs["copy"], outputs["mn"])
-    assert torch.equal(outputs["copy"], outputs["k_major"])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,sfa_view", [
+]] + [("all", *case) for case in [
     (1, 2112, 7168, None), (7, 576, 7168, None), (64, 2112, 7168, None), (128, 4096, 7168, None),
     (129, 7168, 2048, "columns"), (1000, 7168, 1536, None), (128, 7168, 16384, None), (4095, 2112, 7168, None),
     (300, 4232, 512, None),
-])
-def test_gpu_sfa_copy_all_matches_mn_major_and_k_major_kernels(m, n, k, sfa_view, seed, monkeypatch):
-    """MOE_FP8_SFA_COPY=all: tiles of any height on A scales that are not MN-major run on the copy,
-    the GEMM loading its first stages (A, B, B's scales) before it waits for the copy (PDL). D bit for
-    bit the call's on the caller's own MN-major copy and the call's without the copy (gathers or
-    K-major boxes). Cases: one-row and 7-row problems, 64- and 128-row tiles (clusters at 128 x 7168 x
-    16384, a single wave split over K), a tile's K blocks fewer than the stages (K = 512), scales with
-    gaps between rows, M tails of the copy's 32-row tiles."""
-    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("switch,m,n,k,sfa_view", SFA_COPY_CASES)
+def test_gpu_sfa_copy_matches_mn_major_and_k_major_kernels(switch, m, n, k, sfa_view, seed, monkeypatch):
+    """A scales that are not MN-major: copied MN-major into the workspace (mn_major_sf), then the
+    MN-major kernel; under MOE_FP8_SFA_COPY=all for tiles of any height, the GEMM loading its first
+    stages (A, B, B's scales) before it waits for the copy (PDL). D bit for bit the call's on the
+    caller's own MN-major copy (get_mn_major_tma_aligned_tensor) and the call's without the copy
+    (MOE_FP8_SFA_COPY=0: K-major boxes per stage, or the gathers): the same scales reach the same
+    FFMAs. Default cases: M tails of a 32-row copy tile and of a 256-row tile (4095, 2049, 3001, 8191),
+    K blocks past one copy tile (128), K = 512 (gathers without the copy), the tail split (2304 x 6144
+    x 16384). =all: one- and 7-row problems, 64- and 128-row tiles (clusters at 128 x 7168 x 16384, a
+    single wave split over K), fewer K blocks than stages (K = 512). Both: scales with gaps between
+    rows ("columns": every other column of a wider tensor)."""
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", switch)
     a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
     if sfa_view == "columns":
         wide = torch.rand(m, 2 * (k // 128), device="cuda")
         wide[:, ::2] = a_fp8[1]
         a_fp8 = (a_fp8[0], wide[:, ::2])
     cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
-    assert (cfg["sfa_copy"], cfg["early_loads"]) == (1, 1), cfg
+    assert cfg["sfa_copy"] == 1 and cfg["early_loads"] == (switch == "all"), cfg
+    assert switch == "all" or cfg["block_m"] == 256, cfg
     outputs = {}
-    for name, sfa, copy in (("copy", a_fp8[1], "all"),
-                            ("mn", kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]), "all"),
+    for name, sfa, copy in (("copy", a_fp8[1], switch),
+                            ("mn", kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]), switch),
                             ("k_major", a_fp8[1], "0")):
         monkeypatch.setenv("MOE_FP8_SFA_COPY", copy)
         outputs[name] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
