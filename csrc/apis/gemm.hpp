@@ -96,7 +96,11 @@ inline void launch_fp8(const moe_launchers::sm90_fp8_gemm::Config& config,
     L::launch(behind_copy(config, mn_major_config()), copied);
     return;
   }
-  L::launch(config, args);
+  // No copy after all (a workspace without the room, B's scales not TMA-aligned): the kernel waits
+  // for the kernels before it at its start, as without sfa_copy.
+  L::Config plain = config;
+  plain.early_loads = 0;
+  L::launch(plain, args);
 }
 
 }  // namespace detail

@@ -26,7 +26,8 @@ constexpr int kBlockK = 128;
 constexpr int kMaxBlockN = 192;  // two FP32 accumulator sets of kBlockN/2 registers fit 232
 
 // MOE_FP8_SFA_COPY=all: contiguous GEMMs copy A scales that are not MN-major from this many rows
-// (Config::sfa_copy); below, the copy's own launch weighs more against what the MN-major loads save.
+// (Config::sfa_copy). A guess, not timed: only 32768-row layouts were, and below some size the
+// copy's own launch must outweigh what the MN-major loads save.
 constexpr int kSfaCopyMinRowsContiguous = 4096;
 
 struct Config {
@@ -421,18 +422,21 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // kernel took 0.85x the time of the K-major boxes at N x K = 7168 x 2048, 0.91x at 24576 x 1536,
   // 0.97-0.98x at 7168 x 16384 and 4096 x 7168, and 0.97x the gathers' at 32768 x 512 (bench/RESULTS.md,
   // session 26). The workspace holds up to kSfaCopyMaxFloats: none inside a CUDA graph capture.
+  // The kernel behind the copy loads B's scales by TMA too, in boxes of 4 K blocks: K a multiple of 512.
   // MOE_FP8_SFA_COPY=0 turns it off. MOE_FP8_SFA_COPY=all (written, not yet timed) copies for every
   // dense tile and for contiguous GEMMs of kSfaCopyMinRowsContiguous rows or more (their 128-row tiles
   // gather K-major scales), and the GEMM behind the copy loads its first stages' A and B before it
-  // waits for the copy (early_loads, with PDL), so the copy overlaps the pipeline's fill: MN-major
-  // scales took 0.93-1.00x the gathers' time in 13 of the 14 dense cells of 64 and 128 rows (H100,
-  // session 26) and 0.96-0.98x in the four contiguous ones (H200, session 24).
+  // waits for the copy (early_loads, with PDL), so the copy overlaps the pipeline's fill. On scales
+  // the caller had made MN-major (no copy in the time), the MN-major kernel took 0.83-1.00x the
+  // gathers' time in 13 of the 14 dense cells of 64 and 128 rows, 1.03x at 64 x 7168 x 16384 (H100,
+  // session 26), and 0.96-0.98x in the four contiguous cells (H200, session 24; there torch's strided
+  // transpose inside the timed call kept 0-2% of that).
   const char* copy_env = std::getenv("MOE_FP8_SFA_COPY");
   const bool copy_all = copy_env != nullptr && std::string(copy_env) == "all";
   const bool copies = (type == GemmType::kNormal && (t.block_m == 256 || copy_all)) ||
                       (type == GemmType::kGroupedContiguous && copy_all && m >= kSfaCopyMinRowsContiguous);
-  cfg.sfa_copy = copies && split_workspace && scale_load != moe_kernels::kScaleTmaMnMajor && sfa_copy_fits(m, k) &&
-                         env_enabled("MOE_FP8_SCALE_TMA") && env_enabled("MOE_FP8_SFA_COPY")
+  cfg.sfa_copy = copies && split_workspace && scale_load != moe_kernels::kScaleTmaMnMajor && (k / kBlockK) % 4 == 0 &&
+                         sfa_copy_fits(m, k) && env_enabled("MOE_FP8_SCALE_TMA") && env_enabled("MOE_FP8_SFA_COPY")
                      ? 1
                      : 0;
   cfg.early_loads = cfg.sfa_copy && copy_all && cfg.pdl ? 1 : 0;

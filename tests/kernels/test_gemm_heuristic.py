@@ -301,6 +301,7 @@ def test_scale_load_switch_and_stages(monkeypatch):
     (128, 4096, 7168, -1, True, 0),        # 64-row tiles
     (16384, 7168, 16384, -1, True, 1),     # 16384 x 128 floats: the workspace's whole room
     (16388, 7168, 16384, -1, True, 0),     # past it
+    (4096, 7168, 1152, -1, True, 0),       # 9 K blocks: B's scales not in whole TMA boxes of 4
 ])
 def test_sfa_copy_on_wide_tiles(m, n, k, scale_load, split_workspace, expected, monkeypatch):
     """Dense 256-row tiles on A scales that are not MN-major copy them MN-major into the workspace
@@ -372,6 +373,16 @@ def test_sfa_copy_all_dense_tiles(m, n, k, scale_load, monkeypatch):
     monkeypatch.setenv("MOE_GEMM_PDL", "0")
     assert (plan()["sfa_copy"], plan()["early_loads"]) == (1, 0)
     assert (plan(1)["sfa_copy"], plan(1)["early_loads"]) == (0, 0)
+
+
+def test_sfa_copy_all_needs_whole_scale_boxes_of_b(monkeypatch):
+    """The kernel behind the copy loads B's scales by TMA in boxes of 4 K blocks: K = 384 or 1152
+    (3, 9 K blocks) plan no copy and no early loads, under MOE_FP8_SFA_COPY=all too."""
+    native = kernels.jit.native_module()
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+    for m, n, k in [(128, 4096, 384), (4096, 7168, 1152), (64, 2112, 1152)]:
+        cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+        assert (cfg["sfa_copy"], cfg["early_loads"], cfg["scale_load"]) == (0, 0, "gather"), cfg
 
 
 def test_overlap_on_lone_warpgroup_tiles(monkeypatch):

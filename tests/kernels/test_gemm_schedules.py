@@ -125,9 +125,11 @@ def test_gpu_sfa_copy_matches_mn_major_and_k_major_kernels(switch, m, n, k, sfa_
 @pytest.mark.gpu
 def test_gpu_sfa_copy_all_reads_what_the_kernels_before_just_wrote(seed, monkeypatch):
     """MOE_FP8_SFA_COPY=all with PDL: each call's A and its scales are made by the GPU quantizer right
-    before it, with no sync, while the previous GEMM may still run. The copy waits for the quantizer;
-    the GEMM loads A and B before waiting for the copy, which is safe only because the copy's own wait
-    saw the quantizer finish. Every D must be its own operands' product."""
+    before it, with no sync (the usual pattern). The copy waits for the quantizer; the GEMM loads A
+    and B before waiting for the copy, which relies on the copy's wait having seen the quantizer
+    finish. Every D must be its own operands' product. (The quantizer launches without PDL, so the
+    GEMM before it has finished when it starts: the chains of PDL launches are in
+    test_gpu_sfa_copy_back_to_back_calls.)"""
     monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
     m, n, k = 128, 4096, 7168
     b_fp8 = make_operands(8, n, k, "cuda")[1]
@@ -147,15 +149,18 @@ def test_gpu_sfa_copy_all_reads_what_the_kernels_before_just_wrote(seed, monkeyp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pdl", ["1", "0"])
-def test_gpu_sfa_copy_back_to_back_calls(pdl, seed, monkeypatch):
-    """Calls on one stream without a sync between them, each with its own A scales copied into the
-    one workspace: each copy waits for the GEMM before it, which reads the previous copy (with PDL
-    that GEMM starts its dependents early). Every D must be its own operands' product."""
+@pytest.mark.parametrize("switch,m", [("1", 4096), ("all", 4096), ("all", 128)])
+def test_gpu_sfa_copy_back_to_back_calls(switch, m, pdl, seed, monkeypatch):
+    """Calls on one stream without a sync or any other kernel between them, each with its own A
+    scales copied into the one workspace: each copy waits for the GEMM before it, which reads the
+    previous copy (with PDL that GEMM starts its dependents early; under MOE_FP8_SFA_COPY=all it also
+    loads A and B before it waits for its own copy). Every D must be its own operands' product."""
     monkeypatch.setenv("MOE_GEMM_PDL", pdl)
-    m, n, k = 4096, 7168, 2048
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", switch)
+    n, k = 7168, 2048
     b_fp8 = make_operands(8, n, k, "cuda")[1]
     calls = []
-    for i in range(4):
+    for i in range(6):
         a_fp8 = make_operands(m, 8, k, "cuda")[0]
         a_fp8 = (a_fp8[0], a_fp8[1] * (1 + i))  # scales apart, so a stale copy shows in D
         calls.append((a_fp8, torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")))

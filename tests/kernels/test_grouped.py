@@ -341,6 +341,29 @@ def test_gpu_contiguous_and_dense_copies_share_the_workspace(pdl, seed, monkeypa
 
 
 @pytest.mark.gpu
+def test_gpu_contiguous_padding_only_layout_behind_the_copy(seed, monkeypatch):
+    """MOE_FP8_SFA_COPY=all, a contiguous layout of 4096 padding rows (no tile anywhere: every CTA of
+    the GEMM behind the copy still waits for it), then calls on the same stream that copy into the
+    same workspace: D of the empty call untouched, the next ones right."""
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+    n, k = 4096, 7168
+    b_fp8 = make_weights(2, n, k, "cuda")
+    a_empty, m_empty = make_contiguous([2048, 2048], k, "cuda")
+    m_empty.fill_(-1)
+    assert contiguous_config(m_empty, n, k, 2)["sfa_copy"] == 1
+    calls = [make_contiguous([2048, 2048], k, "cuda") for _ in range(2)]
+    outputs = [torch.full((4096, n), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+    torch.cuda.synchronize()
+    kernels.m_grouped_fp8_gemm_nt_contiguous(a_empty, b_fp8, outputs[0], m_empty)
+    for (a_fp8, m_indices), d in zip(calls, outputs[1:]):
+        kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
+    torch.cuda.synchronize()
+    assert torch.isnan(outputs[0]).all()
+    for (a_fp8, m_indices), d in zip(calls, outputs[1:]):
+        assert calc_diff(d, expected_contiguous(a_fp8, b_fp8, m_indices)) < 1e-3
+
+
+@pytest.mark.gpu
 def test_gpu_contiguous_bad_group_ids_are_skipped(seed):
     b_fp8 = make_weights(2, 256, 256, "cuda")
     a_fp8, m_indices = make_contiguous([128, 128], 256, "cuda")

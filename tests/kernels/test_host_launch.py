@@ -130,6 +130,11 @@ out["contiguous_no_workspace"] = [launches_of(lambda: contiguous_k_major(8192, 0
 out["contiguous_small"] = launches_of(lambda: contiguous_k_major(2048))
 small_plans = [native.fp8_gemm_nt_config(128, n, k, 132, scale_load=load)["smem_bytes"] for load in (1, 0)]
 out["dense_small_copy"] = [launches_of(lambda: dense_k_major(128, n, k)), rec.last_launch().smem_bytes, *small_plans]
+# Planned with early loads but no room for the copy: the K-major plan's kernel, compiled and launched
+# without them (kEarlyLoads asserts MN-major scales at compile time).
+out["dense_small_no_room"] = [launches_of(lambda: dense_k_major(128, n, k, ws_bytes - 1)),
+                              rec.last_launch().smem_bytes]
+out["dense_small_k_384"] = launches_of(lambda: dense_k_major(128, n, 384))
 del os.environ["MOE_FP8_SFA_COPY"]
 print(json.dumps(out))
 """
@@ -239,3 +244,5 @@ def test_sfa_copy_all_copies_contiguous_and_narrow_tiles_first(observed):
     assert observed["contiguous_small"] == 1
     launches, smem, mn_smem, gather_smem = observed["dense_small_copy"]
     assert (launches, smem) == (2, mn_smem)
+    assert observed["dense_small_no_room"] == [1, gather_smem]
+    assert observed["dense_small_k_384"] == 1

@@ -243,13 +243,13 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     if (producer_warp == 0 && lane == 0) {
       const uint32_t rank = kNumMulticast > 1 ? sm90::cluster_ctarank() : 0;
       // A stage's A and B tiles.
-      const auto load_ab = [&](const Tile& t, uint32_t row_a, uint32_t row_b, uint32_t stage, uint32_t kb) {
+      const auto load_ab = [&](const Tile& tile, uint32_t row_a, uint32_t row_b, uint32_t stage, uint32_t kb) {
         uint64_t* full = ring.full + stage;
         if constexpr (kShareB) {
           // map_b's box is kHalfRowsB rows. The full barrier expects a whole B tile either way.
           uint8_t* smem_b = smem + Smem::kOffsetB + stage * Smem::kB;
           sm90::tma_load_2d(smem + Smem::kOffsetA + stage * Smem::kA, &map_a, full, kb * kBlockK, row_a);
-          if (t.share_b) {
+          if (tile.share_b) {
             sm90::tma_load_2d_multicast(smem_b + rank * kHalfRowsB * kBlockK, &map_b, full, kb * kBlockK,
                                         row_b + rank * kHalfRowsB, (1u << kNumMulticast) - 1);
           } else {
@@ -281,6 +281,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
             sm90::tma_load_2d(sf, &map_sfa, ring.full + stage, kb & ~3u, row_sfa);
           }
         };
+        const auto load_sfb = [&](uint32_t stage, uint32_t kb) {
+          sm90::tma_load_2d(smem_sf + stage * Smem::kSfFloats + Smem::kSfb, &map_sfb, ring.full + stage, kb & ~3u,
+                            row_sfb);
+        };
         uint32_t kb = kb_begin;
         if constexpr (kEarlyLoads) {
           if (waits) {
@@ -290,8 +294,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
             for (uint32_t i = 0; i < early; ++i, pipe.advance()) {
               ring.producer_acquire(pipe);
               sm90::mbarrier_arrive_expect_tx(ring.full + pipe.stage, Smem::kTmaBytes);
-              sm90::tma_load_2d(smem_sf + pipe.stage * Smem::kSfFloats + Smem::kSfb, &map_sfb,
-                                ring.full + pipe.stage, (kb_begin + i) & ~3u, row_sfb);
+              load_sfb(pipe.stage, kb_begin + i);
               load_ab(t, row_a, row_b, pipe.stage, kb_begin + i);
             }
             sm90::wait_prerequisites();
@@ -305,13 +308,18 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
           sm90::mbarrier_arrive_expect_tx(full, Smem::kTmaBytes);
           if constexpr (kScaleTma) {
             load_sfa(pipe.stage, kb);
-            sm90::tma_load_2d(smem_sf + pipe.stage * Smem::kSfFloats + Smem::kSfb, &map_sfb, full, kb & ~3u, row_sfb);
+            load_sfb(pipe.stage, kb);
           }
           load_ab(t, row_a, row_b, pipe.stage, kb);
         }
       };
       while (scheduler.next(t)) load_tile(t, 0, kNumKBlocks);
       if (scheduler.tail_unit(t)) load_tile(t, t.k_begin, t.k_end);
+      // A CTA without a tile (a contiguous layout of padding only) waits for the copy too: the
+      // grid must not finish before the copy, whose completion the next kernel's wait counts on.
+      if constexpr (kEarlyLoads) {
+        if (waits) sm90::wait_prerequisites();
+      }
       if constexpr (kNumMulticast > 1) {
         // The peers arrive on this CTA's empty barriers and multicast into its stages: it may only
         // exit once every stage's last fill has been released by the consumers of every CTA.
