@@ -27,6 +27,11 @@ checked, as a ratio to DeepGEMM's time. A cell whose output on either side is of
 (calc_diff over 1e-3; ours 2e-3 for FP4) is named at the end and left out of the means, and the
 run exits 1.
 
+``--theirs-k-major`` also times DeepGEMM's call on the quantizers' K-major A scales, the issues' signature,
+counting every kernel of its call (DeepGEMM then makes them MN-major with a kernel of its own before
+its GEMM, as ours copies them before some GEMMs), with its own speed-ups and geometric means: ours and
+theirs on the same operands, each call doing what it needs.
+
 ``--write-flush-too`` times every call once more after the memset flush (``MOE_BENCH_FLUSH=write``,
 kernels/testing/bench.py), with its own speed-ups and geometric means: that flush leaves dirty lines
 in L2 whose write-back the next kernel pays, which weighs most on the short decode cells.
@@ -86,6 +91,7 @@ class Cell:
     theirs_weight_bytes: int
     ours_kernel: str = _OURS
     ours_mn: Callable[[], None] | None = None  # ours on DeepGEMM's MN-major A scales, writing ours_out
+    theirs_k: Callable[[], None] | None = None  # DeepGEMM on our K-major A scales, writing theirs_out
 
 
 def cell_specs(ms: list[int], parts: list[str]) -> list[tuple]:
@@ -115,7 +121,8 @@ def make_cell(spec: tuple) -> Cell:
         check = lambda out: calc_diff(out, ref)  # noqa: E731
         return Cell(part, f"{m} x {n} x {k}", lambda: kernels.fp8_gemm_nt(a, b, d_ours),
                     lambda: deep_gemm.fp8_gemm_nt(a_dg, b, d_theirs), d_ours, d_theirs, check, check,
-                    2 * m * n * k, n * k, n * k, ours_mn=lambda: kernels.fp8_gemm_nt(a_dg, b, d_ours))
+                    2 * m * n * k, n * k, n * k, ours_mn=lambda: kernels.fp8_gemm_nt(a_dg, b, d_ours),
+                    theirs_k=lambda: deep_gemm.fp8_gemm_nt(a, b, d_theirs))
     groups, rows, n, k = spec[1:]
     if part == "contiguous":
         problem = make_contiguous("fp8", groups, rows, n, k)
@@ -124,6 +131,7 @@ def make_cell(spec: tuple) -> Cell:
         a_dg = (problem.a[0], tma_sf(problem.a[1]))
         theirs = lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(a_dg, problem.b, d_theirs, m_indices)  # noqa: E731
         ours_mn = lambda: kernels.m_grouped_fp8_gemm_nt_contiguous(a_dg, problem.b, problem.out, m_indices)  # noqa: E731
+        theirs_k = lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(problem.a, problem.b, d_theirs, m_indices)  # noqa: E731
         label = f"{groups} x {rows}, {n} x {k}"
     else:
         # Slots of 128 rows: DeepGEMM stores whole block-M tiles, so slots shorter than its block M
@@ -133,6 +141,7 @@ def make_cell(spec: tuple) -> Cell:
         d_theirs = torch.empty_like(problem.out)
         a_dg = (problem.a[0], tma_sf(problem.a[1]))
         theirs = lambda: deep_gemm.m_grouped_fp8_gemm_nt_masked(a_dg, problem.b, d_theirs, masked_m, rows)  # noqa: E731
+        theirs_k = lambda: deep_gemm.m_grouped_fp8_gemm_nt_masked(problem.a, problem.b, d_theirs, masked_m, rows)  # noqa: E731
         # None: DeepGEMM's per-group MN-major scales put each group's block after the previous
         # group's whole [K blocks, max_m] plane, which our masked GEMMs' one row stride cannot
         # address (they gather K-major scales anyway).
@@ -144,11 +153,11 @@ def make_cell(spec: tuple) -> Cell:
                         output_check(problem), problem.flops, ours.weight_bytes, problem.weight_bytes, ours.kernel)
     check = output_check(problem)
     return Cell(part, label, problem.call, theirs, problem.out, d_theirs, check, check, problem.flops,
-                problem.weight_bytes, problem.weight_bytes, ours_mn=ours_mn)
+                problem.weight_bytes, problem.weight_bytes, ours_mn=ours_mn, theirs_k=theirs_k)
 
 
 def warm(specs: list[tuple], index: int, workers: int, variants: list[tuple[str, dict[str, str]]],
-         mn_scales: bool) -> None:
+         mn_scales: bool, theirs_k_major: bool = False) -> None:
     """Compile this worker's share of the cells' kernels (both sides, our variants too) into the
     on-disk caches."""
     for spec in specs[index::workers]:
@@ -160,12 +169,15 @@ def warm(specs: list[tuple], index: int, workers: int, variants: list[tuple[str,
         if mn_scales and cell.ours_mn is not None:
             cell.ours_mn()
         cell.theirs()
+        if theirs_k_major and cell.theirs_k is not None:
+            cell.theirs_k()
         torch.cuda.synchronize()
         del cell
         torch.cuda.empty_cache()  # the 256-expert cells' operands: free them before the next cell
 
 
-def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]], mn_scales: bool, write_flush: bool) -> dict:
+def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]], mn_scales: bool, write_flush: bool,
+            theirs_k_major: bool = False) -> dict:
     row = {}
     for side, call, out, kernel, check in (("ours", cell.ours, cell.ours_out, cell.ours_kernel, cell.check_ours),
                                            ("theirs", cell.theirs, cell.theirs_out, _THEIRS, cell.check_theirs)):
@@ -185,6 +197,9 @@ def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]], mn_scales: b
     for label, env in (variants if cell.part != "fp4" else []):
         row["variants"].append((label, *checked_variant_us(variant_call, cell.ours_kernel, cell.ours_out,
                                                            cell.check_ours, **env)))
+    if theirs_k_major and cell.theirs_k is not None:  # every kernel of DeepGEMM's call: its transpose too
+        row["theirs_k_us"], row["theirs_k_diff"] = checked_variant_us(cell.theirs_k, "", cell.theirs_out,
+                                                                      cell.check_theirs)
     # Timed again in the other order: the first timings after a long GEMM run slow (bench_gemm.py).
     row["ours_us"] = min(row["ours_us"], bench_kineto(cell.ours, cell.ours_kernel).median_s * 1e6)
     if mn_scales and cell.ours_mn is not None:  # the MN-major call too, so both of ours get two timings
@@ -207,6 +222,8 @@ def main() -> int:
                         help="also time our call with these environment switches set (repeatable)")
     parser.add_argument("--mn-scales", action="store_true",
                         help="also time our call on DeepGEMM's operands (MN-major TMA-aligned A scales)")
+    parser.add_argument("--theirs-k-major", action="store_true",
+                        help="also time DeepGEMM's call on the K-major A scales ours gets (its transpose counted)")
     parser.add_argument("--write-flush-too", action="store_true",
                         help="also time every call after the memset flush (MOE_BENCH_FLUSH=write)")
     parser.add_argument("--warm-workers", type=int, default=12)
@@ -233,7 +250,7 @@ def main() -> int:
         keep = {tuple(int(v) for v in nk.split("x")) for nk in args.nk.split(",")}
         specs = [s for s in specs if s[0] != "dense" or (s[2], s[3]) in keep]
     if args.warm_index is not None:
-        warm(specs, args.warm_index, args.warm_workers, variants, args.mn_scales)
+        warm(specs, args.warm_index, args.warm_workers, variants, args.mn_scales, args.theirs_k_major)
         return 0
     if args.warm_workers > 0:
         print(f"DeepGEMM {deep_gemm.__version__} from {os.path.dirname(deep_gemm.__file__)}; compiling {len(specs)} "
@@ -250,25 +267,30 @@ def main() -> int:
           f"{'speed-up':>8} | {'ours':>14} {'DeepGEMM':>14}"
           + (" | MN-major scales us  speed-up  diff" if args.mn_scales else "")
           + "".join(f" | {label} us  speed-up  diff" for label, _ in variants)
+          + (" | DeepGEMM K-major us  speed-up  diff" if args.theirs_k_major else "")
           + (" | write flush: ours us  DeepGEMM us  speed-up" + ("  MN-major us  speed-up" if args.mn_scales else "")
              if args.write_flush_too else ""))
     ratios: dict[str, list[float]] = {}
     mn_ratios: dict[str, list[float]] = {}
     write_ratios: dict[str, list[float]] = {}     # the memset flush (--write-flush-too)
     write_mn_ratios: dict[str, list[float]] = {}
+    k_major_ratios: dict[str, list[float]] = {}   # DeepGEMM on K-major scales (--theirs-k-major)
     bad = []
     for spec in specs:
         cell = make_cell(spec)
-        row = measure(cell, variants, args.mn_scales, args.write_flush_too)
+        row = measure(cell, variants, args.mn_scales, args.write_flush_too, args.theirs_k_major)
         speedup = row["theirs_us"] / row["ours_us"]
         # A wrong output on either side keeps the cell out of the means (NaN fails the comparison too).
         if not (row["ours_diff"] < _MAX_DIFF[cell.part] and row["theirs_diff"] < 1e-3
+                and row.get("theirs_k_diff", 0.0) < 1e-3
                 and all(diff < _MAX_DIFF[cell.part] for _, _, diff in row["variants"])):
             bad.append(cell.label)
         else:
             ratios.setdefault(cell.part, []).append(speedup)
             if args.mn_scales and cell.ours_mn is not None:
                 mn_ratios.setdefault(cell.part, []).append(row["theirs_us"] / row["variants"][0][1])
+            if "theirs_k_us" in row:
+                k_major_ratios.setdefault(cell.part, []).append(row["theirs_k_us"] / row["ours_us"])
             if "write" in row:
                 write_ratios.setdefault(cell.part, []).append(row["write"][1] / row["write"][0])
                 if len(row["write"]) > 2:
@@ -280,6 +302,8 @@ def main() -> int:
             rates = [f"{cell.flops / us / 1e6:>6.0f} TFLOP/s" for us in (row["ours_us"], row["theirs_us"])]
         extra = "".join(f" | {us:>{len(label) + 3}.1f} {row['theirs_us'] / us:>8.2f}x {diff:.0e}"
                         for label, us, diff in row["variants"])
+        if "theirs_k_us" in row:
+            extra += f" | {row['theirs_k_us']:>19.1f} {row['theirs_k_us'] / row['ours_us']:>8.2f}x {row['theirs_k_diff']:.0e}"
         if "write" in row:
             w = row["write"]
             extra += f" | {w[0]:>8.1f} {w[1]:>8.1f} {w[1] / w[0]:>7.2f}x" + "".join(
@@ -298,6 +322,11 @@ def main() -> int:
         geo = torch.tensor(values).log().mean().exp().item()
         print(f"{part}, ours on MN-major A scales: geometric mean speed-up over DeepGEMM {geo:.3f}x, above 1.0x in "
               f"{sum(v > 1.0 for v in values)} of {len(values)}, lowest {min(values):.2f}x")
+    for part, values in k_major_ratios.items():  # both calls on the quantizers' K-major A scales
+        geo = torch.tensor(values).log().mean().exp().item()
+        print(f"{part}, both on K-major A scales (DeepGEMM's transpose counted): geometric mean speed-up over "
+              f"DeepGEMM {geo:.3f}x, above 1.0x in {sum(v > 1.0 for v in values)} of {len(values)}, "
+              f"lowest {min(values):.2f}x")
     for label, table in (("write flush", write_ratios), ("write flush, ours on MN-major A scales", write_mn_ratios)):
         for part, values in table.items():
             geo = torch.tensor(values).log().mean().exp().item()

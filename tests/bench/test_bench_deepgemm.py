@@ -25,3 +25,13 @@ def test_bad_arguments_are_refused(argv, monkeypatch, capsys):
         bench.main()
     assert exc.value.code == 2
     assert "bench_deepgemm.py: error" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(bench.torch.cuda.is_available(), reason="checks the CPU machine's exit")
+@pytest.mark.parametrize("argv", [["--theirs-k-major"], ["--mn-scales", "--theirs-k-major", "--parts", "dense"]])
+def test_good_arguments_reach_the_device_check(argv, monkeypatch, capsys):
+    """Accepted options parse; without a GPU the run stops at the device check (exit 1), not at the
+    parser (exit 2)."""
+    monkeypatch.setattr(sys, "argv", ["bench_deepgemm.py", *argv])
+    assert bench.main() == 1
+    assert "needs a CUDA device" in capsys.readouterr().err
