@@ -4,6 +4,7 @@
 // relies on. fp8_gemm_nt_code generates a kernel's source without a GPU (precompile CLI).
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 
 #include <pybind11/pybind11.h>
 
@@ -92,8 +93,13 @@ inline void launch_fp8(const moe_launchers::sm90_fp8_gemm::Config& config,
   // The copy is MN-major, so it loads by TMA wherever B's scales do too.
   if (config.sfa_copy && L::sfa_copy_args(args, copied) &&
       L::scale_layout_for(config.type, copied, config.n, config.k) == moe_kernels::kScaleTmaMnMajor) {
+    const L::Config behind = behind_copy(config, mn_major_config());
+    // The two launches run with the GIL released: another thread's pair on the same stream (and so
+    // the same workspace) must not land between them, or this GEMM would read that call's copy.
+    static std::mutex pair_mutex;
+    const std::lock_guard<std::mutex> pair(pair_mutex);
     L::copy_sfa(args, copied, config.k, config.pdl != 0);
-    L::launch(behind_copy(config, mn_major_config()), copied);
+    L::launch(behind, copied);
     return;
   }
   // No copy after all (a workspace without the room, B's scales not TMA-aligned): the kernel waits

@@ -4,6 +4,8 @@ over K, 256-row tiles, graph captures without a workspace, programmatic dependen
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 
@@ -170,6 +172,37 @@ def test_gpu_sfa_copy_back_to_back_calls(switch, m, pdl, seed, monkeypatch):
         kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
     torch.cuda.synchronize()
     for a_fp8, d in calls:
+        assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("switch,m", [("1", 4096), ("all", 128)])
+def test_gpu_sfa_copy_threads_sharing_a_stream(switch, m, seed, monkeypatch):
+    """Four threads issue copying calls on the same stream (and so the same workspace) at once: a
+    call's copy and its GEMM launch as a pair that no other call's copy lands between. Every D must
+    be its own operands' product."""
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", switch)
+    n, k = 7168, 2048
+    b_fp8 = make_operands(8, n, k, "cuda")[1]
+    assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["sfa_copy"] == 1
+    jobs = []
+    for i in range(16):
+        a_fp8 = make_operands(m, 8, k, "cuda")[0]
+        jobs.append(((a_fp8[0], a_fp8[1] * (1 + i)), torch.full((m, n), float("nan"), dtype=torch.bfloat16,
+                                                                 device="cuda")))
+    kernels.fp8_gemm_nt(jobs[0][0], b_fp8, jobs[0][1])  # compiled before the threads start
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
+
+    def run(share):
+        with torch.cuda.stream(stream):
+            for a_fp8, d in share:
+                kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(run, [jobs[i::4] for i in range(4)]))
+    torch.cuda.synchronize()
+    for a_fp8, d in jobs:
         assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
 
 
