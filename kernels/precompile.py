@@ -164,10 +164,17 @@ def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelS
 
     def sources(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
         out = []
+        copies = False  # some plan copies K-major A scales MN-major first (MOE_FP8_SFA_COPY=all)
         for n, k in model.expert_nk:
             for groups in model.local_experts:
                 contiguous = gemm_type == _CONTIGUOUS
                 for m in _gemm_ms(model.max_m) if contiguous else _DECODE_EXPECTED_M:
+                    if contiguous and not fp4_weights and not copies:
+                        from .grouped import get_mk_alignment_for_contiguous_layout
+
+                        copies = bool(_native().fp8_gemm_nt_config(
+                            m, n, k, num_sms, gemm_type=gemm_type, num_groups=groups,
+                            alignment=get_mk_alignment_for_contiguous_layout())["sfa_copy"])
                     name, code = _grouped_code(fp4_weights, m, n, k, num_sms, gemm_type, groups)
                     rows = f"m<={m}" if contiguous else f"expected_m={m}"
                     out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows}", name, code))
@@ -180,6 +187,8 @@ def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelS
                     if fp4_weights and not contiguous and m <= _FP4_SWAP_AB_MAX_M:  # transform_fp4_for_decode weights
                         name, code, _ = _native().fp8_fp4_gemm_nt_swap_ab_code(m, n, k, num_sms, groups, True)
                         out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows} decode layout", name, code))
+        if copies:
+            out.append(KernelSource(family, "A scales copied MN-major", *_native().mn_major_sf_code()))
         return out
 
     return sources

@@ -127,3 +127,26 @@ def test_a_failing_compile_cancels_the_rest(monkeypatch):
     with pytest.raises(RuntimeError, match="boom"):
         precompile._build_all(sources, "sm_90a", 1, None)
     assert len(started) < len(sources)
+
+
+@pytest.mark.parametrize("family", ["fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous"])
+def test_sources_cover_the_copy_of_a_scales(family, monkeypatch):
+    """Where a plan copies K-major A scales MN-major first (dense 256-row tiles; under
+    MOE_FP8_SFA_COPY=all every dense tile and contiguous layouts of 4096 rows or more), the copy's
+    kernel is among the sources, and the GEMM's kernel is the one behind the copy (early loads under
+    =all)."""
+    native = kernels.jit.native_module()
+    copy_code = native.mn_major_sf_code()[1]
+
+    def sources():
+        return {s.code for s in precompile.collect_sources([family], max_m=4096)}
+
+    assert (copy_code in sources()) == (family == "fp8_gemm_nt")
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+    codes = sources()
+    assert copy_code in codes
+    if family == "m_grouped_fp8_gemm_nt_contiguous":
+        code = native.fp8_gemm_nt_code(4096, 4096, 7168, 132, False, -1, 1, 32)[1]
+    else:
+        code = native.fp8_gemm_nt_code(128, 4096, 7168, 132)[1]
+    assert code in codes and ", true>);" in code  # kEarlyLoads, the last template argument
