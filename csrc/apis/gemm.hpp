@@ -83,6 +83,15 @@ inline moe_launchers::sm90_fp8_gemm::Config behind_copy(const moe_launchers::sm9
   return mn_major;
 }
 
+// Held while a call launches its A-scale copy and the GEMM behind it: the launches run with the GIL
+// released, and another thread's pair on the same stream (so the same workspace) must not land
+// between them, or this GEMM would read that call's copy. One mutex for every entry point (a
+// function, not a static of the launch_fp8 template, which would give each instantiation its own).
+inline std::mutex& copy_pair_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
 // config's launch. Where it planned sfa_copy, A's scales are first copied MN-major into the
 // workspace and the kernel mn_major_config() plans on that copy runs instead.
 template <class MnMajorConfig>
@@ -94,10 +103,7 @@ inline void launch_fp8(const moe_launchers::sm90_fp8_gemm::Config& config,
   if (config.sfa_copy && L::sfa_copy_args(args, copied) &&
       L::scale_layout_for(config.type, copied, config.n, config.k) == moe_kernels::kScaleTmaMnMajor) {
     const L::Config behind = behind_copy(config, mn_major_config());
-    // The two launches run with the GIL released: another thread's pair on the same stream (and so
-    // the same workspace) must not land between them, or this GEMM would read that call's copy.
-    static std::mutex pair_mutex;
-    const std::lock_guard<std::mutex> pair(pair_mutex);
+    const std::lock_guard<std::mutex> pair(copy_pair_mutex());
     L::copy_sfa(args, copied, config.k, config.pdl != 0);
     L::launch(behind, copied);
     return;

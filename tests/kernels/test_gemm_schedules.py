@@ -176,33 +176,47 @@ def test_gpu_sfa_copy_back_to_back_calls(switch, m, pdl, seed, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("switch,m", [("1", 4096), ("all", 128)])
-def test_gpu_sfa_copy_threads_sharing_a_stream(switch, m, seed, monkeypatch):
+@pytest.mark.parametrize("switch,m,grouped", [("1", 4096, False), ("all", 128, False), ("all", 4096, True)])
+def test_gpu_sfa_copy_threads_sharing_a_stream(switch, m, grouped, seed, monkeypatch):
     """Four threads issue copying calls on the same stream (and so the same workspace) at once: a
-    call's copy and its GEMM launch as a pair that no other call's copy lands between. Every D must
-    be its own operands' product."""
+    call's copy and its GEMM launch as a pair that no other call's copy lands between, whichever entry
+    point (grouped: every other call contiguous, two groups of the same weights, under =all). Every D
+    must be its own operands' product."""
     monkeypatch.setenv("MOE_FP8_SFA_COPY", switch)
     n, k = 7168, 2048
     b_fp8 = make_operands(8, n, k, "cuda")[1]
-    assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["sfa_copy"] == 1
+    b_grouped = tuple(t.unsqueeze(0).expand(2, *t.shape).contiguous() for t in b_fp8)
+    m_indices = torch.arange(2, device="cuda", dtype=torch.int32).repeat_interleave(m // 2)
+    native = kernels.jit.native_module()
+    assert native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["sfa_copy"] == 1
+    if grouped:
+        assert native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), gemm_type=1, num_groups=2)["sfa_copy"] == 1
     jobs = []
     for i in range(16):
         a_fp8 = make_operands(m, 8, k, "cuda")[0]
         jobs.append(((a_fp8[0], a_fp8[1] * (1 + i)), torch.full((m, n), float("nan"), dtype=torch.bfloat16,
-                                                                 device="cuda")))
-    kernels.fp8_gemm_nt(jobs[0][0], b_fp8, jobs[0][1])  # compiled before the threads start
+                                                                 device="cuda"), grouped and i % 2 == 1))
+
+    def call(a_fp8, d, contiguous):
+        if contiguous:
+            kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_grouped, d, m_indices)
+        else:
+            kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+
+    for job in jobs[:2]:  # compiled before the threads start
+        call(*job)
     torch.cuda.synchronize()
     stream = torch.cuda.current_stream()
 
     def run(share):
         with torch.cuda.stream(stream):
-            for a_fp8, d in share:
-                kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+            for job in share:
+                call(*job)
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(run, [jobs[i::4] for i in range(4)]))
     torch.cuda.synchronize()
-    for a_fp8, d in jobs:
+    for a_fp8, d, _ in jobs:
         assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
 
 
