@@ -103,6 +103,9 @@ inline void launch_fp8(const moe_launchers::sm90_fp8_gemm::Config& config,
   if (config.sfa_copy && L::sfa_copy_args(args, copied) &&
       L::scale_layout_for(config.type, copied, config.n, config.k) == moe_kernels::kScaleTmaMnMajor) {
     const L::Config behind = behind_copy(config, mn_major_config());
+    // Both kernels compiled (or loaded) before the lock: a compile takes seconds.
+    moe_launchers::mn_major_sf::kernel_of(args.device);
+    L::kernel_of(behind, args.device);
     const std::lock_guard<std::mutex> pair(copy_pair_mutex());
     L::copy_sfa(args, copied, config.k, config.pdl != 0);
     L::launch(behind, copied);

@@ -4,6 +4,7 @@
 // into its workspace in this layout before its wide-tile kernels (launchers/sm90_fp8_gemm.hpp).
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "jit/compiler.hpp"
@@ -39,6 +40,13 @@ struct Args {
   bool pdl = true;
 };
 
+// The compiled kernel on a device: from the memo, compiled (or loaded from the disk cache) on the
+// first call.
+inline std::shared_ptr<const moe_jit::CompiledKernel> kernel_of(int device) {
+  static moe_jit::KernelMemo<std::array<int, 1>, moe_jit::IntArrayHash> memo;
+  return memo.get({device}, [&] { return moe_jit::build(kFn, code(), moe_jit::device_arch(device)); });
+}
+
 inline void launch(const Args& a) {
   MOE_HOST_ASSERT(a.groups >= 0 && a.rows >= 0 && a.k_blocks >= 0 && a.groups <= 65535,
                   kFn << ": groups (at most 65535), rows and k_blocks must be >= 0, got " << a.groups << ", "
@@ -53,10 +61,7 @@ inline void launch(const Args& a) {
                   kFn << ": the destination must be 16-byte aligned with a K-block stride of at least "
                       << aligned_rows(a.rows) << " floats (a multiple of 4) and non-overlapping groups");
   if (a.groups == 0 || a.rows == 0 || a.k_blocks == 0) return;
-  static moe_jit::KernelMemo<std::array<int, 1>, moe_jit::IntArrayHash> memo;
-  const auto kernel = memo.get({a.device}, [&] {
-    return moe_jit::build(kFn, code(), moe_jit::device_arch(a.device));
-  });
+  const auto kernel = kernel_of(a.device);
   moe_jit::LaunchConfig cfg;
   cfg.grid_x = static_cast<unsigned>((a.rows + kTile - 1) / kTile);
   cfg.grid_y = static_cast<unsigned>((a.k_blocks + kTile - 1) / kTile);

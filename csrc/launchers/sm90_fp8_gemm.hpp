@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <sstream>
 #include <string>
 
@@ -484,14 +485,20 @@ inline GeneratedKernel generate(const Config& c) {
   return {"sm90_fp8_gemm_nt", os.str()};
 }
 
-inline void launch(const Config& c, const Args& a) {
-  using namespace moe_jit::driver;
+// The compiled kernel of a plan on a device: from the memo, compiled (or loaded from the disk cache)
+// on the first call.
+inline std::shared_ptr<const moe_jit::CompiledKernel> kernel_of(const Config& c, int device) {
   static moe_jit::KernelMemo<std::array<int, 21>, moe_jit::IntArrayHash> memo;
   const std::array<int, 21> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
                                    c.scale_warps, c.pingpong, c.pdl, c.k_unroll, static_cast<int>(c.scale_load),
-                                   c.overlap, c.share_b, c.wg_store, c.early_loads, a.device};
-  const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
+                                   c.overlap, c.share_b, c.wg_store, c.early_loads, device};
+  return sm90_kernel(memo, key, c.fn, device, [&] { return generate(c); });
+}
+
+inline void launch(const Config& c, const Args& a) {
+  using namespace moe_jit::driver;
+  const auto kernel = kernel_of(c, a.device);
 
   const bool masked = c.type == GemmType::kGroupedMasked;
   const std::uint64_t rows_a = sfa_rows(c.type, a);

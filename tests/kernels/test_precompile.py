@@ -137,6 +137,7 @@ def test_sources_cover_the_copy_of_a_scales(family, monkeypatch):
     =all)."""
     native = kernels.jit.native_module()
     copy_code = native.mn_major_sf_code()[1]
+    monkeypatch.delenv("MOE_FP8_SFA_COPY", raising=False)
 
     def sources():
         return {s.code for s in precompile.collect_sources([family], max_m=4096)}
@@ -146,7 +147,8 @@ def test_sources_cover_the_copy_of_a_scales(family, monkeypatch):
     codes = sources()
     assert copy_code in codes
     if family == "m_grouped_fp8_gemm_nt_contiguous":
-        code = native.fp8_gemm_nt_code(4096, 4096, 7168, 132, False, -1, 1, 32)[1]
+        code = native.fp8_gemm_nt_code(4096, 4096, 7168, 132, False, -1, 1, 32,
+                                       alignment=kernels.get_mk_alignment_for_contiguous_layout())[1]
     else:
         code = native.fp8_gemm_nt_code(128, 4096, 7168, 132)[1]
     assert code in codes and ", true>);" in code  # kEarlyLoads, the last template argument
