@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <utility>
 
 #include <pybind11/pybind11.h>
 
@@ -104,11 +105,11 @@ inline void launch_fp8(const moe_launchers::sm90_fp8_gemm::Config& config,
       L::scale_layout_for(config.type, copied, config.n, config.k) == moe_kernels::kScaleTmaMnMajor) {
     const L::Config behind = behind_copy(config, mn_major_config());
     // Both kernels compiled (or loaded) before the lock: a compile takes seconds.
-    moe_launchers::mn_major_sf::kernel_of(args.device);
-    L::kernel_of(behind, args.device);
+    auto copy_kernel = moe_launchers::mn_major_sf::kernel_of(args.device);
+    auto gemm_kernel = L::kernel_of(behind, args.device);
     const std::lock_guard<std::mutex> pair(copy_pair_mutex());
-    L::copy_sfa(args, copied, config.k, config.pdl != 0);
-    L::launch(behind, copied);
+    L::copy_sfa(args, copied, config.k, config.pdl != 0, std::move(copy_kernel));
+    L::launch(behind, copied, std::move(gemm_kernel));
     return;
   }
   // No copy after all (a workspace without the room, B's scales not TMA-aligned): the kernel waits

@@ -47,7 +47,8 @@ inline std::shared_ptr<const moe_jit::CompiledKernel> kernel_of(int device) {
   return memo.get({device}, [&] { return moe_jit::build(kFn, code(), moe_jit::device_arch(device)); });
 }
 
-inline void launch(const Args& a) {
+// `kernel`: kernel_of(a.device) where the caller holds it already (else looked up here).
+inline void launch(const Args& a, std::shared_ptr<const moe_jit::CompiledKernel> kernel = nullptr) {
   MOE_HOST_ASSERT(a.groups >= 0 && a.rows >= 0 && a.k_blocks >= 0 && a.groups <= 65535,
                   kFn << ": groups (at most 65535), rows and k_blocks must be >= 0, got " << a.groups << ", "
                       << a.rows << ", " << a.k_blocks);
@@ -61,7 +62,7 @@ inline void launch(const Args& a) {
                   kFn << ": the destination must be 16-byte aligned with a K-block stride of at least "
                       << aligned_rows(a.rows) << " floats (a multiple of 4) and non-overlapping groups");
   if (a.groups == 0 || a.rows == 0 || a.k_blocks == 0) return;
-  const auto kernel = kernel_of(a.device);
+  if (!kernel) kernel = kernel_of(a.device);
   moe_jit::LaunchConfig cfg;
   cfg.grid_x = static_cast<unsigned>((a.rows + kTile - 1) / kTile);
   cfg.grid_y = static_cast<unsigned>((a.k_blocks + kTile - 1) / kTile);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "jit/compiler.hpp"
 #include "jit/device_runtime.hpp"
@@ -496,9 +497,10 @@ inline std::shared_ptr<const moe_jit::CompiledKernel> kernel_of(const Config& c,
   return sm90_kernel(memo, key, c.fn, device, [&] { return generate(c); });
 }
 
-inline void launch(const Config& c, const Args& a) {
+// `kernel`: kernel_of(c, a.device) where the caller holds it already (else looked up here).
+inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit::CompiledKernel> kernel = nullptr) {
   using namespace moe_jit::driver;
-  const auto kernel = kernel_of(c, a.device);
+  if (!kernel) kernel = kernel_of(c, a.device);
 
   const bool masked = c.type == GemmType::kGroupedMasked;
   const std::uint64_t rows_a = sfa_rows(c.type, a);
@@ -589,11 +591,13 @@ inline bool sfa_copy_args(const Args& a, Args& copied) {
 }
 
 // The copy of a's A scales into copied's (stream-ordered before the GEMM; with pdl, the GEMM's
-// prologue runs beside it and its wait_prerequisites waits for it).
-inline void copy_sfa(const Args& a, const Args& copied, int k, bool pdl) {
+// prologue runs beside it and its wait_prerequisites waits for it). `kernel`: mn_major_sf's.
+inline void copy_sfa(const Args& a, const Args& copied, int k, bool pdl,
+                     std::shared_ptr<const moe_jit::CompiledKernel> kernel) {
   const long long k_blocks = k / kBlockK;
   mn_major_sf::launch({a.sfa, 1, a.m, k_blocks, a.sfa_stride_m, a.sfa_stride_k, 0, copied.sfa, copied.sfa_stride_k,
-                       copied.sfa_stride_k * k_blocks, a.device, a.stream, pdl});
+                       copied.sfa_stride_k * k_blocks, a.device, a.stream, pdl},
+                      std::move(kernel));
 }
 
 }  // namespace moe_launchers::sm90_fp8_gemm
