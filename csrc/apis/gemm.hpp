@@ -93,17 +93,18 @@ inline std::mutex& copy_pair_mutex() {
   return mutex;
 }
 
-// config's launch. Where it planned sfa_copy, A's scales are first copied MN-major into the
-// workspace and the kernel mn_major_config() plans on that copy runs instead.
-template <class MnMajorConfig>
+// config's launch, config = plan(the scale load of args' scales). Where it planned sfa_copy, A's
+// scales are first copied MN-major into the workspace and the kernel plan(kScaleTmaMnMajor) runs on
+// that copy instead.
+template <class Plan>
 inline void launch_fp8(const moe_launchers::sm90_fp8_gemm::Config& config,
-                       const moe_launchers::sm90_fp8_gemm::Args& args, MnMajorConfig&& mn_major_config) {
+                       const moe_launchers::sm90_fp8_gemm::Args& args, Plan&& plan) {
   namespace L = moe_launchers::sm90_fp8_gemm;
   L::Args copied;
   // The copy is MN-major, so it loads by TMA wherever B's scales do too.
   if (config.sfa_copy && L::sfa_copy_args(args, copied) &&
       L::scale_layout_for(config.type, copied, config.n, config.k) == moe_kernels::kScaleTmaMnMajor) {
-    const L::Config behind = behind_copy(config, mn_major_config());
+    const L::Config behind = behind_copy(config, plan(moe_kernels::kScaleTmaMnMajor));
     // Both kernels compiled (or loaded) before the lock: a compile takes seconds.
     auto copy_kernel = moe_launchers::mn_major_sf::kernel_of(args.device);
     auto gemm_kernel = L::kernel_of(behind, args.device);
@@ -134,12 +135,11 @@ inline void fp8_gemm_nt(std::uint64_t a, long long lda, std::uint64_t sfa, long 
   args.split_workspace_bytes = split_workspace_bytes;
   const int num_sms = moe_jit::get_num_sms(device);
   const auto residual = detail::residual_type(c_dtype);
-  const auto config = L::get_config(m, n, k, num_sms, compile_m, residual, L::GemmType::kNormal, 1, 128,
-                                    split_workspace != 0, L::scale_layout_for(L::GemmType::kNormal, args, n, k));
-  detail::launch_fp8(config, args, [&] {
-    return L::get_config(m, n, k, num_sms, compile_m, residual, L::GemmType::kNormal, 1, 128, true,
-                         moe_kernels::kScaleTmaMnMajor);
-  });
+  const auto plan = [&](unsigned scale_load) {
+    return L::get_config(m, n, k, num_sms, compile_m, residual, L::GemmType::kNormal, 1, 128, split_workspace != 0,
+                         scale_load);
+  };
+  detail::launch_fp8(plan(L::scale_layout_for(L::GemmType::kNormal, args, n, k)), args, plan);
 }
 
 // m_indices: int32 [m] on the device. Rows of a group are contiguous and every aligned block of
@@ -157,13 +157,11 @@ inline void m_grouped_fp8_gemm_nt_contiguous(std::uint64_t a, long long lda, std
   args.split_workspace = workspace;
   args.split_workspace_bytes = workspace_bytes;
   const int num_sms = moe_jit::get_num_sms(device);
-  const auto config = L::get_config(m, n, k, num_sms, false, L::Residual::kNone, L::GemmType::kGroupedContiguous,
-                                    num_groups, alignment, workspace != 0,
-                                    L::scale_layout_for(L::GemmType::kGroupedContiguous, args, n, k));
-  detail::launch_fp8(config, args, [&] {
+  const auto plan = [&](unsigned scale_load) {
     return L::get_config(m, n, k, num_sms, false, L::Residual::kNone, L::GemmType::kGroupedContiguous, num_groups,
-                         alignment, true, moe_kernels::kScaleTmaMnMajor);
-  });
+                         alignment, workspace != 0, scale_load);
+  };
+  detail::launch_fp8(plan(L::scale_layout_for(L::GemmType::kGroupedContiguous, args, n, k)), args, plan);
 }
 
 // masked_m: int32 [num_groups] on the device; a, d hold max_m rows per group (row stride lda/ldd,
@@ -388,17 +386,14 @@ inline void register_apis(pybind11::module_& m) {
       "fp8_gemm_nt_code",
       [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype, int gemm_type, int num_groups,
          int alignment, bool split_workspace, int scale_load) {
-        auto config = L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
-                                    detail::gemm_type(gemm_type), num_groups, alignment, split_workspace,
-                                    detail::scale_load(scale_load, k, gemm_type));
+        const auto plan = [&](unsigned load) {
+          return L::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
+                               detail::gemm_type(gemm_type), num_groups, alignment, split_workspace, load);
+        };
+        const auto config = plan(detail::scale_load(scale_load, k, gemm_type));
         // The kernel that runs on the copy of A's scales (B's scales contiguous, as scale_load -1 assumes).
-        if (config.sfa_copy) {
-          config = detail::behind_copy(config, L::get_config(m_, n, k, num_sms, compile_m,
-                                                             detail::residual_type(c_dtype),
-                                                             detail::gemm_type(gemm_type), num_groups, alignment,
-                                                             split_workspace, moe_kernels::kScaleTmaMnMajor));
-        }
-        const auto g = L::generate(config);
+        const auto g = L::generate(config.sfa_copy ? detail::behind_copy(config, plan(moe_kernels::kScaleTmaMnMajor))
+                                                   : config);
         return pybind11::make_tuple(g.name, g.code);
       },
       "(name, code) of the kernel a shape gets (no GPU needed)", pybind11::arg("m"), pybind11::arg("n"),
