@@ -425,10 +425,12 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // 0.97-0.98x at 7168 x 16384 and 4096 x 7168, and 0.97x the gathers' at 32768 x 512 (bench/RESULTS.md,
   // session 26). The workspace holds up to kSfaCopyMaxFloats: none inside a CUDA graph capture.
   // The kernel behind the copy loads B's scales by TMA too, in boxes of 4 K blocks: K a multiple of 512.
-  // MOE_FP8_SFA_COPY=0 turns it off. MOE_FP8_SFA_COPY=all (written, not yet timed) copies for every
-  // dense tile and for contiguous GEMMs of kSfaCopyMinRowsContiguous rows or more (their 128-row tiles
-  // gather K-major scales), and the GEMM behind the copy loads its first stages' A and B before it
-  // waits for the copy (early_loads, with PDL), so the copy overlaps the pipeline's fill. On scales
+  // MOE_FP8_SFA_COPY=0 turns it off. MOE_FP8_SFA_COPY=all (opt-in: it lost in 12 of 14 dense cells of
+  // 64-128 rows, where the copy is a kernel of its own the gathers do not pay; contiguous 0.97-1.01x;
+  // H100, session 28) copies for every dense tile and for contiguous GEMMs of kSfaCopyMinRowsContiguous
+  // rows or more (their 128-row tiles gather K-major scales), and the GEMM behind the copy loads its
+  // first stages' A and B before it waits for the copy (early_loads, with PDL; MOE_FP8_EARLY_LOADS=0
+  // drops them), so the copy overlaps the pipeline's fill. On scales
   // the caller had made MN-major (no copy in the time), the MN-major kernel took 0.83-1.00x the
   // gathers' time in 13 of the 14 dense cells of 64 and 128 rows, 1.03x at 64 x 7168 x 16384 (H100,
   // session 26), and 0.96-0.98x in the four contiguous cells (H200, session 24; there torch's strided
@@ -441,7 +443,7 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
                          sfa_copy_fits(m, k) && env_enabled("MOE_FP8_SCALE_TMA") && env_enabled("MOE_FP8_SFA_COPY")
                      ? 1
                      : 0;
-  cfg.early_loads = cfg.sfa_copy && copy_all && cfg.pdl ? 1 : 0;
+  cfg.early_loads = cfg.sfa_copy && copy_all && cfg.pdl && env_enabled("MOE_FP8_EARLY_LOADS") ? 1 : 0;
   return cfg;
 }
 

@@ -361,7 +361,8 @@ def test_sfa_copy_on_contiguous_layouts(m, n, k, alignment, scale_load, split_wo
 def test_sfa_copy_all_dense_tiles(m, n, k, scale_load, monkeypatch):
     """MOE_FP8_SFA_COPY=all copies A scales that are not MN-major for dense tiles of any height, the
     GEMM behind the copy on the MN-major plan with early loads (PDL only: MOE_GEMM_PDL=0 keeps the
-    copy, without them). Unset, only 256-row tiles copy, without early loads."""
+    copy, without them; so does MOE_FP8_EARLY_LOADS=0). Unset, only 256-row tiles copy, without early
+    loads."""
     native = kernels.jit.native_module()
     plan = lambda load=scale_load: native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=load)  # noqa: E731
     default = plan()
@@ -370,6 +371,11 @@ def test_sfa_copy_all_dense_tiles(m, n, k, scale_load, monkeypatch):
     assert (plan()["sfa_copy"], plan()["early_loads"]) == (1, 1)
     code = native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=scale_load)[1]
     assert code == native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=1)[1].replace(", false>);", ", true>);")
+    monkeypatch.setenv("MOE_FP8_EARLY_LOADS", "0")
+    assert (plan()["sfa_copy"], plan()["early_loads"], plan()["pdl"]) == (1, 0, 1)
+    assert native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=scale_load)[1] == \
+        native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=1)[1]
+    monkeypatch.delenv("MOE_FP8_EARLY_LOADS")
     monkeypatch.setenv("MOE_GEMM_PDL", "0")
     assert (plan()["sfa_copy"], plan()["early_loads"]) == (1, 0)
     assert (plan(1)["sfa_copy"], plan(1)["early_loads"]) == (0, 0)
