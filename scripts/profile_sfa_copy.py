@@ -5,6 +5,7 @@ own duration, the GEMM's start after the copy's, the GEMM's duration, the whole)
     python scripts/profile_sfa_copy.py [--rounds 20]"""
 import argparse
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -14,18 +15,35 @@ from kernels.testing.bench import _l2_flush, flush_mode
 
 VARIANTS = [("default", False, {}), ("copy (=all)", False, {"MOE_FP8_SFA_COPY": "all"}),
             ("copy, no early loads", False, {"MOE_FP8_SFA_COPY": "all", "MOE_FP8_EARLY_LOADS": "0"}),
-            ("copy, no PDL", False, {"MOE_FP8_SFA_COPY": "all", "MOE_GEMM_PDL": "0"}),
             ("caller's MN-major", True, {})]
 
 
+CONTIGUOUS = ((4, 8192, 4096, 7168), (4, 8192, 7168, 2048))
+DENSE = ((4096, 7168, 16384), (4096, 4096, 7168))
+
+
+def warm() -> None:
+    """Every kernel the variants run, compiled in parallel (one by one they would take minutes)."""
+    native, sms = kernels.jit.native_module(), kernels.get_num_sms()
+    shapes = [(g * rows, n, k, 1, g) for g, rows, n, k in CONTIGUOUS] + [(m, n, k, 0, 1) for m, n, k in DENSE]
+    sources = {native.mn_major_sf_code()}
+    for _, mn, env in VARIANTS:
+        with env_switches(**env):
+            for m, n, k, gemm_type, groups in shapes:
+                sources.add(native.fp8_gemm_nt_code(m, n, k, sms, gemm_type=gemm_type, num_groups=groups,
+                                                    scale_load=1 if mn else -1))
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda src: kernels.jit.build(src[0], src[1], "sm_90a"), sources))
+
+
 def cells():
-    for g, rows, n, k in ((4, 8192, 4096, 7168), (4, 8192, 7168, 2048), (8, 4096, 4096, 7168), (8, 4096, 7168, 2048)):
+    for g, rows, n, k in CONTIGUOUS:
         a = kernels.per_token_cast_to_fp8(torch.randn(g * rows, k, device="cuda", dtype=torch.bfloat16))
         b = kernels.per_block_cast_to_fp8(torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16))
         idx = torch.arange(g, device="cuda", dtype=torch.int32).repeat_interleave(rows)
         d = torch.empty(g * rows, n, device="cuda", dtype=torch.bfloat16)
         yield f"contiguous {g} x {rows}, {n} x {k}", a, lambda x, b=b, d=d, idx=idx: kernels.m_grouped_fp8_gemm_nt_contiguous(x, b, d, idx)
-    for m, n, k in ((4096, 7168, 16384), (4096, 4096, 7168), (4096, 7168, 2048), (128, 4096, 7168)):
+    for m, n, k in DENSE:
         a = kernels.per_token_cast_to_fp8(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
         b = kernels.per_block_cast_to_fp8(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
         d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -52,6 +70,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=20)
     args = p.parse_args()
+    warm()
     flush, _ = _l2_flush(flush_mode())
     print(f"{'cell':>40} {'variant':>22} | copy us  GEMM start us  GEMM us  whole us  (medians of {args.rounds})")
     for name, a, call in cells():
