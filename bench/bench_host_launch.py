@@ -40,7 +40,8 @@ def _rows(native):
 
     def contiguous(m, n, k, groups):
         return lambda: native.m_grouped_fp8_gemm_nt_contiguous(
-            A, k, SFA, 1, m, B, k, SFB, (n // 128) * (k // 128), k // 128, 1, D, n, LAYOUT, m, n, k, groups, 128, 0, 0)
+            A, k, SFA, 1, m, B, k, SFB, (n // 128) * (k // 128), k // 128, 1, D, n, LAYOUT, m, n, k, groups, 128, 0,
+            0, 0, 0)
 
     def masked(max_m, expected_m, n, k, groups):
         return lambda: native.m_grouped_fp8_gemm_nt_masked(
