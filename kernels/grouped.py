@@ -252,7 +252,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tu
     """
     fn = "m_grouped_fp8_gemm_nt_contiguous"
     # Plain CUDA tensors and the default recipe: checked and launched in C++ (see fp8_gemm_nt).
-    # The FP8 workspace: MOE_FP8_SFA_COPY=all copies A scales of large layouts MN-major into it first.
+    # The FP8 workspace: large layouts' K-major A scales are copied MN-major into it first.
     if jit.TENSOR_API and recipe is None and type(d) is torch.Tensor:
         device = d.get_device()
         if device >= 0:

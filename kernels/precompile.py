@@ -144,7 +144,7 @@ _SCALE_TMA_MN_MAJOR = 1  # fp8_gemm_nt_code's scale_load: A scales MN-major TMA-
 
 
 def _grouped_code(fp4_weights: bool, m: int, n: int, k: int, num_sms: int, gemm_type: int, groups: int,
-                  scale_load: int = -1):
+                  scale_load: int = -1, split_workspace: bool = True):
     if fp4_weights:
         if gemm_type == _MASKED and m <= _FP4_SWAP_AB_MAX_M:
             name, code, _ = _native().fp8_fp4_gemm_nt_swap_ab_code(m, n, k, num_sms, groups)
@@ -155,7 +155,8 @@ def _grouped_code(fp4_weights: bool, m: int, n: int, k: int, num_sms: int, gemm_
     from .grouped import get_mk_alignment_for_contiguous_layout
 
     return _native().fp8_gemm_nt_code(m, n, k, num_sms, False, -1, gemm_type, groups,
-                                      alignment=get_mk_alignment_for_contiguous_layout(), scale_load=scale_load)
+                                      alignment=get_mk_alignment_for_contiguous_layout(), scale_load=scale_load,
+                                      split_workspace=split_workspace)
 
 
 def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelShapes, str, int], list[KernelSource]]:
@@ -164,7 +165,7 @@ def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelS
 
     def sources(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
         out = []
-        copies = False  # some plan copies K-major A scales MN-major first (MOE_FP8_SFA_COPY=all)
+        copies = False  # some plan copies K-major A scales MN-major first (large contiguous layouts)
         for n, k in model.expert_nk:
             for groups in model.local_experts:
                 contiguous = gemm_type == _CONTIGUOUS
@@ -178,6 +179,13 @@ def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelS
                     name, code = _grouped_code(fp4_weights, m, n, k, num_sms, gemm_type, groups)
                     rows = f"m<={m}" if contiguous else f"expected_m={m}"
                     out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows}", name, code))
+                    if contiguous and not fp4_weights:
+                        # Inside a CUDA graph capture (no workspace, so no copy): the gathers' kernel.
+                        name, graph_code = _grouped_code(False, m, n, k, num_sms, gemm_type, groups,
+                                                         split_workspace=False)
+                        if graph_code != code:
+                            out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows} in a graph", name,
+                                                    graph_code))
                     # The staged backend's prefill hands the FP8 GEMMs MN-major A scales (TMA boxes
                     # of B's scales need K a multiple of 512; other K gather either layout).
                     if contiguous and not fp4_weights and k % 512 == 0:

@@ -1,6 +1,8 @@
-"""Kernel spans of FP8 GEMMs on K-major A scales under several switches, the runs of all variants
-interleaved (each round runs every variant once, in rotated order, each after an L2 flush) so that
-the GPU's drift over a long profile falls on all alike: where an A-scale copy's cost goes (the copy's
+"""Kernel spans of FP8 GEMMs on K-major A scales with and without the A-scale copy (the default copies
+for dense 256-row tiles and large contiguous layouts; MOE_FP8_SFA_COPY=0 gathers; =all adds early
+loads) and on the caller's MN-major scales, the runs of all variants interleaved (each round runs
+every variant once, in rotated order, each after an L2 flush) so that the GPU's drift over a long
+profile falls on all alike: where an A-scale copy's cost goes (the copy's
 own duration, the GEMM's start after the copy's, the GEMM's duration, the whole).
     python scripts/profile_sfa_copy.py [--rounds 20]"""
 import argparse
@@ -13,8 +15,8 @@ import kernels
 from kernels.testing import env_switches
 from kernels.testing.bench import _l2_flush, flush_mode
 
-VARIANTS = [("default", False, {}), ("copy (=all)", False, {"MOE_FP8_SFA_COPY": "all"}),
-            ("copy, no early loads", False, {"MOE_FP8_SFA_COPY": "all", "MOE_FP8_EARLY_LOADS": "0"}),
+VARIANTS = [("default", False, {}), ("no copy (=0)", False, {"MOE_FP8_SFA_COPY": "0"}),
+            ("copy, early loads (=all)", False, {"MOE_FP8_SFA_COPY": "all"}),
             ("caller's MN-major", True, {})]
 
 

@@ -27,10 +27,11 @@ using namespace moe_launchers::sm90_gemm;
 constexpr int kBlockK = 128;
 constexpr int kMaxBlockN = 192;  // two FP32 accumulator sets of kBlockN/2 registers fit 232
 
-// MOE_FP8_SFA_COPY=all: contiguous GEMMs copy A scales that are not MN-major from this many rows
-// (Config::sfa_copy). A guess, not timed: only 32768-row layouts were, and below some size the
-// copy's own launch must outweigh what the MN-major loads save.
+// Contiguous GEMMs copy A scales that are not MN-major from this many rows and this N up
+// (Config::sfa_copy): the copy's cost grows with M x K, what the MN-major loads save with M x N x K.
+// Measured at 32768 rows, N = 4096 and 7168 only (session 28); below, a guess.
 constexpr int kSfaCopyMinRowsContiguous = 4096;
+constexpr int kSfaCopyMinNContiguous = 4096;
 
 struct Config {
   const char* fn;  // the public function, for error messages
@@ -425,20 +426,23 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // 0.97-0.98x at 7168 x 16384 and 4096 x 7168, and 0.97x the gathers' at 32768 x 512 (bench/RESULTS.md,
   // session 26). The workspace holds up to kSfaCopyMaxFloats: none inside a CUDA graph capture.
   // The kernel behind the copy loads B's scales by TMA too, in boxes of 4 K blocks: K a multiple of 512.
-  // MOE_FP8_SFA_COPY=0 turns it off. MOE_FP8_SFA_COPY=all (opt-in: it lost in 12 of 14 dense cells of
-  // 64-128 rows, where the copy is a kernel of its own the gathers do not pay; contiguous 0.97-1.01x;
-  // H100, session 28) copies for every dense tile and for contiguous GEMMs of kSfaCopyMinRowsContiguous
-  // rows or more (their 128-row tiles gather K-major scales), and the GEMM behind the copy loads its
-  // first stages' A and B before it waits for the copy (early_loads, with PDL; MOE_FP8_EARLY_LOADS=0
-  // drops them), so the copy overlaps the pipeline's fill. On scales
-  // the caller had made MN-major (no copy in the time), the MN-major kernel took 0.83-1.00x the
-  // gathers' time in 13 of the 14 dense cells of 64 and 128 rows, 1.03x at 64 x 7168 x 16384 (H100,
-  // session 26), and 0.96-0.98x in the four contiguous cells (H200, session 24; there torch's strided
-  // transpose inside the timed call kept 0-2% of that).
+  // Contiguous layouts of kSfaCopyMinRowsContiguous rows and N >= kSfaCopyMinNContiguous copy too:
+  // their 128-row tiles would gather K-major scales, and on an H100 (session 28, 4 x 8192 rows) the
+  // copy took 5.9 us at K = 7168 and 3.1 us at K = 2048 while the MN-major kernel took 0.96-0.98x
+  // the gathers' time (copy included, 1375.7 against 1390.7 and 1405.2 us at N x K = 4096 x 7168,
+  // 712.1 against 730.5 and 731.2 at 7168 x 2048; the H200's MN-major kernels 0.96-0.97x in session
+  // 24). MOE_FP8_SFA_COPY=0 turns every copy off. MOE_FP8_SFA_COPY=all (opt-in: it lost in 12 of 14
+  // dense cells of 64-128 rows, where the copy is a kernel of its own the gathers do not pay, and its
+  // early loads in all 7 dense 4096-row cells; H100, session 28) copies for every dense tile too, and
+  // the GEMM behind the copy loads its first stages' A and B before it waits for the copy
+  // (early_loads, with PDL; MOE_FP8_EARLY_LOADS=0 drops them). On scales the caller had made
+  // MN-major (no copy in the time) the MN-major kernel took 0.83-1.00x the gathers' time in 13 of the
+  // 14 dense cells of 64 and 128 rows, 1.03x at 64 x 7168 x 16384 (H100, session 26).
   const char* copy_env = std::getenv("MOE_FP8_SFA_COPY");
   const bool copy_all = copy_env != nullptr && std::string(copy_env) == "all";
   const bool copies = (type == GemmType::kNormal && (t.block_m == 256 || copy_all)) ||
-                      (type == GemmType::kGroupedContiguous && copy_all && m >= kSfaCopyMinRowsContiguous);
+                      (type == GemmType::kGroupedContiguous && m >= kSfaCopyMinRowsContiguous &&
+                       n >= kSfaCopyMinNContiguous);
   cfg.sfa_copy = copies && split_workspace && scale_load != moe_kernels::kScaleTmaMnMajor && (k / kBlockK) % 4 == 0 &&
                          sfa_copy_fits(m, k) && env_enabled("MOE_FP8_SCALE_TMA") && env_enabled("MOE_FP8_SFA_COPY")
                      ? 1

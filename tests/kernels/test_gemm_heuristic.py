@@ -327,29 +327,32 @@ def test_sfa_copy_on_wide_tiles(m, n, k, scale_load, split_workspace, expected, 
     (32768, 4096, 7168, 256, -1, True, 1),   # 256-row tiles on K-major boxes
     (4096, 7168, 2048, 128, 0, True, 1),     # any layout the gathers take, from 4096 rows
     (4095, 7168, 2048, 128, -1, True, 0),    # below them
+    (32768, 2112, 7168, 128, -1, True, 0),   # N below 4096: the copy weighs more against the GEMM
     (32768, 4096, 7168, 128, 1, True, 0),    # MN-major already
     (32768, 4096, 7168, 128, -1, False, 0),  # no workspace (a CUDA graph capture)
     (40960, 4096, 7168, 128, -1, True, 0),   # 40960 x 56 floats: past the workspace's room
 ])
 def test_sfa_copy_on_contiguous_layouts(m, n, k, alignment, scale_load, split_workspace, expected, monkeypatch):
-    """MOE_FP8_SFA_COPY=all: contiguous layouts of 4096 rows or more on A scales that are not
-    MN-major copy them MN-major into the workspace first where they fit; the kernel generated for
-    such a plan is the MN-major one with the same tiles, loading its first stages before it waits for
-    the copy. Unset, contiguous layouts do not copy; =0 turns every copy off."""
+    """Contiguous layouts of 4096 rows or more and N >= 4096 on A scales that are not MN-major copy
+    them MN-major into the workspace first where they fit, and the kernel generated for such a plan is
+    the MN-major one with the same tiles; under MOE_FP8_SFA_COPY=all the same, that kernel loading its
+    first stages before it waits for the copy. =0 turns every copy off."""
     native = kernels.jit.native_module()
     grouped = dict(gemm_type=1, num_groups=4, alignment=alignment)
     plan = lambda load, **kw: native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=load, **grouped, **kw)  # noqa: E731
-    assert plan(scale_load, split_workspace=split_workspace)["sfa_copy"] == 0
-    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+    code = lambda load: native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=load, **grouped)[1]  # noqa: E731
     cfg = plan(scale_load, split_workspace=split_workspace)
-    assert (cfg["sfa_copy"], cfg["early_loads"]) == (expected, expected), cfg
+    assert (cfg["sfa_copy"], cfg["early_loads"]) == (expected, 0), cfg
     if expected:
         mn = plan(1)
         assert (mn["scale_load"], mn["sfa_copy"], mn["early_loads"]) == ("tma_mn_major", 0, 0)
         assert (mn["block_m"], mn["block_n"]) == (cfg["block_m"], cfg["block_n"])
-        code = native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=scale_load, **grouped)[1]
-        mn_code = native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=1, **grouped)[1]
-        assert code == mn_code.replace(", false>);", ", true>);")  # the same kernel, kEarlyLoads on
+        assert code(scale_load) == code(1)  # the same kernel as on the caller's MN-major scales
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+    cfg = plan(scale_load, split_workspace=split_workspace)
+    assert (cfg["sfa_copy"], cfg["early_loads"]) == (expected, expected), cfg
+    if expected:
+        assert code(scale_load) == code(1).replace(", false>);", ", true>);")  # the same kernel, kEarlyLoads on
         monkeypatch.setenv("MOE_FP8_SFA_COPY", "0")
         assert plan(scale_load)["sfa_copy"] == 0
 

@@ -279,13 +279,14 @@ def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, 
     ([3000, 1500], "columns"),    # A scales with gaps between rows (every other column of a wider tensor)
 ])
 @pytest.mark.parametrize("n,k", GROUPED_NK)
-def test_gpu_contiguous_sfa_copy_matches_mn_major_and_gathers(counts, sfa_view, n, k, seed, monkeypatch):
-    """MOE_FP8_SFA_COPY=all, contiguous layouts of 4096 rows or more on A scales that are not
-    MN-major: the scales copied MN-major into the workspace, then the MN-major kernel loading its
-    first stages before it waits for the copy. D bit for bit the call's on the caller's own MN-major
+@pytest.mark.parametrize("switch", ["1", "all"])
+def test_gpu_contiguous_sfa_copy_matches_mn_major_and_gathers(switch, counts, sfa_view, n, k, seed, monkeypatch):
+    """Contiguous layouts of 4096 rows or more on A scales that are not MN-major: the scales copied
+    MN-major into the workspace, then the MN-major kernel (under MOE_FP8_SFA_COPY=all loading its
+    first stages before it waits for the copy). D bit for bit the call's on the caller's own MN-major
     scales and the call's without the copy (MOE_FP8_SFA_COPY=0: the gathers), the same rows written
     (padding blocks left NaN)."""
-    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", switch)
     b_fp8 = make_weights(len(counts), n, k, "cuda")
     a_fp8, m_indices = make_contiguous(counts, k, "cuda")
     rows = m_indices.shape[0]
@@ -294,10 +295,10 @@ def test_gpu_contiguous_sfa_copy_matches_mn_major_and_gathers(counts, sfa_view, 
         wide[:, ::2] = a_fp8[1]
         a_fp8 = (a_fp8[0], wide[:, ::2])
     cfg = contiguous_config(m_indices, n, k, len(counts))
-    assert cfg["sfa_copy"] == 1, cfg
+    assert (cfg["sfa_copy"], cfg["early_loads"]) == (1, int(switch == "all")), cfg
     outputs = {}
-    for name, sfa, copy in (("copy", a_fp8[1], "all"),
-                            ("mn", kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]), "all"),
+    for name, sfa, copy in (("copy", a_fp8[1], switch),
+                            ("mn", kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]), switch),
                             ("gather", a_fp8[1], "0")):
         monkeypatch.setenv("MOE_FP8_SFA_COPY", copy)
         outputs[name] = run_contiguous((a_fp8[0], sfa), b_fp8, m_indices, n)
@@ -310,11 +311,13 @@ def test_gpu_contiguous_sfa_copy_matches_mn_major_and_gathers(counts, sfa_view, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pdl", ["1", "0"])
-def test_gpu_contiguous_and_dense_copies_share_the_workspace(pdl, seed, monkeypatch):
-    """MOE_FP8_SFA_COPY=all: contiguous and dense calls on one stream without a sync between them,
-    each copying its own A scales into the one workspace (with PDL, each GEMM loading A and B before
-    it waits for its copy): every D must be its own operands' product."""
-    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+@pytest.mark.parametrize("switch", ["1", "all"])
+def test_gpu_contiguous_and_dense_copies_share_the_workspace(switch, pdl, seed, monkeypatch):
+    """Contiguous and dense calls on one stream without a sync between them, each copying its own A
+    scales into the one workspace (under MOE_FP8_SFA_COPY=all with PDL, each GEMM loading A and B
+    before it waits for its copy, and 128-row dense calls copying too): every D must be its own
+    operands' product."""
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", switch)
     monkeypatch.setenv("MOE_GEMM_PDL", pdl)
     n, k = 7168, 2048
     b_fp8 = make_weights(2, n, k, "cuda")
@@ -325,7 +328,8 @@ def test_gpu_contiguous_and_dense_copies_share_the_workspace(pdl, seed, monkeypa
     dense_b = (b_fp8[0][0], b_fp8[1][0])
     assert contiguous_config(calls[0][1], n, k, 2)["sfa_copy"] == 1
     for rows in (4096, 128):
-        assert kernels.jit.native_module().fp8_gemm_nt_config(rows, n, k, kernels.get_num_sms())["sfa_copy"] == 1
+        copies = rows == 4096 or switch == "all"  # 256-row tiles always, 64-row ones under =all
+        assert kernels.jit.native_module().fp8_gemm_nt_config(rows, n, k, kernels.get_num_sms())["sfa_copy"] == copies
     outputs = []
     torch.cuda.synchronize()
     for a_fp8, m_indices in calls:
@@ -333,7 +337,7 @@ def test_gpu_contiguous_and_dense_copies_share_the_workspace(pdl, seed, monkeypa
         kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
         d_dense = torch.full((4096, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         kernels.fp8_gemm_nt((a_fp8[0], a_fp8[1] * 3), dense_b, d_dense)
-        # 128 rows: 64-row tiles, copied too; their scales made by the kernel just before.
+        # 128 rows: 64-row tiles (copied under =all); their scales made by the kernel just before.
         d_small = torch.full((128, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         kernels.fp8_gemm_nt((a_fp8[0][:128], a_fp8[1][:128] * 5), dense_b, d_small)
         outputs.append((d, d_dense, d_small))

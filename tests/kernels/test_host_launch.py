@@ -115,19 +115,23 @@ os.environ["MOE_FP8_SFA_COPY"] = "0"
 out["copy_off"] = [launches_of(lambda: dense_k_major(4096, 7168, 2048)), rec.last_launch().smem_bytes]
 del os.environ["MOE_FP8_SFA_COPY"]
 out["copy_128_rows"] = launches_of(lambda: dense_k_major(4096, 2112, 7168))
-# MOE_FP8_SFA_COPY=all: contiguous layouts of 4096 rows or more copy K-major A scales likewise (not
-# below, not without a workspace: a graph capture), and dense tiles of any height.
-def contiguous_k_major(m, ws=WS, nbytes=ws_bytes):
+# Contiguous layouts of 4096 rows or more (N >= 4096) copy K-major A scales likewise (not below, not
+# at N = 2112, not without a workspace: a graph capture); under MOE_FP8_SFA_COPY=all dense tiles of
+# any height too.
+def contiguous_k_major(m, ws=WS, nbytes=ws_bytes, n=n):
     native.m_grouped_fp8_gemm_nt_contiguous(A, k, SFA, k // 128, 1, B, k, SFB, (n // 128) * (k // 128), k // 128,
                                             1, D, n, 0x60_0000_0000, m, n, k, 4, 128, 0, ws, nbytes, 0)
 
 grouped_plans = [native.fp8_gemm_nt_config(8192, n, k, 132, gemm_type=1, num_groups=4, scale_load=load)["smem_bytes"]
                  for load in (1, 0)]
-out["contiguous_default"] = launches_of(lambda: contiguous_k_major(8192))
-os.environ["MOE_FP8_SFA_COPY"] = "all"
 out["contiguous_copy"] = [launches_of(lambda: contiguous_k_major(8192)), rec.last_launch().smem_bytes, *grouped_plans]
 out["contiguous_no_workspace"] = [launches_of(lambda: contiguous_k_major(8192, 0, 0)), rec.last_launch().smem_bytes]
 out["contiguous_small"] = launches_of(lambda: contiguous_k_major(2048))
+out["contiguous_narrow"] = launches_of(lambda: contiguous_k_major(8192, n=2112))
+os.environ["MOE_FP8_SFA_COPY"] = "0"
+out["contiguous_off"] = launches_of(lambda: contiguous_k_major(8192))
+os.environ["MOE_FP8_SFA_COPY"] = "all"
+out["contiguous_copy_all"] = [launches_of(lambda: contiguous_k_major(8192)), rec.last_launch().smem_bytes]
 small_plans = [native.fp8_gemm_nt_config(128, n, k, 132, scale_load=load)["smem_bytes"] for load in (1, 0)]
 out["dense_small_copy"] = [launches_of(lambda: dense_k_major(128, n, k)), rec.last_launch().smem_bytes, *small_plans]
 # Planned with early loads but no room for the copy: the K-major plan's kernel, compiled and launched
@@ -231,17 +235,25 @@ def test_k_major_scales_of_wide_tiles_are_copied_first(observed):
     assert observed["copy_128_rows"] == 1
 
 
-def test_sfa_copy_all_copies_contiguous_and_narrow_tiles_first(observed):
-    """MOE_FP8_SFA_COPY=all, K-major A scales with the workspace: contiguous layouts of 4096 rows or
-    more and dense 64-row tiles launch the copy, then the GEMM with the MN-major plan's shared
-    memory; one launch (the gathers' plan) without the workspace, below 4096 contiguous rows, and for
-    contiguous layouts with the switch unset."""
-    assert observed["contiguous_default"] == 1
+def test_contiguous_k_major_scales_are_copied_first(observed):
+    """Contiguous layouts of 4096 rows or more and N >= 4096 on K-major A scales with the workspace:
+    the copy, then the GEMM with the MN-major plan's shared memory (under MOE_FP8_SFA_COPY=all too);
+    one launch (the gathers' plan) without the workspace, below 4096 rows, at N = 2112, and with
+    MOE_FP8_SFA_COPY=0."""
     launches, smem, mn_smem, gather_smem = observed["contiguous_copy"]
     assert mn_smem != gather_smem
     assert (launches, smem) == (2, mn_smem)
+    assert observed["contiguous_copy_all"] == [2, mn_smem]
     assert observed["contiguous_no_workspace"] == [1, gather_smem]
     assert observed["contiguous_small"] == 1
+    assert observed["contiguous_narrow"] == 1
+    assert observed["contiguous_off"] == 1
+
+
+def test_sfa_copy_all_copies_narrow_tiles_first(observed):
+    """MOE_FP8_SFA_COPY=all, K-major A scales with the workspace: dense 64-row tiles launch the copy,
+    then the GEMM with the MN-major plan's shared memory; one launch (the gathers' plan) without room
+    in the workspace and at K = 384."""
     launches, smem, mn_smem, gather_smem = observed["dense_small_copy"]
     assert (launches, smem) == (2, mn_smem)
     assert observed["dense_small_no_room"] == [1, gather_smem]

@@ -58,7 +58,7 @@ def test_contiguous_sources_follow_the_alignment():
     the large layouts' kernels are the 256-row tiles the calls will run."""
     def block_ms():
         sources = precompile.collect_sources(["m_grouped_fp8_gemm_nt_contiguous"], max_m=16384)
-        return {int(s.code.split("sm90_fp8_gemm_nt<")[1].split(",")[4]) for s in sources}
+        return {int(s.code.split("sm90_fp8_gemm_nt<")[1].split(",")[4]) for s in sources if s.name == "sm90_fp8_gemm_nt"}
 
     assert 256 not in block_ms()
     kernels.set_mk_alignment_for_contiguous_layout(256)
@@ -131,24 +131,30 @@ def test_a_failing_compile_cancels_the_rest(monkeypatch):
 
 @pytest.mark.parametrize("family", ["fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous"])
 def test_sources_cover_the_copy_of_a_scales(family, monkeypatch):
-    """Where a plan copies K-major A scales MN-major first (dense 256-row tiles; under
-    MOE_FP8_SFA_COPY=all every dense tile and contiguous layouts of 4096 rows or more), the copy's
-    kernel is among the sources, and the GEMM's kernel is the one behind the copy (early loads under
-    =all)."""
+    """Where a plan copies K-major A scales MN-major first (dense 256-row tiles and contiguous layouts
+    of 4096 rows or more; under MOE_FP8_SFA_COPY=all every dense tile), the copy's kernel is among the
+    sources, and the GEMM's kernel is the one behind the copy (early loads under =all); contiguous
+    families also hold the gathers' kernel a call inside a CUDA graph capture (no workspace) runs."""
     native = kernels.jit.native_module()
     copy_code = native.mn_major_sf_code()[1]
     monkeypatch.delenv("MOE_FP8_SFA_COPY", raising=False)
+    alignment = kernels.get_mk_alignment_for_contiguous_layout()
 
     def sources():
         return {s.code for s in precompile.collect_sources([family], max_m=4096)}
 
-    assert (copy_code in sources()) == (family == "fp8_gemm_nt")
+    codes = sources()
+    assert copy_code in codes
+    if family == "m_grouped_fp8_gemm_nt_contiguous":
+        behind = native.fp8_gemm_nt_code(4096, 4096, 7168, 132, False, -1, 1, 32, alignment=alignment)[1]
+        in_graph = native.fp8_gemm_nt_code(4096, 4096, 7168, 132, False, -1, 1, 32, alignment=alignment,
+                                           split_workspace=False)[1]
+        assert behind != in_graph and {behind, in_graph} <= codes
     monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
     codes = sources()
     assert copy_code in codes
     if family == "m_grouped_fp8_gemm_nt_contiguous":
-        code = native.fp8_gemm_nt_code(4096, 4096, 7168, 132, False, -1, 1, 32,
-                                       alignment=kernels.get_mk_alignment_for_contiguous_layout())[1]
+        code = native.fp8_gemm_nt_code(4096, 4096, 7168, 132, False, -1, 1, 32, alignment=alignment)[1]
     else:
         code = native.fp8_gemm_nt_code(128, 4096, 7168, 132)[1]
     assert code in codes and ", true>);" in code  # kEarlyLoads, the last template argument

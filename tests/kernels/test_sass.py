@@ -69,11 +69,13 @@ def test_fp8_gemm_uses_qgmma_tma_and_setmaxnreg(m, n, k, gemm_type, groups, scal
     for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG"):
         assert instruction in code, instruction
     # Only the scale warps copy with cp.async (LDGSTS); TMA scale loads leave none. K-major scales
-    # go by TMA on 256-row tiles only, masked GEMMs' never; dense 256-row tiles run on a copy of the
-    # A scales made MN-major (sfa_copy), so their kernel is the MN-major one.
+    # go by TMA on 256-row tiles only, masked GEMMs' never; dense 256-row tiles and contiguous
+    # layouts of 4096 rows or more (N >= 4096) run on a copy of the A scales made MN-major
+    # (sfa_copy), so their kernel is the MN-major one.
     gathered = gemm_type == 2 or (scale_load == 2 and config["block_m"] < 256)
     assert config["scale_load"] == ("gather" if gathered else ("gather", "tma_mn_major", "tma_k_major")[scale_load])
-    assert config["sfa_copy"] == (gemm_type == 0 and config["block_m"] == 256 and scale_load != 1)
+    copied = (gemm_type == 0 and config["block_m"] == 256) or (gemm_type == 1 and m >= 4096 and n >= 4096)
+    assert config["sfa_copy"] == (copied and scale_load != 1)
     runs = "tma_mn_major" if config["sfa_copy"] else config["scale_load"]
     assert ("LDGSTS" in code) == (runs == "gather")
     # The scale warps keep 32-bit row offsets per tile: no spills at block M 128 either (they had
