@@ -17,8 +17,7 @@ puts it on the path. Cells:
 
 ``--mn-scales`` also times our FP8 call (dense and contiguous cells) on DeepGEMM's own operands (A scales MN-major and TMA-aligned,
 which our kernels take as they are, and which ``per_token_cast_to_fp8(mn_major_sf=True)`` writes), so
-both kernels read the same bytes; timed twice like the default call (the lower timing kept), with
-its own geometric means. The default column gives ours the K-major scales of ``per_token_cast_to_fp8``,
+both kernels read the same bytes, with its own geometric means. The default column gives ours the K-major scales of ``per_token_cast_to_fp8``,
 which DeepGEMM would transpose in a kernel of its own.
 
 ``--variant NAME=VALUE[,...]`` (repeatable) also times our FP8 call with those environment switches
@@ -36,7 +35,8 @@ theirs on the same operands, each call doing what it needs.
 kernels/testing/bench.py), with its own speed-ups and geometric means: that flush leaves dirty lines
 in L2 whose write-back the next kernel pays, which weighs most on the short decode cells.
 
-Kernel time from the profiler with the L2 flushed before every run (ours: every kernel of the call,
+Kernel time from the profiler with the L2 flushed before every run, all of a cell's calls (ours,
+DeepGEMM's, the variants) timed in one profile with their runs interleaved (ours: every kernel of the call,
 the copy of K-major A scales included; DeepGEMM's: its GEMM kernel, its A scales handed over in the
 MN-major TMA-aligned layout it wants, so it runs no transpose), and the time per call from Python. "speed-up" = DeepGEMM's kernel time over ours. Both
 outputs are NaN-poisoned, then checked against float32 math on the dequantized operands (first and
@@ -60,8 +60,8 @@ import torch
 import kernels
 from bench_gemm import OURS_KERNELS, SHAPES, block_scaled
 from bench_grouped import NK, make_contiguous, make_masked, make_masked_fragment, output_check
-from kernels.testing import (bench_kineto, calc_diff, checked_variant_us, env_switches, flush_mode, parse_env_variants,
-                             per_call_us_interleaved)
+from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, env_call, env_switches, flush_mode,
+                             parse_env_variants, per_call_us_interleaved)
 
 _OURS = OURS_KERNELS  # every kernel of our call, the copy of K-major A scales too (bench_gemm.py)
 _THEIRS = "sm90_fp8_gemm_1d2d"  # DeepGEMM's SM90 FP8 kernel (1x128 A scales, 128x128 B scales)
@@ -178,35 +178,36 @@ def warm(specs: list[tuple], index: int, workers: int, variants: list[tuple[str,
 
 def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]], mn_scales: bool, write_flush: bool,
             theirs_k_major: bool = False) -> dict:
-    row = {}
-    for side, call, out, kernel, check in (("ours", cell.ours, cell.ours_out, cell.ours_kernel, cell.check_ours),
-                                           ("theirs", cell.theirs, cell.theirs_out, _THEIRS, cell.check_theirs)):
-        out.fill_(float("nan"))
-        call()
-        row[f"{side}_diff"] = check(out)
-        row[f"{side}_us"] = bench_kineto(call, kernel).median_s * 1e6
-    # Both calls sampled in turn, under the same state of the machine (per_call_us_interleaved).
-    row["ours_call_us"], row["theirs_call_us"] = per_call_us_interleaved([cell.ours, cell.theirs])
-    row["variants"] = []
+    """One cell: each call's output checked (poisoned, one call), then every call's kernel time from
+    one profile with their runs interleaved (bench_kineto_interleaved: the GPU's drift over a cell falls
+    on all columns alike), then the time per call of ours and DeepGEMM's, sampled in turn."""
+    checked = []  # (key, call, kernel name, output, check)
+    checked.append(("ours", cell.ours, cell.ours_kernel, cell.ours_out, cell.check_ours))
+    checked.append(("theirs", cell.theirs, _THEIRS, cell.theirs_out, cell.check_theirs))
     if mn_scales and cell.ours_mn is not None:  # FP4 cells have no FP8 twin: no column, as for variants
-        row["variants"].append(("MN-major scales", *checked_variant_us(cell.ours_mn, cell.ours_kernel,
-                                                                       cell.ours_out, cell.check_ours)))
+        checked.append(("MN-major scales", cell.ours_mn, cell.ours_kernel, cell.ours_out, cell.check_ours))
     # The switches are the FP8 kernels'; FP4 cells run another kernel. With --mn-scales they switch
     # the call on MN-major scales (the same bytes as DeepGEMM's), where a cell has one.
     variant_call = cell.ours_mn if mn_scales and cell.ours_mn is not None else cell.ours
     for label, env in (variants if cell.part != "fp4" else []):
-        row["variants"].append((label, *checked_variant_us(variant_call, cell.ours_kernel, cell.ours_out,
-                                                           cell.check_ours, **env)))
+        checked.append((label, env_call(variant_call, **env), cell.ours_kernel, cell.ours_out, cell.check_ours))
     if theirs_k_major and cell.theirs_k is not None:  # every kernel of DeepGEMM's call: its transpose too
-        row["theirs_k_us"], row["theirs_k_diff"] = checked_variant_us(cell.theirs_k, "", cell.theirs_out,
-                                                                      cell.check_theirs)
-    # Timed again in the other order: the first timings after a long GEMM run slow (bench_gemm.py).
-    row["ours_us"] = min(row["ours_us"], bench_kineto(cell.ours, cell.ours_kernel).median_s * 1e6)
-    if "theirs_k_us" in row:  # timed twice too, like ours (the lower timing kept)
-        row["theirs_k_us"] = min(row["theirs_k_us"], bench_kineto(cell.theirs_k, "").median_s * 1e6)
-    if mn_scales and cell.ours_mn is not None:  # the MN-major call too, so both of ours get two timings
-        label, us, diff = row["variants"][0]
-        row["variants"][0] = (label, min(us, bench_kineto(cell.ours_mn, cell.ours_kernel).median_s * 1e6), diff)
+        checked.append(("theirs_k", cell.theirs_k, "", cell.theirs_out, cell.check_theirs))
+    diffs = []
+    for _, call, _, out, check in checked:
+        out.fill_(float("nan"))
+        call()
+        diffs.append(check(out))
+    timings = bench_kineto_interleaved([(call, kernel) for _, call, kernel, _, _ in checked])
+    us = [t.median_s * 1e6 for t in timings]
+    row = {"ours_us": us[0], "ours_diff": diffs[0], "theirs_us": us[1], "theirs_diff": diffs[1], "variants": []}
+    for (key, *_), t, diff in zip(checked[2:], us[2:], diffs[2:]):
+        if key == "theirs_k":
+            row["theirs_k_us"], row["theirs_k_diff"] = t, diff
+        else:
+            row["variants"].append((key, t, diff))
+    # Both calls sampled in turn, under the same state of the machine (per_call_us_interleaved).
+    row["ours_call_us"], row["theirs_call_us"] = per_call_us_interleaved([cell.ours, cell.theirs])
     if write_flush:  # every call once more after the memset flush, for the record of the flush's cost
         with env_switches(MOE_BENCH_FLUSH="write"):
             row["write"] = [bench_kineto(call, kernel).median_s * 1e6 for call, kernel in

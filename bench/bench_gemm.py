@@ -2,8 +2,8 @@
 
     python bench/bench_gemm.py [--ms 64,128,4096] [--csv out.csv]
 
-Per shape: our kernel time (profiler, L2 flushed before each run; the faster median of two rounds,
-the second after the variants, for ours and cuBLAS alike), TFLOP/s, GB/s (bytes of A, B
+Per shape: our kernel time (profiler, L2 flushed before each run; ours, cuBLAS and every variant of
+the shape timed in one profile with their runs interleaved, bench_kineto_interleaved), TFLOP/s, GB/s (bytes of A, B
 and D over kernel time), cuBLAS measured the same way in the same run (block scales 1x128 /
 128x128 where it accepts them, else row-wise scales, marked), the speed-up, and the time per
 call from Python on an idle stream for both. Where our heuristic runs 2-CTA clusters sharing A
@@ -22,8 +22,8 @@ import sys
 import torch
 
 import kernels
-from kernels.testing import (bench_kineto, calc_diff, env_switches, flush_mode, kernel_us_with_env, parse_env_variants,
-                             per_call_us, per_call_us_interleaved)
+from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, env_call, env_switches, flush_mode,
+                             parse_env_variants, per_call_us, per_call_us_interleaved)
 
 SHAPES = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168)]
 # Our kernel time is every kernel a call launches (the profiler's name filter matches all): the GEMM
@@ -178,36 +178,38 @@ def main() -> int:
             ours()
             ref = kernels.reference.gemm.fp8_gemm_nt(a_fp8, b_fp8)
             diff = calc_diff(d, ref)
-            t = bench_kineto(ours, OURS_KERNELS).median_s
             kind, theirs = cublas_call(a_fp8, b_fp8, ref)
-            # cuBLAS kernel names vary (sm90_xmma, cutlass, nvjet); count every kernel of the call.
-            t_ref = bench_kineto(theirs, "").median_s
+            a_mn = (a_fp8[0], a_fp8[1].t().contiguous().t())
+            ours_mn = lambda: kernels.fp8_gemm_nt(a_mn, b_fp8, d)  # noqa: E731
+            # Every kernel time of the shape from one profile, the runs interleaved: a long GEMM just
+            # before a shape left the GPU slower for its first timings (session 8: 10-20% at the shape
+            # after 7168 x 16384), and timings one after the other drift apart. cuBLAS kernel names
+            # vary (sm90_xmma, cutlass, nvjet): every kernel of its call counts. The same call with
+            # the 2-CTA clusters off (MOE_FP8_MULTICAST=0) where they would be on, each variant, and
+            # with --sfa-mn-major the call on MN-major A scales.
+            multicast = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["multicast"] > 1
+            timed = [(ours, OURS_KERNELS), (theirs, "")]
+            timed += [(env_call(ours, MOE_FP8_MULTICAST="0"), OURS_KERNELS)] if multicast else []
+            timed += [(env_call(ours, **env), OURS_KERNELS) for _, env in variants]
+            timed += [(ours_mn, OURS_KERNELS)] if args.sfa_mn_major else []
+            seconds = [timing.median_s for timing in bench_kineto_interleaved(timed)]
+            t, t_ref = seconds[0], seconds[1]
+            single_us = seconds[2] * 1e6 if multicast else None
+            variant_us = {label: us * 1e6 for (label, _), us in zip(variants, seconds[2 + multicast:])}
             # Ours, cuBLAS's and a bare torch launch's calls sampled in turn, under the same state.
             call, call_ref, call_bare = per_call_us_interleaved([ours, theirs, lambda: bare.add_(0)])
             flops = 2 * m * n * k
             nbytes = m * k + n * k + m * n * 2
-            # The same call with the 2-CTA clusters off (MOE_FP8_MULTICAST=0), where they would be on.
-            single_us = None
-            if kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["multicast"] > 1:
-                single_us = kernel_us_with_env(ours, OURS_KERNELS, MOE_FP8_MULTICAST="0")
             tile = tile_label(m, n, k)
-            variant_us = {label: kernel_us_with_env(ours, OURS_KERNELS, **env) for label, env in variants}
-            # A long GEMM just before this shape leaves the GPU slower for its first timings (session 8:
-            # 10-20% at the shape after 7168 x 16384): ours and cuBLAS are timed again after the
-            # variants, and each keeps its faster median.
-            t = min(t, bench_kineto(ours, OURS_KERNELS).median_s)
-            t_ref = min(t_ref, bench_kineto(theirs, "").median_s)
             row = dict(m=m, n=n, k=k, tile=tile, us=t * 1e6, tflops=flops / t / 1e12, gbps=nbytes / t / 1e9, call_us=call,
                        cublas=kind, cublas_us=t_ref * 1e6, cublas_tflops=flops / t_ref / 1e12, cublas_call_us=call_ref,
                        bare_call_us=call_bare, speedup=t_ref / t, diff=diff, single_us=single_us)
             extra = ""
             if args.sfa_mn_major:
-                a_mn = (a_fp8[0], a_fp8[1].t().contiguous().t())
-                ours_mn = lambda: kernels.fp8_gemm_nt(a_mn, b_fp8, d)  # noqa: E731
                 d.fill_(float("nan"))
                 ours_mn()
                 mn_diff = calc_diff(d, ref)
-                mn_us = bench_kineto(ours_mn, OURS_KERNELS).median_s * 1e6
+                mn_us = seconds[-1] * 1e6
                 row["sfa_mn_us"], row["sfa_mn_diff"] = mn_us, mn_diff
                 extra += f" | {mn_us:>15.1f} {mn_us / row['us']:>5.2f}x {mn_diff:.0e}"
             for label, env in variants:

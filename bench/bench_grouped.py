@@ -32,8 +32,8 @@ from typing import Callable
 import torch
 
 import kernels
-from kernels.testing import (bench_kineto, calc_diff, checked_variant_us, copy_ceiling_gbps, flush_mode, kernel_us_with_env,
-                             parse_env_variants, per_call_us)
+from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, checked_variant_us, copy_ceiling_gbps,
+                             env_call, flush_mode, kernel_us_with_env, parse_env_variants, per_call_us)
 
 NK = [(4096, 7168), (7168, 2048)]
 # Profiler names counted: every kernel of an FP8 call (large contiguous ones copy K-major A scales
@@ -218,19 +218,24 @@ def contiguous(weights: str, groups: int, rows: int, n: int, k: int, variants=()
         return row
     row.update(fp8_variants_us(problem, groups * rows, n, k, 1, groups))
     check = output_check(problem)
-    # Each variant against the mean of the default's timings just before and just after it: these
-    # cells run a millisecond each, and over a row the GPU drifts (identical kernels timed one after
-    # the other measured 1.00-1.09x apart, session 12), which the adjacent timings cancel.
+    # Each variant against the default timed in the same profile, their runs interleaved
+    # (bench_kineto_interleaved): these cells run a millisecond each, and over a row the GPU drifts
+    # (identical kernels timed one after the other measured 1.00-1.09x apart, session 12).
     row["variants"] = []
     runs = [(label, problem.call, env) for label, env in variants]
     if mn_major:
         runs.append(("MN-major A scales", mn_major_call(problem, groups, rows), {}))
-    before = bench_kineto(problem.call, problem.kernel).median_s * 1e6 if runs else None
-    for label, call, env in runs:
-        us, diff = checked_variant_us(call, problem.kernel, problem.out, check, **env)
-        after = bench_kineto(problem.call, problem.kernel).median_s * 1e6
-        row["variants"].append((label, us, diff, (before + after) / 2))
-        before = after
+    if runs:
+        diffs = []
+        for _, call, env in runs:
+            problem.out.fill_(float("nan"))
+            env_call(call, **env)()
+            diffs.append(check(problem.out))
+        timings = bench_kineto_interleaved([(problem.call, problem.kernel)]
+                                           + [(env_call(call, **env), problem.kernel) for _, call, env in runs])
+        base = timings[0].median_s * 1e6
+        for (label, _, _), t, diff in zip(runs, timings[1:], diffs):
+            row["variants"].append((label, t.median_s * 1e6, diff, base))
     if rows % 256 == 0:
         # The same layout declared aligned to 256 rows (set_mk_alignment_for_contiguous_layout), which
         # lets the heuristic run 256-row tiles (in clusters: also timed without), its output checked
@@ -293,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         print("| contiguous | N x K | FP8 µs | FP8 TFLOP/s | FP8 per call µs | FP8 1-CTA µs | FP8 ping-pong flipped µs "
               "| FP8 256-aligned µs | FP8 256-aligned TFLOP/s | FP8 256-aligned 1-CTA µs | torch µs | torch TFLOP/s "
               "| FP8 vs torch | 256-aligned vs torch | FP4 µs | FP4 TFLOP/s | FP4 per call µs | worst diff |"
-              + "".join(f" FP8 {label} µs (over FP8 timed beside it) |" for label in contiguous_labels))
+              + "".join(f" FP8 {label} µs (over FP8, runs interleaved) |" for label in contiguous_labels))
         print("| --- " * (18 + len(contiguous_labels)) + "|")
         for groups, rows in [(4, 8192), (8, 4096)]:
             for n, k in NK:

@@ -142,6 +142,33 @@ def per_run_seconds(kernels: Iterable[tuple[str, float, float]], kernel_name: st
     return seconds, counts[0]
 
 
+def interleaved_run_seconds(kernels: Iterable[tuple[str, float, float]], kernel_names: Sequence[str],
+                            order: Sequence[int], flush_kernels: list[str]) -> tuple[list[list[float]], list[int]]:
+    """Seconds of every run of each of several calls whose runs were interleaved in one profile:
+    ``order[t]`` is the index of the call run ``t`` made, ``kernel_names[i]`` call i's kernel name
+    substring (as in per_run_seconds: its matching kernels' busy_seconds). The runs are told apart at
+    the flush's sequence (``flush_kernels``, not empty). Returns one list of seconds per call, in run
+    order, and each call's kernels per run; raises RuntimeError where the profile does not split into ``len(order)`` runs or a call's runs
+    match different numbers of kernels (none included)."""
+    if not flush_kernels:
+        raise ValueError("interleaved_run_seconds: the runs are split at the L2 flush's kernels; none given")
+    kernels = list(kernels)
+    names = [name for name, _, _ in kernels]
+    runs = _split_runs(names, len(order), flush_kernels)
+    seconds: list[list[float]] = [[] for _ in kernel_names]
+    counts: list[int | None] = [None] * len(kernel_names)
+    for (begin, end), which in zip(runs, order):
+        name = kernel_names[which]
+        mine = [i for i in range(begin, end) if name in names[i]]
+        if counts[which] is None:
+            counts[which] = len(mine)
+        if not mine or len(mine) != counts[which]:
+            raise RuntimeError(f"bench_kineto_interleaved: call {which} ({name!r}) matched {len(mine)} kernels in one "
+                               f"run, {counts[which]} in its first; kernels of that run: {names[begin:end][:20]}")
+        seconds[which].append(busy_seconds([kernels[i][1:] for i in mine]))
+    return seconds, [c or 0 for c in counts]
+
+
 def busy_seconds(spans: Iterable[tuple[float, float]]) -> float:
     """Seconds covered by the union of (start µs, duration µs) spans: kernels that overlap (one
     launched with programmatic dependent launch starts before the one it follows has ended) count
@@ -182,6 +209,42 @@ def bench_kineto(fn: Callable[[], object], kernel_name: str, num_tests: int = 30
         torch.cuda.synchronize()
     times, per_run = per_run_seconds(_cuda_kernels(prof), kernel_name, num_tests, flush_kernels)
     return KernelTiming(statistics.median(times), min(times), num_tests, per_run)
+
+
+def bench_kineto_interleaved(calls: Sequence[tuple[Callable[[], object], str]], rounds: int = 30,
+                             warmup: int = 3) -> list[KernelTiming]:
+    """bench_kineto of each (fn, kernel_name) of ``calls``, their runs interleaved in one profile: round
+    r runs every call once, in an order rotated by r, each after its own L2 flush. Timed one after
+    the other, the same kernel came out 684 and 763 µs in one process (4096 x 7168 x 16384, the
+    variant columns of bench_deepgemm.py, sessions 26 and 28): the GPU drifts over a long cell, and
+    interleaved runs share the drift. Returns the timings in the order of ``calls``."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench_kineto_interleaved needs a CUDA device")
+    flush, flush_kernels = _l2_flush(flush_mode())
+    for _ in range(warmup):
+        for fn, _ in calls:
+            fn()
+    torch.cuda.synchronize()
+    order = []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for r in range(rounds):
+            for j in range(len(calls)):
+                which = (r + j) % len(calls)
+                flush()
+                torch.cuda.synchronize()  # see bench_kineto: PDL launches would start inside the flush
+                calls[which][0]()
+                order.append(which)
+        torch.cuda.synchronize()
+    per_call, counts = interleaved_run_seconds(_cuda_kernels(prof), [name for _, name in calls], order, flush_kernels)
+    return [KernelTiming(statistics.median(s), min(s), len(s), c) for s, c in zip(per_call, counts)]
+
+
+def env_call(fn: Callable[[], object], **env: str) -> Callable[[], object]:
+    """``fn`` called with ``env`` set (env_switches), as one callable (for the interleaved timings)."""
+    def call():
+        with env_switches(**env):
+            return fn()
+    return call
 
 
 def per_call_us(fn: Callable[[], object], iters: int = 100, warmup: int = 5) -> float:

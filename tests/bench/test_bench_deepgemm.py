@@ -70,3 +70,43 @@ def test_k_major_peer_columns_and_means(monkeypatch, capsys):
            "DeepGEMM 1.200x" in out
     assert "dense, ours with MOE_FP8_SFA_COPY=all against DeepGEMM on K-major A scales: geometric mean " \
            "speed-up 1.500x" in out
+
+
+def test_measure_times_every_column_in_one_interleaved_profile(monkeypatch):
+    """measure(): every call's own output checked once, with its switches set; then all of them timed
+    together (one bench_kineto_interleaved), each timing landing in its own column. Stand-in cell and
+    timings (no GPU, no DeepGEMM)."""
+    import os
+    import types
+
+    import torch
+
+    calls = []
+
+    def call(name):
+        return lambda: calls.append((name, os.environ.get("MOE_TEST_SWITCH")))
+
+    cell = types.SimpleNamespace(part="dense", ours=call("ours"), theirs=call("theirs"), ours_mn=call("mn"),
+                                 theirs_k=call("theirs_k"), ours_kernel="", ours_out=torch.zeros(2),
+                                 theirs_out=torch.zeros(2), check_ours=lambda out: 1e-4, check_theirs=lambda out: 2e-4)
+    timed = []
+
+    def interleaved(pairs):
+        timed.append([kernel for _, kernel in pairs])
+        for fn, _ in pairs:
+            fn()
+        return [types.SimpleNamespace(median_s=(i + 1) * 1e-6) for i in range(len(pairs))]
+
+    monkeypatch.setattr(bench, "bench_kineto_interleaved", interleaved)
+    monkeypatch.setattr(bench, "per_call_us_interleaved", lambda fns: [20.0, 30.0])
+    row = bench.measure(cell, [("MOE_TEST_SWITCH=1", {"MOE_TEST_SWITCH": "1"})], mn_scales=True, write_flush=False,
+                        theirs_k_major=True)
+    checks = [("ours", None), ("theirs", None), ("mn", None), ("mn", "1"), ("theirs_k", None)]
+    assert calls == checks + checks  # each checked once, then each timed, the variant with its switch
+    assert timed == [["", bench._THEIRS, "", "", ""]]
+    assert (row["ours_us"], row["theirs_us"], row["theirs_k_us"]) == pytest.approx((1.0, 2.0, 5.0))
+    assert [(label, round(us, 6)) for label, us, _ in row["variants"]] == [("MN-major scales", 3.0),
+                                                                         ("MOE_TEST_SWITCH=1", 4.0)]
+    assert (row["ours_diff"], row["theirs_diff"], row["theirs_k_diff"]) == (1e-4, 2e-4, 2e-4)
+    assert (row["ours_call_us"], row["theirs_call_us"]) == (20.0, 30.0)
+    assert "MOE_TEST_SWITCH" not in os.environ

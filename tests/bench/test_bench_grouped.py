@@ -9,6 +9,8 @@ import pytest
 import torch
 from bench_loader import load_bench
 
+from kernels.testing import env_call
+
 bench = load_bench("bench_grouped")
 
 
@@ -78,51 +80,69 @@ def test_fp8_weights_quantized_in_chunks_and_slots_of_max_m(seed):
     assert bench.sample_diff(problem) < 1e-3
 
 
+class _FakeTiming:
+    def __init__(self, us):
+        self.median_s = us * 1e-6
+
+
+def _fake_interleaved(timed):
+    """bench_kineto_interleaved's stand-in: runs each call once and times it 150 µs where it is a
+    fake variant's (made by _tagged_env_call with MOE_FAKE_VARIANT), else 100 µs; records the
+    kernel names it was given."""
+    def interleaved(calls):
+        timed.append([kernel for _, kernel in calls])
+        for fn, _ in calls:
+            fn()
+        return [_FakeTiming(150 if getattr(fn, "env", {}).get("MOE_FAKE_VARIANT") else 100) for fn, _ in calls]
+    return interleaved
+
+
+def _tagged_env_call(fn, **env):
+    """env_call (which sets the switches during the call: test_testing_bench.py), tagged with them."""
+    call = env_call(fn, **env)
+    call.env = env
+    return call
+
+
 def test_contiguous_variants_are_timed_beside_the_default(monkeypatch, seed):
-    """A contiguous row's variants are compared with the default timed just before and just after
-    each of them (the mean of the two), so a steady drift over the row cancels from the ratio; each
-    variant's output is still checked. Timings are faked (a clock that drifts 10 µs per timing, a
-    variant costing 1.5x), the problem runs on CPU."""
-    clock = iter(range(1000))
-
-    class FakeTiming:
-        def __init__(self, us):
-            self.median_s = us * 1e-6
-
-    def fake_kineto(fn, kernel_name, **_):
-        fn()
-        drift = 10 * next(clock)
-        return FakeTiming((150 if os.environ.get("MOE_FAKE_VARIANT") else 100) + drift)
-
-    monkeypatch.setattr(bench, "bench_kineto", fake_kineto)
-    monkeypatch.setattr(bench.kernels.testing.bench, "bench_kineto", fake_kineto)
+    """A contiguous row's variants are timed in one interleaved profile with the default (each ratio
+    over the default of that profile) and each variant's own output is checked, with its switch set.
+    Timings are faked (a variant costing 1.5x), the problem runs on CPU."""
+    timed = []
+    monkeypatch.setattr(bench, "bench_kineto", lambda fn, kernel_name, **_: _FakeTiming(100))
+    monkeypatch.setattr(bench, "bench_kineto_interleaved", _fake_interleaved(timed))
+    monkeypatch.setattr(bench, "env_call", _tagged_env_call)
     monkeypatch.setattr(bench, "per_call_us", lambda fn: 1.0)
     monkeypatch.setattr(bench.kernels, "get_num_sms", lambda *a: 132)  # the config query, no GPU here
     real = bench.make_contiguous
     monkeypatch.setattr(bench, "make_contiguous", lambda *a, **kw: real(*a, **kw, device="cpu"))
+    checks = []
+    real_check = bench.output_check
+
+    def output_check(problem):
+        check = real_check(problem)
+
+        def spy(out):
+            checks.append(os.environ.get("MOE_FAKE_VARIANT"))
+            return check(out)
+        return spy
+
+    monkeypatch.setattr(bench, "output_check", output_check)
     row = bench.contiguous("fp8", 2, 128, 128, 256, variants=[("fake", {"MOE_FAKE_VARIANT": "1"})] * 2)
     (_, us0, diff0, base0), (_, us1, diff1, base1) = row["variants"]
     assert diff0 < 1e-3 and diff1 < 1e-3
-    # Default, variant, default, variant, default: each variant midway between its neighbours.
-    assert us0 / base0 == pytest.approx(1.5, rel=0.1) and us1 / base1 == pytest.approx(1.5, rel=0.1)
-    assert base1 > base0
+    assert us0 / base0 == pytest.approx(1.5) and us1 / base1 == pytest.approx(1.5) and base0 == base1 == pytest.approx(100)
+    assert timed == [["", "", ""]]  # one profile: the default and both variants, every kernel of a call
+    assert "MOE_FAKE_VARIANT" not in os.environ
 
 
 def test_contiguous_mn_major_scales_run_beside_the_default(monkeypatch, seed):
     """--sfa-mn-major: the contiguous row also runs the same problem on MN-major TMA-aligned A scales,
     timed beside the default like a variant, its output checked (CPU here, timings faked)."""
-    calls = []
-
-    class FakeTiming:
-        median_s = 100e-6
-
-    def fake_kineto(fn, kernel_name, **_):
-        fn()
-        calls.append(kernel_name)
-        return FakeTiming()
-
-    monkeypatch.setattr(bench, "bench_kineto", fake_kineto)
-    monkeypatch.setattr(bench.kernels.testing.bench, "bench_kineto", fake_kineto)
+    timed = []
+    monkeypatch.setattr(bench, "bench_kineto", lambda fn, kernel_name, **_: _FakeTiming(100))
+    monkeypatch.setattr(bench, "bench_kineto_interleaved", _fake_interleaved(timed))
+    monkeypatch.setattr(bench, "env_call", _tagged_env_call)
     monkeypatch.setattr(bench, "per_call_us", lambda fn: 1.0)
     monkeypatch.setattr(bench.kernels, "get_num_sms", lambda *a: 132)
     real = bench.make_contiguous

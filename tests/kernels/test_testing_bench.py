@@ -131,6 +131,45 @@ def test_per_run_seconds_refuses_what_does_not_add_up():
         per_run_seconds(_profile([[("gemm", 1.0), ("gemm", 1.0)], [("gemm", 1.0)]], flush=()), "gemm", 2, [])
 
 
+def test_interleaved_run_seconds_gives_each_call_its_own_runs():
+    """Runs of two calls interleaved (A B, B A, A B): each call's seconds from its own runs, in order,
+    with its own kernel name ("" = all of the run's), the PDL overlap of a copy counted once."""
+    from kernels.testing.bench import interleaved_run_seconds
+
+    runs = [[("copy", 3.0), ("gemm", 10.0)], [("deep_gemm", 7.0)], [("deep_gemm", 8.0)],
+            [("copy", 3.0), ("gemm", 12.0)], [("copy", 2.0), ("gemm", 11.0)], [("deep_gemm", 9.0)]]
+    profile = _profile(runs)
+    profile[2] = ("gemm", profile[1][1] + 2.0, 10.0)  # starts 1 µs before the copy ends
+    seconds, counts = interleaved_run_seconds(profile, ["", "deep_gemm"], [0, 1, 1, 0, 0, 1], ["sum_kernel"])
+    assert counts == [2, 1]
+    assert seconds[0] == pytest.approx([12e-6, 15e-6, 13e-6])  # gaps between kernels not counted
+    assert seconds[1] == pytest.approx([7e-6, 8e-6, 9e-6])
+
+
+def test_interleaved_run_seconds_refuses_what_does_not_add_up():
+    from kernels.testing.bench import interleaved_run_seconds
+
+    runs = [[("gemm", 1.0)], [("other", 1.0)], [("gemm", 1.0), ("gemm", 1.0)], [("other", 1.0)]]
+    with pytest.raises(RuntimeError, match=r"call 0 \('gemm'\) matched 2 kernels in one run, 1 in its first"):
+        interleaved_run_seconds(_profile(runs), ["gemm", "other"], [0, 1, 0, 1], ["sum_kernel"])
+    with pytest.raises(RuntimeError, match=r"call 1 \('gemm'\) matched 0"):
+        interleaved_run_seconds(_profile(runs), ["gemm", "gemm"], [0, 1, 0, 1], ["sum_kernel"])
+    with pytest.raises(RuntimeError, match="splits into 4 runs .* expected 3"):
+        interleaved_run_seconds(_profile(runs), ["gemm", "other"], [0, 1, 0], ["sum_kernel"])
+    with pytest.raises(ValueError, match="split at the L2 flush"):
+        interleaved_run_seconds(_profile(runs, flush=()), ["gemm"], [0, 0, 0, 0], [])
+
+
+def test_env_call_sets_the_switches_for_the_call_only(monkeypatch):
+    from kernels.testing import env_call
+
+    monkeypatch.delenv("MOE_TEST_SWITCH", raising=False)
+    seen = []
+    call = env_call(lambda: seen.append(os.environ.get("MOE_TEST_SWITCH")), MOE_TEST_SWITCH="1")
+    call()
+    assert seen == ["1"] and "MOE_TEST_SWITCH" not in os.environ
+
+
 def test_per_call_us_interleaved_takes_turns_and_keeps_each_calls_samples(monkeypatch):
     """Each round calls every function once, the order rotated round by round, and each median is
     made of its own function's samples (a fake device clock: call i costs i + 1 us, and the first
