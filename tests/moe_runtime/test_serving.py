@@ -515,6 +515,10 @@ def test_precompile_plans_the_served_expert_gemms(world_size, max_batch_tokens):
     assert shapes.max_m == world_size * max_batch_tokens * min(model.top_k, local) + local * padding
     sources = aot.collect_sources(["m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"], shapes)
     assert {s.family for s in sources} == {"m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"}
+    # Large contiguous layouts copy K-major A scales MN-major first: that kernel is per family, not per shape.
+    copies = [s for s in sources if s.name == "mn_major_sf"]
+    assert len(copies) == int(shapes.max_m >= 4096)
+    sources = [s for s in sources if s.name != "mn_major_sf"]
     assert all(f"G={local} " in s.label for s in sources), "only this world size's local expert count"
     assert {f"n={n} k={k}" for n, k in shapes.expert_nk} == {" ".join(s.label.split()[:2]) for s in sources}
     with pytest.raises(ValueError, match="world_size"):
