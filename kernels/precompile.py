@@ -108,7 +108,9 @@ def _quant_per_block(model: ModelShapes, arch: str, num_sms: int) -> list[Kernel
 
 
 def _gemm_ms(max_m: int) -> list[int]:
-    """One M per distinct heuristic input: the config depends on M only through its block count."""
+    """One M per heuristic bucket: the tiles depend on M only through its block count. (Whether an A-scale
+    copy fits the workspace, and contiguous layouts' 4096-row threshold, fall inside a bucket: its
+    kernels with and without the copy are both emitted, the MN-major one and the graph-capture one.)"""
     return [64] + list(range(128, max_m + 128, 128))
 
 

@@ -147,7 +147,8 @@ constexpr int kScaleTmaKMajorMinK = 1024;
 // Two ways of loading K-major A scales once per tile or per 4 K blocks into slots beside the stages
 // (a table per 64- or 128-row tile, a ring of 4-K-block boxes for 256-row tiles) were timed on an
 // H100 against these rules and removed: the table slower in 11 of 14 small-M cells, the ring 1.10x
-// the boxes' time at 4096 x 7168 x 16384 (bench/RESULTS.md, session 26). Dense 256-row tiles copy
+// the boxes' time at 4096 x 7168 x 16384 (bench/RESULTS.md, session 26; timed one after the other,
+// before the benchmarks interleaved their runs). Dense 256-row tiles and large contiguous layouts copy
 // K-major A scales MN-major instead (Config::sfa_copy).
 
 // Masked decode tiles (block M 64, up to 128 rows per group) of short K (at most
@@ -427,13 +428,15 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // session 26). The workspace holds up to kSfaCopyMaxFloats: none inside a CUDA graph capture.
   // The kernel behind the copy loads B's scales by TMA too, in boxes of 4 K blocks: K a multiple of 512.
   // Contiguous layouts of kSfaCopyMinRowsContiguous rows and N >= kSfaCopyMinNContiguous copy too:
-  // their 128-row tiles would gather K-major scales, and on an H100 (session 28, 4 x 8192 rows) the
-  // copy took 5.9 us at K = 7168 and 3.1 us at K = 2048 while the MN-major kernel took 0.96-0.98x
-  // the gathers' time (copy included, 1375.7 against 1390.7 and 1405.2 us at N x K = 4096 x 7168,
-  // 712.1 against 730.5 and 731.2 at 7168 x 2048; the H200's MN-major kernels 0.96-0.97x in session
-  // 24). MOE_FP8_SFA_COPY=0 turns every copy off. MOE_FP8_SFA_COPY=all (opt-in: it lost in 12 of 14
+  // their 128-row tiles would gather K-major scales. On an H100 (session 28, 4 x 8192 rows) the copy
+  // took 5.9 us at K = 7168 and 3.1 us at K = 2048; the MN-major kernel on the caller's MN-major scales
+  // 0.96-0.98x the gathers' time (runs interleaved; the H200's 0.96-0.97x in session 24); copy plus
+  // MN-major kernel, there launched without PDL and timed in turn with the gathers, 0.98-0.99x at
+  // N x K = 4096 x 7168 (1375.7 against 1390.7 and 1405.2 us) and 0.97x at 7168 x 2048 (712.1 against
+  // 730.5 and 731.2), within the 15 us the gathers drifted between their two timings. MOE_FP8_SFA_COPY=0 turns every copy off. MOE_FP8_SFA_COPY=all (opt-in: it lost in 12 of 14
   // dense cells of 64-128 rows, where the copy is a kernel of its own the gathers do not pay, and its
-  // early loads in all 7 dense 4096-row cells; H100, session 28) copies for every dense tile too, and
+  // early loads in all 7 dense 4096-row cells, timed one after the other; H100, session 28) copies for
+  // every dense tile and large contiguous layouts of any N too, and
   // the GEMM behind the copy loads its first stages' A and B before it waits for the copy
   // (early_loads, with PDL; MOE_FP8_EARLY_LOADS=0 drops them). On scales the caller had made
   // MN-major (no copy in the time) the MN-major kernel took 0.83-1.00x the gathers' time in 13 of the
@@ -442,7 +445,7 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   const bool copy_all = copy_env != nullptr && std::string(copy_env) == "all";
   const bool copies = (type == GemmType::kNormal && (t.block_m == 256 || copy_all)) ||
                       (type == GemmType::kGroupedContiguous && m >= kSfaCopyMinRowsContiguous &&
-                       n >= kSfaCopyMinNContiguous);
+                       (n >= kSfaCopyMinNContiguous || copy_all));
   cfg.sfa_copy = copies && split_workspace && scale_load != moe_kernels::kScaleTmaMnMajor && (k / kBlockK) % 4 == 0 &&
                          sfa_copy_fits(m, k) && env_enabled("MOE_FP8_SCALE_TMA") && env_enabled("MOE_FP8_SFA_COPY")
                      ? 1

@@ -321,22 +321,23 @@ def test_sfa_copy_on_wide_tiles(m, n, k, scale_load, split_workspace, expected, 
             monkeypatch.delenv(switch)
 
 
-@pytest.mark.parametrize("m,n,k,alignment,scale_load,split_workspace,expected", [
-    (32768, 4096, 7168, 128, -1, True, 1),   # 128 x 192 tiles gathering K-major scales: copied
-    (32768, 7168, 2048, 128, -1, True, 1),
-    (32768, 4096, 7168, 256, -1, True, 1),   # 256-row tiles on K-major boxes
-    (4096, 7168, 2048, 128, 0, True, 1),     # any layout the gathers take, from 4096 rows
-    (4095, 7168, 2048, 128, -1, True, 0),    # below them
-    (32768, 2112, 7168, 128, -1, True, 0),   # N below 4096: the copy weighs more against the GEMM
-    (32768, 4096, 7168, 128, 1, True, 0),    # MN-major already
-    (32768, 4096, 7168, 128, -1, False, 0),  # no workspace (a CUDA graph capture)
-    (40960, 4096, 7168, 128, -1, True, 0),   # 40960 x 56 floats: past the workspace's room
+@pytest.mark.parametrize("m,n,k,alignment,scale_load,split_workspace,expected,expected_all", [
+    (32768, 4096, 7168, 128, -1, True, 1, 1),   # 128 x 192 tiles gathering K-major scales: copied
+    (32768, 7168, 2048, 128, -1, True, 1, 1),
+    (32768, 4096, 7168, 256, -1, True, 1, 1),   # 256-row tiles on K-major boxes
+    (4096, 7168, 2048, 128, 0, True, 1, 1),     # any layout the gathers take, from 4096 rows
+    (4095, 7168, 2048, 128, -1, True, 0, 0),    # below them
+    (32768, 2112, 7168, 128, -1, True, 0, 1),   # N below 4096 (the copy weighs more): under =all only
+    (32768, 4096, 7168, 128, 1, True, 0, 0),    # MN-major already
+    (32768, 4096, 7168, 128, -1, False, 0, 0),  # no workspace (a CUDA graph capture)
+    (40960, 4096, 7168, 128, -1, True, 0, 0),   # 40960 x 56 floats: past the workspace's room
 ])
-def test_sfa_copy_on_contiguous_layouts(m, n, k, alignment, scale_load, split_workspace, expected, monkeypatch):
+def test_sfa_copy_on_contiguous_layouts(m, n, k, alignment, scale_load, split_workspace, expected, expected_all,
+                                        monkeypatch):
     """Contiguous layouts of 4096 rows or more and N >= 4096 on A scales that are not MN-major copy
     them MN-major into the workspace first where they fit, and the kernel generated for such a plan is
-    the MN-major one with the same tiles; under MOE_FP8_SFA_COPY=all the same, that kernel loading its
-    first stages before it waits for the copy. =0 turns every copy off."""
+    the MN-major one with the same tiles; under MOE_FP8_SFA_COPY=all at any N, that kernel loading
+    its first stages before it waits for the copy. =0 turns every copy off."""
     native = kernels.jit.native_module()
     grouped = dict(gemm_type=1, num_groups=4, alignment=alignment)
     plan = lambda load, **kw: native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=load, **grouped, **kw)  # noqa: E731
@@ -350,8 +351,8 @@ def test_sfa_copy_on_contiguous_layouts(m, n, k, alignment, scale_load, split_wo
         assert code(scale_load) == code(1)  # the same kernel as on the caller's MN-major scales
     monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
     cfg = plan(scale_load, split_workspace=split_workspace)
-    assert (cfg["sfa_copy"], cfg["early_loads"]) == (expected, expected), cfg
-    if expected:
+    assert (cfg["sfa_copy"], cfg["early_loads"]) == (expected_all, expected_all), cfg
+    if expected_all:
         assert code(scale_load) == code(1).replace(", false>);", ", true>);")  # the same kernel, kEarlyLoads on
         monkeypatch.setenv("MOE_FP8_SFA_COPY", "0")
         assert plan(scale_load)["sfa_copy"] == 0

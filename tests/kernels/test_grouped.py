@@ -202,6 +202,13 @@ def warm_grouped_cache():
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(lambda src: kernels.jit.build(src[0], src[1], "sm_90a"), sources))
 
+@pytest.fixture
+def no_sfa_copy(monkeypatch):
+    """The kernels a test compares read the A scales it hands them: large contiguous layouts would
+    otherwise run on an MN-major copy of K-major scales (the copy's own tests below name it)."""
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", "0")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts", CONTIGUOUS_COUNTS)
 @pytest.mark.parametrize("n,k", GROUPED_NK)
@@ -210,6 +217,7 @@ def test_gpu_contiguous(counts, n, k, warm_grouped_cache, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("no_sfa_copy")
 @pytest.mark.parametrize("counts,forced", [
     ([4000, 0, 3900, 1], ""),        # the heuristic's 256 x 128 (clusters), an empty group, a one-row group
     ([100, 300, 0, 256], "256"),     # second waves all padding (100 rows), a group of exactly one tile
@@ -350,11 +358,13 @@ def test_gpu_contiguous_and_dense_copies_share_the_workspace(switch, pdl, seed, 
 
 
 @pytest.mark.gpu
-def test_gpu_contiguous_padding_only_layout_behind_the_copy(seed, monkeypatch):
-    """MOE_FP8_SFA_COPY=all, a contiguous layout of 4096 padding rows (no tile anywhere: every CTA of
-    the GEMM behind the copy still waits for it), then calls on the same stream that copy into the
-    same workspace: D of the empty call untouched, the next ones right."""
-    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+@pytest.mark.parametrize("switch", ["1", "all"])
+def test_gpu_contiguous_padding_only_layout_behind_the_copy(switch, seed, monkeypatch):
+    """A contiguous layout of 4096 padding rows behind the copy (no tile anywhere; under
+    MOE_FP8_SFA_COPY=all every CTA of the GEMM, which loads before it waits, still waits for the
+    copy), then calls on the same stream that copy into the same workspace: D of the empty call
+    untouched, the next ones right."""
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", switch)
     n, k = 4096, 7168
     b_fp8 = make_weights(2, n, k, "cuda")
     a_empty, m_empty = make_contiguous([2048, 2048], k, "cuda")
@@ -392,6 +402,7 @@ def test_gpu_masked(masked, max_m, expected_m, n, k, warm_grouped_cache, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("no_sfa_copy")
 @pytest.mark.parametrize("masked,max_m,expected_m,alignment", [
     ([0, 5, 100, 0, 77, 1, 128, 3], 128, 8, 128),  # masked m-blocks past a group's rows; contiguous tails
     ([600, 0, 513], 1024, 600, 128),                # 2-CTA clusters (masked expected_m >= 512)
@@ -457,6 +468,7 @@ def test_gpu_scale_tma_matches_gather(masked, max_m, expected_m, alignment, n, k
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("no_sfa_copy")
 @pytest.mark.parametrize("masked,max_m,expected_m", [
     ([0, 300, 0, 129, 1], 384, 256),  # empty groups, m-blocks whose second warpgroup has no valid row
     ([0, 0, 0, 0], 256, 256),         # masked: no tile on any CTA, the turns' first and last barriers only
@@ -503,6 +515,7 @@ def test_gpu_pingpong_matches_no_pingpong(masked, max_m, expected_m, n, k, seed,
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("no_sfa_copy")
 @pytest.mark.parametrize("counts,align,lead,n,k", [
     ([1000, 0, 513, 2048], 128, 0, 4096, 1152),  # a pair straddling two groups; the last block past M
     ([1000, 0, 513, 2048], 128, 128, 4096, 1152),  # a leading padding block: the first CTA's is invalid
@@ -533,6 +546,7 @@ def test_gpu_contiguous_clusters_sharing_b_match_single_ctas(counts, align, lead
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("no_sfa_copy")
 @pytest.mark.parametrize("counts,n,k", [
     ([1000, 0, 513, 2048], 4096, 1152),  # 9 K blocks: a partial round of 4 after two whole ones
     ([4096, 4096], 7168, 2048),          # 2-CTA clusters
@@ -599,6 +613,7 @@ def test_gpu_plain_cuda_tensors_take_the_cpp_path(masked, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("no_sfa_copy")
 @pytest.mark.parametrize("counts,n,k", [
     ([1000, 0, 513, 2048], 4096, 1152),  # padding rows, an empty group
     ([4096, 4096], 7168, 2048),          # clusters sharing B
