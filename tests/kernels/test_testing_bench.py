@@ -211,3 +211,17 @@ def test_per_call_us_interleaved_takes_turns_and_keeps_each_calls_samples(monkey
     assert [r[0] for r in rounds[:3]] == [0, 1, 2], "the first call of a round rotates"
     # Each function was first in 3 of its 9 rounds: its median is its own cost.
     assert medians == pytest.approx([1.0, 2.0, 3.0])
+
+
+@pytest.mark.gpu
+def test_gpu_bench_kineto_interleaved_times_each_call_from_one_profile():
+    """On a GPU: two calls of different lengths, interleaved in one profile, each timed from its own
+    runs (one kernel each; the longer call's median the longer), the flush's kernels never counted."""
+    from kernels.testing import bench_kineto_interleaved
+
+    short = torch.ones(1 << 10, device="cuda")
+    long = torch.ones(1 << 26, device="cuda")
+    timings = bench_kineto_interleaved([(lambda: short.mul_(1.0), ""), (lambda: long.mul_(1.0), "")], rounds=10)
+    assert [t.num_runs for t in timings] == [10, 10]
+    assert [t.kernels_per_run for t in timings] == [1, 1]
+    assert 0 < timings[0].median_s < timings[1].median_s
