@@ -27,12 +27,6 @@ using namespace moe_launchers::sm90_gemm;
 constexpr int kBlockK = 128;
 constexpr int kMaxBlockN = 192;  // two FP32 accumulator sets of kBlockN/2 registers fit 232
 
-// Contiguous GEMMs copy A scales that are not MN-major from this many rows and this N up
-// (Config::sfa_copy): the copy's cost grows with M x K, what the MN-major loads save with M x N x K.
-// Measured at 32768 rows, N = 4096 and 7168 only (session 28); below, a guess.
-constexpr int kSfaCopyMinRowsContiguous = 4096;
-constexpr int kSfaCopyMinNContiguous = 4096;
-
 struct Config {
   const char* fn;  // the public function, for error messages
   GemmType type;
@@ -420,27 +414,8 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
                          env_enabled("MOE_FP8_WG_STORE")
                      ? 1
                      : 0;
-  // Dense 256-row tiles on A scales that are not MN-major (the quantizers' K-major ones, or any
-  // strides): a small kernel first copies them MN-major into the workspace (launchers/mn_major_sf.hpp),
-  // and the GEMM is planned and run on that copy (sfa_copy_args). On an H100 at M = 4096 the MN-major
-  // kernel took 0.85x the time of the K-major boxes at N x K = 7168 x 2048, 0.91x at 24576 x 1536,
-  // 0.97-0.98x at 7168 x 16384 and 4096 x 7168, and 0.97x the gathers' at 32768 x 512 (bench/RESULTS.md,
-  // session 26). The workspace holds up to kSfaCopyMaxFloats: none inside a CUDA graph capture.
-  // The kernel behind the copy loads B's scales by TMA too, in boxes of 4 K blocks: K a multiple of 512.
-  // Contiguous layouts of kSfaCopyMinRowsContiguous rows and N >= kSfaCopyMinNContiguous copy too:
-  // their 128-row tiles would gather K-major scales. On an H100 (session 28, 4 x 8192 rows) the copy
-  // took 5.9 us at K = 7168 and 3.1 us at K = 2048; the MN-major kernel on the caller's MN-major scales
-  // 0.96-0.98x the gathers' time (runs interleaved; the H200's 0.96-0.97x in session 24); copy plus
-  // MN-major kernel, there launched without PDL and timed in turn with the gathers, 0.98-0.99x at
-  // N x K = 4096 x 7168 (1375.7 against 1390.7 and 1405.2 us) and 0.97x at 7168 x 2048 (712.1 against
-  // 730.5 and 731.2), within the 15 us the gathers drifted between their two timings. MOE_FP8_SFA_COPY=0 turns every copy off. MOE_FP8_SFA_COPY=all (opt-in: it lost in 12 of 14
-  // dense cells of 64-128 rows, where the copy is a kernel of its own the gathers do not pay, and its
-  // early loads in all 7 dense 4096-row cells, timed one after the other; H100, session 28) copies for
-  // every dense tile and large contiguous layouts of any N too, and
-  // the GEMM behind the copy loads its first stages' A and B before it waits for the copy
-  // (early_loads, with PDL; MOE_FP8_EARLY_LOADS=0 drops them). On scales the caller had made
-  // MN-major (no copy in the time) the MN-major kernel took 0.83-1.00x the gathers' time in 13 of the
-  // 14 dense cells of 64 and 128 rows, 1.03x at 64 x 7168 x 16384 (H100, session 26).
+  // Which plans copy A scales MN-major first, and the measurements behind the rule:
+  // launchers/sm90_fp8_gemm_workspace.hpp.
   const char* copy_env = std::getenv("MOE_FP8_SFA_COPY");
   const bool copy_all = copy_env != nullptr && std::string(copy_env) == "all";
   const bool copies = (type == GemmType::kNormal && (t.block_m == 256 || copy_all)) ||
