@@ -217,6 +217,8 @@ def test_per_call_us_interleaved_takes_turns_and_keeps_each_calls_samples(monkey
 def test_gpu_bench_kineto_interleaved_times_each_call_from_one_profile():
     """On a GPU: two calls of different lengths, interleaved in one profile, each timed from its own
     runs (one kernel each; the longer call's median the longer), the flush's kernels never counted."""
+    import torch
+
     from kernels.testing import bench_kineto_interleaved
 
     short = torch.ones(1 << 10, device="cuda")
