@@ -133,12 +133,23 @@ def _launch_args(a, b, d, c, compile_m: bool):
 # graph runs), so captured GEMMs run every tile whole and read A's scales where they are.
 _workspaces: dict[tuple[int, int], tuple[int, int, torch.Tensor]] = {}
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
+_current_device = getattr(torch._C, "_cuda_getDevice", lambda: 0)
+
+
+def _device_capturing(device: int) -> bool:
+    """Whether ``device``'s current stream is being captured. Torch answers for the current device's:
+    a call on another device's tensors (a capture begun on that device's stream while this one is
+    current) asks again with that device current."""
+    if device == _current_device():
+        return _capturing()
+    with torch.cuda.device(device):
+        return _capturing()
 
 
 def fp8_workspace(device: int, stream: int) -> tuple[int, int]:
-    """``(address, bytes)`` of the FP8 GEMMs' workspace of ``stream`` on ``device``; ``(0, 0)``
-    (none) while the stream is being captured."""
-    if _capturing():
+    """``(address, bytes)`` of the FP8 GEMMs' workspace of ``stream`` (the current stream of
+    ``device``) on ``device``; ``(0, 0)`` (none) while that stream is being captured."""
+    if _device_capturing(device):
         return 0, 0
     entry = _workspaces.get((device, stream))
     if entry is None:

@@ -169,9 +169,33 @@ def test_tail_split_has_no_workspace_inside_a_graph_capture(monkeypatch):
     graphs captured on one stream would share one, and one made during a capture would be zeroed
     only when that graph runs. Nothing is allocated or remembered for the capture."""
     monkeypatch.setattr(kernels.gemm, "_capturing", lambda: True)
+    monkeypatch.setattr(kernels.gemm, "_current_device", lambda: 0)
     before = dict(kernels.gemm._workspaces)
     assert kernels.gemm.fp8_workspace(0, 12345) == (0, 0)
     assert kernels.gemm._workspaces == before
+
+
+def test_capture_is_asked_of_the_calls_device(monkeypatch):
+    """The capture check asks torch about the call's device: with another device current, that
+    device is made current for the question (torch answers for the current device's stream)."""
+    import contextlib
+
+    state = {"current": 0, "capturing_on": 1}
+
+    @contextlib.contextmanager
+    def device(index):
+        saved, state["current"] = state["current"], index
+        try:
+            yield
+        finally:
+            state["current"] = saved
+
+    monkeypatch.setattr(kernels.gemm, "_current_device", lambda: state["current"])
+    monkeypatch.setattr(kernels.gemm, "_capturing", lambda: state["current"] == state["capturing_on"])
+    monkeypatch.setattr(kernels.gemm.torch.cuda, "device", device)
+    assert kernels.gemm._device_capturing(1) and not kernels.gemm._device_capturing(0)
+    assert state["current"] == 0
+    assert kernels.gemm.fp8_workspace(1, 12345) == (0, 0)
 
 
 @pytest.mark.parametrize("env", [None, "0", "1"])
