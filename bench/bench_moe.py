@@ -22,9 +22,9 @@ weights and include the router.
   weighted combine with ``index_add_``, on the same bf16 weights the FP8 ones were quantized from.
 
 ``--variant`` times the staged forward again with environment switches set (e.g.
-``MOE_STAGED_MN_MAJOR_SF=0``), its forwards and the default's sampled in turn
-(``per_call_us_interleaved``; the column gives the variant's time over the default's), after checking
-its output against the default forward's (calc_diff < 1e-4).
+``MOE_STAGED_MN_MAJOR_SF=0``), beside the default forward timed just before and just after it
+(the column gives the variant's time over their mean), after checking its output against the
+default forward's (calc_diff < 1e-4).
 
 Time: median over ``--iters`` forwards of the wall time between CUDA events around one forward
 issued on an idle stream (kernels and host work, including the staged backend's host sync).
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.testing import env_call, env_switches, parse_env_variants, per_call_us, per_call_us_interleaved
+from kernels.testing import env_switches, parse_env_variants, per_call_us
 from kernels.testing.numeric import calc_diff
 from moe_runtime import MegaMoELayer, RouterConfig
 from moe_runtime.backends import staged
@@ -175,9 +175,11 @@ def main() -> int:
                     if calc_diff(variant_out, staged_out) > 1e-4:
                         raise RuntimeError(f"{num_tokens} tokens, {label}: the output differs from the default "
                                            f"forward's (calc_diff {calc_diff(variant_out, staged_out):.1e})")
-                default_us, variant_us = per_call_us_interleaved([lambda: layer(x), env_call(lambda: layer(x), **env)],
-                                                                 args.iters)
-                variant_cells.append(f"{variant_us:.0f} ({variant_us / default_us:.2f}x)")
+                before = per_call_us(lambda: layer(x), args.iters)
+                with env_switches(**env):
+                    variant_us = per_call_us(lambda: layer(x), args.iters)
+                after = per_call_us(lambda: layer(x), args.iters)
+                variant_cells.append(f"{variant_us:.0f} ({2 * variant_us / (before + after):.2f}x)")
             torch_us = per_call_us(lambda: bf16_forward(x, weights, config), args.iters)
             rows.append((num_tokens, staged_us, contiguous_us, graph_us, torch_us, *diffs, variant_cells))
             print(f"tokens {num_tokens}: staged {staged_us:.0f} us, bf16 torch {torch_us:.0f} us", file=sys.stderr,
@@ -193,7 +195,7 @@ def main() -> int:
     print(f"| tokens | staged {args.weights.upper()} (µs) | staged, contiguous layout only (µs) "
           "| staged, CUDA graph replay (µs) | bf16 torch._grouped_mm (µs) | speed-up over bf16 "
           "| calc_diff staged vs reference | calc_diff bf16 vs reference |"
-          + "".join(f" staged {label} (µs, over the default sampled in turn) |" for label, _ in variants))
+          + "".join(f" staged {label} (µs, over the default timed beside it) |" for label, _ in variants))
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * len(variants))
     for num_tokens, staged_us, contiguous_us, graph_us, torch_us, d_staged, d_torch, variant_cells in rows:
         contiguous = "-" if contiguous_us is None else f"{contiguous_us:.0f}"
