@@ -24,7 +24,8 @@ weights and include the router.
 ``--variant`` times the staged forward again with environment switches set (e.g.
 ``MOE_STAGED_MN_MAJOR_SF=0``), beside the default forward timed just before and just after it
 (the column gives the variant's time over their mean), after checking its output against the
-default forward's (calc_diff < 1e-4).
+default forward's (calc_diff < 1e-4). Not sampled in turn: the time per forward includes host work,
+and switching the environment before every forward would make the launchers re-plan each time.
 
 Time: median over ``--iters`` forwards of the wall time between CUDA events around one forward
 issued on an idle stream (kernels and host work, including the staged backend's host sync).
