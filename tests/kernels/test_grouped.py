@@ -21,8 +21,11 @@ def make_weights(g: int, n: int, k: int, device: str):
     """[G, N, K] E4M3 weights and their block scales, quantized a group at a time: 256 experts of
     4096 x 7168 whole would take the reference quantizer's ~60 GB of float32 temporaries, more than
     an H100 holds beside the other test workers."""
-    parts = [per_block_cast_to_fp8(torch.randn(n, k, device=device, dtype=torch.bfloat16)) for _ in range(g)]
-    return torch.stack([w for w, _ in parts]), torch.stack([sf for _, sf in parts])
+    w = torch.empty(g, n, k, device=device, dtype=torch.float8_e4m3fn)
+    sf = torch.empty(g, (n + 127) // 128, (k + 127) // 128, device=device, dtype=torch.float32)
+    for i in range(g):
+        w[i], sf[i] = per_block_cast_to_fp8(torch.randn(n, k, device=device, dtype=torch.bfloat16))
+    return w, sf
 
 
 def make_contiguous(counts: list[int], k: int, device: str, align: int = 128):
