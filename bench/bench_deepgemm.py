@@ -61,7 +61,7 @@ import kernels
 from bench_gemm import OURS_KERNELS, SHAPES, block_scaled
 from bench_grouped import NK, make_contiguous, make_masked, make_masked_fragment, output_check
 from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, env_call, env_switches, flush_mode,
-                             parse_env_variants, per_call_us_interleaved)
+                             output_diff, parse_env_variants, per_call_us_interleaved)
 
 _OURS = OURS_KERNELS  # every kernel of our call, the copy of K-major A scales too (bench_gemm.py)
 _THEIRS = "sm90_fp8_gemm_1d2d"  # DeepGEMM's SM90 FP8 kernel (1x128 A scales, 128x128 B scales)
@@ -193,11 +193,7 @@ def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]], mn_scales: b
         checked.append((label, env_call(variant_call, **env), cell.ours_kernel, cell.ours_out, cell.check_ours))
     if theirs_k_major and cell.theirs_k is not None:  # every kernel of DeepGEMM's call: its transpose too
         checked.append(("theirs_k", cell.theirs_k, "", cell.theirs_out, cell.check_theirs))
-    diffs = []
-    for _, call, _, out, check in checked:
-        out.fill_(float("nan"))
-        call()
-        diffs.append(check(out))
+    diffs = [output_diff(call, out, check) for _, call, _, out, check in checked]
     timings = bench_kineto_interleaved([(call, kernel) for _, call, kernel, _, _ in checked])
     us = [t.median_s * 1e6 for t in timings]
     row = {"ours_us": us[0], "ours_diff": diffs[0], "theirs_us": us[1], "theirs_diff": diffs[1], "variants": []}

@@ -33,7 +33,7 @@ import torch
 
 import kernels
 from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, checked_variant_us, copy_ceiling_gbps,
-                             env_call, flush_mode, kernel_us_with_env, parse_env_variants, per_call_us)
+                             env_call, flush_mode, kernel_us_with_env, output_diff, parse_env_variants, per_call_us)
 
 NK = [(4096, 7168), (7168, 2048)]
 # Profiler names counted: every kernel of an FP8 call (large contiguous ones copy K-major A scales
@@ -226,11 +226,7 @@ def contiguous(weights: str, groups: int, rows: int, n: int, k: int, variants=()
     if mn_major:
         runs.append(("MN-major A scales", mn_major_call(problem, groups, rows), {}))
     if runs:
-        diffs = []
-        for _, call, env in runs:
-            problem.out.fill_(float("nan"))
-            env_call(call, **env)()
-            diffs.append(check(problem.out))
+        diffs = [output_diff(env_call(call, **env), problem.out, check) for _, call, env in runs]
         timings = bench_kineto_interleaved([(problem.call, problem.kernel)]
                                            + [(env_call(call, **env), problem.kernel) for _, call, env in runs])
         base = timings[0].median_s * 1e6

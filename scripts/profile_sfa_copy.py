@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 import kernels
-from kernels.testing import env_switches
-from kernels.testing.bench import _l2_flush, flush_mode
+from kernels.testing import env_call, env_switches
+from kernels.testing.bench import _l2_flush, _profiled, flush_mode
 
 VARIANTS = [("default", False, {}), ("no copy (=0)", False, {"MOE_FP8_SFA_COPY": "0"}),
             ("copy, early loads (=all)", False, {"MOE_FP8_SFA_COPY": "all"}),
@@ -52,18 +52,17 @@ def cells():
         yield f"dense {m} x {n} x {k}", a, lambda x, b=b, d=d: kernels.fp8_gemm_nt(x, b, d)
 
 
-def split(events):
-    """(copy us, GEMM start after the copy's us, GEMM us, whole us) of each call, in order."""
+def split(kernels):
+    """(copy us, GEMM start after the copy's us, GEMM us, whole us) of each call, in order, from the
+    calls' kernels ((name, start µs, duration µs), in start order)."""
     out, i = [], 0
-    while i < len(events):
-        if "mn_major_sf" in events[i].name and i + 1 < len(events):
-            c, g = events[i], events[i + 1]
-            out.append((c.time_range.end - c.time_range.start, g.time_range.start - c.time_range.start,
-                        g.time_range.end - g.time_range.start, g.time_range.end - c.time_range.start))
+    while i < len(kernels):
+        if "mn_major_sf" in kernels[i][0] and i + 1 < len(kernels):
+            (_, c_start, c_us), (_, g_start, g_us) = kernels[i], kernels[i + 1]
+            out.append((c_us, g_start - c_start, g_us, g_start + g_us - c_start))
             i += 2
         else:
-            d = events[i].time_range.end - events[i].time_range.start
-            out.append((0.0, 0.0, d, d))
+            out.append((0.0, 0.0, kernels[i][2], kernels[i][2]))
             i += 1
     return out
 
@@ -77,29 +76,13 @@ def main():
     print(f"{'cell':>40} {'variant':>22} | copy us  GEMM start us  GEMM us  whole us  (medians of {args.rounds})")
     for name, a, call in cells():
         a_mn = (a[0], kernels.get_mn_major_tma_aligned_tensor(a[1]))
-        runs = []
-        for label, mn, env in VARIANTS:
-            operand = a_mn if mn else a
-            def run(operand=operand, env=env):
-                with env_switches(**env):
-                    call(operand)
-            for _ in range(3):
-                run()
-            runs.append((label, run))
+        runs = [(label, env_call(lambda operand=(a_mn if mn else a): call(operand), **env)) for label, mn, env in VARIANTS]
+        for _, run in runs * 3:
+            run()
         torch.cuda.synchronize()
-        order = []
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for r in range(args.rounds):
-                for j in range(len(runs)):
-                    which = (r + j) % len(runs)
-                    flush()
-                    torch.cuda.synchronize()
-                    runs[which][1]()
-                    torch.cuda.synchronize()
-                    order.append(which)
-        events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                         and ("fp8_gemm" in e.name or "mn_major_sf" in e.name)), key=lambda e: e.time_range.start)
-        calls = split(events)
+        order = [(r + j) % len(runs) for r in range(args.rounds) for j in range(len(runs))]
+        kernels_seen = _profiled([runs[which][1] for which in order], flush)
+        calls = split([kern for kern in kernels_seen if "fp8_gemm" in kern[0] or "mn_major_sf" in kern[0]])
         if len(calls) != len(order):
             raise RuntimeError(f"{name}: {len(calls)} calls seen, {len(order)} run")
         for v, (label, _) in enumerate(runs):

@@ -2,7 +2,8 @@
 
 from .numeric import calc_diff, count_bytes
 from .bench import (bench_kineto, bench_kineto_interleaved, checked_variant_us, copy_ceiling_gbps, env_call, env_switches,
-                    flush_mode, kernel_us_with_env, parse_env_variants, per_call_us, per_call_us_interleaved, KernelTiming)
+                    flush_mode, kernel_us_with_env, output_diff, parse_env_variants, per_call_us, per_call_us_interleaved,
+                    KernelTiming)
 
 __all__ = ["calc_diff", "count_bytes", "bench_kineto", "bench_kineto_interleaved", "checked_variant_us", "copy_ceiling_gbps",
-           "env_call", "env_switches", "flush_mode", "kernel_us_with_env", "parse_env_variants", "per_call_us", "per_call_us_interleaved", "KernelTiming"]
+           "env_call", "env_switches", "flush_mode", "kernel_us_with_env", "output_diff", "parse_env_variants", "per_call_us", "per_call_us_interleaved", "KernelTiming"]

@@ -198,8 +198,15 @@ def bench_kineto(fn: Callable[[], object], kernel_name: str, num_tests: int = 30
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    times, per_run = per_run_seconds(_profiled([fn] * num_tests, flush), kernel_name, num_tests, flush_kernels)
+    return KernelTiming(statistics.median(times), min(times), num_tests, per_run)
+
+
+def _profiled(runs: Sequence[Callable[[], object]], flush: _L2Flush | None) -> list[tuple[str, float, float]]:
+    """The CUDA kernels (_cuda_kernels) of one profile of ``runs``, each called once in order, each
+    after the flush (if any) has finished."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(num_tests):
+        for fn in runs:
             if flush is not None:
                 flush()
                 # Our kernels launch with programmatic dependent launch: queued right behind the
@@ -207,8 +214,7 @@ def bench_kineto(fn: Callable[[], object], kernel_name: str, num_tests: int = 30
                 torch.cuda.synchronize()
             fn()
         torch.cuda.synchronize()
-    times, per_run = per_run_seconds(_cuda_kernels(prof), kernel_name, num_tests, flush_kernels)
-    return KernelTiming(statistics.median(times), min(times), num_tests, per_run)
+    return _cuda_kernels(prof)
 
 
 def bench_kineto_interleaved(calls: Sequence[tuple[Callable[[], object], str]], rounds: int = 30,
@@ -225,17 +231,9 @@ def bench_kineto_interleaved(calls: Sequence[tuple[Callable[[], object], str]], 
         for fn, _ in calls:
             fn()
     torch.cuda.synchronize()
-    order = []
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for r in range(rounds):
-            for j in range(len(calls)):
-                which = (r + j) % len(calls)
-                flush()
-                torch.cuda.synchronize()  # see bench_kineto: PDL launches would start inside the flush
-                calls[which][0]()
-                order.append(which)
-        torch.cuda.synchronize()
-    per_call, counts = interleaved_run_seconds(_cuda_kernels(prof), [name for _, name in calls], order, flush_kernels)
+    order = [(r + j) % len(calls) for r in range(rounds) for j in range(len(calls))]
+    kernels = _profiled([calls[which][0] for which in order], flush)
+    per_call, counts = interleaved_run_seconds(kernels, [name for _, name in calls], order, flush_kernels)
     return [KernelTiming(statistics.median(s), min(s), len(s), c) for s, c in zip(per_call, counts)]
 
 
@@ -329,12 +327,16 @@ def kernel_us_with_env(fn: Callable[[], object], kernel_name: str, **env: str) -
         return bench_kineto(fn, kernel_name).median_s * 1e6
 
 
+def output_diff(fn: Callable[[], object], out: torch.Tensor, check: Callable[[torch.Tensor], float]) -> float:
+    """check(out) of ``fn``'s own output: ``out`` NaN-poisoned, then written by one call of ``fn``, so a
+    fast wrong variant shows."""
+    out.fill_(float("nan"))
+    fn()
+    return check(out)
+
+
 def checked_variant_us(fn: Callable[[], object], kernel_name: str, out: torch.Tensor,
                        check: Callable[[torch.Tensor], float], **env: str) -> tuple[float, float]:
-    """A variant's kernel time in µs (kernel_us_with_env) and check(out) of its own output: ``out``
-    is NaN-poisoned, then written by one call with ``env`` set, so a fast wrong variant shows."""
-    out.fill_(float("nan"))
-    with env_switches(**env):
-        fn()
-    diff = check(out)
+    """A variant's kernel time in µs (kernel_us_with_env) and output_diff of one call with ``env`` set."""
+    diff = output_diff(env_call(fn, **env), out, check)
     return kernel_us_with_env(fn, kernel_name, **env), diff
