@@ -18,8 +18,9 @@ Weight bytes: FP8 = N K + 4 ceil(N/128) K/128 per expert; FP4 = N K / 2 + N K / 
 "worst diff": the largest calc_diff of any kernel of the row against float32 math on its
 dequantized operands, over the first and last group, outputs NaN-poisoned before the run.
 ``--variant NAME=VALUE`` times the FP8 kernel with environment switches set; ``--sfa-mn-major``
-times the contiguous FP8 kernel on MN-major TMA-aligned A scales. Contiguous variants are compared
-with the default timed just before and just after each.
+times the contiguous FP8 kernel on MN-major TMA-aligned A scales. A contiguous row's FP8 columns
+and the torch peer are timed in one profile, their runs interleaved (every column once per round,
+each after its own L2 flush), so that drift over the row falls on all of them alike.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from typing import Callable
 import torch
 
 import kernels
-from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, checked_variant_us, copy_ceiling_gbps,
-                             env_call, flush_mode, kernel_us_with_env, output_diff, parse_env_variants, per_call_us)
+from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, copy_ceiling_gbps,
+                             env_call, flush_mode, output_diff, parse_env_variants, per_call_us)
 
 NK = [(4096, 7168), (7168, 2048)]
 # Profiler names counted: every kernel of an FP8 call (large contiguous ones copy K-major A scales
@@ -104,7 +105,7 @@ def sample_diff(problem: Problem) -> float:
 
 def output_check(problem: Problem) -> Callable[[torch.Tensor], float]:
     """sample_diff of any output of ``problem``'s shape, read in place of ``problem.out`` (a peer's
-    output, or a variant's after checked_variant_us poisons and rewrites it)."""
+    output, or a variant's after output_diff poisons and rewrites it)."""
     def check(out: torch.Tensor) -> float:
         saved, problem.out = problem.out, out
         try:
@@ -184,20 +185,33 @@ def measure(problem: Problem) -> dict:
                 call_us=per_call_us(problem.call), diff=diff)
 
 
-def fp8_variants_us(problem: Problem, m: int, n: int, k: int, gemm_type: int, groups: int) -> dict:
-    """The FP8 kernel's time with one of its choices flipped, else None: single_us without the
-    2-CTA clusters (MOE_FP8_MULTICAST=0) where it runs them; turns_flipped_us on a wide 128-row tile
-    (block N >= 145) with the math warpgroups' ping-pong flipped (MOE_FP8_PINGPONG=1 where it runs
-    without, the K loop then unrolled 4 times; =0 where it runs with)."""
+def fp8_switch_columns(problem: Problem, m: int, n: int, k: int, gemm_type: int, groups: int) -> list:
+    """(row key, call) of the FP8 kernel with one of its choices flipped, where it applies: single_us
+    without the 2-CTA clusters (MOE_FP8_MULTICAST=0) where it runs them; turns_flipped_us on a wide
+    128-row tile (block N >= 145) with the math warpgroups' ping-pong flipped (MOE_FP8_PINGPONG=1 where
+    it runs without, the K loop then unrolled 4 times; =0 where it runs with)."""
     native = kernels.jit.native_module()
     config = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), False, -1, gemm_type, groups)
     wide = config["block_m"] == 128 and config["block_n"] >= 145  # the launcher's kPingPongMinBlockN
-    return dict(
-        single_us=(kernel_us_with_env(problem.call, problem.kernel, MOE_FP8_MULTICAST="0")
-                   if config["multicast"] > 1 else None),
-        turns_flipped_us=(kernel_us_with_env(problem.call, problem.kernel,
-                                             MOE_FP8_PINGPONG="0" if config["pingpong"] else "1")
-                          if wide else None))
+    columns = []
+    if config["multicast"] > 1:
+        columns.append(("single_us", env_call(problem.call, MOE_FP8_MULTICAST="0")))
+    if wide:
+        columns.append(("turns_flipped_us", env_call(problem.call, MOE_FP8_PINGPONG="0" if config["pingpong"] else "1")))
+    return columns
+
+
+def aligned_call(fn: Callable[[], object], alignment: int) -> Callable[[], object]:
+    """``fn`` called with the contiguous layout declared aligned to ``alignment`` rows
+    (set_mk_alignment_for_contiguous_layout), the alignment in force before restored after."""
+    def call():
+        before = kernels.get_mk_alignment_for_contiguous_layout()
+        kernels.set_mk_alignment_for_contiguous_layout(alignment)
+        try:
+            return fn()
+        finally:
+            kernels.set_mk_alignment_for_contiguous_layout(before)
+    return call
 
 
 def mn_major_call(problem: Problem, groups: int, rows: int) -> Callable[[], None]:
@@ -209,50 +223,47 @@ def mn_major_call(problem: Problem, groups: int, rows: int) -> Callable[[], None
 
 
 def contiguous(weights: str, groups: int, rows: int, n: int, k: int, variants=(), mn_major: bool = False) -> dict:
-    """Ours, and for FP8 weights the same kernel without clusters or with ping-pong flipped, with each of
-    ``variants`` (label, environment switches; its output checked), with ``mn_major`` on MN-major
-    A scales (mn_major_call; checked too), and the torch peer on the same operands."""
+    """Ours; for FP8 weights also the same kernel without clusters or with ping-pong flipped
+    (fp8_switch_columns), with each of ``variants`` (label, environment switches), with ``mn_major``
+    on MN-major A scales (mn_major_call), declared 256-row aligned (with and without clusters) where
+    the rows allow, and the torch peer on the same operands. Every FP8 column but the peer's has
+    its output checked; all are timed in one profile, their runs interleaved
+    (bench_kineto_interleaved): these cells run a millisecond each, and timed one after the other
+    identical kernels came out up to 1.12x apart (bench/RESULTS.md, session 28)."""
     problem = make_contiguous(weights, groups, rows, n, k)
     row = measure(problem)
     if weights != "fp8":
         return row
-    row.update(fp8_variants_us(problem, groups * rows, n, k, 1, groups))
     check = output_check(problem)
-    # Each variant against the default timed in the same profile, their runs interleaved
-    # (bench_kineto_interleaved): these cells run a millisecond each, and over a row the GPU drifts
-    # (identical kernels timed one after the other measured 1.00-1.09x apart, session 12).
-    row["variants"] = []
-    runs = [(label, problem.call, env) for label, env in variants]
+    columns = fp8_switch_columns(problem, groups * rows, n, k, 1, groups)
+    columns += [(("variant", label), env_call(problem.call, **env)) for label, env in variants]
     if mn_major:
-        runs.append(("MN-major A scales", mn_major_call(problem, groups, rows), {}))
-    if runs:
-        diffs = [output_diff(env_call(call, **env), problem.out, check) for _, call, env in runs]
-        timings = bench_kineto_interleaved([(problem.call, problem.kernel)]
-                                           + [(env_call(call, **env), problem.kernel) for _, call, env in runs])
-        base = timings[0].median_s * 1e6
-        for (label, _, _), t, diff in zip(runs, timings[1:], diffs):
-            row["variants"].append((label, t.median_s * 1e6, diff, base))
+        columns.append((("variant", "MN-major A scales"), mn_major_call(problem, groups, rows)))
     if rows % 256 == 0:
-        # The same layout declared aligned to 256 rows (set_mk_alignment_for_contiguous_layout), which
-        # lets the heuristic run 256-row tiles (in clusters: also timed without), its output checked
-        # like ours; a failure is reported in the row, the table goes on.
-        kernels.set_mk_alignment_for_contiguous_layout(256)
+        # 256-aligned rows let the heuristic run 256-row tiles (in clusters); a failure is reported
+        # in the row, the table goes on.
+        aligned = aligned_call(problem.call, 256)
         try:
-            problem.out.fill_(float("nan"))
-            problem.call()
-            row.update(aligned_diff=sample_diff(problem), aligned_us=bench_kineto(problem.call, problem.kernel).median_s * 1e6,
-                       aligned_single_us=kernel_us_with_env(problem.call, problem.kernel, MOE_FP8_MULTICAST="0"))
+            row["aligned_diff"] = output_diff(aligned, problem.out, check)
+            columns += [("aligned_us", aligned), ("aligned_single_us", env_call(aligned, MOE_FP8_MULTICAST="0"))]
         except Exception as exc:  # noqa: BLE001
             row.update(aligned_diff=float("nan"), aligned_error=str(exc)[:80])
-        finally:
-            kernels.set_mk_alignment_for_contiguous_layout(128)
+    diffs = {key: output_diff(call, problem.out, check) for key, call in columns if key != "aligned_us"}
     try:
-        theirs = torch_grouped(problem.a, problem.b, [rows] * groups)
-        t_ref = bench_kineto(theirs, "").median_s
-        row.update(torch_us=t_ref * 1e6, torch_tflops=problem.flops / t_ref / 1e12,
-                   speedup=t_ref * 1e6 / row["ours_us"])
+        columns.append(("torch_us", torch_grouped(problem.a, problem.b, [rows] * groups)))
     except Exception as exc:  # noqa: BLE001 - report what the peer refused, keep measuring ours
-        row.update(torch_us=float("nan"), torch_tflops=float("nan"), speedup=float("nan"), torch_error=str(exc)[:80])
+        row.update(torch_error=str(exc)[:80])
+    timings = bench_kineto_interleaved([(problem.call, problem.kernel)] + [(call, problem.kernel) for _, call in columns])
+    base = timings[0].median_s
+    row.update(ours_us=base * 1e6, tflops=problem.flops / base / 1e12, weight_gbps=problem.weight_bytes / base / 1e9,
+               single_us=None, turns_flipped_us=None, torch_us=float("nan"), variants=[],
+               diff=worst_of(row["diff"], *diffs.values()))
+    for (key, _), t in zip(columns, timings[1:]):
+        if isinstance(key, tuple):
+            row["variants"].append((key[1], t.median_s * 1e6, diffs[key], base * 1e6))
+        else:
+            row[key] = t.median_s * 1e6
+    row.update(torch_tflops=problem.flops / row["torch_us"] * 1e-6, speedup=row["torch_us"] / row["ours_us"])
     return row
 
 
@@ -311,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                               "-" if aligned_single is None else f"{aligned_single:.1f}",
                               f"{r['torch_us']:.1f}", f"{r['torch_tflops']:.0f}", peer,
                               "-" if aligned is None else f"{r['torch_us'] / aligned:.2f}x"]
-                    r["diff"] = worst_of(r["diff"], r.get("aligned_diff", 0.0), *(d for _, _, d, _ in r["variants"]))
+                    r["diff"] = worst_of(r["diff"], r.get("aligned_diff", 0.0))
                     variant_cells = [f"{us:.1f} ({us / base:.2f}x)" for _, us, _, base in r["variants"]]
                 else:
                     cells += ["-"] * 12
@@ -345,13 +356,16 @@ def main(argv: list[str] | None = None) -> int:
                            f"{r['ours_us'] / v2['ours_us']:.2f}x" if r else "-"] if v2 else ["-"] * 3)
                 diffs = [x["diff"] for x in (r, r4, v2) if x]
                 variant_cells = []
-                for label, env in variants:
-                    if r is None:
-                        variant_cells += ["-", "-"]
-                        continue
-                    us, diff = checked_variant_us(p8.call, p8.kernel, p8.out, output_check(p8), **env)
-                    diffs.append(diff)
-                    variant_cells += [f"{us:.1f}", f"{us / r['ours_us']:.2f}x"]
+                if r is None:
+                    variant_cells += ["-", "-"] * len(variants)
+                elif variants:
+                    # Each against the default timed in the same profile, runs interleaved.
+                    check = output_check(p8)
+                    diffs += [output_diff(env_call(p8.call, **env), p8.out, check) for _, env in variants]
+                    timings = bench_kineto_interleaved([(p8.call, p8.kernel)]
+                                                       + [(env_call(p8.call, **env), p8.kernel) for _, env in variants])
+                    variant_cells += [cell for t in timings[1:] for cell in
+                                      (f"{t.median_s * 1e6:.1f}", f"{t.median_s / timings[0].median_s:.2f}x")]
                 cells.append(f"{worst_of(*diffs):.1e}")
                 print("| " + " | ".join(cells + variant_cells) + " |", flush=True)
     return 0

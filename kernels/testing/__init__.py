@@ -1,9 +1,9 @@
 """Testing and benchmarking helpers shared by tests/ and bench/."""
 
 from .numeric import calc_diff, count_bytes
-from .bench import (bench_kineto, bench_kineto_interleaved, checked_variant_us, copy_ceiling_gbps, env_call, env_switches,
-                    flush_mode, kernel_us_with_env, output_diff, parse_env_variants, per_call_us, per_call_us_interleaved,
+from .bench import (bench_kineto, bench_kineto_interleaved, copy_ceiling_gbps, env_call, env_switches,
+                    flush_mode, output_diff, parse_env_variants, per_call_us, per_call_us_interleaved,
                     KernelTiming)
 
-__all__ = ["calc_diff", "count_bytes", "bench_kineto", "bench_kineto_interleaved", "checked_variant_us", "copy_ceiling_gbps",
-           "env_call", "env_switches", "flush_mode", "kernel_us_with_env", "output_diff", "parse_env_variants", "per_call_us", "per_call_us_interleaved", "KernelTiming"]
+__all__ = ["calc_diff", "count_bytes", "bench_kineto", "bench_kineto_interleaved", "copy_ceiling_gbps",
+           "env_call", "env_switches", "flush_mode", "output_diff", "parse_env_variants", "per_call_us", "per_call_us_interleaved", "KernelTiming"]

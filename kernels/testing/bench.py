@@ -319,14 +319,6 @@ def parse_env_variants(values: list[str]) -> list[tuple[str, dict[str, str]]]:
     return variants
 
 
-def kernel_us_with_env(fn: Callable[[], object], kernel_name: str, **env: str) -> float:
-    """Kernel time in µs (bench_kineto's median) with environment variables set for the call, e.g. a
-    kernel variant switched off (MOE_FP8_MULTICAST="0"); the environment is restored afterwards."""
-    with env_switches(**env):
-        fn()
-        return bench_kineto(fn, kernel_name).median_s * 1e6
-
-
 def output_diff(fn: Callable[[], object], out: torch.Tensor, check: Callable[[torch.Tensor], float]) -> float:
     """check(out) of ``fn``'s own output: ``out`` NaN-poisoned, then written by one call of ``fn``, so a
     fast wrong variant shows."""
@@ -334,9 +326,3 @@ def output_diff(fn: Callable[[], object], out: torch.Tensor, check: Callable[[to
     fn()
     return check(out)
 
-
-def checked_variant_us(fn: Callable[[], object], kernel_name: str, out: torch.Tensor,
-                       check: Callable[[torch.Tensor], float], **env: str) -> tuple[float, float]:
-    """A variant's kernel time in µs (kernel_us_with_env) and output_diff of one call with ``env`` set."""
-    diff = output_diff(env_call(fn, **env), out, check)
-    return kernel_us_with_env(fn, kernel_name, **env), diff

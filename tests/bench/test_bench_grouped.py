@@ -39,24 +39,6 @@ def test_problem_outputs_are_written(weights):
     assert torch.isfinite(contiguous.out).all() and torch.isfinite(masked.out[:, :3]).all()
 
 
-@pytest.mark.parametrize("before", [None, "1"])
-def test_kernel_us_with_env_restores_the_environment(monkeypatch, before):
-    """The switch holds during the timed calls only; a value the user had set comes back."""
-    import kernels.testing.bench as bench_helpers
-
-    if before is None:
-        monkeypatch.delenv("MOE_FP8_MULTICAST", raising=False)
-    else:
-        monkeypatch.setenv("MOE_FP8_MULTICAST", before)
-    seen = []
-    monkeypatch.setattr(bench_helpers, "bench_kineto",
-                        lambda fn, name: (fn(), bench_helpers.KernelTiming(2e-6, 1e-6, 1, 1))[1])
-    us = bench_helpers.kernel_us_with_env(lambda: seen.append(os.environ.get("MOE_FP8_MULTICAST")), "k",
-                                          MOE_FP8_MULTICAST="0")
-    assert us == pytest.approx(2.0) and seen == ["0", "0"]
-    assert os.environ.get("MOE_FP8_MULTICAST") == before
-
-
 @pytest.mark.parametrize("weights", ["fp8", "fp4"])
 def test_sample_diff_checks_first_and_last_group(weights, seed):
     """The benchmark's correctness column: small against the dequantized operands, large when a
@@ -161,3 +143,22 @@ def test_contiguous_mn_major_scales_run_beside_the_default(monkeypatch, seed):
     assert label == "MN-major A scales" and diff < 1e-3 and us / base == pytest.approx(1.0)
     mn = bench.kernels.get_mn_major_tma_aligned_tensor(seen[0].a[1])
     assert mn.stride(0) == 1 and torch.equal(mn, seen[0].a[1])
+
+
+def test_aligned_call_declares_the_alignment_for_its_call_only():
+    """The 256-aligned column is interleaved with the others: its alignment holds while it runs and
+    the one in force before comes back, also when the call raises."""
+    import kernels
+
+    seen = []
+    call = bench.aligned_call(lambda: seen.append(kernels.get_mk_alignment_for_contiguous_layout()), 256)
+    before = kernels.get_mk_alignment_for_contiguous_layout()
+    call()
+    assert seen == [256] and kernels.get_mk_alignment_for_contiguous_layout() == before
+
+    def fails():
+        raise RuntimeError("refused")
+
+    with pytest.raises(RuntimeError, match="refused"):
+        bench.aligned_call(fails, 256)()
+    assert kernels.get_mk_alignment_for_contiguous_layout() == before
