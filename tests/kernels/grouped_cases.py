@@ -1,0 +1,63 @@
+"""Shared cases of the grouped GEMM tests (test_grouped.py, test_grouped_sfa_copy.py): FP8 weights and
+contiguous layouts, their float64 reference, one NaN-poisoned contiguous call and its kernel plan."""
+
+from __future__ import annotations
+
+import torch
+
+import kernels
+from kernels.reference.gemm import dequantize_a, dequantize_b
+from kernels.reference.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+
+GROUPED_NK = [(4096, 7168), (7168, 2048)]
+
+
+def make_weights(g: int, n: int, k: int, device: str):
+    """[G, N, K] E4M3 weights and their block scales, quantized a group at a time: 256 experts of
+    4096 x 7168 whole would take the reference quantizer's ~60 GB of float32 temporaries, more than
+    an H100 holds beside the other test workers."""
+    w = torch.empty(g, n, k, device=device, dtype=torch.float8_e4m3fn)
+    sf = torch.empty(g, (n + 127) // 128, (k + 127) // 128, device=device, dtype=torch.float32)
+    for i in range(g):
+        w[i], sf[i] = per_block_cast_to_fp8(torch.randn(n, k, device=device, dtype=torch.bfloat16))
+    return w, sf
+
+
+def make_contiguous(counts: list[int], k: int, device: str, align: int = 128):
+    """Rows of each group padded to ``align``; returns (a_fp8, m_indices, row groups)."""
+    m_indices = []
+    for g, c in enumerate(counts):
+        padded = (c + align - 1) // align * align
+        m_indices += [g] * c + [-1] * (padded - c)
+    m_indices = torch.tensor(m_indices, dtype=torch.int32, device=device)
+    a = torch.randn(len(m_indices), k, device=device, dtype=torch.bfloat16)
+    return per_token_cast_to_fp8(a), m_indices
+
+
+def expected_contiguous(a_fp8, b_fp8, m_indices) -> torch.Tensor:
+    lhs = dequantize_a(*a_fp8).double()
+    out = torch.zeros(lhs.shape[0], b_fp8[0].shape[1], dtype=torch.float64, device=lhs.device)
+    for g in range(b_fp8[0].shape[0]):
+        rows = m_indices == g
+        if rows.any():
+            out[rows] = lhs[rows] @ dequantize_b(b_fp8[0][g], b_fp8[1][g]).double().t()
+    return out
+
+
+def assert_same_output(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Bit for bit the same output, NaN (never written) in the same places."""
+    assert torch.equal(got.isnan(), want.isnan()), f"{what}: other rows written"
+    assert torch.equal(got.nan_to_num(), want.nan_to_num()), what
+
+
+def run_contiguous(a_fp8, b_fp8, m_indices, n: int) -> torch.Tensor:
+    """D of one contiguous call, poisoned with NaN before it."""
+    d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device=m_indices.device)
+    kernels.m_grouped_fp8_gemm_nt_contiguous(a_fp8, b_fp8, d, m_indices)
+    return d
+
+
+def contiguous_config(m_indices, n: int, k: int, num_groups: int) -> dict:
+    """The kernel plan of a contiguous call on this device (alignment 128)."""
+    return kernels.jit.native_module().fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(),
+                                                          gemm_type=1, num_groups=num_groups, alignment=128)
