@@ -35,7 +35,7 @@ want tests && step multirank_tests 400 python3 -m pytest -q -m "gpu and multiran
   -k "not deepseek_v3" tests/moe_runtime
 if want deepseek; then
   for backend in torch nvshmem; do
-    step "deepseek_v3_$backend" 300 $run tests/moe_runtime/test_staged.py --device cuda --preset deepseek-v3 \
+    step "deepseek_v3_$backend" 300 $run tests/moe_runtime/staged_worker.py --device cuda --preset deepseek-v3 \
       --symm-backend "$backend"
   done
 fi

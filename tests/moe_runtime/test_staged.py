@@ -9,13 +9,11 @@ through torch symmetric memory, and the DeepSeek-V3 layer with one rank per GPU 
 machine has several.
 
 On CPU tensors the kernels run their pure-torch references, so the whole staged pipeline runs here.
-
-This file is also the multi-rank worker: ``torchrun --nproc-per-node N test_staged.py --device cpu|cuda``.
+The multi-rank worker: staged_worker.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 from pathlib import Path
 
@@ -24,24 +22,14 @@ import torch
 
 import kernels
 from kernels.testing.numeric import calc_diff
-from moe_runtime import MegaMoELayer, RouterConfig
+from moe_runtime import MegaMoELayer
 from moe_runtime.backends import LocalExperts, MoEProblem, create_backend
 from moe_runtime.backends.staged import StagedDispatchCombine
 from moe_runtime.backends import low_latency, staged
 from moe_runtime.quant_weights import quantize_expert_weight
-from torchrun_helper import exit_worker, run_torchrun
+from torchrun_helper import run_torchrun
 
-H, I, E, S = 256, 128, 8, 128
-kTolerance = 1e-3
-
-
-def _expert_weights(num_experts: int, hidden: int, inter: int, seed: int, device="cpu"):
-    """bf16 gate_up [E, 2I, H] and down [E, H, I]; drawn in bf16 on ``device`` (a DeepSeek-V3 layer's
-    float32 draw would need 45 GB)."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    gate_up = torch.randn(num_experts, 2 * inter, hidden, generator=g, device=device, dtype=torch.bfloat16)
-    down = torch.randn(num_experts, hidden, inter, generator=g, device=device, dtype=torch.bfloat16)
-    return gate_up.mul_(hidden ** -0.5), down.mul_(inter ** -0.5)
+from staged_cases import E, H, I, expert_weights, kTolerance, layer_pair
 
 
 def _problem(device, hidden=H, inter=I, num_experts=E, top_k=3, weights="fp8", dtype=torch.bfloat16, ep_size=1,
@@ -86,7 +74,7 @@ def _run_pair(pair, x, idx, weights, out_dtype=torch.bfloat16):
 def test_staged_pair_matches_reference(seed, kind, num_tokens):
     top_k = 3
     problem = _problem("cpu", top_k=top_k)
-    gate_up, down = _expert_weights(E, H, I, seed)
+    gate_up, down = expert_weights(E, H, I, seed)
     staged_pair, reference_pair = _pairs(problem, gate_up, down, "cpu")
     x = torch.randn(num_tokens, H).to(torch.bfloat16)
     idx, weights = _routing(kind, num_tokens, top_k, E, "cpu")
@@ -119,7 +107,7 @@ def test_staged_pair_equals_reference_up_to_the_l1_rounding(seed, monkeypatch, k
     from moe_runtime.backends import reference
     monkeypatch.setattr(reference, "expert_mlp", _expert_mlp_with_bf16_l1_output)
     problem = _problem("cpu")
-    gate_up, down = _expert_weights(E, H, I, seed)
+    gate_up, down = expert_weights(E, H, I, seed)
     staged_pair, reference_pair = _pairs(problem, gate_up, down, "cpu")
     x = torch.randn(num_tokens, H).to(torch.bfloat16)
     idx, weights = _routing(kind, num_tokens, 3, E, "cpu")
@@ -129,7 +117,7 @@ def test_staged_pair_equals_reference_up_to_the_l1_rounding(seed, monkeypatch, k
 def _decode_batch(seed: int, kind: str, num_tokens: int, weights_format: str):
     """A decode-sized batch for the staged pair: (problem, experts, staged pair, x, topk_idx, topk_weights)."""
     problem = _problem("cpu", weights=weights_format)
-    gate_up, down = _expert_weights(E, H, I, seed)
+    gate_up, down = expert_weights(E, H, I, seed)
     experts = LocalExperts(quantize_expert_weight(gate_up, weights_format), quantize_expert_weight(down, weights_format), 0)
     x = torch.randn(num_tokens, H).to(torch.bfloat16)
     idx, weights = _routing(kind, num_tokens, 3, E, "cpu")
@@ -185,7 +173,7 @@ def test_local_decode_dispatch_equals_the_planned_one(seed, kind, num_tokens, we
 
 def test_local_decode_dispatch_only_at_decode_sizes(seed):
     problem = _problem("cpu")
-    gate_up, down = _expert_weights(E, H, I, seed)
+    gate_up, down = expert_weights(E, H, I, seed)
     (dispatch_combine, _), _ = _pairs(problem, gate_up, down, "cpu")
     for num_tokens, local in ((33, False), (0, False), (32, True)):
         x = torch.randn(num_tokens, H).to(torch.bfloat16)
@@ -200,7 +188,7 @@ def test_local_decode_dispatch_only_at_decode_sizes(seed):
 def test_staged_pair_detects_a_wrong_expert(seed):
     """The comparison can fail: swap two experts' weights on the staged side only."""
     problem = _problem("cpu")
-    gate_up, down = _expert_weights(E, H, I, seed)
+    gate_up, down = expert_weights(E, H, I, seed)
     staged_pair, reference_pair = _pairs(problem, gate_up, down, "cpu")
     swapped, _ = _pairs(problem, gate_up[[1, 0, *range(2, E)]], down[[1, 0, *range(2, E)]], "cpu")
     x = torch.randn(200, H).to(torch.bfloat16)
@@ -213,7 +201,7 @@ def test_staged_pair_detects_a_wrong_expert(seed):
 def test_dispatch_builds_the_contiguous_layout(seed):
     top_k = 2
     problem = _problem("cpu", top_k=top_k)
-    gate_up, down = _expert_weights(E, H, I, seed)
+    gate_up, down = expert_weights(E, H, I, seed)
     (dispatch_combine, _), _ = _pairs(problem, gate_up, down, "cpu")
     x = torch.randn(150, H).to(torch.bfloat16)
     idx, weights = _routing("skewed", 150, top_k, E, "cpu")
@@ -253,7 +241,7 @@ def test_group_must_match_ep_size():
 
 def test_dispatch_rejects_bad_input(seed):
     problem = _problem("cpu", top_k=2, capacity=16)
-    gate_up, down = _expert_weights(E, H, I, seed)
+    gate_up, down = expert_weights(E, H, I, seed)
     (dispatch_combine, _), _ = _pairs(problem, gate_up, down, "cpu")
     x = torch.randn(4, H).to(torch.bfloat16)
     idx, weights = _routing("random", 4, 2, E, "cpu")
@@ -274,43 +262,11 @@ def test_dispatch_rejects_bad_input(seed):
 
 # ---- MegaMoELayer(backend="staged") -------------------------------------------------------------------
 
-_kRouters = {
-    "mixtral": (RouterConfig(), 2, False),
-    "deepseek": (RouterConfig(scoring_func="sigmoid", n_group=4, topk_group=2, use_score_bias=True,
-                              routed_scaling_factor=2.5), 3, True),
-    # DeepSeek-V3's own routing: 256 experts in 8 groups, 4 groups per token, top-8.
-    "deepseek-v3": (RouterConfig(scoring_func="sigmoid", n_group=8, topk_group=4, use_score_bias=True,
-                                 routed_scaling_factor=2.5), 8, True),
-}
-
-
-def _layer_pair(router: str, seed: int, device, hidden=H, inter=I, num_experts=E, skew=False, ep_group=None,
-                reference_group=None, capacity=512, shared_inter=S, weights="fp8", backend="staged"):
-    cfg, top_k, shared = _kRouters[router]
-    g = torch.Generator().manual_seed(seed)
-    gate_up, down = _expert_weights(num_experts, hidden, inter, seed, device)
-    w = dict(router_weight=torch.randn(num_experts, hidden, generator=g), gate_up=gate_up, down=down)
-    if cfg.use_score_bias:
-        w["score_bias"] = torch.randn(num_experts, generator=g) * 0.05
-        if skew:
-            w["score_bias"][1] = 10.0  # expert 1 is in every token's top-k
-    if shared:
-        w["shared_gate_up"] = (torch.randn(2 * shared_inter, hidden, generator=g) / hidden ** 0.5).to(torch.bfloat16)
-        w["shared_down"] = (torch.randn(hidden, shared_inter, generator=g) / shared_inter ** 0.5).to(torch.bfloat16)
-    layers = []
-    for name, group in ((backend, ep_group), ("reference", reference_group)):
-        layer = MegaMoELayer(hidden, inter, num_experts, top_k, router=cfg, weights=weights, backend=name,
-                             shared_intermediate_size=shared_inter if shared else 0, ep_group=group,
-                             num_max_tokens_per_rank=capacity, device=device)
-        layers.append(layer.load_weights(**w))
-    return layers
-
-
 @pytest.mark.parametrize("router,skew,weights", [("mixtral", False, "fp8"), ("deepseek", False, "fp8"),
                                                   ("deepseek", True, "fp8"), ("mixtral", False, "fp4"),
                                                   ("deepseek", True, "fp4")])
 def test_layer_staged_matches_reference(seed, router, skew, weights):
-    staged_layer, reference_layer = _layer_pair(router, seed, "cpu", skew=skew, weights=weights)
+    staged_layer, reference_layer = layer_pair(router, seed, "cpu", skew=skew, weights=weights)
     assert staged_layer.backend_name == "staged" and reference_layer.backend_name == "reference"
     for num_tokens in (0, 1, 129, 300):
         x = torch.randn(num_tokens, H).to(torch.bfloat16)
@@ -329,7 +285,7 @@ def test_contiguous_layout_mn_major_scales_equal_k_major(seed, monkeypatch, devi
     SwiGLU writing MN-major) give the K-major forward's output bit for bit (MOE_STAGED_MN_MAJOR_SF=0);
     FP8 only, where the GEMMs load such scales by TMA."""
     hidden, inter = 512, 512
-    staged_layer, reference_layer = _layer_pair("deepseek", seed, device, hidden, inter, capacity=1024)
+    staged_layer, reference_layer = layer_pair("deepseek", seed, device, hidden, inter, capacity=1024)
     experts = staged_layer._backend(torch.device(device))[1]
     assert experts.mn_major_l1 and experts.mn_major_l2
     x = torch.randn(300, hidden, device=device).to(torch.bfloat16)
@@ -382,7 +338,7 @@ def test_backend_selection(monkeypatch):
 
 
 def _torchrun(nproc: int, device: str, *extra: str, timeout: int = 300) -> str:
-    return run_torchrun(Path(__file__).resolve(), nproc, ["--device", device, *extra],
+    return run_torchrun(Path(__file__).resolve().with_name("staged_worker.py"), nproc, ["--device", device, *extra],
                         f"[rank 0/{nproc}] staged worker ok: {nproc} ranks", timeout=timeout)
 
 
@@ -403,7 +359,7 @@ _kNeedsCuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CU
                                                   ("deepseek", True, "fp4")])
 def test_gpu_layer_staged_matches_reference(seed, router, skew, weights):
     hidden, inter, num_experts = 1024, 512, 16
-    staged_layer, reference_layer = _layer_pair(router, seed, "cuda", hidden, inter, num_experts, skew=skew,
+    staged_layer, reference_layer = layer_pair(router, seed, "cuda", hidden, inter, num_experts, skew=skew,
                                                 capacity=4096, weights=weights)
     assert staged_layer.backend_name == "staged"
     auto = MegaMoELayer(hidden, inter, num_experts, 2, backend="auto", device="cuda")
@@ -442,7 +398,7 @@ def test_gpu_decode_forward_in_a_cuda_graph(seed, router, weights):
     """At decode sizes on one rank nothing in the staged forward syncs with the host: the layer is
     captured once and replayed on new tokens, equal to the eager forward and close to the reference."""
     hidden, num_tokens = 1024, 24
-    staged_layer, reference_layer = _layer_pair(router, seed, "cuda", hidden, 512, 16, capacity=64, weights=weights)
+    staged_layer, reference_layer = layer_pair(router, seed, "cuda", hidden, 512, 16, capacity=64, weights=weights)
     _check_graph_replays(staged_layer, reference_layer, num_tokens, hidden)
 
 
@@ -471,7 +427,7 @@ def test_gpu_layer_low_latency_matches_reference(seed, router, weights):
     """One rank: the transport's kernels on an ordinary allocation, several forwards in a row; FP4 at
     512 tokens expects more rows per expert than the decode layout serves (the packed weights run)."""
     hidden, inter, num_experts = 1024, 512, 16
-    ll_layer, reference_layer = _layer_pair(router, seed, "cuda", hidden, inter, num_experts, capacity=512,
+    ll_layer, reference_layer = layer_pair(router, seed, "cuda", hidden, inter, num_experts, capacity=512,
                                             weights=weights, backend="low_latency")
     assert ll_layer.backend_name == "low_latency"
     for num_tokens in (1, 0, 512, 17):
@@ -488,7 +444,7 @@ def test_gpu_low_latency_forward_in_a_cuda_graph(seed):
     """Nothing in the low-latency forward syncs with the host at any token count: captured once,
     replayed on new tokens (each replay one dispatch and one combine, as the transport requires)."""
     hidden, num_tokens = 1024, 48
-    ll_layer, reference_layer = _layer_pair("deepseek", seed, "cuda", hidden, 512, 16, capacity=64,
+    ll_layer, reference_layer = layer_pair("deepseek", seed, "cuda", hidden, 512, 16, capacity=64,
                                             backend="low_latency")
     _check_graph_replays(ll_layer, reference_layer, num_tokens, hidden)
 
@@ -507,143 +463,3 @@ def test_gpu_staged_deepseek_v3_one_rank_per_gpu(backend):
         pytest.skip("nvshmem4py-cu13 is not installed")
     out = _torchrun(num_gpus, "cuda", "--preset", "deepseek-v3", "--symm-backend", backend, timeout=600)
     assert f"deepseek-v3, {backend} SymmBuffer" in out
-
-
-# ---- the worker ---------------------------------------------------------------------------------------
-
-
-def _worker_check(condition: bool, message: str) -> None:
-    import torch.distributed as dist
-    if not condition:
-        raise AssertionError(f"rank {dist.get_rank()}: {message}")
-
-
-def _check_every_rank_raises_on_one_ranks_invalid_id(layer, ctx, hidden: int, num_experts: int) -> None:
-    """An expert id outside [-1, E) on rank 1 only: every rank raises the same ValueError (the ids
-    are counted in the exchanged count matrix), none waits for the others, and the buffers stay
-    usable (the caller's forwards follow)."""
-    import torch.distributed as dist
-
-    dispatch_combine, _ = layer._backend(ctx.device)
-    g = torch.Generator().manual_seed(7 + ctx.rank)
-    x = torch.randn(6, hidden, generator=g).to(device=ctx.device, dtype=torch.bfloat16)
-    idx = torch.stack([torch.randperm(num_experts, generator=g)[: layer.top_k] for _ in range(6)]).to(ctx.device)
-    weights = torch.rand(6, layer.top_k, generator=g).to(ctx.device)
-    if ctx.rank == 1:
-        idx[2, 0] = num_experts + 5
-    message = ""
-    try:
-        dispatch_combine.dispatch(x, idx, weights)
-    except ValueError as err:
-        message = str(err)
-    expected = [0] * dist.get_world_size()
-    expected[1] = 1
-    _worker_check(f"ids outside that per rank: {expected}" in message,
-                  f"every rank raises on rank 1's invalid id, got {message!r}")
-
-
-def _check_every_rank_raises_on_an_oversized_layout(ctx, hidden: int) -> None:
-    """Top-k larger than a rank's experts with every id on expert 0 (a router never does this):
-    rank 0's layout outgrows the receive capacity. Every rank raises the same RuntimeError after
-    the dispatch (rows past the views dropped, none written outside them), and the next forward on
-    the same buffers matches a per-token sum of the pairs sent."""
-    import torch.distributed as dist
-
-    world = dist.get_world_size()
-    num_local, top_k, capacity = 2, 3, 200
-    problem = MoEProblem(hidden, 64, num_local * world, top_k, "fp8", torch.bfloat16, ctx.device, world, capacity,
-                         use_fp8_dispatch=True)
-    pair = StagedDispatchCombine(problem, ctx.ep_group, ctx.rank * num_local)
-    x = torch.randn(capacity, hidden, generator=torch.Generator().manual_seed(11 + ctx.rank))
-    x = x.to(device=ctx.device, dtype=torch.bfloat16)
-    weights = torch.rand(capacity, top_k, generator=torch.Generator().manual_seed(3)).to(ctx.device)
-    message = ""
-    try:
-        pair.dispatch(x, torch.zeros(capacity, top_k, dtype=torch.int64, device=ctx.device), weights)
-    except RuntimeError as err:
-        message = str(err)
-    _worker_check("rank 0 would receive" in message, f"every rank raises on the oversized layout, got {message!r}")
-    idx = torch.stack([torch.randperm(num_local * world, generator=torch.Generator().manual_seed(ctx.rank * 100 + t))
-                       [:top_k] for t in range(5)]).to(ctx.device)
-    small = x[:5]
-    out = pair.dispatch(small, idx, weights[:5])
-    # A stand-in for the experts: the dequantized row times the pair's weight.
-    expert_out = (out.x.float() * out.x_sf.repeat_interleave(128, dim=1) * out.topk_weights).to(torch.bfloat16)
-    out.handle.out_dtype = torch.float32
-    y = pair.combine(expert_out, out.handle)
-    xq, xs = kernels.per_token_cast_to_fp8(small, use_ue8m0=False, gran_k=128)
-    rows = xq.float() * xs.repeat_interleave(128, dim=1)
-    expected = (rows.unsqueeze(1) * weights[:5].unsqueeze(-1)).to(torch.bfloat16).float().sum(1)
-    _worker_check(calc_diff(y, expected) < 1e-6, "a forward after the raise still combines every pair")
-
-
-def worker_main() -> None:
-    """Staged EP layer vs the single-process reference layer on each rank's slice of the tokens.
-
-    ``--preset small``: a 16-expert layer (ranks may share a GPU). ``--preset deepseek-v3``: the
-    DeepSeek-V3 layer (7168 hidden, 2048 intermediate, 256 experts in 8 groups, top-8, a shared
-    expert), random routing and a skewed one (expert 1 in every token's top-k), one GPU per rank.
-    ``--symm-backend`` picks the SymmBuffer backend (``MOE_SYMM_BACKEND``)."""
-    import os
-
-    import torch.distributed as dist
-
-    from moe_runtime import init_distributed, rank_print
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--preset", choices=["small", "deepseek-v3"], default="small")
-    parser.add_argument("--symm-backend", choices=["host", "torch", "nvshmem"], default=None)
-    parser.add_argument("--backend", choices=["staged", "low_latency"], default="staged")
-    args = parser.parse_args()
-    if args.symm_backend:
-        os.environ["MOE_SYMM_BACKEND"] = args.symm_backend
-    ctx = init_distributed(device=args.device)
-    rank, world = ctx.rank, ctx.world_size
-    alone = [dist.new_group([r]) for r in range(world)][rank]
-    steps = [[(5, 0, 7, 3)[r % 4] for r in range(world)],      # rank 1 has no tokens
-             [(r * 131) % 300 + 1 for r in range(world)],       # more than a block on some ranks
-             [0] * world]                                     # nobody has tokens
-    if args.preset == "deepseek-v3":
-        if args.device != "cuda":
-            raise SystemExit("--preset deepseek-v3 needs --device cuda")
-        hidden, inter, num_experts, shared_inter = 7168, 2048, 256, 2048
-        cases = [("deepseek-v3", False), ("deepseek-v3", True)]
-        steps.insert(2, [2048] * world)                        # a prefill batch on every rank
-        capacity = 2048 * world                                # the reference takes every rank's tokens
-    else:
-        hidden, inter, num_experts = (H, I, E) if args.device == "cpu" else (1024, 512, 16)
-        shared_inter, cases, capacity = S, [("mixtral", False), ("deepseek", True)], 512
-    for case, (router, skew) in enumerate(cases):
-        ep, single = _layer_pair(router, case, ctx.device, hidden, inter, num_experts, skew=skew,
-                                 ep_group=ctx.ep_group, reference_group=alone, capacity=capacity,
-                                 shared_inter=shared_inter, backend=args.backend)
-        _worker_check(ep.backend_name == args.backend and ep.num_local_experts == num_experts // world, "placement")
-        if args.backend == "staged" and case == 0:
-            _check_every_rank_raises_on_one_ranks_invalid_id(ep, ctx, hidden, num_experts)
-            if args.preset == "small":
-                _check_every_rank_raises_on_an_oversized_layout(ctx, hidden)
-        for step, counts in enumerate(steps):
-            tokens = torch.randn(sum(counts), hidden, generator=torch.Generator().manual_seed(100 + step))
-            tokens = tokens.to(device=ctx.device, dtype=torch.bfloat16)
-            offset = sum(counts[:rank])
-            mine = tokens[offset: offset + counts[rank]]
-            expected = single(tokens)[offset: offset + counts[rank]]
-            got = ep(mine)
-            _worker_check(got.shape == mine.shape, f"{router} step {step}: shape {tuple(got.shape)}")
-            if counts[rank]:
-                diff = calc_diff(got, expected)
-                _worker_check(diff < kTolerance, f"{router} step {step}: staged EP vs reference calc_diff {diff}")
-                rank_print(f"{router} skew={skew} tokens/rank={counts}: calc_diff {diff:.2e}", only_rank=0)
-        del ep, single
-        if ctx.device.type == "cuda":
-            torch.cuda.empty_cache()
-    dist.barrier()
-    backend = os.environ.get("MOE_SYMM_BACKEND", "default")
-    rank_print(f"staged worker ok: {world} ranks, {ctx.device.type}, {args.preset}, {backend} SymmBuffer",
-               only_rank=0)
-    exit_worker(ctx)
-
-
-if __name__ == "__main__":
-    worker_main()
