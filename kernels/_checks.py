@@ -38,12 +38,14 @@ def check_fp8_operand(fn: str, name: str, t: object, shape: tuple[int | None, ..
         fail(fn, TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != torch.float8_e4m3fn:
         fail(fn, TypeError, f"{name} must be float8_e4m3fn, got {t.dtype}")
+    check_dense(fn, name, t)
     if t.dim() != len(shape) or any(e is not None and s != e for s, e in zip(t.shape, shape)):
         expected = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
         fail(fn, ValueError, f"{name} must have shape {expected}, got {list(t.shape)}")
     stride = t.stride()
-    # K = 0 has no layout to check (torch gives such a tensor unit strides): the K checks name it.
-    if t.shape[-1] and (stride[-1] != 1 or stride[-2] % 16 != 0 or stride[-2] < t.shape[-1]):
+    # K = 0 has no layout to check (torch gives such a tensor unit strides), and a K off the 128 grid
+    # no row stride that fits: the K checks name both.
+    if t.shape[-1] and t.shape[-1] % BLOCK == 0 and (stride[-1] != 1 or stride[-2] % 16 != 0 or stride[-2] < t.shape[-1]):
         fail(fn, ValueError, f"{name} must be K-major (stride 1 along K, a row stride that is a multiple of 16 "
                              f"elements), got strides {stride}")
     if t.dim() == 3 and t.shape[0] > 1 and t.shape[1] > 0 and stride[0] != t.shape[1] * stride[1]:
@@ -65,10 +67,24 @@ def check_scales(fn: str, name: str, sf: object, shape: tuple[int, ...]) -> torc
     return sf
 
 
+def writable(t: torch.Tensor) -> bool:
+    """Whether a kernel may write ``t`` in place where torch would let an in-place op: not a tensor
+    whose update autograd would have to record (one requiring grad, grad mode on; the kernels write
+    through its pointer, unrecorded), nor an inference tensor outside inference mode."""
+    return not ((t.requires_grad and torch.is_grad_enabled())
+                or (t.is_inference() and not torch.is_inference_mode_enabled()))
+
+
 def check_output(fn: str, d: object, shape: tuple[int, ...]) -> torch.Tensor:
     if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or tuple(d.shape) != tuple(shape):
         fail(fn, ValueError, f"d must be a bfloat16 tensor of shape {list(shape)}, got "
                              f"{getattr(d, 'dtype', type(d).__name__)} {list(getattr(d, 'shape', ()))}")
+    check_dense(fn, "d", d)
+    if not writable(d):
+        why = ("requires grad with grad mode on (autograd cannot record the kernel's write: pass one that does not, "
+               "or call under torch.no_grad())" if d.requires_grad else
+               "is an inference tensor outside inference mode (call under torch.inference_mode(), or pass another)")
+        fail(fn, ValueError, f"d is written in place but {why}")
     stride = d.stride()
     if stride[-1] != 1 or stride[-2] % 8 != 0 or stride[-2] < shape[-1] or \
             (d.dim() == 3 and d.shape[0] > 1 and d.shape[1] > 0 and stride[0] != d.shape[1] * stride[1]):

@@ -71,7 +71,7 @@ def _validate(a, b, d, c) -> None:
 
 _SPAN = 1 << 32  # the kernels' scale offsets and C's row stride are 32-bit
 _COMPILED_DIMS = {dims: "m" in dims for dims in ("nk", "kn", "mnk", "mkn", "nmk", "nkm", "kmn", "knm")}
-_FP8, _F32, _BF16 = torch.float8_e4m3fn, torch.float32, torch.bfloat16
+_FP8, _F32, _BF16, _STRIDED = torch.float8_e4m3fn, torch.float32, torch.bfloat16, torch.strided
 
 
 def _launch_args(a, b, d, c, compile_m: bool):
@@ -88,7 +88,8 @@ def _launch_args(a, b, d, c, compile_m: bool):
         return None
     try:
         if a_t.dtype is not _FP8 or b_t.dtype is not _FP8 or sfa.dtype is not _F32 or sfb.dtype is not _F32 \
-                or d.dtype is not _BF16:
+                or d.dtype is not _BF16 or not _checks.writable(d) \
+                or any(t.layout is not _STRIDED for t in (a_t, sfa, b_t, sfb, d)):
             return None
         m, k = a_t.shape
         n, b_k = b_t.shape

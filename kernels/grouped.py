@@ -147,8 +147,9 @@ def _fast_tensors(a, b, d, index) -> tuple[torch.Tensor, ...] | None:
     if type(a) not in (tuple, list) or type(b) not in (tuple, list) or len(a) != 2 or len(b) != 2:
         return None
     tensors = (a[0], a[1], b[0], b[1], d, index)
-    if not all(isinstance(t, torch.Tensor) for t in tensors) or tensors[0].dtype is not _FP8 \
-            or tensors[1].dtype is not _F32 or d.dtype is not _BF16 or index.dtype is not _I32:
+    if not all(isinstance(t, torch.Tensor) and t.layout is torch.strided for t in tensors) \
+            or tensors[0].dtype is not _FP8 or tensors[1].dtype is not _F32 or d.dtype is not _BF16 \
+            or index.dtype is not _I32 or not _checks.writable(d):
         return None
     return tensors
 

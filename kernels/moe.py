@@ -235,6 +235,9 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
     num_tokens, num_experts = logits.shape
     if logits.device.type not in ("cpu", "cuda"):
         _checks.fail(fn, ValueError, f"logits must be on a CPU or CUDA device, got {logits.device}")
+    if num_experts == 0:
+        _checks.fail(fn, ValueError, f"logits must have one column per expert (at least one), got shape "
+                                     f"{list(logits.shape)}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 < top_k <= num_experts:
         _checks.fail(fn, ValueError, f"top_k must be an int in [1, {num_experts}], got {top_k!r}")
     for name, value in (("n_group", n_group), ("topk_group", topk_group)):
@@ -247,6 +250,8 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
     group_max = group_score == "max"
     if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not math.isfinite(scaling):
         _checks.fail(fn, TypeError, f"scaling must be a finite number, got {scaling!r}")
+    if scaling <= 0:  # a weight of zero or below would drop or flip the expert's output
+        _checks.fail(fn, ValueError, f"scaling must be > 0, got {scaling!r}")
     if (n_group is None) != (topk_group is None):
         _checks.fail(fn, ValueError, f"n_group and topk_group go together, got {n_group} and {topk_group}")
     if n_group is not None:

@@ -195,12 +195,18 @@ def init_distributed(backend: str | None = None, device=None,
 
 
 def as_device(value, name: str) -> torch.device:
-    """``torch.device(value)``, or a ValueError naming ``name``."""
+    """``torch.device(value)``, or a ValueError naming ``name``: also for a CUDA device this machine
+    does not have (torch would raise an AssertionError, or an error deep in the first allocation)."""
     try:
-        return torch.device(value)
+        device = torch.device(value)
     except (RuntimeError, TypeError) as error:
         raise ValueError(f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda:0', "
                          f"got {value!r} ({error})") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (device.index is not None and device.index >= count):
+            raise ValueError(f"{name} is {device} but this machine has {count} CUDA device(s)")
+    return device
 
 
 def _check_group(group: object) -> None:

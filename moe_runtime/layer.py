@@ -8,6 +8,7 @@ step, with zero tokens when it has none.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -130,38 +131,53 @@ class MegaMoELayer(nn.Module):
         data = data.view(dtype) if data.dtype in _kStorageViews.values() else data
         return ExpertWeight(fmt, data, None if sf is None else sf.view(torch.float32), shape)
 
-    def _expect(self, tensor, name: str, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-        """``tensor`` checked for ``load_weights`` onto ``device``: a float tensor of ``shape``
-        holding finite values (meta tensors only for a meta ``device``)."""
+    def _expect(self, tensor, name: str, shape: tuple[int, ...], device: torch.device,
+                stored: torch.dtype | None = None) -> torch.Tensor:
+        """``tensor`` checked for ``load_weights`` onto ``device``: a dense float tensor of ``shape``
+        (float16 or wider) holding finite values, within the range of ``stored`` where it is cast to
+        that dtype (None: it is quantized from its own); meta tensors only for a meta ``device``."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a tensor of shape {shape}, got {type(tensor).__name__}")
+        if tensor.layout is not torch.strided:
+            raise ValueError(f"{name} must be a dense (strided) tensor, got layout {tensor.layout}")
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
-        if not tensor.is_floating_point():
-            raise TypeError(f"{name} must be a float tensor, got {tensor.dtype}")
+        if not tensor.is_floating_point() or tensor.dtype.itemsize < 2:
+            raise TypeError(f"{name} must be a float16, bfloat16, float32 or float64 tensor, got {tensor.dtype}")
         if tensor.device.type == "meta":
             if device.type != "meta":
                 raise ValueError(f"{name} is on the meta device (no values) but the weights load onto {device}: "
                                  "pass the checkpoint's tensors")
             return tensor
         # NaN or inf cannot be quantized (the scale of its FP8 block or FP4 group becomes NaN) and
-        # would reach every token routed there: one pass at load, over views of about 2^26 values
-        # along the first dim (no copy of a strided checkpoint tensor; a bounded mask per step).
-        if tensor.dim() and tensor.numel():
-            step = max(1, (1 << 26) // max(1, tensor[0].numel()))
-            for part in tensor.split(step):
-                if not bool(torch.isfinite(part).all()):
-                    raise ValueError(f"{name} must hold finite values, got NaN or inf")
-        elif tensor.numel() and not bool(torch.isfinite(tensor)):
-            raise ValueError(f"{name} must hold finite values, got NaN or inf")
+        # would reach every token routed there, as would a value that the cast to ``stored`` turns
+        # into inf: one pass at load, over views of about 2^26 values along the first dim (no copy
+        # of a strided checkpoint tensor; a no temporary the size of a step).
+        limit = torch.finfo(stored).max if stored is not None else float("inf")
+        parts = tensor.split(max(1, (1 << 26) // max(1, tensor[0].numel()))) if tensor.dim() else (tensor,)
+        for part in parts:
+            if not part.numel():
+                continue
+            lowest, highest = torch.aminmax(part)  # both NaN where any value is
+            largest = max(-float(lowest), float(highest))
+            if not math.isfinite(largest):
+                raise ValueError(f"{name} must hold finite values, got NaN or inf")
+            if largest > limit:
+                raise ValueError(f"{name} holds a value of magnitude {largest:.4g}, beyond the range of "
+                                 f"{stored} ({limit:.4g}) that it is cast to")
         return tensor
+
+    def _stored_dtype(self) -> torch.dtype | None:
+        """The dtype expert weights are cast to: the layer dtype for "bf16" weights; None for FP8 and
+        FP4 ones (quantized from the checkpoint's own dtype)."""
+        return self.dtype if self.weights == "bf16" else None
 
     def _local_slice(self, tensor, name: str, rows: int, cols: int, device: torch.device) -> torch.Tensor:
         """Full-E tensors are cut to this rank's experts; E_local tensors are taken as they are."""
         e, e_local = self.num_experts, self.num_local_experts
-        if isinstance(tensor, torch.Tensor) and tensor.dim() == 3 and tensor.shape[0] == e:
+        if isinstance(tensor, torch.Tensor) and tensor.layout is torch.strided and tensor.dim() == 3 and tensor.shape[0] == e:
             tensor = tensor[self.placement.first_expert: self.placement.first_expert + e_local]
-        return self._expect(tensor, name, (e_local, rows, cols), device)
+        return self._expect(tensor, name, (e_local, rows, cols), device, self._stored_dtype())
 
     def load_weights(self, *, router_weight, gate_up, down, score_bias=None, shared_gate_up=None,
                      shared_down=None, shared_gate=None, device=None) -> "MegaMoELayer":
@@ -183,11 +199,11 @@ class MegaMoELayer(nn.Module):
         gate_dtype = self.router_config.logits_dtype or torch.float32
         # Everything is checked and quantized before any buffer changes: a bad argument leaves the
         # layer as it was (a half-replaced layer would keep serving mixed weights).
-        router = self._expect(router_weight, "router_weight", (e, h), device).to(device=device, dtype=gate_dtype)
+        router = self._expect(router_weight, "router_weight", (e, h), device, gate_dtype).to(device=device, dtype=gate_dtype)
         if self.router_config.use_score_bias:
             if score_bias is None:
                 raise ValueError("router.use_score_bias=True needs score_bias [E]")
-            bias = self._expect(score_bias, "score_bias", (e,), device).to(device=device, dtype=torch.float32)
+            bias = self._expect(score_bias, "score_bias", (e,), device, torch.float32).to(device=device, dtype=torch.float32)
         elif score_bias is not None:
             raise ValueError("score_bias was given but router.use_score_bias is False")
         else:
@@ -198,12 +214,12 @@ class MegaMoELayer(nn.Module):
             raise ValueError(f"shared_gate_up and shared_down are needed iff shared_intermediate_size > 0 "
                              f"(it is {s})")
         if s:
-            sw13 = self._expect(shared_gate_up, "shared_gate_up", (2 * s, h), device).to(device)
-            sw2 = self._expect(shared_down, "shared_down", (h, s), device).to(device)
+            sw13 = self._expect(shared_gate_up, "shared_gate_up", (2 * s, h), device, self._stored_dtype()).to(device)
+            sw2 = self._expect(shared_down, "shared_down", (h, s), device, self._stored_dtype()).to(device)
         if (shared_gate is None) == self.shared_expert_gate:
             raise ValueError(f"shared_gate [1, H] is needed iff shared_expert_gate=True (it is {self.shared_expert_gate})")
         gate = None if shared_gate is None else \
-            self._expect(shared_gate, "shared_gate", (1, h), device).to(device=device, dtype=self.dtype)
+            self._expect(shared_gate, "shared_gate", (1, h), device, self.dtype).to(device=device, dtype=self.dtype)
         stored = {"w13": quantize_expert_weight(w13, self.weights, self.dtype),
                   "w2": quantize_expert_weight(w2, self.weights, self.dtype)}
         if s:
@@ -283,6 +299,9 @@ class MegaMoELayer(nn.Module):
             raise RuntimeError("MegaMoELayer.forward before load_weights()")
         if not isinstance(hidden_states, torch.Tensor) or not hidden_states.is_floating_point():
             raise TypeError(f"hidden_states must be a float tensor, got {getattr(hidden_states, 'dtype', None)}")
+        if hidden_states.layout is not torch.strided or hidden_states.is_nested:
+            raise ValueError("hidden_states must be a dense (strided) tensor, got "
+                             + ("a nested tensor" if hidden_states.is_nested else f"layout {hidden_states.layout}"))
         if hidden_states.dtype.itemsize < 2:  # FP8 activations would come back as FP8 expert outputs
             raise TypeError(f"hidden_states must be float16, bfloat16, float32 or float64, got {hidden_states.dtype}")
         if hidden_states.dim() == 0 or hidden_states.shape[-1] != self.hidden_size:

@@ -9,6 +9,8 @@
 #include <cstdint>
 
 #include <Python.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/COW.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -23,9 +25,18 @@ struct View {
   int device = -1;
 };
 
+// Whether torch would let an in-place op write the tensor without recording it: not one requiring
+// grad with grad mode on, nor an inference tensor outside inference mode (kernels/_checks.py's
+// writable, which names the refusal).
+inline bool writable_in_place(const c10::TensorImpl* impl) {
+  if (c10::GradMode::is_enabled() && impl->requires_grad()) return false;
+  return c10::InferenceMode::is_enabled() || !const_cast<c10::TensorImpl*>(impl)->is_inference();
+}
+
 // A plain strided CUDA tensor of `dim` dimensions (torch.Tensor or nn.Parameter, not a subclass:
 // those may redefine what their storage means), or false. `written`: the kernel writes through
-// the pointer, so a copy-on-write storage (shared until materialized) is declined. `any_device`
+// the pointer, so a copy-on-write storage (shared until materialized) and a tensor torch would not
+// let an in-place op write (writable_in_place) are declined. `any_device`
 // also takes CPU tensors (device -1): the tests compare these checks with the Python ones on CPU.
 inline bool read(PyObject* obj, int dim, bool written, bool any_device, View& out) {
   if (obj == nullptr || THPVariableClass == nullptr || !THPVariable_CheckExact(obj)) return false;
@@ -47,7 +58,7 @@ inline bool read(PyObject* obj, int dim, bool written, bool any_device, View& ou
   c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
   if (storage == nullptr) return false;
   const c10::DataPtr& data = storage->_mutable_data_ptr_no_checks();
-  if (written && c10::impl::cow::is_cow_data_ptr(data)) return false;
+  if (written && (c10::impl::cow::is_cow_data_ptr(data) || !writable_in_place(impl))) return false;
   // As Tensor.data_ptr(): 0 for an empty tensor.
   out.ptr = numel == 0 ? 0
                        : reinterpret_cast<std::uint64_t>(static_cast<const char*>(data.get()) +

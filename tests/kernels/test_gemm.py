@@ -34,6 +34,12 @@ def test_cpu_residual_and_mn_major_scales(seed):
     assert calc_diff(d, reference_f64(a_fp8, b_fp8, c)) < 1e-4
 
 
+def inference_tensor(*shape: int) -> torch.Tensor:
+    """A bfloat16 tensor made under torch.inference_mode() (torch refuses in-place writes to it outside)."""
+    with torch.inference_mode():
+        return torch.empty(*shape, dtype=torch.bfloat16)
+
+
 def _bad_call(**overrides):
     m, n, k = 8, 16, 128
     a = (torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, 1))
@@ -45,7 +51,18 @@ def _bad_call(**overrides):
 
 @pytest.mark.parametrize("overrides,match", [
     (dict(a=(torch.zeros(8, 128, dtype=torch.bfloat16), torch.ones(8, 1))), "a\\[0\\] \\(A\\) must be float8_e4m3fn"),
-    (dict(a=(torch.zeros(8, 100, dtype=torch.float8_e4m3fn), torch.ones(8, 1))), "a\\[0\\] \\(A\\) must be K-major"),
+    (dict(a=(torch.zeros(8, 100, dtype=torch.float8_e4m3fn), torch.ones(8, 1)),
+          b=(torch.zeros(16, 100, dtype=torch.float8_e4m3fn), torch.ones(1, 1))), "K must be a positive multiple of 128"),
+    (dict(a=(torch.zeros(8, 256, dtype=torch.float8_e4m3fn)[:, ::2], torch.ones(8, 1))),
+     "a\\[0\\] \\(A\\) must be K-major"),
+    (dict(a=(torch.zeros(8, 128, dtype=torch.float8_e4m3fn), torch.ones(8, 1).to_sparse())),
+     "a\\[1\\] \\(SFA\\) must be a dense \\(strided\\) tensor"),
+    (dict(b=(torch.zeros(16, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1).to_sparse())),
+     "b\\[1\\] \\(SFB\\) must be a dense"),
+    (dict(d=torch.empty(8, 16, dtype=torch.bfloat16).to_sparse()), "d must be a dense"),
+    (dict(d=torch.empty(8, 16, dtype=torch.bfloat16).requires_grad_()), "d is written in place but requires grad"),
+    (dict(d=torch.nn.Parameter(torch.empty(8, 16, dtype=torch.bfloat16))), "d is written in place but requires grad"),
+    (dict(d=inference_tensor(8, 16)), "d is written in place but is an inference tensor"),
     (dict(b=(torch.zeros(16, 256, dtype=torch.float8_e4m3fn), torch.ones(1, 2))), "b\\[0\\] \\(B\\) must have shape"),
     (dict(b=(torch.zeros(12, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1)),
           d=torch.empty(8, 12, dtype=torch.bfloat16)), "N must be a positive multiple of 8"),
@@ -112,6 +129,10 @@ def _fast_path(check="python", **overrides):
     dict(c=torch.empty(16, 8).t()),
     dict(c=torch.empty(8, 8)),
     dict(c="residual"),
+    dict(a=(torch.zeros(8, 128, dtype=torch.float8_e4m3fn), torch.ones(8, 1).to_sparse())),
+    dict(b=(torch.zeros(16, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1).to_sparse())),
+    dict(d=torch.empty(8, 16, dtype=torch.bfloat16).requires_grad_()),
+    dict(d=inference_tensor(8, 16)),
     dict(a=(_TensorLike(torch.zeros(8, 128, dtype=torch.float8_e4m3fn)), torch.ones(8, 1))),
     dict(b=(torch.zeros(16, 128, dtype=torch.float8_e4m3fn), _TensorLike(torch.ones(1, 1)))),
 ])

@@ -49,6 +49,12 @@ class _TensorLike:
 
 _FP8 = torch.float8_e4m3fn
 
+
+def inference_tensor(*shape: int) -> torch.Tensor:
+    """A bfloat16 tensor made under torch.inference_mode() (torch refuses in-place writes to it outside)."""
+    with torch.inference_mode():
+        return torch.empty(*shape, dtype=torch.bfloat16)
+
 # The fast argument checks in Python and the C++ ones the entry points run first on CUDA tensors
 # (kernels._C.*_args: the check alone, CPU tensors included), called with the same keywords.
 kContiguousChecks = {
@@ -84,6 +90,10 @@ kMaskedChecks = {
     dict(m_indices=torch.zeros(64, dtype=torch.int32)),
     dict(m_indices=torch.zeros(256, dtype=torch.int32)[::2]),
     dict(m_indices=torch.zeros(1, 128, dtype=torch.int32)),
+    dict(a=(torch.zeros(128, 128, dtype=_FP8), torch.ones(128, 1).to_sparse())),
+    dict(b=(torch.zeros(2, 16, 128, dtype=_FP8), torch.ones(2, 1, 1).to_sparse())),
+    dict(d=torch.empty(128, 16, dtype=torch.bfloat16).requires_grad_()),
+    dict(d=inference_tensor(128, 16)),
 ])
 @pytest.mark.parametrize("check", kContiguousChecks)
 def test_contiguous_fast_path_refuses_what_the_checks_refuse(check, over):
@@ -131,6 +141,9 @@ def _masked_args(**over):
     dict(b=(torch.zeros(2, 16, 128, dtype=torch.bfloat16), torch.ones(2, 1, 1))),
     dict(d=torch.empty(2, 16, 16, dtype=torch.bfloat16)[:, :8]),                   # output groups with gaps
     dict(d=torch.empty(2, 8, 24, dtype=torch.bfloat16)),
+    dict(a=(torch.zeros(2, 8, 128, dtype=_FP8), torch.ones(2, 8, 1).to_sparse())),
+    dict(d=torch.empty(2, 8, 16, dtype=torch.bfloat16).requires_grad_()),
+    dict(d=inference_tensor(2, 8, 16)),
 ])
 @pytest.mark.parametrize("check", kMaskedChecks)
 def test_masked_fast_path_refuses_what_the_checks_refuse(check, over):

@@ -282,3 +282,13 @@ def test_route_bad_input(kwargs, match):
 def test_route_argument_types(kwargs, match):
     with pytest.raises(TypeError, match=match):
         kernels.moe_route(torch.randn(3, 8), 2, **kwargs)
+
+
+@pytest.mark.parametrize("logits,kwargs,match", [
+    (torch.randn(3, 8), dict(scaling=0.0), "scaling must be > 0, got 0.0"),
+    (torch.randn(3, 8), dict(scaling=-1), "scaling must be > 0, got -1"),
+    (torch.randn(4, 0), {}, "logits must have one column per expert"),
+])
+def test_route_argument_values(logits, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        kernels.moe_route(logits, 1, **kwargs)

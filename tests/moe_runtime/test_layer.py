@@ -229,6 +229,80 @@ def test_load_weights_value_errors(weights, kwargs, error, match):
     assert not layer.loaded
 
 
+def _weights_with(name, tensor):
+    w = _weights(0)
+    del w["score_bias"]
+    w[name] = tensor(w[name])
+    return w
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (_weights_with("gate_up", lambda t: t.to_sparse()), ValueError, "gate_up must be a dense \\(strided\\) tensor"),
+    (_weights_with("router_weight", lambda t: t.to_sparse()), ValueError, "router_weight must be a dense"),
+    (_weights_with("down", lambda t: t.to(torch.float8_e4m3fn)), TypeError,
+     "down must be a float16, bfloat16, float32 or float64 tensor, got torch.float8_e4m3fn"),
+])
+def test_load_weights_refuses_sparse_and_fp8_checkpoints(kwargs, error, match):
+    layer = MegaMoELayer(H, I, E, 2)
+    with pytest.raises(error, match=match):
+        layer.load_weights(**kwargs)
+    assert not layer.loaded
+
+
+def _huge(name, value):
+    """The weights with ``name`` in float32 holding ``value`` (finite there)."""
+    w = _weights(0)
+    del w["score_bias"]
+    w[name] = w[name].float()
+    w[name].view(-1)[7] = value
+    return w
+
+
+@pytest.mark.parametrize("layer_args,kwargs,match", [
+    # bf16 weights stored in float16: 1e5 is finite in float32 but inf in float16.
+    (dict(weights="bf16", dtype=torch.float16), _huge("gate_up", 1e5), "gate_up holds a value of magnitude 1e\\+05, "
+                                                                       "beyond the range of torch.float16"),
+    (dict(weights="bf16", dtype=torch.bfloat16), _huge("down", 3.4e38), "down holds a value .* torch.bfloat16"),
+    (dict(router=RouterConfig(logits_dtype=torch.float16)), _huge("router_weight", 1e6),
+     "router_weight holds a value .* torch.float16"),
+])
+def test_load_weights_refuses_values_the_cast_overflows(layer_args, kwargs, match):
+    """A value finite in the checkpoint's dtype but beyond the dtype it is stored in would load as
+    inf (NaN outputs, or routing silently wrong)."""
+    layer = MegaMoELayer(H, I, E, 2, **layer_args)
+    with pytest.raises(ValueError, match=match):
+        layer.load_weights(**kwargs)
+    assert not layer.loaded
+
+
+def test_fp8_weights_quantize_values_beyond_the_layer_dtype():
+    """FP8 weights are quantized from the checkpoint's dtype (scales absorb the magnitude): a value
+    beyond float16 loads in a float16 layer."""
+    layer = MegaMoELayer(H, I, E, 2, dtype=torch.float16).load_weights(**_huge("gate_up", 1e5))
+    assert layer.loaded and torch.isfinite(layer(torch.randn(3, H, dtype=torch.float16))).all()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_cuda_device_without_cuda_is_named():
+    with pytest.raises(ValueError, match="device is cuda but this machine has 0 CUDA device"):
+        MegaMoELayer(H, I, E, 2, device="cuda")
+    w = _weights(0)
+    del w["score_bias"]
+    with pytest.raises(ValueError, match="device is cuda:1 but this machine has 0 CUDA device"):
+        MegaMoELayer(H, I, E, 2).load_weights(**w, device="cuda:1")
+
+
+def test_forward_refuses_sparse_and_nested_inputs():
+    w = _weights(0)
+    del w["score_bias"]
+    layer = MegaMoELayer(H, I, E, 2).load_weights(**w)
+    with pytest.raises(ValueError, match="hidden_states must be a dense \\(strided\\) tensor, got layout torch.sparse_coo"):
+        layer(torch.randn(2, H).to_sparse())
+    nested = torch.nested.nested_tensor([torch.randn(2, H), torch.randn(3, H)])
+    with pytest.raises(ValueError, match="hidden_states must be a dense \\(strided\\) tensor, got a nested tensor"):
+        layer(nested)
+
+
 def test_forward_refuses_fp8_activations_and_meta_layers():
     w = _weights(0)
     del w["score_bias"]
@@ -254,7 +328,7 @@ def test_load_and_forward_errors():
     with pytest.raises(ValueError, match="shared_gate_up and shared_down"):
         layer.load_weights(router_weight=w["router_weight"], gate_up=w["gate_up"], down=w["down"],
                            shared_gate_up=w["shared_gate_up"], shared_down=w["shared_down"])
-    with pytest.raises(TypeError, match="gate_up must be a float tensor"):
+    with pytest.raises(TypeError, match="gate_up must be a float16, bfloat16, float32 or float64 tensor"):
         layer.load_weights(router_weight=w["router_weight"], gate_up=w["gate_up"].to(torch.int32), down=w["down"])
     biased = MegaMoELayer(H, I, E, 2, router=RouterConfig(use_score_bias=True))
     with pytest.raises(ValueError, match="needs score_bias"):

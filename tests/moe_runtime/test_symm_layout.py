@@ -144,9 +144,13 @@ def test_symm_buffer_errors():
         SymmBuffer(layout, backend="host", device="gpu0")
 
 
-def test_nvshmem_backend_missing_package_is_a_clear_error():
+def test_nvshmem_backend_missing_package_is_a_clear_error(monkeypatch):
     if importlib.util.find_spec("nvshmem") is not None:
         pytest.skip("nvshmem4py is installed here")
+    import moe_runtime.symm as symm
+
+    # The package is looked for once the device is settled; a machine without CUDA would stop at that.
+    monkeypatch.setattr(symm, "as_device", lambda value, name: torch.device(value))
     layout = compute_layout([ViewSpec("a", (4,), torch.float32)])
     with pytest.raises(RuntimeError, match="nvshmem4py-cu13"):
         SymmBuffer(layout, backend="nvshmem", device="cuda:0")
