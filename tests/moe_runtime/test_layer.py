@@ -298,7 +298,7 @@ def test_forward_refuses_sparse_and_nested_inputs():
     layer = MegaMoELayer(H, I, E, 2).load_weights(**w)
     with pytest.raises(ValueError, match="hidden_states must be a dense \\(strided\\) tensor, got layout torch.sparse_coo"):
         layer(torch.randn(2, H).to_sparse())
-    nested = torch.nested.nested_tensor([torch.randn(2, H), torch.randn(3, H)])
+    nested = torch.nested.nested_tensor([torch.randn(2, H), torch.randn(3, H)], layout=torch.jagged)
     with pytest.raises(ValueError, match="hidden_states must be a dense \\(strided\\) tensor, got a nested tensor"):
         layer(nested)
 
