@@ -138,8 +138,9 @@ class MegaMoELayer(nn.Module):
         that dtype (None: it is quantized from its own); meta tensors only for a meta ``device``."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a tensor of shape {shape}, got {type(tensor).__name__}")
-        if tensor.layout is not torch.strided:
-            raise ValueError(f"{name} must be a dense (strided) tensor, got layout {tensor.layout}")
+        if tensor.layout is not torch.strided or tensor.is_nested:
+            raise ValueError(f"{name} must be a dense (strided) tensor, got "
+                             + ("a nested tensor" if tensor.is_nested else f"layout {tensor.layout}"))
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
         if not tensor.is_floating_point() or tensor.dtype.itemsize < 2:
@@ -152,12 +153,12 @@ class MegaMoELayer(nn.Module):
         # NaN or inf cannot be quantized (the scale of its FP8 block or FP4 group becomes NaN) and
         # would reach every token routed there, as would a value that the cast to ``stored`` turns
         # into inf: one pass at load, over views of about 2^26 values along the first dim (no copy
-        # of a strided checkpoint tensor; a no temporary the size of a step).
+        # of a strided checkpoint tensor, no temporary the size of a step).
         limit = torch.finfo(stored).max if stored is not None else float("inf")
-        parts = tensor.split(max(1, (1 << 26) // max(1, tensor[0].numel()))) if tensor.dim() else (tensor,)
+        if not tensor.numel():
+            return tensor
+        parts = tensor.split(max(1, (1 << 26) // tensor[0].numel())) if tensor.dim() else (tensor,)
         for part in parts:
-            if not part.numel():
-                continue
             lowest, highest = torch.aminmax(part)  # both NaN where any value is
             largest = max(-float(lowest), float(highest))
             if not math.isfinite(largest):
@@ -167,10 +168,10 @@ class MegaMoELayer(nn.Module):
                                  f"{stored} ({limit:.4g}) that it is cast to")
         return tensor
 
-    def _stored_dtype(self) -> torch.dtype | None:
-        """The dtype expert weights are cast to: the layer dtype for "bf16" weights; None for FP8 and
-        FP4 ones (quantized from the checkpoint's own dtype)."""
-        return self.dtype if self.weights == "bf16" else None
+    def _stored_dtype(self) -> torch.dtype:
+        """The dtype expert weights are cast to: the layer dtype for "bf16" weights; float32 for FP8
+        and FP4 ones (their quantizers compute in float32, the scales absorbing the magnitude)."""
+        return self.dtype if self.weights == "bf16" else torch.float32
 
     def _local_slice(self, tensor, name: str, rows: int, cols: int, device: torch.device) -> torch.Tensor:
         """Full-E tensors are cut to this rank's experts; E_local tensors are taken as they are."""

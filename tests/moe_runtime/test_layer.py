@@ -249,11 +249,11 @@ def test_load_weights_refuses_sparse_and_fp8_checkpoints(kwargs, error, match):
     assert not layer.loaded
 
 
-def _huge(name, value):
-    """The weights with ``name`` in float32 holding ``value`` (finite there)."""
+def _huge(name, value, dtype=torch.float32):
+    """The weights with ``name`` in ``dtype`` holding ``value`` (finite there)."""
     w = _weights(0)
     del w["score_bias"]
-    w[name] = w[name].float()
+    w[name] = w[name].to(dtype)
     w[name].view(-1)[7] = value
     return w
 
@@ -265,6 +265,9 @@ def _huge(name, value):
     (dict(weights="bf16", dtype=torch.bfloat16), _huge("down", 3.4e38), "down holds a value .* torch.bfloat16"),
     (dict(router=RouterConfig(logits_dtype=torch.float16)), _huge("router_weight", 1e6),
      "router_weight holds a value .* torch.float16"),
+    # FP4 and FP8 weights are quantized in float32.
+    (dict(weights="fp4"), _huge("gate_up", 1e39, torch.float64), "gate_up holds a value .* torch.float32"),
+    (dict(weights="fp8"), _huge("down", -1e39, torch.float64), "down holds a value .* torch.float32"),
 ])
 def test_load_weights_refuses_values_the_cast_overflows(layer_args, kwargs, match):
     """A value finite in the checkpoint's dtype but beyond the dtype it is stored in would load as
