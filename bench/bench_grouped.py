@@ -364,9 +364,9 @@ def main(argv: list[str] | None = None) -> int:
                 elif variants:
                     # Each against the default timed in the same profile, runs interleaved.
                     check = output_check(p8)
-                    diffs += [output_diff(env_call(p8.call, **env), p8.out, check) for _, env in variants]
-                    timings = bench_kineto_interleaved([(p8.call, p8.kernel)]
-                                                       + [(env_call(p8.call, **env), p8.kernel) for _, env in variants])
+                    calls = [env_call(p8.call, **env) for _, env in variants]
+                    diffs += [output_diff(call, p8.out, check) for call in calls]
+                    timings = bench_kineto_interleaved([(p8.call, p8.kernel)] + [(call, p8.kernel) for call in calls])
                     variant_cells += [cell for t in timings[1:] for cell in
                                       (f"{t.median_s * 1e6:.1f}", f"{t.median_s / timings[0].median_s:.2f}x")]
                 cells.append(f"{worst_of(*diffs):.1e}")

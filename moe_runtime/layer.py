@@ -54,6 +54,14 @@ class MoEBlockWeights:
                     shared_down=self.shared_down, shared_gate=self.shared_gate)
 
 
+def _check_dense(name: str, tensor: torch.Tensor) -> None:
+    """A dense (strided, not nested) tensor, or a ValueError naming ``name``: sparse and nested
+    tensors have no shape and strides of their own to read."""
+    if tensor.layout is not torch.strided or tensor.is_nested:
+        raise ValueError(f"{name} must be a dense (strided) tensor, got "
+                         + ("a nested tensor" if tensor.is_nested else f"layout {tensor.layout}"))
+
+
 class MegaMoELayer(nn.Module):
     """A MoE block: ``[..., H] -> [..., H]``, the input dtype preserved.
 
@@ -132,15 +140,13 @@ class MegaMoELayer(nn.Module):
         return ExpertWeight(fmt, data, None if sf is None else sf.view(torch.float32), shape)
 
     def _expect(self, tensor, name: str, shape: tuple[int, ...], device: torch.device,
-                stored: torch.dtype | None = None) -> torch.Tensor:
+                stored: torch.dtype) -> torch.Tensor:
         """``tensor`` checked for ``load_weights`` onto ``device``: a dense float tensor of ``shape``
-        (float16 or wider) holding finite values, within the range of ``stored`` where it is cast to
-        that dtype (None: it is quantized from its own); meta tensors only for a meta ``device``."""
+        (float16 or wider) holding finite values within the range of ``stored``, the dtype it is cast
+        to; meta tensors only for a meta ``device``."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a tensor of shape {shape}, got {type(tensor).__name__}")
-        if tensor.layout is not torch.strided or tensor.is_nested:
-            raise ValueError(f"{name} must be a dense (strided) tensor, got "
-                             + ("a nested tensor" if tensor.is_nested else f"layout {tensor.layout}"))
+        _check_dense(name, tensor)
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
         if not tensor.is_floating_point() or tensor.dtype.itemsize < 2:
@@ -154,7 +160,7 @@ class MegaMoELayer(nn.Module):
         # would reach every token routed there, as would a value that the cast to ``stored`` turns
         # into inf: one pass at load, over views of about 2^26 values along the first dim (no copy
         # of a strided checkpoint tensor, no temporary the size of a step).
-        limit = torch.finfo(stored).max if stored is not None else float("inf")
+        limit = torch.finfo(stored).max
         if not tensor.numel():
             return tensor
         parts = tensor.split(max(1, (1 << 26) // tensor[0].numel())) if tensor.dim() else (tensor,)
@@ -300,9 +306,7 @@ class MegaMoELayer(nn.Module):
             raise RuntimeError("MegaMoELayer.forward before load_weights()")
         if not isinstance(hidden_states, torch.Tensor) or not hidden_states.is_floating_point():
             raise TypeError(f"hidden_states must be a float tensor, got {getattr(hidden_states, 'dtype', None)}")
-        if hidden_states.layout is not torch.strided or hidden_states.is_nested:
-            raise ValueError("hidden_states must be a dense (strided) tensor, got "
-                             + ("a nested tensor" if hidden_states.is_nested else f"layout {hidden_states.layout}"))
+        _check_dense("hidden_states", hidden_states)
         if hidden_states.dtype.itemsize < 2:  # FP8 activations would come back as FP8 expert outputs
             raise TypeError(f"hidden_states must be float16, bfloat16, float32 or float64, got {hidden_states.dtype}")
         if hidden_states.dim() == 0 or hidden_states.shape[-1] != self.hidden_size:

@@ -13,7 +13,7 @@ import torch
 
 import kernels
 from kernels.testing import env_call, env_switches
-from kernels.testing.bench import _l2_flush, _profiled, flush_mode
+from kernels.testing.bench import _l2_flush, _profiled, flush_mode, interleaved_order
 
 VARIANTS = [("default", False, {}), ("no copy (=0)", False, {"MOE_FP8_SFA_COPY": "0"}),
             ("copy, early loads (=all)", False, {"MOE_FP8_SFA_COPY": "all"}),
@@ -80,7 +80,7 @@ def main():
         for _, run in runs * 3:
             run()
         torch.cuda.synchronize()
-        order = [(r + j) % len(runs) for r in range(args.rounds) for j in range(len(runs))]
+        order = interleaved_order(len(runs), args.rounds)
         kernels_seen = _profiled([runs[which][1] for which in order], flush)
         calls = split([kern for kern in kernels_seen if "fp8_gemm" in kern[0] or "mn_major_sf" in kern[0]])
         if len(calls) != len(order):

@@ -217,6 +217,12 @@ def _profiled(runs: Sequence[Callable[[], object]], flush: _L2Flush | None) -> l
     return _cuda_kernels(prof)
 
 
+def interleaved_order(num_calls: int, rounds: int) -> list[int]:
+    """Which call each run of an interleaved profile makes: every call once per round, the order
+    rotated by one each round, so no call always runs first after the flush of a previous call."""
+    return [(r + j) % num_calls for r in range(rounds) for j in range(num_calls)]
+
+
 def bench_kineto_interleaved(calls: Sequence[tuple[Callable[[], object], str]], rounds: int = 30,
                              warmup: int = 3) -> list[KernelTiming]:
     """bench_kineto of each (fn, kernel_name) of ``calls``, their runs interleaved in one profile: round
@@ -231,7 +237,7 @@ def bench_kineto_interleaved(calls: Sequence[tuple[Callable[[], object], str]], 
         for fn, _ in calls:
             fn()
     torch.cuda.synchronize()
-    order = [(r + j) % len(calls) for r in range(rounds) for j in range(len(calls))]
+    order = interleaved_order(len(calls), rounds)
     kernels = _profiled([calls[which][0] for which in order], flush)
     per_call, counts = interleaved_run_seconds(kernels, [name for _, name in calls], order, flush_kernels)
     return [KernelTiming(statistics.median(s), min(s), len(s), c) for s, c in zip(per_call, counts)]

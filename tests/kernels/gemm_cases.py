@@ -60,3 +60,9 @@ class RandomDraws:
 
     def bad(self) -> bool:
         return bool(torch.rand(1, generator=self.g) < 1 / 16)
+
+
+def inference_tensor(*shape: int) -> torch.Tensor:
+    """A bfloat16 tensor made under torch.inference_mode() (torch refuses in-place writes to it outside)."""
+    with torch.inference_mode():
+        return torch.empty(*shape, dtype=torch.bfloat16)

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import kernels
-from gemm_cases import DEEPSEEK_NK, GPU_MS, H200_SMS, RandomDraws, TensorSubclass, make_operands, reference_f64
+from gemm_cases import (DEEPSEEK_NK, GPU_MS, H200_SMS, RandomDraws, TensorSubclass, inference_tensor, make_operands,
+                        reference_f64)
 from kernels.testing import calc_diff
 
 # ---- CPU -------------------------------------------------------------------------------------
@@ -32,12 +33,6 @@ def test_cpu_residual_and_mn_major_scales(seed):
     d = torch.empty(m, n, dtype=torch.bfloat16)
     kernels.fp8_gemm_nt((a_fp8[0], sfa_mn), b_fp8, d, c=c)
     assert calc_diff(d, reference_f64(a_fp8, b_fp8, c)) < 1e-4
-
-
-def inference_tensor(*shape: int) -> torch.Tensor:
-    """A bfloat16 tensor made under torch.inference_mode() (torch refuses in-place writes to it outside)."""
-    with torch.inference_mode():
-        return torch.empty(*shape, dtype=torch.bfloat16)
 
 
 def _bad_call(**overrides):

@@ -10,7 +10,7 @@ import torch
 
 import kernels
 
-from gemm_cases import RandomDraws
+from gemm_cases import RandomDraws, inference_tensor
 
 
 def _contig_args(**over):
@@ -49,11 +49,6 @@ class _TensorLike:
 
 _FP8 = torch.float8_e4m3fn
 
-
-def inference_tensor(*shape: int) -> torch.Tensor:
-    """A bfloat16 tensor made under torch.inference_mode() (torch refuses in-place writes to it outside)."""
-    with torch.inference_mode():
-        return torch.empty(*shape, dtype=torch.bfloat16)
 
 # The fast argument checks in Python and the C++ ones the entry points run first on CUDA tensors
 # (kernels._C.*_args: the check alone, CPU tensors included), called with the same keywords.
