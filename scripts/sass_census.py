@@ -39,9 +39,7 @@ def census(m: int, n: int, k: int) -> dict:
     native = kernels.jit.native_module()
     config = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
     if config["sfa_copy"]:  # the kernel that runs is the MN-major plan's, on the copy of A's scales
-        early = " + early loads" if config["early_loads"] else ""
-        config = dict(native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=1),
-                      scale_load=f"tma_mn_major (copy{early})")
+        config = dict(native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=1), scale_load="tma_mn_major (copy)")
     code = sass(*native.fp8_gemm_nt_code(m, n, k, H200_SMS))
     return dict(config=config, loops=k_loops(code, config["block_n"], 2 if config["block_m"] == 256 else 1),
                 ldgsts="LDGSTS" in code, spills="LDL" in code or "STL" in code)

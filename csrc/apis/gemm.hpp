@@ -66,7 +66,6 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["scale_warps"] = c.scale_warps;
   d["scale_load"] = scale_load_name(c.scale_load);
   d["sfa_copy"] = c.sfa_copy;
-  d["early_loads"] = c.early_loads;
   d["pingpong"] = c.pingpong;
   d["pdl"] = c.pdl;
   d["k_unroll"] = c.k_unroll;
@@ -74,14 +73,6 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["wg_store"] = c.wg_store;
   d["tail_splits"] = c.tail_split_of(m).ways;
   return d;
-}
-
-// The plan the kernel behind a planned sfa_copy runs: mn_major (planned on MN-major scales), loading
-// its first stages before it waits for the copy where `config` says so.
-inline moe_launchers::sm90_fp8_gemm::Config behind_copy(const moe_launchers::sm90_fp8_gemm::Config& config,
-                                                        moe_launchers::sm90_fp8_gemm::Config mn_major) {
-  mn_major.early_loads = config.early_loads;
-  return mn_major;
 }
 
 // Held while a call launches its A-scale copy and the GEMM behind it: the launches run with the GIL
@@ -104,7 +95,7 @@ inline void launch_fp8(const moe_launchers::sm90_fp8_gemm::Config& config,
   // The copy is MN-major, so it loads by TMA wherever B's scales do too.
   if (config.sfa_copy && L::sfa_copy_args(args, copied) &&
       L::scale_layout_for(config.type, copied, config.n, config.k) == moe_kernels::kScaleTmaMnMajor) {
-    const L::Config behind = behind_copy(config, plan(moe_kernels::kScaleTmaMnMajor));
+    const L::Config behind = plan(moe_kernels::kScaleTmaMnMajor);
     // Both kernels compiled (or loaded) before the lock: a compile takes seconds.
     auto copy_kernel = moe_launchers::mn_major_sf::kernel_of(args.device);
     auto gemm_kernel = L::kernel_of(behind, args.device);
@@ -113,11 +104,8 @@ inline void launch_fp8(const moe_launchers::sm90_fp8_gemm::Config& config,
     L::launch(behind, copied, std::move(gemm_kernel));
     return;
   }
-  // No copy after all (a workspace without the room, B's scales not TMA-aligned): the kernel waits
-  // for the kernels before it at its start, as without sfa_copy.
-  L::Config plain = config;
-  plain.early_loads = 0;
-  L::launch(plain, args);
+  // No copy after all (a workspace without the room, B's scales not TMA-aligned): config's own kernel.
+  L::launch(config, args);
 }
 
 }  // namespace detail
@@ -392,8 +380,7 @@ inline void register_apis(pybind11::module_& m) {
         };
         const auto config = plan(detail::scale_load(scale_load, k, gemm_type));
         // The kernel that runs on the copy of A's scales (B's scales contiguous, as scale_load -1 assumes).
-        const auto g = L::generate(config.sfa_copy ? detail::behind_copy(config, plan(moe_kernels::kScaleTmaMnMajor))
-                                                   : config);
+        const auto g = L::generate(config.sfa_copy ? plan(moe_kernels::kScaleTmaMnMajor) : config);
         return pybind11::make_tuple(g.name, g.code);
       },
       "(name, code) of the kernel a shape gets (no GPU needed)", pybind11::arg("m"), pybind11::arg("n"),

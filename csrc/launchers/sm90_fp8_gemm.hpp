@@ -49,7 +49,6 @@ struct Config {
   int overlap = 0;      // 1: block M 64 issues the next K block's wgmmas before it promotes (kOverlap)
   int wg_store = 0;     // 1: each math warpgroup runs its own epilogue, D stored in 64-row boxes (kWgStore)
   int sfa_copy = 0;     // 1: A's scales are copied MN-major into the workspace first, the launch planned on them
-  int early_loads = 0;  // 1: the GEMM behind that copy loads its first stages before waiting for it (kEarlyLoads)
   bool tail_split_on = true;  // MOE_GEMM_TAIL_SPLIT when planned (the plan is redone when it changes)
 
   // The last, partial wave's tiles split over K; kNormal only.
@@ -425,7 +424,6 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
                          sfa_copy_fits(m, k) && env_enabled("MOE_FP8_SCALE_TMA") && env_enabled("MOE_FP8_SFA_COPY")
                      ? 1
                      : 0;
-  cfg.early_loads = cfg.sfa_copy && copy_all && cfg.pdl && env_enabled("MOE_FP8_EARLY_LOADS") ? 1 : 0;
   return cfg;
 }
 
@@ -461,7 +459,7 @@ inline GeneratedKernel generate(const Config& c) {
      << static_cast<int>(c.residual) << ", " << c.swizzle_d << ", " << c.multicast << ", " << c.scale_warps
      << ", " << (c.pingpong ? "true" : "false") << ", " << (c.pdl ? "true" : "false") << ", " << c.k_unroll
      << ", " << c.scale_load << ", " << (c.overlap ? "true" : "false") << ", " << (c.share_b ? "true" : "false")
-     << ", " << (c.wg_store ? "true" : "false") << ", " << (c.early_loads ? "true" : "false") << ">);\n"
+     << ", " << (c.wg_store ? "true" : "false") << ">);\n"
      << "}\n"
      // The launch's dynamic shared memory is what the kernel lays out (stages, table, barriers).
      << "static_assert(moe_kernels::Fp8GemmSmem<" << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", "
@@ -473,11 +471,11 @@ inline GeneratedKernel generate(const Config& c) {
 // The compiled kernel of a plan on a device: from the memo, compiled (or loaded from the disk cache)
 // on the first call.
 inline std::shared_ptr<const moe_jit::CompiledKernel> kernel_of(const Config& c, int device) {
-  static moe_jit::KernelMemo<std::array<int, 21>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 21> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 20>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 20> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
                                    c.scale_warps, c.pingpong, c.pdl, c.k_unroll, static_cast<int>(c.scale_load),
-                                   c.overlap, c.share_b, c.wg_store, c.early_loads, device};
+                                   c.overlap, c.share_b, c.wg_store, device};
   return sm90_kernel(memo, key, c.fn, device, [&] { return generate(c); });
 }
 

@@ -30,20 +30,18 @@ inline std::uint64_t split_workspace_bytes(int num_sms) { return sfa_copy_offset
 //   K-major boxes at N x K = 7168 x 2048, 0.91x at 24576 x 1536, 0.97-0.98x at 7168 x 16384 and
 //   4096 x 7168, and 0.97x the gathers' at 32768 x 512 (bench/RESULTS.md, session 26).
 // - Contiguous layouts of kSfaCopyMinRowsContiguous rows and N >= kSfaCopyMinNContiguous, whose
-//   128-row tiles would gather K-major scales. On an H100 (session 28, 4 x 8192 rows) the copy took
-//   5.9 us at K = 7168 and 3.1 us at K = 2048; the MN-major kernel on the caller's MN-major scales
-//   0.96-0.98x the gathers' time (runs interleaved; the H200's 0.96-0.97x in session 24); copy plus
-//   MN-major kernel, there launched without PDL and timed in turn with the gathers, 0.98-0.99x at
-//   4096 x 7168 (1375.7 against 1390.7 and 1405.2 us) and 0.97x at 7168 x 2048 (712.1 against 730.5
-//   and 731.2), within the 15 us the gathers drifted between their two timings. The copy's share of
-//   the call grows with M x K, what it saves with M x N x K: hence the bound on N.
-// - MOE_FP8_SFA_COPY=all (opt-in): every dense tile and large contiguous layouts of any N, and the
-//   GEMM behind the copy loads its first stages' A and B before it waits for the copy (early_loads,
-//   with PDL; MOE_FP8_EARLY_LOADS=0 drops them). It lost in 12 of 14 dense cells of 64-128 rows,
-//   where the copy is a kernel of its own the gathers do not pay, and its early loads in all 7 dense
-//   4096-row cells, timed one after the other (H100, session 28). On scales the caller had made
-//   MN-major (no copy in the time) the MN-major kernel took 0.83-1.00x the gathers' time in 13 of
-//   the 14 dense cells of 64 and 128 rows, 1.03x at 64 x 7168 x 16384 (H100, session 26).
+//   128-row tiles would gather K-major scales. On an H100 (session 30, 4 x 8192 rows, the runs of
+//   every variant interleaved, medians of 20) copy plus MN-major kernel took 1406.1 us against the
+//   gathers' 1413.2 at N x K = 4096 x 7168 and 722.3 against 742.1 at 7168 x 2048 (the copy 6.2 and
+//   3.2 us of that); the caller's MN-major scales 1378.9 and 717.3. The copy's share of the call
+//   grows with M x K, what it saves with M x N x K: hence the bound on N.
+// - MOE_FP8_SFA_COPY=all (opt-in): every dense tile and large contiguous layouts of any N. It lost in
+//   12 of 14 dense cells of 64-128 rows, where the copy is a kernel of its own the gathers do not
+//   pay (H100, session 28). On scales the caller had made MN-major (no copy in the time) the MN-major
+//   kernel took 0.83-1.00x the gathers' time in 13 of the 14 dense cells of 64 and 128 rows, 1.03x at
+//   64 x 7168 x 16384 (H100, session 26). A GEMM that loaded its first stages' A and B before waiting
+//   for the copy lost 1.3-2.4 us in all four interleaved cells above and at 4096 x 7168 x 16384 and
+//   4096 x 4096 x 7168 (session 30) and was removed.
 constexpr int kSfaCopyMinRowsContiguous = 4096;
 constexpr int kSfaCopyMinNContiguous = 4096;
 

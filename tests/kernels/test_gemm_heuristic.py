@@ -360,24 +360,23 @@ def test_sfa_copy_on_contiguous_layouts(m, n, k, alignment, scale_load, split_wo
                                         monkeypatch):
     """Contiguous layouts of 4096 rows or more and N >= 4096 on A scales that are not MN-major copy
     them MN-major into the workspace first where they fit, and the kernel generated for such a plan is
-    the MN-major one with the same tiles; under MOE_FP8_SFA_COPY=all at any N, that kernel loading
-    its first stages before it waits for the copy. =0 turns every copy off."""
+    the MN-major one with the same tiles; under MOE_FP8_SFA_COPY=all at any N. =0 turns every copy off."""
     native = kernels.jit.native_module()
     grouped = dict(gemm_type=1, num_groups=4, alignment=alignment)
     plan = lambda load, **kw: native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=load, **grouped, **kw)  # noqa: E731
     code = lambda load: native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=load, **grouped)[1]  # noqa: E731
     cfg = plan(scale_load, split_workspace=split_workspace)
-    assert (cfg["sfa_copy"], cfg["early_loads"]) == (expected, 0), cfg
+    assert cfg["sfa_copy"] == expected, cfg
     if expected:
         mn = plan(1)
-        assert (mn["scale_load"], mn["sfa_copy"], mn["early_loads"]) == ("tma_mn_major", 0, 0)
+        assert (mn["scale_load"], mn["sfa_copy"]) == ("tma_mn_major", 0)
         assert (mn["block_m"], mn["block_n"]) == (cfg["block_m"], cfg["block_n"])
         assert code(scale_load) == code(1)  # the same kernel as on the caller's MN-major scales
     monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
     cfg = plan(scale_load, split_workspace=split_workspace)
-    assert (cfg["sfa_copy"], cfg["early_loads"]) == (expected_all, expected_all), cfg
+    assert cfg["sfa_copy"] == expected_all, cfg
     if expected_all:
-        assert code(scale_load) == code(1).replace(", false>);", ", true>);")  # the same kernel, kEarlyLoads on
+        assert code(scale_load) == code(1)
         monkeypatch.setenv("MOE_FP8_SFA_COPY", "0")
         assert plan(scale_load)["sfa_copy"] == 0
 
@@ -388,35 +387,29 @@ def test_sfa_copy_on_contiguous_layouts(m, n, k, alignment, scale_load, split_wo
 ])
 def test_sfa_copy_all_dense_tiles(m, n, k, scale_load, monkeypatch):
     """MOE_FP8_SFA_COPY=all copies A scales that are not MN-major for dense tiles of any height, the
-    GEMM behind the copy on the MN-major plan with early loads (PDL only: MOE_GEMM_PDL=0 keeps the
-    copy, without them; so does MOE_FP8_EARLY_LOADS=0). Unset, only 256-row tiles copy, without early
-    loads."""
+    GEMM behind the copy on the MN-major plan (with PDL or without: MOE_GEMM_PDL=0 keeps the copy).
+    Unset, only 256-row tiles copy."""
     native = kernels.jit.native_module()
     plan = lambda load=scale_load: native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=load)  # noqa: E731
     default = plan()
-    assert (default["sfa_copy"], default["early_loads"]) == (int(default["block_m"] == 256), 0)
+    assert default["sfa_copy"] == int(default["block_m"] == 256)
     monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
-    assert (plan()["sfa_copy"], plan()["early_loads"]) == (1, 1)
-    code = native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=scale_load)[1]
-    assert code == native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=1)[1].replace(", false>);", ", true>);")
-    monkeypatch.setenv("MOE_FP8_EARLY_LOADS", "0")
-    assert (plan()["sfa_copy"], plan()["early_loads"], plan()["pdl"]) == (1, 0, 1)
+    assert (plan()["sfa_copy"], plan()["pdl"]) == (1, 1)
     assert native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=scale_load)[1] == \
         native.fp8_gemm_nt_code(m, n, k, H200_SMS, scale_load=1)[1]
-    monkeypatch.delenv("MOE_FP8_EARLY_LOADS")
     monkeypatch.setenv("MOE_GEMM_PDL", "0")
-    assert (plan()["sfa_copy"], plan()["early_loads"]) == (1, 0)
-    assert (plan(1)["sfa_copy"], plan(1)["early_loads"]) == (0, 0)
+    assert (plan()["sfa_copy"], plan()["pdl"]) == (1, 0)
+    assert plan(1)["sfa_copy"] == 0
 
 
 def test_sfa_copy_all_needs_whole_scale_boxes_of_b(monkeypatch):
     """The kernel behind the copy loads B's scales by TMA in boxes of 4 K blocks: K = 384 or 1152
-    (3, 9 K blocks) plan no copy and no early loads, under MOE_FP8_SFA_COPY=all too."""
+    (3, 9 K blocks) plan no copy, under MOE_FP8_SFA_COPY=all too."""
     native = kernels.jit.native_module()
     monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
     for m, n, k in [(128, 4096, 384), (4096, 7168, 1152), (64, 2112, 1152)]:
         cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
-        assert (cfg["sfa_copy"], cfg["early_loads"], cfg["scale_load"]) == (0, 0, "gather"), cfg
+        assert (cfg["sfa_copy"], cfg["scale_load"]) == (0, "gather"), cfg
 
 
 def test_overlap_on_lone_warpgroup_tiles(monkeypatch):

@@ -92,8 +92,7 @@ SFA_COPY_CASES = [("1", *case) for case in [
 @pytest.mark.parametrize("switch,m,n,k,sfa_view", SFA_COPY_CASES)
 def test_gpu_sfa_copy_matches_mn_major_and_k_major_kernels(switch, m, n, k, sfa_view, seed, monkeypatch):
     """A scales that are not MN-major: copied MN-major into the workspace (mn_major_sf), then the
-    MN-major kernel; under MOE_FP8_SFA_COPY=all for tiles of any height, the GEMM loading its first
-    stages (A, B, B's scales) before it waits for the copy (PDL). D bit for bit the call's on the
+    MN-major kernel; under MOE_FP8_SFA_COPY=all for tiles of any height. D bit for bit the call's on the
     caller's own MN-major copy (get_mn_major_tma_aligned_tensor) and the call's without the copy
     (MOE_FP8_SFA_COPY=0: K-major boxes per stage, or the gathers): the same scales reach the same
     FFMAs. Default cases: M tails of a 32-row copy tile and of a 256-row tile (4095, 2049, 3001, 8191),
@@ -108,7 +107,7 @@ def test_gpu_sfa_copy_matches_mn_major_and_k_major_kernels(switch, m, n, k, sfa_
         wide[:, ::2] = a_fp8[1]
         a_fp8 = (a_fp8[0], wide[:, ::2])
     cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
-    assert cfg["sfa_copy"] == 1 and cfg["early_loads"] == (switch == "all"), cfg
+    assert cfg["sfa_copy"] == 1, cfg
     assert switch == "all" or cfg["block_m"] == 256, cfg
     outputs = {}
     for name, sfa, copy in (("copy", a_fp8[1], switch),
@@ -127,16 +126,15 @@ def test_gpu_sfa_copy_matches_mn_major_and_k_major_kernels(switch, m, n, k, sfa_
 @pytest.mark.gpu
 def test_gpu_sfa_copy_all_reads_what_the_kernels_before_just_wrote(seed, monkeypatch):
     """MOE_FP8_SFA_COPY=all with PDL: each call's A and its scales are made by the GPU quantizer right
-    before it, with no sync (the usual pattern). The copy waits for the quantizer; the GEMM loads A
-    and B before waiting for the copy, which relies on the copy's wait having seen the quantizer
-    finish. Every D must be its own operands' product. (The quantizer launches without PDL, so the
+    before it, with no sync (the usual pattern). The copy waits for the quantizer, the GEMM for the
+    copy. Every D must be its own operands' product. (The quantizer launches without PDL, so the
     GEMM before it has finished when it starts: the chains of PDL launches are in
     test_gpu_sfa_copy_back_to_back_calls.)"""
     monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
     m, n, k = 128, 4096, 7168
     b_fp8 = make_operands(8, n, k, "cuda")[1]
     xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * (1 + i) for i in range(6)]
-    assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["early_loads"] == 1
+    assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["sfa_copy"] == 1
     torch.cuda.synchronize()
     results = []
     for x in xs:
@@ -155,8 +153,8 @@ def test_gpu_sfa_copy_all_reads_what_the_kernels_before_just_wrote(seed, monkeyp
 def test_gpu_sfa_copy_back_to_back_calls(switch, m, pdl, seed, monkeypatch):
     """Calls on one stream without a sync or any other kernel between them, each with its own A
     scales copied into the one workspace: each copy waits for the GEMM before it, which reads the
-    previous copy (with PDL that GEMM starts its dependents early; under MOE_FP8_SFA_COPY=all it also
-    loads A and B before it waits for its own copy). Every D must be its own operands' product."""
+    previous copy (with PDL that GEMM starts its dependents early). Every D must be its own operands'
+    product."""
     monkeypatch.setenv("MOE_GEMM_PDL", pdl)
     monkeypatch.setenv("MOE_FP8_SFA_COPY", switch)
     n, k = 7168, 2048

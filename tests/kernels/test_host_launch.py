@@ -134,8 +134,7 @@ os.environ["MOE_FP8_SFA_COPY"] = "all"
 out["contiguous_copy_all"] = [launches_of(lambda: contiguous_k_major(8192)), rec.last_launch().smem_bytes]
 small_plans = [native.fp8_gemm_nt_config(128, n, k, 132, scale_load=load)["smem_bytes"] for load in (1, 0)]
 out["dense_small_copy"] = [launches_of(lambda: dense_k_major(128, n, k)), rec.last_launch().smem_bytes, *small_plans]
-# Planned with early loads but no room for the copy: the K-major plan's kernel, compiled and launched
-# without them (kEarlyLoads asserts MN-major scales at compile time).
+# Planned with a copy but no room for it: the K-major plan's own kernel.
 out["dense_small_no_room"] = [launches_of(lambda: dense_k_major(128, n, k, ws_bytes - 1)),
                               rec.last_launch().smem_bytes]
 out["dense_small_k_384"] = launches_of(lambda: dense_k_major(128, n, 384))

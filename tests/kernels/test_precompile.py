@@ -133,7 +133,7 @@ def test_a_failing_compile_cancels_the_rest(monkeypatch):
 def test_sources_cover_the_copy_of_a_scales(family, monkeypatch):
     """Where a plan copies K-major A scales MN-major first (dense 256-row tiles and contiguous layouts
     of 4096 rows or more; under MOE_FP8_SFA_COPY=all every dense tile), the copy's kernel is among the
-    sources, and the GEMM's kernel is the one behind the copy (early loads under =all); contiguous
+    sources, and the GEMM's kernel is the one behind the copy (the MN-major plan's); contiguous
     families also hold the gathers' kernel a call inside a CUDA graph capture (no workspace) runs."""
     native = kernels.jit.native_module()
     copy_code = native.mn_major_sf_code()[1]
@@ -153,8 +153,7 @@ def test_sources_cover_the_copy_of_a_scales(family, monkeypatch):
     monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
     codes = sources()
     assert copy_code in codes
-    if family == "m_grouped_fp8_gemm_nt_contiguous":
-        code = native.fp8_gemm_nt_code(4096, 4096, 7168, 132, False, -1, 1, 32, alignment=alignment)[1]
-    else:
+    if family == "fp8_gemm_nt":  # 64-row tiles copy only under =all: the MN-major plan's kernel runs
+        assert native.fp8_gemm_nt_config(128, 4096, 7168, 132)["sfa_copy"] == 1
         code = native.fp8_gemm_nt_code(128, 4096, 7168, 132)[1]
-    assert code in codes and ", true>);" in code  # kEarlyLoads, the last template argument
+        assert code == native.fp8_gemm_nt_code(128, 4096, 7168, 132, scale_load=1)[1] and code in codes

@@ -469,28 +469,16 @@ def test_mn_major_sf_copy_waits_then_loads_before_storing():
     (128, 4096, 7168, 0, 1), (64, 2112, 7168, 0, 1), (1000, 7168, 1536, 0, 1), (4096, 7168, 2048, 0, 1),
     (32768, 4096, 7168, 1, 4),
 ])
-def test_fp8_gemm_early_loads_wait_after_the_first_tma_loads(m, n, k, gemm_type, groups, monkeypatch):
-    """The GEMM behind the copy of A's scales (MOE_FP8_SFA_COPY=all, kEarlyLoads): the TMA warp
-    issues its first stages' loads (UTMALDG) before griddepcontrol.wait (ACQBULK), which only it
-    runs (once per load path: whole tiles, the tail unit, and after both where it had no tile), and
-    nothing spills. Without early loads (the default copy's kernel) the wait comes before every load."""
+def test_fp8_gemm_behind_the_copy_waits_before_its_first_tma_load(m, n, k, gemm_type, groups):
+    """The GEMM behind the copy of A's scales (the MN-major plan, PDL): griddepcontrol.wait (ACQBULK)
+    once, before every TMA load (UTMALDG), since the copy may still be writing the scales it loads;
+    it lets the next kernel launch (PREEXIT), and nothing spills."""
     native = kernels.jit.native_module()
     args = (m, n, k, H200_SMS, False, -1, gemm_type, groups)
-
-    def ops_of(code):
-        return [op for _, op in (match.groups() for match in _SASS_LINE.finditer(code))]
-
-    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
-    assert native.fp8_gemm_nt_config(*args, scale_load=2)["early_loads"] == 1
-    code = sass(*native.fp8_gemm_nt_code(*args, scale_load=2))
-    ops = ops_of(code)
+    code = sass(*native.fp8_gemm_nt_code(*args, scale_load=1))
+    ops = [op for _, op in (match.groups() for match in _SASS_LINE.finditer(code))]
     waits = [i for i, op in enumerate(ops) if "ACQBULK" in op]
-    loads = [i for i, op in enumerate(ops) if "UTMALDG" in op]
-    assert 2 <= len(waits) <= 3 and loads[0] < waits[0] and any(i > waits[0] for i in loads)
+    assert len(waits) == 1 and all(i > waits[0] for i, op in enumerate(ops) if "UTMALDG" in op)
     for instruction in ("QGMMA", "UTMASTG", "USETMAXREG", "PREEXIT"):
         assert instruction in code, instruction
     assert "LDL" not in code and "STL" not in code, "register spills"
-    monkeypatch.delenv("MOE_FP8_SFA_COPY")
-    plain = ops_of(sass(*native.fp8_gemm_nt_code(*args, scale_load=1)))
-    waits = [i for i, op in enumerate(plain) if "ACQBULK" in op]
-    assert len(waits) == 1 and all(i > waits[0] for i, op in enumerate(plain) if "UTMALDG" in op)

@@ -32,5 +32,5 @@ def test_split_counts_a_copy_without_a_gemm_as_a_call_of_its_own():
 def test_variants_are_named_once_and_switch_only_the_copy():
     labels = [label for label, _, _ in profile_sfa_copy.VARIANTS]
     assert len(labels) == len(set(labels))
-    assert all(set(env) <= {"MOE_FP8_SFA_COPY", "MOE_FP8_EARLY_LOADS", "MOE_GEMM_PDL"}
+    assert all(set(env) <= {"MOE_FP8_SFA_COPY", "MOE_GEMM_PDL"}
                for _, _, env in profile_sfa_copy.VARIANTS)

@@ -95,8 +95,7 @@ struct MathTurns {
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
-          uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false, bool kWgStore = false,
-          bool kEarlyLoads = false>
+          uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false, bool kWgStore = false>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -175,12 +174,6 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   static_assert(!kShareB || (kNumMulticast == 2 && kNumWaves == 1 && kType != GemmType::kGroupedMasked &&
                              kBlockN % 16 == 0),
                 "B is shared by 2-CTA clusters of 128-row tiles (dense or contiguous), in whole 8-row atoms");
-  // kEarlyLoads: launched right behind the copy of A's scales (launchers' sfa_copy), whose own wait
-  // saw every kernel before it finish; only A's scales are still being written. So the CTA does not
-  // wait at its start: the TMA warp loads its first stages' A, B and B's scales, then waits, then
-  // loads their A scales. The copy's time then overlaps the pipeline's fill.
-  static_assert(!kEarlyLoads || (kPdl && kScaleLoad == kScaleTmaMnMajor),
-                "early loads: a PDL launch reading the MN-major copy of A's scales by TMA");
   constexpr uint32_t kMulticastRowsA = kShareB ? kBlockM : kBlockM / kNumMulticast;
   constexpr uint32_t kHalfRowsB = kBlockN / 2;
 
@@ -212,11 +205,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
 
   // kPdl (a launch with programmatic stream serialization): the barriers are set up while the
   // previous kernel may still run; nothing global is read or written before it has finished (the
-  // scheduler reads masked_m), except with kEarlyLoads (the TMA warp waits before its first A
-  // scales). The next kernel may launch at once: it waits likewise for this one.
+  // scheduler reads masked_m). The next kernel may launch at once: it waits likewise for this one.
   if constexpr (kPdl) {
     sm90::launch_dependents();
-    if constexpr (!kEarlyLoads) sm90::wait_prerequisites();
+    sm90::wait_prerequisites();
   }
   TileScheduler<kType, kBlockM, kBlockN, kGroupN, kNumMulticast, kShareB> scheduler(m, kShapeN, grouped_layout,
                                                                                    num_groups);
@@ -242,84 +234,49 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     const uint32_t producer_warp = warp - kNumMathWG * 4;
     if (producer_warp == 0 && lane == 0) {
       const uint32_t rank = kNumMulticast > 1 ? sm90::cluster_ctarank() : 0;
-      // A stage's A and B tiles.
-      const auto load_ab = [&](const Tile& tile, uint32_t row_a, uint32_t row_b, uint32_t stage, uint32_t kb) {
-        uint64_t* full = ring.full + stage;
-        if constexpr (kShareB) {
-          // map_b's box is kHalfRowsB rows. The full barrier expects a whole B tile either way.
-          uint8_t* smem_b = smem + Smem::kOffsetB + stage * Smem::kB;
-          sm90::tma_load_2d(smem + Smem::kOffsetA + stage * Smem::kA, &map_a, full, kb * kBlockK, row_a);
-          if (tile.share_b) {
-            sm90::tma_load_2d_multicast(smem_b + rank * kHalfRowsB * kBlockK, &map_b, full, kb * kBlockK,
-                                        row_b + rank * kHalfRowsB, (1u << kNumMulticast) - 1);
-          } else {
-            sm90::tma_load_2d(smem_b, &map_b, full, kb * kBlockK, row_b);
-            sm90::tma_load_2d(smem_b + kHalfRowsB * kBlockK, &map_b, full, kb * kBlockK, row_b + kHalfRowsB);
-          }
-        } else {
-          uint8_t* smem_a = smem + Smem::kOffsetA + stage * Smem::kA + rank * kMulticastRowsA * kBlockK;
-          if constexpr (kNumMulticast > 1) {
-            sm90::tma_load_2d_multicast(smem_a, &map_a, full, kb * kBlockK, row_a, (1u << kNumMulticast) - 1);
-          } else {
-            sm90::tma_load_2d(smem_a, &map_a, full, kb * kBlockK, row_a);
-          }
-          sm90::tma_load_2d(smem + Smem::kOffsetB + stage * Smem::kB, &map_b, full, kb * kBlockK, row_b);
-        }
-      };
-      [[maybe_unused]] bool waits = kEarlyLoads;  // the first stages' A scales wait for the copy
       const auto load_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
         const uint32_t row_a = a_row0(t) + (kShareB ? 0 : rank * kMulticastRowsA), row_b = b_row0(t);
         const uint32_t row_sfa = a_row0(t), row_sfb = sfb_row0(t);
-        // Each CTA of a cluster loads the whole A scale box: 1-4 KB against the tiles' 48 KB. A box's
-        // innermost coordinate must fall on 16 bytes (else the TMA unit faults with an illegal
-        // instruction): K-major boxes start at the K block's group of 4, read at its column.
-        const auto load_sfa = [&](uint32_t stage, uint32_t kb) {
-          float* sf = smem_sf + stage * Smem::kSfFloats;
-          if constexpr (kScaleLoad == kScaleTmaMnMajor) {
-            sm90::tma_load_2d(sf, &map_sfa, ring.full + stage, row_sfa, kb);
-          } else if constexpr (kScaleLoad == kScaleTmaKMajor) {
-            sm90::tma_load_2d(sf, &map_sfa, ring.full + stage, kb & ~3u, row_sfa);
-          }
-        };
-        const auto load_sfb = [&](uint32_t stage, uint32_t kb) {
-          sm90::tma_load_2d(smem_sf + stage * Smem::kSfFloats + Smem::kSfb, &map_sfb, ring.full + stage, kb & ~3u,
-                            row_sfb);
-        };
-        uint32_t kb = kb_begin;
-        if constexpr (kEarlyLoads) {
-          if (waits) {
-            waits = false;
-            const uint32_t early = kb_end - kb_begin < kNumStages ? kb_end - kb_begin : kNumStages;
-            PipelineState<kNumStages> first = pipe;
-            for (uint32_t i = 0; i < early; ++i, pipe.advance()) {
-              ring.producer_acquire(pipe);
-              sm90::mbarrier_arrive_expect_tx(ring.full + pipe.stage, Smem::kTmaBytes);
-              load_sfb(pipe.stage, kb_begin + i);
-              load_ab(t, row_a, row_b, pipe.stage, kb_begin + i);
-            }
-            sm90::wait_prerequisites();
-            for (uint32_t i = 0; i < early; ++i, first.advance()) load_sfa(first.stage, kb_begin + i);
-            kb += early;
-          }
-        }
-        for (; kb < kb_end; ++kb, pipe.advance()) {
+        for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
           ring.producer_acquire(pipe);
           uint64_t* full = ring.full + pipe.stage;
           sm90::mbarrier_arrive_expect_tx(full, Smem::kTmaBytes);
           if constexpr (kScaleTma) {
-            load_sfa(pipe.stage, kb);
-            load_sfb(pipe.stage, kb);
+            // Each CTA of a cluster loads the whole A scale box: 1-4 KB against the tiles' 48 KB.
+            // A box's innermost coordinate must fall on 16 bytes (else the TMA unit faults with an
+            // illegal instruction): K-major boxes start at the K block's group of 4, read at its column.
+            float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
+            if constexpr (kScaleLoad == kScaleTmaMnMajor) {
+              sm90::tma_load_2d(sf, &map_sfa, full, row_sfa, kb);
+            } else if constexpr (kScaleLoad == kScaleTmaKMajor) {
+              sm90::tma_load_2d(sf, &map_sfa, full, kb & ~3u, row_sfa);
+            }
+            sm90::tma_load_2d(sf + Smem::kSfb, &map_sfb, full, kb & ~3u, row_sfb);
           }
-          load_ab(t, row_a, row_b, pipe.stage, kb);
+          if constexpr (kShareB) {
+            // map_b's box is kHalfRowsB rows. The full barrier expects a whole B tile either way.
+            uint8_t* smem_b = smem + Smem::kOffsetB + pipe.stage * Smem::kB;
+            sm90::tma_load_2d(smem + Smem::kOffsetA + pipe.stage * Smem::kA, &map_a, full, kb * kBlockK, row_a);
+            if (t.share_b) {
+              sm90::tma_load_2d_multicast(smem_b + rank * kHalfRowsB * kBlockK, &map_b, full, kb * kBlockK,
+                                          row_b + rank * kHalfRowsB, (1u << kNumMulticast) - 1);
+            } else {
+              sm90::tma_load_2d(smem_b, &map_b, full, kb * kBlockK, row_b);
+              sm90::tma_load_2d(smem_b + kHalfRowsB * kBlockK, &map_b, full, kb * kBlockK, row_b + kHalfRowsB);
+            }
+          } else {
+            uint8_t* smem_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + rank * kMulticastRowsA * kBlockK;
+            if constexpr (kNumMulticast > 1) {
+              sm90::tma_load_2d_multicast(smem_a, &map_a, full, kb * kBlockK, row_a, (1u << kNumMulticast) - 1);
+            } else {
+              sm90::tma_load_2d(smem_a, &map_a, full, kb * kBlockK, row_a);
+            }
+            sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, &map_b, full, kb * kBlockK, row_b);
+          }
         }
       };
       while (scheduler.next(t)) load_tile(t, 0, kNumKBlocks);
       if (scheduler.tail_unit(t)) load_tile(t, t.k_begin, t.k_end);
-      // A CTA without a tile (a contiguous layout of padding only) waits for the copy too: the
-      // grid must not finish before the copy, whose completion the next kernel's wait counts on.
-      if constexpr (kEarlyLoads) {
-        if (waits) sm90::wait_prerequisites();
-      }
       if constexpr (kNumMulticast > 1) {
         // The peers arrive on this CTA's empty barriers and multicast into its stages: it may only
         // exit once every stage's last fill has been released by the consumers of every CTA.
