@@ -47,6 +47,7 @@ inline unsigned scale_load(int value, int k, int gemm_type) {
 inline const char* scale_load_name(unsigned scale_load) {
   return scale_load == moe_kernels::kScaleGather          ? "gather"
          : scale_load == moe_kernels::kScaleTmaMnMajor     ? "tma_mn_major"
+         : scale_load == moe_kernels::kScaleTmaKMajorTable ? "tma_k_major_table"
                                                             : "tma_k_major";
 }
 
@@ -66,6 +67,7 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["scale_warps"] = c.scale_warps;
   d["scale_load"] = scale_load_name(c.scale_load);
   d["sfa_copy"] = c.sfa_copy;
+  d["table_slots"] = c.table_slots;
   d["pingpong"] = c.pingpong;
   d["pdl"] = c.pdl;
   d["k_unroll"] = c.k_unroll;

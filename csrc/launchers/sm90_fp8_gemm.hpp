@@ -49,6 +49,7 @@ struct Config {
   int overlap = 0;      // 1: block M 64 issues the next K block's wgmmas before it promotes (kOverlap)
   int wg_store = 0;     // 1: each math warpgroup runs its own epilogue, D stored in 64-row boxes (kWgStore)
   int sfa_copy = 0;     // 1: A's scales are copied MN-major into the workspace first, the launch planned on them
+  int table_slots = 0;  // kScaleTmaKMajorTable's slots (1: no CTA runs a second tile; else 2), 0 otherwise
   bool tail_split_on = true;  // MOE_GEMM_TAIL_SPLIT when planned (the plan is redone when it changes)
 
   // The last, partial wave's tiles split over K; kNormal only.
@@ -137,12 +138,20 @@ constexpr int kWideTileCost = 14;  // sixteenths
 constexpr int kScaleTmaKMajorMinBlockM = 256;
 constexpr int kScaleTmaKMajorMinK = 1024;
 
-// Two ways of loading K-major A scales once per tile or per 4 K blocks into slots beside the stages
-// (a table per 64- or 128-row tile, a ring of 4-K-block boxes for 256-row tiles) were timed on an
-// H100 against these rules and removed: the table slower in 11 of 14 small-M cells, the ring 1.10x
-// the boxes' time at 4096 x 7168 x 16384 (bench/RESULTS.md, session 26; timed one after the other,
-// before the benchmarks interleaved their runs). Dense 256-row tiles and large contiguous layouts copy
-// K-major A scales MN-major instead (Config::sfa_copy).
+// MOE_FP8_SCALE_TABLE=1 (opt-in, read per plan): K-major A scales of dense 64- and 128-row tiles come
+// as one TMA box per tile (common/fp8_gemm_layout.h's kScaleTmaKMajorTable) instead of the gathers
+// above, where the table leaves at least kScaleTableMinStages stages. With the same 64 x 32 tiles at
+// 128 x 2112 x 7168 the gathers' kernel took 15.3 us under ncu, MN-major scales by TMA 12.3 (H100,
+// session 30): the stages fill later when their A scales are 64 cp.async of 4 bytes. Session 26 timed
+// the table after the gathers in one process (slower in 11 of 14 cells, by up to 16%), which the
+// GPU's drift since showed to be no comparison; it is timed interleaved before it becomes a default.
+// A ring of 4-K-block boxes for 256-row tiles was removed then too; those copy K-major A scales
+// MN-major instead (Config::sfa_copy).
+constexpr int kScaleTableMinStages = 4;
+inline bool env_is_one(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && std::string(value) == "1";
+}
 
 // Masked decode tiles (block M 64, up to 128 rows per group) of short K (at most
 // kMaskedShortKBlocks K blocks) take block N up to 128 only: their few K blocks per tile leave the
@@ -261,6 +270,24 @@ inline const char* function_name(GemmType type) {
                                               : "fp8_gemm_nt";
 }
 
+// The table's `slots` slots and barriers beside the stages of t: the stages that still fit (capped by
+// MOE_GEMM_STAGES like choose_tiles'), or false where fewer than min_stages would be left.
+inline bool fit_sfa_slots(Tiles& t, int k, unsigned scale_load, int slots_count, int min_stages) {
+  using namespace moe_kernels;
+  const unsigned k_blocks = static_cast<unsigned>(k / kBlockK), count = static_cast<unsigned>(slots_count);
+  const int slots = static_cast<int>(
+      fp8_gemm_sfa_slots_bytes(static_cast<unsigned>(t.block_m), k_blocks, scale_load, count) +
+      fp8_gemm_sfa_slot_barrier_bytes(count));
+  const int per_stage = stage_bytes(t.block_m, t.block_n, scale_load);
+  int stages = std::min(kMaxStages, (kSmemLimit - pipeline_smem(t.block_m, t.block_n, 0, per_stage) - slots) /
+                                        (per_stage + 16));
+  if (const int cap = env_int("MOE_GEMM_STAGES")) stages = std::min(stages, cap);
+  if (stages < min_stages) return false;
+  t.num_stages = stages;
+  t.smem_bytes = pipeline_smem(t.block_m, t.block_n, stages, per_stage) + slots;
+  return true;
+}
+
 // Analytic choice: fewest waves of tiles weighted by a tile's cost, then the larger block N. `m` is
 // the rows of the problem; for kGroupedMasked the expected rows per group, times `num_groups`
 // problems. contiguous_alignment: kGroupedContiguous's promise that every aligned block of that
@@ -270,12 +297,18 @@ inline const char* function_name(GemmType type) {
 // (MOE_FP8_SCALE_TMA=0 turns it into the gathers here).
 inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Residual residual,
                           GemmType type, int num_groups, int contiguous_alignment, bool split_workspace,
-                          unsigned scale_load) {
+                          unsigned scale_load, bool allow_table = true) {
   const char* fn = function_name(type);
   check_shape(fn, m, n, k);
   MOE_HOST_ASSERT(num_sms >= 1, fn << ": num_sms must be >= 1, got " << num_sms);
   MOE_HOST_ASSERT(num_groups >= 1, fn << ": num_groups must be >= 1, got " << num_groups);
   if (!env_enabled("MOE_FP8_SCALE_TMA")) scale_load = moe_kernels::kScaleGather;
+  // K-major A scales in a table per tile (dense; the box's rows at most 256 floats), where asked for.
+  if (allow_table && scale_load == moe_kernels::kScaleTmaKMajor && type == GemmType::kNormal &&
+      moe_kernels::fp8_gemm_table_cols(static_cast<unsigned>(k / kBlockK)) <= 256 &&
+      env_is_one("MOE_FP8_SCALE_TABLE")) {
+    scale_load = moe_kernels::kScaleTmaKMajorTable;
+  }
   Config cfg{};
   cfg.fn = fn;
   cfg.type = type;
@@ -340,11 +373,22 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   }
   if (scale_load == moe_kernels::kScaleTmaKMajor && (t.block_m < kScaleTmaKMajorMinBlockM || k < kScaleTmaKMajorMinK)) {
     return plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment, split_workspace,
-                       moe_kernels::kScaleGather);
+                       moe_kernels::kScaleGather, false);
+  }
+  // One slot where every CTA runs one tile (a second tile would wait for the first's slot), else two.
+  const long long table_tiles = static_cast<long long>((m + t.block_m - 1) / t.block_m) *
+                                ((n + t.block_n * multicast - 1) / (t.block_n * multicast) * multicast);
+  const int table_slots = table_tiles <= num_sms / multicast * multicast ? 1 : 2;
+  if (scale_load == moe_kernels::kScaleTmaKMajorTable &&
+      (t.block_m > 128 || !fit_sfa_slots(t, k, scale_load, table_slots, kScaleTableMinStages))) {
+    // A 256-row tile, or one that the table would leave too few stages: the K-major rules above.
+    return plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment, split_workspace,
+                       moe_kernels::kScaleTmaKMajor, false);
   }
   cfg.block_m = t.block_m;
   cfg.block_n = t.block_n;
   cfg.num_stages = t.num_stages;
+  cfg.table_slots = scale_load == moe_kernels::kScaleTmaKMajorTable ? table_slots : 0;
   cfg.smem_bytes = t.smem_bytes;
   cfg.swizzle_d = t.swizzle_d;
   // A single n-block would pair with a padding one: nothing to share.
@@ -459,11 +503,15 @@ inline GeneratedKernel generate(const Config& c) {
      << static_cast<int>(c.residual) << ", " << c.swizzle_d << ", " << c.multicast << ", " << c.scale_warps
      << ", " << (c.pingpong ? "true" : "false") << ", " << (c.pdl ? "true" : "false") << ", " << c.k_unroll
      << ", " << c.scale_load << ", " << (c.overlap ? "true" : "false") << ", " << (c.share_b ? "true" : "false")
-     << ", " << (c.wg_store ? "true" : "false") << ">);\n"
+     << ", " << (c.wg_store ? "true" : "false");
+  // The table's slots: template arguments of their own, absent (0) for every other scale load.
+  std::ostringstream table;
+  if (c.table_slots > 0) table << ", " << c.k / kBlockK << ", " << c.table_slots;
+  os << (c.table_slots > 0 ? ", " + std::to_string(c.table_slots) : std::string()) << ">);\n"
      << "}\n"
      // The launch's dynamic shared memory is what the kernel lays out (stages, table, barriers).
      << "static_assert(moe_kernels::Fp8GemmSmem<" << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", "
-     << c.scale_load << ">::kTotal == " << c.smem_bytes
+     << c.scale_load << table.str() << ">::kTotal == " << c.smem_bytes
      << ", \"the launcher's shared memory differs from the kernel's layout\");\n";
   return {"sm90_fp8_gemm_nt", os.str()};
 }
@@ -471,11 +519,11 @@ inline GeneratedKernel generate(const Config& c) {
 // The compiled kernel of a plan on a device: from the memo, compiled (or loaded from the disk cache)
 // on the first call.
 inline std::shared_ptr<const moe_jit::CompiledKernel> kernel_of(const Config& c, int device) {
-  static moe_jit::KernelMemo<std::array<int, 20>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 20> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 21>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 21> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
                                    c.scale_warps, c.pingpong, c.pdl, c.k_unroll, static_cast<int>(c.scale_load),
-                                   c.overlap, c.share_b, c.wg_store, device};
+                                   c.overlap, c.share_b, c.wg_store, c.table_slots, device};
   return sm90_kernel(memo, key, c.fn, device, [&] { return generate(c); });
 }
 
@@ -509,7 +557,8 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
   // The scale boxes of a TMA scale load (the kernel takes the maps either way; the gathers ignore them).
   CUtensorMap map_sfa{}, map_sfb{};
   if (c.scale_load != moe_kernels::kScaleGather) {
-    MOE_HOST_ASSERT(scale_layout_for(c.type, a, c.n, c.k) == c.scale_load,
+    const unsigned layout = c.scale_load == moe_kernels::kScaleTmaKMajorTable ? moe_kernels::kScaleTmaKMajor : c.scale_load;
+    MOE_HOST_ASSERT(scale_layout_for(c.type, a, c.n, c.k) == layout,
                     c.fn << ": the kernel was planned for TMA scale loads, which these scales' layouts do not allow");
     const std::uint64_t kb = static_cast<std::uint64_t>(c.k / kBlockK);
     const std::uint64_t sfb_rows = static_cast<std::uint64_t>((c.n + 127) / 128) * a.num_groups;
@@ -517,9 +566,13 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows_a, kb,
                          tma_row_stride(kb, a.sfa_stride_k, rows_a), c.block_m, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
     } else {
-      // K-major: boxes of 4 K blocks.
+      // K-major: boxes of 4 K blocks, or a table's every K block (its columns past K read as zeros
+      // and are never used).
+      const unsigned cols = c.scale_load == moe_kernels::kScaleTmaKMajorTable
+                                ? moe_kernels::fp8_gemm_table_cols(static_cast<unsigned>(kb))
+                                : 4u;
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, rows_a,
-                         tma_row_stride(rows_a, a.sfa_stride_m, kb), 4, c.block_m, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
+                         tma_row_stride(rows_a, a.sfa_stride_m, kb), cols, c.block_m, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
     }
     map_sfb = make_tma(c.fn, a.sfb, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sfb_rows, sfb_view_stride(a, c.n, c.k), 4,
                        2, CU_TENSOR_MAP_SWIZZLE_NONE, "SFB");

@@ -22,7 +22,31 @@ constexpr unsigned fp8_gemm_threads(unsigned block_m) { return (fp8_gemm_math_wa
 //     faults on innermost coordinates off 16 bytes), of which the stage uses the K block's
 //     column. B scales (K-major): a box of 4 K blocks by the tile's two 128-column blocks, alike.
 //     The launcher picks these for dense and contiguous GEMMs (launchers/sm90_fp8_gemm.hpp).
-enum : unsigned { kScaleGather = 0, kScaleTmaMnMajor = 1, kScaleTmaKMajor = 2 };
+//   kScaleTmaKMajorTable: K-major A scales of a dense tile of one wave (block M 64 or 128) come in
+//     one TMA box per tile, every K block of its rows, into a two-slot table beside the stages (the
+//     next tile's slot fills while this one's is read): each scale crosses L2 once instead of once
+//     per K block (gathers) or four times (kScaleTmaKMajor's 16-byte rows). A stage carries B's box
+//     only. Opt-in (MOE_FP8_SCALE_TABLE=1): session 26 timed it after the gathers in one process,
+//     which the GPU's drift since showed to be no comparison; it is timed interleaved next.
+enum : unsigned { kScaleGather = 0, kScaleTmaMnMajor = 1, kScaleTmaKMajor = 2, kScaleTmaKMajorTable = 3 };
+
+// Floats per row of a tile's scale table: the K blocks rounded up to 16 bytes (TMA's box rows) and
+// to an odd count of 16 bytes, so the 8 rows a warp reads per K block (wgmma's row layout) fall on
+// 8 different banks. The box's columns past K read as zeros.
+constexpr unsigned fp8_gemm_table_cols(unsigned k_blocks) {
+  return ((k_blocks + 3) / 4 % 2 == 1) ? (k_blocks + 3) / 4 * 4 : (k_blocks + 3) / 4 * 4 + 4;
+}
+
+// The table's slots: 1 where no CTA runs a second tile, else 2 (the next tile's fills while this
+// one's is read); the bytes of one slot and of all `slots`, and their full and empty barriers,
+// after the stages' barriers. Other scale loads have none.
+constexpr unsigned fp8_gemm_sfa_slot_bytes(unsigned block_m, unsigned k_blocks, unsigned scale_load) {
+  return scale_load == kScaleTmaKMajorTable ? block_m * fp8_gemm_table_cols(k_blocks) * 4 : 0u;
+}
+constexpr unsigned fp8_gemm_sfa_slots_bytes(unsigned block_m, unsigned k_blocks, unsigned scale_load, unsigned slots) {
+  return slots * fp8_gemm_sfa_slot_bytes(block_m, k_blocks, scale_load);
+}
+constexpr unsigned fp8_gemm_sfa_slot_barrier_bytes(unsigned slots) { return slots * 16; }
 
 // Floats between consecutive rows' A scales in a stage.
 constexpr unsigned fp8_gemm_sfa_row_floats(unsigned scale_load) { return scale_load == kScaleTmaKMajor ? 4u : 1u; }
@@ -30,7 +54,7 @@ constexpr unsigned fp8_gemm_sfa_row_floats(unsigned scale_load) { return scale_l
 // The stage's B scales: the first 128-column block's at fp8_gemm_sfb_offset, the second's
 // fp8_gemm_sfb_step floats after it.
 constexpr unsigned fp8_gemm_sfb_offset(unsigned block_m, unsigned scale_load) {
-  return block_m * fp8_gemm_sfa_row_floats(scale_load);
+  return scale_load == kScaleTmaKMajorTable ? 0u : block_m * fp8_gemm_sfa_row_floats(scale_load);
 }
 constexpr unsigned fp8_gemm_sfb_step(unsigned scale_load) { return scale_load == kScaleGather ? 1u : 4u; }
 

@@ -15,7 +15,8 @@
 //   last warpgroup, warps 1-3:  scale producers (kScaleGather only), taking the stages in turn —
 //                               cp.async gathers of the tile's 1x128 A scales and two B scales into
 //                               the stage, completing on the same mbarrier. Scales whose layout TMA
-//                               can read come with the tiles instead (common/fp8_gemm_layout.h).
+//                               can read come with the tiles instead, or a dense tile's K-major A
+//                               scales once per tile into a table (common/fp8_gemm_layout.h).
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/epilogue.cuh>
@@ -30,7 +31,9 @@
 
 namespace moe_kernels {
 
-template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kNumStages, uint32_t kScaleLoad>
+// kNumKBlocks and kTableSlots size kScaleTmaKMajorTable's slots; other scale loads leave them 0.
+template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kNumStages, uint32_t kScaleLoad, uint32_t kNumKBlocks = 0,
+          uint32_t kTableSlots = 0>
 struct Fp8GemmSmem {
   static constexpr uint32_t kBlockK = 128;
   static constexpr uint32_t kD = kBlockM * kBlockN * 2;
@@ -45,14 +48,27 @@ struct Fp8GemmSmem {
   static constexpr uint32_t kOffsetA = kD;
   static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kA;
   static constexpr uint32_t kOffsetSf = kOffsetB + kNumStages * kB;
-  static constexpr uint32_t kOffsetBarriers = kOffsetSf + kNumStages * kSfFloats * 4;
-  static constexpr uint32_t kTotal = kOffsetBarriers + 2 * kNumStages * 8;
+  // kScaleTmaKMajorTable: the table's kTableSlots slots, [kBlockM rows][kSfaCols] each, after the
+  // stages (at least one slot's worth of barriers is named, none is used elsewhere).
+  static_assert((kScaleLoad == kScaleTmaKMajorTable) == (kTableSlots == 1 || kTableSlots == 2) &&
+                    kTableSlots <= 2,
+                "the table has 1 or 2 slots, other scale loads none");
+  static constexpr uint32_t kSfaSlots = kTableSlots;
+  static constexpr uint32_t kSfaRing = kSfaSlots > 0 ? kSfaSlots : 1;
+  static constexpr uint32_t kSfaCols = kSfaSlots > 0 ? fp8_gemm_table_cols(kNumKBlocks) : 0;
+  static constexpr uint32_t kSfaSlot = fp8_gemm_sfa_slot_bytes(kBlockM, kNumKBlocks, kScaleLoad);
+  static constexpr uint32_t kOffsetSfaSlots = kOffsetSf + kNumStages * kSfFloats * 4;
+  static constexpr uint32_t kOffsetBarriers =
+      kOffsetSfaSlots + fp8_gemm_sfa_slots_bytes(kBlockM, kNumKBlocks, kScaleLoad, kTableSlots);
+  static constexpr uint32_t kTotal = kOffsetBarriers + 2 * kNumStages * 8 + fp8_gemm_sfa_slot_barrier_bytes(kTableSlots);
   static_assert(kA + kB + kSfFloats * 4 == fp8_gemm_stage_bytes(kBlockM, kBlockN, kScaleLoad),
                 "the launcher sizes stages alike");
   // 128-byte swizzled TMA tiles need 1024-byte aligned stage buffers, TMA scale boxes 128-byte ones.
   static_assert(kD % 1024 == 0 && kA % 1024 == 0 && kB % 1024 == 0, "stage buffers must stay 1024-byte aligned");
   static_assert(kScaleLoad == kScaleGather || (kSfFloats % 32 == 0 && kSfb % 32 == 0),
                 "TMA scale boxes must land on 128-byte boundaries");
+  static_assert(kSfaSlots == 0 || (kOffsetSfaSlots % 128 == 0 && kSfaSlot % 128 == 0),
+                "the A scales' slots must land on 128-byte boundaries");
 };
 
 // Ping-pong of a 128-row tile's two math warpgroups: they issue their K blocks' wgmmas in turn (WG0
@@ -95,7 +111,8 @@ struct MathTurns {
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
-          uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false, bool kWgStore = false>
+          uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false, bool kWgStore = false,
+          uint32_t kTableSlots = 0>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -107,7 +124,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                      const __grid_constant__ TmaDescriptor map_d, const __grid_constant__ TmaDescriptor map_sfa,
                      const __grid_constant__ TmaDescriptor map_sfb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages, kScaleLoad>;
+  using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages, kScaleLoad, (kTableSlots > 0 ? kShapeK / 128 : 0), kTableSlots>;
   using Wgmma = sm90::Fp8Wgmma<kBlockN>;
   constexpr uint32_t kBlockK = Smem::kBlockK;
   constexpr uint32_t kNumMathWG = fp8_gemm_math_warpgroups(kBlockM);
@@ -119,7 +136,14 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // Scale producers: warps 1.. of the producer warpgroup (warp 0 issues the TMA loads), at most
   // one per stage; none where the TMA warp loads the scales.
   constexpr bool kScaleTma = kScaleLoad != kScaleGather;
-  static_assert(kScaleLoad <= kScaleTmaKMajor, "a scale load of common/fp8_gemm_layout.h");
+  static_assert(kScaleLoad <= kScaleTmaKMajorTable, "a scale load of common/fp8_gemm_layout.h");
+  // The table holds one tile's rows for one wave of the math warpgroups, dense tiles only:
+  // contiguous 128 x 192 tiles would keep under 4 stages beside it at K >= 2048, and masked tiles
+  // gather their scales (launchers/sm90_fp8_gemm.hpp).
+  constexpr bool kScaleTable = kScaleLoad == kScaleTmaKMajorTable;
+  static_assert(!kScaleTable || (kBlockM <= 128 && kGemmType == static_cast<int>(GemmType::kNormal) &&
+                                 Smem::kSfaCols <= 256),
+                "the scale table: dense tiles of block M 64 or 128, at most 256 columns (a TMA box's rows)");
   static_assert(kScaleTma ? kScaleWarps == 0 : kScaleWarps >= 1 && kScaleWarps <= 3,
                 "1 to 3 scale warps gather the scales, none with TMA scale loads");
   constexpr uint32_t kNumScaleWarps = kScaleWarps < kNumStages ? kScaleWarps : kNumStages;
@@ -183,6 +207,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   auto* smem_sf = reinterpret_cast<float*>(smem + Smem::kOffsetSf);
   auto* barriers = reinterpret_cast<uint64_t*>(smem + Smem::kOffsetBarriers);
   const StageRing<kNumStages> ring{barriers, barriers + kNumStages};
+  // The A scales' slots: full (the box landed) and empty (every math warp has read it).
+  [[maybe_unused]] const StageRing<Smem::kSfaRing> sfa_ring{barriers + 2 * kNumStages,
+                                                            barriers + 2 * kNumStages + Smem::kSfaRing};
+  [[maybe_unused]] auto* smem_sfa = reinterpret_cast<float*>(smem + Smem::kOffsetSfaSlots);
 
   const uint32_t warp = threadIdx.x / 32;
   const uint32_t lane = sm90::lane_id();
@@ -196,6 +224,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     }
     // Full: one expect-tx arrival for the TMA loads, plus one cp.async arrival per scale lane.
     ring.init(kScaleTma ? 1 : 1 + 32, kNumMathWG * 4 * kNumMulticast);
+    // The slots are this CTA's own (never multicast): one is free once the local math warps are done.
+    if constexpr (Smem::kSfaSlots > 0) sfa_ring.init(1, kNumMathWG * 4);
   }
   if constexpr (kNumMulticast > 1) {
     sm90::cluster_sync();  // the peers' barriers exist before any multicast or remote arrival
@@ -234,9 +264,20 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     const uint32_t producer_warp = warp - kNumMathWG * 4;
     if (producer_warp == 0 && lane == 0) {
       const uint32_t rank = kNumMulticast > 1 ? sm90::cluster_ctarank() : 0;
+      [[maybe_unused]] PipelineState<Smem::kSfaRing> sfa_pipe;
+      // The table's box: every K block of the tile's rows.
+      [[maybe_unused]] const auto load_sfa = [&](uint32_t row) {
+        sfa_ring.producer_acquire(sfa_pipe);
+        uint64_t* full = sfa_ring.full + sfa_pipe.stage;
+        sm90::mbarrier_arrive_expect_tx(full, Smem::kSfaSlot);
+        sm90::tma_load_2d(smem_sfa + sfa_pipe.stage * (Smem::kSfaSlot / 4), &map_sfa, full, 0, row);
+        sfa_pipe.advance();
+      };
       const auto load_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
         const uint32_t row_a = a_row0(t) + (kShareB ? 0 : rank * kMulticastRowsA), row_b = b_row0(t);
         const uint32_t row_sfa = a_row0(t), row_sfb = sfb_row0(t);
+        // The table: every K block of the tile's rows, its split unit's too (it reads its own columns).
+        if constexpr (kScaleTable) load_sfa(row_sfa);
         for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
           ring.producer_acquire(pipe);
           uint64_t* full = ring.full + pipe.stage;
@@ -338,16 +379,24 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // tiles (group ids loaded per thread too) had 32 R2UR in their two waves' K block, 1 broadcast.
   constexpr bool kBroadcastStage = kType == GemmType::kGroupedMasked || (kNumWaves > 1 && kGrouped);
 
-  // The K block's scales from its stage: A's two rows of the thread per wave, B's two blocks.
+  // kScaleTable: the slot being read (set once its box has landed).
+  [[maybe_unused]] const float* sfa_slot = smem_sfa;
+  // The K block's scales from its stage (A's from the tile's table): A's two rows of the thread
+  // per wave, B's two blocks.
   const auto read_scales = [&](uint32_t stage, uint32_t kb, float (&sa)[kNumWaves][2], float (&sb)[2]) {
     const float* sf = smem_sf + stage * Smem::kSfFloats;
     // The K block's column in a box of 4 K blocks (TMA scale loads), else 0.
     const uint32_t column = kScaleTma ? kb % 4 : 0;
-    const float* sf_a = sf + (kScaleLoad == kScaleTmaKMajor ? column : 0);
+    if constexpr (kScaleTable) {
+      sa[0][0] = sfa_slot[tile_row0 * Smem::kSfaCols + kb];
+      sa[0][1] = sfa_slot[(tile_row0 + 8) * Smem::kSfaCols + kb];
+    } else {
+      const float* sf_a = sf + (kScaleLoad == kScaleTmaKMajor ? column : 0);
 #pragma unroll
-    for (uint32_t w = 0; w < kNumWaves; ++w) {
-      sa[w][0] = sf_a[(w * kWaveRows + tile_row0) * Smem::kSfaRow];
-      sa[w][1] = sf_a[(w * kWaveRows + tile_row0 + 8) * Smem::kSfaRow];
+      for (uint32_t w = 0; w < kNumWaves; ++w) {
+        sa[w][0] = sf_a[(w * kWaveRows + tile_row0) * Smem::kSfaRow];
+        sa[w][1] = sf_a[(w * kWaveRows + tile_row0 + 8) * Smem::kSfaRow];
+      }
     }
     sb[0] = sf[Smem::kSfb + column];
     sb[1] = sf[Smem::kSfb + Smem::kSfbStep + column];
@@ -408,9 +457,21 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     }
   };
 
+  [[maybe_unused]] PipelineState<Smem::kSfaRing> sfa_pipe;
+  // The slot of sfa_pipe once its box has landed; its release once every math warp has read it.
+  [[maybe_unused]] const auto acquire_sfa = [&] {
+    sfa_ring.consumer_wait(sfa_pipe);
+    sfa_slot = smem_sfa + sfa_pipe.stage * (Smem::kSfaSlot / 4);
+  };
+  [[maybe_unused]] const auto release_sfa = [&] {
+    __syncwarp();
+    if (lane == 0) sfa_ring.consumer_release(sfa_pipe);
+    sfa_pipe.advance();
+  };
   const auto math_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
 #pragma unroll
     for (uint32_t i = 0; i < kNumWaves * Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
+    if constexpr (kScaleTable) acquire_sfa();
 
     with_static_split<kBlockN>(t.n_block * kBlockN, [&](auto split) {
       const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
@@ -456,6 +517,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         }
       }
     });
+
+    // The K loops have read every scale of the table's slot into registers: the producer may refill it.
+    if constexpr (kScaleTable) release_sfa();
 
     // A cluster's n-block past N, or (kShareB) its m-block past M or of padding, was computed only to
     // keep the peers in step: nothing to store.
