@@ -287,10 +287,23 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
     return plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment, split_workspace,
                        moe_kernels::kScaleGather, false);
   }
-  // One slot where every CTA runs one tile (a second tile would wait for the first's slot), else two.
-  const long long table_tiles = static_cast<long long>((m + t.block_m - 1) / t.block_m) *
-                                ((n + t.block_n * multicast - 1) / (t.block_n * multicast) * multicast);
-  const int table_slots = table_tiles <= num_sms / multicast * multicast ? 1 : 2;
+  // The clusters: a single n-block would pair with a padding one (nothing to share). Clusters sharing
+  // B (MOE_FP8_MULTICAST=b, or unset on contiguous 128 x 192 tiles): pairs of 128-row m-blocks of one
+  // n-block; every tile runs whole (no tail split), the pair in step.
+  const int cluster_a = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
+  const bool share_b_default = multicast_env == nullptr && type == GemmType::kGroupedContiguous &&
+                               t.block_n == kInStepBlockN;
+  const bool share_b = (share_b_forced || share_b_default) && type != GemmType::kGroupedMasked &&
+                       t.block_m == 128 && t.block_n % 16 == 0 && num_sms % 2 == 0 && m > t.block_m;
+  const int cluster = share_b ? 2 : cluster_a;
+  // The table: one slot where no CTA runs a second tile (tiles rounded to whole clusters, as
+  // Config::num_tiles; a split single wave runs one unit a CTA), else two, so the next tile's fills
+  // while this one's is read.
+  const long long table_m_blocks = (m + t.block_m * (share_b ? 2 : 1) - 1) / (t.block_m * (share_b ? 2 : 1)) *
+                                   (share_b ? 2 : 1);
+  const long long table_n_blocks = share_b ? (n + t.block_n - 1) / t.block_n
+                                           : (n + t.block_n * cluster - 1) / (t.block_n * cluster) * cluster;
+  const int table_slots = table_m_blocks * table_n_blocks <= num_sms / cluster * cluster ? 1 : 2;
   if (scale_load == moe_kernels::kScaleTmaKMajorTable &&
       (t.block_m > 128 || !fit_sfa_slots(t, k, scale_load, table_slots, kScaleTableMinStages))) {
     // A 256-row tile, or one that the table would leave too few stages: the K-major rules above.
@@ -303,18 +316,9 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   cfg.table_slots = scale_load == moe_kernels::kScaleTmaKMajorTable ? table_slots : 0;
   cfg.smem_bytes = t.smem_bytes;
   cfg.swizzle_d = t.swizzle_d;
-  // A single n-block would pair with a padding one: nothing to share.
-  cfg.multicast = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
-  // Clusters sharing B (MOE_FP8_MULTICAST=b, or unset on contiguous 128 x 192 tiles): pairs of
-  // 128-row m-blocks of one n-block. Every tile runs whole (no tail split), the pair in step.
-  const bool share_b_default = multicast_env == nullptr && type == GemmType::kGroupedContiguous &&
-                               t.block_n == kInStepBlockN;
-  if ((share_b_forced || share_b_default) && type != GemmType::kGroupedMasked && t.block_m == 128 &&
-      t.block_n % 16 == 0 && num_sms % 2 == 0 && m > t.block_m) {
-    cfg.multicast = 2;
-    cfg.share_b = 1;
-    single_wave_ways = 0;
-  }
+  cfg.multicast = cluster;
+  cfg.share_b = share_b ? 1 : 0;
+  if (share_b) single_wave_ways = 0;
   cfg.scale_warps = scale_load == moe_kernels::kScaleGather ? std::min(scale_warps_setting(), t.num_stages) : 0;
   cfg.split_k = single_wave_ways;
   cfg.splits = split_workspace;
@@ -376,7 +380,9 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   const bool copies = (type == GemmType::kNormal && (t.block_m == 256 || copy_all)) ||
                       (type == GemmType::kGroupedContiguous && m >= kSfaCopyMinRowsContiguous &&
                        (n >= kSfaCopyMinNContiguous || copy_all));
-  cfg.sfa_copy = copies && split_workspace && scale_load != moe_kernels::kScaleTmaMnMajor && (k / kBlockK) % 4 == 0 &&
+  // A table plan (MOE_FP8_SCALE_TABLE=1) loads its K-major scales itself: no copy, under =all too.
+  cfg.sfa_copy = copies && split_workspace && scale_load != moe_kernels::kScaleTmaMnMajor &&
+                         scale_load != moe_kernels::kScaleTmaKMajorTable && (k / kBlockK) % 4 == 0 &&
                          sfa_copy_fits(m, k) && env_enabled("MOE_FP8_SCALE_TMA") && env_enabled("MOE_FP8_SFA_COPY")
                      ? 1
                      : 0;

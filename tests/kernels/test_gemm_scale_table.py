@@ -1,5 +1,6 @@
 """MOE_FP8_SCALE_TABLE=1: a dense 64- or 128-row tile's K-major A scales, every K block, in one TMA
-box into one of two table slots beside the stages (launchers/sm90_fp8_gemm.hpp, kScaleTmaKMajorTable):
+box into a table slot beside the stages (two slots where a CTA runs a second tile;
+launchers/sm90_fp8_gemm.hpp, kScaleTmaKMajorTable):
 where the plan takes it, what it leaves of the stages, its SASS, and its D against the gathers'."""
 
 from __future__ import annotations
@@ -38,6 +39,26 @@ def test_scale_table_on_dense_tiles_of_one_wave(m, n, k, block_m, monkeypatch):
     assert table["smem_bytes"] == d_tile + table["num_stages"] * (stage + 16) + slots * (block_m * _table_cols(k) * 4 + 16)
     assert 4 <= table["num_stages"] and table["smem_bytes"] <= 232448
     assert table["smem_bytes"] + stage + 16 > 232448 or table["num_stages"] == 32, "a stage more would fit"
+
+
+@pytest.mark.parametrize("m,n,k,switch,slots", [
+    (384, 5632, 2048, "b", 2), (300, 4224, 2048, "b", 2), (128, 5632, 2048, "b", 1), (128, 2112, 7168, "2", 1),
+    (1000, 7168, 1536, "2", 2),
+])
+def test_scale_table_slots_count_the_clusters_tiles(m, n, k, switch, slots, monkeypatch):
+    """One slot only where no CTA runs a second tile, counted on the tiles as the clusters round them:
+    pairs sharing B (MOE_FP8_MULTICAST=b) round the m-blocks up to pairs (384 x 5632: 4 x 44 = 176
+    tiles on 132 SMs), clusters sharing A the n-blocks. Under MOE_FP8_SFA_COPY=all the table plan
+    still loads its own scales (no copy)."""
+    monkeypatch.setenv("MOE_FP8_SCALE_TABLE", "1")
+    monkeypatch.setenv("MOE_FP8_MULTICAST", switch)
+    native = kernels.jit.native_module()
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert (cfg["scale_load"], cfg["table_slots"]) == ("tma_k_major_table", slots), cfg
+    assert (cfg["num_tiles"] > H200_SMS) == (slots == 2), cfg
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", "all")
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert (cfg["scale_load"], cfg["sfa_copy"]) == ("tma_k_major_table", 0), cfg
 
 
 @pytest.mark.parametrize("m,n,k,gemm_type,groups,scale_load,expected", [

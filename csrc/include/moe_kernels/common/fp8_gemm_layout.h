@@ -23,12 +23,15 @@ constexpr unsigned fp8_gemm_threads(unsigned block_m) { return (fp8_gemm_math_wa
 //     column. B scales (K-major): a box of 4 K blocks by the tile's two 128-column blocks, alike.
 //     The launcher picks these for dense and contiguous GEMMs (launchers/sm90_fp8_gemm.hpp).
 //   kScaleTmaKMajorTable: K-major A scales of a dense tile of one wave (block M 64 or 128) come in
-//     one TMA box per tile, every K block of its rows, into a two-slot table beside the stages (the
-//     next tile's slot fills while this one's is read): each scale crosses L2 once instead of once
-//     per K block (gathers) or four times (kScaleTmaKMajor's 16-byte rows). A stage carries B's box
-//     only. Opt-in (MOE_FP8_SCALE_TABLE=1): session 26 timed it after the gathers in one process,
-//     which the GPU's drift since showed to be no comparison; it is timed interleaved next.
-enum : unsigned { kScaleGather = 0, kScaleTmaMnMajor = 1, kScaleTmaKMajor = 2, kScaleTmaKMajorTable = 3 };
+//     one TMA box per tile, every K block of its rows, into a table beside the stages (a second
+//     slot, where a CTA runs a second tile, fills while the first is read): each scale crosses L2
+//     once instead of once per K block (gathers) or four times (kScaleTmaKMajor's 16-byte rows). A
+//     stage carries B's box only. Opt-in (MOE_FP8_SCALE_TABLE=1): session 26 timed it after the
+//     gathers in one process, which the GPU's drift since showed to be no comparison; it is timed
+//     interleaved next.
+enum : unsigned {
+  kScaleGather = 0, kScaleTmaMnMajor = 1, kScaleTmaKMajor = 2, kScaleTmaKMajorTable = 3
+};
 
 // Floats per row of a tile's scale table: the K blocks rounded up to 16 bytes (TMA's box rows) and
 // to an odd count of 16 bytes, so the 8 rows a warp reads per K block (wgmma's row layout) fall on
