@@ -295,30 +295,24 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
                                t.block_n == kInStepBlockN;
   const bool share_b = (share_b_forced || share_b_default) && type != GemmType::kGroupedMasked &&
                        t.block_m == 128 && t.block_n % 16 == 0 && num_sms % 2 == 0 && m > t.block_m;
-  const int cluster = share_b ? 2 : cluster_a;
-  // The table: one slot where no CTA runs a second tile (tiles rounded to whole clusters, as
-  // Config::num_tiles; a split single wave runs one unit a CTA), else two, so the next tile's fills
-  // while this one's is read.
-  const long long table_m_blocks = (m + t.block_m * (share_b ? 2 : 1) - 1) / (t.block_m * (share_b ? 2 : 1)) *
-                                   (share_b ? 2 : 1);
-  const long long table_n_blocks = share_b ? (n + t.block_n - 1) / t.block_n
-                                           : (n + t.block_n * cluster - 1) / (t.block_n * cluster) * cluster;
-  const int table_slots = table_m_blocks * table_n_blocks <= num_sms / cluster * cluster ? 1 : 2;
+  cfg.block_m = t.block_m;
+  cfg.block_n = t.block_n;
+  cfg.multicast = share_b ? 2 : cluster_a;
+  cfg.share_b = share_b ? 1 : 0;
+  if (share_b) single_wave_ways = 0;
+  // The table: one slot where no CTA runs a second tile (a split single wave runs one unit a CTA),
+  // else two, so the next tile's fills while this one's is read.
+  const int table_slots = cfg.num_tiles(m) <= num_sms / cfg.multicast * cfg.multicast ? 1 : 2;
   if (scale_load == moe_kernels::kScaleTmaKMajorTable &&
       (t.block_m > 128 || !fit_sfa_slots(t, k, scale_load, table_slots, kScaleTableMinStages))) {
     // A 256-row tile, or one that the table would leave too few stages: the K-major rules above.
     return plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment, split_workspace,
                        moe_kernels::kScaleTmaKMajor, false);
   }
-  cfg.block_m = t.block_m;
-  cfg.block_n = t.block_n;
   cfg.num_stages = t.num_stages;
   cfg.table_slots = scale_load == moe_kernels::kScaleTmaKMajorTable ? table_slots : 0;
   cfg.smem_bytes = t.smem_bytes;
   cfg.swizzle_d = t.swizzle_d;
-  cfg.multicast = cluster;
-  cfg.share_b = share_b ? 1 : 0;
-  if (share_b) single_wave_ways = 0;
   cfg.scale_warps = scale_load == moe_kernels::kScaleGather ? std::min(scale_warps_setting(), t.num_stages) : 0;
   cfg.split_k = single_wave_ways;
   cfg.splits = split_workspace;
@@ -422,14 +416,16 @@ inline GeneratedKernel generate(const Config& c) {
      << ", " << (c.pingpong ? "true" : "false") << ", " << (c.pdl ? "true" : "false") << ", " << c.k_unroll
      << ", " << c.scale_load << ", " << (c.overlap ? "true" : "false") << ", " << (c.share_b ? "true" : "false")
      << ", " << (c.wg_store ? "true" : "false");
-  // The table's slots: template arguments of their own, absent (0) for every other scale load.
-  std::ostringstream table;
-  if (c.table_slots > 0) table << ", " << c.k / kBlockK << ", " << c.table_slots;
-  os << (c.table_slots > 0 ? ", " + std::to_string(c.table_slots) : std::string()) << ">);\n"
+  // The table's slots (and the K blocks that size them): template arguments of their own, left out
+  // for every other scale load, whose kernels' code stays as it was.
+  if (c.table_slots > 0) os << ", " << c.table_slots;
+  const std::string table =
+      c.table_slots > 0 ? ", " + std::to_string(c.k / kBlockK) + ", " + std::to_string(c.table_slots) : "";
+  os << ">);\n"
      << "}\n"
      // The launch's dynamic shared memory is what the kernel lays out (stages, table, barriers).
      << "static_assert(moe_kernels::Fp8GemmSmem<" << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", "
-     << c.scale_load << table.str() << ">::kTotal == " << c.smem_bytes
+     << c.scale_load << table << ">::kTotal == " << c.smem_bytes
      << ", \"the launcher's shared memory differs from the kernel's layout\");\n";
   return {"sm90_fp8_gemm_nt", os.str()};
 }
