@@ -13,9 +13,11 @@ def fail(fn: str, kind: type[Exception], message: str):
 
 
 def check_dense(fn: str, name: str, t: torch.Tensor) -> None:
-    """A strided (dense) tensor: sparse and other layouts have no data pointer and strides to read."""
-    if t.layout is not torch.strided:
-        fail(fn, ValueError, f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    """A strided (dense), not nested tensor: sparse and other layouts have no data pointer and strides
+    to read, nested ones (strided nested tensors too) no shape of their own."""
+    if t.layout is not torch.strided or t.is_nested:
+        fail(fn, ValueError, f"{name} must be a dense (strided) tensor, got "
+                             + ("a nested tensor" if t.is_nested else f"layout {t.layout}"))
 
 
 def check_recipe(fn: str, recipe: object) -> None:
@@ -76,10 +78,11 @@ def writable(t: torch.Tensor) -> bool:
 
 
 def check_output(fn: str, d: object, shape: tuple[int, ...]) -> torch.Tensor:
+    if isinstance(d, torch.Tensor):
+        check_dense(fn, "d", d)
     if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or tuple(d.shape) != tuple(shape):
         fail(fn, ValueError, f"d must be a bfloat16 tensor of shape {list(shape)}, got "
                              f"{getattr(d, 'dtype', type(d).__name__)} {list(getattr(d, 'shape', ()))}")
-    check_dense(fn, "d", d)
     if not writable(d):
         why = ("requires grad with grad mode on (autograd cannot record the kernel's write: pass one that does not, "
                "or call under torch.no_grad())" if d.requires_grad else

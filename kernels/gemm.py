@@ -60,6 +60,8 @@ def _validate(a, b, d, c) -> None:
             _fail(ValueError, f"{name} spans 2^32 elements or more (strides {t.stride()}): the kernel's scale "
                               "offsets are 32-bit; pass a compact copy")
     if c is not None:
+        if isinstance(c, torch.Tensor):
+            _checks.check_dense(_FN, "c", c)
         if not isinstance(c, torch.Tensor) or c.dtype not in (torch.bfloat16, torch.float32) \
                 or tuple(c.shape) != (m, n) or c.stride(1) != 1:
             _fail(ValueError, f"c must be None or a row-major bfloat16/float32 tensor of shape [{m}, {n}], got "
@@ -102,7 +104,7 @@ def _launch_args(a, b, d, c, compile_m: bool):
         ldd, d_inner = d.stride()
         sfa_sm, sfa_sk = sfa.stride()
         sfb_sn, sfb_sk = sfb.stride()
-    except (AttributeError, TypeError, ValueError):
+    except (AttributeError, RuntimeError, TypeError, ValueError):  # RuntimeError: a nested tensor's shape
         return None
     kb = k // _BLOCK
     if k == 0 or k % _BLOCK or n == 0 or n % 8 or b_k != k or d_m != m or d_n != n \
@@ -118,7 +120,8 @@ def _launch_args(a, b, d, c, compile_m: bool):
         return None
     c_ptr, c_code, ldc = 0, -1, 0
     if c is not None:
-        if not isinstance(c, torch.Tensor) or c.dtype not in (_BF16, _F32) or c.shape != (m, n) or c.stride(1) != 1 \
+        if not isinstance(c, torch.Tensor) or c.layout is not _STRIDED or c.is_nested or c.dtype not in (_BF16, _F32) \
+                or c.shape != (m, n) or c.stride(1) != 1 \
                 or c.stride(0) >= _SPAN \
                 or c.get_device() != device:
             return None
@@ -214,10 +217,11 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
     bfloat16 or float32. N a multiple of 8, K a multiple of 64."""
     fn = "bf16_gemm_nt"
     for name, t in (("a", a), ("b", b)):
+        if isinstance(t, torch.Tensor):
+            _checks.check_dense(fn, name, t)
         if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or t.dim() != 2:
             _checks.fail(fn, TypeError, f"{name} must be a 2-D bfloat16 tensor, got "
                                         f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
-        _checks.check_dense(fn, name, t)
         # K = 0 has no layout to check (torch gives such a tensor unit strides): the K check below names it.
         if t.shape[1] and (t.stride(1) != 1 or t.stride(0) % 8 or t.stride(0) < t.shape[1]):
             _checks.fail(fn, ValueError, f"{name} must be K-major with a row stride that is a multiple of 8, "
@@ -230,6 +234,8 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
         _checks.fail(fn, ValueError, f"N must be a positive multiple of 8 and K of 64, got N={n}, K={k}")
     compile_m = _check_compiled_dims(compiled_dims, fn)
     _checks.check_output(fn, d, (m, n))
+    if isinstance(c, torch.Tensor):
+        _checks.check_dense(fn, "c", c)
     if c is not None and (not isinstance(c, torch.Tensor) or c.dtype not in (_BF16, _F32) or c.shape != (m, n)
                           or c.stride(1) != 1):
         _checks.fail(fn, ValueError, f"c must be None or a row-major bfloat16/float32 tensor of shape [{m}, {n}]")

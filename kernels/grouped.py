@@ -124,6 +124,8 @@ def _check_groups(fn: str, a_groups: int, b_groups: int) -> None:
 
 
 def _check_index(fn: str, name: str, t: object, length: int) -> torch.Tensor:
+    if isinstance(t, torch.Tensor):
+        _checks.check_dense(fn, name, t)
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != length:
         _checks.fail(fn, ValueError, f"{name} must be an int32 tensor of shape [{length}], got "
                                      f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
@@ -195,7 +197,7 @@ def _contiguous_launch_args(a, b, d, m_indices):
         ldd, d_inner = d.stride()
         (indices,) = m_indices.shape
         (index_stride,) = m_indices.stride()
-    except (TypeError, ValueError):
+    except (RuntimeError, TypeError, ValueError):  # RuntimeError: a nested tensor's shape
         return None
     if a_inner != 1 or lda % 16 or lda < k or (sfa_m, sfa_kb) != (m, k // _BLOCK) or min(sfa_sm, sfa_sk) < 0 \
             or (d_m, d_n) != (m, n) or d_inner != 1 or ldd % 8 or ldd < n or indices != m or index_stride != 1:
@@ -228,7 +230,7 @@ def _masked_launch_args(a, b, d, masked_m, expected_m):
         d_sg, ldd, d_inner = d.stride()
         (masks,) = masked_m.shape
         (mask_stride,) = masked_m.stride()
-    except (TypeError, ValueError):
+    except (RuntimeError, TypeError, ValueError):  # RuntimeError: a nested tensor's shape
         return None
     stacked = groups == 1 or (a_sg == max_m * lda and sfa_sg == max_m * sfa_sm and d_sg == max_m * ldd)
     if groups != g or a_inner != 1 or lda % 16 or lda < k or tuple(sfa_shape) != (g, max_m, k // _BLOCK) \

@@ -3,6 +3,8 @@ test_grouped.py)."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 import kernels
@@ -60,6 +62,14 @@ class RandomDraws:
 
     def bad(self) -> bool:
         return bool(torch.rand(1, generator=self.g) < 1 / 16)
+
+
+def strided_nested(t: torch.Tensor, split: int) -> torch.Tensor:
+    """``t``'s rows before and after ``split`` as a strided nested tensor (layout torch.strided, no
+    shape of its own: torch raises an internal RuntimeError where code reads it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the strided nested layout is a prototype
+        return torch.nested.nested_tensor([t[:split], t[split:]], layout=torch.strided)
 
 
 def inference_tensor(*shape: int) -> torch.Tensor:

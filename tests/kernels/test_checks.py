@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import kernels
+from gemm_cases import strided_nested
 from kernels import _checks
 
 
@@ -73,6 +74,13 @@ def _pair(rows: int, k: int, sf_cols: int | None = None):
     (lambda: kernels.bf16_gemm_nt(torch.zeros(4, 64, dtype=torch.bfloat16).to_sparse(),
                                   torch.zeros(16, 64, dtype=torch.bfloat16), torch.empty(4, 16, dtype=torch.bfloat16)),
      ValueError, "bf16_gemm_nt: a must be a dense \\(strided\\) tensor, got layout torch.sparse_coo"),
+    (lambda: kernels.bf16_gemm_nt(torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(16, 64, dtype=torch.bfloat16),
+                                  torch.empty(4, 16, dtype=torch.bfloat16),
+                                  strided_nested(torch.empty(4, 16, dtype=torch.bfloat16), 1)),
+     ValueError, "bf16_gemm_nt: c must be a dense \\(strided\\) tensor, got a nested tensor"),
+    (lambda: kernels.bf16_gemm_nt(torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(16, 64, dtype=torch.bfloat16),
+                                  strided_nested(torch.empty(4, 16, dtype=torch.bfloat16), 1)),
+     ValueError, "bf16_gemm_nt: d must be a dense \\(strided\\) tensor, got a nested tensor"),
 ])
 def test_public_gemms_name_empty_k_and_sparse_operands(call, error, match):
     with pytest.raises(error, match=match):

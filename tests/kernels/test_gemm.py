@@ -12,7 +12,7 @@ import torch
 
 import kernels
 from gemm_cases import (DEEPSEEK_NK, GPU_MS, H200_SMS, RandomDraws, TensorSubclass, inference_tensor, make_operands,
-                        reference_f64)
+                        reference_f64, strided_nested)
 from kernels.testing import calc_diff
 
 # ---- CPU -------------------------------------------------------------------------------------
@@ -55,6 +55,10 @@ def _bad_call(**overrides):
     (dict(b=(torch.zeros(16, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1).to_sparse())),
      "b\\[1\\] \\(SFB\\) must be a dense"),
     (dict(d=torch.empty(8, 16, dtype=torch.bfloat16).to_sparse()), "d must be a dense"),
+    (dict(d=strided_nested(torch.empty(8, 16, dtype=torch.bfloat16), 3)), "d must be a dense .*got a nested tensor"),
+    (dict(a=(torch.zeros(8, 128, dtype=torch.float8_e4m3fn), strided_nested(torch.ones(8, 1), 3))),
+     "a\\[1\\] \\(SFA\\) must be a dense .*nested"),
+    (dict(c=strided_nested(torch.empty(8, 16), 3)), "c must be a dense .*nested"),
     (dict(d=torch.empty(8, 16, dtype=torch.bfloat16).requires_grad_()), "d is written in place but requires grad"),
     (dict(d=torch.nn.Parameter(torch.empty(8, 16, dtype=torch.bfloat16))), "d is written in place but requires grad"),
     (dict(d=inference_tensor(8, 16)), "d is written in place but is an inference tensor"),
@@ -127,6 +131,9 @@ def _fast_path(check="python", **overrides):
     dict(a=(torch.zeros(8, 128, dtype=torch.float8_e4m3fn), torch.ones(8, 1).to_sparse())),
     dict(b=(torch.zeros(16, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1).to_sparse())),
     dict(d=torch.empty(8, 16, dtype=torch.bfloat16).requires_grad_()),
+    dict(d=strided_nested(torch.empty(8, 16, dtype=torch.bfloat16), 3)),
+    dict(a=(torch.zeros(8, 128, dtype=torch.float8_e4m3fn), strided_nested(torch.ones(8, 1), 3))),
+    dict(c=strided_nested(torch.empty(8, 16), 3)),
     dict(d=inference_tensor(8, 16)),
     dict(a=(_TensorLike(torch.zeros(8, 128, dtype=torch.float8_e4m3fn)), torch.ones(8, 1))),
     dict(b=(torch.zeros(16, 128, dtype=torch.float8_e4m3fn), _TensorLike(torch.ones(1, 1)))),

@@ -10,7 +10,7 @@ import torch
 
 import kernels
 
-from gemm_cases import RandomDraws, inference_tensor
+from gemm_cases import RandomDraws, inference_tensor, strided_nested
 
 
 def _contig_args(**over):
@@ -86,6 +86,9 @@ kMaskedChecks = {
     dict(m_indices=torch.zeros(256, dtype=torch.int32)[::2]),
     dict(m_indices=torch.zeros(1, 128, dtype=torch.int32)),
     dict(a=(torch.zeros(128, 128, dtype=_FP8), torch.ones(128, 1).to_sparse())),
+    dict(a=(torch.zeros(128, 128, dtype=_FP8), strided_nested(torch.ones(128, 1), 5))),
+    dict(d=strided_nested(torch.empty(128, 16, dtype=torch.bfloat16), 5)),
+    dict(m_indices=strided_nested(torch.zeros(128, dtype=torch.int32), 5)),
     dict(b=(torch.zeros(2, 16, 128, dtype=_FP8), torch.ones(2, 1, 1).to_sparse())),
     dict(d=torch.empty(128, 16, dtype=torch.bfloat16).requires_grad_()),
     dict(d=inference_tensor(128, 16)),
@@ -137,6 +140,8 @@ def _masked_args(**over):
     dict(d=torch.empty(2, 16, 16, dtype=torch.bfloat16)[:, :8]),                   # output groups with gaps
     dict(d=torch.empty(2, 8, 24, dtype=torch.bfloat16)),
     dict(a=(torch.zeros(2, 8, 128, dtype=_FP8), torch.ones(2, 8, 1).to_sparse())),
+    dict(d=strided_nested(torch.empty(2, 8, 16, dtype=torch.bfloat16), 1)),
+    dict(masked_m=strided_nested(torch.full((2,), 3, dtype=torch.int32), 1)),
     dict(d=torch.empty(2, 8, 16, dtype=torch.bfloat16).requires_grad_()),
     dict(d=inference_tensor(2, 8, 16)),
 ])
