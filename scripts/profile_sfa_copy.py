@@ -1,9 +1,9 @@
 """Kernel spans of FP8 GEMMs on K-major A scales with and without the A-scale copy (the default copies
 for dense 256-row tiles and large contiguous layouts; MOE_FP8_SFA_COPY=0 gathers) and on the caller's
-MN-major scales, the runs of all variants interleaved (each round runs
-every variant once, in rotated order, each after an L2 flush) so that the GPU's drift over a long
-profile falls on all alike: where an A-scale copy's cost goes (the copy's
-own duration, the GEMM's start after the copy's, the GEMM's duration, the whole).
+MN-major scales, the runs of all variants interleaved (each round runs every variant once, in rotated
+order, each after an L2 flush) so that the GPU's drift over a long profile falls on all alike: where
+an A-scale copy's cost goes (the copy's own duration, the GEMM's start after the copy's, the GEMM's
+duration, the whole).
     python scripts/profile_sfa_copy.py [--rounds 20]"""
 import argparse
 import statistics
