@@ -20,6 +20,14 @@ def check_dense(fn: str, name: str, t: torch.Tensor) -> None:
                              + ("a nested tensor" if t.is_nested else f"layout {t.layout}"))
 
 
+def check_dense_args(fn: str, **tensors: object) -> None:
+    """:func:`check_dense` of each tensor in ``tensors``, before any shape is read; None and other
+    non-tensors are left to the argument's own check, which says what it expected."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor):
+            check_dense(fn, name, t)
+
+
 def check_recipe(fn: str, recipe: object) -> None:
     """Only DeepSeek-V3's recipe exists: 1x128 activation scales, 128x128 weight scales."""
     if recipe is not None and (not isinstance(recipe, (tuple, list)) or tuple(recipe) != (1, BLOCK, BLOCK)):

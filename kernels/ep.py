@@ -165,6 +165,8 @@ def ep_dispatch(layout: EpLayout, x: torch.Tensor, xs: torch.Tensor | None, topk
     T <= max_tokens. A token's ids must be distinct (as a router's are): a repeated one can overflow
     its expert's R rows, and the pairs that would are dropped."""
     fn = "ep_dispatch"
+    _checks.check_dense_args(fn, x=x, xs=xs, topk_idx=topk_idx, topk_weights=topk_weights, masked_m=masked_m,
+                             routed=routed)
     _check_layout(fn, layout)
     x, num_tokens, _ = _checks.check_token_pairs(fn, x, xs, topk_idx, topk_weights, layout.hidden, layout.top_k,
                                                  x_name="x", unquantized=True)
@@ -203,6 +205,7 @@ def ep_combine(layout: EpLayout, expert_out: torch.Tensor) -> None:
     ``expert_out`` bfloat16 [E_l, R, H], valid in the rows the dispatch counted (its ``masked_m``;
     the transport reads its own counts, not the caller's)."""
     fn = "ep_combine"
+    _checks.check_dense_args(fn, expert_out=expert_out)
     _check_layout(fn, layout)
     shape = (layout.num_local_experts, layout.rows_per_expert, layout.hidden)
     if not isinstance(expert_out, torch.Tensor) or expert_out.dtype != torch.bfloat16 \

@@ -178,6 +178,7 @@ def exchange_count(topk_idx: torch.Tensor, num_experts: int,
     rank's row of every rank's count matrix, peer memory included) that the kernel fills instead
     of a new ``row``; then ``row`` is None."""
     fn = "exchange_count"
+    _checks.check_dense_args(fn, topk_idx=topk_idx, peer_rows=peer_rows)
     if not isinstance(topk_idx, torch.Tensor) or topk_idx.dtype != torch.int64 or topk_idx.dim() != 2:
         _checks.fail(fn, ValueError, f"topk_idx must be an int64 tensor [T, k], got "
                                      f"{getattr(topk_idx, 'dtype', type(topk_idx).__name__)} "
@@ -299,6 +300,7 @@ def exchange_sizes(counts: torch.Tensor, rank: int, num_local_experts: int, alig
     and one read of 3 P + 1 ints: the staged dispatch's only host sync. ``wait=False`` returns a
     :class:`PendingLayoutSizes` instead, to read after more work is queued."""
     fn = "exchange_sizes"
+    _checks.check_dense_args(fn, counts=counts)
     _checks.check_ints(fn, (("num_local_experts", num_local_experts, 1), ("alignment", alignment, 1),
                      ("masked_max_rows", masked_max_rows, 0), ("rank", rank, 0)))
     num_ranks = counts.shape[0] if isinstance(counts, torch.Tensor) and counts.dim() == 2 else 0
@@ -342,6 +344,7 @@ def exchange_count_sizes(topk_idx: torch.Tensor, num_local_experts: int, peer_ro
     :func:`exchange_count`'s) and the launched sizes (:class:`PendingLayoutSizes`, read after more
     work is queued)."""
     fn = "exchange_count_sizes"
+    _checks.check_dense_args(fn, topk_idx=topk_idx, peer_rows=peer_rows, counts=counts, scratch=scratch)
     if not isinstance(topk_idx, torch.Tensor) or topk_idx.dtype != torch.int64 or topk_idx.dim() != 2:
         _checks.fail(fn, ValueError, f"topk_idx must be an int64 tensor [T, k], got "
                                      f"{getattr(topk_idx, 'dtype', type(topk_idx).__name__)} "
@@ -387,6 +390,7 @@ def exchange_barrier(flag_rows: torch.Tensor, flags: torch.Tensor, rank: int) ->
     group's first barrier and touched by nothing else. Every rank must run the same barriers; one
     that never arrives makes the others' kernels trap after ``MOE_EP_TIMEOUT_S`` seconds."""
     fn = "exchange_barrier"
+    _checks.check_dense_args(fn, flag_rows=flag_rows, flags=flags)
     if not isinstance(flag_rows, torch.Tensor) or flag_rows.dtype != torch.int64 or flag_rows.dim() != 1 \
             or not flag_rows.is_contiguous() or flag_rows.numel() < 1:
         _checks.fail(fn, ValueError, "flag_rows must be a contiguous int64 tensor [P] of the ranks' flag addresses")
@@ -452,6 +456,8 @@ def exchange_dispatch(peers: ExchangePeers, xq: torch.Tensor, xs: torch.Tensor |
     after every row is written (:class:`ExchangeBarrier`), so no :func:`exchange_barrier` launch
     follows."""
     fn = "exchange_dispatch"
+    _checks.check_dense_args(fn, xq=xq, xs=xs, topk_idx=topk_idx, topk_weights=topk_weights, within=within,
+                             counts=counts)
     _check_peers(fn, peers)
     hidden = peers.hidden
     xq, num_tokens, k = _checks.check_token_pairs(fn, xq, xs, topk_idx, topk_weights, hidden, unquantized=True)
@@ -545,6 +551,7 @@ def exchange_combine(peers: ExchangePeers, expert_out: torch.Tensor, m_indices: 
     ``expert_out`` bfloat16 [M, H] and ``m_indices`` int32 [M] (:func:`exchange_dispatch`'s);
     ``barrier`` as the dispatch's (raised also when M = 0)."""
     fn = "exchange_combine"
+    _checks.check_dense_args(fn, expert_out=expert_out, m_indices=m_indices)
     _check_peers(fn, peers)
     hidden = peers.hidden
     if not isinstance(expert_out, torch.Tensor) or expert_out.dtype != torch.bfloat16 or expert_out.dim() != 2 \

@@ -67,6 +67,7 @@ class PreparedExchange:
         torch.cuda.current_stream(device).synchronize()
 
     def _tokens(self, fn: str, name: str, t: object, dtypes: tuple, shape: tuple) -> torch.Tensor:
+        _checks.check_dense_args(fn, **{name: t})
         if not isinstance(t, torch.Tensor) or t.dtype not in dtypes or tuple(t.shape) != shape or t.device != self.device:
             _checks.fail(fn, ValueError, f"{name} must be a {' or '.join(map(str, dtypes))} tensor of shape {list(shape)} "
                                          f"on {self.device}, got {getattr(t, 'dtype', type(t).__name__)} "
@@ -74,6 +75,7 @@ class PreparedExchange:
         return t
 
     def _pairs(self, fn: str, topk_idx: object) -> torch.Tensor:
+        _checks.check_dense_args(fn, topk_idx=topk_idx)
         if not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2:
             _checks.fail(fn, ValueError, "topk_idx must be an int64 tensor [T, k]")
         topk_idx = self._tokens(fn, "topk_idx", topk_idx, (torch.int64,), tuple(topk_idx.shape))

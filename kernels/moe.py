@@ -57,6 +57,7 @@ def moe_combine(src: torch.Tensor, rows: torch.Tensor | None, routed: torch.Tens
     not checked on the host (that would sync): the kernel writes NaN for that token instead of
     reading; other shapes take the torch path, which checks (and syncs)."""
     fn = "moe_combine"
+    _checks.check_dense_args(fn, src=src, rows=rows, routed=routed)
     if not isinstance(src, torch.Tensor) or src.dtype != torch.bfloat16 or src.dim() != 2:
         _checks.fail(fn, ValueError, f"src must be a bfloat16 [R, H] tensor, got "
                                      f"{getattr(src, 'dtype', type(src).__name__)} {list(getattr(src, 'shape', ()))}")
@@ -154,6 +155,7 @@ def moe_local_dispatch(xq: torch.Tensor, xs: torch.Tensor, topk_idx: torch.Tenso
     [T, H/128] (1x128 scales), ``topk_weights`` float32 [T, k]. No host sync: usable inside a CUDA
     graph."""
     fn = "moe_local_dispatch"
+    _checks.check_dense_args(fn, xq=xq, xs=xs, topk_idx=topk_idx, topk_weights=topk_weights)
     if not isinstance(topk_idx, torch.Tensor) or topk_idx.dtype != torch.int64 or topk_idx.dim() != 2:
         _checks.fail(fn, ValueError, f"topk_idx must be an int64 [T, k] tensor, got "
                                      f"{getattr(topk_idx, 'dtype', type(topk_idx).__name__)}")
@@ -229,6 +231,7 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
     sum (+1e-20) with ``norm``, times ``scaling``. On CUDA, experts whose choices tie come out lowest
     id first (torch.topk leaves their order open) and NaN ranks above every number, as in torch."""
     fn = "moe_route"
+    _checks.check_dense_args(fn, logits=logits, score_bias=score_bias)
     if not isinstance(logits, torch.Tensor) or logits.dtype != torch.float32 or logits.dim() != 2:
         _checks.fail(fn, ValueError, f"logits must be a float32 [T, E] tensor, got "
                                      f"{getattr(logits, 'dtype', type(logits).__name__)}")
@@ -306,12 +309,12 @@ def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Ten
     only the first ``masked_m[g]`` rows of each group are computed on CUDA; the other rows of the
     outputs are left unwritten (the CPU computes every row)."""
     fn = "swiglu_quant_fp8"
+    _checks.check_dense_args(fn, h=h, weights=weights, masked_m=masked_m)
     _checks.check_bool(fn, "mn_major_sf", mn_major_sf)
-    if not isinstance(h, torch.Tensor) or h.dtype != torch.bfloat16 or h.layout is not torch.strided or h.dim() != 2 \
-            or h.shape[1] % 256 or h.shape[1] == 0:
-        _checks.fail(fn, ValueError, f"h must be a bfloat16 [M, 2I] tensor (dense) with I a multiple of 128, got "
-                                     f"{getattr(h, 'dtype', type(h).__name__)} {getattr(h, 'layout', '')} "
-                                     f"{list(getattr(h, 'shape', ()))}")
+    if not isinstance(h, torch.Tensor) or h.dtype != torch.bfloat16 or h.dim() != 2 or h.shape[1] % 256 \
+            or h.shape[1] == 0:
+        _checks.fail(fn, ValueError, f"h must be a bfloat16 [M, 2I] tensor with I a multiple of 128, got "
+                                     f"{getattr(h, 'dtype', type(h).__name__)} {list(getattr(h, 'shape', ()))}")
     m, inter = h.shape[0], h.shape[1] // 2
     if not isinstance(weights, torch.Tensor) or weights.dtype != torch.float32 or weights.numel() != m \
             or weights.dim() not in (1, 2) or (weights.dim() == 2 and weights.shape[1] != 1):

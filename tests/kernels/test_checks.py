@@ -85,3 +85,63 @@ def _pair(rows: int, k: int, sf_cols: int | None = None):
 def test_public_gemms_name_empty_k_and_sparse_operands(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def _routing_args() -> dict:
+    """Valid CPU arguments of the routing and exchange entry points (T = 4 tokens, k = 2, H = 256, E = 8)."""
+    tokens, hidden, top_k, experts = 4, 256, 2, 8
+    return {
+        "xq": torch.randn(tokens, hidden).to(_FP8), "xs": torch.rand(tokens, hidden // 128),
+        "topk_idx": torch.randint(0, experts, (tokens, top_k)), "topk_weights": torch.rand(tokens, top_k),
+        "src": torch.randn(tokens * top_k, hidden, dtype=torch.bfloat16), "rows": torch.arange(tokens * top_k),
+        "routed": torch.ones(tokens, top_k, dtype=torch.bool), "logits": torch.randn(tokens, experts),
+        "score_bias": torch.rand(experts), "h": torch.randn(tokens, 512, dtype=torch.bfloat16),
+        "weights": torch.rand(tokens), "counts": torch.randint(0, 3, (2, 2 * experts + 1), dtype=torch.int32),
+    }
+
+
+# Each entry point with the tensors it takes (the rest fixed); the base call runs on the CPU.
+_ROUTING_CALLS = {
+    "moe_combine": (lambda a: kernels.moe_combine(a["src"], a["rows"], a["routed"], 4, 2), ("src", "rows", "routed")),
+    "moe_local_dispatch": (lambda a: kernels.moe_local_dispatch(a["xq"], a["xs"], a["topk_idx"], a["topk_weights"], 8),
+                           ("xq", "xs", "topk_idx", "topk_weights")),
+    "moe_route": (lambda a: kernels.moe_route(a["logits"], 2, score_bias=a["score_bias"]), ("logits", "score_bias")),
+    "swiglu_quant_fp8": (lambda a: kernels.swiglu_quant_fp8(a["h"], a["weights"]), ("h", "weights")),
+    "exchange_count": (lambda a: kernels.exchange_count(a["topk_idx"], 8), ("topk_idx",)),
+    "exchange_sizes": (lambda a: kernels.exchange_sizes(a["counts"], 0, 8, 128), ("counts",)),
+}
+
+
+def _not_dense(kind: str, t: torch.Tensor) -> torch.Tensor:
+    return strided_nested(t, 1) if kind == "nested" else t.to_sparse()
+
+
+@pytest.mark.parametrize("kind", ["nested", "sparse"])
+@pytest.mark.parametrize("fn", sorted(_ROUTING_CALLS))
+def test_routing_entry_points_name_a_tensor_that_is_not_dense(fn, kind):
+    """A nested or sparse tensor in any tensor argument is named before its shape is read (torch's own
+    errors there, an internal RuntimeError or a sparse op's NotImplementedError, name nothing)."""
+    call, names = _ROUTING_CALLS[fn]
+    args = _routing_args()
+    call(args)
+    for name in names:
+        bad = _not_dense(kind, args[name].view(torch.uint8) if args[name].dtype == _FP8 else args[name])
+        expected = "a nested tensor" if kind == "nested" else "layout torch.sparse_coo"
+        with pytest.raises(ValueError, match=rf"{fn}: {name} must be a dense \(strided\) tensor, got {expected}"):
+            call({**args, name: bad})
+
+
+# The CUDA-only and peer-taking entry points check density first, before their peers or layout.
+@pytest.mark.parametrize("call,name", [
+    (lambda t: kernels.exchange_count_sizes(t, 4, None, None, None, 0, 128), "topk_idx"),
+    (lambda t: kernels.exchange_barrier(t, None, 0), "flag_rows"),
+    (lambda t: kernels.exchange_dispatch(None, t, None, None, None, None, None, 4, 128, 0, 0), "xq"),
+    (lambda t: kernels.exchange_combine(None, t, None), "expert_out"),
+    (lambda t: kernels.ep_dispatch(None, t, None, None, None), "x"),
+    (lambda t: kernels.ep_combine(None, t), "expert_out"),
+])
+@pytest.mark.parametrize("kind", ["nested", "sparse"])
+def test_exchange_and_ep_entry_points_name_a_tensor_that_is_not_dense(call, name, kind):
+    bad = _not_dense(kind, torch.randint(0, 8, (4, 2)))
+    with pytest.raises(ValueError, match=rf": {name} must be a dense \(strided\) tensor"):
+        call(bad)
