@@ -135,8 +135,8 @@ def main() -> int:
     parser.add_argument("--ms", default="64,128,4096")
     parser.add_argument("--csv", default=None)
     parser.add_argument("--nk", default=None, metavar="NxK[,NxK...]",
-                        help="only these of the DeepSeek-V3 shapes (a long GEMM before a shape heats the GPU "
-                             "and slows the next shape's first timings)")
+                        help="these N x K shapes instead of DeepSeek-V3's (N a multiple of 8, K of 128; a long "
+                             "GEMM before a shape heats the GPU and slows the next shape's first timings)")
     parser.add_argument("--bf16", action="store_true", help="also time bf16_gemm_nt against torch.mm (cuBLAS)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
                         help="also time each call with these environment switches set (repeatable)")
@@ -155,9 +155,12 @@ def main() -> int:
         parser.error(str(exc))
     shapes = SHAPES
     if args.nk:
-        shapes = [tuple(int(v) for v in nk.split("x")) for nk in args.nk.split(",")]
-        if any(s not in SHAPES for s in shapes):
-            parser.error(f"--nk takes N x K pairs of {SHAPES}, got {args.nk!r}")
+        try:
+            shapes = [(int(n), int(k)) for n, k in (nk.split("x") for nk in args.nk.split(","))]
+        except ValueError:
+            parser.error(f"--nk takes N x K pairs such as 2112x7168,576x7168, got {args.nk!r}")
+        if any(n <= 0 or n % 8 or k <= 0 or k % 128 for n, k in shapes):
+            parser.error(f"--nk: N must be a positive multiple of 8 and K of 128, got {args.nk!r}")
     if not torch.cuda.is_available():
         print("bench_gemm: needs a CUDA device", file=sys.stderr)
         return 1

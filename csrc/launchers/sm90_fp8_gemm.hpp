@@ -215,11 +215,27 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   MOE_HOST_ASSERT(num_sms >= 1, fn << ": num_sms must be >= 1, got " << num_sms);
   MOE_HOST_ASSERT(num_groups >= 1, fn << ": num_groups must be >= 1, got " << num_groups);
   if (!env_enabled("MOE_FP8_SCALE_TMA")) scale_load = moe_kernels::kScaleGather;
-  // K-major A scales in a table per tile (dense; the box's rows at most 256 floats), where asked for.
+  // K-major A scales in a table per tile (dense; the box's rows at most 256 floats): where asked for
+  // (=1), or unset, on the tiles where it was measured to pay (the rules' kScaleTable*).
   if (allow_table && scale_load == moe_kernels::kScaleTmaKMajor && type == GemmType::kNormal &&
-      moe_kernels::fp8_gemm_table_cols(static_cast<unsigned>(k / kBlockK)) <= 256 &&
-      env_is_one("MOE_FP8_SCALE_TABLE")) {
-    scale_load = moe_kernels::kScaleTmaKMajorTable;
+      moe_kernels::fp8_gemm_table_cols(static_cast<unsigned>(k / kBlockK)) <= 256) {
+    const char* table_env = std::getenv("MOE_FP8_SCALE_TABLE");
+    if (table_env != nullptr && std::string(table_env) == "1") {
+      scale_load = moe_kernels::kScaleTmaKMajorTable;
+    } else if (table_env == nullptr && k / kBlockK <= kScaleTableMaxKBlocks) {
+      const Config gathers = plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups,
+                                         contiguous_alignment, split_workspace, scale_load, false);
+      const bool one_wave = gathers.num_tiles(m) <= num_sms / gathers.multicast * gathers.multicast;
+      if (gathers.scale_load != moe_kernels::kScaleGather || gathers.block_m != 64 ||
+          gathers.block_n != kScaleTableBlockN || !one_wave) {
+        return gathers;
+      }
+      const Config table = plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment,
+                                       split_workspace, moe_kernels::kScaleTmaKMajorTable, false);
+      const bool same_tiles = table.block_m == gathers.block_m && table.block_n == gathers.block_n &&
+                              table.multicast == gathers.multicast && table.split_k == gathers.split_k;
+      return table.scale_load == moe_kernels::kScaleTmaKMajorTable && same_tiles ? table : gathers;
+    }
   }
   Config cfg{};
   cfg.fn = fn;
@@ -374,7 +390,7 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   const bool copies = (type == GemmType::kNormal && (t.block_m == 256 || copy_all)) ||
                       (type == GemmType::kGroupedContiguous && m >= kSfaCopyMinRowsContiguous &&
                        (n >= kSfaCopyMinNContiguous || copy_all));
-  // A table plan (MOE_FP8_SCALE_TABLE=1) loads its K-major scales itself: no copy, under =all too.
+  // A table plan loads its K-major scales itself: no copy, under MOE_FP8_SFA_COPY=all too.
   cfg.sfa_copy = copies && split_workspace && scale_load != moe_kernels::kScaleTmaMnMajor &&
                          scale_load != moe_kernels::kScaleTmaKMajorTable && (k / kBlockK) % 4 == 0 &&
                          sfa_copy_fits(m, k) && env_enabled("MOE_FP8_SCALE_TMA") && env_enabled("MOE_FP8_SFA_COPY")

@@ -72,15 +72,21 @@ constexpr int kWideTileCost = 14;  // sixteenths
 constexpr int kScaleTmaKMajorMinBlockM = 256;
 constexpr int kScaleTmaKMajorMinK = 1024;
 
-// MOE_FP8_SCALE_TABLE=1 (opt-in, read per plan): K-major A scales of dense 64- and 128-row tiles come
-// as one TMA box per tile (common/fp8_gemm_layout.h's kScaleTmaKMajorTable) instead of the gathers
-// above, where the table leaves at least kScaleTableMinStages stages. With the same 64 x 32 tiles at
-// 128 x 2112 x 7168 the gathers' kernel took 15.3 us under ncu, MN-major scales by TMA 12.3 (H100,
-// session 30): the stages fill later when their A scales are 64 cp.async of 4 bytes. Session 26 timed
-// the table after the gathers in one process (slower in 11 of 14 cells, by up to 16%), which the
-// GPU's drift since showed to be no comparison; it is timed interleaved before it becomes a default.
-// A ring of 4-K-block boxes for 256-row tiles was removed then too; those copy K-major A scales
-// MN-major instead (Config::sfa_copy).
+// The table (common/fp8_gemm_layout.h's kScaleTmaKMajorTable): K-major A scales of a dense 64- or
+// 128-row tile, every K block, as one TMA box per tile beside the stages, instead of the gathers
+// above (the scale warps' 4-byte copies, one per row and K block). MOE_FP8_SCALE_TABLE=1 takes it on
+// every such tile that keeps kScaleTableMinStages stages beside it, =0 on none. Unset, only on
+// 64 x kScaleTableBlockN tiles that run in one wave with at most kScaleTableMaxKBlocks K blocks, and
+// only where the table keeps the gathers' tiles. Timed interleaved against the gathers on DeepGEMM's
+// dense cells (bench/RESULTS.md, session 31, H100; 128 rows in two runs, 64 in one): 64 x 32 tiles
+// in one wave took 0.87-0.92x the time at 128 x 2112 x 7168 and 0.98x at 64 x 4096 x 7168; every
+// other tile 0.99-1.15x (64 x 16, 64 x 24 and 64 x 40 at 2112 or 576 columns 1.01-1.14x; 64 x 64 at
+// 128 x 4096 x 7168 1.02-1.11x; 64 x 112 at 128 x 7168 x 16384 1.13-1.14x, its table 32 KB). At
+// 128 x 2112 x 7168 the gathers' kernel took 15.3 us under ncu, MN-major scales by TMA 12.3 with the
+// same tiles (session 30): a narrow tile's stages fill later when its A scales are 64 copies of 4
+// bytes.
+constexpr int kScaleTableBlockN = 32;
+constexpr int kScaleTableMaxKBlocks = 64;
 constexpr int kScaleTableMinStages = 4;
 
 // Masked decode tiles (block M 64, up to 128 rows per group) of short K (at most

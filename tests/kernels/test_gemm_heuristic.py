@@ -459,12 +459,13 @@ def test_masked_decode_tiles_of_short_k_stay_narrow(groups, rows, n, k, block_n,
     (128, 7168, 2048, True), (65, 7168, 16384, True), (128, 24576, 1536, False), (128, 7168, 1536, False),
 ])
 def test_clusters_at_65_to_128_rows_only_for_tma_scales_of_wide_n(m, n, k, clusters_mn_major):
-    """Dense GEMMs of 65-128 rows: single CTAs on gathered (K-major) A scales at every shape, and
-    on MN-major scales (TMA) below N = 7168 or K = 2048; A-sharing clusters on MN-major scales from
-    there."""
+    """Dense GEMMs of 65-128 rows: single CTAs on K-major A scales (gathered, or a table at 128 x
+    2112 x 7168) at every shape, and on MN-major scales (TMA) below N = 7168 or K = 2048; A-sharing
+    clusters on MN-major scales from there."""
     native = kernels.jit.native_module()
     k_major = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
-    assert (k_major["scale_load"], k_major["multicast"]) == ("gather", 1), k_major
+    table = (m, n, k) == (128, 2112, 7168)
+    assert (k_major["scale_load"], k_major["multicast"]) == ("tma_k_major_table" if table else "gather", 1), k_major
     mn_major = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=1)
     assert mn_major["scale_load"] == "tma_mn_major"
     assert mn_major["multicast"] == (2 if clusters_mn_major else 1), mn_major

@@ -1,7 +1,8 @@
-"""MOE_FP8_SCALE_TABLE=1: a dense 64- or 128-row tile's K-major A scales, every K block, in one TMA
-box into a table slot beside the stages (two slots where a CTA runs a second tile;
-launchers/sm90_fp8_gemm.hpp, kScaleTmaKMajorTable):
-where the plan takes it, what it leaves of the stages, its SASS, and its D against the gathers'."""
+"""The scale table: a dense 64- or 128-row tile's K-major A scales, every K block, in one TMA box into
+a table slot beside the stages (two slots where a CTA runs a second tile; launchers/sm90_fp8_gemm.hpp,
+kScaleTmaKMajorTable), on every such tile under MOE_FP8_SCALE_TABLE=1 and, unset, on one-wave 64 x 32
+tiles (sm90_fp8_gemm_rules.hpp): where the plan takes it, what it leaves of the stages, its SASS, and
+its D against the gathers'."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ def _table_cols(k: int) -> int:
 def test_scale_table_on_dense_tiles_of_one_wave(m, n, k, block_m, monkeypatch):
     """K-major A scales of dense 64- and 128-row tiles come in one TMA box per tile (no scale
     warps), the table's slots beside the stages, which still number at least 4: one slot where no
-    CTA runs a second tile, else two. Unset, the same tiles gather; the table changes only the
+    CTA runs a second tile, else two. Under =0 the same tiles gather; the table changes only the
     stages."""
     native = kernels.jit.native_module()
+    monkeypatch.setenv("MOE_FP8_SCALE_TABLE", "0")
     gather = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
     monkeypatch.setenv("MOE_FP8_SCALE_TABLE", "1")
     table = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
@@ -39,6 +41,33 @@ def test_scale_table_on_dense_tiles_of_one_wave(m, n, k, block_m, monkeypatch):
     assert table["smem_bytes"] == d_tile + table["num_stages"] * (stage + 16) + slots * (block_m * _table_cols(k) * 4 + 16)
     assert 4 <= table["num_stages"] and table["smem_bytes"] <= 232448
     assert table["smem_bytes"] + stage + 16 > 232448 or table["num_stages"] == 32, "a stage more would fit"
+
+
+@pytest.mark.parametrize("m,n,k,expected", [
+    (128, 2112, 7168, "tma_k_major_table"),  # 64 x 32 tiles, 2 x 66 = 132: one wave
+    (1, 4096, 7168, "tma_k_major_table"),    # 64 x 32, 128 tiles
+    (64, 4096, 2048, "tma_k_major_table"),   # 16 K blocks
+    (64, 2112, 7168, "gather"),              # 64 x 16 tiles
+    (128, 4096, 7168, "gather"),             # 64 x 64
+    (128, 576, 7168, "gather"),              # 64 x 40
+    (128, 7168, 16384, "gather"),            # 64 x 112, 128 K blocks
+    (128, 2112, 9216, "gather"),             # 64 x 32 tiles of 72 K blocks
+    (1000, 2112, 7168, "gather"),            # 128-row tiles
+])
+def test_scale_table_by_default_on_one_wave_of_narrow_tiles(m, n, k, expected, monkeypatch):
+    """Unset, the table only where it was timed faster than the gathers: 64 x 32 tiles in one wave with
+    at most 64 K blocks; its plan keeps the gathers' tiles and loses one stage. =0 gathers there."""
+    native = kernels.jit.native_module()
+    monkeypatch.delenv("MOE_FP8_SCALE_TABLE", raising=False)
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert cfg["scale_load"] == expected, cfg
+    monkeypatch.setenv("MOE_FP8_SCALE_TABLE", "0")
+    gather = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert gather["scale_load"] == "gather" and gather["table_slots"] == 0, gather
+    if expected == "tma_k_major_table":
+        assert (cfg["block_m"], cfg["block_n"], cfg["table_slots"]) == (64, 32, 1), cfg
+        assert (gather["block_m"], gather["block_n"]) == (64, 32) and cfg["num_stages"] < gather["num_stages"]
+        assert cfg["num_tiles"] <= H200_SMS
 
 
 @pytest.mark.parametrize("m,n,k,switch,slots", [
@@ -105,6 +134,7 @@ def test_fp8_gemm_scale_table_loads_by_tma_alone(m, n, k, monkeypatch):
     nothing spills, and the innermost K loops are at most a few instructions per K block longer
     than the gathers' (the table's row and column addressing against the stage's)."""
     native = kernels.jit.native_module()
+    monkeypatch.setenv("MOE_FP8_SCALE_TABLE", "0")
     gathered = sass(*native.fp8_gemm_nt_code(m, n, k, H200_SMS))
     monkeypatch.setenv("MOE_FP8_SCALE_TABLE", "1")
     config = native.fp8_gemm_nt_config(m, n, k, H200_SMS)

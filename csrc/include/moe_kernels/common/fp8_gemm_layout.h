@@ -26,9 +26,8 @@ constexpr unsigned fp8_gemm_threads(unsigned block_m) { return (fp8_gemm_math_wa
 //     one TMA box per tile, every K block of its rows, into a table beside the stages (a second
 //     slot, where a CTA runs a second tile, fills while the first is read): each scale crosses L2
 //     once instead of once per K block (gathers) or four times (kScaleTmaKMajor's 16-byte rows). A
-//     stage carries B's box only. Opt-in (MOE_FP8_SCALE_TABLE=1): session 26 timed it after the
-//     gathers in one process, which the GPU's drift since showed to be no comparison; it is timed
-//     interleaved next.
+//     stage carries B's box only. The launcher takes it on one-wave 64 x 32 tiles, the only tiles
+//     timed faster with it than with the gathers (MOE_FP8_SCALE_TABLE=1: wherever it fits).
 enum : unsigned {
   kScaleGather = 0, kScaleTmaMnMajor = 1, kScaleTmaKMajor = 2, kScaleTmaKMajorTable = 3
 };
