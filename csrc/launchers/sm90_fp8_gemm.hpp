@@ -222,7 +222,7 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
     const char* table_env = std::getenv("MOE_FP8_SCALE_TABLE");
     if (table_env != nullptr && std::string(table_env) == "1") {
       scale_load = moe_kernels::kScaleTmaKMajorTable;
-    } else if (table_env == nullptr && k / kBlockK <= kScaleTableMaxKBlocks) {
+    } else if (table_env == nullptr && k / kBlockK <= kScaleTableMaxKBlocks && m >= kScaleTableMinRows) {
       const Config gathers = plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups,
                                          contiguous_alignment, split_workspace, scale_load, false);
       const bool one_wave = gathers.num_tiles(m) <= num_sms / gathers.multicast * gathers.multicast;

@@ -76,17 +76,22 @@ constexpr int kScaleTmaKMajorMinK = 1024;
 // 128-row tile, every K block, as one TMA box per tile beside the stages, instead of the gathers
 // above (the scale warps' 4-byte copies, one per row and K block). MOE_FP8_SCALE_TABLE=1 takes it on
 // every such tile that keeps kScaleTableMinStages stages beside it, =0 on none. Unset, only on
-// 64 x kScaleTableBlockN tiles that run in one wave with at most kScaleTableMaxKBlocks K blocks, and
-// only where the table keeps the gathers' tiles. Timed interleaved against the gathers on DeepGEMM's
-// dense cells (bench/RESULTS.md, session 31, H100; 128 rows in two runs, 64 in one): 64 x 32 tiles
-// in one wave took 0.87-0.92x the time at 128 x 2112 x 7168 and 0.98x at 64 x 4096 x 7168; every
-// other tile 0.99-1.15x (64 x 16, 64 x 24 and 64 x 40 at 2112 or 576 columns 1.01-1.14x; 64 x 64 at
-// 128 x 4096 x 7168 1.02-1.11x; 64 x 112 at 128 x 7168 x 16384 1.13-1.14x, its table 32 KB). At
-// 128 x 2112 x 7168 the gathers' kernel took 15.3 us under ncu, MN-major scales by TMA 12.3 with the
-// same tiles (session 30): a narrow tile's stages fill later when its A scales are 64 copies of 4
-// bytes.
+// 64 x kScaleTableBlockN tiles that run in one wave with at most kScaleTableMaxKBlocks K blocks, at
+// kScaleTableMinRows rows or more, and only where the table keeps the gathers' tiles. Timed
+// interleaved against the gathers on DeepGEMM's dense cells (bench/RESULTS.md, session 31, H100;
+// 128 rows in two runs, 64 in one): 64 x 32 tiles in one wave took 0.87-0.92x the time at 128 x
+// 2112 x 7168 and 0.98x at 64 x 4096 x 7168; every other tile 0.99-1.15x (64 x 16, 64 x 24 and 64 x
+// 40 at 2112 or 576 columns 1.01-1.14x; 64 x 64 at 128 x 4096 x 7168 1.02-1.11x; 64 x 112 at 128 x
+// 7168 x 16384 1.13-1.14x, its table 32 KB). With the table on by default on those tiles, two more
+// runs against =0 (session 31, H100): 0.88x at 128 x 2112 x 7168, 0.83-0.91x at 16 and 64 x 4096 x
+// 2048, 0.95-1.01x at 1-64 x 4096 (or 4224) x 7168, but 1.07-1.13x at 1 x 4096 x 2048 (likely: a
+// single row's gathers are one copy per K block, while the first of only 16 K blocks waits for the
+// table's box). Rows 2-15 were not timed; they gather. At 128 x 2112 x 7168 the gathers' kernel took
+// 15.3 us under ncu, MN-major scales by TMA 12.3 with the same tiles (session 30): a narrow tile's
+// stages fill later when its A scales are 64 copies of 4 bytes.
 constexpr int kScaleTableBlockN = 32;
 constexpr int kScaleTableMaxKBlocks = 64;
+constexpr int kScaleTableMinRows = 16;
 constexpr int kScaleTableMinStages = 4;
 
 // Masked decode tiles (block M 64, up to 128 rows per group) of short K (at most

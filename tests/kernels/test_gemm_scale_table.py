@@ -45,8 +45,10 @@ def test_scale_table_on_dense_tiles_of_one_wave(m, n, k, block_m, monkeypatch):
 
 @pytest.mark.parametrize("m,n,k,expected", [
     (128, 2112, 7168, "tma_k_major_table"),  # 64 x 32 tiles, 2 x 66 = 132: one wave
-    (1, 4096, 7168, "tma_k_major_table"),    # 64 x 32, 128 tiles
+    (16, 4096, 7168, "tma_k_major_table"),   # 64 x 32, 128 tiles
     (64, 4096, 2048, "tma_k_major_table"),   # 16 K blocks
+    (1, 4096, 2048, "gather"),               # fewer than 16 rows
+    (15, 4096, 7168, "gather"),
     (64, 2112, 7168, "gather"),              # 64 x 16 tiles
     (128, 4096, 7168, "gather"),             # 64 x 64
     (128, 576, 7168, "gather"),              # 64 x 40
@@ -56,7 +58,8 @@ def test_scale_table_on_dense_tiles_of_one_wave(m, n, k, block_m, monkeypatch):
 ])
 def test_scale_table_by_default_on_one_wave_of_narrow_tiles(m, n, k, expected, monkeypatch):
     """Unset, the table only where it was timed faster than the gathers: 64 x 32 tiles in one wave with
-    at most 64 K blocks; its plan keeps the gathers' tiles and loses one stage. =0 gathers there."""
+    at most 64 K blocks and at least 16 rows; its plan keeps the gathers' tiles and loses one stage.
+    =0 gathers there."""
     native = kernels.jit.native_module()
     monkeypatch.delenv("MOE_FP8_SCALE_TABLE", raising=False)
     cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
