@@ -69,6 +69,9 @@ struct Config {
     const int n_blocks = (n + block_n * cluster_n - 1) / (block_n * cluster_n) * cluster_n;
     return (m + block_m * cluster_m - 1) / (block_m * cluster_m) * cluster_m * n_blocks;
   }
+  // Whether no CTA runs a second tile (whole clusters on the SMs; a split single wave runs one unit
+  // a CTA).
+  bool one_wave(int m) const { return num_tiles(m) <= num_sms / multicast * multicast; }
 };
 
 // MOE_FP8_MULTICAST=0 turns the clusters off and =2 on wherever the kernel takes them (dense, or
@@ -85,10 +88,6 @@ struct Config {
 inline bool env_enabled(const char* name) {
   const char* value = std::getenv(name);
   return value == nullptr || std::string(value) != "0";
-}
-inline bool env_is_one(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr && std::string(value) == "1";
 }
 
 inline int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
@@ -225,9 +224,8 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
     } else if (table_env == nullptr && k / kBlockK <= kScaleTableMaxKBlocks && m >= kScaleTableMinRows) {
       const Config gathers = plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups,
                                          contiguous_alignment, split_workspace, scale_load, false);
-      const bool one_wave = gathers.num_tiles(m) <= num_sms / gathers.multicast * gathers.multicast;
       if (gathers.scale_load != moe_kernels::kScaleGather || gathers.block_m != 64 ||
-          gathers.block_n != kScaleTableBlockN || !one_wave) {
+          gathers.block_n != kScaleTableBlockN || !gathers.one_wave(m)) {
         return gathers;
       }
       const Config table = plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment,
@@ -316,9 +314,9 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   cfg.multicast = share_b ? 2 : cluster_a;
   cfg.share_b = share_b ? 1 : 0;
   if (share_b) single_wave_ways = 0;
-  // The table: one slot where no CTA runs a second tile (a split single wave runs one unit a CTA),
-  // else two, so the next tile's fills while this one's is read.
-  const int table_slots = cfg.num_tiles(m) <= num_sms / cfg.multicast * cfg.multicast ? 1 : 2;
+  // The table: one slot where no CTA runs a second tile, else two, so the next tile's fills while
+  // this one's is read.
+  const int table_slots = cfg.one_wave(m) ? 1 : 2;
   if (scale_load == moe_kernels::kScaleTmaKMajorTable &&
       (t.block_m > 128 || !fit_sfa_slots(t, k, scale_load, table_slots, kScaleTableMinStages))) {
     // A 256-row tile, or one that the table would leave too few stages: the K-major rules above.
