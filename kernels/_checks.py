@@ -86,8 +86,7 @@ def writable(t: torch.Tensor) -> bool:
 
 
 def check_output(fn: str, d: object, shape: tuple[int, ...]) -> torch.Tensor:
-    if isinstance(d, torch.Tensor):
-        check_dense(fn, "d", d)
+    check_dense_args(fn, d=d)
     if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or tuple(d.shape) != tuple(shape):
         fail(fn, ValueError, f"d must be a bfloat16 tensor of shape {list(shape)}, got "
                              f"{getattr(d, 'dtype', type(d).__name__)} {list(getattr(d, 'shape', ()))}")

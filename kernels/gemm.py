@@ -60,8 +60,7 @@ def _validate(a, b, d, c) -> None:
             _fail(ValueError, f"{name} spans 2^32 elements or more (strides {t.stride()}): the kernel's scale "
                               "offsets are 32-bit; pass a compact copy")
     if c is not None:
-        if isinstance(c, torch.Tensor):
-            _checks.check_dense(_FN, "c", c)
+        _checks.check_dense_args(_FN, c=c)
         if not isinstance(c, torch.Tensor) or c.dtype not in (torch.bfloat16, torch.float32) \
                 or tuple(c.shape) != (m, n) or c.stride(1) != 1:
             _fail(ValueError, f"c must be None or a row-major bfloat16/float32 tensor of shape [{m}, {n}], got "
@@ -217,8 +216,7 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
     bfloat16 or float32. N a multiple of 8, K a multiple of 64."""
     fn = "bf16_gemm_nt"
     for name, t in (("a", a), ("b", b)):
-        if isinstance(t, torch.Tensor):
-            _checks.check_dense(fn, name, t)
+        _checks.check_dense_args(fn, **{name: t})
         if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or t.dim() != 2:
             _checks.fail(fn, TypeError, f"{name} must be a 2-D bfloat16 tensor, got "
                                         f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
@@ -234,8 +232,7 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
         _checks.fail(fn, ValueError, f"N must be a positive multiple of 8 and K of 64, got N={n}, K={k}")
     compile_m = _check_compiled_dims(compiled_dims, fn)
     _checks.check_output(fn, d, (m, n))
-    if isinstance(c, torch.Tensor):
-        _checks.check_dense(fn, "c", c)
+    _checks.check_dense_args(fn, c=c)
     if c is not None and (not isinstance(c, torch.Tensor) or c.dtype not in (_BF16, _F32) or c.shape != (m, n)
                           or c.stride(1) != 1):
         _checks.fail(fn, ValueError, f"c must be None or a row-major bfloat16/float32 tensor of shape [{m}, {n}]")

@@ -124,8 +124,7 @@ def _check_groups(fn: str, a_groups: int, b_groups: int) -> None:
 
 
 def _check_index(fn: str, name: str, t: object, length: int) -> torch.Tensor:
-    if isinstance(t, torch.Tensor):
-        _checks.check_dense(fn, name, t)
+    _checks.check_dense_args(fn, **{name: t})
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != length:
         _checks.fail(fn, ValueError, f"{name} must be an int32 tensor of shape [{length}], got "
                                      f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
