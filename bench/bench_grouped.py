@@ -17,7 +17,9 @@ flipped": on wide 128-row tiles, its two math warpgroups' turns on the tensor co
 Weight bytes: FP8 = N K + 4 ceil(N/128) K/128 per expert; FP4 = N K / 2 + N K / 32 (both layouts).
 "worst diff": the largest calc_diff of any kernel of the row against float32 math on its
 dequantized operands, over the first and last group, outputs NaN-poisoned before the run.
-``--variant NAME=VALUE`` times the FP8 kernel with environment switches set; ``--sfa-mn-major``
+``--variant NAME=VALUE`` times the FP8 kernel with environment switches set, ``--fp4-variant`` the
+FP4 kernel (e.g. ``MOE_FP4_SWAP_AB=0``: the converter kernel), each interleaved with the default it
+is divided by and its output checked; ``--sfa-mn-major``
 times the contiguous FP8 kernel on MN-major TMA-aligned A scales. A contiguous row's FP8 columns
 and the torch peer are timed in one profile, their runs interleaved (every column once per round,
 each after its own L2 flush), so that drift over the row falls on all of them alike.
@@ -222,6 +224,19 @@ def mn_major_call(problem: Problem, groups: int, rows: int) -> Callable[[], None
     return lambda: kernels.m_grouped_fp8_gemm_nt_contiguous(a, problem.b, problem.out, m_indices)
 
 
+def variant_timings(problem: Problem, variants) -> tuple[list[str], list[float]]:
+    """``problem``'s call with each of ``variants`` (label, environment switches): cells "µs (over
+    the default)", timed interleaved with the default in one profile, and their outputs' diffs."""
+    if not variants:
+        return [], []
+    check = output_check(problem)
+    calls = [env_call(problem.call, **env) for _, env in variants]
+    diffs = [output_diff(call, problem.out, check) for call in calls]
+    timings = bench_kineto_interleaved([(problem.call, problem.kernel)] + [(call, problem.kernel) for call in calls])
+    base = timings[0].median_s
+    return [f"{t.median_s * 1e6:.1f} ({t.median_s / base:.2f}x)" for t in timings[1:]], diffs
+
+
 def contiguous(weights: str, groups: int, rows: int, n: int, k: int, variants=(), mn_major: bool = False) -> dict:
     """Ours; for FP8 weights also the same kernel without clusters or with ping-pong flipped
     (fp8_switch_columns), with each of ``variants`` (label, environment switches), with ``mn_major``
@@ -233,6 +248,8 @@ def contiguous(weights: str, groups: int, rows: int, n: int, k: int, variants=()
     problem = make_contiguous(weights, groups, rows, n, k)
     row = measure(problem)
     if weights != "fp8":
+        row["variant_cells"], diffs = variant_timings(problem, variants)
+        row["diff"] = worst_of(row["diff"], *diffs)
         return row
     check = output_check(problem)
     columns = fp8_switch_columns(problem, groups * rows, n, k, 1, groups)
@@ -279,12 +296,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
                         help="also time the FP8 kernel with these environment switches set (repeatable); its "
                              "output is checked too")
+    parser.add_argument("--fp4-variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
+                        help="also time the FP4 kernel with these environment switches set (repeatable); its "
+                             "output is checked too")
     parser.add_argument("--sfa-mn-major", action="store_true",
                         help="contiguous table: also time the FP8 kernel on MN-major TMA-aligned A scales, beside "
                              "the default like a variant")
     args = parser.parse_args(argv)
     try:
         variants = parse_env_variants(args.variant)
+        fp4_variants = parse_env_variants(args.fp4_variant)
     except ValueError as exc:
         parser.error(str(exc))
     try:
@@ -308,8 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         print("| contiguous | N x K | FP8 µs | FP8 TFLOP/s | FP8 per call µs | FP8 1-CTA µs | FP8 ping-pong flipped µs "
               "| FP8 256-aligned µs | FP8 256-aligned TFLOP/s | FP8 256-aligned 1-CTA µs | torch µs | torch TFLOP/s "
               "| FP8 vs torch | 256-aligned vs torch | FP4 µs | FP4 TFLOP/s | FP4 per call µs | worst diff |"
-              + "".join(f" FP8 {label} µs (over FP8, runs interleaved) |" for label in contiguous_labels))
-        print("| --- " * (18 + len(contiguous_labels)) + "|")
+              + "".join(f" FP8 {label} µs (over FP8, runs interleaved) |" for label in contiguous_labels)
+              + "".join(f" FP4 {label} µs (over FP4, runs interleaved) |" for label, _ in fp4_variants))
+        print("| --- " * (18 + len(contiguous_labels) + len(fp4_variants)) + "|")
         for groups, rows in [(4, 8192), (8, 4096)]:
             for n, k in NK:
                 cells = [f"{groups} x {rows}", f"{n} x {k}"]
@@ -331,24 +353,28 @@ def main(argv: list[str] | None = None) -> int:
                     cells += ["-"] * 12
                     variant_cells = ["-"] * len(contiguous_labels)
                 if fp4:
-                    r4 = contiguous("fp4", groups, rows, n, k)
+                    r4 = contiguous("fp4", groups, rows, n, k, fp4_variants)
                     cells += [f"{r4['ours_us']:.1f}", f"{r4['tflops']:.0f}", f"{r4['call_us']:.1f}"]
+                    variant_cells += r4["variant_cells"]
                 else:
                     cells += ["-"] * 3
+                    variant_cells += ["-"] * len(fp4_variants)
                 cells.append(f"{worst_of(*(x['diff'] for x in (r if fp8 else None, r4 if fp4 else None) if x)):.1e}")
                 print("| " + " | ".join(cells + variant_cells) + " |", flush=True)
     print("\n| masked | N x K | tokens/expert | FP8 µs | FP8 weights GB/s | FP8 of copy | FP8 per call µs "
           "| FP4 µs | FP4 weights GB/s | FP4 per call µs | FP4 speed-up over FP8 "
           "| FP4 decode-layout µs | FP4 decode-layout weights GB/s | FP4 decode-layout speed-up over FP8 | worst diff |"
-          + "".join(f" FP8 {label} µs | over FP8 |" for label, _ in variants))
-    print("| --- " * (15 + 2 * len(variants)) + "|")
+          + "".join(f" FP8 {label} µs | over FP8 |" for label, _ in variants)
+          + "".join(f" FP4 {label} µs (over FP4, runs interleaved) |" for label, _ in fp4_variants))
+    print("| --- " * (15 + 2 * len(variants) + len(fp4_variants)) + "|")
     for groups in masked_groups:
         for n, k in NK:
             for tokens in masked_tokens:
                 cells = [str(groups), f"{n} x {k}", str(tokens)]
                 p8 = make_masked("fp8", groups, tokens, n, k) if fp8 else None
                 r = measure(p8) if fp8 else None
-                r4 = measure(make_masked("fp4", groups, tokens, n, k)) if fp4 else None
+                p4 = make_masked("fp4", groups, tokens, n, k) if fp4 else None
+                r4 = measure(p4) if fp4 else None
                 cells += ([f"{r['ours_us']:.1f}", f"{r['weight_gbps']:.0f}", f"{r['weight_gbps'] / copy * 100:.0f}%",
                            f"{r['call_us']:.1f}"] if r else ["-"] * 4)
                 cells += ([f"{r4['ours_us']:.1f}", f"{r4['weight_gbps']:.0f}", f"{r4['call_us']:.1f}"] if r4
@@ -369,6 +395,12 @@ def main(argv: list[str] | None = None) -> int:
                     timings = bench_kineto_interleaved([(p8.call, p8.kernel)] + [(call, p8.kernel) for call in calls])
                     variant_cells += [cell for t in timings[1:] for cell in
                                       (f"{t.median_s * 1e6:.1f}", f"{t.median_s / timings[0].median_s:.2f}x")]
+                if p4 is None:
+                    variant_cells += ["-"] * len(fp4_variants)
+                else:
+                    fp4_cells, fp4_diffs = variant_timings(p4, fp4_variants)
+                    variant_cells += fp4_cells
+                    diffs += fp4_diffs
                 cells.append(f"{worst_of(*diffs):.1e}")
                 print("| " + " | ".join(cells + variant_cells) + " |", flush=True)
     return 0

@@ -139,7 +139,7 @@ def _dense_gemm(family: str, code_fn: str, graph_variant: bool = False) -> Calla
 
 _DECODE_EXPECTED_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _CONTIGUOUS, _MASKED = 1, 2
-_FP4_SWAP_AB_MAX_M = 32  # masked FP4 calls with expected_m up to this run the swapped decode kernel
+_FP4_SWAP_AB_MAX_M = 32  # the decode layout's (transform_fp4_for_decode) masked calls: expected_m up to this
 
 
 _SCALE_TMA_MN_MAJOR = 1  # fp8_gemm_nt_code's scale_load: A scales MN-major TMA-aligned
@@ -148,8 +148,8 @@ _SCALE_TMA_MN_MAJOR = 1  # fp8_gemm_nt_code's scale_load: A scales MN-major TMA-
 def _grouped_code(fp4_weights: bool, m: int, n: int, k: int, num_sms: int, gemm_type: int, groups: int,
                   scale_load: int = -1, split_workspace: bool = True):
     if fp4_weights:
-        if gemm_type == _MASKED and m <= _FP4_SWAP_AB_MAX_M:
-            name, code, _ = _native().fp8_fp4_gemm_nt_swap_ab_code(m, n, k, num_sms, groups)
+        if _native().fp8_fp4_gemm_nt_uses_swap_ab(m, n, k, num_sms, gemm_type, groups):
+            name, code, _ = _native().fp8_fp4_gemm_nt_swap_ab_code(m, n, k, num_sms, groups, gemm_type=gemm_type)
         else:
             name, code, _ = _native().fp8_fp4_gemm_nt_code(m, n, k, num_sms, gemm_type, groups)
         return name, code

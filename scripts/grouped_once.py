@@ -30,7 +30,11 @@ def main() -> None:
     p.add_argument("--k", type=int, default=7168)
     p.add_argument("--contiguous", type=int, default=0, metavar="ROWS",
                    help="the contiguous layout with ROWS rows per group instead of the masked one")
+    p.add_argument("--fp4-kernel", choices=["default", "converter", "swapped"], default="default",
+                   help="packed FP4 weights: the plan's kernel, or MOE_FP4_SWAP_AB=0 (converter) / =1 (swapped)")
     args = p.parse_args()
+    if args.fp4_kernel != "default":
+        os.environ["MOE_FP4_SWAP_AB"] = "0" if args.fp4_kernel == "converter" else "1"
     if args.contiguous:
         if args.weights == "fp4-fragment":
             p.error("--contiguous takes --weights fp8 or fp4 (the decode layout is masked only)")

@@ -31,6 +31,8 @@ declare -A problems=(
   [dense_64x576x7168]="scripts/gemm_once.py --m 64 --n 576 --k 7168"
   [contiguous_4x8192_4096x7168]="scripts/grouped_once.py --weights fp8 --groups 4 --contiguous 8192 --n 4096 --k 7168"
   [masked_32x16_7168x2048]="scripts/grouped_once.py --weights fp8 --groups 32 --tokens 16 --n 7168 --k 2048"
+  [contiguous_fp4_4x8192_4096x7168]="scripts/grouped_once.py --weights fp4 --groups 4 --contiguous 8192 --n 4096 --k 7168"
+  [contiguous_fp4_swapped_4x8192_4096x7168]="scripts/grouped_once.py --weights fp4 --groups 4 --contiguous 8192 --n 4096 --k 7168 --fp4-kernel swapped"
   [decode_fp4_32x16_7168x2048]="scripts/grouped_once.py --weights fp4-fragment --groups 32 --tokens 16 --n 7168 --k 2048"
   # DeepGEMM (the peer, built by scripts/peer_env.sh) on the same problems: its kernel matches sm90_fp8 too.
   [peer_dense_4096x4096x7168]="scripts/deepgemm_once.py --m 4096 --n 4096 --k 7168"
@@ -82,7 +84,7 @@ for name in "${names[@]}"; do
       > "$out/ncu_${name}_sass.csv" 2>&1 || echo "   (source page failed: see $out/ncu_${name}_sass.csv)"
   fi
   echo "== $name ($cmd)"
-  grep -E "^\s+(Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|sm__cycles_elapsed|lts__t_bytes|lts__t_sectors_srcunit_tex|l1tex__m_xbar2l1tex|dram__bytes_read|l1tex__data_bank|l1tex__data_pipe_lsu_wavefronts_mem_shared|Shared Memory|Block Size|Grid Size|Registers Per Thread|Warp Cycles Per Issued Instruction)\b" \
+  grep -E "^\s+(Duration|SM Frequency|Compute \(SM\) Throughput|Issue Slots Busy|Memory Throughput|L2 Cache Throughput|DRAM Throughput|sm__cycles_elapsed|lts__t_bytes|lts__t_sectors_srcunit_tex|l1tex__m_xbar2l1tex|dram__bytes_read|l1tex__data_bank|l1tex__data_pipe_lsu_wavefronts_mem_shared|Shared Memory|Block Size|Grid Size|Registers Per Thread|Warp Cycles Per Issued Instruction)\b" \
     "$out/ncu_$name.txt" | sed 's/^ */   /'
   # The stall reasons ncu ranks (WarpStateStats' rule text names the largest).
   grep -A2 -E "^\s+(OPT|INF)\s+.*[Ss]tall" "$out/ncu_$name.txt" | head -6 | sed 's/^ */   /'

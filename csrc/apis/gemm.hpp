@@ -172,6 +172,18 @@ inline void m_grouped_fp8_gemm_nt_masked(std::uint64_t a, long long lda, std::ui
   L::launch(config, args);
 }
 
+// The kernel a plan picked (launchers/sm90_fp8_fp4_gemm.hpp): weights as the register operand of
+// the swapped kernel (no converted tile in shared memory), or the converter kernel.
+inline void launch_fp4(const moe_launchers::sm90_fp8_fp4_gemm::Plan& plan,
+                       const moe_launchers::sm90_fp8_fp4_gemm::Args& args) {
+  namespace L = moe_launchers::sm90_fp8_fp4_gemm;
+  if (plan.swap_ab) {
+    L::launch(plan.swapped, args);
+  } else {
+    L::launch(plan.converter, args);
+  }
+}
+
 // FP4 weights: b packed E2M1 [num_groups * n, k / 2] with row stride ldb bytes; sfb UE8M0
 // exponent bytes [num_groups, n, k / 32] (strides in bytes, the last one 1).
 inline void m_grouped_fp8_fp4_gemm_nt_contiguous(std::uint64_t a, long long lda, std::uint64_t sfa,
@@ -181,10 +193,9 @@ inline void m_grouped_fp8_fp4_gemm_nt_contiguous(std::uint64_t a, long long lda,
                                                  std::uint64_t m_indices, int m, int n, int k, int num_groups,
                                                  int device, std::uint64_t stream) {
   namespace L = moe_launchers::sm90_fp8_fp4_gemm;
-  const auto config =
-      L::get_config(m, n, k, moe_jit::get_num_sms(device), L::GemmType::kGroupedContiguous, num_groups);
-  L::launch(config, L::Args{a, sfa, b, sfb, d, lda, ldb, ldd, sfa_stride_m, sfa_stride_k, sfb_stride_g, sfb_stride_n,
-                            m, num_groups, m_indices, device, stream});
+  const L::Args args{a, sfa, b, sfb, d, lda, ldb, ldd, sfa_stride_m, sfa_stride_k, sfb_stride_g, sfb_stride_n,
+                     m, num_groups, m_indices, device, stream};
+  launch_fp4(L::get_plan(L::GemmType::kGroupedContiguous, m, n, k, moe_jit::get_num_sms(device), num_groups), args);
 }
 
 inline void m_grouped_fp8_fp4_gemm_nt_masked(std::uint64_t a, long long lda, std::uint64_t sfa, long long sfa_stride_m,
@@ -197,12 +208,7 @@ inline void m_grouped_fp8_fp4_gemm_nt_masked(std::uint64_t a, long long lda, std
   const int rows = std::min(expected_m, max_m);
   const L::Args args{a, sfa, b, sfb, d, lda, ldb, ldd, sfa_stride_m, sfa_stride_k, sfb_stride_g, sfb_stride_n,
                      max_m, num_groups, masked_m, device, stream};
-  // Decode sizes: weights as the register operand (no converted tile in shared memory).
-  if (rows <= L::kSwapAbMaxTokens) {
-    L::launch(L::get_swap_ab_config(rows, n, k, moe_jit::get_num_sms(device), num_groups), args);
-    return;
-  }
-  L::launch(L::get_config(rows, n, k, moe_jit::get_num_sms(device), L::GemmType::kGroupedMasked, num_groups), args);
+  launch_fp4(L::get_plan(L::GemmType::kGroupedMasked, rows, n, k, moe_jit::get_num_sms(device), num_groups), args);
 }
 
 // Weights and their UE8M0 scales in kernels/_fp4_fragment.py's layout (b: uint8 [G, K/128,
@@ -220,7 +226,9 @@ inline void m_grouped_fp8_fp4_gemm_nt_masked_fragment(std::uint64_t a, long long
   // The scales travel inside b: no SFB pointer.
   const L::Args args{a, sfa, b, 0, d, lda, 0, ldd, sfa_stride_m, sfa_stride_k, 0, 0,
                      max_m, num_groups, masked_m, device, stream};
-  L::launch(L::get_swap_ab_config(rows, n, k, moe_jit::get_num_sms(device), num_groups, true), args);
+  L::launch(L::get_swap_ab_config(L::GemmType::kGroupedMasked, rows, n, k, moe_jit::get_num_sms(device), num_groups,
+                                  true),
+            args);
 }
 
 inline void bf16_gemm_nt(std::uint64_t a, long long lda, std::uint64_t b, long long ldb, std::uint64_t d,
@@ -291,9 +299,10 @@ inline void register_apis(pybind11::module_& m) {
         "masked FP8 x FP4 GEMM with weights and scales in the fragment layout (kernels/_fp4_fragment.py)");
   m.def(
       "fp8_fp4_gemm_nt_swap_ab_code",
-      [](int expected_m, int n, int k, int num_sms, int num_groups, bool fragment_layout) {
+      [](int expected_m, int n, int k, int num_sms, int num_groups, bool fragment_layout, int gemm_type) {
         namespace F = moe_launchers::sm90_fp8_fp4_gemm;
-        const auto cfg = F::get_swap_ab_config(expected_m, n, k, num_sms, num_groups, fragment_layout);
+        const auto cfg = F::get_swap_ab_config(detail::gemm_type(gemm_type), expected_m, n, k, num_sms, num_groups,
+                                               fragment_layout);
         const auto g = F::generate(cfg);
         pybind11::dict d;
         d["block_t"] = cfg.block_t;
@@ -303,9 +312,20 @@ inline void register_apis(pybind11::module_& m) {
         d["smem_bytes"] = cfg.smem_bytes;
         return pybind11::make_tuple(g.name, g.code, d);
       },
-      "(name, code, config) of the swapped FP8 x FP4 decode kernel (masked, expected_m <= 32; no GPU needed)",
+      "(name, code, config) of the swapped FP8 x FP4 kernel (gemm_type 2 masked: expected_m up to 32, or 128 "
+      "on packed weights; 1 contiguous: expected_m = the rows of A; no GPU needed)",
       pybind11::arg("expected_m"), pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"),
-      pybind11::arg("num_groups"), pybind11::arg("fragment_layout") = false);
+      pybind11::arg("num_groups"), pybind11::arg("fragment_layout") = false, pybind11::arg("gemm_type") = 2);
+  m.def(
+      "fp8_fp4_gemm_nt_uses_swap_ab",
+      [](int m_, int n, int k, int num_sms, int gemm_type, int num_groups) {
+        namespace F = moe_launchers::sm90_fp8_fp4_gemm;
+        return F::get_plan(detail::gemm_type(gemm_type), m_, n, k, num_sms, num_groups).swap_ab;
+      },
+      "whether an FP8 x FP4 call on packed weights runs the swapped kernel (else fp8_fp4_gemm_nt_code's converter "
+      "kernel); m: the rows of A (contiguous) or expected rows per group (masked)",
+      pybind11::arg("m"), pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"), pybind11::arg("gemm_type"),
+      pybind11::arg("num_groups"));
   // gemm_type: 0 dense, 1 m-grouped contiguous, 2 m-grouped masked (m = expected rows per group).
   m.def(
       "fp8_gemm_plan_misses", [] { return L::plan_memo().misses(); },

@@ -23,12 +23,16 @@ constexpr int kBlockK = 128;
 // registers in its 208-232 budget.
 constexpr int kMaxBlockN = 128;
 
-struct Config {
+// What both kernels' plans start from: the call, its N x K, the raster band and the SMs.
+struct Problem {
   const char* fn;
   GemmType type;
   int n, k;
-  int block_m, block_n, num_stages, group_n;
-  int num_sms;
+  int group_n, num_sms;
+};
+
+struct Config : Problem {
+  int block_m, block_n, num_stages;
   int smem_bytes;
   int swizzle_d;
   int scale_warps = 3;  // warps issuing the scale copies, taking the stages in turn
@@ -53,22 +57,22 @@ inline const char* function_name(GemmType type) {
   return type == GemmType::kGroupedMasked ? "m_grouped_fp8_fp4_gemm_nt_masked" : "m_grouped_fp8_fp4_gemm_nt_contiguous";
 }
 
+// N and K as both kernels of the family take them.
+inline void check_nk(const char* fn, int n, int k) {
+  MOE_HOST_ASSERT(n >= 8 && n % 8 == 0, fn << ": N must be a positive multiple of 8, got " << n);
+  MOE_HOST_ASSERT(k >= kBlockK && k % kBlockK == 0, fn << ": K must be a positive multiple of 128, got " << k);
+}
+
 // `m`: rows of A (contiguous) or the expected rows per group (masked, `num_groups` problems).
 inline Config plan_config(int m, int n, int k, int num_sms, GemmType type, int num_groups) {
   const char* fn = function_name(type);
   MOE_HOST_ASSERT(type != GemmType::kNormal, fn << ": the FP4-weight GEMM is m-grouped");
   MOE_HOST_ASSERT(m >= 1, fn << ": M must be >= 1, got " << m);
-  MOE_HOST_ASSERT(n >= 8 && n % 8 == 0, fn << ": N must be a positive multiple of 8, got " << n);
-  MOE_HOST_ASSERT(k >= kBlockK && k % kBlockK == 0, fn << ": K must be a positive multiple of 128, got " << k);
+  check_nk(fn, n, k);
   MOE_HOST_ASSERT(num_sms >= 1, fn << ": num_sms must be >= 1, got " << num_sms);
   MOE_HOST_ASSERT(num_groups >= 1, fn << ": num_groups must be >= 1, got " << num_groups);
   Config cfg{};
-  cfg.fn = fn;
-  cfg.type = type;
-  cfg.n = n;
-  cfg.k = k;
-  cfg.group_n = kGroupN;
-  cfg.num_sms = num_sms;
+  static_cast<Problem&>(cfg) = Problem{fn, type, n, k, kGroupN, num_sms};
   const Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms, kMaxBlockN,
                                stage_bytes, [](int bn) { return bn % 16 == 0; });
   cfg.block_m = t.block_m;
@@ -165,17 +169,16 @@ inline void launch(const Config& c, const Args& a) {
   launch_with(*kernel, cfg, a, map_a, map_b, map_d);
 }
 
-// ---- decode: the swapped kernel (impls/sm90_fp8_fp4_gemm_swap_ab.cuh) ---------------------------
+// ---- the swapped kernel (impls/sm90_fp8_fp4_gemm_swap_ab.cuh): decode and prefill ---------------
 
-constexpr int kSwapAbMaxTokens = 32;  // token block = wgmma N; beyond it the converter kernel runs
+constexpr int kSwapAbMaxTokens = 32;  // decode token blocks (masked); the decode layout's limit
+constexpr int kSwapAbPrefillTokens = 128;  // contiguous token blocks, and masked ones past 32
 
-struct SwapAbConfig {
-  const char* fn;
-  int n, k;
-  int block_t;        // tokens per tile (wgmma N), multiple of 8 up to 32
+struct SwapAbConfig : Problem {
+  int block_t;        // tokens per tile (wgmma N), multiple of 8 up to 32 (decode) or 128
   int num_math_wg;    // 64 weight rows each: 1, 2 or 4
   int k_blocks;       // 128-deep K blocks per pipeline stage: 2 halves the per-stage overhead
-  int num_stages, group_n, num_sms, smem_bytes;
+  int num_stages, smem_bytes;
   bool fragment_layout;  // weights in kernels/_fp4_fragment.py's layout (v2 decode)
 
   int block_w() const { return 64 * num_math_wg; }
@@ -192,51 +195,65 @@ inline int swap_ab_stage_bytes(int block_t, int block_w, int k_blocks, bool frag
   return k_blocks * (block_t * kBlockK + weights + (block_t + (fragment_layout ? 0 : block_w)) * 4);
 }
 
-// `expected_m` <= kSwapAbMaxTokens rows per group. The token block covers expected_m; the weight
-// block is the widest (most math warps to hide the conversion's latency) that still gives every
-// SM a tile.
-inline SwapAbConfig plan_swap_ab_config(int expected_m, int n, int k, int num_sms, int num_groups,
-                                        bool fragment_layout) {
-  const char* fn = "m_grouped_fp8_fp4_gemm_nt_masked";
-  MOE_HOST_ASSERT(expected_m >= 1 && expected_m <= kSwapAbMaxTokens,
-                  fn << ": the swapped decode kernel takes 1.." << kSwapAbMaxTokens << " expected rows, got " << expected_m);
-  MOE_HOST_ASSERT(n >= 8 && n % 8 == 0, fn << ": N must be a positive multiple of 8, got " << n);
-  MOE_HOST_ASSERT(k >= kBlockK && k % kBlockK == 0, fn << ": K must be a positive multiple of 128, got " << k);
-  SwapAbConfig c{};
-  c.fn = fn;
-  c.n = n;
-  c.k = k;
-  c.block_t = (expected_m + 7) / 8 * 8;
-  c.group_n = kGroupN;
-  c.num_sms = num_sms;
-  c.num_math_wg = 1;
-  const bool even_k_blocks = (k / kBlockK) % 2 == 0;
-  c.k_blocks = even_k_blocks ? 2 : 1;
-  c.fragment_layout = fragment_layout;
+// Decode tiles: the widest weight block that still gives every SM a tile, and the A/B overrides
+// MOE_FP4_DECODE_WG (math warpgroups of 64 weight rows: 1, 2 or 4) and MOE_FP4_DECODE_K_BLOCKS
+// (128-deep K blocks per stage: 1, or 2 where K holds an even number).
+inline void plan_decode_warpgroups(SwapAbConfig& c, int expected_m, int num_groups) {
   // Four accumulator sets (fragment layout) past 16 tokens do not fit five warpgroups' registers.
-  const auto registers_fit = [&](int wg) { return !(fragment_layout && wg == 4 && c.block_t > 16); };
+  const auto registers_fit = [&](int wg) { return !(c.fragment_layout && wg == 4 && c.block_t > 16); };
   for (int wg : {4, 2}) {
     if (!registers_fit(wg)) continue;
     SwapAbConfig trial = c;
     trial.num_math_wg = wg;
-    if (trial.num_tiles(expected_m, num_groups) >= num_sms) {
+    if (trial.num_tiles(expected_m, num_groups) >= c.num_sms) {
       c.num_math_wg = wg;
       break;
     }
   }
-  // Overrides for A/B runs: MOE_FP4_DECODE_WG (math warpgroups of 64 weight rows: 1, 2 or 4) and
-  // MOE_FP4_DECODE_K_BLOCKS (128-deep K blocks per stage: 1, or 2 where K holds an even number).
   if (const int wg = env_int("MOE_FP4_DECODE_WG"); wg != 0) {
     MOE_HOST_ASSERT((wg == 1 || wg == 2 || wg == 4) && registers_fit(wg),
-                    fn << ": MOE_FP4_DECODE_WG must be 1, 2 or 4 (4 only up to 16 tokens with the decode layout), got "
-                       << wg);
+                    c.fn << ": MOE_FP4_DECODE_WG must be 1, 2 or 4 (4 only up to 16 tokens with the decode layout), got "
+                         << wg);
     c.num_math_wg = wg;
   }
   if (const int kb = env_int("MOE_FP4_DECODE_K_BLOCKS"); kb != 0) {
-    MOE_HOST_ASSERT(kb == 1 || (kb == 2 && even_k_blocks),
-                    fn << ": MOE_FP4_DECODE_K_BLOCKS must be 1, or 2 when K / 128 is even, got " << kb);
+    MOE_HOST_ASSERT(kb == 1 || (kb == 2 && (c.k / kBlockK) % 2 == 0),
+                    c.fn << ": MOE_FP4_DECODE_K_BLOCKS must be 1, or 2 when K / 128 is even, got " << kb);
     c.k_blocks = kb;
   }
+}
+
+// Masked: `expected_m` rows per group, up to kSwapAbMaxTokens for decode tiles: the token block
+// covers expected_m; the weight block is the widest (most math warps to hide the conversion's
+// latency) that still gives every SM a tile. Past 32 expected rows (up to kSwapAbPrefillTokens),
+// and for contiguous layouts (`expected_m` = the rows of A), prefill tiles: kSwapAbPrefillTokens
+// tokens (64 for masked calls of up to 64 rows) x 128 weight rows, one K block per stage (a K
+// block's wgmmas take long enough that the per-stage overhead does not count).
+inline SwapAbConfig plan_swap_ab_config(GemmType type, int expected_m, int n, int k, int num_sms, int num_groups,
+                                        bool fragment_layout) {
+  const char* fn = function_name(type);
+  const bool masked = type == GemmType::kGroupedMasked;
+  MOE_HOST_ASSERT(type != GemmType::kNormal, fn << ": the FP4-weight GEMM is m-grouped");
+  const int max_tokens = masked && fragment_layout ? kSwapAbMaxTokens : masked ? kSwapAbPrefillTokens : 1 << 30;
+  MOE_HOST_ASSERT(expected_m >= 1 && expected_m <= max_tokens,
+                  fn << ": the swapped kernel takes 1.." << max_tokens << " expected rows, got " << expected_m);
+  MOE_HOST_ASSERT(!fragment_layout || masked, fn << ": the decode layout serves masked calls");
+  check_nk(fn, n, k);
+  SwapAbConfig c{};
+  static_cast<Problem&>(c) = Problem{fn, type, n, k, kGroupN, num_sms};
+  c.fragment_layout = fragment_layout;
+  const bool prefill = !masked || expected_m > kSwapAbMaxTokens;
+  if (prefill) {
+    // 64 or 128 tokens: at 104 ptxas kept three values of the K loop in local memory.
+    c.block_t = masked && expected_m <= 64 ? 64 : kSwapAbPrefillTokens;
+    c.num_math_wg = 2;
+    c.k_blocks = 1;
+  } else {
+    c.block_t = (expected_m + 7) / 8 * 8;
+    c.num_math_wg = 1;
+    c.k_blocks = (k / kBlockK) % 2 == 0 ? 2 : 1;
+  }
+  if (!prefill) plan_decode_warpgroups(c, expected_m, num_groups);
   const int per_stage = swap_ab_stage_bytes(c.block_t, c.block_w(), c.k_blocks, c.fragment_layout) + 16;
   const int d_bytes = (c.block_t * c.block_w() * 2 + 1023) / 1024 * 1024;
   c.num_stages = std::min(kMaxStages, (kSmemLimit - d_bytes) / per_stage);
@@ -245,18 +262,57 @@ inline SwapAbConfig plan_swap_ab_config(int expected_m, int n, int k, int num_sm
   return c;
 }
 
-inline SwapAbConfig get_swap_ab_config(int expected_m, int n, int k, int num_sms, int num_groups,
+inline SwapAbConfig get_swap_ab_config(GemmType type, int expected_m, int n, int k, int num_sms, int num_groups,
                                        bool fragment_layout = false) {
-  static moe_jit::EnvMemo<std::array<int, 6>, SwapAbConfig, moe_jit::IntArrayHash> memo;
-  const std::array<int, 6> key = {expected_m, n, k, num_sms, num_groups, fragment_layout};
-  return memo.get(key, [&] { return plan_swap_ab_config(expected_m, n, k, num_sms, num_groups, fragment_layout); });
+  static moe_jit::EnvMemo<std::array<int, 7>, SwapAbConfig, moe_jit::IntArrayHash> memo;
+  const std::array<int, 7> key = {static_cast<int>(type), expected_m, n, k, num_sms, num_groups, fragment_layout};
+  return memo.get(key,
+                  [&] { return plan_swap_ab_config(type, expected_m, n, k, num_sms, num_groups, fragment_layout); });
+}
+
+// Which kernel a call on packed weights runs: the swapped one for masked calls of up to
+// kSwapAbMaxTokens expected rows (decode tiles) and of 65-128 (128-token prefill tiles), the
+// converter kernel for contiguous layouts and the other masked calls. Measured on an H100
+// (bench/RESULTS.md, session 32), the swapped kernel's prefill tiles over the converter kernel's
+// time: masked 32 experts x 128 tokens 0.75-0.76x, x 64 tokens (64-token tiles) 1.05-1.06x;
+// contiguous 0.99x at 4096 x 7168, 1.07x at 7168 x 2048. MOE_FP4_SWAP_AB (read per plan) changes
+// that for A/B runs: 0, the converter kernel everywhere; 1, the swapped one wherever it can run
+// (contiguous layouts, masked calls of up to kSwapAbPrefillTokens rows).
+struct Plan {
+  bool swap_ab;
+  Config converter;     // when !swap_ab
+  SwapAbConfig swapped;  // when swap_ab
+};
+
+inline Plan plan_kernel(GemmType type, int m, int n, int k, int num_sms, int num_groups) {
+  const char* setting = std::getenv("MOE_FP4_SWAP_AB");
+  const int forced = setting == nullptr || *setting == '\0' ? -1 : std::atoi(setting);
+  MOE_HOST_ASSERT(forced >= -1 && forced <= 1, function_name(type) << ": MOE_FP4_SWAP_AB must be 0 or 1, got " << setting);
+  const bool masked = type == GemmType::kGroupedMasked;
+  Plan p{};
+  p.swap_ab = forced == 1 ? !masked || m <= kSwapAbPrefillTokens
+              : forced == 0 ? false
+                            : masked && (m <= kSwapAbMaxTokens || (m > 64 && m <= kSwapAbPrefillTokens));
+  if (p.swap_ab) {
+    p.swapped = plan_swap_ab_config(type, m, n, k, num_sms, num_groups, false);
+  } else {
+    p.converter = plan_config(m, n, k, num_sms, type, num_groups);
+  }
+  return p;
+}
+
+inline Plan get_plan(GemmType type, int m, int n, int k, int num_sms, int num_groups) {
+  static moe_jit::EnvMemo<std::array<int, 6>, Plan, moe_jit::IntArrayHash> memo;
+  const std::array<int, 6> key = {static_cast<int>(type), m, n, k, num_sms, num_groups};
+  return memo.get(key, [&] { return plan_kernel(type, m, n, k, num_sms, num_groups); });
 }
 
 inline GeneratedKernel generate(const SwapAbConfig& c) {
   std::ostringstream os;
   os << "#include <moe_kernels/impls/sm90_fp8_fp4_gemm_swap_ab.cuh>\n"
      << "static __device__ void* moe_instantiate() {\n"
-     << "  return reinterpret_cast<void*>(&moe_kernels::sm90_fp8_fp4_gemm_nt_swap_ab<" << c.n << ", " << c.k << ", "
+     << "  return reinterpret_cast<void*>(&moe_kernels::sm90_fp8_fp4_gemm_nt_swap_ab<" << static_cast<int>(c.type)
+     << ", " << c.n << ", " << c.k << ", "
      << c.block_t << ", " << c.num_math_wg << ", " << c.k_blocks << ", " << c.num_stages << ", " << c.group_n << ", "
      << (c.fragment_layout ? "true" : "false") << ">);\n"
      << "}\n";
@@ -266,11 +322,12 @@ inline GeneratedKernel generate(const SwapAbConfig& c) {
 inline void launch(const SwapAbConfig& c, const Args& a) {
   using namespace moe_jit::driver;
   check_sfb(c.fn, a);
-  static moe_jit::KernelMemo<std::array<int, 9>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 9> key = {c.n, c.k, c.block_t, c.num_math_wg, c.k_blocks, c.num_stages, c.group_n,
-                                  static_cast<int>(c.fragment_layout), a.device};
+  static moe_jit::KernelMemo<std::array<int, 10>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 10> key = {static_cast<int>(c.type), c.n, c.k, c.block_t, c.num_math_wg, c.k_blocks,
+                                   c.num_stages, c.group_n, static_cast<int>(c.fragment_layout), a.device};
   const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
-  const std::uint64_t rows_a = static_cast<std::uint64_t>(a.m) * a.num_groups;
+  const bool masked = c.type == GemmType::kGroupedMasked;
+  const std::uint64_t rows_a = masked ? static_cast<std::uint64_t>(a.m) * a.num_groups : a.m;
   const CUtensorMap map_a = make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK,
                                      c.block_t, CU_TENSOR_MAP_SWIZZLE_128B, "A");
   // Fragment layout: [G, K/128, ceil(N/64), kFragmentBlockBytes] as rows of 256 bytes.
@@ -283,11 +340,12 @@ inline void launch(const SwapAbConfig& c, const Args& a) {
                      kRowsPerBlock * c.num_math_wg, CU_TENSOR_MAP_SWIZZLE_NONE, "B")
           : make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k / 2, static_cast<std::uint64_t>(c.n) * a.num_groups,
                      a.ldb, kBlockK / 2, c.block_w(), CU_TENSOR_MAP_SWIZZLE_64B, "B");
-  const CUtensorMap map_d = make_tma(c.fn, a.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.n, a.m, a.ldd, c.block_w(),
-                                     moe_kernels::kMaskedStoreRows, CU_TENSOR_MAP_SWIZZLE_NONE, "D", a.num_groups,
-                                     a.ldd * a.m);
+  // D in 128-byte swizzled atoms of 64 columns (common/epilogue.cuh): boxes of kMaskedStoreRows
+  // rows of a masked group, or the tile's block_t rows.
+  const CUtensorMap map_d = make_tma_d(c.fn, a.d, c.n, a.m, a.ldd, c.block_w(), c.block_t, 128, masked, a.num_groups);
   moe_jit::LaunchConfig cfg;
-  cfg.grid_x = static_cast<unsigned>(std::max(1, std::min(c.num_tiles(a.m, a.num_groups), c.num_sms)));
+  const int tiles = masked ? c.num_tiles(a.m, a.num_groups) : c.num_tiles(a.m, 1);
+  cfg.grid_x = static_cast<unsigned>(std::max(1, std::min(tiles, c.num_sms)));
   cfg.block_x = static_cast<unsigned>((c.num_math_wg + 1) * 128);
   cfg.smem_bytes = static_cast<unsigned>(c.smem_bytes);
   cfg.stream = a.stream;

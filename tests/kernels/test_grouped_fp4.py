@@ -333,7 +333,7 @@ def test_decode_config_overrides(monkeypatch):
     monkeypatch.setenv("MOE_FP4_DECODE_K_BLOCKS", "1")
     name, code, forced = native.fp8_fp4_gemm_nt_swap_ab_code(16, 7168, 2048, 132, 32, True)
     assert (forced["block_w"], forced["k_blocks"]) == (128, 1) and forced["num_stages"] > default["num_stages"]
-    assert "sm90_fp8_fp4_gemm_nt_swap_ab<7168, 2048, 16, 2, 1," in code
+    assert "sm90_fp8_fp4_gemm_nt_swap_ab<2, 7168, 2048, 16, 2, 1," in code
     for variable, value in [("MOE_FP4_DECODE_WG", "3"), ("MOE_FP4_DECODE_K_BLOCKS", "4")]:
         monkeypatch.setenv(variable, value)
         with pytest.raises(Exception, match=variable):
@@ -346,6 +346,40 @@ def test_decode_config_overrides(monkeypatch):
     monkeypatch.setenv("MOE_FP4_DECODE_K_BLOCKS", "2")
     with pytest.raises(Exception, match="MOE_FP4_DECODE_K_BLOCKS"):  # 3 K blocks of 128
         native.fp8_fp4_gemm_nt_swap_ab_code(16, 7168, 384, 132, 32, True)
+
+
+@pytest.mark.parametrize("setting", [None, "0", "1"])
+def test_kernel_plans(monkeypatch, setting):
+    """Which kernel a call on packed weights runs: the swapped one for masked calls of up to 32
+    expected rows (decode tiles) and of 65-128 (128-token tiles), the converter kernel for contiguous
+    layouts and other masked calls; MOE_FP4_SWAP_AB=0 runs the converter kernel everywhere, =1 the
+    swapped one wherever it can (contiguous, up to 128 masked rows). The decode layout and the
+    prefill tiles refuse what they cannot take, by name."""
+    native = kernels.jit.native_module()
+    if setting is None:
+        monkeypatch.delenv("MOE_FP4_SWAP_AB", raising=False)
+    else:
+        monkeypatch.setenv("MOE_FP4_SWAP_AB", setting)
+    uses = lambda m, gemm_type: native.fp8_fp4_gemm_nt_uses_swap_ab(m, 4096, 7168, 132, gemm_type, 32)  # noqa: E731
+    expected = {None: (False, True, False, True, False), "0": (False,) * 5, "1": (True, True, True, True, False)}
+    assert (uses(8192, 1), uses(32, 2), uses(64, 2), uses(65, 2), uses(129, 2)) == expected[setting]
+    name, code, cfg = native.fp8_fp4_gemm_nt_swap_ab_code(32768, 4096, 7168, 132, 4, gemm_type=1)
+    assert (cfg["block_t"], cfg["block_w"], cfg["k_blocks"]) == (128, 128, 1)
+    assert "sm90_fp8_fp4_gemm_nt_swap_ab<1, 4096, 7168, 128, 2, 1," in code
+    assert [native.fp8_fp4_gemm_nt_swap_ab_code(m, 576, 2048, 132, 4)[2]["block_t"] for m in (24, 40, 64, 65)] == [
+        24, 64, 64, 128]
+    with pytest.raises(Exception, match="1..128 expected rows, got 129"):
+        native.fp8_fp4_gemm_nt_swap_ab_code(129, 576, 2048, 132, 4)
+    with pytest.raises(Exception, match="1..32 expected rows, got 33"):
+        native.fp8_fp4_gemm_nt_swap_ab_code(33, 576, 2048, 132, 4, True)
+    with pytest.raises(Exception, match="the decode layout serves masked calls"):
+        native.fp8_fp4_gemm_nt_swap_ab_code(32, 576, 2048, 132, 4, True, 1)
+
+
+def test_kernel_switch_refuses_other_values(monkeypatch):
+    monkeypatch.setenv("MOE_FP4_SWAP_AB", "2")
+    with pytest.raises(Exception, match="MOE_FP4_SWAP_AB must be 0 or 1, got 2"):
+        kernels.jit.native_module().fp8_fp4_gemm_nt_uses_swap_ab(64, 4096, 7168, 132, 1, 4)
 
 
 # ---- GPU ----------------------------------------------------------------------------------------
@@ -365,6 +399,9 @@ MASKED_CASES = [  # (masked, max_m, expected_m, n, k)
     ([0] * 4, 64, 64, 576, 7168),                  # nothing to do
     ([70, 3, 100, 0], 100, 600, 576, 7168),        # max_m not a multiple of 64, expected far above
     ([37], 50, 4, 24, 256),                        # G = 1
+    ([64] * 8, 64, 64, 4096, 7168),                # 64 tokens per expert
+    ([50, 0, 33, 128], 128, 40, 136, 384),         # 33-128 expected rows: the swapped prefill tiles
+    ([70, 3, 100, 0], 100, 100, 576, 2048),        # 128-token blocks past max_m
 ]
 
 
@@ -374,17 +411,46 @@ def _case_id(case):
     return head + "-" + "-".join(map(str, case[1:]))
 
 
+# MOE_FP4_SWAP_AB: the default plan, 0 the converter kernel everywhere, 1 the swapped kernel
+# wherever it can run.
+KERNELS = {"default": None, "converter": "0", "swapped": "1"}
+
+
+@pytest.fixture(params=list(KERNELS))
+def fp4_kernel(request, monkeypatch):
+    """Sets the switch; returns whether the kernel a call of (m, n, k, gemm_type, groups) runs
+    differs from the default plan's, so a case runs once per distinct kernel."""
+    native = kernels.jit.native_module()
+    monkeypatch.delenv("MOE_FP4_SWAP_AB", raising=False)
+
+    def differs(m, n, k, gemm_type, groups):
+        if KERNELS[request.param] is None:
+            return True
+        default = native.fp8_fp4_gemm_nt_uses_swap_ab(m, n, k, 132, gemm_type, groups)
+        with monkeypatch.context() as patch:
+            patch.setenv("MOE_FP4_SWAP_AB", KERNELS[request.param])
+            return native.fp8_fp4_gemm_nt_uses_swap_ab(m, n, k, 132, gemm_type, groups) != default
+
+    if KERNELS[request.param] is not None:
+        monkeypatch.setenv("MOE_FP4_SWAP_AB", KERNELS[request.param])
+    return differs
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("counts,n,k", CONTIGUOUS_CASES, ids=list(map(_case_id, CONTIGUOUS_CASES)))
-def test_gpu_contiguous(counts, n, k, seed):
+def test_gpu_contiguous(counts, n, k, seed, fp4_kernel):
+    if not fp4_kernel(sum(counts), n, k, 1, len(counts)):
+        pytest.skip("the default plan's kernel")
     check_contiguous(counts, n, k, "cuda")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("masked,max_m,expected_m,n,k", MASKED_CASES, ids=list(map(_case_id, MASKED_CASES)))
-def test_gpu_masked(masked, max_m, expected_m, n, k, seed):
+def test_gpu_masked(masked, max_m, expected_m, n, k, seed, fp4_kernel):
+    if not fp4_kernel(min(expected_m, max_m), n, k, 2, len(masked)):
+        pytest.skip("the default plan's kernel")
     check_masked(masked, max_m, n, k, expected_m, "cuda")
 
 
@@ -396,11 +462,13 @@ def test_gpu_sfb_spread_within_a_block(seed, sf_form):
     E2M1 -> E4M3 conversion stay exact."""
     check_contiguous([300, 0, 77, 129], 576, 7168, "cuda", sf_form, spread=10)
     check_masked([5, 64, 0, 17], 64, 16, 4096, 2048, "cuda", sf_form, spread=10)
+    check_masked([5, 64, 0, 17], 64, 4096, 2048, 64, "cuda", sf_form, spread=10)  # the converter kernel
+    check_masked([5, 100, 0, 17], 100, 4096, 2048, 100, "cuda", sf_form, spread=10)  # 128-token swapped tiles
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_sfb_far_below_is_flushed(seed):
+def test_gpu_sfb_far_below_is_flushed(seed, fp4_kernel):
     """Scales up to 2^14 apart: groups more than 2^11 below their block's largest scale are flushed
     to zero on the GPU, a change below 6 * 2^-12 of that scale, invisible at the tolerance."""
     check_contiguous([200, 60], 136, 1024, "cuda", "uint8", spread=14)
@@ -425,7 +493,7 @@ def test_gpu_sfb_forms_and_b_dtypes_agree(seed):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_contiguous_bad_group_ids_are_skipped(seed):
+def test_gpu_contiguous_bad_group_ids_are_skipped(seed, fp4_kernel):
     b = make_weights(2, 256, 256, "cuda")
     a_fp8, m_indices = make_contiguous([128, 128], 256, "cuda")
     m_indices[128:] = 7  # past G: must not read past B

@@ -389,6 +389,24 @@ def test_fp8_fp4_swap_ab_gemm_uses_register_operand_qgmma(expected_m, n, k, grou
     assert "LDL" not in text and "STL" not in text, "register spills"
 
 
+@pytest.mark.parametrize("m,n,k,groups,gemm_type", [(32768, 4096, 7168, 4, 1), (8192, 7168, 2048, 32, 1),
+                                                    (64, 4096, 7168, 32, 2), (100, 576, 2048, 4, 2)])
+def test_fp8_fp4_swap_ab_prefill_tiles_use_setmaxnreg_and_transposed_stores(m, n, k, groups, gemm_type):
+    """128 weight rows x up to 128 tokens: the producer warpgroup hands its registers to math (the
+    accumulators, two fragment sets and the block's scales stay in registers through the K loop: at
+    128 tokens a few tile values wait in local memory for the epilogue), and the epilogue writes the
+    transposed tile with stmatrix."""
+    name, code, _ = kernels.jit.native_module().fp8_fp4_gemm_nt_swap_ab_code(m, n, k, H200_SMS, groups,
+                                                                            gemm_type=gemm_type)
+    text = sass(name, code)
+    for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "LDGSTS", "PRMT", "USETMAXREG", "STSM"):
+        assert instruction in text, instruction
+    loops = _innermost_k_loops(text, 16384)
+    assert loops, "no K loop found"
+    for body in loops:
+        assert "LDL" not in body and "STL" not in body, "local memory in the K loop"
+
+
 @pytest.mark.parametrize("m,n,k,gemm_type,groups,scale_load,multicast", [
     (4096, 7168, 16384, 0, 1, -1, True), (4096, 576, 7168, 0, 1, -1, False), (8192, 4096, 7168, 1, 4, -1, False),
     (8192, 7168, 2048, 1, 4, -1, True),

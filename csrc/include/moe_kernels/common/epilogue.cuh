@@ -89,6 +89,35 @@ __device__ __forceinline__ void store_fragment_to_smem(uint8_t* smem_d, const fl
   }
 }
 
+// The swapped GEMMs' fragment (wgmma rows = D's columns, wgmma N = D's rows): a warpgroup's 64
+// columns x kBlockM rows of a [kBlockM][kBlockN] tile; `tile_col0` is this thread's first column.
+// stmatrix .trans writes each 8 x 8 matrix as 8 rows of D holding 8 columns (16 bytes), so the
+// tile takes the layout (and the swizzle) of store_fragment_to_smem's.
+template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kSwizzleBytes>
+__device__ __forceinline__ void store_transposed_fragment_to_smem(uint8_t* smem_d, const float* final_acc,
+                                                                  uint32_t tile_col0, uint32_t lane) {
+  using Layout = EpilogueLayout<kBlockN, kSwizzleBytes>;
+  constexpr uint32_t kChunks = kBlockM / 8;
+  const auto pack = [&](uint32_t j, uint32_t half) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(final_acc[j * 4 + half * 2], final_acc[j * 4 + half * 2 + 1]);
+    return *reinterpret_cast<const uint32_t*>(&pair);
+  };
+  // Lane l addresses row (chunk j + matrix / 2) * 8 + l % 8 at the warp's columns + (matrix % 2) * 8:
+  // matrices 0 / 1 are columns 0-7 / 8-15 of rows chunk j, 2 / 3 those of chunk j + 1.
+  const uint32_t matrix = lane / 8;
+  const uint32_t col = tile_col0 - lane / 4 + (matrix % 2) * 8;
+  const uint32_t base = sm90::smem_addr(smem_d);
+#pragma unroll
+  for (uint32_t j = 0; j + 1 < kChunks; j += 2) {
+    sm90::stmatrix_x4_trans(base + Layout::offset(kBlockM, (j + matrix / 2) * 8 + lane % 8, col), pack(j, 0),
+                            pack(j, 1), pack(j + 1, 0), pack(j + 1, 1));
+  }
+  if constexpr (kChunks % 2 == 1) {
+    sm90::stmatrix_x2_trans(base + Layout::offset(kBlockM, (kChunks - 1) * 8 + lane % 8, col), pack(kChunks - 1, 0),
+                            pack(kChunks - 1, 1));
+  }
+}
+
 // A tile's whole epilogue on the math warpgroups (kNumMathThreads threads, named barrier 1): wait
 // until the previous tile's TMA store has read shared memory, write every warpgroup's fragment,
 // then warp 0 stores each column atom with TMA at (column, store_row) of a 2-D D (lane 0), or at
@@ -103,6 +132,8 @@ __device__ __forceinline__ void store_fragment_to_smem(uint8_t* smem_d, const fl
 // alone (named barrier kWgStoreBarrier + warpgroup, 128 threads; its warp 0 issues boxes of 64 rows,
 // map_d's box then), so one warpgroup's epilogue may run under the other's wgmmas instead of both
 // meeting at a barrier with the tensor cores idle.
+// kTransposed: the swapped GEMMs' accumulators (store_transposed_fragment_to_smem; tile_row0 is the
+// thread's first column), without residual, waves or per-warpgroup stores.
 constexpr uint32_t kWgStoreBarrier = 4;  // ids 0-3: __syncthreads, the tile epilogue, MathTurns
 
 // The threads that issue store_tile's TMA stores, and so must wait for their shared-memory reads
@@ -112,23 +143,31 @@ __device__ __forceinline__ bool store_tile_issuer() {
   return kWgStore ? threadIdx.x % 128 < 32 : threadIdx.x < 32;
 }
 template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kSwizzleBytes, ResidualType kResidual, bool k3d,
-          uint32_t kNumMathThreads, uint32_t kNumWaves = 1, uint32_t kWaveRows = kBlockM, bool kWgStore = false>
+          uint32_t kNumMathThreads, uint32_t kNumWaves = 1, uint32_t kWaveRows = kBlockM, bool kWgStore = false,
+          bool kTransposed = false>
 __device__ __forceinline__ void store_tile(const TmaDescriptor* map_d, uint8_t* smem_d, const float* final_acc,
                                            uint32_t tile_row0, uint32_t lane, const void* c, uint32_t ldc,
                                            uint32_t global_row0, uint32_t global_col0, uint32_t m, uint32_t n,
                                            uint32_t store_row, uint32_t group, uint32_t store_rows = kBlockM) {
   using Layout = EpilogueLayout<kBlockN, kSwizzleBytes>;
   static_assert(!kWgStore || (!k3d && kNumMathThreads == 256), "per-warpgroup stores: 2-D, two math warpgroups");
+  static_assert(!kTransposed || (kResidual == ResidualType::kNone && kNumWaves == 1 && !kWgStore),
+                "transposed tiles: no residual, one wave, one store for the tile");
   const uint32_t wg = threadIdx.x / 128;
   const bool issuer = store_tile_issuer<kWgStore>();
   const uint32_t barrier = kWgStore ? kWgStoreBarrier + wg : 1;
   constexpr uint32_t kBarrierThreads = kWgStore ? 128 : kNumMathThreads;
   if (issuer) sm90::tma_store_wait_read<0>();
   sm90::named_barrier_sync(barrier, kBarrierThreads);
+  if constexpr (kTransposed) {
+    store_transposed_fragment_to_smem<kBlockM, kBlockN, kSwizzleBytes>(smem_d, final_acc, tile_row0, lane);
+  } else {
 #pragma unroll
-  for (uint32_t w = 0; w < kNumWaves; ++w) {
-    store_fragment_to_smem<kBlockM, kBlockN, kSwizzleBytes, kResidual>(
-        smem_d, final_acc + w * (kBlockN / 2), tile_row0 + w * kWaveRows, lane, c, ldc, global_row0, global_col0, m, n);
+    for (uint32_t w = 0; w < kNumWaves; ++w) {
+      store_fragment_to_smem<kBlockM, kBlockN, kSwizzleBytes, kResidual>(smem_d, final_acc + w * (kBlockN / 2),
+                                                                         tile_row0 + w * kWaveRows, lane, c, ldc,
+                                                                         global_row0, global_col0, m, n);
+    }
   }
   sm90::fence_proxy_async_shared();
   sm90::named_barrier_sync(barrier, kBarrierThreads);

@@ -1,10 +1,13 @@
 #pragma once
-// FP8 x FP4 masked grouped GEMM for decode, operands swapped: D[g]^T = B[g] @ A[g]^T with the
-// weights B as wgmma's A operand, converted from E2M1 to E4M3 in the math warps' registers
-// (common/fp4.cuh) and fed to wgmma from registers, and the few tokens of A as wgmma's N
-// dimension (8-32) read from shared memory. Against sm90_fp8_fp4_gemm_nt at decode sizes this
-// drops the converted tile's shared-memory round trip (16 KB written and read back per 128x128
-// block), the converter hand-off barrier, and the 64-row wgmma whose rows were mostly padding.
+// FP8 x FP4 m-grouped GEMM, operands swapped: D^T = B[g] @ A^T with the weights B as wgmma's A
+// operand, converted from E2M1 to E4M3 in the math warps' registers (common/fp4.cuh) and fed to
+// wgmma from registers, and the tokens of A as wgmma's N dimension read from shared memory.
+// Against sm90_fp8_fp4_gemm_nt this drops the converted tile's shared-memory round trip (16 KB
+// written and read back per 128x128 block), the converter warps and their hand-off barrier; at
+// decode sizes also the 64-row wgmma whose rows were mostly padding.
+//   decode tiles:  8-32 tokens of a masked group, 1, 2 or 4 math warpgroups;
+//   prefill tiles: 64 or 128 tokens of a masked group, or 128 of one group's contiguous rows (the
+//                  layout's alignment is a multiple of 128), two math warpgroups.
 //
 // Roles (one CTA per SM, persistent over tiles of kBlockT tokens x 64 * kNumMathWG weight rows):
 //   warpgroups [0, kNumMathWG): math — each owns 64 weight rows: per 128-deep K block it loads
@@ -24,8 +27,8 @@
 // addressing are paid once for all of them (they were half the math warps' instructions).
 
 #include <cuda_bf16.h>
+#include <moe_kernels/common/epilogue.cuh>
 #include <moe_kernels/common/fp4.cuh>
-#include <moe_kernels/common/masked_store.h>
 #include <moe_kernels/common/pipeline.cuh>
 #include <moe_kernels/common/scheduler.cuh>
 #include <moe_kernels/common/sm90_ptx.cuh>
@@ -42,7 +45,7 @@ constexpr uint32_t kFragmentBlockBytes = kFragmentWeightBytes + 64 * 4;
 template <uint32_t kBlockT, uint32_t kBlockW, uint32_t kKBlocks, uint32_t kNumStages, bool kFragmentLayout>
 struct Fp8Fp4SwapAbSmem {
   static constexpr uint32_t kBlockK = 128;
-  static constexpr uint32_t kD = (kBlockT * kBlockW * 2 + 1023) / 1024 * 1024;  // bf16 [tokens][rows]
+  static constexpr uint32_t kD = (kBlockT * kBlockW * 2 + 1023) / 1024 * 1024;  // bf16 [tokens][rows], swizzled
   static constexpr uint32_t kBlockA = kBlockT * kBlockK;  // activations, 128-byte swizzle
   // Packed weights (64-byte swizzle), or fragments with their exponent words.
   static constexpr uint32_t kBlockWBytes = kFragmentLayout ? kBlockW / 64 * kFragmentBlockBytes : kBlockW * kBlockK / 2;
@@ -67,6 +70,32 @@ __device__ __forceinline__ uint32_t load_packed_word(const uint8_t* tile, uint32
   return *reinterpret_cast<const uint32_t*>(tile + row * 64 + chunk * 16 + offset % 16);
 }
 
+// The wgmma A fragments of one K block of packed weights (64 rows, 64-byte swizzled), converted
+// with the rows' relative 1x32 exponents folded in (common/fp4.cuh): frag[s] for K step s (32
+// elements, one 1x32 scale group), rows row0 and row0 + 8 of the thread; exps: their exponent words.
+__device__ __forceinline__ void convert_packed_k_block(const uint8_t* tile_w, uint32_t row0, uint32_t quad,
+                                                       uint32_t exps0, uint32_t exps1, uint32_t (&frag)[4][4]) {
+  // Bytes [2 quad, 2 quad + 2) of a 4-byte word pair: the low halves for even quads, else high.
+  const uint32_t half_selector = quad % 2 == 0 ? 0x5410u : 0x7632u;
+  const uint32_t e_max0 = fp4::max_exponent(exps0), e_max1 = fp4::max_exponent(exps1);
+  // Elements 4 quad..+3 of step s sit in bytes 16 s + 2 quad..+1, elements 16 + 4 quad..+3 in
+  // bytes 16 s + 8 + 2 quad..+1.
+#pragma unroll
+  for (uint32_t s = 0; s < 4; ++s) {
+    const uint32_t offset = 16 * s + 4 * (quad / 2);
+    const uint32_t w0 = __byte_perm(load_packed_word(tile_w, row0, offset), load_packed_word(tile_w, row0, offset + 8),
+                                    half_selector);
+    const uint32_t w1 = __byte_perm(load_packed_word(tile_w, row0 + 8, offset),
+                                    load_packed_word(tile_w, row0 + 8, offset + 8), half_selector);
+    const uint2 c0 = fp4::convert8(w0, fp4::make_lut(e_max0 - ((exps0 >> (8 * s)) & 0xFFu)));
+    const uint2 c1 = fp4::convert8(w1, fp4::make_lut(e_max1 - ((exps1 >> (8 * s)) & 0xFFu)));
+    frag[s][0] = c0.x;  // row r,     K 4 quad..+3
+    frag[s][1] = c1.x;  // row r + 8
+    frag[s][2] = c0.y;  // row r,     K 16 + 4 quad..+3
+    frag[s][3] = c1.y;  // row r + 8
+  }
+}
+
 // The a0/a1 (K 4q..+3) and a2/a3 (K 16+4q..+3) E4M3 words of one fragment-layout word.
 __device__ __forceinline__ uint2 decode_fragment_word(uint32_t w) {
   return make_uint2(w & 0x9C9C9C9Cu, ((w << 2) & 0x8C8C8C8Cu) | ((w >> 2) & 0x10101010u));
@@ -82,10 +111,11 @@ __device__ __forceinline__ float step_scale(uint32_t exponents) {
   return __uint_as_float(bits & 0x7F800000u);
 }
 
-template <uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockT, uint32_t kNumMathWG, uint32_t kKBlocks,
+// shape_m: max_m (masked) or the rows of A (contiguous); grouped_layout: masked_m or m_indices.
+template <int kGemmType, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockT, uint32_t kNumMathWG, uint32_t kKBlocks,
           uint32_t kNumStages, uint32_t kGroupN, bool kFragmentLayout = false>
 __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
-    sm90_fp8_fp4_gemm_nt_swap_ab(uint32_t max_m, const int* __restrict__ masked_m, uint32_t num_groups,
+    sm90_fp8_fp4_gemm_nt_swap_ab(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                                  const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
                                  const uint8_t* __restrict__ sfb, uint32_t sfb_stride_g, uint32_t sfb_stride_n,
                                  const __grid_constant__ TmaDescriptor map_a,
@@ -106,15 +136,29 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
   // fragment layout the exponents come by TMA and one warp copies the A scales.
   constexpr uint32_t kNumScaleWarps = kFragmentLayout ? 1 : 3;
   static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
-  static_assert(kBlockT % 8 == 0 && kBlockT <= 32, "the token block is a multiple of 8 up to 32 (one per scale lane)");
+  constexpr auto kType = static_cast<GemmType>(kGemmType);
+  constexpr bool kMasked = kType == GemmType::kGroupedMasked;
+  static_assert(kType != GemmType::kNormal, "the FP4-weight GEMM is m-grouped");
+  static_assert(kBlockT % 8 == 0 && kBlockT <= 128, "the token block is a multiple of 8 up to 128");
   static_assert(kNumMathWG == 1 || kNumMathWG == 2 || kNumMathWG == 4, "64, 128 or 256 weight rows per tile");
+  static_assert(!kFragmentLayout || (kMasked && kBlockT <= 32), "the decode layout serves masked decode tiles");
+  static_assert(kBlockT <= 32 || kKBlocks == 1, "prefill tiles take one K block per stage");
   // Fragment layout: [G, K/128, ceil(N/64), kFragmentBlockBytes], viewed by TMA as rows of 256 bytes.
   constexpr uint32_t kRowBlocks = (kShapeN + 63) / 64;
   constexpr uint32_t kFragmentRows = kFragmentBlockBytes / 256;
   static_assert(!kFragmentLayout || kBlockT <= 16 || kNumMathWG <= 2,
                 "four accumulator sets of kBlockT / 2 fit the 96 registers of five warpgroups up to 16 tokens");
-  // No setmaxnreg: at up to 640 threads every role fits the launch budget (math holds 16 fragment
-  // registers and two accumulator sets of kBlockT / 2).
+  // Decode tiles need no setmaxnreg: at up to 640 threads every role fits the launch budget (math
+  // holds 16 fragment registers and two accumulator sets of kBlockT / 2). Past 32 tokens math also
+  // holds kBlockT / 4 token scales: the producer warpgroup gives up its registers (at 40 its scale
+  // warps' item loop spilled; at 56 math keeps 224).
+  constexpr bool kSetMaxNReg = kBlockT > 32;
+  constexpr uint32_t kProducerRegisters = 56;
+  constexpr uint32_t kLaunchRegisters = sm90::launch_registers<(kNumMathWG + 1) * 128>() / 128;
+  constexpr uint32_t kMathShare = (kLaunchRegisters - kProducerRegisters) / kNumMathWG / 8 * 8;
+  constexpr uint32_t kMathRegisters = kMathShare < 240 ? kMathShare : 240;
+  static_assert(!kSetMaxNReg || (kNumMathWG <= 2 && kMathRegisters >= 224),
+                "past 32 tokens math needs two accumulator sets of kBlockT / 2 and the token scales");
 
   extern __shared__ __align__(1024) uint8_t smem[];
   auto* barriers = reinterpret_cast<uint64_t*>(smem + Smem::kOffsetBarriers);
@@ -133,16 +177,20 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
   }
   __syncthreads();
 
-  // Tiles: m blocks of kBlockT tokens of a group (masked_m), n blocks of kBlockW weight rows.
-  TileScheduler<GemmType::kGroupedMasked, kBlockT, kBlockW, kGroupN> scheduler(max_m, kShapeN, masked_m, num_groups);
+  // Tiles: m blocks of kBlockT tokens (of a group's masked_m, or of one group's aligned rows), n
+  // blocks of kBlockW weight rows.
+  TileScheduler<kType, kBlockT, kBlockW, kGroupN> scheduler(shape_m, kShapeN, grouped_layout, num_groups);
   PipelineState<kNumStages> pipe;
   Tile t;
+  // The tile's first row of A (and of D): a masked group's rows start at group x max_m.
+  const auto row_a0 = [&](const Tile& tile) { return (kMasked ? tile.group * shape_m : 0) + tile.m_block * kBlockT; };
 
   if (threadIdx.x >= kNumMathThreads) {
+    if constexpr (kSetMaxNReg) sm90::setmaxnreg_dec<kProducerRegisters>();
     const uint32_t producer_warp = warp - kNumMathWG * 4;
     if (producer_warp == 0 && lane == 0) {
       while (scheduler.next(t)) {
-        const uint32_t row_a = t.group * max_m + t.m_block * kBlockT;
+        const uint32_t row_a = row_a0(t);
         const uint32_t row_w = t.group * kShapeN + t.n_block * kBlockW;
         for (uint32_t ks = 0; ks < kNumKStages; ++ks, pipe.advance()) {
           ring.producer_acquire(pipe);
@@ -165,10 +213,15 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
         }
       }
     } else if (producer_warp >= 1 && producer_warp <= kNumScaleWarps) {
-      const uint32_t scale_warp = producer_warp - 1;
+      // A stage's scales are kBlockT token scales, then (packed weights) kBlockW exponent words:
+      // the scale warps' lanes take the items of both in turn.
+      constexpr uint32_t kItems = kBlockT + (kFragmentLayout ? 0 : kBlockW);
+      const uint32_t first_item = (producer_warp - 1) * 32 + lane;
       while (scheduler.next(t)) {
-        const uint32_t row_a = t.group * max_m + t.m_block * kBlockT + lane;
-        const bool valid_a = scale_warp == 0 && lane < kBlockT && row_a < (t.group + 1) * max_m;
+        // Tokens past the problem (or a masked group's max_m) and rows past N read nothing: their
+        // scales are zero, and so are the outputs nobody stores.
+        const uint32_t tokens = min(kBlockT, shape_m - t.m_block * kBlockT);
+        const float* sfa_tile = sfa + uint64_t(row_a0(t)) * sfa_stride_m;
         const uint8_t* sfb_tile = sfb + uint64_t(t.group) * sfb_stride_g + uint64_t(t.n_block * kBlockW) * sfb_stride_n;
         const uint32_t rows_w = min(kBlockW, kShapeN - t.n_block * kBlockW);
         for (uint32_t ks = 0; ks < kNumKStages; ++ks, pipe.advance()) {
@@ -177,17 +230,17 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
           for (uint32_t j = 0; j < kKBlocks; ++j) {
             const uint32_t kb = ks * kKBlocks + j;
             float* scales = stage_scales(pipe.stage) + j * Smem::kBlockScales / 4;
-            if (scale_warp == 0 && lane < kBlockT) {
-              const float* src = valid_a ? sfa + uint64_t(row_a) * sfa_stride_m + uint64_t(kb) * sfa_stride_k : sfa;
-              sm90::cp_async_4(scales + lane, src, valid_a ? 4 : 0);
-            }
-            if constexpr (!kFragmentLayout) {
-              // Rows past N read no exponents: zero words, so their row scale is 0.
 #pragma unroll
-              for (uint32_t row = scale_warp * 32 + lane; row < kBlockW; row += kNumScaleWarps * 32) {
+            for (uint32_t item = first_item; item < kItems; item += kNumScaleWarps * 32) {
+              if (item < kBlockT) {
+                const bool valid = item < tokens;
+                const float* src = valid ? sfa_tile + uint64_t(item) * sfa_stride_m + uint64_t(kb) * sfa_stride_k : sfa;
+                sm90::cp_async_4(scales + item, src, valid ? 4 : 0);
+              } else {
+                const uint32_t row = item - kBlockT;
                 const bool valid = row < rows_w;
                 const uint8_t* src = valid ? sfb_tile + row * sfb_stride_n + kb * 4 : sfb;
-                sm90::cp_async_4(scales + kBlockT + row, src, valid ? 4 : 0);
+                sm90::cp_async_4(scales + item, src, valid ? 4 : 0);
               }
             }
           }
@@ -198,166 +251,201 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
     return;
   }
 
+  if constexpr (kSetMaxNReg) sm90::setmaxnreg_inc<kMathRegisters>();
   const uint32_t math_wg = threadIdx.x / 128;
   const uint32_t quad = lane % 4;
   // Fragment rows of this thread inside the warpgroup's 64 weight rows (r and r + 8).
   const uint32_t row0 = (warp % 4) * 16 + lane / 4;
-  // Bytes [2 quad, 2 quad + 2) of a 4-byte word pair: the low halves for even quads, else high.
-  const uint32_t half_selector = quad % 2 == 0 ? 0x5410u : 0x7632u;
   float final_acc[Wgmma::kNumAccum];
   uint8_t* smem_d = smem;
+
+  // Prefill tiles (packed weights, one K block per stage): the tile's K loop with K block kb + 1's
+  // fragments converted while the wgmmas of kb run. Converted in turn, the math warps of both
+  // warpgroups (which leave the full barrier together) and the tensor cores took turns: 3061 µs at
+  // 4 x 8192 rows x 4096 x 7168 against 2786 overlapped (H100, bench/RESULTS.md session 32).
+  const auto prefill_k_loop = [&] {
+    uint32_t frag0[4][4], frag1[4][4];
+    float sb0[2], sb1[2];  // the rows' block scales (row0, row0 + 8) of frag0's and frag1's K block
+    const auto convert = [&](uint32_t stage, uint32_t (&frag)[4][4], float (&sb)[2]) {
+      const auto* exponents = reinterpret_cast<const uint32_t*>(stage_scales(stage) + kBlockT) + math_wg * 64;
+      const uint32_t exps0 = exponents[row0], exps1 = exponents[row0 + 8];
+      convert_packed_k_block(smem + Smem::kOffsetW + stage * Smem::kW + math_wg * 64 * (kBlockK / 2), row0, quad,
+                             exps0, exps1, frag);
+      sb[0] = fp4::column_scale(fp4::max_exponent(exps0));
+      sb[1] = fp4::column_scale(fp4::max_exponent(exps1));
+    };
+    // K block kb (the stage of pipe) on cur; the next one's converted into nxt meanwhile.
+    const auto step = [&](uint32_t kb, uint32_t (&cur)[4][4], const float (&sb)[2], uint32_t (&nxt)[4][4],
+                          float (&sb_nxt)[2]) {
+      float acc[Wgmma::kNumAccum];
+      const auto fence_operands = [&] {
+#pragma unroll
+        for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+#pragma unroll
+        for (uint32_t s = 0; s < 4; ++s) {
+#pragma unroll
+          for (uint32_t i = 0; i < 4; ++i) sm90::fence_operand(cur[s][i]);
+        }
+      };
+      const uint64_t desc_a = sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetA + pipe.stage * Smem::kA);
+      fence_operands();
+      sm90::wgmma_fence();
+#pragma unroll
+      for (uint32_t s = 0; s < 4; ++s) Wgmma::mma(cur[s], desc_a + s * 2, acc, s > 0);
+      sm90::wgmma_commit();
+      if (kb + 1 < kNumKBlocks) {
+        PipelineState<kNumStages> next = pipe;
+        next.advance();
+        ring.consumer_wait(next);
+        convert(next.stage, nxt, sb_nxt);
+      }
+      sm90::wgmma_wait<0>();
+      fence_operands();
+      // Accumulator (64 rows x kBlockT tokens): rows row0 and row0 + 8, tokens c * 8 + 2 quad + {0, 1}.
+      const float* sa = stage_scales(pipe.stage) + quad * 2;
+#pragma unroll
+      for (uint32_t c = 0; c < kBlockT / 8; ++c) {
+        const float2 pair = *reinterpret_cast<const float2*>(sa + c * 8);
+        final_acc[c * 4 + 0] = fmaf(acc[c * 4 + 0] * sb[0], pair.x, final_acc[c * 4 + 0]);
+        final_acc[c * 4 + 1] = fmaf(acc[c * 4 + 1] * sb[0], pair.y, final_acc[c * 4 + 1]);
+        final_acc[c * 4 + 2] = fmaf(acc[c * 4 + 2] * sb[1], pair.x, final_acc[c * 4 + 2]);
+        final_acc[c * 4 + 3] = fmaf(acc[c * 4 + 3] * sb[1], pair.y, final_acc[c * 4 + 3]);
+      }
+      __syncwarp();
+      if (lane == 0) ring.consumer_release(pipe);
+      pipe.advance();
+    };
+    ring.consumer_wait(pipe);
+    convert(pipe.stage, frag0, sb0);
+    // Two K blocks per trip, so that each fragment set stays in registers (indexed statically).
+    for (uint32_t kb = 0; kb < kNumKBlocks; kb += 2) {
+      step(kb, frag0, sb0, frag1, sb1);
+      if (kb + 1 < kNumKBlocks) step(kb + 1, frag1, sb1, frag0, sb0);
+    }
+  };
 
   while (scheduler.next(t)) {
 #pragma unroll
     for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
 
-    for (uint32_t ks = 0; ks < kNumKStages; ++ks, pipe.advance()) {
-      ring.consumer_wait(pipe);
+    if constexpr (kSetMaxNReg) {
+      prefill_k_loop();
+    } else {
+      for (uint32_t ks = 0; ks < kNumKStages; ++ks, pipe.advance()) {
+        ring.consumer_wait(pipe);
 #pragma unroll
-      for (uint32_t j = 0; j < kKBlocks; ++j) {
-        const uint8_t* tile_w = smem + Smem::kOffsetW + pipe.stage * Smem::kW + j * Smem::kBlockWBytes +
-                                math_wg * (kFragmentLayout ? kFragmentBlockBytes : 64 * (kBlockK / 2));
-        const float* scales = stage_scales(pipe.stage) + j * Smem::kBlockScales / 4;
-        const auto* exponents = kFragmentLayout
-                                    ? reinterpret_cast<const uint32_t*>(tile_w + kFragmentWeightBytes)
-                                    : reinterpret_cast<const uint32_t*>(scales + kBlockT) + math_wg * 64;
-        const uint32_t exps0 = exponents[row0], exps1 = exponents[row0 + 8];
-        const uint64_t desc_a =
-            sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetA + pipe.stage * Smem::kA + j * Smem::kBlockA);
-        uint32_t frag[4][4];
-        if constexpr (kFragmentLayout) {
-          const uint32_t slot = (threadIdx.x % 128) * 16;
-          const uint4 lo = *reinterpret_cast<const uint4*>(tile_w + slot);         // row r, steps 0-3
-          const uint4 hi = *reinterpret_cast<const uint4*>(tile_w + 2048 + slot);  // row r + 8
-          const uint32_t words_lo[4] = {lo.x, lo.y, lo.z, lo.w}, words_hi[4] = {hi.x, hi.y, hi.z, hi.w};
+        for (uint32_t j = 0; j < kKBlocks; ++j) {
+          const uint8_t* tile_w = smem + Smem::kOffsetW + pipe.stage * Smem::kW + j * Smem::kBlockWBytes +
+                                  math_wg * (kFragmentLayout ? kFragmentBlockBytes : 64 * (kBlockK / 2));
+          const float* scales = stage_scales(pipe.stage) + j * Smem::kBlockScales / 4;
+          const auto* exponents = kFragmentLayout
+                                      ? reinterpret_cast<const uint32_t*>(tile_w + kFragmentWeightBytes)
+                                      : reinterpret_cast<const uint32_t*>(scales + kBlockT) + math_wg * 64;
+          const uint32_t exps0 = exponents[row0], exps1 = exponents[row0 + 8];
+          const uint64_t desc_a =
+              sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetA + pipe.stage * Smem::kA + j * Smem::kBlockA);
+          uint32_t frag[4][4];
+          if constexpr (kFragmentLayout) {
+            const uint32_t slot = (threadIdx.x % 128) * 16;
+            const uint4 lo = *reinterpret_cast<const uint4*>(tile_w + slot);         // row r, steps 0-3
+            const uint4 hi = *reinterpret_cast<const uint4*>(tile_w + 2048 + slot);  // row r + 8
+            const uint32_t words_lo[4] = {lo.x, lo.y, lo.z, lo.w}, words_hi[4] = {hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-          for (uint32_t s = 0; s < 4; ++s) {
-            const uint2 c0 = decode_fragment_word(words_lo[s]), c1 = decode_fragment_word(words_hi[s]);
-            frag[s][0] = c0.x;
-            frag[s][1] = c1.x;
-            frag[s][2] = c0.y;
-            frag[s][3] = c1.y;
+            for (uint32_t s = 0; s < 4; ++s) {
+              const uint2 c0 = decode_fragment_word(words_lo[s]), c1 = decode_fragment_word(words_hi[s]);
+              frag[s][0] = c0.x;
+              frag[s][1] = c1.x;
+              frag[s][2] = c0.y;
+              frag[s][3] = c1.y;
+            }
+          } else {
+            convert_packed_k_block(tile_w, row0, quad, exps0, exps1, frag);
           }
-        } else {
-          const uint32_t e_max0 = fp4::max_exponent(exps0), e_max1 = fp4::max_exponent(exps1);
-          // K step s (32 elements, one 1x32 scale group) of row r: elements 4 quad..+3 sit in bytes
-          // 16 s + 2 quad..+1, elements 16 + 4 quad..+3 in bytes 16 s + 8 + 2 quad..+1.
-#pragma unroll
-          for (uint32_t s = 0; s < 4; ++s) {
-            const uint32_t offset = 16 * s + 4 * (quad / 2);
-            const uint32_t w0 = __byte_perm(load_packed_word(tile_w, row0, offset),
-                                            load_packed_word(tile_w, row0, offset + 8), half_selector);
-            const uint32_t w1 = __byte_perm(load_packed_word(tile_w, row0 + 8, offset),
-                                            load_packed_word(tile_w, row0 + 8, offset + 8), half_selector);
-            const uint2 c0 = fp4::convert8(w0, fp4::make_lut(e_max0 - ((exps0 >> (8 * s)) & 0xFFu)));
-            const uint2 c1 = fp4::convert8(w1, fp4::make_lut(e_max1 - ((exps1 >> (8 * s)) & 0xFFu)));
-            frag[s][0] = c0.x;  // row r,     K 4 quad..+3
-            frag[s][1] = c1.x;  // row r + 8
-            frag[s][2] = c0.y;  // row r,     K 16 + 4 quad..+3
-            frag[s][3] = c1.y;  // row r + 8
-          }
-        }
 
-        // Table path: one accumulator over the K block. Fragment path: one per K step (exact scales).
-        constexpr uint32_t kNumSets = kFragmentLayout ? 4 : 1;
-        float acc[kNumSets][Wgmma::kNumAccum];
-        // The wgmmas' register operands, accumulators and fragments, pinned on both sides of them:
-        // decode instructions moved past the fence would make ptxas serialise the wgmmas
-        // (non-wgmma instructions defining their input registers), and the registers must not be
-        // reused while the wgmmas read them.
-        const auto fence_wgmma_registers = [&] {
+          // Table path: one accumulator over the K block. Fragment path: one per K step (exact scales).
+          constexpr uint32_t kNumSets = kFragmentLayout ? 4 : 1;
+          float acc[kNumSets][Wgmma::kNumAccum];
+          // The wgmmas' register operands, accumulators and fragments, pinned on both sides of them:
+          // decode instructions moved past the fence would make ptxas serialise the wgmmas
+          // (non-wgmma instructions defining their input registers), and the registers must not be
+          // reused while the wgmmas read them.
+          const auto fence_wgmma_registers = [&] {
 #pragma unroll
-          for (uint32_t a = 0; a < kNumSets; ++a) {
+            for (uint32_t a = 0; a < kNumSets; ++a) {
 #pragma unroll
-            for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[a][i]);
-          }
+              for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[a][i]);
+            }
+#pragma unroll
+            for (uint32_t s = 0; s < 4; ++s) {
+#pragma unroll
+              for (uint32_t i = 0; i < 4; ++i) sm90::fence_operand(frag[s][i]);
+            }
+          };
+          fence_wgmma_registers();
+          sm90::wgmma_fence();
 #pragma unroll
           for (uint32_t s = 0; s < 4; ++s) {
-#pragma unroll
-            for (uint32_t i = 0; i < 4; ++i) sm90::fence_operand(frag[s][i]);
+            Wgmma::mma(frag[s], desc_a + s * 2, acc[kFragmentLayout ? s : 0], !kFragmentLayout && s > 0);
           }
-        };
-        fence_wgmma_registers();
-        sm90::wgmma_fence();
-#pragma unroll
-        for (uint32_t s = 0; s < 4; ++s) {
-          Wgmma::mma(frag[s], desc_a + s * 2, acc[kFragmentLayout ? s : 0], !kFragmentLayout && s > 0);
-        }
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        fence_wgmma_registers();
+          sm90::wgmma_commit();
+          sm90::wgmma_wait<0>();
+          fence_wgmma_registers();
 
-        // Accumulator (64 rows x kBlockT tokens): rows row0 and row0 + 8, tokens j*8 + 2 quad + {0, 1}.
-        float sa[kBlockT / 4];
+          // Accumulator (64 rows x kBlockT tokens): rows row0 and row0 + 8, tokens j*8 + 2 quad + {0, 1}.
+          float sa[kBlockT / 4];
 #pragma unroll
-        for (uint32_t c = 0; c < kBlockT / 8; ++c) {
-          const float2 pair = *reinterpret_cast<const float2*>(scales + c * 8 + quad * 2);
-          sa[c * 2] = pair.x;
-          sa[c * 2 + 1] = pair.y;
-        }
-        if (j + 1 == kKBlocks) {
-          __syncwarp();
-          if (lane == 0) ring.consumer_release(pipe);
-        }
-        // Row scales per accumulator set: the block's largest (tables) or each step's own (fragment).
-        float sb0[kNumSets], sb1[kNumSets];
-        if constexpr (kFragmentLayout) {
-          sb0[0] = step_scale<0>(exps0), sb1[0] = step_scale<0>(exps1);
-          sb0[1] = step_scale<1>(exps0), sb1[1] = step_scale<1>(exps1);
-          sb0[2] = step_scale<2>(exps0), sb1[2] = step_scale<2>(exps1);
-          sb0[3] = step_scale<3>(exps0), sb1[3] = step_scale<3>(exps1);
-        } else {
-          sb0[0] = fp4::column_scale(fp4::max_exponent(exps0));
-          sb1[0] = fp4::column_scale(fp4::max_exponent(exps1));
-        }
-#pragma unroll
-        for (uint32_t c = 0; c < kBlockT / 8; ++c) {
-          float r00 = 0.0f, r01 = 0.0f, r10 = 0.0f, r11 = 0.0f;
-#pragma unroll
-          for (uint32_t a = 0; a < kNumSets; ++a) {
-            r00 = fmaf(acc[a][c * 4 + 0], sb0[a], r00);
-            r01 = fmaf(acc[a][c * 4 + 1], sb0[a], r01);
-            r10 = fmaf(acc[a][c * 4 + 2], sb1[a], r10);
-            r11 = fmaf(acc[a][c * 4 + 3], sb1[a], r11);
+          for (uint32_t c = 0; c < kBlockT / 8; ++c) {
+            const float2 pair = *reinterpret_cast<const float2*>(scales + c * 8 + quad * 2);
+            sa[c * 2] = pair.x;
+            sa[c * 2 + 1] = pair.y;
           }
-          final_acc[c * 4 + 0] = fmaf(r00, sa[c * 2], final_acc[c * 4 + 0]);
-          final_acc[c * 4 + 1] = fmaf(r01, sa[c * 2 + 1], final_acc[c * 4 + 1]);
-          final_acc[c * 4 + 2] = fmaf(r10, sa[c * 2], final_acc[c * 4 + 2]);
-          final_acc[c * 4 + 3] = fmaf(r11, sa[c * 2 + 1], final_acc[c * 4 + 3]);
+          if (j + 1 == kKBlocks) {
+            __syncwarp();
+            if (lane == 0) ring.consumer_release(pipe);
+          }
+          // Row scales per accumulator set: the block's largest (tables) or each step's own (fragment).
+          float sb0[kNumSets], sb1[kNumSets];
+          if constexpr (kFragmentLayout) {
+            sb0[0] = step_scale<0>(exps0), sb1[0] = step_scale<0>(exps1);
+            sb0[1] = step_scale<1>(exps0), sb1[1] = step_scale<1>(exps1);
+            sb0[2] = step_scale<2>(exps0), sb1[2] = step_scale<2>(exps1);
+            sb0[3] = step_scale<3>(exps0), sb1[3] = step_scale<3>(exps1);
+          } else {
+            sb0[0] = fp4::column_scale(fp4::max_exponent(exps0));
+            sb1[0] = fp4::column_scale(fp4::max_exponent(exps1));
+          }
+#pragma unroll
+          for (uint32_t c = 0; c < kBlockT / 8; ++c) {
+            float r00 = 0.0f, r01 = 0.0f, r10 = 0.0f, r11 = 0.0f;
+#pragma unroll
+            for (uint32_t a = 0; a < kNumSets; ++a) {
+              r00 = fmaf(acc[a][c * 4 + 0], sb0[a], r00);
+              r01 = fmaf(acc[a][c * 4 + 1], sb0[a], r01);
+              r10 = fmaf(acc[a][c * 4 + 2], sb1[a], r10);
+              r11 = fmaf(acc[a][c * 4 + 3], sb1[a], r11);
+            }
+            final_acc[c * 4 + 0] = fmaf(r00, sa[c * 2], final_acc[c * 4 + 0]);
+            final_acc[c * 4 + 1] = fmaf(r01, sa[c * 2 + 1], final_acc[c * 4 + 1]);
+            final_acc[c * 4 + 2] = fmaf(r10, sa[c * 2], final_acc[c * 4 + 2]);
+            final_acc[c * 4 + 3] = fmaf(r11, sa[c * 2 + 1], final_acc[c * 4 + 3]);
+          }
         }
       }
     }
 
-    // Epilogue: D tile [kBlockT tokens][kBlockW rows] in bf16, stored with 3-D TMA boxes of
-    // kMaskedStoreRows tokens, those below masked_m only; the previous tile's store must have
-    // finished reading shared memory first.
-    if (threadIdx.x == 0) sm90::tma_store_wait_read<0>();
-    sm90::named_barrier_sync(1, kNumMathThreads);
-    auto* tile_d = reinterpret_cast<__nv_bfloat16*>(smem_d);
-    // The fragment decode's E2M1 x 2^-6, undone once per tile.
-    constexpr float kDecodeScale = kFragmentLayout ? float(1u << fp4::kHeadroomLog2) : 1.0f;
-    const uint32_t col0 = math_wg * 64 + row0;
+    // Epilogue: the D tile [kBlockT tokens][kBlockW columns] in bf16, 128-byte swizzled atoms of 64
+    // columns (common/epilogue.cuh): a masked group's stored in boxes of kMaskedStoreRows tokens,
+    // those below masked_m only.
+    if constexpr (kFragmentLayout) {
+      // The fragment decode's E2M1 x 2^-6, undone once per tile.
 #pragma unroll
-    for (uint32_t j = 0; j < kBlockT / 8; ++j) {
-      const uint32_t token = j * 8 + quad * 2;
-      tile_d[token * kBlockW + col0] = __float2bfloat16_rn(final_acc[j * 4 + 0] * kDecodeScale);
-      tile_d[(token + 1) * kBlockW + col0] = __float2bfloat16_rn(final_acc[j * 4 + 1] * kDecodeScale);
-      tile_d[token * kBlockW + col0 + 8] = __float2bfloat16_rn(final_acc[j * 4 + 2] * kDecodeScale);
-      tile_d[(token + 1) * kBlockW + col0 + 8] = __float2bfloat16_rn(final_acc[j * 4 + 3] * kDecodeScale);
+      for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) final_acc[i] *= float(1u << fp4::kHeadroomLog2);
     }
-    sm90::fence_proxy_async_shared();
-    sm90::named_barrier_sync(1, kNumMathThreads);
-    if (threadIdx.x == 0) {
-      static_assert(kBlockT % kMaskedStoreRows == 0, "whole store boxes of tokens");
-      const uint32_t tokens = scheduler.masked_rows(t);
-      for (uint32_t token = 0; token < tokens; token += kMaskedStoreRows) {
-        sm90::tma_store_3d(&map_d, smem_d + token * kBlockW * 2, t.n_block * kBlockW, t.m_block * kBlockT + token,
-                           t.group);
-      }
-      sm90::tma_store_commit();
-    }
+    store_tile<kBlockT, kBlockW, 128, ResidualType::kNone, kMasked, kNumMathThreads, 1, kBlockT, false, true>(
+        &map_d, smem_d, final_acc, math_wg * 64 + row0, lane, nullptr, 0, row_a0(t), t.n_block * kBlockW, 0, kShapeN,
+        kMasked ? t.m_block * kBlockT : row_a0(t), t.group, kMasked ? scheduler.masked_rows(t) : kBlockT);
   }
-  if (threadIdx.x == 0) sm90::tma_store_wait_all<0>();
+  if (threadIdx.x < 32) sm90::tma_store_wait_all<0>();  // warp 0 issued the stores
 #endif
 }
 
