@@ -371,7 +371,9 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     up to 63 columns wider gets zeros there instead of an error);
     ``d`` [G, max_m, N] bf16, ``masked_m`` int32 [G], ``expected_m`` a positive int. Rows of
     ``d[g]`` from ``masked_m[g]`` rounded up to a multiple of 8 on are left untouched on the GPU,
-    the rows between are unspecified, as for the FP8 function.
+    the rows between are unspecified, as for the FP8 function. Packed weights run the swapped kernel
+    (weights as wgmma's register operand) where min(expected_m, max_m) is at most 32 or 65-128, the
+    converter kernel elsewhere (``MOE_FP4_SWAP_AB`` in the README picks one for A/B runs).
     """
     fn = "m_grouped_fp8_fp4_gemm_nt_masked"
     _checks.check_recipe(fn, recipe)

@@ -175,7 +175,7 @@ constexpr int kSwapAbMaxTokens = 32;  // decode token blocks (masked); the decod
 constexpr int kSwapAbPrefillTokens = 128;  // contiguous token blocks, and masked ones past 32
 
 struct SwapAbConfig : Problem {
-  int block_t;        // tokens per tile (wgmma N), multiple of 8 up to 32 (decode) or 128
+  int block_t;        // tokens per tile (wgmma N): a multiple of 8 up to 32 (decode), 64 or 128 (prefill)
   int num_math_wg;    // 64 weight rows each: 1, 2 or 4
   int k_blocks;       // 128-deep K blocks per pipeline stage: 2 halves the per-stage overhead
   int num_stages, smem_bytes;
