@@ -172,7 +172,7 @@ inline void launch(const Config& c, const Args& a) {
 // ---- the swapped kernel (impls/sm90_fp8_fp4_gemm_swap_ab.cuh): decode and prefill ---------------
 
 constexpr int kSwapAbMaxTokens = 32;  // decode token blocks (masked); the decode layout's limit
-constexpr int kSwapAbPrefillTokens = 128;  // contiguous token blocks, and masked ones past 32
+constexpr int kSwapAbPrefillTokens = 128;  // prefill token blocks (contiguous; masked past 64 rows)
 
 struct SwapAbConfig : Problem {
   int block_t;        // tokens per tile (wgmma N): a multiple of 8 up to 32 (decode), 64 or 128 (prefill)
@@ -225,18 +225,18 @@ inline void plan_decode_warpgroups(SwapAbConfig& c, int expected_m, int num_grou
 
 // Masked: `expected_m` rows per group, up to kSwapAbMaxTokens for decode tiles: the token block
 // covers expected_m; the weight block is the widest (most math warps to hide the conversion's
-// latency) that still gives every SM a tile. Past 32 expected rows (up to kSwapAbPrefillTokens),
-// and for contiguous layouts (`expected_m` = the rows of A), prefill tiles: kSwapAbPrefillTokens
-// tokens (64 for masked calls of up to 64 rows) x 128 weight rows, one K block per stage (a K
-// block's wgmmas take long enough that the per-stage overhead does not count).
+// latency) that still gives every SM a tile. Past 32 expected rows (a group of more rows takes
+// several), and for contiguous layouts (`expected_m` = the rows of A), prefill tiles:
+// kSwapAbPrefillTokens tokens (64 for masked calls of up to 64 rows) x 128 weight rows, one K block
+// per stage (a K block's wgmmas take long enough that the per-stage overhead does not count).
 inline SwapAbConfig plan_swap_ab_config(GemmType type, int expected_m, int n, int k, int num_sms, int num_groups,
                                         bool fragment_layout) {
   const char* fn = function_name(type);
   const bool masked = type == GemmType::kGroupedMasked;
   MOE_HOST_ASSERT(type != GemmType::kNormal, fn << ": the FP4-weight GEMM is m-grouped");
-  const int max_tokens = masked && fragment_layout ? kSwapAbMaxTokens : masked ? kSwapAbPrefillTokens : 1 << 30;
-  MOE_HOST_ASSERT(expected_m >= 1 && expected_m <= max_tokens,
-                  fn << ": the swapped kernel takes 1.." << max_tokens << " expected rows, got " << expected_m);
+  MOE_HOST_ASSERT(expected_m >= 1, fn << ": expected_m must be >= 1, got " << expected_m);
+  MOE_HOST_ASSERT(!fragment_layout || expected_m <= kSwapAbMaxTokens,
+                  fn << ": the decode layout takes 1.." << kSwapAbMaxTokens << " expected rows, got " << expected_m);
   MOE_HOST_ASSERT(!fragment_layout || masked, fn << ": the decode layout serves masked calls");
   check_nk(fn, n, k);
   SwapAbConfig c{};
@@ -277,7 +277,7 @@ inline SwapAbConfig get_swap_ab_config(GemmType type, int expected_m, int n, int
 // time: masked 32 experts x 128 tokens 0.75-0.76x, x 64 tokens (64-token tiles) 1.05-1.06x;
 // contiguous 0.99x at 4096 x 7168, 1.07x at 7168 x 2048. MOE_FP4_SWAP_AB (read per plan) changes
 // that for A/B runs: 0, the converter kernel everywhere; 1, the swapped one wherever it can run
-// (contiguous layouts, masked calls of up to kSwapAbPrefillTokens rows).
+// (contiguous layouts, masked calls of any size).
 struct Plan {
   bool swap_ab;
   Config converter;     // when !swap_ab
@@ -285,12 +285,13 @@ struct Plan {
 };
 
 inline Plan plan_kernel(GemmType type, int m, int n, int k, int num_sms, int num_groups) {
-  const char* setting = std::getenv("MOE_FP4_SWAP_AB");
-  const int forced = setting == nullptr || *setting == '\0' ? -1 : std::atoi(setting);
-  MOE_HOST_ASSERT(forced >= -1 && forced <= 1, function_name(type) << ": MOE_FP4_SWAP_AB must be 0 or 1, got " << setting);
+  const char* env = std::getenv("MOE_FP4_SWAP_AB");
+  const std::string setting = env == nullptr ? "" : env;
+  const int forced = setting.empty() ? -1 : setting == "0" ? 0 : setting == "1" ? 1 : 2;
+  MOE_HOST_ASSERT(forced != 2, function_name(type) << ": MOE_FP4_SWAP_AB must be 0 or 1, got '" << setting << "'");
   const bool masked = type == GemmType::kGroupedMasked;
   Plan p{};
-  p.swap_ab = forced == 1 ? !masked || m <= kSwapAbPrefillTokens
+  p.swap_ab = forced == 1   ? true
               : forced == 0 ? false
                             : masked && (m <= kSwapAbMaxTokens || (m > 64 && m <= kSwapAbPrefillTokens));
   if (p.swap_ab) {

@@ -353,32 +353,32 @@ def test_kernel_plans(monkeypatch, setting):
     """Which kernel a call on packed weights runs: the swapped one for masked calls of up to 32
     expected rows (decode tiles) and of 65-128 (128-token tiles), the converter kernel for contiguous
     layouts and other masked calls; MOE_FP4_SWAP_AB=0 runs the converter kernel everywhere, =1 the
-    swapped one wherever it can (contiguous, up to 128 masked rows). The decode layout and the
-    prefill tiles refuse what they cannot take, by name."""
+    swapped one everywhere (a masked group past 128 rows takes several tiles). The decode layout
+    refuses what it cannot take, by name."""
     native = kernels.jit.native_module()
     if setting is None:
         monkeypatch.delenv("MOE_FP4_SWAP_AB", raising=False)
     else:
         monkeypatch.setenv("MOE_FP4_SWAP_AB", setting)
     uses = lambda m, gemm_type: native.fp8_fp4_gemm_nt_uses_swap_ab(m, 4096, 7168, 132, gemm_type, 32)  # noqa: E731
-    expected = {None: (False, True, False, True, False), "0": (False,) * 5, "1": (True, True, True, True, False)}
+    expected = {None: (False, True, False, True, False), "0": (False,) * 5, "1": (True,) * 5}
     assert (uses(8192, 1), uses(32, 2), uses(64, 2), uses(65, 2), uses(129, 2)) == expected[setting]
     name, code, cfg = native.fp8_fp4_gemm_nt_swap_ab_code(32768, 4096, 7168, 132, 4, gemm_type=1)
     assert (cfg["block_t"], cfg["block_w"], cfg["k_blocks"]) == (128, 128, 1)
     assert "sm90_fp8_fp4_gemm_nt_swap_ab<1, 4096, 7168, 128, 2, 1," in code
     assert [native.fp8_fp4_gemm_nt_swap_ab_code(m, 576, 2048, 132, 4)[2]["block_t"] for m in (24, 40, 64, 65)] == [
         24, 64, 64, 128]
-    with pytest.raises(Exception, match="1..128 expected rows, got 129"):
-        native.fp8_fp4_gemm_nt_swap_ab_code(129, 576, 2048, 132, 4)
-    with pytest.raises(Exception, match="1..32 expected rows, got 33"):
+    assert native.fp8_fp4_gemm_nt_swap_ab_code(256, 576, 2048, 132, 4)[2]["block_t"] == 128
+    with pytest.raises(Exception, match="the decode layout takes 1..32 expected rows, got 33"):
         native.fp8_fp4_gemm_nt_swap_ab_code(33, 576, 2048, 132, 4, True)
     with pytest.raises(Exception, match="the decode layout serves masked calls"):
         native.fp8_fp4_gemm_nt_swap_ab_code(32, 576, 2048, 132, 4, True, 1)
 
 
-def test_kernel_switch_refuses_other_values(monkeypatch):
-    monkeypatch.setenv("MOE_FP4_SWAP_AB", "2")
-    with pytest.raises(Exception, match="MOE_FP4_SWAP_AB must be 0 or 1, got 2"):
+@pytest.mark.parametrize("value", ["2", "yes", "01"])
+def test_kernel_switch_refuses_other_values(monkeypatch, value):
+    monkeypatch.setenv("MOE_FP4_SWAP_AB", value)
+    with pytest.raises(Exception, match=f"MOE_FP4_SWAP_AB must be 0 or 1, got '{value}'"):
         kernels.jit.native_module().fp8_fp4_gemm_nt_uses_swap_ab(64, 4096, 7168, 132, 1, 4)
 
 
@@ -402,6 +402,7 @@ MASKED_CASES = [  # (masked, max_m, expected_m, n, k)
     ([64] * 8, 64, 64, 4096, 7168),                # 64 tokens per expert
     ([50, 0, 33, 128], 128, 40, 136, 384),         # 33-128 expected rows: the swapped prefill tiles
     ([70, 3, 100, 0], 100, 100, 576, 2048),        # 128-token blocks past max_m
+    ([300, 0, 129, 256], 300, 256, 576, 2048),     # groups of several 128-token blocks
 ]
 
 
