@@ -12,7 +12,7 @@ import torch
 from . import _checks
 
 GRAN_K = 32  # K elements per weight scale
-_PACKED_DTYPES = (torch.int8, torch.uint8)
+PACKED_DTYPES = (torch.int8, torch.uint8)
 _E8M0 = torch.float8_e8m0fnu
 _SF_DTYPES = (_E8M0, torch.uint8, torch.float32)
 _SIGN_AND_MANTISSA = -0x7F800001  # ~0x7F800000 as an int32: every float32 bit but the exponent's
@@ -39,7 +39,7 @@ def check_weights(fn: str, b: object, k: int) -> tuple[torch.Tensor, torch.Tenso
     b_t, sfb = _checks.unpack(fn, "b", b)
     if not isinstance(b_t, torch.Tensor):
         _checks.fail(fn, TypeError, f"b[0] (B) must be a torch.Tensor, got {type(b_t).__name__}")
-    if b_t.dtype not in _PACKED_DTYPES:
+    if b_t.dtype not in PACKED_DTYPES:
         _checks.fail(fn, TypeError, f"b[0] (B) must be int8 or uint8 (two E2M1 codes per byte), got {b_t.dtype}")
     _checks.check_dense(fn, "b[0] (B)", b_t)
     if b_t.dim() != 3:

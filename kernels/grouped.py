@@ -156,8 +156,8 @@ def _fast_tensors(a, b, d, index) -> tuple[torch.Tensor, ...] | None:
 
 
 def _fp8_weights_fast(b, k: int):
-    """(B, SFB, G, N, group stride, ldb, SFB strides) of FP8 weights as ``_check_weights`` accepts
-    them (plain attribute reads), or None."""
+    """(G, N, the native call's weight arguments: B, ldb, SFB and its three strides) of FP8 weights
+    as ``_check_weights`` accepts them (plain attribute reads), or None."""
     b_t, sfb = b
     if b_t.dtype is not _FP8 or sfb.dtype is not _F32:
         return None
@@ -169,14 +169,36 @@ def _fp8_weights_fast(b, k: int):
             or (g > 1 and b_sg != n * ldb) or (sfb_g, sfb_nb, sfb_kb) != (g, (n + _BLOCK - 1) // _BLOCK, k // _BLOCK) \
             or min(sfb_sg, sfb_sn, sfb_sk) < 0:
         return None
-    return b_t, sfb, g, n, ldb, sfb_sg, sfb_sn, sfb_sk
+    return g, n, (b_t.data_ptr(), ldb, sfb.data_ptr(), sfb_sg, sfb_sn, sfb_sk)
 
 
-def _contiguous_launch_args(a, b, d, m_indices):
+_FP4_SCALE_BYTES = (torch.uint8, torch.float8_e8m0fnu)
+
+
+def _fp4_weights_fast(b, k: int):
+    """:func:`_fp8_weights_fast` for packed FP4 weights with UE8M0 byte scales (B, ldb in bytes, SFB
+    and its group and row strides), as ``_fp4.check_weights`` and the CUDA path's pointer checks
+    accept them; float32 scales (converted and checked per call) take the full path."""
+    b_t, sfb = b
+    if b_t.dtype not in _fp4.PACKED_DTYPES or sfb.dtype not in _FP4_SCALE_BYTES:
+        return None
+    g, n, half_k = b_t.shape
+    b_sg, ldb, b_inner = b_t.stride()
+    sfb_sg, sfb_sn, sfb_sk = sfb.stride()
+    b_ptr, sfb_ptr = b_t.data_ptr(), sfb.data_ptr()
+    if g == 0 or n == 0 or n % 8 or half_k * 2 != k or b_inner != 1 or ldb % 16 or ldb < half_k \
+            or (g > 1 and b_sg != n * ldb) or tuple(sfb.shape) != (g, n, k // _fp4.GRAN_K) or sfb_sk != 1 \
+            or sfb_sn % 4 or (g > 1 and sfb_sg % 4) or b_ptr % 16 or sfb_ptr % 4:
+        return None
+    return g, n, (b_ptr, ldb, sfb_ptr, sfb_sg, sfb_sn)
+
+
+def _contiguous_launch_args(a, b, d, m_indices, fp4: bool = False):
     """The native call's arguments but the stream (the last one the device index, -1 for CPU and
     meta tensors), for tensors that the full checks would accept, or None: then the full checks
     run and name what is wrong. Plain attribute reads, each shape and stride unpacked once: this
-    runs ahead of every launch."""
+    runs ahead of every launch. ``fp4``: the FP8 x FP4 call's (packed weights, byte scales; no
+    alignment argument)."""
     tensors = _fast_tensors(a, b, d, m_indices)
     if tensors is None:
         return None
@@ -185,10 +207,10 @@ def _contiguous_launch_args(a, b, d, m_indices):
         m, k = a_t.shape
         if m == 0 or k == 0 or k % _BLOCK:
             return None
-        weights = _fp8_weights_fast(b, k)
+        weights = (_fp4_weights_fast if fp4 else _fp8_weights_fast)(b, k)
         if weights is None:
             return None
-        b_t, sfb, g, n, ldb, sfb_sg, sfb_sn, sfb_sk = weights
+        g, n, weight_args = weights
         lda, a_inner = a_t.stride()
         sfa_m, sfa_kb = sfa.shape
         sfa_sm, sfa_sk = sfa.stride()
@@ -204,11 +226,11 @@ def _contiguous_launch_args(a, b, d, m_indices):
     device = _same_device_index(tensors)
     if device is None:
         return None
-    return (a_t.data_ptr(), lda, sfa.data_ptr(), sfa_sm, sfa_sk, b_t.data_ptr(), ldb, sfb.data_ptr(), sfb_sg,
-            sfb_sn, sfb_sk, d.data_ptr(), ldd, m_indices.data_ptr(), m, n, k, g, _alignment, device)
+    return (a_t.data_ptr(), lda, sfa.data_ptr(), sfa_sm, sfa_sk, *weight_args, d.data_ptr(), ldd,
+            m_indices.data_ptr(), m, n, k, g, *(() if fp4 else (_alignment,)), device)
 
 
-def _masked_launch_args(a, b, d, masked_m, expected_m):
+def _masked_launch_args(a, b, d, masked_m, expected_m, fp4: bool = False):
     """:func:`_contiguous_launch_args` for the masked layout."""
     tensors = _fast_tensors(a, b, d, masked_m)
     if tensors is None or type(expected_m) is not int or expected_m <= 0:
@@ -218,10 +240,10 @@ def _masked_launch_args(a, b, d, masked_m, expected_m):
         groups, max_m, k = a_t.shape
         if max_m == 0 or k == 0 or k % _BLOCK:
             return None
-        weights = _fp8_weights_fast(b, k)
+        weights = (_fp4_weights_fast if fp4 else _fp8_weights_fast)(b, k)
         if weights is None:
             return None
-        b_t, sfb, g, n, ldb, sfb_sg, sfb_sn, sfb_sk = weights
+        g, n, weight_args = weights
         a_sg, lda, a_inner = a_t.stride()
         sfa_shape = sfa.shape
         sfa_sg, sfa_sm, sfa_sk = sfa.stride()
@@ -239,8 +261,8 @@ def _masked_launch_args(a, b, d, masked_m, expected_m):
     device = _same_device_index(tensors)
     if device is None:
         return None
-    return (a_t.data_ptr(), lda, sfa.data_ptr(), sfa_sm, sfa_sk, b_t.data_ptr(), ldb, sfb.data_ptr(), sfb_sg,
-            sfb_sn, sfb_sk, d.data_ptr(), ldd, masked_m.data_ptr(), max_m, expected_m, n, k, g, device)
+    return (a_t.data_ptr(), lda, sfa.data_ptr(), sfa_sm, sfa_sk, *weight_args, d.data_ptr(), ldd,
+            masked_m.data_ptr(), max_m, expected_m, n, k, g, device)
 
 
 def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
@@ -338,6 +360,10 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
     """
     fn = "m_grouped_fp8_fp4_gemm_nt_contiguous"
     _checks.check_recipe(fn, recipe)
+    args = _contiguous_launch_args(a, b, d, m_indices, fp4=True)
+    if args is not None and args[-1] >= 0:
+        jit.native_module().m_grouped_fp8_fp4_gemm_nt_contiguous(*args, _descriptors.current_stream_of(args[-1]))
+        return
     a_t, sfa, m, k = _contiguous_activations(fn, a)
     b_t, sfb, g, n = _fp4.check_weights(fn, b, k)
     _checks.check_output(fn, d, (m, n))
@@ -380,6 +406,10 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     if isinstance(b, torch.Tensor):
         from . import _fp4_fragment
         _fp4_fragment.m_grouped_fp8_fp4_gemm_nt_masked_fragment(a, b, d, masked_m, expected_m, fn)
+        return
+    args = _masked_launch_args(a, b, d, masked_m, expected_m, fp4=True)
+    if args is not None and args[-1] >= 0:
+        jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked(*args, _descriptors.current_stream_of(args[-1]))
         return
     _check_expected_m(fn, expected_m)
     a_t, sfa, groups, max_m, k = _masked_activations(fn, a)

@@ -1,0 +1,164 @@
+"""m_grouped_fp8_fp4_gemm_nt_contiguous / _masked (kernels/grouped.py): the per-call fast checks of
+packed FP4 weights with byte scales refuse what the full checks refuse, leave float32 scales and
+misaligned pointers to them, and pass the accepted layouts' pointers and strides on. CPU tensors
+only: no GPU needed."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import kernels
+
+from gemm_cases import RandomDraws
+
+_FP8, _E8M0 = torch.float8_e4m3fn, torch.float8_e8m0fnu
+kFast = {"contiguous": kernels.grouped._contiguous_launch_args, "masked": kernels.grouped._masked_launch_args}
+kCalls = {"contiguous": kernels.m_grouped_fp8_fp4_gemm_nt_contiguous, "masked": kernels.m_grouped_fp8_fp4_gemm_nt_masked}
+
+
+def _weights(g: int, n: int, k: int, dtype=torch.uint8, sf_dtype=torch.uint8):
+    return (torch.zeros(g, n, k // 2, dtype=dtype), torch.full((g, n, k // 32), 127, dtype=torch.uint8).view(sf_dtype)
+            if sf_dtype is not torch.float32 else torch.ones(g, n, k // 32))
+
+
+def _args(layout: str, **over) -> dict:
+    g, n, k = 2, 16, 256
+    if layout == "contiguous":
+        m = 128
+        args = dict(a=(torch.zeros(m, k, dtype=_FP8), torch.ones(m, k // 128)), b=_weights(g, n, k),
+                    d=torch.empty(m, n, dtype=torch.bfloat16), m_indices=torch.zeros(m, dtype=torch.int32))
+    else:
+        max_m = 8
+        args = dict(a=(torch.zeros(g, max_m, k, dtype=_FP8), torch.ones(g, max_m, k // 128)), b=_weights(g, n, k),
+                    d=torch.empty(g, max_m, n, dtype=torch.bfloat16), masked_m=torch.zeros(g, dtype=torch.int32),
+                    expected_m=4)
+    args.update(over)
+    return args
+
+
+def _fast(layout: str, **args):
+    return kFast[layout](**args, fp4=True)
+
+
+_BAD_WEIGHTS = [
+    _weights(2, 16, 256, dtype=_FP8),                                                # FP8, not packed
+    (torch.zeros(2, 16, 256, dtype=torch.uint8), _weights(2, 16, 256)[1]),           # K, not K/2
+    (torch.zeros(2, 128, 16, dtype=torch.uint8).transpose(1, 2), _weights(2, 16, 256)[1]),  # not K-major
+    (torch.zeros(3, 16, 128, dtype=torch.uint8)[::2], _weights(2, 16, 256)[1]),      # groups with gaps
+    (torch.zeros(2, 16, 136, dtype=torch.uint8)[:, :, :128], _weights(2, 16, 256)[1]),  # row stride not 16-byte
+    (_weights(2, 16, 256)[0], torch.full((2, 16, 4), 127, dtype=torch.uint8)),       # SFB shape
+    (_weights(2, 16, 256)[0], torch.full((2, 16, 10), 127, dtype=torch.uint8)[:, :, :8]),  # SFB row stride 10
+    (_weights(2, 16, 256)[0], torch.full((2, 8, 16), 127, dtype=torch.uint8).transpose(1, 2)),  # SFB not K-contiguous
+    (_weights(2, 16, 256)[0], torch.ones(2, 16, 8, dtype=torch.float64)),            # SFB dtype
+    _weights(0, 16, 256),                                                            # no group
+]
+
+
+@pytest.mark.parametrize("layout", list(kFast))
+@pytest.mark.parametrize("bad", range(len(_BAD_WEIGHTS) + 4))
+def test_fast_path_refuses_what_the_checks_refuse(layout, bad):
+    """Weights and outputs the full checks refuse: the fast path declines, so that they run and
+    name what is wrong."""
+    assert _fast(layout, **_args(layout)) is not None
+    if bad < len(_BAD_WEIGHTS):
+        over = dict(b=_BAD_WEIGHTS[bad])
+    else:
+        rows = (128,) if layout == "contiguous" else (2, 8)
+        over = [dict(d=torch.empty(*rows, 16, dtype=torch.float32)),
+                dict(d=torch.empty(*rows, 24, dtype=torch.bfloat16)),
+                dict(a=(torch.zeros(*rows, 256, dtype=torch.bfloat16), torch.ones(*rows, 2))),
+                dict(b=_weights(2, 12, 256), d=torch.empty(*rows, 12, dtype=torch.bfloat16))][bad - len(_BAD_WEIGHTS)]
+    args = _args(layout, **over)
+    assert _fast(layout, **args) is None
+    with pytest.raises((TypeError, ValueError)):
+        kCalls[layout](**args)
+
+
+@pytest.mark.parametrize("layout", list(kFast))
+def test_float32_scales_and_misaligned_pointers_take_the_full_path(layout):
+    """float32 scales are converted (and checked) per call, misaligned B or SFB are refused by name
+    on CUDA: the fast path leaves both to the full checks, which accept these on the CPU."""
+    g, n, k = 2, 16, 256
+    weights = [_weights(g, n, k, sf_dtype=torch.float32),
+               (torch.zeros(g * n * k // 2 + 8, dtype=torch.uint8)[8:].view(g, n, k // 2), _weights(g, n, k)[1]),
+               (_weights(g, n, k)[0], torch.full((g * n * k // 32 + 2,), 127, dtype=torch.uint8)[2:].view(g, n, -1))]
+    for b in weights:
+        args = _args(layout, b=b)
+        assert _fast(layout, **args) is None
+        kCalls[layout](**args)
+
+
+@pytest.mark.parametrize("layout", list(kFast))
+@pytest.mark.parametrize("sf_dtype", [torch.uint8, _E8M0])
+def test_fast_path_passes_pointers_and_strides_on(layout, sf_dtype):
+    """Padded weight and scale rows, e8m0 or uint8 scales, lists for pairs: the native call gets
+    the packed rows' byte stride, the scale bytes' group and row strides, and no alignment."""
+    g, n, k = 2, 16, 256
+    b_t = torch.zeros(g, n, k // 2 + 16, dtype=torch.int8)[:, :, :k // 2]
+    sfb = torch.full((g, n, k // 32 + 4), 127, dtype=torch.uint8)[:, :, :k // 32].view(sf_dtype)
+    args = _args(layout, b=[b_t, sfb])
+    got = _fast(layout, **args)
+    a_t, sfa = args["a"]
+    d = args["d"]
+    index = args["m_indices"] if layout == "contiguous" else args["masked_m"]
+    weights = (b_t.data_ptr(), k // 2 + 16, sfb.data_ptr(), n * (k // 32 + 4), k // 32 + 4)
+    if layout == "contiguous":
+        want = (a_t.data_ptr(), k, sfa.data_ptr(), k // 128, 1, *weights, d.data_ptr(), n, index.data_ptr(), 128, n,
+                k, g, -1)
+    else:
+        want = (a_t.data_ptr(), k, sfa.data_ptr(), k // 128, 1, *weights, d.data_ptr(), n, index.data_ptr(), 8, 4,
+                n, k, g, -1)
+    assert got == want
+
+
+def _random_call(g: torch.Generator, layout: str) -> dict:
+    """A call of small random sizes, each of about ten aspects wrong with probability 1/16."""
+    draws = RandomDraws(g)
+    pick, bad = draws.pick, draws.bad
+    groups, n, k = pick(1, 2, 3), 12 if bad() else pick(8, 16, 24), 100 if bad() else pick(128, 256)
+    rows = (pick(1, 128, 200),) if layout == "contiguous" else (groups, pick(1, 8, 16))
+    a = torch.zeros(*rows, k + pick(0, 16), dtype=torch.bfloat16 if bad() else _FP8)[..., :k]
+    sfa = torch.ones(*rows, max(k // 128, 1) + bad())
+    b = torch.zeros(groups + bad(), n, k // 2 + pick(0, 16) + (4 if bad() else 0), dtype=pick(torch.int8, torch.uint8))
+    b = b[..., :k // 2 + (2 if bad() else 0)]
+    sfb = torch.full((groups, n, k // 32 + pick(0, 4) + (2 if bad() else 0)), 127, dtype=torch.uint8)
+    sfb = sfb[..., :k // 32 + (1 if bad() else 0)].view(pick(torch.uint8, _E8M0))
+    d = torch.empty(*rows, n, dtype=torch.float32 if bad() else torch.bfloat16)
+    index = torch.zeros(groups if layout == "masked" else rows[0], dtype=torch.int64 if bad() else torch.int32)
+    args = dict(a=pick((a, sfa), [a, sfa]), b=pick((b, sfb), [b, sfb]), d=d)
+    if layout == "masked":
+        return dict(args, masked_m=index, expected_m=pick(1, 4, 100) if not bad() else pick(0, True))
+    return dict(args, m_indices=index)
+
+
+@pytest.mark.parametrize("layout", list(kFast))
+def test_fast_path_agrees_with_the_checks_on_random_calls(layout):
+    """200 random calls: whatever the fast path takes, the full checks take (and the CPU reference
+    runs); whatever they refuse, it declines."""
+    g = torch.Generator().manual_seed(5)
+    taken = refused = 0
+    for _ in range(200):
+        args = _random_call(g, layout)
+        fast = _fast(layout, **args)
+        try:
+            kCalls[layout](**args)
+        except (TypeError, ValueError):
+            assert fast is None, {name: getattr(t, "shape", t) for name, t in args.items()}
+            refused += 1
+        else:
+            taken += fast is not None
+    assert taken > 20 and refused > 20, (taken, refused)
+
+
+@pytest.mark.parametrize("layout", list(kFast))
+def test_fast_arguments_fill_the_native_signature(layout):
+    """The native entry point takes the fast path's arguments and the stream, in that order (its
+    pybind signature counts them; the CUDA call itself needs a GPU)."""
+    import re
+
+    native = getattr(kernels.jit.native_module(), f"m_grouped_fp8_fp4_gemm_nt_{layout}")
+    params = re.findall(r"\barg\d+:", native.__doc__.splitlines()[0])
+    assert len(params) == len(_fast(layout, **_args(layout))) + 1
