@@ -157,8 +157,6 @@ def test_fast_path_agrees_with_the_checks_on_random_calls(layout):
 def test_fast_arguments_fill_the_native_signature(layout):
     """The native entry point takes the fast path's arguments and the stream, in that order (its
     pybind signature counts them; the CUDA call itself needs a GPU)."""
-    import re
-
     native = getattr(kernels.jit.native_module(), f"m_grouped_fp8_fp4_gemm_nt_{layout}")
     params = re.findall(r"\barg\d+:", native.__doc__.splitlines()[0])
     assert len(params) == len(_fast(layout, **_args(layout))) + 1
