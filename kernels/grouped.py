@@ -359,6 +359,12 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
     ``m_indices`` int32 [M] (the contiguous layout of the FP8 function).
     """
     fn = "m_grouped_fp8_fp4_gemm_nt_contiguous"
+    # Plain CUDA tensors, packed weights with byte scales: checked and launched in C++ (as the FP8 call).
+    if jit.TENSOR_API and recipe is None and type(d) is torch.Tensor:
+        device = d.get_device()
+        if device >= 0 and jit.native_module().m_grouped_fp8_fp4_gemm_nt_contiguous_tensors(
+                a, b, d, m_indices, device, _descriptors.current_stream_of(device)):
+            return
     _checks.check_recipe(fn, recipe)
     args = _contiguous_launch_args(a, b, d, m_indices, fp4=True)
     if args is not None and args[-1] >= 0:
@@ -407,6 +413,11 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
         from . import _fp4_fragment
         _fp4_fragment.m_grouped_fp8_fp4_gemm_nt_masked_fragment(a, b, d, masked_m, expected_m, fn)
         return
+    if jit.TENSOR_API and type(d) is torch.Tensor:
+        device = d.get_device()
+        if device >= 0 and jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked_tensors(
+                a, b, d, masked_m, expected_m, device, _descriptors.current_stream_of(device)):
+            return
     args = _masked_launch_args(a, b, d, masked_m, expected_m, fp4=True)
     if args is not None and args[-1] >= 0:
         jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked(*args, _descriptors.current_stream_of(args[-1]))

@@ -136,7 +136,8 @@ PyObject* fp8_gemm_nt_args(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                        args[4] == Py_True ? Py_True : Py_False, g.d.device);
 }
 
-// The grouped FP8 GEMMs: kernels/grouped.py's _contiguous_launch_args and _masked_launch_args.
+// The grouped FP8 GEMMs and their FP4-weight forms: kernels/grouped.py's _contiguous_launch_args
+// and _masked_launch_args.
 struct GroupedArgs {
   T::View a, sfa, b, sfb, d, index;
   int m = 0, n = 0, k = 0, groups = 0;  // m: rows (contiguous) or max_m (masked)
@@ -151,22 +152,39 @@ bool fp8_weights(const T::View& b, const T::View& sfb, std::int64_t k) {
          sfb.stride[1] >= 0 && sfb.stride[2] >= 0 && g <= INT_MAX && n <= INT_MAX;
 }
 
-// `a_dim`: 2 (contiguous: A [M, K]) or 3 (masked: A [G, max_m, K]).
-bool grouped_args(PyObject* const* args, int a_dim, bool any_device, GroupedArgs& out) {
+// Packed FP4 weights B [G, N, K/2] with UE8M0 byte scales SFB [G, N, K/32] as grouped.py's
+// _fp4_weights_fast takes them: float32 scales and misaligned pointers are left to the full checks.
+bool fp4_weights(const T::View& b, const T::View& sfb, std::int64_t k) {
+  const std::int64_t g = b.size[0], n = b.size[1];
+  const bool dtypes = (b.dtype == ScalarType::Byte || b.dtype == ScalarType::Char) &&
+                      (sfb.dtype == ScalarType::Byte || sfb.dtype == ScalarType::Float8_e8m0fnu);
+  return dtypes && g != 0 && n != 0 && n % 8 == 0 && b.size[2] * 2 == k && b.stride[2] == 1 &&
+         b.stride[1] % 16 == 0 && b.stride[1] >= k / 2 && (g == 1 || b.stride[0] == n * b.stride[1]) &&
+         sfb.size[0] == g && sfb.size[1] == n && sfb.size[2] == k / 32 && sfb.stride[2] == 1 &&
+         sfb.stride[1] % 4 == 0 && (g == 1 || sfb.stride[0] % 4 == 0) && b.ptr % 16 == 0 && sfb.ptr % 4 == 0 &&
+         g <= INT_MAX && n <= INT_MAX;
+}
+
+// `a_dim`: 2 (contiguous: A [M, K]) or 3 (masked: A [G, max_m, K]); `fp4`: packed FP4 weights.
+bool grouped_args(PyObject* const* args, int a_dim, bool fp4, bool any_device, GroupedArgs& out) {
   if (!T::read_pair(args[0], a_dim, any_device, out.a, out.sfa) ||
       !T::read_pair(args[1], 3, any_device, out.b, out.sfb) || !T::read(args[2], a_dim, true, any_device, out.d) ||
       !T::read(args[3], 1, false, any_device, out.index)) {
     return false;
   }
   const T::View &a = out.a, &sfa = out.sfa, &b = out.b, &sfb = out.sfb, &d = out.d, &index = out.index;
-  if (a.dtype != ScalarType::Float8_e4m3fn || sfa.dtype != ScalarType::Float || b.dtype != ScalarType::Float8_e4m3fn ||
-      sfb.dtype != ScalarType::Float || d.dtype != ScalarType::BFloat16 || index.dtype != ScalarType::Int) {
+  if (a.dtype != ScalarType::Float8_e4m3fn || sfa.dtype != ScalarType::Float || d.dtype != ScalarType::BFloat16 ||
+      index.dtype != ScalarType::Int ||
+      (!fp4 && (b.dtype != ScalarType::Float8_e4m3fn || sfb.dtype != ScalarType::Float))) {
     return false;
   }
   const int r = a_dim - 2;  // the row dimension
   const std::int64_t m = a.size[r], k = a.size[r + 1], g = b.size[0], n = b.size[1], lda = a.stride[r],
                      ldd = d.stride[r];
-  if (m == 0 || k == 0 || k % kBlock != 0 || m > INT_MAX || k > INT_MAX || !fp8_weights(b, sfb, k)) return false;
+  if (m == 0 || k == 0 || k % kBlock != 0 || m > INT_MAX || k > INT_MAX ||
+      !(fp4 ? fp4_weights(b, sfb, k) : fp8_weights(b, sfb, k))) {
+    return false;
+  }
   if (a.stride[r + 1] != 1 || lda % 16 != 0 || lda < k || sfa.size[r] != m || sfa.size[r + 1] != k / kBlock ||
       sfa.stride[r] < 0 || sfa.stride[r + 1] < 0 || d.size[r] != m || d.size[r + 1] != n || d.stride[r + 1] != 1 ||
       ldd % 8 != 0 || ldd < n || index.stride[0] != 1) {
@@ -201,7 +219,7 @@ PyObject* m_grouped_fp8_gemm_nt_contiguous_tensors(PyObject*, PyObject* const* a
   GroupedArgs g;
   if (nargs != 9 || !read_int(args[4], alignment) || !read_int(args[5], device) || !read_int(args[6], stream) ||
       !read_int(args[7], workspace) || !read_int(args[8], workspace_bytes) || alignment <= 0 ||
-      alignment > INT_MAX || !grouped_args(args, 2, false, g) || g.d.device != device) {
+      alignment > INT_MAX || !grouped_args(args, 2, false, false, g) || g.d.device != device) {
     Py_RETURN_FALSE;
   }
   return launch_released([&] {
@@ -225,7 +243,7 @@ PyObject* m_grouped_fp8_gemm_nt_masked_tensors(PyObject*, PyObject* const* args,
   long long expected_m = 0, device = 0, stream = 0;
   GroupedArgs g;
   if (nargs != 7 || !read_expected_m(args[4], expected_m) || !read_int(args[5], device) ||
-      !read_int(args[6], stream) || !grouped_args(args, 3, false, g) || g.d.device != device) {
+      !read_int(args[6], stream) || !grouped_args(args, 3, false, false, g) || g.d.device != device) {
     Py_RETURN_FALSE;
   }
   return launch_released([&] {
@@ -236,21 +254,60 @@ PyObject* m_grouped_fp8_gemm_nt_masked_tensors(PyObject*, PyObject* const* args,
   });
 }
 
-// The two checks alone, CPU tensors too, returning what grouped.py's fast checks return (its
-// tuples end in m, n, k, G, alignment, device for the contiguous layout and in max_m, expected_m,
-// n, k, G, device for the masked one). For the tests.
-PyObject* grouped_launch_args(PyObject* const* args, Py_ssize_t nargs, bool masked) {
+// m_grouped_fp8_fp4_gemm_nt_contiguous_tensors(a, b, d, m_indices, device, stream) -> bool
+PyObject* m_grouped_fp8_fp4_gemm_nt_contiguous_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  long long device = 0, stream = 0;
+  GroupedArgs g;
+  if (nargs != 6 || !read_int(args[4], device) || !read_int(args[5], stream) || !grouped_args(args, 2, true, false, g) ||
+      g.d.device != device) {
+    Py_RETURN_FALSE;
+  }
+  return launch_released([&] {
+    gemm::m_grouped_fp8_fp4_gemm_nt_contiguous(g.a.ptr, g.a.stride[0], g.sfa.ptr, g.sfa.stride[0], g.sfa.stride[1],
+                                               g.b.ptr, g.b.stride[1], g.sfb.ptr, g.sfb.stride[0], g.sfb.stride[1],
+                                               g.d.ptr, g.d.stride[0], g.index.ptr, g.m, g.n, g.k, g.groups,
+                                               static_cast<int>(device), static_cast<std::uint64_t>(stream));
+  });
+}
+
+// m_grouped_fp8_fp4_gemm_nt_masked_tensors(a, b, d, masked_m, expected_m, device, stream) -> bool
+PyObject* m_grouped_fp8_fp4_gemm_nt_masked_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  long long expected_m = 0, device = 0, stream = 0;
+  GroupedArgs g;
+  if (nargs != 7 || !read_expected_m(args[4], expected_m) || !read_int(args[5], device) ||
+      !read_int(args[6], stream) || !grouped_args(args, 3, true, false, g) || g.d.device != device) {
+    Py_RETURN_FALSE;
+  }
+  return launch_released([&] {
+    gemm::m_grouped_fp8_fp4_gemm_nt_masked(g.a.ptr, g.a.stride[1], g.sfa.ptr, g.sfa.stride[1], g.sfa.stride[2],
+                                           g.b.ptr, g.b.stride[1], g.sfb.ptr, g.sfb.stride[0], g.sfb.stride[1],
+                                           g.d.ptr, g.d.stride[1], g.index.ptr, g.m, static_cast<int>(expected_m),
+                                           g.n, g.k, g.groups, static_cast<int>(device),
+                                           static_cast<std::uint64_t>(stream));
+  });
+}
+
+// The checks alone, CPU tensors too, returning what grouped.py's fast checks return (its tuples
+// end in m, n, k, G, alignment (FP8 only), device for the contiguous layout and in max_m,
+// expected_m, n, k, G, device for the masked one; FP4 weights pass SFB's group and row strides).
+// For the tests.
+PyObject* grouped_launch_args(PyObject* const* args, Py_ssize_t nargs, bool masked, bool fp4) {
   long long extra = 0;
   GroupedArgs g;
-  if (nargs != 5 || !(masked ? read_expected_m(args[4], extra) : read_int(args[4], extra)) ||
-      !grouped_args(args, masked ? 3 : 2, true, g)) {
+  const Py_ssize_t expected_args = masked || !fp4 ? 5 : 4;
+  if (nargs != expected_args || (masked && !read_expected_m(args[4], extra)) ||
+      (!masked && !fp4 && !read_int(args[4], extra)) || !grouped_args(args, masked ? 3 : 2, fp4, true, g)) {
     Py_RETURN_NONE;
   }
   const int r = masked ? 1 : 0;
-  PyObject* head = Py_BuildValue("(KLKLLKLKLLLKLK)", g.a.ptr, g.a.stride[r], g.sfa.ptr, g.sfa.stride[r],
-                                 g.sfa.stride[r + 1], g.b.ptr, g.b.stride[1], g.sfb.ptr, g.sfb.stride[0],
-                                 g.sfb.stride[1], g.sfb.stride[2], g.d.ptr, g.d.stride[r], g.index.ptr);
+  PyObject* head = fp4 ? Py_BuildValue("(KLKLLKLKLLKLK)", g.a.ptr, g.a.stride[r], g.sfa.ptr, g.sfa.stride[r],
+                                       g.sfa.stride[r + 1], g.b.ptr, g.b.stride[1], g.sfb.ptr, g.sfb.stride[0],
+                                       g.sfb.stride[1], g.d.ptr, g.d.stride[r], g.index.ptr)
+                       : Py_BuildValue("(KLKLLKLKLLLKLK)", g.a.ptr, g.a.stride[r], g.sfa.ptr, g.sfa.stride[r],
+                                       g.sfa.stride[r + 1], g.b.ptr, g.b.stride[1], g.sfb.ptr, g.sfb.stride[0],
+                                       g.sfb.stride[1], g.sfb.stride[2], g.d.ptr, g.d.stride[r], g.index.ptr);
   PyObject* tail = masked ? Py_BuildValue("(iLiiii)", g.m, extra, g.n, g.k, g.groups, g.d.device)
+                   : fp4  ? Py_BuildValue("(iiiii)", g.m, g.n, g.k, g.groups, g.d.device)
                           : Py_BuildValue("(iiiiLi)", g.m, g.n, g.k, g.groups, extra, g.d.device);
   PyObject* whole = head != nullptr && tail != nullptr ? PySequence_Concat(head, tail) : nullptr;
   Py_XDECREF(head);
@@ -259,11 +316,19 @@ PyObject* grouped_launch_args(PyObject* const* args, Py_ssize_t nargs, bool mask
 }
 
 PyObject* m_grouped_fp8_gemm_nt_contiguous_args(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  return grouped_launch_args(args, nargs, false);
+  return grouped_launch_args(args, nargs, false, false);
 }
 
 PyObject* m_grouped_fp8_gemm_nt_masked_args(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  return grouped_launch_args(args, nargs, true);
+  return grouped_launch_args(args, nargs, true, false);
+}
+
+PyObject* m_grouped_fp8_fp4_gemm_nt_contiguous_args(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return grouped_launch_args(args, nargs, false, true);
+}
+
+PyObject* m_grouped_fp8_fp4_gemm_nt_masked_args(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return grouped_launch_args(args, nargs, true, true);
 }
 
 #define MOE_FASTCALL(fn, doc) \
@@ -285,6 +350,15 @@ PyMethodDef kMethods[] = {
                  "or None"),
     MOE_FASTCALL(m_grouped_fp8_gemm_nt_masked_args,
                  "m_grouped_fp8_gemm_nt_masked_args(a, b, d, masked_m, expected_m) -> the launch arguments, or None"),
+    MOE_FASTCALL(m_grouped_fp8_fp4_gemm_nt_contiguous_tensors,
+                 "m_grouped_fp8_fp4_gemm_nt_contiguous_tensors(a, b, d, m_indices, device, stream) -> bool"),
+    MOE_FASTCALL(m_grouped_fp8_fp4_gemm_nt_masked_tensors,
+                 "m_grouped_fp8_fp4_gemm_nt_masked_tensors(a, b, d, masked_m, expected_m, device, stream) -> bool"),
+    MOE_FASTCALL(m_grouped_fp8_fp4_gemm_nt_contiguous_args,
+                 "m_grouped_fp8_fp4_gemm_nt_contiguous_args(a, b, d, m_indices) -> the launch arguments, or None"),
+    MOE_FASTCALL(m_grouped_fp8_fp4_gemm_nt_masked_args,
+                 "m_grouped_fp8_fp4_gemm_nt_masked_args(a, b, d, masked_m, expected_m) -> the launch arguments, "
+                 "or None"),
 };
 
 #undef MOE_FASTCALL

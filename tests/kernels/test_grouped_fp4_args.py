@@ -1,7 +1,8 @@
 """m_grouped_fp8_fp4_gemm_nt_contiguous / _masked (kernels/grouped.py): the per-call fast checks of
-packed FP4 weights with byte scales refuse what the full checks refuse, leave float32 scales and
-misaligned pointers to them, and pass the accepted layouts' pointers and strides on. CPU tensors
-only: no GPU needed."""
+packed FP4 weights with byte scales (Python's, and the C++ ones the entry points run first on CUDA
+tensors) refuse what the full checks refuse, leave float32 scales and misaligned pointers to them,
+pass the accepted layouts' pointers and strides on, and agree with each other. CPU tensors only: no
+GPU needed."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ from gemm_cases import RandomDraws
 
 _FP8, _E8M0 = torch.float8_e4m3fn, torch.float8_e8m0fnu
 kFast = {"contiguous": kernels.grouped._contiguous_launch_args, "masked": kernels.grouped._masked_launch_args}
+# kernels._C.*_args: the C++ check alone (CPU tensors included), called with the same keywords.
+kCpp = {"contiguous": lambda a, b, d, m_indices: kernels.jit.native_module().m_grouped_fp8_fp4_gemm_nt_contiguous_args(
+            a, b, d, m_indices),
+        "masked": lambda a, b, d, masked_m, expected_m: kernels.jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked_args(
+            a, b, d, masked_m, expected_m)}
+kChecks = ["python", "c++"]
 kCalls = {"contiguous": kernels.m_grouped_fp8_fp4_gemm_nt_contiguous, "masked": kernels.m_grouped_fp8_fp4_gemm_nt_masked}
 
 
@@ -39,8 +46,8 @@ def _args(layout: str, **over) -> dict:
     return args
 
 
-def _fast(layout: str, **args):
-    return kFast[layout](**args, fp4=True)
+def _fast(layout: str, check: str = "python", **args):
+    return kFast[layout](**args, fp4=True) if check == "python" else kCpp[layout](**args)
 
 
 _BAD_WEIGHTS = [
@@ -57,12 +64,13 @@ _BAD_WEIGHTS = [
 ]
 
 
+@pytest.mark.parametrize("check", kChecks)
 @pytest.mark.parametrize("layout", list(kFast))
 @pytest.mark.parametrize("bad", range(len(_BAD_WEIGHTS) + 4))
-def test_fast_path_refuses_what_the_checks_refuse(layout, bad):
-    """Weights and outputs the full checks refuse: the fast path declines, so that they run and
+def test_fast_path_refuses_what_the_checks_refuse(layout, bad, check):
+    """Weights and outputs the full checks refuse: the fast paths decline, so that they run and
     name what is wrong."""
-    assert _fast(layout, **_args(layout)) is not None
+    assert _fast(layout, check, **_args(layout)) is not None
     if bad < len(_BAD_WEIGHTS):
         over = dict(b=_BAD_WEIGHTS[bad])
     else:
@@ -72,13 +80,14 @@ def test_fast_path_refuses_what_the_checks_refuse(layout, bad):
                 dict(a=(torch.zeros(*rows, 256, dtype=torch.bfloat16), torch.ones(*rows, 2))),
                 dict(b=_weights(2, 12, 256), d=torch.empty(*rows, 12, dtype=torch.bfloat16))][bad - len(_BAD_WEIGHTS)]
     args = _args(layout, **over)
-    assert _fast(layout, **args) is None
+    assert _fast(layout, check, **args) is None
     with pytest.raises((TypeError, ValueError)):
         kCalls[layout](**args)
 
 
+@pytest.mark.parametrize("check", kChecks)
 @pytest.mark.parametrize("layout", list(kFast))
-def test_float32_scales_and_misaligned_pointers_take_the_full_path(layout):
+def test_float32_scales_and_misaligned_pointers_take_the_full_path(layout, check):
     """float32 scales are converted (and checked) per call, misaligned B or SFB are refused by name
     on CUDA: the fast path leaves both to the full checks, which accept these on the CPU."""
     g, n, k = 2, 16, 256
@@ -87,20 +96,21 @@ def test_float32_scales_and_misaligned_pointers_take_the_full_path(layout):
                (_weights(g, n, k)[0], torch.full((g * n * k // 32 + 2,), 127, dtype=torch.uint8)[2:].view(g, n, -1))]
     for b in weights:
         args = _args(layout, b=b)
-        assert _fast(layout, **args) is None
+        assert _fast(layout, check, **args) is None
         kCalls[layout](**args)
 
 
+@pytest.mark.parametrize("check", kChecks)
 @pytest.mark.parametrize("layout", list(kFast))
 @pytest.mark.parametrize("sf_dtype", [torch.uint8, _E8M0])
-def test_fast_path_passes_pointers_and_strides_on(layout, sf_dtype):
+def test_fast_path_passes_pointers_and_strides_on(layout, sf_dtype, check):
     """Padded weight and scale rows, e8m0 or uint8 scales, lists for pairs: the native call gets
     the packed rows' byte stride, the scale bytes' group and row strides, and no alignment."""
     g, n, k = 2, 16, 256
     b_t = torch.zeros(g, n, k // 2 + 16, dtype=torch.int8)[:, :, :k // 2]
     sfb = torch.full((g, n, k // 32 + 4), 127, dtype=torch.uint8)[:, :, :k // 32].view(sf_dtype)
     args = _args(layout, b=[b_t, sfb])
-    got = _fast(layout, **args)
+    got = _fast(layout, check, **args)
     a_t, sfa = args["a"]
     d = args["d"]
     index = args["m_indices"] if layout == "contiguous" else args["masked_m"]
@@ -137,12 +147,14 @@ def _random_call(g: torch.Generator, layout: str) -> dict:
 @pytest.mark.parametrize("layout", list(kFast))
 def test_fast_path_agrees_with_the_checks_on_random_calls(layout):
     """200 random calls: whatever the fast path takes, the full checks take (and the CPU reference
-    runs); whatever they refuse, it declines."""
+    runs); whatever they refuse, it declines. The C++ check returns exactly the Python one's
+    arguments, or declines where it declines."""
     g = torch.Generator().manual_seed(5)
     taken = refused = 0
     for _ in range(200):
         args = _random_call(g, layout)
         fast = _fast(layout, **args)
+        assert _fast(layout, "c++", **args) == fast, {name: getattr(t, "shape", t) for name, t in args.items()}
         try:
             kCalls[layout](**args)
         except (TypeError, ValueError):
