@@ -238,14 +238,18 @@ bool read_expected_m(PyObject* obj, long long& out) {
   return read_int(obj, out) && out > 0 && out <= INT_MAX;
 }
 
+// The masked entry points' arguments (a, b, d, masked_m, expected_m, device, stream), checked.
+bool masked_call_args(PyObject* const* args, Py_ssize_t nargs, bool fp4, GroupedArgs& g, long long& expected_m,
+                      long long& device, long long& stream) {
+  return nargs == 7 && read_expected_m(args[4], expected_m) && read_int(args[5], device) &&
+         read_int(args[6], stream) && grouped_args(args, 3, fp4, false, g) && g.d.device == device;
+}
+
 // m_grouped_fp8_gemm_nt_masked_tensors(a, b, d, masked_m, expected_m, device, stream) -> bool
 PyObject* m_grouped_fp8_gemm_nt_masked_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   long long expected_m = 0, device = 0, stream = 0;
   GroupedArgs g;
-  if (nargs != 7 || !read_expected_m(args[4], expected_m) || !read_int(args[5], device) ||
-      !read_int(args[6], stream) || !grouped_args(args, 3, false, false, g) || g.d.device != device) {
-    Py_RETURN_FALSE;
-  }
+  if (!masked_call_args(args, nargs, false, g, expected_m, device, stream)) Py_RETURN_FALSE;
   return launch_released([&] {
     gemm::m_grouped_fp8_gemm_nt_masked(g.a.ptr, g.a.stride[1], g.sfa.ptr, g.sfa.stride[1], g.sfa.stride[2], g.b.ptr,
                                        g.b.stride[1], g.sfb.ptr, g.sfb.stride[0], g.sfb.stride[1], g.sfb.stride[2],
@@ -274,10 +278,7 @@ PyObject* m_grouped_fp8_fp4_gemm_nt_contiguous_tensors(PyObject*, PyObject* cons
 PyObject* m_grouped_fp8_fp4_gemm_nt_masked_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   long long expected_m = 0, device = 0, stream = 0;
   GroupedArgs g;
-  if (nargs != 7 || !read_expected_m(args[4], expected_m) || !read_int(args[5], device) ||
-      !read_int(args[6], stream) || !grouped_args(args, 3, true, false, g) || g.d.device != device) {
-    Py_RETURN_FALSE;
-  }
+  if (!masked_call_args(args, nargs, true, g, expected_m, device, stream)) Py_RETURN_FALSE;
   return launch_released([&] {
     gemm::m_grouped_fp8_fp4_gemm_nt_masked(g.a.ptr, g.a.stride[1], g.sfa.ptr, g.sfa.stride[1], g.sfa.stride[2],
                                            g.b.ptr, g.b.stride[1], g.sfb.ptr, g.sfb.stride[0], g.sfb.stride[1],
