@@ -112,6 +112,10 @@ def m_grouped_fp8_fp4_gemm_nt_masked_fragment(a: tuple[torch.Tensor, torch.Tenso
     from . import _checks, _descriptors, grouped, jit
     from .reference import gemm as reference
 
+    args = grouped._masked_launch_args(a, b, d, masked_m, expected_m, weights="fragment")
+    if args is not None and args[-1] >= 0:
+        jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked_fragment(*args, _descriptors.current_stream_of(args[-1]))
+        return
     grouped._check_expected_m(fn, expected_m)
     a_t, sfa, groups, max_m, k = grouped._masked_activations(fn, a)
     if not isinstance(d, torch.Tensor) or d.dim() != 3:

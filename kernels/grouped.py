@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks, _descriptors, _fp4, jit
+from . import _checks, _descriptors, _fp4, _fp4_fragment, jit
 from .gemm import fp8_workspace
 from .reference import gemm as reference
 
@@ -142,12 +142,18 @@ def _same_device_index(tensors: tuple[torch.Tensor, ...]) -> int | None:
     return device if all(t.get_device() == device for t in tensors) else None
 
 
-def _fast_tensors(a, b, d, index) -> tuple[torch.Tensor, ...] | None:
-    """(A, SFA, B, SFB, D, index) where ``a`` and ``b`` are plain (tensor, scales) pairs and all six
-    are tensors of the FP8 calls' dtypes (index int32), else None."""
-    if type(a) not in (tuple, list) or type(b) not in (tuple, list) or len(a) != 2 or len(b) != 2:
+def _fast_tensors(a, b, d, index, pair: bool = True) -> tuple[torch.Tensor, ...] | None:
+    """(A, SFA, B, SFB, D, index) where ``a`` and ``b`` are plain (tensor, scales) pairs (``pair``
+    false: (A, SFA, B, D, index), ``b`` one tensor) and all are tensors, A, SFA, D and the index of
+    the calls' dtypes (index int32), else None."""
+    if type(a) not in (tuple, list) or len(a) != 2:
         return None
-    tensors = (a[0], a[1], b[0], b[1], d, index)
+    if pair:
+        if type(b) not in (tuple, list) or len(b) != 2:
+            return None
+        tensors = (a[0], a[1], b[0], b[1], d, index)
+    else:
+        tensors = (a[0], a[1], b, d, index)
     if not all(isinstance(t, torch.Tensor) and t.layout is torch.strided for t in tensors) \
             or tensors[0].dtype is not _FP8 or tensors[1].dtype is not _F32 or d.dtype is not _BF16 \
             or index.dtype is not _I32 or not _checks.writable(d):
@@ -193,12 +199,27 @@ def _fp4_weights_fast(b, k: int):
     return g, n, (b_ptr, ldb, sfb_ptr, sfb_sg, sfb_sn)
 
 
-def _contiguous_launch_args(a, b, d, m_indices, fp4: bool = False):
+def _fragment_weights_fast(b, k: int, n: int, rows: int):
+    """:func:`_fp8_weights_fast` for weights in ``transform_fp4_for_decode``'s layout (uint8 [G,
+    K/128, ceil(N/64), 4352], contiguous, 16-byte aligned: B alone; N is D's) for calls of up to
+    its ``rows`` = min(expected_m, max_m)."""
+    if b.dtype is not torch.uint8 or rows > _fp4_fragment.kMaxDecodeRows or n == 0 or n % 8:
+        return None
+    g, kb, row_blocks, block_bytes = b.shape
+    b_ptr = b.data_ptr()
+    if (kb, row_blocks, block_bytes) != (k // _BLOCK, (n + 63) // 64, _fp4_fragment.kBlockBytes) or g == 0 \
+            or b.stride() != (kb * row_blocks * block_bytes, row_blocks * block_bytes, block_bytes, 1) or b_ptr % 16:
+        return None
+    return g, n, (b_ptr,)
+
+
+def _contiguous_launch_args(a, b, d, m_indices, weights: str = "fp8"):
     """The native call's arguments but the stream (the last one the device index, -1 for CPU and
     meta tensors), for tensors that the full checks would accept, or None: then the full checks
     run and name what is wrong. Plain attribute reads, each shape and stride unpacked once: this
-    runs ahead of every launch. ``fp4``: the FP8 x FP4 call's (packed weights, byte scales; no
-    alignment argument)."""
+    runs ahead of every launch. ``weights`` "fp4": the FP8 x FP4 call's (packed weights, byte
+    scales; no alignment argument)."""
+    fp4 = weights == "fp4"
     tensors = _fast_tensors(a, b, d, m_indices)
     if tensors is None:
         return None
@@ -230,28 +251,32 @@ def _contiguous_launch_args(a, b, d, m_indices, fp4: bool = False):
             m_indices.data_ptr(), m, n, k, g, *(() if fp4 else (_alignment,)), device)
 
 
-def _masked_launch_args(a, b, d, masked_m, expected_m, fp4: bool = False):
-    """:func:`_contiguous_launch_args` for the masked layout."""
-    tensors = _fast_tensors(a, b, d, masked_m)
+def _masked_launch_args(a, b, d, masked_m, expected_m, weights: str = "fp8"):
+    """:func:`_contiguous_launch_args` for the masked layout; ``weights``: "fp8", "fp4" (packed,
+    byte scales) or "fragment" (``b`` in ``transform_fp4_for_decode``'s layout)."""
+    tensors = _fast_tensors(a, b, d, masked_m, pair=weights != "fragment")
     if tensors is None or type(expected_m) is not int or expected_m <= 0:
         return None
     a_t, sfa = tensors[:2]
     try:
         groups, max_m, k = a_t.shape
+        d_shape = d.shape
         if max_m == 0 or k == 0 or k % _BLOCK:
             return None
-        weights = (_fp4_weights_fast if fp4 else _fp8_weights_fast)(b, k)
-        if weights is None:
+        if weights == "fragment":
+            found = _fragment_weights_fast(b, k, d_shape[-1], min(expected_m, max_m))
+        else:
+            found = (_fp4_weights_fast if weights == "fp4" else _fp8_weights_fast)(b, k)
+        if found is None:
             return None
-        g, n, weight_args = weights
+        g, n, weight_args = found
         a_sg, lda, a_inner = a_t.stride()
         sfa_shape = sfa.shape
         sfa_sg, sfa_sm, sfa_sk = sfa.stride()
-        d_shape = d.shape
         d_sg, ldd, d_inner = d.stride()
         (masks,) = masked_m.shape
         (mask_stride,) = masked_m.stride()
-    except (RuntimeError, TypeError, ValueError):  # RuntimeError: a nested tensor's shape
+    except (IndexError, RuntimeError, TypeError, ValueError):  # RuntimeError: a nested tensor's shape
         return None
     stacked = groups == 1 or (a_sg == max_m * lda and sfa_sg == max_m * sfa_sm and d_sg == max_m * ldd)
     if groups != g or a_inner != 1 or lda % 16 or lda < k or tuple(sfa_shape) != (g, max_m, k // _BLOCK) \
@@ -366,7 +391,7 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
                 a, b, d, m_indices, device, _descriptors.current_stream_of(device)):
             return
     _checks.check_recipe(fn, recipe)
-    args = _contiguous_launch_args(a, b, d, m_indices, fp4=True)
+    args = _contiguous_launch_args(a, b, d, m_indices, weights="fp4")
     if args is not None and args[-1] >= 0:
         jit.native_module().m_grouped_fp8_fp4_gemm_nt_contiguous(*args, _descriptors.current_stream_of(args[-1]))
         return
@@ -418,7 +443,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
         if device >= 0 and jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked_tensors(
                 a, b, d, masked_m, expected_m, device, _descriptors.current_stream_of(device)):
             return
-    args = _masked_launch_args(a, b, d, masked_m, expected_m, fp4=True)
+    args = _masked_launch_args(a, b, d, masked_m, expected_m, weights="fp4")
     if args is not None and args[-1] >= 0:
         jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked(*args, _descriptors.current_stream_of(args[-1]))
         return

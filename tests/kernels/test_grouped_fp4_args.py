@@ -47,7 +47,9 @@ def _args(layout: str, **over) -> dict:
 
 
 def _fast(layout: str, check: str = "python", **args):
-    return kFast[layout](**args, fp4=True) if check == "python" else kCpp[layout](**args)
+    if check == "c++":
+        return kCpp[layout](**args)
+    return kFast[layout](**args, weights="fp4")
 
 
 _BAD_WEIGHTS = [
@@ -172,3 +174,68 @@ def test_fast_arguments_fill_the_native_signature(layout):
     native = getattr(kernels.jit.native_module(), f"m_grouped_fp8_fp4_gemm_nt_{layout}")
     params = re.findall(r"\barg\d+:", native.__doc__.splitlines()[0])
     assert len(params) == len(_fast(layout, **_args(layout))) + 1
+
+
+# ---- weights in transform_fp4_for_decode's layout (masked, decode sizes) ------------------------
+
+def _fragment_args(**over) -> dict:
+    g, max_m, n, k = 2, 8, 16, 256
+    packed, sf = _weights(g, n, k)
+    args = dict(a=(torch.zeros(g, max_m, k, dtype=_FP8), torch.ones(g, max_m, k // 128)),
+                b=kernels.transform_fp4_for_decode(packed, sf), d=torch.empty(g, max_m, n, dtype=torch.bfloat16),
+                masked_m=torch.zeros(g, dtype=torch.int32), expected_m=4)
+    args.update(over)
+    return args
+
+
+def _fragment_fast(**args):
+    return kernels.grouped._masked_launch_args(**args, weights="fragment")
+
+
+def _layout(g: int, n: int, k: int) -> torch.Tensor:
+    return kernels.transform_fp4_for_decode(*_weights(g, n, k))
+
+
+_BAD_FRAGMENTS = [
+    dict(b=_layout(2, 16, 256).view(torch.int8)),                       # not uint8
+    dict(b=_layout(2, 72, 256)),                                        # two row blocks for N = 16
+    dict(b=_layout(2, 16, 512)),                                        # K blocks for K = 512
+    dict(b=_layout(3, 16, 256)[:2].transpose(0, 1).contiguous().transpose(0, 1)),  # not contiguous
+    dict(b=(_layout(2, 16, 256), None)),                                # a pair
+    dict(d=torch.empty(2, 8, 12, dtype=torch.bfloat16)),                # N = 12
+    dict(d=torch.empty(2, 8, 16, dtype=torch.float32)),
+    dict(masked_m=torch.zeros(3, dtype=torch.int32)),
+    dict(expected_m=0),
+]
+
+
+@pytest.mark.parametrize("bad", range(len(_BAD_FRAGMENTS)))
+def test_fragment_fast_path_refuses_what_the_checks_refuse(bad):
+    assert _fragment_fast(**_fragment_args()) is not None
+    args = _fragment_args(**_BAD_FRAGMENTS[bad])
+    assert _fragment_fast(**args) is None
+    with pytest.raises((TypeError, ValueError)):
+        kernels.m_grouped_fp8_fp4_gemm_nt_masked(**args)
+
+
+def test_fragment_fast_path_leaves_larger_batches_and_misaligned_weights_to_the_full_path():
+    """More than 32 rows per group (refused by name on CUDA) and a misaligned layout (TMA): the fast
+    path declines; on the CPU the full path runs the reference."""
+    g, n, k = 2, 16, 256
+    layout = _layout(g, n, k)
+    shifted = torch.zeros(layout.numel() + 8, dtype=torch.uint8)[8:].view(layout.shape)
+    for over in (dict(a=(torch.zeros(g, 64, k, dtype=_FP8), torch.ones(g, 64, 2)),
+                      d=torch.empty(g, 64, n, dtype=torch.bfloat16), expected_m=33), dict(b=shifted.copy_(layout))):
+        args = _fragment_args(**over)
+        assert _fragment_fast(**args) is None
+        kernels.m_grouped_fp8_fp4_gemm_nt_masked(**args)
+
+
+def test_fragment_fast_path_passes_pointers_and_strides_on():
+    args = _fragment_args(expected_m=40)  # min(expected_m, max_m) = 8 rows
+    a_t, sfa = args["a"]
+    want = (a_t.data_ptr(), 256, sfa.data_ptr(), 2, 1, args["b"].data_ptr(), args["d"].data_ptr(), 16,
+            args["masked_m"].data_ptr(), 8, 40, 16, 256, 2, -1)
+    assert _fragment_fast(**args) == want
+    native = kernels.jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked_fragment
+    assert len(re.findall(r"\barg\d+:", native.__doc__.splitlines()[0])) == len(want) + 1
