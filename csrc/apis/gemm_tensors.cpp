@@ -4,6 +4,7 @@
 // before: its messages, its CPU reference. The tests compare both checks on CPU tensors.
 #include "apis/tensor_args.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <exception>
@@ -165,24 +166,43 @@ bool fp4_weights(const T::View& b, const T::View& sfb, std::int64_t k) {
          g <= INT_MAX && n <= INT_MAX;
 }
 
-// `a_dim`: 2 (contiguous: A [M, K]) or 3 (masked: A [G, max_m, K]); `fp4`: packed FP4 weights.
-bool grouped_args(PyObject* const* args, int a_dim, bool fp4, bool any_device, GroupedArgs& out) {
+// Weights in transform_fp4_for_decode's layout (kernels/_fp4_fragment.py), uint8 [G, K/128,
+// ceil(N/64), 4352] contiguous and 16-byte aligned, as grouped.py's _fragment_weights_fast takes
+// them (N is D's; the rows per group are checked by the caller).
+constexpr std::int64_t kFragmentBlockBytes = 4352;
+bool fragment_weights(const T::View& b, std::int64_t k, std::int64_t n) {
+  const std::int64_t g = b.size[0], kb = k / kBlock, row_blocks = (n + 63) / 64;
+  return b.dtype == ScalarType::Byte && n != 0 && n % 8 == 0 && g != 0 && b.size[1] == kb &&
+         b.size[2] == row_blocks && b.size[3] == kFragmentBlockBytes && b.stride[3] == 1 &&
+         b.stride[2] == kFragmentBlockBytes && b.stride[1] == row_blocks * kFragmentBlockBytes &&
+         b.stride[0] == kb * row_blocks * kFragmentBlockBytes && b.ptr % 16 == 0 && g <= INT_MAX && n <= INT_MAX;
+}
+constexpr long long kFragmentMaxRows = 32;  // min(expected_m, max_m) the decode-layout kernel serves
+
+enum class Weights { kFp8, kFp4, kFragment };  // FP8, packed FP4 with byte scales, the decode layout
+
+// `a_dim`: 2 (contiguous: A [M, K]) or 3 (masked: A [G, max_m, K]).
+bool grouped_args(PyObject* const* args, int a_dim, Weights weights, bool any_device, GroupedArgs& out) {
+  const bool fragment = weights == Weights::kFragment;
   if (!T::read_pair(args[0], a_dim, any_device, out.a, out.sfa) ||
-      !T::read_pair(args[1], 3, any_device, out.b, out.sfb) || !T::read(args[2], a_dim, true, any_device, out.d) ||
-      !T::read(args[3], 1, false, any_device, out.index)) {
+      !(fragment ? T::read(args[1], 4, false, any_device, out.b)
+                 : T::read_pair(args[1], 3, any_device, out.b, out.sfb)) ||
+      !T::read(args[2], a_dim, true, any_device, out.d) || !T::read(args[3], 1, false, any_device, out.index)) {
     return false;
   }
   const T::View &a = out.a, &sfa = out.sfa, &b = out.b, &sfb = out.sfb, &d = out.d, &index = out.index;
   if (a.dtype != ScalarType::Float8_e4m3fn || sfa.dtype != ScalarType::Float || d.dtype != ScalarType::BFloat16 ||
       index.dtype != ScalarType::Int ||
-      (!fp4 && (b.dtype != ScalarType::Float8_e4m3fn || sfb.dtype != ScalarType::Float))) {
+      (weights == Weights::kFp8 && (b.dtype != ScalarType::Float8_e4m3fn || sfb.dtype != ScalarType::Float))) {
     return false;
   }
   const int r = a_dim - 2;  // the row dimension
-  const std::int64_t m = a.size[r], k = a.size[r + 1], g = b.size[0], n = b.size[1], lda = a.stride[r],
-                     ldd = d.stride[r];
-  if (m == 0 || k == 0 || k % kBlock != 0 || m > INT_MAX || k > INT_MAX ||
-      !(fp4 ? fp4_weights(b, sfb, k) : fp8_weights(b, sfb, k))) {
+  const std::int64_t m = a.size[r], k = a.size[r + 1], g = b.size[0], n = fragment ? d.size[r + 1] : b.size[1],
+                     lda = a.stride[r], ldd = d.stride[r];
+  if (m == 0 || k == 0 || k % kBlock != 0 || m > INT_MAX || k > INT_MAX) return false;
+  if (!(weights == Weights::kFragment ? fragment_weights(b, k, n)
+        : weights == Weights::kFp4    ? fp4_weights(b, sfb, k)
+                                      : fp8_weights(b, sfb, k))) {
     return false;
   }
   if (a.stride[r + 1] != 1 || lda % 16 != 0 || lda < k || sfa.size[r] != m || sfa.size[r + 1] != k / kBlock ||
@@ -201,7 +221,7 @@ bool grouped_args(PyObject* const* args, int a_dim, bool fp4, bool any_device, G
     }
   }
   const int device = a.device;
-  if (sfa.device != device || b.device != device || sfb.device != device || d.device != device ||
+  if (sfa.device != device || b.device != device || (!fragment && sfb.device != device) || d.device != device ||
       index.device != device) {
     return false;
   }
@@ -219,7 +239,7 @@ PyObject* m_grouped_fp8_gemm_nt_contiguous_tensors(PyObject*, PyObject* const* a
   GroupedArgs g;
   if (nargs != 9 || !read_int(args[4], alignment) || !read_int(args[5], device) || !read_int(args[6], stream) ||
       !read_int(args[7], workspace) || !read_int(args[8], workspace_bytes) || alignment <= 0 ||
-      alignment > INT_MAX || !grouped_args(args, 2, false, false, g) || g.d.device != device) {
+      alignment > INT_MAX || !grouped_args(args, 2, Weights::kFp8, false, g) || g.d.device != device) {
     Py_RETURN_FALSE;
   }
   return launch_released([&] {
@@ -239,17 +259,18 @@ bool read_expected_m(PyObject* obj, long long& out) {
 }
 
 // The masked entry points' arguments (a, b, d, masked_m, expected_m, device, stream), checked.
-bool masked_call_args(PyObject* const* args, Py_ssize_t nargs, bool fp4, GroupedArgs& g, long long& expected_m,
-                      long long& device, long long& stream) {
+bool masked_call_args(PyObject* const* args, Py_ssize_t nargs, Weights weights, GroupedArgs& g,
+                      long long& expected_m, long long& device, long long& stream) {
   return nargs == 7 && read_expected_m(args[4], expected_m) && read_int(args[5], device) &&
-         read_int(args[6], stream) && grouped_args(args, 3, fp4, false, g) && g.d.device == device;
+         read_int(args[6], stream) && grouped_args(args, 3, weights, false, g) && g.d.device == device &&
+         (weights != Weights::kFragment || std::min<long long>(expected_m, g.m) <= kFragmentMaxRows);
 }
 
 // m_grouped_fp8_gemm_nt_masked_tensors(a, b, d, masked_m, expected_m, device, stream) -> bool
 PyObject* m_grouped_fp8_gemm_nt_masked_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   long long expected_m = 0, device = 0, stream = 0;
   GroupedArgs g;
-  if (!masked_call_args(args, nargs, false, g, expected_m, device, stream)) Py_RETURN_FALSE;
+  if (!masked_call_args(args, nargs, Weights::kFp8, g, expected_m, device, stream)) Py_RETURN_FALSE;
   return launch_released([&] {
     gemm::m_grouped_fp8_gemm_nt_masked(g.a.ptr, g.a.stride[1], g.sfa.ptr, g.sfa.stride[1], g.sfa.stride[2], g.b.ptr,
                                        g.b.stride[1], g.sfb.ptr, g.sfb.stride[0], g.sfb.stride[1], g.sfb.stride[2],
@@ -262,8 +283,8 @@ PyObject* m_grouped_fp8_gemm_nt_masked_tensors(PyObject*, PyObject* const* args,
 PyObject* m_grouped_fp8_fp4_gemm_nt_contiguous_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   long long device = 0, stream = 0;
   GroupedArgs g;
-  if (nargs != 6 || !read_int(args[4], device) || !read_int(args[5], stream) || !grouped_args(args, 2, true, false, g) ||
-      g.d.device != device) {
+  if (nargs != 6 || !read_int(args[4], device) || !read_int(args[5], stream) ||
+      !grouped_args(args, 2, Weights::kFp4, false, g) || g.d.device != device) {
     Py_RETURN_FALSE;
   }
   return launch_released([&] {
@@ -278,7 +299,7 @@ PyObject* m_grouped_fp8_fp4_gemm_nt_contiguous_tensors(PyObject*, PyObject* cons
 PyObject* m_grouped_fp8_fp4_gemm_nt_masked_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   long long expected_m = 0, device = 0, stream = 0;
   GroupedArgs g;
-  if (!masked_call_args(args, nargs, true, g, expected_m, device, stream)) Py_RETURN_FALSE;
+  if (!masked_call_args(args, nargs, Weights::kFp4, g, expected_m, device, stream)) Py_RETURN_FALSE;
   return launch_released([&] {
     gemm::m_grouped_fp8_fp4_gemm_nt_masked(g.a.ptr, g.a.stride[1], g.sfa.ptr, g.sfa.stride[1], g.sfa.stride[2],
                                            g.b.ptr, g.b.stride[1], g.sfb.ptr, g.sfb.stride[0], g.sfb.stride[1],
@@ -288,27 +309,47 @@ PyObject* m_grouped_fp8_fp4_gemm_nt_masked_tensors(PyObject*, PyObject* const* a
   });
 }
 
+// m_grouped_fp8_fp4_gemm_nt_masked_fragment_tensors(a, b, d, masked_m, expected_m, device, stream) -> bool
+PyObject* m_grouped_fp8_fp4_gemm_nt_masked_fragment_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  long long expected_m = 0, device = 0, stream = 0;
+  GroupedArgs g;
+  if (!masked_call_args(args, nargs, Weights::kFragment, g, expected_m, device, stream)) Py_RETURN_FALSE;
+  return launch_released([&] {
+    gemm::m_grouped_fp8_fp4_gemm_nt_masked_fragment(g.a.ptr, g.a.stride[1], g.sfa.ptr, g.sfa.stride[1],
+                                                    g.sfa.stride[2], g.b.ptr, g.d.ptr, g.d.stride[1], g.index.ptr, g.m,
+                                                    static_cast<int>(expected_m), g.n, g.k, g.groups,
+                                                    static_cast<int>(device), static_cast<std::uint64_t>(stream));
+  });
+}
+
 // The checks alone, CPU tensors too, returning what grouped.py's fast checks return (its tuples
 // end in m, n, k, G, alignment (FP8 only), device for the contiguous layout and in max_m,
 // expected_m, n, k, G, device for the masked one; FP4 weights pass SFB's group and row strides).
 // For the tests.
-PyObject* grouped_launch_args(PyObject* const* args, Py_ssize_t nargs, bool masked, bool fp4) {
+PyObject* grouped_launch_args(PyObject* const* args, Py_ssize_t nargs, bool masked, Weights weights) {
   long long extra = 0;
   GroupedArgs g;
-  const Py_ssize_t expected_args = masked || !fp4 ? 5 : 4;
+  const bool fp8 = weights == Weights::kFp8;
+  const Py_ssize_t expected_args = masked || fp8 ? 5 : 4;
   if (nargs != expected_args || (masked && !read_expected_m(args[4], extra)) ||
-      (!masked && !fp4 && !read_int(args[4], extra)) || !grouped_args(args, masked ? 3 : 2, fp4, true, g)) {
+      (!masked && fp8 && !read_int(args[4], extra)) || !grouped_args(args, masked ? 3 : 2, weights, true, g) ||
+      (weights == Weights::kFragment && std::min<long long>(extra, g.m) > kFragmentMaxRows)) {
     Py_RETURN_NONE;
   }
   const int r = masked ? 1 : 0;
-  PyObject* head = fp4 ? Py_BuildValue("(KLKLLKLKLLKLK)", g.a.ptr, g.a.stride[r], g.sfa.ptr, g.sfa.stride[r],
-                                       g.sfa.stride[r + 1], g.b.ptr, g.b.stride[1], g.sfb.ptr, g.sfb.stride[0],
-                                       g.sfb.stride[1], g.d.ptr, g.d.stride[r], g.index.ptr)
-                       : Py_BuildValue("(KLKLLKLKLLLKLK)", g.a.ptr, g.a.stride[r], g.sfa.ptr, g.sfa.stride[r],
-                                       g.sfa.stride[r + 1], g.b.ptr, g.b.stride[1], g.sfb.ptr, g.sfb.stride[0],
-                                       g.sfb.stride[1], g.sfb.stride[2], g.d.ptr, g.d.stride[r], g.index.ptr);
+  PyObject* head =
+      weights == Weights::kFragment
+          ? Py_BuildValue("(KLKLLKKLK)", g.a.ptr, g.a.stride[r], g.sfa.ptr, g.sfa.stride[r], g.sfa.stride[r + 1],
+                          g.b.ptr, g.d.ptr, g.d.stride[r], g.index.ptr)
+      : weights == Weights::kFp4
+          ? Py_BuildValue("(KLKLLKLKLLKLK)", g.a.ptr, g.a.stride[r], g.sfa.ptr, g.sfa.stride[r], g.sfa.stride[r + 1],
+                          g.b.ptr, g.b.stride[1], g.sfb.ptr, g.sfb.stride[0], g.sfb.stride[1], g.d.ptr, g.d.stride[r],
+                          g.index.ptr)
+          : Py_BuildValue("(KLKLLKLKLLLKLK)", g.a.ptr, g.a.stride[r], g.sfa.ptr, g.sfa.stride[r],
+                          g.sfa.stride[r + 1], g.b.ptr, g.b.stride[1], g.sfb.ptr, g.sfb.stride[0], g.sfb.stride[1],
+                          g.sfb.stride[2], g.d.ptr, g.d.stride[r], g.index.ptr);
   PyObject* tail = masked ? Py_BuildValue("(iLiiii)", g.m, extra, g.n, g.k, g.groups, g.d.device)
-                   : fp4  ? Py_BuildValue("(iiiii)", g.m, g.n, g.k, g.groups, g.d.device)
+                   : !fp8 ? Py_BuildValue("(iiiii)", g.m, g.n, g.k, g.groups, g.d.device)
                           : Py_BuildValue("(iiiiLi)", g.m, g.n, g.k, g.groups, extra, g.d.device);
   PyObject* whole = head != nullptr && tail != nullptr ? PySequence_Concat(head, tail) : nullptr;
   Py_XDECREF(head);
@@ -317,19 +358,23 @@ PyObject* grouped_launch_args(PyObject* const* args, Py_ssize_t nargs, bool mask
 }
 
 PyObject* m_grouped_fp8_gemm_nt_contiguous_args(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  return grouped_launch_args(args, nargs, false, false);
+  return grouped_launch_args(args, nargs, false, Weights::kFp8);
 }
 
 PyObject* m_grouped_fp8_gemm_nt_masked_args(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  return grouped_launch_args(args, nargs, true, false);
+  return grouped_launch_args(args, nargs, true, Weights::kFp8);
 }
 
 PyObject* m_grouped_fp8_fp4_gemm_nt_contiguous_args(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  return grouped_launch_args(args, nargs, false, true);
+  return grouped_launch_args(args, nargs, false, Weights::kFp4);
 }
 
 PyObject* m_grouped_fp8_fp4_gemm_nt_masked_args(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  return grouped_launch_args(args, nargs, true, true);
+  return grouped_launch_args(args, nargs, true, Weights::kFp4);
+}
+
+PyObject* m_grouped_fp8_fp4_gemm_nt_masked_fragment_args(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return grouped_launch_args(args, nargs, true, Weights::kFragment);
 }
 
 #define MOE_FASTCALL(fn, doc) \
@@ -360,6 +405,12 @@ PyMethodDef kMethods[] = {
     MOE_FASTCALL(m_grouped_fp8_fp4_gemm_nt_masked_args,
                  "m_grouped_fp8_fp4_gemm_nt_masked_args(a, b, d, masked_m, expected_m) -> the launch arguments, "
                  "or None"),
+    MOE_FASTCALL(m_grouped_fp8_fp4_gemm_nt_masked_fragment_tensors,
+                 "m_grouped_fp8_fp4_gemm_nt_masked_fragment_tensors(a, b, d, masked_m, expected_m, device, stream) "
+                 "-> bool"),
+    MOE_FASTCALL(m_grouped_fp8_fp4_gemm_nt_masked_fragment_args,
+                 "m_grouped_fp8_fp4_gemm_nt_masked_fragment_args(a, b, d, masked_m, expected_m) -> the launch "
+                 "arguments, or None"),
 };
 
 #undef MOE_FASTCALL

@@ -16,11 +16,12 @@
 
 namespace moe_apis::tensor_args {
 
-// One tensor as the launchers see it; `dim` at most 3.
+// One tensor as the launchers see it; `dim` at most kMaxDim (the decode layout's weights have 4).
+constexpr int kMaxDim = 4;
 struct View {
   std::uint64_t ptr = 0;
-  std::int64_t size[3] = {0, 0, 0};
-  std::int64_t stride[3] = {0, 0, 0};
+  std::int64_t size[kMaxDim] = {0, 0, 0, 0};
+  std::int64_t stride[kMaxDim] = {0, 0, 0, 0};
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   int device = -1;
 };
@@ -44,7 +45,7 @@ inline bool read(PyObject* obj, int dim, bool written, bool any_device, View& ou
   if (impl == nullptr || !(impl->is_cuda() || (any_device && impl->is_cpu())) || impl->layout() != c10::kStrided ||
       impl->is_nested() || impl->is_python_dispatch() || impl->has_symbolic_sizes_strides() ||
       impl->key_set().has(c10::DispatchKey::Functionalize) || !impl->has_storage() || !impl->dtype_initialized() ||
-      !impl->dtype().isScalarType() || impl->dim() != dim) {
+      !impl->dtype().isScalarType() || dim > kMaxDim || impl->dim() != dim) {
     return false;
   }
   const c10::IntArrayRef sizes = impl->sizes();

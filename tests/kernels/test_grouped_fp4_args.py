@@ -188,7 +188,10 @@ def _fragment_args(**over) -> dict:
     return args
 
 
-def _fragment_fast(**args):
+def _fragment_fast(check: str = "python", **args):
+    if check == "c++":
+        return kernels.jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked_fragment_args(
+            args["a"], args["b"], args["d"], args["masked_m"], args["expected_m"])
     return kernels.grouped._masked_launch_args(**args, weights="fragment")
 
 
@@ -209,16 +212,18 @@ _BAD_FRAGMENTS = [
 ]
 
 
+@pytest.mark.parametrize("check", kChecks)
 @pytest.mark.parametrize("bad", range(len(_BAD_FRAGMENTS)))
-def test_fragment_fast_path_refuses_what_the_checks_refuse(bad):
-    assert _fragment_fast(**_fragment_args()) is not None
+def test_fragment_fast_path_refuses_what_the_checks_refuse(bad, check):
+    assert _fragment_fast(check, **_fragment_args()) is not None
     args = _fragment_args(**_BAD_FRAGMENTS[bad])
-    assert _fragment_fast(**args) is None
+    assert _fragment_fast(check, **args) is None
     with pytest.raises((TypeError, ValueError)):
         kernels.m_grouped_fp8_fp4_gemm_nt_masked(**args)
 
 
-def test_fragment_fast_path_leaves_larger_batches_and_misaligned_weights_to_the_full_path():
+@pytest.mark.parametrize("check", kChecks)
+def test_fragment_fast_path_leaves_larger_batches_and_misaligned_weights_to_the_full_path(check):
     """More than 32 rows per group (refused by name on CUDA) and a misaligned layout (TMA): the fast
     path declines; on the CPU the full path runs the reference."""
     g, n, k = 2, 16, 256
@@ -227,15 +232,16 @@ def test_fragment_fast_path_leaves_larger_batches_and_misaligned_weights_to_the_
     for over in (dict(a=(torch.zeros(g, 64, k, dtype=_FP8), torch.ones(g, 64, 2)),
                       d=torch.empty(g, 64, n, dtype=torch.bfloat16), expected_m=33), dict(b=shifted.copy_(layout))):
         args = _fragment_args(**over)
-        assert _fragment_fast(**args) is None
+        assert _fragment_fast(check, **args) is None
         kernels.m_grouped_fp8_fp4_gemm_nt_masked(**args)
 
 
-def test_fragment_fast_path_passes_pointers_and_strides_on():
+@pytest.mark.parametrize("check", kChecks)
+def test_fragment_fast_path_passes_pointers_and_strides_on(check):
     args = _fragment_args(expected_m=40)  # min(expected_m, max_m) = 8 rows
     a_t, sfa = args["a"]
     want = (a_t.data_ptr(), 256, sfa.data_ptr(), 2, 1, args["b"].data_ptr(), args["d"].data_ptr(), 16,
             args["masked_m"].data_ptr(), 8, 40, 16, 256, 2, -1)
-    assert _fragment_fast(**args) == want
+    assert _fragment_fast(check, **args) == want
     native = kernels.jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked_fragment
     assert len(re.findall(r"\barg\d+:", native.__doc__.splitlines()[0])) == len(want) + 1
