@@ -73,6 +73,11 @@ def main() -> int:
     am = (ac[0].view(4, 256, 7168)[:, :64].contiguous(), ac[1].view(4, 256, 56)[:, :64].contiguous())
     dm = torch.empty(4, 64, 2112, device="cuda", dtype=torch.bfloat16)
     masked_m = torch.full((4,), 64, device="cuda", dtype=torch.int32)
+    # FP4 weights of the same experts: random packed E2M1 codes and UE8M0 bytes (the form
+    # transform_sf_for_fp4_gemm gives), and the decode layout of them; masked decode at 16 rows.
+    b4 = (torch.randint(0, 256, (4, 2112, 3584), device="cuda", dtype=torch.uint8),
+          torch.randint(118, 126, (4, 2112, 224), device="cuda", dtype=torch.uint8))
+    b4_decode = kernels.transform_fp4_for_decode(*b4)
     native = native_module()
     dev = x.device
     stream = _descriptors.current_stream(dev)
@@ -99,6 +104,12 @@ def main() -> int:
             ac, bg, dc, m_indices)),
         ("kernels.m_grouped_fp8_gemm_nt_masked", lambda: kernels.m_grouped_fp8_gemm_nt_masked(
             am, bg, dm, masked_m, 64)),
+        ("kernels.m_grouped_fp8_fp4_gemm_nt_contiguous", lambda: kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(
+            ac, b4, dc, m_indices)),
+        ("kernels.m_grouped_fp8_fp4_gemm_nt_masked", lambda: kernels.m_grouped_fp8_fp4_gemm_nt_masked(
+            am, b4, dm, masked_m, 16)),
+        ("kernels.m_grouped_fp8_fp4_gemm_nt_masked, decode layout", lambda: kernels.m_grouped_fp8_fp4_gemm_nt_masked(
+            am, b4_decode, dm, masked_m, 16)),
     ]
     # Under MOE_TMA_MEMO=0 (read once per process: this script runs again in a child with it set),
     # only the GEMM calls, labelled so.
