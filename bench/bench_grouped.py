@@ -224,9 +224,10 @@ def mn_major_call(problem: Problem, groups: int, rows: int) -> Callable[[], None
     return lambda: kernels.m_grouped_fp8_gemm_nt_contiguous(a, problem.b, problem.out, m_indices)
 
 
-def variant_timings(problem: Problem, variants) -> tuple[list[str], list[float]]:
-    """``problem``'s call with each of ``variants`` (label, environment switches): cells "µs (over
-    the default)", timed interleaved with the default in one profile, and their outputs' diffs."""
+def variant_timings(problem: Problem, variants) -> tuple[list[tuple[float, float]], list[float]]:
+    """``problem``'s call with each of ``variants`` (label, environment switches), timed interleaved
+    with the default in one profile: (µs, time over the default's) per variant, and their outputs'
+    diffs."""
     if not variants:
         return [], []
     check = output_check(problem)
@@ -234,7 +235,12 @@ def variant_timings(problem: Problem, variants) -> tuple[list[str], list[float]]
     diffs = [output_diff(call, problem.out, check) for call in calls]
     timings = bench_kineto_interleaved([(problem.call, problem.kernel)] + [(call, problem.kernel) for call in calls])
     base = timings[0].median_s
-    return [f"{t.median_s * 1e6:.1f} ({t.median_s / base:.2f}x)" for t in timings[1:]], diffs
+    return [(t.median_s * 1e6, t.median_s / base) for t in timings[1:]], diffs
+
+
+def variant_cells(timings: list[tuple[float, float]]) -> list[str]:
+    """One cell "µs (over the default)" per variant of :func:`variant_timings`."""
+    return [f"{us:.1f} ({ratio:.2f}x)" for us, ratio in timings]
 
 
 def contiguous(weights: str, groups: int, rows: int, n: int, k: int, variants=(), mn_major: bool = False) -> dict:
@@ -248,7 +254,8 @@ def contiguous(weights: str, groups: int, rows: int, n: int, k: int, variants=()
     problem = make_contiguous(weights, groups, rows, n, k)
     row = measure(problem)
     if weights != "fp8":
-        row["variant_cells"], diffs = variant_timings(problem, variants)
+        timings, diffs = variant_timings(problem, variants)
+        row["variant_cells"] = variant_cells(timings)
         row["diff"] = worst_of(row["diff"], *diffs)
         return row
     check = output_check(problem)
@@ -348,19 +355,19 @@ def main(argv: list[str] | None = None) -> int:
                               f"{r['torch_us']:.1f}", f"{r['torch_tflops']:.0f}", peer,
                               "-" if aligned is None else f"{r['torch_us'] / aligned:.2f}x"]
                     r["diff"] = worst_of(r["diff"], r.get("aligned_diff", 0.0))
-                    variant_cells = [f"{us:.1f} ({us / base:.2f}x)" for _, us, _, base in r["variants"]]
+                    extra = variant_cells([(us, us / base) for _, us, _, base in r["variants"]])
                 else:
                     cells += ["-"] * 12
-                    variant_cells = ["-"] * len(contiguous_labels)
+                    extra = ["-"] * len(contiguous_labels)
                 if fp4:
                     r4 = contiguous("fp4", groups, rows, n, k, fp4_variants)
                     cells += [f"{r4['ours_us']:.1f}", f"{r4['tflops']:.0f}", f"{r4['call_us']:.1f}"]
-                    variant_cells += r4["variant_cells"]
+                    extra += r4["variant_cells"]
                 else:
                     cells += ["-"] * 3
-                    variant_cells += ["-"] * len(fp4_variants)
+                    extra += ["-"] * len(fp4_variants)
                 cells.append(f"{worst_of(*(x['diff'] for x in (r if fp8 else None, r4 if fp4 else None) if x)):.1e}")
-                print("| " + " | ".join(cells + variant_cells) + " |", flush=True)
+                print("| " + " | ".join(cells + extra) + " |", flush=True)
     print("\n| masked | N x K | tokens/expert | FP8 µs | FP8 weights GB/s | FP8 of copy | FP8 per call µs "
           "| FP4 µs | FP4 weights GB/s | FP4 per call µs | FP4 speed-up over FP8 "
           "| FP4 decode-layout µs | FP4 decode-layout weights GB/s | FP4 decode-layout speed-up over FP8 | worst diff |"
@@ -384,25 +391,22 @@ def main(argv: list[str] | None = None) -> int:
                 cells += ([f"{v2['ours_us']:.1f}", f"{v2['weight_gbps']:.0f}",
                            f"{r['ours_us'] / v2['ours_us']:.2f}x" if r else "-"] if v2 else ["-"] * 3)
                 diffs = [x["diff"] for x in (r, r4, v2) if x]
-                variant_cells = []
+                # Each variant against the default timed in the same profile, runs interleaved.
+                extra = []
                 if r is None:
-                    variant_cells += ["-", "-"] * len(variants)
-                elif variants:
-                    # Each against the default timed in the same profile, runs interleaved.
-                    check = output_check(p8)
-                    calls = [env_call(p8.call, **env) for _, env in variants]
-                    diffs += [output_diff(call, p8.out, check) for call in calls]
-                    timings = bench_kineto_interleaved([(p8.call, p8.kernel)] + [(call, p8.kernel) for call in calls])
-                    variant_cells += [cell for t in timings[1:] for cell in
-                                      (f"{t.median_s * 1e6:.1f}", f"{t.median_s / timings[0].median_s:.2f}x")]
-                if p4 is None:
-                    variant_cells += ["-"] * len(fp4_variants)
+                    extra += ["-", "-"] * len(variants)
                 else:
-                    fp4_cells, fp4_diffs = variant_timings(p4, fp4_variants)
-                    variant_cells += fp4_cells
+                    timings, fp8_diffs = variant_timings(p8, variants)
+                    extra += [cell for us, ratio in timings for cell in (f"{us:.1f}", f"{ratio:.2f}x")]
+                    diffs += fp8_diffs
+                if p4 is None:
+                    extra += ["-"] * len(fp4_variants)
+                else:
+                    timings, fp4_diffs = variant_timings(p4, fp4_variants)
+                    extra += variant_cells(timings)
                     diffs += fp4_diffs
                 cells.append(f"{worst_of(*diffs):.1e}")
-                print("| " + " | ".join(cells + variant_cells) + " |", flush=True)
+                print("| " + " | ".join(cells + extra) + " |", flush=True)
     return 0
 
 

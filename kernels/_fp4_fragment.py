@@ -112,15 +112,8 @@ def m_grouped_fp8_fp4_gemm_nt_masked_fragment(a: tuple[torch.Tensor, torch.Tenso
     from . import _checks, _descriptors, grouped, jit
     from .reference import gemm as reference
 
-    # Plain CUDA tensors: checked and launched in C++, else the same checks in Python.
-    if jit.TENSOR_API and type(d) is torch.Tensor:
-        device = d.get_device()
-        if device >= 0 and jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked_fragment_tensors(
-                a, b, d, masked_m, expected_m, device, _descriptors.current_stream_of(device)):
-            return
-    args = grouped._masked_launch_args(a, b, d, masked_m, expected_m, weights="fragment")
-    if args is not None and args[-1] >= 0:
-        jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked_fragment(*args, _descriptors.current_stream_of(args[-1]))
+    if grouped._launch_fast("m_grouped_fp8_fp4_gemm_nt_masked_fragment", d, (a, b, d, masked_m, expected_m),
+                            lambda: grouped._masked_launch_args(a, b, d, masked_m, expected_m, weights="fragment")):
         return
     grouped._check_expected_m(fn, expected_m)
     a_t, sfa, groups, max_m, k = grouped._masked_activations(fn, a)

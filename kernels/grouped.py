@@ -47,6 +47,8 @@ that block's scale); the CPU reference keeps them.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from . import _checks, _descriptors, _fp4, _fp4_fragment, jit
@@ -207,7 +209,9 @@ def _fragment_weights_fast(b, k: int, n: int, rows: int):
         return None
     g, kb, row_blocks, block_bytes = b.shape
     b_ptr = b.data_ptr()
-    if (kb, row_blocks, block_bytes) != (k // _BLOCK, (n + 63) // 64, _fp4_fragment.kBlockBytes) or g == 0 \
+    rows_per_block = _fp4_fragment.kRowsPerBlock
+    if (kb, row_blocks, block_bytes) != (k // _BLOCK, (n + rows_per_block - 1) // rows_per_block,
+                                         _fp4_fragment.kBlockBytes) or g == 0 \
             or b.stride() != (kb * row_blocks * block_bytes, row_blocks * block_bytes, block_bytes, 1) or b_ptr % 16:
         return None
     return g, n, (b_ptr,)
@@ -288,6 +292,23 @@ def _masked_launch_args(a, b, d, masked_m, expected_m, weights: str = "fp8"):
         return None
     return (a_t.data_ptr(), lda, sfa.data_ptr(), sfa_sm, sfa_sk, *weight_args, d.data_ptr(), ldd,
             masked_m.data_ptr(), max_m, expected_m, n, k, g, device)
+
+
+def _launch_fast(name: str, d: object, call: tuple, launch_args: Callable[[], tuple | None]) -> bool:
+    """The FP8 x FP4 calls' fast paths, ahead of their full checks: on a plain CUDA ``d`` the C++
+    entry point ``_C.<name>_tensors(*call, device, stream)`` checks and launches; where it declines,
+    ``launch_args()`` (the Python fast check) feeds ``_C.<name>``. False: neither took the call, and
+    the full checks run and name what is wrong."""
+    native = jit.native_module()
+    if jit.TENSOR_API and type(d) is torch.Tensor:
+        device = d.get_device()
+        if device >= 0 and getattr(native, name + "_tensors")(*call, device, _descriptors.current_stream_of(device)):
+            return True
+    args = launch_args()
+    if args is None or args[-1] < 0:
+        return False
+    getattr(native, name)(*args, _descriptors.current_stream_of(args[-1]))
+    return True
 
 
 def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
@@ -384,16 +405,8 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
     ``m_indices`` int32 [M] (the contiguous layout of the FP8 function).
     """
     fn = "m_grouped_fp8_fp4_gemm_nt_contiguous"
-    # Plain CUDA tensors, packed weights with byte scales: checked and launched in C++ (as the FP8 call).
-    if jit.TENSOR_API and recipe is None and type(d) is torch.Tensor:
-        device = d.get_device()
-        if device >= 0 and jit.native_module().m_grouped_fp8_fp4_gemm_nt_contiguous_tensors(
-                a, b, d, m_indices, device, _descriptors.current_stream_of(device)):
-            return
     _checks.check_recipe(fn, recipe)
-    args = _contiguous_launch_args(a, b, d, m_indices, weights="fp4")
-    if args is not None and args[-1] >= 0:
-        jit.native_module().m_grouped_fp8_fp4_gemm_nt_contiguous(*args, _descriptors.current_stream_of(args[-1]))
+    if _launch_fast(fn, d, (a, b, d, m_indices), lambda: _contiguous_launch_args(a, b, d, m_indices, weights="fp4")):
         return
     a_t, sfa, m, k = _contiguous_activations(fn, a)
     b_t, sfb, g, n = _fp4.check_weights(fn, b, k)
@@ -435,17 +448,10 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     fn = "m_grouped_fp8_fp4_gemm_nt_masked"
     _checks.check_recipe(fn, recipe)
     if isinstance(b, torch.Tensor):
-        from . import _fp4_fragment
         _fp4_fragment.m_grouped_fp8_fp4_gemm_nt_masked_fragment(a, b, d, masked_m, expected_m, fn)
         return
-    if jit.TENSOR_API and type(d) is torch.Tensor:
-        device = d.get_device()
-        if device >= 0 and jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked_tensors(
-                a, b, d, masked_m, expected_m, device, _descriptors.current_stream_of(device)):
-            return
-    args = _masked_launch_args(a, b, d, masked_m, expected_m, weights="fp4")
-    if args is not None and args[-1] >= 0:
-        jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked(*args, _descriptors.current_stream_of(args[-1]))
+    if _launch_fast(fn, d, (a, b, d, masked_m, expected_m),
+                    lambda: _masked_launch_args(a, b, d, masked_m, expected_m, weights="fp4")):
         return
     _check_expected_m(fn, expected_m)
     a_t, sfa, groups, max_m, k = _masked_activations(fn, a)
