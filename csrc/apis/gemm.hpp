@@ -312,8 +312,8 @@ inline void register_apis(pybind11::module_& m) {
         d["smem_bytes"] = cfg.smem_bytes;
         return pybind11::make_tuple(g.name, g.code, d);
       },
-      "(name, code, config) of the swapped FP8 x FP4 kernel (gemm_type 2 masked: expected_m up to 32, or 128 "
-      "on packed weights; 1 contiguous: expected_m = the rows of A; no GPU needed)",
+      "(name, code, config) of the swapped FP8 x FP4 kernel (gemm_type 2 masked: expected_m up to 32 in the "
+      "decode layout, any on packed weights; 1 contiguous: expected_m = the rows of A; no GPU needed)",
       pybind11::arg("expected_m"), pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"),
       pybind11::arg("num_groups"), pybind11::arg("fragment_layout") = false, pybind11::arg("gemm_type") = 2);
   m.def(

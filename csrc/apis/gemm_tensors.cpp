@@ -167,9 +167,9 @@ bool fp4_weights(const T::View& b, const T::View& sfb, std::int64_t k) {
 }
 
 // Weights in transform_fp4_for_decode's layout (kernels/_fp4_fragment.py), uint8 [G, K/128,
-// ceil(N/64), 4352] contiguous and 16-byte aligned, as grouped.py's _fragment_weights_fast takes
-// them (N is D's; the rows per group are checked by the caller).
-constexpr std::int64_t kFragmentBlockBytes = 4352;
+// ceil(N/64), kFragmentBlockBytes] contiguous and 16-byte aligned, as grouped.py's
+// _fragment_weights_fast takes them (N is D's; the rows per group are checked by the caller).
+constexpr std::int64_t kFragmentBlockBytes = moe_launchers::sm90_fp8_fp4_gemm::kFragmentBlockBytes;
 bool fragment_weights(const T::View& b, std::int64_t k, std::int64_t n) {
   const std::int64_t g = b.size[0], kb = k / kBlock, row_blocks = (n + 63) / 64;
   return b.dtype == ScalarType::Byte && n != 0 && n % 8 == 0 && g != 0 && b.size[1] == kb &&
@@ -177,7 +177,8 @@ bool fragment_weights(const T::View& b, std::int64_t k, std::int64_t n) {
          b.stride[2] == kFragmentBlockBytes && b.stride[1] == row_blocks * kFragmentBlockBytes &&
          b.stride[0] == kb * row_blocks * kFragmentBlockBytes && b.ptr % 16 == 0 && g <= INT_MAX && n <= INT_MAX;
 }
-constexpr long long kFragmentMaxRows = 32;  // min(expected_m, max_m) the decode-layout kernel serves
+// min(expected_m, max_m) the decode-layout kernel serves.
+constexpr long long kFragmentMaxRows = moe_launchers::sm90_fp8_fp4_gemm::kSwapAbMaxTokens;
 
 enum class Weights { kFp8, kFp4, kFragment };  // FP8, packed FP4 with byte scales, the decode layout
 

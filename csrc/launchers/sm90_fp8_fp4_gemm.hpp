@@ -252,8 +252,8 @@ inline SwapAbConfig plan_swap_ab_config(GemmType type, int expected_m, int n, in
     c.block_t = (expected_m + 7) / 8 * 8;
     c.num_math_wg = 1;
     c.k_blocks = (k / kBlockK) % 2 == 0 ? 2 : 1;
+    plan_decode_warpgroups(c, expected_m, num_groups);
   }
-  if (!prefill) plan_decode_warpgroups(c, expected_m, num_groups);
   const int per_stage = swap_ab_stage_bytes(c.block_t, c.block_w(), c.k_blocks, c.fragment_layout) + 16;
   const int d_bytes = (c.block_t * c.block_w() * 2 + 1023) / 1024 * 1024;
   c.num_stages = std::min(kMaxStages, (kSmemLimit - d_bytes) / per_stage);

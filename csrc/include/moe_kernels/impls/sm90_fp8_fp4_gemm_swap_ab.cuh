@@ -149,16 +149,16 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
   static_assert(!kFragmentLayout || kBlockT <= 16 || kNumMathWG <= 2,
                 "four accumulator sets of kBlockT / 2 fit the 96 registers of five warpgroups up to 16 tokens");
   // Decode tiles need no setmaxnreg: at up to 640 threads every role fits the launch budget (math
-  // holds 16 fragment registers and two accumulator sets of kBlockT / 2). Past 32 tokens math also
-  // holds kBlockT / 4 token scales: the producer warpgroup gives up its registers (at 40 its scale
-  // warps' item loop spilled; at 56 math keeps 224).
+  // holds 16 fragment registers and two accumulator sets of kBlockT / 2). Prefill tiles' math holds
+  // two sets of 64 and two fragment sets (prefill_k_loop): the producer warpgroup gives up its
+  // registers (at 40 its scale warps' item loop spilled; at 56 math keeps 224).
   constexpr bool kSetMaxNReg = kBlockT > 32;
   constexpr uint32_t kProducerRegisters = 56;
   constexpr uint32_t kLaunchRegisters = sm90::launch_registers<(kNumMathWG + 1) * 128>() / 128;
   constexpr uint32_t kMathShare = (kLaunchRegisters - kProducerRegisters) / kNumMathWG / 8 * 8;
   constexpr uint32_t kMathRegisters = kMathShare < 240 ? kMathShare : 240;
   static_assert(!kSetMaxNReg || (kNumMathWG <= 2 && kMathRegisters >= 224),
-                "past 32 tokens math needs two accumulator sets of kBlockT / 2 and the token scales");
+                "past 32 tokens math needs two accumulator sets of kBlockT / 2 and two fragment sets");
 
   extern __shared__ __align__(1024) uint8_t smem[];
   auto* barriers = reinterpret_cast<uint64_t*>(smem + Smem::kOffsetBarriers);
