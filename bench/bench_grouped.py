@@ -18,7 +18,8 @@ Weight bytes: FP8 = N K + 4 ceil(N/128) K/128 per expert; FP4 = N K / 2 + N K / 
 "worst diff": the largest calc_diff of any kernel of the row against float32 math on its
 dequantized operands, over the first and last group, outputs NaN-poisoned before the run.
 ``--variant NAME=VALUE`` times the FP8 kernel with environment switches set, ``--fp4-variant`` the
-FP4 kernel (e.g. ``MOE_FP4_SWAP_AB=0``: the converter kernel), each interleaved with the default it
+FP4 call (e.g. ``MOE_FP4_SWAP_AB=0``: the converter kernel; ``MOE_FP4_STAGED=0|1``: the in-kernel
+conversion or the staged cast + FP8 GEMM), each interleaved with the default it
 is divided by and its output checked; ``--sfa-mn-major``
 times the contiguous FP8 kernel on MN-major TMA-aligned A scales. A contiguous row's FP8 columns
 and the torch peer are timed in one profile, their runs interleaved (every column once per round,
@@ -39,9 +40,10 @@ from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, 
                              env_call, flush_mode, output_diff, parse_env_variants, per_call_us)
 
 NK = [(4096, 7168), (7168, 2048)]
-# Profiler names counted: every kernel of an FP8 call (large contiguous ones copy K-major A scales
-# MN-major first, mn_major_sf), the FP4 kernel's.
-_KERNELS = {"fp8": "", "fp4": "sm90_fp8_fp4_gemm_nt"}
+# Profiler name counted for a call: every kernel of it ("" matches all). Large contiguous FP8 calls
+# copy K-major A scales MN-major first (mn_major_sf); staged FP4 calls cast the weights to FP8 and
+# run the FP8 GEMM (MOE_FP4_STAGED); the flush between runs is never counted.
+_ALL_KERNELS = ""
 
 
 def torch_grouped(a_fp8, b_fp8, counts):
@@ -148,7 +150,7 @@ def make_contiguous(weights: str, groups: int, rows: int, n: int, k: int, device
     d = torch.empty(groups * rows, n, device=device, dtype=torch.bfloat16)
     gemm = (kernels.m_grouped_fp8_gemm_nt_contiguous if weights == "fp8"
             else kernels.m_grouped_fp8_fp4_gemm_nt_contiguous)
-    return Problem(lambda: gemm(a, b, d, m_indices), _KERNELS[weights], a, b, d, weight_bytes,
+    return Problem(lambda: gemm(a, b, d, m_indices), _ALL_KERNELS, a, b, d, weight_bytes,
                    2 * groups * rows * n * k, weights, rows)
 
 
@@ -162,7 +164,7 @@ def make_masked(weights: str, groups: int, tokens: int, n: int, k: int, device="
     masked_m = torch.full((groups,), tokens, device=device, dtype=torch.int32)
     d = torch.empty(groups, max_m, n, device=device, dtype=torch.bfloat16)
     gemm = kernels.m_grouped_fp8_gemm_nt_masked if weights == "fp8" else kernels.m_grouped_fp8_fp4_gemm_nt_masked
-    return Problem(lambda: gemm(a, b, d, masked_m, tokens), _KERNELS[weights], a, b, d, weight_bytes,
+    return Problem(lambda: gemm(a, b, d, masked_m, tokens), _ALL_KERNELS, a, b, d, weight_bytes,
                    2 * groups * tokens * n * k, weights, tokens, masked=True)
 
 

@@ -1,4 +1,4 @@
-"""Benchmark of the FP8 quantizers against the device copy ceiling (GPU only).
+"""Benchmark of the FP8 quantizers and the FP4 -> FP8 weight cast against the device copy ceiling (GPU only).
 
 For every shape: kernel time from the torch profiler with the L2 flushed before each run, the
 bandwidth it reaches (bytes read + written), the copy ceiling measured in the same run with the
@@ -46,10 +46,11 @@ def copy_ceiling_gbps_kineto(num_bytes: int = _COPY_BYTES) -> float:
     return 2 * num_bytes / seconds / 1e9
 
 
-def bench_one(kernel: str, fn, x: torch.Tensor, shape: str, ceiling: float) -> Row:
+def bench_one(kernel: str, fn, x, shape: str, ceiling: float) -> Row:
+    """``x``: the input tensor or tensors (bytes read)."""
     x_fp8, sf = fn()
     seconds = bench_kineto(fn, kernel).median_s
-    gbps = count_bytes(x, x_fp8, sf) / seconds / 1e9
+    gbps = count_bytes(*(x if isinstance(x, tuple) else (x,)), x_fp8, sf) / seconds / 1e9
     return Row(kernel, shape, seconds * 1e6, gbps, gbps / ceiling, per_call_us(fn))
 
 
@@ -90,6 +91,13 @@ def main() -> None:
                 row = bench_one(kernel, fn, x, shape, ceiling)
                 row.kernel = label
                 print(row.markdown())
+    # FP4 expert weights [G, N, K/2] -> FP8 with block scales: the staged FP8 x FP4 GEMMs' first step.
+    for g, n, k in ((4, 4096, 7168), (32, 4096, 7168), (8, 7168, 2048)):
+        b = quant.per_token_cast_to_fp4(torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16))
+        b = (b[0], quant.transform_sf_for_fp4_gemm(b[1]))
+        row = bench_one("cast_fp4_to_fp8_blocks_kernel", lambda b=b: quant.cast_fp4_to_fp8_blocks(b), b,
+                        f"{g} x {n} x {k}", ceiling)
+        print(row.markdown())
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from .layout import get_mn_major_tma_aligned_tensor, get_tma_aligned_size, trans
 from .moe import moe_combine, moe_local_dispatch, moe_route, swiglu_quant_fp8
 from .quant import (
     cast_back_from_fp4,
+    cast_fp4_to_fp8_blocks,
     ceil_to_ue8m0,
     per_block_cast_to_fp8,
     per_token_cast_to_fp4,
@@ -39,6 +40,7 @@ __all__ = [
     "PreparedExchange",
     "bf16_gemm_nt",
     "cast_back_from_fp4",
+    "cast_fp4_to_fp8_blocks",
     "ceil_to_ue8m0",
     "ep_buffer_views",
     "ep_combine",

@@ -7,6 +7,8 @@ format. The kernel takes SFB as UE8M0 exponent bytes (value ``2^(byte - 127)``):
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import _checks
@@ -111,3 +113,24 @@ def check_pointers(fn: str, b_t: torch.Tensor, sfb_bytes: torch.Tensor) -> None:
     if sfb_bytes.data_ptr() % 4:
         _checks.fail(fn, ValueError, f"b[1] (SFB) must start at a 4-byte aligned address, "
                                      f"got {sfb_bytes.data_ptr():#x}")
+
+
+# The staged path (FP4 -> FP8 cast of every weight, then the FP8 GEMM) from this many rows per group
+# on: the in-kernel conversions redo a weight tile's conversion for every M tile, and with many
+# rows that costs more than one pass over the weights (bench/RESULTS.md, session 33).
+STAGED_MIN_ROWS = 512
+# Largest FP8 weight copy a staged call holds at once; more groups run in chunks of groups.
+STAGED_MAX_BYTES = 1 << 30
+
+
+def staged_policy(fn: str) -> bool | None:
+    """``MOE_FP4_STAGED``: unset or empty picks by rows per group, ``0`` never stages, ``1`` always."""
+    setting = os.environ.get("MOE_FP4_STAGED", "")
+    if setting in ("", "0", "1"):
+        return None if setting == "" else setting == "1"
+    _checks.fail(fn, ValueError, f"MOE_FP4_STAGED must be 0 or 1 (or unset), got {setting!r}")
+
+
+def staged_chunk(n: int, k: int) -> int:
+    """Groups per staged chunk: as many FP8 weight matrices [N, K] as STAGED_MAX_BYTES holds (>= 1)."""
+    return max(1, STAGED_MAX_BYTES // (n * k))

@@ -42,7 +42,12 @@ as follows: within each 128-deep K block of a weight row, the four 1x32 scales a
 largest, ``2^e_max``, applied per output column in the FP32 promotion (with the activations' 1x128
 scale), and the relative factors ``2^(e_j - e_max)``, folded into the conversion. Groups more than
 2^11 below their block's largest scale are flushed to zero (their values are below 6 * 2^-12 of
-that block's scale); the CPU reference keeps them.
+that block's scale); the CPU reference keeps them. Calls with many rows per group (512 or more:
+M / G contiguous, min(expected_m, max_m) masked; ``MOE_FP4_STAGED`` in the README) run staged
+instead: :func:`kernels.cast_fp4_to_fp8_blocks` turns the weights into FP8 with 128 x 128 block
+scales (exact for groups within 2^14 of their block's largest scale, rounded to E4M3's subnormal
+step below), then the FP8 GEMM runs, so each weight is converted once per call rather than once per
+M tile.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ import torch
 
 from . import _checks, _descriptors, _fp4, _fp4_fragment, jit
 from .gemm import fp8_workspace
+from .quant import _cast_fp4_to_fp8_blocks_on_gpu
 from .reference import gemm as reference
 
 _BLOCK = _checks.BLOCK
@@ -311,6 +317,36 @@ def _launch_fast(name: str, d: object, call: tuple, launch_args: Callable[[], tu
     return True
 
 
+def _fp4_staged(fn: str, a: object, b: object, expected_m: object = None) -> bool:
+    """Whether an FP8 x FP4 call runs staged (``cast_fp4_to_fp8_blocks``, then the FP8 GEMM): CUDA
+    weights with ``_fp4.STAGED_MIN_ROWS`` rows per group or more (contiguous: M / G; masked:
+    ``min(expected_m, max_m)``), or as ``MOE_FP4_STAGED`` says. Malformed arguments answer False:
+    the checks that follow name them."""
+    policy = _fp4.staged_policy(fn)
+    if policy is False:
+        return False
+    a_t = a[0] if isinstance(a, tuple) and len(a) == 2 else None
+    b_t = b[0] if isinstance(b, tuple) and len(b) == 2 else None
+    if not (isinstance(a_t, torch.Tensor) and isinstance(b_t, torch.Tensor) and b_t.is_cuda and b_t.dim() == 3
+            and b_t.shape[0] > 0):
+        return False
+    if policy:
+        return True
+    if expected_m is None:
+        rows = a_t.shape[0] / b_t.shape[0]
+    elif type(expected_m) is int and a_t.dim() == 3:
+        rows = min(expected_m, a_t.shape[1])
+    else:
+        return False
+    return rows >= _fp4.STAGED_MIN_ROWS
+
+
+def _staged_weights(fn: str, b_t: torch.Tensor, sfb_bytes: torch.Tensor, g0: int, g1: int, n: int, k: int,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Groups [g0, g1) of checked FP4 weights as FP8 weights with block scales."""
+    return _cast_fp4_to_fp8_blocks_on_gpu(fn, b_t[g0:g1], sfb_bytes[g0:g1], g1 - g0, n, k, device)
+
+
 def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
                                      d: torch.Tensor, m_indices: torch.Tensor, recipe=None,
                                      compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
@@ -406,8 +442,11 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
     """
     fn = "m_grouped_fp8_fp4_gemm_nt_contiguous"
     _checks.check_recipe(fn, recipe)
-    if _launch_fast(fn, d, (a, b, d, m_indices), lambda: _contiguous_launch_args(a, b, d, m_indices, weights="fp4")):
+    # The C++ entry point leaves calls that may run staged to this function; so does the Python one.
+    if _launch_fast(fn, d, (a, b, d, m_indices), lambda: None if _fp4_staged(fn, a, b) else
+                    _contiguous_launch_args(a, b, d, m_indices, weights="fp4")):
         return
+    staged = _fp4_staged(fn, a, b)
     a_t, sfa, m, k = _contiguous_activations(fn, a)
     b_t, sfb, g, n = _fp4.check_weights(fn, b, k)
     _checks.check_output(fn, d, (m, n))
@@ -419,6 +458,15 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
         return
     _fp4.check_pointers(fn, b_t, sfb_bytes)
     if m == 0:
+        return
+    if staged:
+        # A chunk of groups [g0, g1) sees group ids shifted by g0: the other groups' rows fall outside
+        # [0, g1 - g0), which the FP8 kernel skips, as it does padding.
+        chunk = _fp4.staged_chunk(n, k)
+        for g0 in range(0, g, chunk):
+            g1 = min(g, g0 + chunk)
+            m_grouped_fp8_gemm_nt_contiguous((a_t, sfa), _staged_weights(fn, b_t, sfb_bytes, g0, g1, n, k, device), d,
+                                             m_indices if g0 == 0 and g1 == g else m_indices - g0)
         return
     jit.native_module().m_grouped_fp8_fp4_gemm_nt_contiguous(
         a_t.data_ptr(), a_t.stride(0), sfa.data_ptr(), sfa.stride(0), sfa.stride(1),
@@ -450,9 +498,10 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     if isinstance(b, torch.Tensor):
         _fp4_fragment.m_grouped_fp8_fp4_gemm_nt_masked_fragment(a, b, d, masked_m, expected_m, fn)
         return
-    if _launch_fast(fn, d, (a, b, d, masked_m, expected_m),
-                    lambda: _masked_launch_args(a, b, d, masked_m, expected_m, weights="fp4")):
+    if _launch_fast(fn, d, (a, b, d, masked_m, expected_m), lambda: None if _fp4_staged(fn, a, b, expected_m) else
+                    _masked_launch_args(a, b, d, masked_m, expected_m, weights="fp4")):
         return
+    staged = _fp4_staged(fn, a, b, expected_m)
     _check_expected_m(fn, expected_m)
     a_t, sfa, groups, max_m, k = _masked_activations(fn, a)
     b_t, sfb, g, n = _fp4.check_weights(fn, b, k)
@@ -466,6 +515,13 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
         return
     _fp4.check_pointers(fn, b_t, sfb_bytes)
     if max_m == 0:
+        return
+    if staged:
+        chunk = _fp4.staged_chunk(n, k)
+        for g0 in range(0, g, chunk):
+            g1 = min(g, g0 + chunk)
+            weights = _staged_weights(fn, b_t, sfb_bytes, g0, g1, n, k, device)
+            m_grouped_fp8_gemm_nt_masked((a_t[g0:g1], sfa[g0:g1]), weights, d[g0:g1], masked_m[g0:g1], expected_m)
         return
     jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked(
         a_t.data_ptr(), a_t.stride(1), sfa.data_ptr(), sfa.stride(1), sfa.stride(2),

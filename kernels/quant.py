@@ -229,3 +229,38 @@ def transform_sf_for_fp4_gemm(sf: torch.Tensor) -> torch.Tensor:
     if sf.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{fn}: sf must be on a CPU or CUDA device, got {sf.device}")
     return _fp4.sf_to_ue8m0_bytes(fn, "sf", sf)
+
+
+def cast_fp4_to_fp8_blocks(b: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP4 weights -> FP8 weights with 128 x 128 block scales, the ``b`` of the FP8 grouped GEMMs.
+
+    ``b`` = (B [G, N, K/2] int8/uint8, SFB [G, N, K/32] float8_e8m0fnu/uint8/float32), the FP4
+    weights of :mod:`kernels.grouped` (K a multiple of 128), on a CPU or CUDA device. Returns
+    ``(B e4m3 [G, N, K], SFB float32 [G, ceil(N/128), K/128])``, both contiguous. A block's scale is
+    its largest 1x32 scale times 2^-6; a group more than 2^14 below it rounds to E4M3's subnormal
+    step (exact otherwise): see :func:`kernels.reference.fp4.cast_fp4_to_fp8_blocks`, which CUDA
+    reproduces bit for bit. The FP8 x FP4 GEMMs run this and the FP8 GEMM where a call has many
+    rows per group (``MOE_FP4_STAGED`` in the README).
+    """
+    fn = "cast_fp4_to_fp8_blocks"
+    packed, _ = _checks.unpack(fn, "b", b)
+    k = 2 * packed.shape[2] if isinstance(packed, torch.Tensor) and packed.dim() == 3 else 0  # else named below
+    b_t, sfb, g, n = _fp4.check_weights(fn, b, k)
+    device = _checks.check_same_device(fn, [b_t, sfb])
+    sfb_bytes = _fp4.sfb_bytes(fn, sfb)
+    if device.type == "cpu":
+        _fp4.check_sfb_range(fn, sfb_bytes)
+        return fp4_reference.cast_fp4_to_fp8_blocks(b_t.view(torch.uint8), sfb_bytes)
+    return _cast_fp4_to_fp8_blocks_on_gpu(fn, b_t, sfb_bytes, g, n, k, device)
+
+
+def _cast_fp4_to_fp8_blocks_on_gpu(fn: str, b_t: torch.Tensor, sfb_bytes: torch.Tensor, g: int, n: int, k: int,
+                                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CUDA launch of :func:`cast_fp4_to_fp8_blocks` on checked weights (SFB as exponent bytes)."""
+    _fp4.check_pointers(fn, b_t, sfb_bytes)
+    out = torch.empty((g, n, k), dtype=torch.float8_e4m3fn, device=device)
+    sf = torch.empty((g, _ceil_div(n, _BLOCK), k // _BLOCK), dtype=torch.float32, device=device)
+    jit.native_module().cast_fp4_to_fp8_blocks(
+        b_t.data_ptr(), b_t.stride(0), b_t.stride(1), sfb_bytes.data_ptr(), sfb_bytes.stride(0), sfb_bytes.stride(1),
+        out.data_ptr(), sf.data_ptr(), g, n, k, device.index, _descriptors.current_stream(device))
+    return out, sf

@@ -316,6 +316,7 @@ inline void register_apis(pybind11::module_& m) {
       "decode layout, any on packed weights; 1 contiguous: expected_m = the rows of A; no GPU needed)",
       pybind11::arg("expected_m"), pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"),
       pybind11::arg("num_groups"), pybind11::arg("fragment_layout") = false, pybind11::arg("gemm_type") = 2);
+  m.attr("FP8_FP4_STAGED_MIN_ROWS") = moe_launchers::sm90_fp8_fp4_gemm::kStagedMinRows;
   m.def(
       "fp8_fp4_gemm_nt_uses_swap_ab",
       [](int m_, int n, int k, int num_sms, int gemm_type, int num_groups) {

@@ -285,7 +285,8 @@ PyObject* m_grouped_fp8_fp4_gemm_nt_contiguous_tensors(PyObject*, PyObject* cons
   long long device = 0, stream = 0;
   GroupedArgs g;
   if (nargs != 6 || !read_int(args[4], device) || !read_int(args[5], stream) ||
-      !grouped_args(args, 2, Weights::kFp4, false, g) || g.d.device != device) {
+      !grouped_args(args, 2, Weights::kFp4, false, g) || g.d.device != device ||
+      moe_launchers::sm90_fp8_fp4_gemm::may_stage(g.m, g.groups)) {
     Py_RETURN_FALSE;
   }
   return launch_released([&] {
@@ -300,7 +301,10 @@ PyObject* m_grouped_fp8_fp4_gemm_nt_contiguous_tensors(PyObject*, PyObject* cons
 PyObject* m_grouped_fp8_fp4_gemm_nt_masked_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   long long expected_m = 0, device = 0, stream = 0;
   GroupedArgs g;
-  if (!masked_call_args(args, nargs, Weights::kFp4, g, expected_m, device, stream)) Py_RETURN_FALSE;
+  if (!masked_call_args(args, nargs, Weights::kFp4, g, expected_m, device, stream) ||
+      moe_launchers::sm90_fp8_fp4_gemm::may_stage(std::min<long long>(expected_m, g.m), 1)) {
+    Py_RETURN_FALSE;
+  }
   return launch_released([&] {
     gemm::m_grouped_fp8_fp4_gemm_nt_masked(g.a.ptr, g.a.stride[1], g.sfa.ptr, g.sfa.stride[1], g.sfa.stride[2],
                                            g.b.ptr, g.b.stride[1], g.sfb.ptr, g.sfb.stride[0], g.sfb.stride[1],

@@ -111,6 +111,29 @@ inline pybind11::tuple per_block_cast_to_fp8_code(int x_dtype, long long k, bool
   return detail::as_tuple(moe_launchers::quant::per_block_code(config));
 }
 
+inline void cast_fp4_to_fp8_blocks(std::uint64_t packed, long long packed_stride_g, long long packed_stride_n,
+                                   std::uint64_t sfb, long long sfb_stride_g, long long sfb_stride_n,
+                                   std::uint64_t out, std::uint64_t sf, long long groups, long long n, long long k,
+                                   int device, std::uint64_t stream) {
+  constexpr const char* kFn = "cast_fp4_to_fp8_blocks";
+  MOE_HOST_ASSERT(groups >= 0 && n >= 0 && k >= 0, kFn << ": groups, n and k must be >= 0, got " << groups << ", "
+                                                     << n << ", " << k);
+  if (groups == 0 || n == 0 || k == 0) return;
+  MOE_HOST_ASSERT(packed != 0 && sfb != 0 && out != 0 && sf != 0, kFn << ": null data pointer");
+  // 16-byte loads of every row's packed groups.
+  MOE_HOST_ASSERT(packed % 16 == 0 && packed_stride_n % 16 == 0 && (groups == 1 || packed_stride_g % 16 == 0),
+                  kFn << ": packed rows must be 16-byte aligned, got address " << packed << " and strides ("
+                      << packed_stride_g << ", " << packed_stride_n << ")");
+  MOE_HOST_ASSERT(out % 16 == 0, kFn << ": out must be 16-byte aligned");
+  moe_launchers::quant::cast_fp4_to_fp8_blocks_launch(
+      {packed, packed_stride_g, packed_stride_n, sfb, sfb_stride_g, sfb_stride_n, out, sf, groups, n, k, device, stream});
+}
+
+inline pybind11::tuple cast_fp4_to_fp8_blocks_code(const std::string& arch) {
+  moe_launchers::quant::arch_checked(arch);
+  return detail::as_tuple(moe_launchers::quant::cast_fp4_to_fp8_blocks_code());
+}
+
 inline void register_apis(pybind11::module_& m) {
   namespace py = pybind11;
   m.def("per_token_cast_to_fp8", &per_token_cast_to_fp8, py::call_guard<py::gil_scoped_release>(), py::arg("x"), py::arg("x_dtype"),
@@ -136,6 +159,16 @@ inline void register_apis(pybind11::module_& m) {
         py::arg("k"), py::arg("use_ue8m0"), py::arg("arch"), py::arg("vec") = 0,
         "(name, code) of the per-block kernel for these compile-time parameters; vec = 0 gives "
         "the vector width a contiguous, 16-byte-aligned x gets. Needs no GPU.");
+  m.def("cast_fp4_to_fp8_blocks", &cast_fp4_to_fp8_blocks, py::call_guard<py::gil_scoped_release>(),
+        py::arg("packed"), py::arg("packed_stride_g"), py::arg("packed_stride_n"), py::arg("sfb"),
+        py::arg("sfb_stride_g"), py::arg("sfb_stride_n"), py::arg("out"), py::arg("sf"), py::arg("groups"),
+        py::arg("n"), py::arg("k"), py::arg("device"), py::arg("stream"),
+        "FP4 weights -> E4M3 weights with one float32 scale per 128 x 128 block. packed: [groups, n, k / 2] "
+        "E2M1 pairs, sfb: [groups, n, k / 32] UE8M0 bytes, strides in bytes, last dims contiguous; out: "
+        "[groups, n, k] E4M3 and sf: [groups, ceil(n / 128), k / 128] float32, both contiguous; k a multiple "
+        "of 128. Launches on `stream`.");
+  m.def("cast_fp4_to_fp8_blocks_code", &cast_fp4_to_fp8_blocks_code, py::arg("arch"),
+        "(name, code) of the FP4 -> FP8 block cast kernel. Needs no GPU.");
 }
 
 }  // namespace moe_apis::quant

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <climits>
 #include <cstdint>
 #include <initializer_list>
 #include <sstream>
@@ -213,6 +214,62 @@ inline void per_block_launch(const PerBlockConfig& c, const PerBlockArgs& a) {
   moe_jit::launch(*kernel, cfg, reinterpret_cast<const void*>(a.x), a.x_batch_stride,
                   a.x_row_stride, reinterpret_cast<void*>(a.out), reinterpret_cast<void*>(a.sf),
                   static_cast<unsigned>(a.n));
+}
+
+// ---------------------------------------------------------------------------------------------
+// FP4 weights -> E4M3 weights with 128 x 128 block scales (impls/cast_fp4_to_fp8.cuh)
+
+constexpr int kCastFp4Threads = kBlock * kBlock / 32;  // one per (row, 1x32 group) of a block
+
+inline GeneratedKernel cast_fp4_to_fp8_blocks_code() {
+  std::ostringstream os;
+  os << "#include <moe_kernels/impls/cast_fp4_to_fp8.cuh>\n"
+     << "template __global__ void moe_kernels::cast_fp4_to_fp8_blocks_kernel<" << kBlock
+     << ">(const uint8_t*, unsigned long long, unsigned long long, const uint8_t*, unsigned long long, "
+        "unsigned long long, uint8_t*, float*, uint32_t, uint32_t);\n";
+  return {"cast_fp4_to_fp8_blocks", os.str()};
+}
+
+struct CastFp4Args {
+  std::uint64_t packed;
+  long long packed_stride_g;  // bytes
+  long long packed_stride_n;
+  std::uint64_t sfb;
+  long long sfb_stride_g;  // bytes
+  long long sfb_stride_n;
+  std::uint64_t out;
+  std::uint64_t sf;
+  long long groups;
+  long long n;
+  long long k;
+  int device;
+  std::uint64_t stream;
+};
+
+inline void cast_fp4_to_fp8_blocks_launch(const CastFp4Args& a) {
+  const long long tiles_n = (a.n + kBlock - 1) / kBlock;
+  MOE_HOST_ASSERT(a.k % kBlock == 0 && a.k / kBlock <= INT_MAX && tiles_n <= 65535 && a.groups <= 65535,
+                  "cast_fp4_to_fp8_blocks: k must be a multiple of " << kBlock
+                      << ", ceil(n / 128) and groups at most 65535, got groups = " << a.groups << ", n = " << a.n
+                      << ", k = " << a.k);
+  if (a.groups == 0 || a.n == 0 || a.k == 0) return;
+  static moe_jit::KernelMemo<std::array<int, 1>, moe_jit::IntArrayHash> memo;
+  const auto kernel = memo.get({a.device}, [&] {
+    const GeneratedKernel gen = cast_fp4_to_fp8_blocks_code();
+    return moe_jit::build(gen.name, gen.code, arch_checked(moe_jit::device_arch(a.device)));
+  });
+  moe_jit::LaunchConfig cfg;
+  cfg.grid_x = static_cast<unsigned>(a.k / kBlock);
+  cfg.grid_y = static_cast<unsigned>(tiles_n);
+  cfg.grid_z = static_cast<unsigned>(a.groups);
+  cfg.block_x = kCastFp4Threads;
+  cfg.stream = a.stream;
+  cfg.device = a.device;
+  moe_jit::launch(*kernel, cfg, reinterpret_cast<const void*>(a.packed),
+                  static_cast<unsigned long long>(a.packed_stride_g), static_cast<unsigned long long>(a.packed_stride_n),
+                  reinterpret_cast<const void*>(a.sfb), static_cast<unsigned long long>(a.sfb_stride_g),
+                  static_cast<unsigned long long>(a.sfb_stride_n), reinterpret_cast<void*>(a.out),
+                  reinterpret_cast<void*>(a.sf), static_cast<std::uint32_t>(a.n), static_cast<std::uint32_t>(a.k));
 }
 
 }  // namespace moe_launchers::quant

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 
@@ -283,6 +284,21 @@ struct Plan {
   Config converter;     // when !swap_ab
   SwapAbConfig swapped;  // when swap_ab
 };
+
+// ---- the staged path (kernels/grouped.py runs it): cast_fp4_to_fp8_blocks, then the FP8 GEMM ------
+// From this many rows per group on, one pass over the weights costs less than the in-kernel
+// conversions, which repeat a weight tile's conversion for every M tile (bench/RESULTS.md, session
+// 33). kernels/_fp4.py's STAGED_MIN_ROWS is the same number.
+constexpr int kStagedMinRows = 512;
+
+// Whether a call of `rows` rows over `groups` groups (masked: min(expected_m, max_m) rows, one
+// group) may run staged; the tensor entry points leave those calls to Python, which decides and
+// checks MOE_FP4_STAGED (any setting but "0" counts as maybe here).
+inline bool may_stage(long long rows, long long groups) {
+  const char* env = std::getenv("MOE_FP4_STAGED");
+  if (env != nullptr && env[0] != '\0') return !(env[0] == '0' && env[1] == '\0');
+  return rows >= kStagedMinRows * groups;
+}
 
 inline Plan plan_kernel(GemmType type, int m, int n, int k, int num_sms, int num_groups) {
   const char* env = std::getenv("MOE_FP4_SWAP_AB");

@@ -114,3 +114,37 @@ def cast_back_from_fp4(packed: torch.Tensor, sf: torch.Tensor, gran_k: int = 32)
                          f"got {tuple(sf.shape)}")
     sf_full = sf.float().repeat_interleave(gran_k, dim=-1)[..., :n]
     return values * sf_full
+
+
+HEADROOM_LOG2 = 6  # E2M1's largest magnitude 6 times 2^6 = 384 stays under E4M3's 448
+MAX_EXACT_STAGED_SHIFT = 14  # groups up to 2^14 below their block's largest scale convert exactly
+
+
+def cast_fp4_to_fp8_blocks(packed: torch.Tensor, sf_bytes: torch.Tensor,
+                           block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP4 weights -> E4M3 weights with one float32 scale per ``block x block``.
+
+    ``packed`` uint8 [g, n, k / 2] (two E2M1 codes per byte), ``sf_bytes`` uint8 [g, n, k / 32]
+    (UE8M0 exponents, value ``2^(byte - 127)``), ``k`` a multiple of ``block``. Returns ``(E4M3
+    [g, n, k], sf float32 [g, ceil(n / block), k / block])``. Block ``(nb, kb)`` takes the largest
+    exponent ``e_ref`` of its groups, its scale is ``2^(e_ref - 127 - 6)``, and an element ``v`` of a
+    group with exponent ``e`` becomes ``E4M3(v * 2^(6 - (e_ref - e)))`` rounded to nearest even: exact
+    while ``e_ref - e <= 14``, rounded to E4M3's subnormal step (``2^-9`` of ``2^(e_ref - 133)``)
+    below that.
+    """
+    g, n, half_k = packed.shape
+    k = half_k * 2
+    if k % block or tuple(sf_bytes.shape) != (g, n, k // 32):
+        raise ValueError(f"cast_fp4_to_fp8_blocks: k = {k} must be a multiple of {block} and sf_bytes of shape "
+                         f"{[g, n, k // 32]}, got {list(sf_bytes.shape)}")
+    nb, kb = (n + block - 1) // block, k // block
+    e = sf_bytes.to(torch.int32)
+    padded = torch.zeros((g, nb * block, k // 32), dtype=torch.int32, device=e.device)
+    padded[:, :n] = e
+    e_ref = padded.view(g, nb, block, kb, block // 32).amax(dim=(2, 4))  # [g, nb, kb]
+    e_ref_groups = e_ref.repeat_interleave(block, dim=1)[:, :n].repeat_interleave(block // 32, dim=2)
+    shift = (HEADROOM_LOG2 - (e_ref_groups - e).clamp(max=24)).repeat_interleave(32, dim=2)
+    # Powers of two times values with at most two significant bits: the products are exact.
+    values = torch.ldexp(unpack_fp4(packed), shift.float())
+    sf = torch.ldexp(torch.ones_like(e_ref, dtype=torch.float32), (e_ref - 127 - HEADROOM_LOG2).float())
+    return values.to(torch.float8_e4m3fn), sf

@@ -4,6 +4,8 @@ dequantized weights (GPU), including the edge cases of the MoE layouts."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -412,28 +414,50 @@ def _case_id(case):
     return head + "-" + "-".join(map(str, case[1:]))
 
 
-# MOE_FP4_SWAP_AB: the default plan, 0 the converter kernel everywhere, 1 the swapped kernel
-# wherever it can run.
-KERNELS = {"default": None, "converter": "0", "swapped": "1"}
+# The kernel a call runs: the default plan; MOE_FP4_SWAP_AB=0 the converter kernel, =1 the swapped
+# kernel wherever it can run (both unstaged); MOE_FP4_STAGED=1 the FP4 -> FP8 cast and the FP8 GEMM.
+KERNELS = {
+    "default": {},
+    "converter": {"MOE_FP4_SWAP_AB": "0", "MOE_FP4_STAGED": "0"},
+    "swapped": {"MOE_FP4_SWAP_AB": "1", "MOE_FP4_STAGED": "0"},
+    "staged": {"MOE_FP4_STAGED": "1"},
+}
+SWITCHES = ("MOE_FP4_SWAP_AB", "MOE_FP4_STAGED")
+
+
+def contiguous_rows(counts: list[int], pad_blocks: int = 1) -> int:
+    """Rows of make_contiguous's layout."""
+    align = kernels.get_mk_alignment_for_contiguous_layout()
+    return sum(-(-c // align) * align for c in counts) + 2 * pad_blocks * align
+
+
+def kernel_of(rows_per_group: float, m: int, n: int, k: int, gemm_type: int, groups: int) -> str:
+    """The kernel the current switches pick for a call (m: contiguous rows or expected rows)."""
+    staged = os.environ.get("MOE_FP4_STAGED", "")
+    if staged == "1" or (staged == "" and rows_per_group >= kernels._fp4.STAGED_MIN_ROWS):
+        return "staged"
+    swapped = kernels.jit.native_module().fp8_fp4_gemm_nt_uses_swap_ab(m, n, k, 132, gemm_type, groups)
+    return "swapped" if swapped else "converter"
 
 
 @pytest.fixture(params=list(KERNELS))
 def fp4_kernel(request, monkeypatch):
-    """Sets the switch; returns whether the kernel a call of (m, n, k, gemm_type, groups) runs
-    differs from the default plan's, so a case runs once per distinct kernel."""
-    native = kernels.jit.native_module()
-    monkeypatch.delenv("MOE_FP4_SWAP_AB", raising=False)
+    """Sets the switches; returns whether the kernel a call of (rows per group, m, n, k, gemm_type,
+    groups) runs differs from the default plan's, so a case runs once per distinct kernel."""
+    for name in SWITCHES:
+        monkeypatch.delenv(name, raising=False)
 
-    def differs(m, n, k, gemm_type, groups):
-        if KERNELS[request.param] is None:
+    def differs(*call):
+        if not KERNELS[request.param]:
             return True
-        default = native.fp8_fp4_gemm_nt_uses_swap_ab(m, n, k, 132, gemm_type, groups)
+        default = kernel_of(*call)
         with monkeypatch.context() as patch:
-            patch.setenv("MOE_FP4_SWAP_AB", KERNELS[request.param])
-            return native.fp8_fp4_gemm_nt_uses_swap_ab(m, n, k, 132, gemm_type, groups) != default
+            for name, value in KERNELS[request.param].items():
+                patch.setenv(name, value)
+            return kernel_of(*call) != default
 
-    if KERNELS[request.param] is not None:
-        monkeypatch.setenv("MOE_FP4_SWAP_AB", KERNELS[request.param])
+    for name, value in KERNELS[request.param].items():
+        monkeypatch.setenv(name, value)
     return differs
 
 
@@ -441,7 +465,8 @@ def fp4_kernel(request, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("counts,n,k", CONTIGUOUS_CASES, ids=list(map(_case_id, CONTIGUOUS_CASES)))
 def test_gpu_contiguous(counts, n, k, seed, fp4_kernel):
-    if not fp4_kernel(sum(counts), n, k, 1, len(counts)):
+    m = contiguous_rows(counts)
+    if not fp4_kernel(m / len(counts), m, n, k, 1, len(counts)):
         pytest.skip("the default plan's kernel")
     check_contiguous(counts, n, k, "cuda")
 
@@ -450,7 +475,8 @@ def test_gpu_contiguous(counts, n, k, seed, fp4_kernel):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("masked,max_m,expected_m,n,k", MASKED_CASES, ids=list(map(_case_id, MASKED_CASES)))
 def test_gpu_masked(masked, max_m, expected_m, n, k, seed, fp4_kernel):
-    if not fp4_kernel(min(expected_m, max_m), n, k, 2, len(masked)):
+    rows = min(expected_m, max_m)
+    if not fp4_kernel(rows, rows, n, k, 2, len(masked)):
         pytest.skip("the default plan's kernel")
     check_masked(masked, max_m, n, k, expected_m, "cuda")
 
@@ -507,8 +533,10 @@ def test_gpu_contiguous_bad_group_ids_are_skipped(seed, fp4_kernel):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_masked_in_a_cuda_graph(seed):
-    """With UE8M0 bytes nothing syncs: the masked call can be captured and replayed."""
+@pytest.mark.parametrize("staged", ["0", "1"])
+def test_gpu_masked_in_a_cuda_graph(seed, staged, monkeypatch):
+    """With UE8M0 bytes nothing syncs: the masked call can be captured and replayed, staged too."""
+    monkeypatch.setenv("MOE_FP4_STAGED", staged)
     g, max_m, n, k = 8, 64, 576, 2048
     b_packed, sfb = make_weights(g, n, k, "cuda")
     b = (b_packed, kernels.transform_sf_for_fp4_gemm(sfb))
@@ -532,6 +560,43 @@ def test_gpu_masked_in_a_cuda_graph(seed):
         if count:
             ref = dequantize_a(a_fp8[i, :count], sfa[i, :count]).double() @ weights_of((b_packed, sfb), i).t()
             assert calc_diff(d[i, :count], ref) < TOLERANCE, f"group {i}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_staged_where_rows_per_group_reach_the_threshold(seed, monkeypatch):
+    """Unset MOE_FP4_STAGED: calls with STAGED_MIN_ROWS rows per group or more run staged (neither fast
+    path may launch an in-kernel conversion for them), calls with fewer do not."""
+    for name in SWITCHES:
+        monkeypatch.delenv(name, raising=False)
+    casts = []
+    cast = kernels.grouped._staged_weights
+    monkeypatch.setattr(kernels.grouped, "_staged_weights", lambda *args: casts.append(args) or cast(*args))
+    threshold = kernels._fp4.STAGED_MIN_ROWS
+    assert kernels.jit.native_module().FP8_FP4_STAGED_MIN_ROWS == threshold
+    for rows, expect_staged in ((threshold - 128, False), (threshold, True)):
+        casts.clear()
+        check_masked([rows, 7], rows, 576, 2048, rows, "cuda", "uint8")
+        assert bool(casts) == expect_staged, f"masked, {rows} rows per group"
+        casts.clear()
+        a_fp8, b, m_indices, d = run_contiguous([rows - 128, rows - 128], 576, 2048, "cuda", "uint8", pad_blocks=1)
+        assert m_indices.shape[0] == 2 * rows
+        assert bool(casts) == expect_staged, f"contiguous, {rows} rows per group"
+        valid = m_indices >= 0
+        assert calc_diff(d[valid], expected_contiguous(a_fp8, b, m_indices)[valid]) < TOLERANCE
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("groups_per_chunk", [1, 2])
+def test_gpu_staged_in_chunks_of_groups(seed, monkeypatch, groups_per_chunk):
+    """A staged call whose FP8 weights exceed STAGED_MAX_BYTES runs in chunks of groups: contiguous
+    chunks see shifted group ids, so every other group's rows and the padding must stay untouched."""
+    n, k = 136, 384
+    monkeypatch.setenv("MOE_FP4_STAGED", "1")
+    monkeypatch.setattr(kernels._fp4, "STAGED_MAX_BYTES", groups_per_chunk * n * k + 1)
+    check_contiguous([300, 0, 77, 129, 5], n, k, "cuda", "uint8")
+    check_masked([5, 64, 0, 17, 33], 64, n, k, 16, "cuda", "uint8")
 
 
 @pytest.mark.gpu
