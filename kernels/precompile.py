@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
+from . import _fp4
+
 _DTYPE_BF16 = 1  # csrc/apis/dtypes.hpp
 
 
@@ -168,20 +170,25 @@ def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelS
     def sources(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
         out = []
         copies = False  # some plan copies K-major A scales MN-major first (large contiguous layouts)
+        cast = False  # some FP4 call runs staged (cast_fp4_to_fp8_blocks first)
         for n, k in model.expert_nk:
             for groups in model.local_experts:
                 contiguous = gemm_type == _CONTIGUOUS
                 for m in _gemm_ms(model.max_m) if contiguous else _DECODE_EXPECTED_M:
-                    if contiguous and not fp4_weights and not copies:
+                    # FP4 weights with many rows per group run staged: the cast, then the FP8 kernels.
+                    staged = fp4_weights and (m / groups if contiguous else m) >= _fp4.STAGED_MIN_ROWS
+                    cast |= staged
+                    fp4 = fp4_weights and not staged
+                    if contiguous and not fp4 and not copies:
                         from .grouped import get_mk_alignment_for_contiguous_layout
 
                         copies = bool(_native().fp8_gemm_nt_config(
                             m, n, k, num_sms, gemm_type=gemm_type, num_groups=groups,
                             alignment=get_mk_alignment_for_contiguous_layout())["sfa_copy"])
-                    name, code = _grouped_code(fp4_weights, m, n, k, num_sms, gemm_type, groups)
-                    rows = f"m<={m}" if contiguous else f"expected_m={m}"
+                    name, code = _grouped_code(fp4, m, n, k, num_sms, gemm_type, groups)
+                    rows = (f"m<={m}" if contiguous else f"expected_m={m}") + (" staged" if staged else "")
                     out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows}", name, code))
-                    if contiguous and not fp4_weights:
+                    if contiguous and not fp4:
                         # Inside a CUDA graph capture (no workspace, so no copy): the gathers' kernel.
                         name, graph_code = _grouped_code(False, m, n, k, num_sms, gemm_type, groups,
                                                          split_workspace=False)
@@ -190,15 +197,18 @@ def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelS
                                                     graph_code))
                     # The staged backend's prefill hands the FP8 GEMMs MN-major A scales (TMA boxes
                     # of B's scales need K a multiple of 512; other K gather either layout).
-                    if contiguous and not fp4_weights and k % 512 == 0:
+                    if contiguous and not fp4 and k % 512 == 0:
                         name, code = _grouped_code(False, m, n, k, num_sms, gemm_type, groups, _SCALE_TMA_MN_MAJOR)
                         out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows} MN-major A scales", name,
                                                 code))
-                    if fp4_weights and not contiguous and m <= _FP4_SWAP_AB_MAX_M:  # transform_fp4_for_decode weights
+                    if fp4 and not contiguous and m <= _FP4_SWAP_AB_MAX_M:  # transform_fp4_for_decode weights
                         name, code, _ = _native().fp8_fp4_gemm_nt_swap_ab_code(m, n, k, num_sms, groups, True)
                         out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows} decode layout", name, code))
         if copies:
             out.append(KernelSource(family, "A scales copied MN-major", *_native().mn_major_sf_code()))
+        if cast:
+            out.append(KernelSource(family, "FP4 -> FP8 weight cast (staged calls)",
+                                    *_native().cast_fp4_to_fp8_blocks_code(arch)))
         return out
 
     return sources
