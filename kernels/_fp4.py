@@ -132,5 +132,6 @@ def staged_policy(fn: str) -> bool | None:
 
 
 def staged_chunk(n: int, k: int) -> int:
-    """Groups per staged chunk: as many FP8 weight matrices [N, K] as STAGED_MAX_BYTES holds (>= 1)."""
-    return max(1, STAGED_MAX_BYTES // (n * k))
+    """Groups per staged chunk: as many FP8 weight matrices [N, K] as STAGED_MAX_BYTES holds, at
+    least 1 and at most the cast's grid limit of 65535."""
+    return min(65535, max(1, STAGED_MAX_BYTES // (n * k)))

@@ -325,8 +325,8 @@ def _fp4_staged(fn: str, a: object, b: object, expected_m: object = None) -> boo
     policy = _fp4.staged_policy(fn)
     if policy is False:
         return False
-    a_t = a[0] if isinstance(a, tuple) and len(a) == 2 else None
-    b_t = b[0] if isinstance(b, tuple) and len(b) == 2 else None
+    a_t = a[0] if isinstance(a, (tuple, list)) and len(a) == 2 else None  # pairs as every layer takes them
+    b_t = b[0] if isinstance(b, (tuple, list)) and len(b) == 2 else None
     if not (isinstance(a_t, torch.Tensor) and isinstance(b_t, torch.Tensor) and b_t.is_cuda and b_t.dim() == 3
             and b_t.shape[0] > 0):
         return False
@@ -489,9 +489,11 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     up to 63 columns wider gets zeros there instead of an error);
     ``d`` [G, max_m, N] bf16, ``masked_m`` int32 [G], ``expected_m`` a positive int. Rows of
     ``d[g]`` from ``masked_m[g]`` rounded up to a multiple of 8 on are left untouched on the GPU,
-    the rows between are unspecified, as for the FP8 function. Packed weights run the swapped kernel
-    (weights as wgmma's register operand) where min(expected_m, max_m) is at most 32 or 65-128, the
-    converter kernel elsewhere (``MOE_FP4_SWAP_AB`` in the README picks one for A/B runs).
+    the rows between are unspecified, as for the FP8 function. Packed weights run staged (the FP4 ->
+    FP8 cast, then the FP8 kernel; see the module docstring) where min(expected_m, max_m) is 512 or
+    more, else the swapped kernel (weights as wgmma's register operand) where it is at most 32 or
+    65-128, the converter kernel elsewhere (``MOE_FP4_STAGED`` and ``MOE_FP4_SWAP_AB`` in the README
+    pick one for A/B runs).
     """
     fn = "m_grouped_fp8_fp4_gemm_nt_masked"
     _checks.check_recipe(fn, recipe)
@@ -520,8 +522,10 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
         chunk = _fp4.staged_chunk(n, k)
         for g0 in range(0, g, chunk):
             g1 = min(g, g0 + chunk)
-            weights = _staged_weights(fn, b_t, sfb_bytes, g0, g1, n, k, device)
-            m_grouped_fp8_gemm_nt_masked((a_t[g0:g1], sfa[g0:g1]), weights, d[g0:g1], masked_m[g0:g1], expected_m)
+            # The cast inline: a chunk's FP8 weights are freed before the next chunk's are made.
+            m_grouped_fp8_gemm_nt_masked((a_t[g0:g1], sfa[g0:g1]), _staged_weights(fn, b_t, sfb_bytes, g0, g1, n, k,
+                                                                                    device),
+                                         d[g0:g1], masked_m[g0:g1], expected_m)
         return
     jit.native_module().m_grouped_fp8_fp4_gemm_nt_masked(
         a_t.data_ptr(), a_t.stride(1), sfa.data_ptr(), sfa.stride(1), sfa.stride(2),

@@ -188,6 +188,12 @@ def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelS
                     name, code = _grouped_code(fp4, m, n, k, num_sms, gemm_type, groups)
                     rows = (f"m<={m}" if contiguous else f"expected_m={m}") + (" staged" if staged else "")
                     out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows}", name, code))
+                    # Staged calls of more groups than a chunk holds run the FP8 kernel per chunk.
+                    chunk = _fp4.staged_chunk(n, k)
+                    for part in sorted({chunk, groups % chunk} - {0}) if staged and groups > chunk else ():
+                        name, part_code = _grouped_code(False, m, n, k, num_sms, gemm_type, part)
+                        out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows}, chunks of {part}", name,
+                                                part_code))
                     if contiguous and not fp4:
                         # Inside a CUDA graph capture (no workspace, so no copy): the gathers' kernel.
                         name, graph_code = _grouped_code(False, m, n, k, num_sms, gemm_type, groups,

@@ -43,7 +43,7 @@ CASES = [(1, 8, 128), (3, 136, 384), (2, 200, 256), (1, 576, 1024)]  # (g, n, k)
 
 
 @pytest.mark.parametrize("g,n,k", CASES, ids=str)
-@pytest.mark.parametrize("deep", [(), (12, 14), (15, 20, 40)], ids=str)
+@pytest.mark.parametrize("deep", [(), (8, 11, 12, 14), (15, 20, 40)], ids=str)
 def test_reference_matches_the_weights(seed, g, n, k, deep):
     """Exact where every group lies within 2^14 of its block's largest scale; a deeper group is off
     by at most half of E4M3's subnormal step, 2^-10 of the block scale times 2^6."""
@@ -98,7 +98,7 @@ def test_bad_arguments(b, error, match):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("g,n,k", CASES + [(4, 4096, 7168)], ids=str)
-@pytest.mark.parametrize("deep", [(), (12, 14, 15, 20, 40)], ids=str)
+@pytest.mark.parametrize("deep", [(), (8, 11, 12, 14, 15, 20, 40)], ids=str)
 @pytest.mark.parametrize("row_pad", [0, 16])
 def test_gpu_matches_reference_bit_for_bit(seed, g, n, k, deep, row_pad):
     packed, exps = make_weights(g, n, k, "cuda", deep)

@@ -588,6 +588,24 @@ def test_gpu_staged_where_rows_per_group_reach_the_threshold(seed, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_staged_takes_pairs_as_lists(seed, monkeypatch):
+    """(tensor, scales) pairs given as lists route like tuples: staged under MOE_FP4_STAGED=1."""
+    monkeypatch.setenv("MOE_FP4_STAGED", "1")
+    casts = []
+    cast = kernels.grouped._staged_weights
+    monkeypatch.setattr(kernels.grouped, "_staged_weights", lambda *args: casts.append(args) or cast(*args))
+    b = make_weights(2, 136, 384, "cuda")
+    a_fp8, m_indices = make_contiguous([100, 30], 384, "cuda")
+    d = torch.full((m_indices.shape[0], 136), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(list(a_fp8), [b[0], kernels.transform_sf_for_fp4_gemm(b[1])], d,
+                                                 m_indices)
+    assert casts, "a list pair ran an in-kernel conversion"
+    valid = m_indices >= 0
+    assert calc_diff(d[valid], expected_contiguous(a_fp8, b, m_indices)[valid]) < TOLERANCE
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("groups_per_chunk", [1, 2])
 def test_gpu_staged_in_chunks_of_groups(seed, monkeypatch, groups_per_chunk):
     """A staged call whose FP8 weights exceed STAGED_MAX_BYTES runs in chunks of groups: contiguous
