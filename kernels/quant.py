@@ -1,11 +1,13 @@
 """FP8 E4M3 quantization of activations (per token, 1 x gran_k groups) and weights (128 x 128);
-FP4 E2M1 quantization of weights (1 x gran_k groups, packed two codes per byte).
+FP4 E2M1 quantization of weights (1 x gran_k groups, packed two codes per byte), and the cast of
+FP4 weights to FP8 weights with 128 x 128 block scales (the staged FP8 x FP4 GEMMs' first step).
 
 FP8: CPU tensors run the pure-torch references in :mod:`kernels.reference.quant`; CUDA tensors run
 the JIT-compiled kernels on ``torch.cuda.current_stream()``, which reproduce the references bit for
 bit (see that module for the rounding of every step). FP4: offline weight quantizers, the pure-torch
 references of :mod:`kernels.reference.fp4` on the tensor's device (CPU or CUDA, the same bits on
-both). Outputs are newly allocated.
+both). The FP4 -> FP8 cast runs a JIT-compiled kernel on CUDA and :mod:`kernels.reference.fp4`'s
+reference on the CPU, bit for bit alike. Outputs are newly allocated.
 """
 
 from __future__ import annotations
