@@ -336,26 +336,29 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // 7168 x 16384 (bench/RESULTS.md, session 10). Grouped and large-M GEMMs were not timed against
   // it in one run; across runs they stayed level.
   cfg.pdl = env_enabled("MOE_GEMM_PDL") ? 1 : 0;
-  // One math warpgroup (block M 64) has no partner to take turns with. Dense and contiguous 128 x
-  // 192 tiles run without turns, their K loop unrolled 8 times (below); other wide tiles (block N
-  // 152-184, and masked ones) keep the turns, not measured without. MOE_FP8_PINGPONG=1|0 forces
-  // turns on or off.
+  // One math warpgroup (block M 64) has no partner to take turns with. 128 x 192 tiles (dense,
+  // contiguous and masked) run without turns, their K loop unrolled 8 times (below); other wide
+  // tiles (block N 152-184) keep the turns, not measured without. Masked 128 x 192 tiles in step
+  // and unrolled 8 times took 0.86-0.93x the time of the turns at 256-1024 rows per expert (32
+  // experts, 4096 x 7168 and 7168 x 2048, one interleaved run on an H200: bench/RESULTS.md, session
+  // 33). MOE_FP8_PINGPONG=1|0 forces turns on or off.
   const char* pingpong = std::getenv("MOE_FP8_PINGPONG");
   const bool wide_tile = t.block_m == 128 && t.block_n >= kPingPongMinBlockN;
-  const bool in_step_tile = wide_tile && t.block_n == kInStepBlockN && type != GemmType::kGroupedMasked;
+  const bool in_step_tile = wide_tile && t.block_n == kInStepBlockN;
   const bool wants_pingpong = pingpong == nullptr ? wide_tile && !in_step_tile : std::string(pingpong) != "0";
   cfg.pingpong = t.block_m == 128 && wants_pingpong ? 1 : 0;
   // The math K loop unrolled: ptxas then issues the next K block's full-barrier wait among the last
   // promotion's FMAs. 4 times on dense 256-row tiles: at 4096 rows, 0.95-1.00x the time of the plain
   // loop in all six 256 x 128 shapes (bench/RESULTS.md, session 11); and on dense and contiguous
   // 128-row ping-pong tiles (about 0.95x their plain loop, session 13). 8 times on dense and
-  // contiguous 128 x 192 tiles without ping-pong (DeepGEMM's 128 x 192 kernel: no turns, unrolled 8):
+  // contiguous 128 x 192 tiles without ping-pong, masked ones since session 33 (DeepGEMM's 128 x 192
+  // kernel: no turns, unrolled 8):
   // 0.95-0.98x the time of the ping-pong tiles unrolled 4 times in the four contiguous cells, in
   // three timings each (once 0.92x), 0.96x at 4096 x 2112 x 7168 (bench/RESULTS.md, session 17). The
   // warpgroups' wgmmas then queue on the tensor cores together, and each promotes while the other's
   // run, without the turns' named barriers.
-  // Masked GEMMs, grouped 256-row tiles and 128-row tiles without ping-pong other than 128 x 192 are
-  // not measured and keep the plain loop. MOE_GEMM_K_UNROLL=N overrides.
+  // Other masked tiles, grouped 256-row tiles and 128-row tiles without ping-pong other than 128 x 192
+  // are not measured and keep the plain loop. MOE_GEMM_K_UNROLL=N overrides.
   const int k_unroll = env_int("MOE_GEMM_K_UNROLL");
   const bool unrolled4 = (type == GemmType::kNormal && t.block_m == 256) ||
                          (type != GemmType::kGroupedMasked && cfg.pingpong == 1);

@@ -201,8 +201,8 @@ def test_capture_is_asked_of_the_calls_device(monkeypatch):
 @pytest.mark.parametrize("env", [None, "0", "1"])
 def test_pingpong_follows_block_n(env, monkeypatch):
     """Block M 128: the math warpgroups take turns by default only at block N > 144 (where it
-    measured faster), except on dense and contiguous 128 x 192 tiles (unrolled 8 times in step,
-    faster still); MOE_FP8_PINGPONG=0 turns it off, =1 on at any block N; block M 64 and 256 never
+    measured faster), except on 128 x 192 tiles, dense, contiguous or masked (unrolled 8 times in
+    step, faster still); MOE_FP8_PINGPONG=0 turns it off, =1 on at any block N; block M 64 and 256 never
     (256-row tiles taking turns per wave measured 1.02-1.05x slower, bench/RESULTS.md, session 10)."""
     if env is not None:
         monkeypatch.setenv("MOE_FP8_PINGPONG", env)
@@ -212,7 +212,7 @@ def test_pingpong_follows_block_n(env, monkeypatch):
                                        (64, 7168, 2048, 0, 1), (4096, 2112, 7168, 0, 1), (1000, 7168, 1536, 0, 1),
                                        (1024, 4096, 7168, 2, 8)]:
         cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)
-        in_step = cfg["block_n"] == 192 and gemm_type != 2
+        in_step = cfg["block_n"] == 192
         wanted = cfg["block_n"] > 144 and not in_step if env is None else env == "1"
         assert cfg["pingpong"] == int(cfg["block_m"] == 128 and wanted), (m, n, k, cfg)
         seen.add((cfg["block_m"], cfg["block_n"], gemm_type == 2))
@@ -222,11 +222,11 @@ def test_pingpong_follows_block_n(env, monkeypatch):
 
 def test_k_loop_unrolled_on_dense_256_row_and_wide_128_row_tiles(monkeypatch):
     """The math K loop runs 4 K blocks per iteration on dense 256-row tiles and on dense or
-    contiguous ping-pong tiles, 8 on dense or contiguous 128 x 192 tiles, which run without
-    ping-pong (each measured faster); once elsewhere (64-row tiles, narrower 128-row tiles without
-    ping-pong, grouped 256-row tiles, masked GEMMs: not measured faster). Masked wide 128-row tiles
-    and dense ones of block N 152-184 keep ping-pong. MOE_FP8_PINGPONG and MOE_GEMM_K_UNROLL
-    override."""
+    contiguous ping-pong tiles, 8 on 128 x 192 tiles (dense, contiguous or masked), which run
+    without ping-pong (each measured faster); once elsewhere (64-row tiles, narrower 128-row tiles
+    without ping-pong, grouped 256-row tiles, other masked tiles: not measured faster). Masked wide
+    128-row tiles of block N 152-184 and dense ones keep ping-pong. MOE_FP8_PINGPONG and
+    MOE_GEMM_K_UNROLL override."""
     monkeypatch.delenv("MOE_GEMM_K_UNROLL", raising=False)
     monkeypatch.delenv("MOE_FP8_PINGPONG", raising=False)
     native = kernels.jit.native_module()
@@ -244,8 +244,9 @@ def test_k_loop_unrolled_on_dense_256_row_and_wide_128_row_tiles(monkeypatch):
     grouped = native.fp8_gemm_nt_config(32768, 4096, 7168, H200_SMS, False, -1, 1, 4, alignment=256)
     assert (grouped["block_m"], grouped["k_unroll"]) == (256, 1)
     masked = native.fp8_gemm_nt_config(1024, 4096, 7168, H200_SMS, False, -1, 2, 8)
-    assert masked["k_unroll"] == 1, masked
-    assert masked["pingpong"] == (masked["block_m"] == 128 and masked["block_n"] >= 145), masked
+    assert (masked["block_m"], masked["block_n"], masked["pingpong"], masked["k_unroll"]) == (128, 192, 0, 8), masked
+    masked_narrower = native.fp8_gemm_nt_config(256, 7168, 2048, H200_SMS, False, -1, 2, 32)
+    assert (masked_narrower["block_n"], masked_narrower["pingpong"], masked_narrower["k_unroll"]) == (160, 1, 1)
     monkeypatch.setenv("MOE_FP8_PINGPONG", "1")
     forced = native.fp8_gemm_nt_config(4096, 2112, 7168, H200_SMS)
     assert (forced["pingpong"], forced["k_unroll"]) == (1, 4)
