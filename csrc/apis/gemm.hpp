@@ -289,6 +289,7 @@ inline void register_apis(pybind11::module_& m) {
         d["smem_bytes"] = cfg.smem_bytes;
         d["swizzle_d"] = cfg.swizzle_d;
         d["scale_warps"] = cfg.scale_warps;
+        d["multicast"] = cfg.multicast;
         return pybind11::make_tuple(g.name, g.code, d);
       },
       "(name, code, config) of the FP8 x FP4 kernel a grouped shape gets (no GPU needed)", pybind11::arg("m"),

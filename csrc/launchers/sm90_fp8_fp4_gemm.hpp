@@ -37,9 +37,21 @@ struct Config : Problem {
   int smem_bytes;
   int swizzle_d;
   int scale_warps = 3;  // warps issuing the scale copies, taking the stages in turn
+  int multicast = 1;    // 2: clusters of two m-blocks converting their shared B tile once (kShareB)
 
   int num_tiles(int m) const { return ((m + block_m - 1) / block_m) * ((n + block_n - 1) / block_n); }
 };
+
+// MOE_FP4_SHARE_B=1: pairs of m-blocks on one weight tile convert it once, each CTA half of it
+// (impls/sm90_fp8_fp4_gemm.cuh, kNumMulticast = 2), where groups have two m-blocks or more on
+// average and the SMs pair up. Off by default until timed against the single CTAs.
+inline bool share_b_setting(const char* fn) {
+  const char* env = std::getenv("MOE_FP4_SHARE_B");
+  const std::string setting = env == nullptr ? "" : env;
+  MOE_HOST_ASSERT(setting.empty() || setting == "0" || setting == "1",
+                  fn << ": MOE_FP4_SHARE_B must be 0 or 1, got '" << setting << "'");
+  return setting == "1";
+}
 
 // One stage: A, the converted and the packed B tiles, the scales (A rows, B exponent words, B
 // column scales in ColumnScaleLayout's order: the four quads' runs padded 16 bytes apart when
@@ -82,6 +94,9 @@ inline Config plan_config(int m, int n, int k, int num_sms, GemmType type, int n
   cfg.smem_bytes = pipeline_smem(t.block_m, t.block_n, t.num_stages, stage_bytes(t.block_m, t.block_n));
   cfg.swizzle_d = t.swizzle_d;
   cfg.scale_warps = std::min(scale_warps_setting(), t.num_stages);
+  // `m` per group: the contiguous rows over the groups, or the expected rows of a masked group.
+  const long long rows_per_group = type == GemmType::kGroupedMasked ? m : m / num_groups;
+  cfg.multicast = share_b_setting(fn) && num_sms >= 2 && rows_per_group > t.block_m ? 2 : 1;
   return cfg;
 }
 
@@ -98,7 +113,7 @@ inline GeneratedKernel generate(const Config& c) {
      << "static __device__ void* moe_instantiate() {\n"
      << "  return reinterpret_cast<void*>(&moe_kernels::sm90_fp8_fp4_gemm_nt<" << static_cast<int>(c.type)
      << ", 0, " << c.n << ", " << c.k << ", " << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", "
-     << c.group_n << ", " << c.swizzle_d << ", " << c.scale_warps << ">);\n"
+     << c.group_n << ", " << c.swizzle_d << ", " << c.scale_warps << ", " << c.multicast << ">);\n"
      << "}\n";
   return {"sm90_fp8_fp4_gemm_nt", os.str()};
 }
@@ -134,9 +149,9 @@ inline void launch_with(const moe_jit::CompiledKernel& kernel, const moe_jit::La
 inline void launch(const Config& c, const Args& a) {
   using namespace moe_jit::driver;
   check_sfb(c.fn, a);
-  static moe_jit::KernelMemo<std::array<int, 10>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 10> key = {static_cast<int>(c.type), c.n, c.k, c.block_m, c.block_n, c.num_stages,
-                                   c.group_n, c.swizzle_d, c.scale_warps, a.device};
+  static moe_jit::KernelMemo<std::array<int, 11>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 11> key = {static_cast<int>(c.type), c.n, c.k, c.block_m, c.block_n, c.num_stages,
+                                   c.group_n, c.swizzle_d, c.scale_warps, c.multicast, a.device};
   const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
 
   const bool masked = c.type == GemmType::kGroupedMasked;
@@ -162,7 +177,14 @@ inline void launch(const Config& c, const Args& a) {
 
   moe_jit::LaunchConfig cfg;
   const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);
-  cfg.grid_x = static_cast<unsigned>(std::max(1, std::min(tiles, c.num_sms)));
+  if (c.multicast > 1) {
+    // Whole clusters: the pairs of m-blocks (rounded up) of every n-block, at most the SMs that pair up.
+    const int pairs = (tiles + 1) / 2;
+    cfg.grid_x = static_cast<unsigned>(2 * std::max(1, std::min(pairs, c.num_sms / 2)));
+    cfg.cluster_dim = 2;
+  } else {
+    cfg.grid_x = static_cast<unsigned>(std::max(1, std::min(tiles, c.num_sms)));
+  }
   cfg.block_x = static_cast<unsigned>(block_threads(c.block_m));
   cfg.smem_bytes = static_cast<unsigned>(c.smem_bytes);
   cfg.stream = a.stream;

@@ -284,6 +284,28 @@ def test_kernel_switch_refuses_other_values(monkeypatch, value):
         kernels.jit.native_module().fp8_fp4_gemm_nt_uses_swap_ab(64, 4096, 7168, 132, 1, 4)
 
 
+@pytest.mark.parametrize("setting", [None, "0", "1"])
+def test_converter_clusters_where_groups_have_two_m_blocks(monkeypatch, setting):
+    """MOE_FP4_SHARE_B=1: the converter kernel runs in 2-CTA clusters (multicast 2) where a group has
+    more rows than one m-block (contiguous: M / G; masked: expected rows); unset or 0 it never does."""
+    if setting is None:
+        monkeypatch.delenv("MOE_FP4_SHARE_B", raising=False)
+    else:
+        monkeypatch.setenv("MOE_FP4_SHARE_B", setting)
+    native = kernels.jit.native_module()
+    for m, gemm_type, groups in ((256, 2, 32), (8192, 1, 32), (100, 2, 32), (2048, 1, 32)):
+        cfg = native.fp8_fp4_gemm_nt_code(m, 4096, 7168, 132, gemm_type, groups)[2]
+        rows_per_group = m if gemm_type == 2 else m // groups
+        assert cfg["multicast"] == (2 if setting == "1" and rows_per_group > cfg["block_m"] else 1), (m, cfg)
+
+
+@pytest.mark.parametrize("value", ["2", "yes"])
+def test_cluster_switch_refuses_other_values(monkeypatch, value):
+    monkeypatch.setenv("MOE_FP4_SHARE_B", value)
+    with pytest.raises(Exception, match=f"MOE_FP4_SHARE_B must be 0 or 1, got '{value}'"):
+        kernels.jit.native_module().fp8_fp4_gemm_nt_code(256, 4096, 7168, 132, 2, 32)
+
+
 # ---- GPU ----------------------------------------------------------------------------------------
 
 CONTIGUOUS_CASES = [  # (counts, n, k)
@@ -315,14 +337,16 @@ def _case_id(case):
 
 
 # The kernel a call runs: the default plan; MOE_FP4_SWAP_AB=0 the converter kernel, =1 the swapped
-# kernel wherever it can run (both unstaged); MOE_FP4_STAGED=1 the FP4 -> FP8 cast and the FP8 GEMM.
+# kernel wherever it can run (both unstaged); MOE_FP4_SHARE_B=1 the converter kernel in 2-CTA
+# clusters converting each weight tile once; MOE_FP4_STAGED=1 the FP4 -> FP8 cast and the FP8 GEMM.
 KERNELS = {
     "default": {},
     "converter": {"MOE_FP4_SWAP_AB": "0", "MOE_FP4_STAGED": "0"},
+    "converter-shared": {"MOE_FP4_SWAP_AB": "0", "MOE_FP4_STAGED": "0", "MOE_FP4_SHARE_B": "1"},
     "swapped": {"MOE_FP4_SWAP_AB": "1", "MOE_FP4_STAGED": "0"},
     "staged": {"MOE_FP4_STAGED": "1"},
 }
-SWITCHES = ("MOE_FP4_SWAP_AB", "MOE_FP4_STAGED")
+SWITCHES = ("MOE_FP4_SWAP_AB", "MOE_FP4_STAGED", "MOE_FP4_SHARE_B")
 
 
 def contiguous_rows(counts: list[int], pad_blocks: int = 1) -> int:
@@ -336,8 +360,11 @@ def kernel_of(rows_per_group: float, m: int, n: int, k: int, gemm_type: int, gro
     staged = os.environ.get("MOE_FP4_STAGED", "")
     if staged == "1" or (staged == "" and rows_per_group >= kernels._fp4.STAGED_MIN_ROWS):
         return "staged"
-    swapped = kernels.jit.native_module().fp8_fp4_gemm_nt_uses_swap_ab(m, n, k, 132, gemm_type, groups)
-    return "swapped" if swapped else "converter"
+    native = kernels.jit.native_module()
+    if native.fp8_fp4_gemm_nt_uses_swap_ab(m, n, k, 132, gemm_type, groups):
+        return "swapped"
+    return "converter-shared" if native.fp8_fp4_gemm_nt_code(m, n, k, 132, gemm_type, groups)[2]["multicast"] == 2 \
+        else "converter"
 
 
 @pytest.fixture(params=list(KERNELS))

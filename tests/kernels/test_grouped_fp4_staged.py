@@ -13,7 +13,7 @@ from grouped_fp4_cases import (TOLERANCE, check_contiguous, check_masked, expect
                                make_weights, run_contiguous)
 from kernels.testing import calc_diff
 
-SWITCHES = ("MOE_FP4_SWAP_AB", "MOE_FP4_STAGED")
+SWITCHES = ("MOE_FP4_SWAP_AB", "MOE_FP4_STAGED", "MOE_FP4_SHARE_B")
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@
 // is padding or past M) shares B: each CTA loads half of its rows and multicasts it (Tile::share_b);
 // a pair straddling two groups loads two whole B tiles, one per CTA. A block past M or of padding
 // beside a valid one runs in step and stores nothing (Tile::valid); a pair of two is skipped.
+// Masked layouts pair the m-blocks of each group (a group's last pair may have one valid block), so
+// every pair shares B.
 //
 // Tail split (kNormal, set_tail_split): when the tiles leave a last, partial wave of `tail` tiles
 // (per cluster), each of them is split over K into `splits` units, tail * splits <= the clusters,
@@ -53,12 +55,11 @@ struct Tile {
 template <GemmType kType, uint32_t kBlockM, uint32_t kBlockN, uint32_t kGroupN, uint32_t kNumMulticast = 1,
           bool kShareB = false>
 struct TileScheduler {
-  static_assert(!kShareB || (kNumMulticast == 2 && kType != GemmType::kGroupedMasked),
-                "B is shared by the 2 CTAs of a cluster, dense or contiguous");
+  static_assert(!kShareB || kNumMulticast == 2, "B is shared by the 2 CTAs of a cluster");
   // Clusters share A along n-blocks, or B along m-blocks (kShareB).
   static constexpr uint32_t kClusterM = kShareB ? kNumMulticast : 1;
   static constexpr uint32_t kClusterN = kShareB ? 1 : kNumMulticast;
-  uint32_t num_m_blocks;  // kGroupedMasked: of the current group; kShareB: pairs of m-blocks
+  uint32_t num_m_blocks;  // kGroupedMasked: of the current group; kShareB: pairs of m-blocks (both)
   uint32_t num_n_blocks;
   uint32_t total_m_blocks;  // the problem's m-blocks (kShareB: the last pair may have one)
   const int* grouped_layout;
@@ -77,7 +78,7 @@ struct TileScheduler {
         num_groups(groups),
         next_tile(blockIdx.x / kNumMulticast),
         rows_per_group(m) {
-    if constexpr (kType == GemmType::kGroupedMasked) num_m_blocks = masked_blocks(0);
+    if constexpr (kType == GemmType::kGroupedMasked) num_m_blocks = masked_units(0);
   }
 
   // kNormal: split the last `tail_tiles` tiles (per cluster; fewer than the clusters) `num_splits`
@@ -129,6 +130,24 @@ struct TileScheduler {
     return (clamped_rows(g) + kBlockM - 1) / kBlockM;
   }
 
+  // The m-units the raster walks in group g: its m-blocks, or (kShareB) their pairs.
+  __device__ __forceinline__ uint32_t masked_units(uint32_t g) const {
+    return kShareB ? (masked_blocks(g) + 1) / 2 : masked_blocks(g);
+  }
+
+  // kGroupedMasked: the group of the cluster's tile `tile` and its m-unit and n-block in it; the
+  // search only moves forward (a CTA's tiles increase).
+  __device__ __forceinline__ bool masked_tile(uint32_t tile, uint32_t& unit, uint32_t& n_block) {
+    while (tile >= group_first_tile + num_m_blocks * num_n_blocks) {
+      if (group >= num_groups) return false;
+      group_first_tile += num_m_blocks * num_n_blocks;
+      num_m_blocks = masked_units(++group);
+    }
+    if (group >= num_groups) return false;
+    raster(tile - group_first_tile, unit, n_block);
+    return true;
+  }
+
   // kGroupedMasked: the rows of tile t below its group's masked_m.
   __device__ __forceinline__ uint32_t masked_rows(const Tile& t) const {
     return min(clamped_rows(t.group) - t.m_block * kBlockM, kBlockM);
@@ -164,28 +183,40 @@ struct TileScheduler {
   // kShareB: the next pair of m-blocks of this CTA's cluster; t takes this CTA's m-block.
   __device__ __forceinline__ bool next_pair_tile(Tile& t) {
     const uint32_t rank = blockIdx.x % kNumMulticast;
-    while (true) {
+    if constexpr (kType == GemmType::kGroupedMasked) {
       const uint32_t tile = next_tile;
-      if (tile >= num_m_blocks * num_n_blocks) return false;
       next_tile += gridDim.x / kNumMulticast;
       uint32_t pair;
-      raster(tile, pair, t.n_block);
+      if (!masked_tile(tile, pair, t.n_block)) return false;
       t.m_block = pair * kNumMulticast + rank;
-      const uint32_t peer_block = pair * kNumMulticast + (rank ^ 1);
-      if constexpr (kType == GemmType::kGroupedContiguous) {
-        int own = -1, peer = -1;
-        const bool own_valid = t.m_block < total_m_blocks && block_group(t.m_block, own);
-        const bool peer_valid = peer_block < total_m_blocks && block_group(peer_block, peer);
-        if (!own_valid && !peer_valid) continue;  // both padding (or past M): skipped by both CTAs
-        t.valid = own_valid;
-        t.group = static_cast<uint32_t>(own_valid ? own : peer);
-        t.share_b = !own_valid || !peer_valid || own == peer;
-      } else {
-        t.valid = t.m_block < total_m_blocks;
-        t.group = 0;
-        t.share_b = true;
-      }
+      t.group = group;
+      t.valid = t.m_block < masked_blocks(group);
+      t.share_b = true;
       return true;
+    } else {
+      while (true) {
+        const uint32_t tile = next_tile;
+        if (tile >= num_m_blocks * num_n_blocks) return false;
+        next_tile += gridDim.x / kNumMulticast;
+        uint32_t pair;
+        raster(tile, pair, t.n_block);
+        t.m_block = pair * kNumMulticast + rank;
+        const uint32_t peer_block = pair * kNumMulticast + (rank ^ 1);
+        if constexpr (kType == GemmType::kGroupedContiguous) {
+          int own = -1, peer = -1;
+          const bool own_valid = t.m_block < total_m_blocks && block_group(t.m_block, own);
+          const bool peer_valid = peer_block < total_m_blocks && block_group(peer_block, peer);
+          if (!own_valid && !peer_valid) continue;  // both padding (or past M): skipped by both CTAs
+          t.valid = own_valid;
+          t.group = static_cast<uint32_t>(own_valid ? own : peer);
+          t.share_b = !own_valid || !peer_valid || own == peer;
+        } else {
+          t.valid = t.m_block < total_m_blocks;
+          t.group = 0;
+          t.share_b = true;
+        }
+        return true;
+      }
     }
   }
 
@@ -201,14 +232,7 @@ struct TileScheduler {
     if constexpr (kType == GemmType::kGroupedMasked) {
       const uint32_t tile = next_tile;
       next_tile += gridDim.x / kNumMulticast;  // one step per cluster
-      // Tiles of one CTA increase, so the group search only moves forward.
-      while (tile >= group_first_tile + num_m_blocks * num_n_blocks) {
-        if (group >= num_groups) return false;
-        group_first_tile += num_m_blocks * num_n_blocks;
-        num_m_blocks = masked_blocks(++group);
-      }
-      if (group >= num_groups) return false;
-      raster(tile - group_first_tile, t.m_block, t.n_block);
+      if (!masked_tile(tile, t.m_block, t.n_block)) return false;
       t.group = group;
       return true;
     } else {

@@ -148,6 +148,22 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) of this CTA's shared memory at
+// `src` to `dst`'s offset in CTA `cta` of the cluster, completing them as tx bytes on the mbarrier at
+// `bar`'s offset there. An async-proxy read: generic writes to `src` need fence_proxy_async_shared
+// (by the writers) before it is issued.
+__device__ __forceinline__ void bulk_copy_to_cluster_cta(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                                         uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 remote_dst, remote_bar;\n"
+      "mapa.shared::cluster.u32 remote_dst, %0, %3;\n"
+      "mapa.shared::cluster.u32 remote_bar, %2, %3;\n"
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [remote_dst], [%1], %4, [remote_bar];\n"
+      "}" ::"r"(smem_addr(dst)),
+      "r"(smem_addr(src)), "r"(smem_addr(bar)), "r"(cta), "r"(bytes)
+      : "memory");
+}
+
 // ---- programmatic dependent launch -------------------------------------------------------------
 // The next kernel of the stream, launched with programmatic stream serialization, may start (its
 // CTAs take SMs as this grid's leave, and run their prologue); it waits in its own

@@ -15,6 +15,12 @@
 //   last warpgroup, warps 1-3:  scale producers, taking the stages in turn — cp.async of the A
 //                               scales and of one 32-bit word of four exponent bytes per B row,
 //                               on the same mbarrier.
+//
+// kNumMulticast = 2 (2-CTA clusters of adjacent m-blocks, common/scheduler.cuh's kShareB): a pair on
+// one weight tile converts it once. Each CTA's converters convert half of its rows and copy them
+// into the peer's stage (a bulk shared::cluster copy completing on the peer's `converted` barrier);
+// the column scales, a few instructions per row, each CTA works out for all rows. The math warps
+// release a stage to both CTAs, since the peer's copy refills it.
 
 #include <cuda_bf16.h>
 #include <moe_kernels/common/epilogue.cuh>
@@ -50,7 +56,8 @@ struct Fp8Fp4GemmSmem {
 
 // shape_m and grouped_layout as in sm90_fp8_gemm_nt; sfb: exponent bytes, 4-byte aligned rows.
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
-          uint32_t kNumStages, uint32_t kGroupN, uint32_t kSwizzleDBytes, uint32_t kScaleWarps = 3>
+          uint32_t kNumStages, uint32_t kGroupN, uint32_t kSwizzleDBytes, uint32_t kScaleWarps = 3,
+          uint32_t kNumMulticast = 1>
 __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) * 128, 1)
     sm90_fp8_fp4_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                          const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -89,10 +96,20 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   // Converter tasks per B row (1, 2 or 4; 4 / kTasksPerRow of the row's 1x32 groups each): as few
   // as keep every converter thread busy, since each task repeats the row's exponent work.
   constexpr uint32_t kTasksPerRow = kConverterThreads >= 4 * kBlockN ? 4 : kConverterThreads >= 2 * kBlockN ? 2 : 1;
-  constexpr uint32_t kGroupsPerTask = 4 / kTasksPerRow;
   static_assert(kNumConverterWG == (kBlockM == 64 ? 2 : 1), "the launch bounds assume this converter count");
   constexpr auto kType = static_cast<GemmType>(kGemmType);
   static_assert(kType != GemmType::kNormal, "the FP4-weight GEMM is m-grouped");
+  constexpr bool kShareB = kNumMulticast == 2;
+  static_assert(kNumMulticast == 1 || kShareB, "one CTA, or 2-CTA clusters sharing the converted B tile");
+  // kShareB: each CTA converts half of B's rows; its converters then take more tasks per row.
+  constexpr uint32_t kHalfRowsB = kBlockN / 2;
+  // Masked pairs always lie in one group (common/scheduler.cuh): they always share.
+  constexpr bool kAlwaysShared = kShareB && kType == GemmType::kGroupedMasked;
+  constexpr uint32_t kHalfTasksPerRow =
+      kConverterThreads >= 4 * kHalfRowsB ? 4 : kConverterThreads >= 2 * kHalfRowsB ? 2 : 1;
+  // Named barrier of the converter threads before a stage's half is copied (0: __syncthreads,
+  // 1: the math warpgroups' epilogue).
+  constexpr uint32_t kConverterBarrier = 2;
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -114,15 +131,21 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
     sm90::tma_prefetch_descriptor(&map_a);
     sm90::tma_prefetch_descriptor(&map_b);
     sm90::tma_prefetch_descriptor(&map_d);
-    // Full: one expect-tx arrival for the A/B tiles plus one cp.async arrival per scale lane.
-    ring.init(1 + 32, kNumMathWG * 4);
+    // Full: one expect-tx arrival for the A/B tiles plus one cp.async arrival per scale lane. Empty:
+    // every math warp of each CTA of the cluster (kShareB: the peer's copy refills the stage too).
+    ring.init(1 + 32, kNumMathWG * 4 * kNumMulticast);
 #pragma unroll
     for (uint32_t s = 0; s < kNumStages; ++s) sm90::mbarrier_init(converted + s, kConverterThreads);
     sm90::fence_barrier_init();
   }
-  __syncthreads();
+  if constexpr (kShareB) {
+    sm90::cluster_sync();  // the peer's barriers exist before its first copy or remote arrival
+  } else {
+    __syncthreads();
+  }
 
-  TileScheduler<kType, kBlockM, kBlockN, kGroupN> scheduler(m, kShapeN, grouped_layout, num_groups);
+  TileScheduler<kType, kBlockM, kBlockN, kGroupN, kNumMulticast, kShareB> scheduler(m, kShapeN, grouped_layout,
+                                                                                     num_groups);
   PipelineState<kNumStages> pipe;
   Tile t;
   const auto a_row0 = [&](const Tile& tile) {
@@ -198,15 +221,54 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   if (threadIdx.x >= kNumMathThreads) {
     sm90::setmaxnreg_dec<kConverterRegisters>();
     const uint32_t tid = threadIdx.x - kNumMathThreads;
-    // Task: kGroupsPerTask consecutive 1x32 groups of one B row, 16 packed bytes in and two 16-byte
-    // E4M3 chunks out each. A row's exponent word, largest exponent and column scale are worked out
-    // once per task, so a task takes as many groups as leave no converter thread idle. Lanes hold
-    // consecutive rows, so the swizzles spread each load and store over all banks: packed row r
-    // (64-byte swizzle) has group c at chunk c ^ ((r / 2) % 4), converted row r (128-byte swizzle,
-    // as TMA would place it) output chunk c at c ^ (r % 8).
-    constexpr uint32_t kRowsPerPass = kConverterThreads / kTasksPerRow;
-    const uint32_t first_group = (tid % kTasksPerRow) * kGroupsPerTask;
-    while (scheduler.next(t)) {
+    // Rows [row_begin, row_begin + kRows) of a stage, kTasks tasks per row. A task: 4 / kTasks
+    // consecutive 1x32 groups of one B row, 16 packed bytes in and two 16-byte E4M3 chunks out each.
+    // A row's exponent word, largest exponent and column scale are worked out once per task, so a
+    // task takes as many groups as leave no converter thread idle. Lanes hold consecutive rows, so
+    // the swizzles spread each load and store over all banks: packed row r (64-byte swizzle) has
+    // group c at chunk c ^ ((r / 2) % 4), converted row r (128-byte swizzle, as TMA would place it)
+    // output chunk c at c ^ (r % 8).
+    const auto convert_rows = [&](auto tasks, auto rows, uint32_t row_begin, const uint8_t* packed, uint8_t* tile_b,
+                                  const uint32_t* exponents, float* column_scales) {
+      constexpr uint32_t kTasks = decltype(tasks)::value;
+      constexpr uint32_t kRows = decltype(rows)::value;
+      constexpr uint32_t kGroupsPerTask = 4 / kTasks;
+      constexpr uint32_t kRowsPerPass = kConverterThreads / kTasks;
+      const uint32_t first_group = (tid % kTasks) * kGroupsPerTask;
+#pragma unroll
+      for (uint32_t i = 0; i < (kRows + kRowsPerPass - 1) / kRowsPerPass; ++i) {
+        const uint32_t local_row = i * kRowsPerPass + tid / kTasks;
+        if (kRows % kRowsPerPass == 0 || local_row < kRows) {
+          const uint32_t row = row_begin + local_row;
+          const uint32_t exps = exponents[row];
+          const uint32_t e_max = fp4::max_exponent(exps);
+          if (first_group == 0) column_scales[ColumnScaleLayout<kBlockN>::slot(row)] = fp4::column_scale(e_max);
+          // Byte g: e_max - e of the task's group g (no borrows, e_max is the largest byte).
+          const uint32_t shifts = e_max * 0x01010101u - (exps >> (8 * first_group));
+          // All loads first: the groups are independent, their latencies overlap.
+          uint4 in[kGroupsPerTask];
+#pragma unroll
+          for (uint32_t g = 0; g < kGroupsPerTask; ++g) {
+            const uint32_t chunk = (first_group + g) ^ ((row / 2) % 4);
+            in[g] = *reinterpret_cast<const uint4*>(packed + row * (kBlockK / 2) + chunk * 16);
+          }
+#pragma unroll
+          for (uint32_t g = 0; g < kGroupsPerTask; ++g) {
+            const uint32_t group = first_group + g;
+            const fp4::Lut lut = fp4::make_lut_of_byte(shifts, g);
+            const uint2 c0 = fp4::convert8(in[g].x, lut), c1 = fp4::convert8(in[g].y, lut);
+            const uint2 c2 = fp4::convert8(in[g].z, lut), c3 = fp4::convert8(in[g].w, lut);
+            uint8_t* dst = tile_b + row * kBlockK;
+            *reinterpret_cast<uint4*>(dst + (((group * 2) ^ (row % 8)) * 16)) = make_uint4(c0.x, c0.y, c1.x, c1.y);
+            *reinterpret_cast<uint4*>(dst + (((group * 2 + 1) ^ (row % 8)) * 16)) =
+                make_uint4(c2.x, c2.y, c3.x, c3.y);
+          }
+        }
+      }
+    };
+    using cuda::std::integral_constant;
+    [[maybe_unused]] const uint32_t rank = kShareB ? sm90::cluster_ctarank() : 0;
+    while (next_tile(t)) {
       for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
         ring.consumer_wait(pipe);
         const uint8_t* packed = smem + Smem::kOffsetPackedB + pipe.stage * Smem::kPackedB;
@@ -214,38 +276,32 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
         float* scales = stage_scales(pipe.stage);
         const auto* exponents = reinterpret_cast<const uint32_t*>(scales + kBlockM);
         float* column_scales = scales + kBlockM + kBlockN;
-#pragma unroll
-        for (uint32_t i = 0; i < (kBlockN + kRowsPerPass - 1) / kRowsPerPass; ++i) {
-          const uint32_t row = i * kRowsPerPass + tid / kTasksPerRow;
-          if (kBlockN % kRowsPerPass == 0 || row < kBlockN) {
-            const uint32_t exps = exponents[row];
-            const uint32_t e_max = fp4::max_exponent(exps);
-            if (first_group == 0) column_scales[ColumnScaleLayout<kBlockN>::slot(row)] = fp4::column_scale(e_max);
-            // Byte g: e_max - e of the task's group g (no borrows, e_max is the largest byte).
-            const uint32_t shifts = e_max * 0x01010101u - (exps >> (8 * first_group));
-            // All loads first: the groups are independent, their latencies overlap.
-            uint4 in[kGroupsPerTask];
-#pragma unroll
-            for (uint32_t g = 0; g < kGroupsPerTask; ++g) {
-              const uint32_t chunk = (first_group + g) ^ ((row / 2) % 4);
-              in[g] = *reinterpret_cast<const uint4*>(packed + row * (kBlockK / 2) + chunk * 16);
-            }
-#pragma unroll
-            for (uint32_t g = 0; g < kGroupsPerTask; ++g) {
-              const uint32_t group = first_group + g;
-              const fp4::Lut lut = fp4::make_lut_of_byte(shifts, g);
-              const uint2 c0 = fp4::convert8(in[g].x, lut), c1 = fp4::convert8(in[g].y, lut);
-              const uint2 c2 = fp4::convert8(in[g].z, lut), c3 = fp4::convert8(in[g].w, lut);
-              uint8_t* dst = tile_b + row * kBlockK;
-              *reinterpret_cast<uint4*>(dst + (((group * 2) ^ (row % 8)) * 16)) = make_uint4(c0.x, c0.y, c1.x, c1.y);
-              *reinterpret_cast<uint4*>(dst + (((group * 2 + 1) ^ (row % 8)) * 16)) =
-                  make_uint4(c2.x, c2.y, c3.x, c3.y);
-            }
+        if (kAlwaysShared || (kShareB && t.share_b)) {
+          const uint32_t own_begin = rank * kHalfRowsB, peer_begin = (rank ^ 1) * kHalfRowsB;
+          convert_rows(integral_constant<uint32_t, kHalfTasksPerRow>{}, integral_constant<uint32_t, kHalfRowsB>{},
+                       own_begin, packed, tile_b, exponents, column_scales);
+          for (uint32_t r = tid; r < kHalfRowsB; r += kConverterThreads) {
+            const uint32_t row = peer_begin + r;
+            column_scales[ColumnScaleLayout<kBlockN>::slot(row)] = fp4::column_scale(fp4::max_exponent(exponents[row]));
           }
+          // The half must be written (and visible to the async proxy) before one thread copies it.
+          sm90::fence_proxy_async_shared();
+          sm90::named_barrier_sync(kConverterBarrier, kConverterThreads);
+          if (tid == 0) {
+            // This CTA's arrival, and the peer's half that completes on this barrier.
+            sm90::mbarrier_arrive_expect_tx(converted + pipe.stage, kHalfRowsB * kBlockK);
+            sm90::bulk_copy_to_cluster_cta(tile_b + own_begin * kBlockK, tile_b + own_begin * kBlockK,
+                                           kHalfRowsB * kBlockK, converted + pipe.stage, rank ^ 1);
+          } else {
+            sm90::mbarrier_arrive(converted + pipe.stage);
+          }
+        } else if constexpr (!kAlwaysShared) {
+          convert_rows(integral_constant<uint32_t, kTasksPerRow>{}, integral_constant<uint32_t, kBlockN>{}, 0u,
+                       packed, tile_b, exponents, column_scales);
+          // The generic-proxy writes must be visible to wgmma's async-proxy reads.
+          sm90::fence_proxy_async_shared();
+          sm90::mbarrier_arrive(converted + pipe.stage);
         }
-        // The generic-proxy writes must be visible to wgmma's async-proxy reads.
-        sm90::fence_proxy_async_shared();
-        sm90::mbarrier_arrive(converted + pipe.stage);
       }
     }
     return;
@@ -279,10 +335,16 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
       float sb[kBlockN / 4];
       load_column_scales<kBlockN>(sb, scales + kBlockM + kBlockN, lane);
       __syncwarp();
-      if (lane == 0) ring.consumer_release(pipe);
+      if constexpr (kShareB) {
+        if (lane < kNumMulticast) sm90::mbarrier_arrive_cluster(ring.empty + pipe.stage, lane);
+      } else if (lane == 0) {
+        ring.consumer_release(pipe);
+      }
       promote_accum_column_scales<kBlockN>(final_acc, acc, sa0, sa1, sb);
     }
 
+    // kShareB: a block past M (or masked_m), or of padding, ran only to keep its pair in step.
+    if (kShareB && !t.valid) continue;
     constexpr bool kMasked = kType == GemmType::kGroupedMasked;
     store_tile<kBlockM, kBlockN, kSwizzleDBytes, ResidualType::kNone, kMasked, kNumMathThreads>(
         &map_d, smem_d, final_acc, tile_row0, lane, nullptr, 0, a_row0(t), t.n_block * kBlockN, m, kShapeN,
