@@ -225,10 +225,16 @@ def test_fp8_masked_math_loop_keeps_descriptors_uniform(m, n, k, groups):
     """Masked: the stage index broadcast from lane 0 keeps the wgmma descriptors in uniform
     registers although the tile loop runs on per-thread masked_m loads (16 R2UR per K block
     before, 1-3 after)."""
-    code = sass(*kernels.jit.native_module().fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, 2, groups))
+    native = kernels.jit.native_module()
+    code = sass(*native.fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, 2, groups))
     # Overlapped loops (block N <= 128) run rounds of 4 K blocks: 16 and 22 R2UR a round (4-5.5 per
-    # K block, against 1-3 in the plain loop; decode tiles wait on the weights).
-    loops = _innermost_k_loops(code, max_bytes=16384)
+    # K block, against 1-3 in the plain loop; decode tiles wait on the weights). 128 x 192 tiles (256
+    # rows) run in step, their K loop unrolled 8 times: its body is the shortest with 8 K blocks' wgmmas
+    # (the longer ones are ptxas' copies for K block counts that are not a multiple of 8).
+    unroll = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, 2, groups)["k_unroll"]
+    loops = _innermost_k_loops(code, max_bytes=16384 if unroll == 1 else 32768)
+    if unroll > 1:
+        loops = sorted((body for body in loops if body.count("QGMMA") == 4 * unroll), key=len)[:1]
     assert loops
     for body in loops:
         k_blocks = body.count("QGMMA") // 4
