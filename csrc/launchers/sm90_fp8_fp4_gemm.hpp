@@ -178,8 +178,10 @@ inline void launch(const Config& c, const Args& a) {
   moe_jit::LaunchConfig cfg;
   const int tiles = masked ? c.num_tiles(a.m) * a.num_groups : c.num_tiles(a.m);
   if (c.multicast > 1) {
-    // Whole clusters: the pairs of m-blocks (rounded up) of every n-block, at most the SMs that pair up.
-    const int pairs = (tiles + 1) / 2;
+    // Whole clusters: the pairs of m-blocks (rounded up per group) of every n-block, at most the SMs
+    // that pair up.
+    const int m_blocks = (a.m + c.block_m - 1) / c.block_m, n_blocks = (c.n + c.block_n - 1) / c.block_n;
+    const int pairs = masked ? (m_blocks + 1) / 2 * n_blocks * a.num_groups : (m_blocks + 1) / 2 * n_blocks;
     cfg.grid_x = static_cast<unsigned>(2 * std::max(1, std::min(pairs, c.num_sms / 2)));
     cfg.cluster_dim = 2;
   } else {

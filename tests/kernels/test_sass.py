@@ -358,6 +358,20 @@ def test_fp8_fp4_gemm_uses_qgmma_tma_and_byte_permute_conversion(m, n, k, gemm_t
     assert "LDL" not in text and "STL" not in text, "register spills"
 
 
+@pytest.mark.parametrize("m,n,k,gemm_type,groups", [(256, 4096, 7168, 2, 32), (6400, 7168, 2048, 1, 32),
+                                                     (100, 4096, 7168, 2, 32), (300, 136, 384, 2, 4)])
+def test_fp8_fp4_gemm_clusters_copy_their_half_to_the_peer(m, n, k, gemm_type, groups, monkeypatch):
+    """MOE_FP4_SHARE_B=1 (2-CTA clusters, each CTA converting half of the weight tile): one bulk
+    shared::cluster copy (UBLKCP) per K block, the math warps' remote arrivals, no spills."""
+    monkeypatch.setenv("MOE_FP4_SHARE_B", "1")
+    name, code, config = kernels.jit.native_module().fp8_fp4_gemm_nt_code(m, n, k, H200_SMS, gemm_type, groups)
+    assert config["multicast"] == 2, config
+    text = sass(name, code)
+    for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "UBLKCP", "PRMT"):
+        assert instruction in text, instruction
+    assert "LDL" not in text and "STL" not in text, "register spills"
+
+
 @pytest.mark.parametrize("m,gemm_type,groups", [(8192, 1, 4), (8, 2, 32)])
 def test_fp8_fp4_gemm_k_loops_are_lean(m, gemm_type, groups):
     """N x K = 4096 x 7168, contiguous 4 x 8192 (block 128 x 128) and masked decode (block 64 x 128).

@@ -176,6 +176,12 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
                               kb * kBlockK / 2, row_b);
           }
         }
+        if constexpr (kShareB) {
+          // The peer's math arrives on this CTA's empty barriers, and its last releases come after its
+          // wait for this CTA's copies (which read this CTA's stages): it may only exit once every
+          // stage's last fill has been released by both CTAs.
+          for (uint32_t s = 0; s < kNumStages; ++s, pipe.advance()) ring.producer_acquire(pipe);
+        }
       }
     } else if (producer_warp >= 1 && producer_warp <= kNumScaleWarps) {
       // The scale warps take the stages in turn (turn counts K blocks across tiles). One warp issued
