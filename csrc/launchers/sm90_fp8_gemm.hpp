@@ -341,10 +341,13 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // tiles (block N 152-184) keep the turns, not measured without. Masked 128 x 192 tiles in step
   // and unrolled 8 times took 0.86-0.93x the time of the turns at 256-1024 rows per expert (32
   // experts, 4096 x 7168 and 7168 x 2048, one interleaved run on an H200: bench/RESULTS.md, session
-  // 33). MOE_FP8_PINGPONG=1|0 forces turns on or off.
+  // 33); only K block counts that are a multiple of 8 were timed (ptxas' remainder loops rebuild the
+  // wgmma descriptors per K block: ~110 R2UR), so other masked K keep the turns.
+  // MOE_FP8_PINGPONG=1|0 forces turns on or off.
   const char* pingpong = std::getenv("MOE_FP8_PINGPONG");
   const bool wide_tile = t.block_m == 128 && t.block_n >= kPingPongMinBlockN;
-  const bool in_step_tile = wide_tile && t.block_n == kInStepBlockN;
+  const bool in_step_tile = wide_tile && t.block_n == kInStepBlockN &&
+                            (type != GemmType::kGroupedMasked || (k / kBlockK) % 8 == 0);
   const bool wants_pingpong = pingpong == nullptr ? wide_tile && !in_step_tile : std::string(pingpong) != "0";
   cfg.pingpong = t.block_m == 128 && wants_pingpong ? 1 : 0;
   // The math K loop unrolled: ptxas then issues the next K block's full-barrier wait among the last

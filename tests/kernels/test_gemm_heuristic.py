@@ -245,6 +245,9 @@ def test_k_loop_unrolled_on_dense_256_row_and_wide_128_row_tiles(monkeypatch):
     assert (grouped["block_m"], grouped["k_unroll"]) == (256, 1)
     masked = native.fp8_gemm_nt_config(1024, 4096, 7168, H200_SMS, False, -1, 2, 8)
     assert (masked["block_m"], masked["block_n"], masked["pingpong"], masked["k_unroll"]) == (128, 192, 0, 8), masked
+    # Masked in step only where the K blocks come in whole rounds of 8 (the timed shapes).
+    masked_short_k = native.fp8_gemm_nt_config(512, 4096, 1536, H200_SMS, False, -1, 2, 32)
+    assert (masked_short_k["block_n"], masked_short_k["pingpong"], masked_short_k["k_unroll"]) == (192, 1, 1)
     masked_narrower = native.fp8_gemm_nt_config(256, 7168, 2048, H200_SMS, False, -1, 2, 32)
     assert (masked_narrower["block_n"], masked_narrower["pingpong"], masked_narrower["k_unroll"]) == (160, 1, 1)
     monkeypatch.setenv("MOE_FP8_PINGPONG", "1")
