@@ -76,8 +76,9 @@ struct Config {
 
 // MOE_FP8_MULTICAST=0 turns the clusters off and =2 on wherever the kernel takes them (dense, or
 // grouped with kMulticastMinRows rows), sharing A; =b makes 2-CTA clusters share B instead where
-// the heuristic picked a 128-row tile (dense or contiguous, block N a multiple of 16, at least two
-// m-blocks, an even SM count), without tail or single-wave splits, and otherwise acts as unset.
+// the heuristic picked a 128-row tile (dense, contiguous or masked, block N a multiple of 16, at
+// least two m-blocks, an even SM count), without tail or single-wave splits, and otherwise acts as
+// unset.
 // Unset, contiguous 128 x 192 tiles share B (DeepGEMM's form of them): against A-sharing clusters,
 // 0.96-0.99x the time at N x K = 4096 x 7168 and 0.99-1.00x at 7168 x 2048, in four timings of
 // the four contiguous cells (bench/RESULTS.md, session 18). Dense 128 x 192 tiles keep A: 4096 x
@@ -303,12 +304,13 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   }
   // The clusters: a single n-block would pair with a padding one (nothing to share). Clusters sharing
   // B (MOE_FP8_MULTICAST=b, or unset on contiguous 128 x 192 tiles): pairs of 128-row m-blocks of one
-  // n-block; every tile runs whole (no tail split), the pair in step.
+  // n-block; every tile runs whole (no tail split), the pair in step. Masked GEMMs pair the m-blocks
+  // of each group (common/scheduler.cuh) only under MOE_FP8_MULTICAST=b: not yet timed.
   const int cluster_a = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
   const bool share_b_default = multicast_env == nullptr && type == GemmType::kGroupedContiguous &&
                                t.block_n == kInStepBlockN;
-  const bool share_b = (share_b_forced || share_b_default) && type != GemmType::kGroupedMasked &&
-                       t.block_m == 128 && t.block_n % 16 == 0 && num_sms % 2 == 0 && m > t.block_m;
+  const bool share_b = (share_b_forced || share_b_default) && t.block_m == 128 && t.block_n % 16 == 0 &&
+                       num_sms % 2 == 0 && m > t.block_m;
   cfg.block_m = t.block_m;
   cfg.block_n = t.block_n;
   cfg.multicast = share_b ? 2 : cluster_a;

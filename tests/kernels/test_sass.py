@@ -241,6 +241,21 @@ def test_fp8_masked_math_loop_keeps_descriptors_uniform(m, n, k, groups):
         assert sum("R2UR" in line for line in body.splitlines()) <= (4 if k_blocks == 1 else 6 * k_blocks)
 
 
+def test_fp8_masked_pairs_sharing_b_keep_spills_out_of_the_k_loop(monkeypatch):
+    """MOE_FP8_MULTICAST=b on masked 128 x 192 tiles (pairs of m-blocks inside each group sharing B):
+    B arrives by multicast, and the in-step K loop unrolled 8 times holds no local memory (a few
+    registers spill per tile, outside it)."""
+    monkeypatch.setenv("MOE_FP8_MULTICAST", "b")
+    native = kernels.jit.native_module()
+    args = (256, 4096, 7168, H200_SMS, False, -1, 2, 32)
+    config = native.fp8_gemm_nt_config(*args)
+    assert (config["share_b"], config["k_unroll"]) == (1, 8), config
+    code = sass(*native.fp8_gemm_nt_code(*args))
+    assert "QGMMA" in code and "UTMALDG" in code
+    loops = sorted((body for body in _innermost_k_loops(code, max_bytes=32768) if body.count("QGMMA") == 32), key=len)
+    assert loops and "LDL" not in loops[0] and "STL" not in loops[0]
+
+
 @pytest.mark.parametrize("m,n,k,gemm_type,groups,unroll", [
     (64, 2112, 7168, 0, 1, 4), (128, 4096, 7168, 0, 1, 4), (64, 32768, 512, 0, 1, 4), (16, 4096, 7168, 2, 32, 4),
     (128, 4096, 7168, 0, 1, 8), (64, 2112, 7168, 0, 1, 8),

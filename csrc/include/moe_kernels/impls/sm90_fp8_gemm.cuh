@@ -195,9 +195,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   static_assert(kNumMulticast == 1 || kNumMulticast == 2, "A is shared by 1 or 2 CTAs");
   // kShareB: the cluster's CTAs hold adjacent m-blocks of one n-block instead (common/scheduler.cuh)
   // and share B: each loads its own A and, where the pair shares B, kHalfRowsB rows of B for both.
-  static_assert(!kShareB || (kNumMulticast == 2 && kNumWaves == 1 && kType != GemmType::kGroupedMasked &&
-                             kBlockN % 16 == 0),
-                "B is shared by 2-CTA clusters of 128-row tiles (dense or contiguous), in whole 8-row atoms");
+  static_assert(!kShareB || (kNumMulticast == 2 && kNumWaves == 1 && kBlockN % 16 == 0),
+                "B is shared by 2-CTA clusters of 128-row tiles, in whole 8-row atoms");
   constexpr uint32_t kMulticastRowsA = kShareB ? kBlockM : kBlockM / kNumMulticast;
   constexpr uint32_t kHalfRowsB = kBlockN / 2;
 
