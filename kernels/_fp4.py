@@ -8,6 +8,7 @@ format. The kernel takes SFB as UE8M0 exponent bytes (value ``2^(byte - 127)``):
 from __future__ import annotations
 
 import os
+from typing import Iterator
 
 import torch
 
@@ -135,3 +136,10 @@ def staged_chunk(n: int, k: int) -> int:
     """Groups per staged chunk: as many FP8 weight matrices [N, K] as STAGED_MAX_BYTES holds, at
     least 1 and at most the cast's grid limit of 65535."""
     return min(65535, max(1, STAGED_MAX_BYTES // (n * k)))
+
+
+def staged_chunks(g: int, n: int, k: int) -> Iterator[tuple[int, int]]:
+    """The group ranges [g0, g1) a staged call of ``g`` groups of [N, K] weights runs in turn."""
+    chunk = staged_chunk(n, k)
+    for g0 in range(0, g, chunk):
+        yield g0, min(g, g0 + chunk)

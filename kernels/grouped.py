@@ -462,9 +462,7 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
     if staged:
         # A chunk of groups [g0, g1) sees group ids shifted by g0: the other groups' rows fall outside
         # [0, g1 - g0), which the FP8 kernel skips, as it does padding.
-        chunk = _fp4.staged_chunk(n, k)
-        for g0 in range(0, g, chunk):
-            g1 = min(g, g0 + chunk)
+        for g0, g1 in _fp4.staged_chunks(g, n, k):
             m_grouped_fp8_gemm_nt_contiguous((a_t, sfa), _staged_weights(fn, b_t, sfb_bytes, g0, g1, n, k, device), d,
                                              m_indices if g0 == 0 and g1 == g else m_indices - g0)
         return
@@ -519,9 +517,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     if max_m == 0:
         return
     if staged:
-        chunk = _fp4.staged_chunk(n, k)
-        for g0 in range(0, g, chunk):
-            g1 = min(g, g0 + chunk)
+        for g0, g1 in _fp4.staged_chunks(g, n, k):
             # The cast inline: a chunk's FP8 weights are freed before the next chunk's are made.
             m_grouped_fp8_gemm_nt_masked((a_t[g0:g1], sfa[g0:g1]), _staged_weights(fn, b_t, sfb_bytes, g0, g1, n, k,
                                                                                     device),

@@ -42,16 +42,19 @@ struct Config : Problem {
   int num_tiles(int m) const { return ((m + block_m - 1) / block_m) * ((n + block_n - 1) / block_n); }
 };
 
+// A 0/1 switch of this family: -1 unset (or empty), 0 or 1; any other value raises, naming `fn`.
+inline int switch_setting(const char* fn, const char* name) {
+  const char* env = std::getenv(name);
+  const std::string setting = env == nullptr ? "" : env;
+  MOE_HOST_ASSERT(setting.empty() || setting == "0" || setting == "1",
+                  fn << ": " << name << " must be 0 or 1, got '" << setting << "'");
+  return setting.empty() ? -1 : setting == "1";
+}
+
 // MOE_FP4_SHARE_B=1: pairs of m-blocks on one weight tile convert it once, each CTA half of it
 // (impls/sm90_fp8_fp4_gemm.cuh, kNumMulticast = 2), where groups have two m-blocks or more on
 // average and the SMs pair up. Off by default until timed against the single CTAs.
-inline bool share_b_setting(const char* fn) {
-  const char* env = std::getenv("MOE_FP4_SHARE_B");
-  const std::string setting = env == nullptr ? "" : env;
-  MOE_HOST_ASSERT(setting.empty() || setting == "0" || setting == "1",
-                  fn << ": MOE_FP4_SHARE_B must be 0 or 1, got '" << setting << "'");
-  return setting == "1";
-}
+inline bool share_b_setting(const char* fn) { return switch_setting(fn, "MOE_FP4_SHARE_B") == 1; }
 
 // One stage: A, the converted and the packed B tiles, the scales (A rows, B exponent words, B
 // column scales in ColumnScaleLayout's order: the four quads' runs padded 16 bytes apart when
@@ -325,10 +328,7 @@ inline bool may_stage(long long rows, long long groups) {
 }
 
 inline Plan plan_kernel(GemmType type, int m, int n, int k, int num_sms, int num_groups) {
-  const char* env = std::getenv("MOE_FP4_SWAP_AB");
-  const std::string setting = env == nullptr ? "" : env;
-  const int forced = setting.empty() ? -1 : setting == "0" ? 0 : setting == "1" ? 1 : 2;
-  MOE_HOST_ASSERT(forced != 2, function_name(type) << ": MOE_FP4_SWAP_AB must be 0 or 1, got '" << setting << "'");
+  const int forced = switch_setting(function_name(type), "MOE_FP4_SWAP_AB");
   const bool masked = type == GemmType::kGroupedMasked;
   Plan p{};
   p.swap_ab = forced == 1   ? true

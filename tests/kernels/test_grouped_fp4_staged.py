@@ -46,6 +46,8 @@ def test_staged_chunks(monkeypatch):
     assert kernels._fp4.staged_chunk(4096, 7168) == (1 << 30) // (4096 * 7168) == 36
     monkeypatch.setattr(kernels._fp4, "STAGED_MAX_BYTES", 100)
     assert kernels._fp4.staged_chunk(4096, 7168) == 1
+    monkeypatch.setattr(kernels._fp4, "STAGED_MAX_BYTES", 2 * 136 * 384 + 1)
+    assert list(kernels._fp4.staged_chunks(5, 136, 384)) == [(0, 2), (2, 4), (4, 5)]
     monkeypatch.setattr(kernels._fp4, "STAGED_MAX_BYTES", 1 << 40)
     assert kernels._fp4.staged_chunk(8, 128) == 65535
 

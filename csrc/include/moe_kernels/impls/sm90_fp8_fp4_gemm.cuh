@@ -54,6 +54,13 @@ struct Fp8Fp4GemmSmem {
                 "stage buffers must stay 1024-byte aligned");
 };
 
+// Converter tasks per B row (1, 2 or 4; 4 / tasks of the row's 1x32 groups each) when `threads`
+// convert `rows` rows: as few as keep every converter thread busy, since each task repeats the
+// row's exponent work.
+constexpr uint32_t fp4_converter_tasks_per_row(uint32_t threads, uint32_t rows) {
+  return threads >= 4 * rows ? 4 : threads >= 2 * rows ? 2 : 1;
+}
+
 // shape_m and grouped_layout as in sm90_fp8_gemm_nt; sfb: exponent bytes, 4-byte aligned rows.
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, uint32_t kSwizzleDBytes, uint32_t kScaleWarps = 3,
@@ -93,9 +100,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
   static_assert(kBlockM == 64 || kBlockM == 128, "block M is 64 or 128");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 128, "block N is a multiple of 16 up to 128");
-  // Converter tasks per B row (1, 2 or 4; 4 / kTasksPerRow of the row's 1x32 groups each): as few
-  // as keep every converter thread busy, since each task repeats the row's exponent work.
-  constexpr uint32_t kTasksPerRow = kConverterThreads >= 4 * kBlockN ? 4 : kConverterThreads >= 2 * kBlockN ? 2 : 1;
+  constexpr uint32_t kTasksPerRow = fp4_converter_tasks_per_row(kConverterThreads, kBlockN);
   static_assert(kNumConverterWG == (kBlockM == 64 ? 2 : 1), "the launch bounds assume this converter count");
   constexpr auto kType = static_cast<GemmType>(kGemmType);
   static_assert(kType != GemmType::kNormal, "the FP4-weight GEMM is m-grouped");
@@ -105,8 +110,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   constexpr uint32_t kHalfRowsB = kBlockN / 2;
   // Masked pairs always lie in one group (common/scheduler.cuh): they always share.
   constexpr bool kAlwaysShared = kShareB && kType == GemmType::kGroupedMasked;
-  constexpr uint32_t kHalfTasksPerRow =
-      kConverterThreads >= 4 * kHalfRowsB ? 4 : kConverterThreads >= 2 * kHalfRowsB ? 2 : 1;
+  constexpr uint32_t kHalfTasksPerRow = fp4_converter_tasks_per_row(kConverterThreads, kHalfRowsB);
   // Named barrier of the converter threads before a stage's half is copied (0: __syncthreads,
   // 1: the math warpgroups' epilogue).
   constexpr uint32_t kConverterBarrier = 2;
