@@ -33,6 +33,8 @@ declare -A problems=(
   [masked_32x16_7168x2048]="scripts/grouped_once.py --weights fp8 --groups 32 --tokens 16 --n 7168 --k 2048"
   [contiguous_fp4_4x8192_4096x7168]="scripts/grouped_once.py --weights fp4 --groups 4 --contiguous 8192 --n 4096 --k 7168"
   [contiguous_fp4_swapped_4x8192_4096x7168]="scripts/grouped_once.py --weights fp4 --groups 4 --contiguous 8192 --n 4096 --k 7168 --fp4-kernel swapped"
+  [masked_fp4_swapped_32x128_4096x7168]="scripts/grouped_once.py --weights fp4 --groups 32 --tokens 128 --n 4096 --k 7168 --fp4-kernel swapped"
+  [masked_fp4_converter_32x256_4096x7168]="scripts/grouped_once.py --weights fp4 --groups 32 --tokens 256 --n 4096 --k 7168 --fp4-kernel converter"
   [decode_fp4_32x16_7168x2048]="scripts/grouped_once.py --weights fp4-fragment --groups 32 --tokens 16 --n 7168 --k 2048"
   # DeepGEMM (the peer, built by scripts/peer_env.sh) on the same problems: its kernel matches sm90_fp8 too.
   [peer_dense_4096x4096x7168]="scripts/deepgemm_once.py --m 4096 --n 4096 --k 7168"

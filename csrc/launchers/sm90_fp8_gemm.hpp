@@ -303,12 +303,13 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
                        moe_kernels::kScaleGather, false);
   }
   // The clusters: a single n-block would pair with a padding one (nothing to share). Clusters sharing
-  // B (MOE_FP8_MULTICAST=b, or unset on contiguous 128 x 192 tiles): pairs of 128-row m-blocks of one
-  // n-block; every tile runs whole (no tail split), the pair in step. Masked GEMMs pair the m-blocks
-  // of each group (common/scheduler.cuh) only under MOE_FP8_MULTICAST=b: not yet timed.
+  // B (MOE_FP8_MULTICAST=b, or unset on contiguous 128 x 192 tiles and on masked ones from
+  // kMaskedShareBMinRows rows): pairs of 128-row m-blocks of one n-block (masked: inside one group,
+  // common/scheduler.cuh); every tile runs whole (no tail split), the pair in step.
   const int cluster_a = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
-  const bool share_b_default = multicast_env == nullptr && type == GemmType::kGroupedContiguous &&
-                               t.block_n == kInStepBlockN;
+  const bool share_b_default =
+      multicast_env == nullptr && t.block_n == kInStepBlockN &&
+      (type == GemmType::kGroupedContiguous || (type == GemmType::kGroupedMasked && m >= kMaskedShareBMinRows));
   const bool share_b = (share_b_forced || share_b_default) && t.block_m == 128 && t.block_n % 16 == 0 &&
                        num_sms % 2 == 0 && m > t.block_m;
   cfg.block_m = t.block_m;

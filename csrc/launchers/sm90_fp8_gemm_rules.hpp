@@ -36,6 +36,11 @@ constexpr int kPingPongMinBlockN = 145;
 // Dense and contiguous tiles of this block N (128 x 192, the only width measured) run without
 // turns instead, their K loop unrolled 8 times (get_config, session 17).
 constexpr int kInStepBlockN = 192;
+// Masked 128 x 192 tiles pair their m-blocks inside a group and share B from this many rows per group
+// (expected_m): 0.85x and 0.88x the time at 256 experts x 512 and 1024 tokens, N x K = 4096 x 7168,
+// 0.96-1.01x in the other cells from 512 tokens; at 256 tokens 1.00-1.01x (H100, bench/RESULTS.md,
+// session 34).
+constexpr int kMaskedShareBMinRows = 512;
 
 // Dense GEMMs of 65 to 128 rows run one 128-row m-block instead of two 64-row ones where that takes
 // fewer waves (wide N: 128 x 192 at N = 24576, 128 x 128 at 32768 x 512): 0.90x and 0.95x the time

@@ -484,7 +484,9 @@ def test_clusters_at_65_to_128_rows_only_for_tma_scales_of_wide_n(m, n, k, clust
     (128, 2112, 7168, 0, 1, 0, 0),      # one m-block: nothing to pair
     (4096, 4096, 7168, 0, 1, 0, 0),     # 256-row tiles (two waves)
     (1000, 4232, 1536, 0, 1, 0, 0),     # block N 136: half of B is not whole 8-row atoms
-    (256, 4096, 7168, 2, 32, 1, 0),     # masked: pairs of m-blocks inside each group (opt-in only)
+    (256, 4096, 7168, 2, 32, 1, 0),     # masked: pairs of m-blocks inside each group (opt-in at 256 rows)
+    (512, 4096, 7168, 2, 256, 1, 1),    # masked from 512 rows per group: pairs by default
+    (1024, 7168, 2048, 2, 32, 1, 1),
     (100, 4096, 7168, 2, 32, 0, 0),     # masked, one m-block per group: nothing to pair
 ])
 def test_clusters_sharing_b_only_where_the_kernel_can(m, n, k, gemm_type, groups, share_b, by_default, monkeypatch):
@@ -492,8 +494,8 @@ def test_clusters_sharing_b_only_where_the_kernel_can(m, n, k, gemm_type, groups
     B (dense, contiguous, or masked pairing inside each group), one wave per tile, block N a multiple
     of 16, at least two m-blocks;
     elsewhere the heuristic's plan stays. Every tile of such pairs runs whole (no tail split); the
-    tiles count whole pairs. Unset, only contiguous 128 x 192 tiles share B; =a keeps A-sharing
-    clusters there."""
+    tiles count whole pairs. Unset, contiguous 128 x 192 tiles share B, and masked ones from 512
+    rows per group; =a keeps A-sharing clusters there."""
     native = kernels.jit.native_module()
     monkeypatch.delenv("MOE_FP8_MULTICAST", raising=False)
     default = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)

@@ -242,9 +242,9 @@ def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, 
 def test_gpu_masked_wide_tiles_in_step_and_in_pairs_match_turns(masked, max_m, expected_m, n, k, seed, monkeypatch):
     """Masked 128 x 192 tiles: in step with the K loop unrolled 8 times (the default where K / 128 is
     a multiple of 8), and in 2-CTA clusters whose pairs of m-blocks inside a group share B
-    (MOE_FP8_MULTICAST=b), against the warpgroups' turns with the plain loop: the same wgmmas and
-    FFMAs per tile, so D is bit for bit theirs (NaN where none wrote), groups of 0, 1 and odd m-block
-    counts included."""
+    (MOE_FP8_MULTICAST=b, the default from 512 rows per group), against the warpgroups' turns with
+    the plain loop, both without clusters: the same wgmmas and FFMAs per tile, so D is bit for bit
+    theirs (NaN where none wrote), groups of 0, 1 and odd m-block counts included."""
     g = len(masked)
     b_fp8 = make_weights(g, n, k, "cuda")
     a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
@@ -252,8 +252,8 @@ def test_gpu_masked_wide_tiles_in_step_and_in_pairs_match_turns(masked, max_m, e
     masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
     native = kernels.jit.native_module()
     outputs = {}
-    for name, env in (("in step", {}), ("pairs", {"MOE_FP8_MULTICAST": "b"}),
-                      ("turns", {"MOE_FP8_PINGPONG": "1", "MOE_GEMM_K_UNROLL": "1"})):
+    for name, env in (("in step", {"MOE_FP8_MULTICAST": "0"}), ("pairs", {"MOE_FP8_MULTICAST": "b"}),
+                      ("turns", {"MOE_FP8_MULTICAST": "0", "MOE_FP8_PINGPONG": "1", "MOE_GEMM_K_UNROLL": "1"})):
         for variable in ("MOE_FP8_MULTICAST", "MOE_FP8_PINGPONG", "MOE_GEMM_K_UNROLL"):
             monkeypatch.delenv(variable, raising=False)
         for variable, value in env.items():

@@ -436,10 +436,14 @@ def test_fp8_fp4_swap_ab_prefill_tiles_use_setmaxnreg_and_transposed_stores(m, n
     text = sass(name, code)
     for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "LDGSTS", "PRMT", "USETMAXREG", "STSM"):
         assert instruction in text, instruction
-    loops = _innermost_k_loops(text, 16384)
+    # Two conversions per K block in the loop: with unchecked tables where the warp's vote finds every
+    # group in range, with checked ones otherwise. The shortest body with wgmmas is the K loop (branches
+    # back into it from code placed past the epilogue make longer ones).
+    loops = _innermost_k_loops(text, 32768)
     assert loops, "no K loop found"
-    for body in loops:
-        assert "LDL" not in body and "STL" not in body, "local memory in the K loop"
+    k_loop = min(loops, key=len)
+    assert "LDL" not in k_loop and "STL" not in k_loop, "local memory in the K loop"
+    assert "VOTE.ALL" in k_loop, "no vote between the table forms"
 
 
 @pytest.mark.parametrize("m,n,k,gemm_type,groups,scale_load,multicast", [

@@ -34,6 +34,26 @@ __device__ __forceinline__ Lut make_lut(uint32_t d) {
   return {kLutLo - d * 0x08080800u, kLutHi - d * 0x08080808u};
 }
 
+// Byte j: e_max - e_j, the binades group j of a row lies below the largest of its four (no
+// borrows: e_max is the largest byte).
+__device__ __forceinline__ uint32_t group_shifts(uint32_t exps, uint32_t e_max) { return e_max * 0x01010101u - exps; }
+
+// Whether every byte of `shifts` is at most kMaxExactShift: with the high nibbles clear no byte
+// carries when 15 - kMaxExactShift is added, and bit 4 then marks the bytes past it.
+__device__ __forceinline__ bool shifts_in_table_range(uint32_t shifts) {
+  static_assert(kMaxExactShift < 16, "the test works on nibbles");
+  constexpr uint32_t kBias = (15u - kMaxExactShift) * 0x01010101u;
+  return ((shifts & 0xF0F0F0F0u) | ((shifts + kBias) & 0x10101010u)) == 0;
+}
+
+// make_lut(d) for d = byte `byte` of `shifts` known to pass shifts_in_table_range: a byte extract and
+// two multiply-adds, where make_lut's range check and zero table took ten instructions (the
+// swapped kernel builds a table per 8 elements).
+__device__ __forceinline__ Lut make_lut_in_range(uint32_t shifts, uint32_t byte) {
+  const uint32_t d = __byte_perm(shifts, 0u, 0x4440u | byte);
+  return {kLutLo - d * 0x08080800u, kLutHi - d * 0x08080808u};
+}
+
 // make_lut(d) for d = byte `byte` (a constant once unrolled) of `shifts`, from d replicated by byte
 // permutes: d * 0x08080808 is then one multiply-add away and the range check one compare (7
 // instructions per table where make_lut of an extracted byte took 9).

@@ -77,22 +77,33 @@ __device__ __forceinline__ void convert_packed_k_block(const uint8_t* tile_w, ui
                                                        uint32_t exps0, uint32_t exps1, uint32_t (&frag)[4][4]) {
   // Bytes [2 quad, 2 quad + 2) of a 4-byte word pair: the low halves for even quads, else high.
   const uint32_t half_selector = quad % 2 == 0 ? 0x5410u : 0x7632u;
-  const uint32_t e_max0 = fp4::max_exponent(exps0), e_max1 = fp4::max_exponent(exps1);
-  // Elements 4 quad..+3 of step s sit in bytes 16 s + 2 quad..+1, elements 16 + 4 quad..+3 in
-  // bytes 16 s + 8 + 2 quad..+1.
+  const uint32_t shifts0 = fp4::group_shifts(exps0, fp4::max_exponent(exps0));
+  const uint32_t shifts1 = fp4::group_shifts(exps1, fp4::max_exponent(exps1));
+  const auto convert_steps = [&](auto lut_of) {
+    // Elements 4 quad..+3 of step s sit in bytes 16 s + 2 quad..+1, elements 16 + 4 quad..+3 in
+    // bytes 16 s + 8 + 2 quad..+1.
 #pragma unroll
-  for (uint32_t s = 0; s < 4; ++s) {
-    const uint32_t offset = 16 * s + 4 * (quad / 2);
-    const uint32_t w0 = __byte_perm(load_packed_word(tile_w, row0, offset), load_packed_word(tile_w, row0, offset + 8),
-                                    half_selector);
-    const uint32_t w1 = __byte_perm(load_packed_word(tile_w, row0 + 8, offset),
-                                    load_packed_word(tile_w, row0 + 8, offset + 8), half_selector);
-    const uint2 c0 = fp4::convert8(w0, fp4::make_lut(e_max0 - ((exps0 >> (8 * s)) & 0xFFu)));
-    const uint2 c1 = fp4::convert8(w1, fp4::make_lut(e_max1 - ((exps1 >> (8 * s)) & 0xFFu)));
-    frag[s][0] = c0.x;  // row r,     K 4 quad..+3
-    frag[s][1] = c1.x;  // row r + 8
-    frag[s][2] = c0.y;  // row r,     K 16 + 4 quad..+3
-    frag[s][3] = c1.y;  // row r + 8
+    for (uint32_t s = 0; s < 4; ++s) {
+      const uint32_t offset = 16 * s + 4 * (quad / 2);
+      const uint32_t w0 = __byte_perm(load_packed_word(tile_w, row0, offset),
+                                      load_packed_word(tile_w, row0, offset + 8), half_selector);
+      const uint32_t w1 = __byte_perm(load_packed_word(tile_w, row0 + 8, offset),
+                                      load_packed_word(tile_w, row0 + 8, offset + 8), half_selector);
+      const uint2 c0 = fp4::convert8(w0, lut_of(shifts0, s));
+      const uint2 c1 = fp4::convert8(w1, lut_of(shifts1, s));
+      frag[s][0] = c0.x;  // row r,     K 4 quad..+3
+      frag[s][1] = c1.x;  // row r + 8
+      frag[s][2] = c0.y;  // row r,     K 16 + 4 quad..+3
+      frag[s][3] = c1.y;  // row r + 8
+    }
+  };
+  // A table per 8 elements: unchecked ones where every group of the warp's rows lies within
+  // kMaxExactShift binades of its block's largest (quantized weights: all but pathological rows),
+  // the checked ones (zero past the range) otherwise. The vote keeps the branch warp-uniform.
+  if (__all_sync(0xffffffffu, fp4::shifts_in_table_range(shifts0) && fp4::shifts_in_table_range(shifts1))) {
+    convert_steps([](uint32_t shifts, uint32_t s) { return fp4::make_lut_in_range(shifts, s); });
+  } else {
+    convert_steps([](uint32_t shifts, uint32_t s) { return fp4::make_lut((shifts >> (8 * s)) & 0xFFu); });
   }
 }
 
