@@ -53,7 +53,8 @@ inline int switch_setting(const char* fn, const char* name) {
 
 // MOE_FP4_SHARE_B=1: pairs of m-blocks on one weight tile convert it once, each CTA half of it
 // (impls/sm90_fp8_fp4_gemm.cuh, kNumMulticast = 2), where groups have two m-blocks or more on
-// average and the SMs pair up. Off by default until timed against the single CTAs.
+// average and the SMs pair up. Off by default: 0.98-1.01x the single CTAs' time at 256 tokens per
+// expert on an H100 (bench/RESULTS.md, session 34), since the conversions do not bound that kernel.
 inline bool share_b_setting(const char* fn) { return switch_setting(fn, "MOE_FP4_SHARE_B") == 1; }
 
 // One stage: A, the converted and the packed B tiles, the scales (A rows, B exponent words, B
