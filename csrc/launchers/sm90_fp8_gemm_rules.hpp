@@ -34,12 +34,13 @@ constexpr int kMulticastMinNLargeM = 4097;
 // block N 192 0.96-1.14x against the plain loop (bench/RESULTS.md, session 6).
 constexpr int kPingPongMinBlockN = 145;
 // Dense and contiguous tiles of this block N (128 x 192, the only width measured) run without
-// turns instead, their K loop unrolled 8 times (get_config, session 17).
+// turns instead, their K loop unrolled 8 times (get_config, session 17); masked ones too where K / 128
+// is a multiple of 8 (session 33).
 constexpr int kInStepBlockN = 192;
 // Masked 128 x 192 tiles pair their m-blocks inside a group and share B from this many rows per group
-// (expected_m): 0.85x and 0.88x the time at 256 experts x 512 and 1024 tokens, N x K = 4096 x 7168,
-// 0.96-1.01x in the other cells from 512 tokens; at 256 tokens 1.00-1.01x (H100, bench/RESULTS.md,
-// session 34).
+// (expected_m): 0.84-0.89x the time of single CTAs at 256 experts x 512 and 1024 tokens, N x K =
+// 4096 x 7168, 0.96-1.00x in the other cells from 512 tokens, in two runs; at 256 tokens 1.00-1.01x
+// (H100, bench/RESULTS.md, session 34).
 constexpr int kMaskedShareBMinRows = 512;
 
 // Dense GEMMs of 65 to 128 rows run one 128-row m-block instead of two 64-row ones where that takes

@@ -242,9 +242,10 @@ def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, 
 def test_gpu_masked_wide_tiles_in_step_and_in_pairs_match_turns(masked, max_m, expected_m, n, k, seed, monkeypatch):
     """Masked 128 x 192 tiles: in step with the K loop unrolled 8 times (the default where K / 128 is
     a multiple of 8), and in 2-CTA clusters whose pairs of m-blocks inside a group share B
-    (MOE_FP8_MULTICAST=b, the default from 512 rows per group), against the warpgroups' turns with
-    the plain loop, both without clusters: the same wgmmas and FFMAs per tile, so D is bit for bit
-    theirs (NaN where none wrote), groups of 0, 1 and odd m-block counts included."""
+    (MOE_FP8_MULTICAST=b, the default from 512 rows per group), and in clusters sharing A (=2, where
+    the kernel takes them), against the warpgroups' turns with the plain loop, both without clusters:
+    the same wgmmas and FFMAs per tile, so D is bit for bit theirs (NaN where none wrote), groups of 0,
+    1 and odd m-block counts included."""
     g = len(masked)
     b_fp8 = make_weights(g, n, k, "cuda")
     a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
@@ -253,6 +254,7 @@ def test_gpu_masked_wide_tiles_in_step_and_in_pairs_match_turns(masked, max_m, e
     native = kernels.jit.native_module()
     outputs = {}
     for name, env in (("in step", {"MOE_FP8_MULTICAST": "0"}), ("pairs", {"MOE_FP8_MULTICAST": "b"}),
+                      ("sharing A", {"MOE_FP8_MULTICAST": "2"}),
                       ("turns", {"MOE_FP8_MULTICAST": "0", "MOE_FP8_PINGPONG": "1", "MOE_GEMM_K_UNROLL": "1"})):
         for variable in ("MOE_FP8_MULTICAST", "MOE_FP8_PINGPONG", "MOE_GEMM_K_UNROLL"):
             monkeypatch.delenv(variable, raising=False)
@@ -261,12 +263,13 @@ def test_gpu_masked_wide_tiles_in_step_and_in_pairs_match_turns(masked, max_m, e
         cfg = native.fp8_gemm_nt_config(min(expected_m, max_m), n, k, kernels.get_num_sms(), False, -1, 2, g)
         assert (cfg["block_m"], cfg["block_n"]) == (128, 192), cfg
         assert (cfg["pingpong"], cfg["k_unroll"], cfg["share_b"]) == \
-            {"in step": (0, 8, 0), "pairs": (0, 8, 1), "turns": (1, 1, 0)}[name], (name, cfg)
+            {"in step": (0, 8, 0), "pairs": (0, 8, 1), "sharing A": (0, 8, 0), "turns": (1, 1, 0)}[name], (name, cfg)
         outputs[name] = run_masked(a, b_fp8, masked_m, expected_m, n)
     torch.cuda.synchronize()
     assert_masked_rows(outputs["in step"], a, b_fp8, masked)
     assert_same_output(outputs["in step"], outputs["turns"], "in step against the turns")
     assert_same_output(outputs["pairs"], outputs["turns"], "pairs sharing B against the turns")
+    assert_same_output(outputs["sharing A"], outputs["turns"], "clusters sharing A against the turns")
 
 
 @pytest.mark.gpu
