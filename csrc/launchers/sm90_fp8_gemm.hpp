@@ -82,8 +82,8 @@ struct Config {
 // Unset, contiguous 128 x 192 tiles share B (DeepGEMM's form of them): against A-sharing clusters,
 // 0.96-0.99x the time at N x K = 4096 x 7168 and 0.99-1.00x at 7168 x 2048, in four timings of
 // the four contiguous cells (bench/RESULTS.md, session 18); so do masked ones from
-// kMaskedShareBMinRows rows per group (=a: those share A where N > 4096, else run single). Dense 128 x 192 tiles keep A: 4096 x
-// 2112 x 7168 took 0.99-1.02x. Any other value (=a) keeps the heuristic's A-sharing clusters
+// kMaskedShareBMinRows rows per group (=a: those share A where N > 4096, else run single). Dense
+// 128 x 192 tiles keep A: 4096 x 2112 x 7168 took 0.99-1.02x. Any other value (=a) keeps the heuristic's A-sharing clusters
 // everywhere. MOE_FP8_PINGPONG=0 turns the math warpgroups' ping-pong off and =1 on at any block N
 // (block M 128); MOE_GEMM_GROUP_N sets the scheduler's band width in n-blocks (read on every call,
 // so a benchmark can compare both in one process).

@@ -253,8 +253,8 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
           const uint32_t exps = exponents[row];
           const uint32_t e_max = fp4::max_exponent(exps);
           if (first_group == 0) column_scales[ColumnScaleLayout<kBlockN>::slot(row)] = fp4::column_scale(e_max);
-          // Byte g: e_max - e of the task's group g (no borrows, e_max is the largest byte).
-          const uint32_t shifts = e_max * 0x01010101u - (exps >> (8 * first_group));
+          // Byte g: e_max - e of the task's group g.
+          const uint32_t shifts = fp4::group_shifts(exps >> (8 * first_group), e_max);
           // All loads first: the groups are independent, their latencies overlap.
           uint4 in[kGroupsPerTask];
 #pragma unroll
