@@ -311,6 +311,7 @@ inline void register_apis(pybind11::module_& m) {
         d["k_blocks"] = cfg.k_blocks;
         d["num_stages"] = cfg.num_stages;
         d["smem_bytes"] = cfg.smem_bytes;
+        d["block_ref"] = cfg.block_ref;
         return pybind11::make_tuple(g.name, g.code, d);
       },
       "(name, code, config) of the swapped FP8 x FP4 kernel (gemm_type 2 masked: expected_m up to 32 in the "

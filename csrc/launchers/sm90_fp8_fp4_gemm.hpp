@@ -209,6 +209,7 @@ struct SwapAbConfig : Problem {
   int k_blocks;       // 128-deep K blocks per pipeline stage: 2 halves the per-stage overhead
   int num_stages, smem_bytes;
   bool fragment_layout;  // weights in kernels/_fp4_fragment.py's layout (v2 decode)
+  bool block_ref;        // packed weights: the tile's reference exponent per K block where it fits
 
   int block_w() const { return 64 * num_math_wg; }
   int num_tiles(int tokens_per_group, int num_groups) const {
@@ -217,11 +218,12 @@ struct SwapAbConfig : Problem {
 };
 
 // Mirrors Fp8Fp4SwapAbSmem: fragment-layout blocks carry their exponent words (kFragmentBlockBytes
-// per 64 rows), packed weights get theirs by cp.async next to the A scales.
+// per 64 rows); for packed weights the scale warps write theirs next to the A scales, with the K
+// block's reference word (16 bytes).
 constexpr int kFragmentBlockBytes = 4096 + 64 * 4;
 inline int swap_ab_stage_bytes(int block_t, int block_w, int k_blocks, bool fragment_layout) {
   const int weights = fragment_layout ? block_w / 64 * kFragmentBlockBytes : block_w * kBlockK / 2;
-  return k_blocks * (block_t * kBlockK + weights + (block_t + (fragment_layout ? 0 : block_w)) * 4);
+  return k_blocks * (block_t * kBlockK + weights + (block_t + (fragment_layout ? 0 : block_w + 4)) * 4);
 }
 
 // Decode tiles: the widest weight block that still gives every SM a tile, and the A/B overrides
@@ -271,6 +273,8 @@ inline SwapAbConfig plan_swap_ab_config(GemmType type, int expected_m, int n, in
   SwapAbConfig c{};
   static_cast<Problem&>(c) = Problem{fn, type, n, k, kGroupN, num_sms};
   c.fragment_layout = fragment_layout;
+  // MOE_FP4_BLOCK_REF=0: every K block on its rows' own scales (impls/sm90_fp8_fp4_gemm_swap_ab.cuh).
+  c.block_ref = !fragment_layout && switch_setting(fn, "MOE_FP4_BLOCK_REF") != 0;
   const bool prefill = !masked || expected_m > kSwapAbMaxTokens;
   if (prefill) {
     // 64 or 128 tokens: at 104 ptxas kept three values of the K loop in local memory.
@@ -356,7 +360,7 @@ inline GeneratedKernel generate(const SwapAbConfig& c) {
      << "  return reinterpret_cast<void*>(&moe_kernels::sm90_fp8_fp4_gemm_nt_swap_ab<" << static_cast<int>(c.type)
      << ", " << c.n << ", " << c.k << ", "
      << c.block_t << ", " << c.num_math_wg << ", " << c.k_blocks << ", " << c.num_stages << ", " << c.group_n << ", "
-     << (c.fragment_layout ? "true" : "false") << ">);\n"
+     << (c.fragment_layout ? "true" : "false") << ", " << (c.block_ref ? "true" : "false") << ">);\n"
      << "}\n";
   return {"sm90_fp8_fp4_gemm_nt_swap_ab", os.str()};
 }
@@ -364,9 +368,10 @@ inline GeneratedKernel generate(const SwapAbConfig& c) {
 inline void launch(const SwapAbConfig& c, const Args& a) {
   using namespace moe_jit::driver;
   check_sfb(c.fn, a);
-  static moe_jit::KernelMemo<std::array<int, 10>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 10> key = {static_cast<int>(c.type), c.n, c.k, c.block_t, c.num_math_wg, c.k_blocks,
-                                   c.num_stages, c.group_n, static_cast<int>(c.fragment_layout), a.device};
+  static moe_jit::KernelMemo<std::array<int, 11>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 11> key = {static_cast<int>(c.type), c.n, c.k, c.block_t, c.num_math_wg, c.k_blocks,
+                                   c.num_stages, c.group_n, static_cast<int>(c.fragment_layout),
+                                   static_cast<int>(c.block_ref), a.device};
   const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
   const bool masked = c.type == GemmType::kGroupedMasked;
   const std::uint64_t rows_a = masked ? static_cast<std::uint64_t>(a.m) * a.num_groups : a.m;

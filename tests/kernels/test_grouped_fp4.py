@@ -285,6 +285,30 @@ def test_kernel_switch_refuses_other_values(monkeypatch, value):
 
 
 @pytest.mark.parametrize("setting", [None, "0", "1"])
+def test_block_reference_switch(monkeypatch, setting):
+    """The swapped kernel on packed weights takes the tile's reference exponent where it fits unless
+    MOE_FP4_BLOCK_REF=0; the decode layout never does (its scales are applied per K step)."""
+    if setting is None:
+        monkeypatch.delenv("MOE_FP4_BLOCK_REF", raising=False)
+    else:
+        monkeypatch.setenv("MOE_FP4_BLOCK_REF", setting)
+    native = kernels.jit.native_module()
+    on = setting != "0"
+    for m, gemm_type, fragment in ((16, 2, False), (100, 2, False), (8192, 1, False), (16, 2, True)):
+        name, code, cfg = native.fp8_fp4_gemm_nt_swap_ab_code(m, 4096, 7168, 132, 32, fragment, gemm_type)
+        expected = on and not fragment
+        assert cfg["block_ref"] is expected, (m, gemm_type, fragment)
+        assert code.rstrip().endswith(f"{'true' if fragment else 'false'}, {'true' if expected else 'false'}>);\n}}"), code
+
+
+@pytest.mark.parametrize("value", ["2", "no"])
+def test_block_reference_switch_refuses_other_values(monkeypatch, value):
+    monkeypatch.setenv("MOE_FP4_BLOCK_REF", value)
+    with pytest.raises(Exception, match=f"MOE_FP4_BLOCK_REF must be 0 or 1, got '{value}'"):
+        kernels.jit.native_module().fp8_fp4_gemm_nt_swap_ab_code(16, 4096, 7168, 132, 32)
+
+
+@pytest.mark.parametrize("setting", [None, "0", "1"])
 def test_converter_clusters_where_groups_have_two_m_blocks(monkeypatch, setting):
     """MOE_FP4_SHARE_B=1: the converter kernel runs in 2-CTA clusters (multicast 2) where a group has
     more rows than one m-block (contiguous: M / G; masked: expected rows); unset or 0 it never does."""
@@ -426,6 +450,58 @@ def test_gpu_sfb_far_below_is_flushed(seed, fp4_kernel):
     """Scales up to 2^14 apart: groups more than 2^11 below their block's largest scale are flushed
     to zero on the GPU, a change below 6 * 2^-12 of that scale, invisible at the tolerance."""
     check_contiguous([200, 60], 136, 1024, "cuda", "uint8", spread=14)
+
+
+SWAPPED_CASES = [  # (masked, max_m, expected_m, n, k): swapped tiles of each kind
+    ([16] * 32, 16, 16, 4096, 2048),           # decode, four warpgroups (256 weight rows), 2 K blocks a stage
+    ([1] * 256, 8, 1, 576, 256),               # 256 experts: the last tile's rows past N (576 = 2 x 256 + 64)
+    ([50, 0, 33, 64], 64, 64, 136, 384),       # 64-token tiles, 8 of the last tile's 128 rows below N
+    ([100, 3, 128, 0], 128, 100, 576, 2048),   # 128-token tiles
+]
+
+
+def _weights_with_small_rows(g: int, n: int, k: int, binades: int = 16):
+    """Weights in range of every tile's reference (scales 2^-2..1) but for two rows: row 3's scales
+    are `binades` lower throughout (its tile takes each row's own reference in every K block), row
+    n - 1's in the odd K blocks only (its tile alternates between the two)."""
+    b, sf = make_weights(g, n, k, "cuda", spread=2)
+    odd = (torch.arange(k // 32, device="cuda") // 4) % 2 == 1
+    sf[:, 3] *= 2.0**-binades
+    sf[:, n - 1] = torch.where(odd, sf[:, n - 1] * 2.0**-binades, sf[:, n - 1])
+    return b, sf
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("weights", ["in_range", "small_rows"])
+@pytest.mark.parametrize("masked,max_m,expected_m,n,k", SWAPPED_CASES, ids=list(map(_case_id, SWAPPED_CASES)))
+def test_gpu_block_reference_matches_rows_own(masked, max_m, expected_m, n, k, weights, seed, monkeypatch):
+    """The swapped kernel's K blocks on the tile's reference exponent give the bits of the rows' own
+    references (MOE_FP4_BLOCK_REF=0): the same E4M3 values up to a power of two per row. Rows far
+    below their tile's largest scale (small_rows) take their own reference in those K blocks and
+    stay exact (flushed on the tile's, row 3 would read zero)."""
+    g = len(masked)
+    b = make_weights(g, n, k, "cuda", spread=10) if weights == "in_range" else _weights_with_small_rows(g, n, k)
+    a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
+    a = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
+    masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+    monkeypatch.setenv("MOE_FP4_SWAP_AB", "1")
+    monkeypatch.setenv("MOE_FP4_STAGED", "0")
+    outputs = []
+    for setting in ("1", "0"):
+        monkeypatch.setenv("MOE_FP4_BLOCK_REF", setting)
+        d = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m)
+        outputs.append(d)
+    for i, count in enumerate(masked):
+        if not count:
+            continue
+        got, own = outputs[0][i, :count], outputs[1][i, :count]
+        assert torch.equal(got.view(torch.int16), own.view(torch.int16)), f"group {i}"
+        ref = dequantize_a(a[0][i, :count], a[1][i, :count]).double() @ weights_of(b, i).t()
+        assert calc_diff(got, ref) < TOLERANCE, f"group {i}"
+        if weights == "small_rows":
+            assert calc_diff(got[:, 3], ref[:, 3]) < TOLERANCE, f"group {i}: row 3"
 
 
 @pytest.mark.gpu

@@ -415,13 +415,33 @@ def test_fp8_fp4_gemm_k_loops_are_lean(m, gemm_type, groups):
 @pytest.mark.parametrize("expected_m,n,k,groups", [(16, 4096, 7168, 32), (1, 7168, 2048, 256), (32, 136, 384, 4)])
 @pytest.mark.parametrize("fragment_layout", [False, True])
 def test_fp8_fp4_swap_ab_gemm_uses_register_operand_qgmma(expected_m, n, k, groups, fragment_layout):
-    name, code, _ = kernels.jit.native_module().fp8_fp4_gemm_nt_swap_ab_code(expected_m, n, k, H200_SMS, groups,
-                                                                            fragment_layout)
+    name, code, config = kernels.jit.native_module().fp8_fp4_gemm_nt_swap_ab_code(expected_m, n, k, H200_SMS, groups,
+                                                                                 fragment_layout)
     text = sass(name, code)
-    # Packed weights are converted by byte permutes; the decode layout's fragments by bit masks.
-    for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "LDGSTS") + (() if fragment_layout else ("PRMT",)):
+    # Packed weights are converted by byte permutes, their scale warps reduce each K block's exponents
+    # to the tile's reference (REDUX); the decode layout's fragments are decoded by bit masks, its A
+    # scales copied by cp.async (LDGSTS).
+    extra = ("LDGSTS",) if fragment_layout else ("PRMT", "REDUX")
+    for instruction in ("QGMMA", "UTMALDG", "UTMASTG") + extra:
         assert instruction in text, instruction
     assert "LDL" not in text and "STL" not in text, "register spills"
+    if not fragment_layout:
+        _check_tile_reference_loops(text, config["block_t"] * config["k_blocks"] // 2)
+
+
+def _check_tile_reference_loops(text: str, accumulators: int):
+    """Packed weights' K loops: the one on the tile's reference exponent (the shortest) promotes with
+    one FFMA per accumulator and builds no checked tables (no vote); another loop, for K blocks
+    without it, keeps the rows' own scales (FMUL and FFMA) and the vote between the table forms.
+    `accumulators`: per thread per trip of the loop. Neither keeps values in local memory."""
+    loops = sorted(_innermost_k_loops(text, 32768), key=len)
+    assert len(loops) >= 2, "no separate K loop on the tile's reference"
+    count = lambda loop, op: sum(op in line for line in loop.splitlines())  # noqa: E731
+    hot = loops[0]
+    assert (count(hot, "FFMA"), count(hot, "FMUL"), count(hot, "VOTE")) == (accumulators, 0, 0)
+    assert any(count(loop, "VOTE.ALL") and count(loop, "FMUL") >= accumulators for loop in loops[1:])
+    for loop in loops:
+        assert not any("LDL" in line or "STL" in line for line in loop.splitlines()), "local memory in a K loop"
 
 
 @pytest.mark.parametrize("m,n,k,groups,gemm_type", [(32768, 4096, 7168, 4, 1), (8192, 7168, 2048, 32, 1),
@@ -431,19 +451,12 @@ def test_fp8_fp4_swap_ab_prefill_tiles_use_setmaxnreg_and_transposed_stores(m, n
     accumulators, two fragment sets and the block's scales stay in registers through the K loop: at
     128 tokens a few tile values wait in local memory for the epilogue), and the epilogue writes the
     transposed tile with stmatrix."""
-    name, code, _ = kernels.jit.native_module().fp8_fp4_gemm_nt_swap_ab_code(m, n, k, H200_SMS, groups,
-                                                                            gemm_type=gemm_type)
+    name, code, config = kernels.jit.native_module().fp8_fp4_gemm_nt_swap_ab_code(m, n, k, H200_SMS, groups,
+                                                                                 gemm_type=gemm_type)
     text = sass(name, code)
-    for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "LDGSTS", "PRMT", "USETMAXREG", "STSM"):
+    for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "REDUX", "PRMT", "USETMAXREG", "STSM"):
         assert instruction in text, instruction
-    # Two conversions per K block in the loop: with unchecked tables where the warp's vote finds every
-    # group in range, with checked ones otherwise. The shortest body with wgmmas is the K loop (branches
-    # back into it from code placed past the epilogue make longer ones).
-    loops = _innermost_k_loops(text, 32768)
-    assert loops, "no K loop found"
-    k_loop = min(loops, key=len)
-    assert "LDL" not in k_loop and "STL" not in k_loop, "local memory in the K loop"
-    assert "VOTE.ALL" in k_loop, "no vote between the table forms"
+    _check_tile_reference_loops(text, config["block_t"])
 
 
 @pytest.mark.parametrize("m,n,k,gemm_type,groups,scale_load,multicast", [

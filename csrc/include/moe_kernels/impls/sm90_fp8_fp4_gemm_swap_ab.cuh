@@ -14,8 +14,11 @@
 //                               its fragment bytes, converts them, runs 4 x wgmma 64xkBlockTx32,
 //                               and promotes with the row's B scale and the token's A scale;
 //   last warpgroup, warp 0:     TMA producer (activations 128B-swizzled, packed weights 64B-swizzled);
-//   last warpgroup, warp 1:     scale producer (cp.async of A scales, and of the B exponent words
-//                               unless they come with the fragments).
+//   last warpgroup, warps 1-3:  scale producers (packed weights): a warp gathers one stage's A scales
+//                               and B exponent words, finds the tile's reference exponent of each K
+//                               block (common/fp4.cuh, block_reference) and writes the A scales
+//                               multiplied by its factor; the warps take the stages in turn;
+//   last warpgroup, warp 1:     (fragment layout) cp.async of the A scales.
 //
 // kFragmentLayout (v2, weights and scales laid out once by kernels/_fp4_fragment.py; one TMA box
 // per K block brings both, so the scale warp only copies the A scales): each thread reads its
@@ -29,6 +32,7 @@
 #include <cuda_bf16.h>
 #include <moe_kernels/common/epilogue.cuh>
 #include <moe_kernels/common/fp4.cuh>
+#include <moe_kernels/common/fp4_fragments.cuh>
 #include <moe_kernels/common/pipeline.cuh>
 #include <moe_kernels/common/scheduler.cuh>
 #include <moe_kernels/common/sm90_ptx.cuh>
@@ -49,8 +53,8 @@ struct Fp8Fp4SwapAbSmem {
   static constexpr uint32_t kBlockA = kBlockT * kBlockK;  // activations, 128-byte swizzle
   // Packed weights (64-byte swizzle), or fragments with their exponent words.
   static constexpr uint32_t kBlockWBytes = kFragmentLayout ? kBlockW / 64 * kFragmentBlockBytes : kBlockW * kBlockK / 2;
-  // A scales, and for packed weights the B exponent words (cp.async).
-  static constexpr uint32_t kBlockScales = (kBlockT + (kFragmentLayout ? 0 : kBlockW)) * 4;
+  // A scales; for packed weights also the B exponent words and the reference word (16 bytes).
+  static constexpr uint32_t kBlockScales = (kBlockT + (kFragmentLayout ? 0 : kBlockW + 4)) * 4;
   static constexpr uint32_t kA = kKBlocks * kBlockA;
   static constexpr uint32_t kW = kKBlocks * kBlockWBytes;
   static constexpr uint32_t kScaleBytes = kKBlocks * kBlockScales;
@@ -63,68 +67,11 @@ struct Fp8Fp4SwapAbSmem {
   static_assert(kBlockWBytes % (kFragmentLayout ? 128 : 512) == 0, "TMA destinations must stay aligned");
 };
 
-// The word of packed row `row` (64 bytes, 64-byte swizzle: 16-byte chunk c at c ^ ((row / 2) % 4))
-// that holds bytes [offset, offset + 4) of the row's K block; offset is a multiple of 4.
-__device__ __forceinline__ uint32_t load_packed_word(const uint8_t* tile, uint32_t row, uint32_t offset) {
-  const uint32_t chunk = (offset / 16) ^ ((row / 2) % 4);
-  return *reinterpret_cast<const uint32_t*>(tile + row * 64 + chunk * 16 + offset % 16);
-}
-
-// The wgmma A fragments of one K block of packed weights (64 rows, 64-byte swizzled), converted
-// with the rows' relative 1x32 exponents folded in (common/fp4.cuh): frag[s] for K step s (32
-// elements, one 1x32 scale group), rows row0 and row0 + 8 of the thread; exps: their exponent words.
-__device__ __forceinline__ void convert_packed_k_block(const uint8_t* tile_w, uint32_t row0, uint32_t quad,
-                                                       uint32_t exps0, uint32_t exps1, uint32_t (&frag)[4][4]) {
-  // Bytes [2 quad, 2 quad + 2) of a 4-byte word pair: the low halves for even quads, else high.
-  const uint32_t half_selector = quad % 2 == 0 ? 0x5410u : 0x7632u;
-  const uint32_t shifts0 = fp4::group_shifts(exps0, fp4::max_exponent(exps0));
-  const uint32_t shifts1 = fp4::group_shifts(exps1, fp4::max_exponent(exps1));
-  const auto convert_steps = [&](auto lut_of) {
-    // Elements 4 quad..+3 of step s sit in bytes 16 s + 2 quad..+1, elements 16 + 4 quad..+3 in
-    // bytes 16 s + 8 + 2 quad..+1.
-#pragma unroll
-    for (uint32_t s = 0; s < 4; ++s) {
-      const uint32_t offset = 16 * s + 4 * (quad / 2);
-      const uint32_t w0 = __byte_perm(load_packed_word(tile_w, row0, offset),
-                                      load_packed_word(tile_w, row0, offset + 8), half_selector);
-      const uint32_t w1 = __byte_perm(load_packed_word(tile_w, row0 + 8, offset),
-                                      load_packed_word(tile_w, row0 + 8, offset + 8), half_selector);
-      const uint2 c0 = fp4::convert8(w0, lut_of(shifts0, s));
-      const uint2 c1 = fp4::convert8(w1, lut_of(shifts1, s));
-      frag[s][0] = c0.x;  // row r,     K 4 quad..+3
-      frag[s][1] = c1.x;  // row r + 8
-      frag[s][2] = c0.y;  // row r,     K 16 + 4 quad..+3
-      frag[s][3] = c1.y;  // row r + 8
-    }
-  };
-  // A table per 8 elements: unchecked ones where every group of the warp's rows lies within
-  // kMaxExactShift binades of its block's largest (quantized weights: all but pathological rows),
-  // the checked ones (zero past the range) otherwise. The vote keeps the branch warp-uniform.
-  if (__all_sync(0xffffffffu, fp4::shifts_in_table_range(shifts0) && fp4::shifts_in_table_range(shifts1))) {
-    convert_steps([](uint32_t shifts, uint32_t s) { return fp4::make_lut_in_range(shifts, s); });
-  } else {
-    convert_steps([](uint32_t shifts, uint32_t s) { return fp4::make_lut((shifts >> (8 * s)) & 0xFFu); });
-  }
-}
-
-// The a0/a1 (K 4q..+3) and a2/a3 (K 16+4q..+3) E4M3 words of one fragment-layout word.
-__device__ __forceinline__ uint2 decode_fragment_word(uint32_t w) {
-  return make_uint2(w & 0x9C9C9C9Cu, ((w << 2) & 0x8C8C8C8Cu) | ((w >> 2) & 0x10101010u));
-}
-
-// 2^(e - 127) for byte kStep of a word of UE8M0 exponents, in two integer operations: the byte
-// moved into FP32's exponent field. e = 0 gives 0 (it also marks rows past N, whose words are
-// zero-filled) and e = 255 gives inf, not NaN. The decode's 2^-6 is undone once per tile, in the
-// epilogue (exact: a power of two).
-template <uint32_t kStep>
-__device__ __forceinline__ float step_scale(uint32_t exponents) {
-  const uint32_t bits = kStep == 3 ? exponents >> 1 : exponents << (23 - 8 * kStep);
-  return __uint_as_float(bits & 0x7F800000u);
-}
-
 // shape_m: max_m (masked) or the rows of A (contiguous); grouped_layout: masked_m or m_indices.
+// kBlockRef: packed weights' K blocks take the tile's reference exponent where it fits (false: each
+// row's own, as for every K block where it does not; for A/B runs, MOE_FP4_BLOCK_REF=0).
 template <int kGemmType, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockT, uint32_t kNumMathWG, uint32_t kKBlocks,
-          uint32_t kNumStages, uint32_t kGroupN, bool kFragmentLayout = false>
+          uint32_t kNumStages, uint32_t kGroupN, bool kFragmentLayout = false, bool kBlockRef = true>
 __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
     sm90_fp8_fp4_gemm_nt_swap_ab(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                                  const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -142,9 +89,9 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
   constexpr uint32_t kNumKStages = kNumKBlocks / kKBlocks;
   static_assert(kShapeK % kBlockK == 0, "K must be a multiple of 128");
   static_assert(kNumKBlocks % kKBlocks == 0, "whole K blocks per stage");
-  // Scale producers: one warp issues ~450 instructions per stage for the 256 rows' exponent words
-  // of packed weights, more than the math warps need per stage; three share them. With the
-  // fragment layout the exponents come by TMA and one warp copies the A scales.
+  // Scale producers: for packed weights three warps take the stages in turn, so that three stages'
+  // loads are in flight (a warp waits for its loads before it can reduce them). With the fragment
+  // layout the exponents come by TMA and one warp copies the A scales.
   constexpr uint32_t kNumScaleWarps = kFragmentLayout ? 1 : 3;
   static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
   constexpr auto kType = static_cast<GemmType>(kGemmType);
@@ -184,7 +131,7 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
     sm90::tma_prefetch_descriptor(&map_a);
     sm90::tma_prefetch_descriptor(&map_w);
     sm90::tma_prefetch_descriptor(&map_d);
-    ring.init(1 + kNumScaleWarps * 32, kNumMathWG * 4);
+    ring.init(1 + 32, kNumMathWG * 4);  // the TMA producer and one scale warp's lanes per stage
   }
   __syncthreads();
 
@@ -224,38 +171,82 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
         }
       }
     } else if (producer_warp >= 1 && producer_warp <= kNumScaleWarps) {
-      // A stage's scales are kBlockT token scales, then (packed weights) kBlockW exponent words:
-      // the scale warps' lanes take the items of both in turn.
-      constexpr uint32_t kItems = kBlockT + (kFragmentLayout ? 0 : kBlockW);
-      const uint32_t first_item = (producer_warp - 1) * 32 + lane;
+      uint32_t turn = 0;  // the CTA's stages so far: stage `turn` is scale warp turn % kNumScaleWarps's
       while (scheduler.next(t)) {
         // Tokens past the problem (or a masked group's max_m) and rows past N read nothing: their
         // scales are zero, and so are the outputs nobody stores.
         const uint32_t tokens = min(kBlockT, shape_m - t.m_block * kBlockT);
         const float* sfa_tile = sfa + uint64_t(row_a0(t)) * sfa_stride_m;
-        const uint8_t* sfb_tile = sfb + uint64_t(t.group) * sfb_stride_g + uint64_t(t.n_block * kBlockW) * sfb_stride_n;
-        const uint32_t rows_w = min(kBlockW, kShapeN - t.n_block * kBlockW);
-        for (uint32_t ks = 0; ks < kNumKStages; ++ks, pipe.advance()) {
-          ring.producer_acquire(pipe);
+        if constexpr (kFragmentLayout) {
+          for (uint32_t ks = 0; ks < kNumKStages; ++ks, pipe.advance()) {
+            ring.producer_acquire(pipe);
 #pragma unroll
-          for (uint32_t j = 0; j < kKBlocks; ++j) {
-            const uint32_t kb = ks * kKBlocks + j;
-            float* scales = stage_scales(pipe.stage) + j * Smem::kBlockScales / 4;
+            for (uint32_t j = 0; j < kKBlocks; ++j) {
+              float* scales = stage_scales(pipe.stage) + j * Smem::kBlockScales / 4;
+              const uint64_t kb = ks * kKBlocks + j;
 #pragma unroll
-            for (uint32_t item = first_item; item < kItems; item += kNumScaleWarps * 32) {
-              if (item < kBlockT) {
+              for (uint32_t item = lane; item < kBlockT; item += 32) {
                 const bool valid = item < tokens;
-                const float* src = valid ? sfa_tile + uint64_t(item) * sfa_stride_m + uint64_t(kb) * sfa_stride_k : sfa;
-                sm90::cp_async_4(scales + item, src, valid ? 4 : 0);
-              } else {
-                const uint32_t row = item - kBlockT;
-                const bool valid = row < rows_w;
-                const uint8_t* src = valid ? sfb_tile + row * sfb_stride_n + kb * 4 : sfb;
+                const float* src = valid ? sfa_tile + uint64_t(item) * sfa_stride_m + kb * sfa_stride_k : sfa;
                 sm90::cp_async_4(scales + item, src, valid ? 4 : 0);
               }
             }
+            sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
           }
-          sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
+        } else {
+          const uint8_t* sfb_tile =
+              sfb + uint64_t(t.group) * sfb_stride_g + uint64_t(t.n_block * kBlockW) * sfb_stride_n;
+          const uint32_t rows_w = min(kBlockW, kShapeN - t.n_block * kBlockW);
+          constexpr uint32_t kTokenItems = (kBlockT + 31) / 32, kRowItems = kBlockW / 32;
+          for (uint32_t ks = 0; ks < kNumKStages; ++ks, pipe.advance()) {
+            if (turn++ % kNumScaleWarps != producer_warp - 1) continue;
+            // Loaded before the stage drains; lane l takes tokens and rows l, l + 32, ...
+            float sa[kKBlocks][kTokenItems];
+            uint32_t exps[kKBlocks][kRowItems];
+#pragma unroll
+            for (uint32_t j = 0; j < kKBlocks; ++j) {
+              const uint64_t kb = ks * kKBlocks + j;
+#pragma unroll
+              for (uint32_t i = 0; i < kTokenItems; ++i) {
+                const uint32_t token = lane + 32 * i;
+                sa[j][i] = token < tokens ? __ldg(sfa_tile + uint64_t(token) * sfa_stride_m + kb * sfa_stride_k) : 0.0f;
+              }
+#pragma unroll
+              for (uint32_t i = 0; i < kRowItems; ++i) {
+                const uint32_t row = lane + 32 * i;
+                exps[j][i] = row < rows_w
+                                 ? __ldg(reinterpret_cast<const uint32_t*>(sfb_tile + row * sfb_stride_n + kb * 4))
+                                 : 0u;
+              }
+            }
+            ring.producer_acquire(pipe);
+#pragma unroll
+            for (uint32_t j = 0; j < kKBlocks; ++j) {
+              float* scales = stage_scales(pipe.stage) + j * Smem::kBlockScales / 4;
+              auto* words = reinterpret_cast<uint32_t*>(scales + kBlockT);
+              uint32_t ref = fp4::kNoBlockRef;
+              if constexpr (kBlockRef) {
+                // Rows past N (zero words) take no part.
+                uint32_t hi = 0, lo = 0xFFFFFFFFu;
+#pragma unroll
+                for (uint32_t i = 0; i < kRowItems; ++i) {
+                  hi = __vmaxu4(hi, exps[j][i]);
+                  lo = lane + 32 * i < rows_w ? __vminu4(lo, exps[j][i]) : lo;
+                }
+                ref = fp4::block_reference(__reduce_max_sync(0xffffffffu, fp4::max_exponent(hi)),
+                                           __reduce_min_sync(0xffffffffu, fp4::min_exponent(lo)));
+              }
+              const float factor = ref == fp4::kNoBlockRef ? 1.0f : fp4::column_scale(ref);
+#pragma unroll
+              for (uint32_t i = 0; i < kTokenItems; ++i) {
+                if (lane + 32 * i < kBlockT) scales[lane + 32 * i] = sa[j][i] * factor;
+              }
+#pragma unroll
+              for (uint32_t i = 0; i < kRowItems; ++i) words[lane + 32 * i] = exps[j][i];
+              if (lane == 0) words[kBlockW] = ref;
+            }
+            sm90::mbarrier_arrive(ring.full + pipe.stage);
+          }
         }
       }
     }
@@ -276,63 +267,78 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
   // 4 x 8192 rows x 4096 x 7168 against 2786 overlapped (H100, bench/RESULTS.md session 32).
   const auto prefill_k_loop = [&] {
     uint32_t frag0[4][4], frag1[4][4];
-    float sb0[2], sb1[2];  // the rows' block scales (row0, row0 + 8) of frag0's and frag1's K block
-    const auto convert = [&](uint32_t stage, uint32_t (&frag)[4][4], float (&sb)[2]) {
-      const auto* exponents = reinterpret_cast<const uint32_t*>(stage_scales(stage) + kBlockT) + math_wg * 64;
-      const uint32_t exps0 = exponents[row0], exps1 = exponents[row0 + 8];
-      convert_packed_k_block(smem + Smem::kOffsetW + stage * Smem::kW + math_wg * 64 * (kBlockK / 2), row0, quad,
-                             exps0, exps1, frag);
-      sb[0] = fp4::column_scale(fp4::max_exponent(exps0));
-      sb[1] = fp4::column_scale(fp4::max_exponent(exps1));
+    // Per fragment set: whether its K block takes the tile's reference (its factor then is in the A
+    // scales), else the rows' scales (row0, row0 + 8).
+    RowScales sb0, sb1;
+    const auto stage_words = [&](uint32_t stage) {
+      return reinterpret_cast<const uint32_t*>(stage_scales(stage) + kBlockT);
     };
-    // K block kb (the stage of pipe) on cur; the next one's converted into nxt meanwhile.
-    const auto step = [&](uint32_t kb, uint32_t (&cur)[4][4], const float (&sb)[2], uint32_t (&nxt)[4][4],
-                          float (&sb_nxt)[2]) {
-      float acc[Wgmma::kNumAccum];
-      const auto fence_operands = [&] {
+    const auto convert = [&](auto refs, uint32_t stage, uint32_t (&frag)[4][4], RowScales& sb) {
+      constexpr Refs kRefs = decltype(refs)::value;
+      const uint32_t* words = stage_words(stage);
+      const uint32_t exps0 = words[math_wg * 64 + row0], exps1 = words[math_wg * 64 + row0 + 8];
+      const uint32_t ref = words[kBlockW];
+      convert_packed_k_block<kRefs>(smem + Smem::kOffsetW + stage * Smem::kW + math_wg * 64 * (kBlockK / 2), row0,
+                                    quad, exps0, exps1, ref, frag);
+      sb = RowScales::of<kRefs>(exps0, exps1, ref);
+    };
+    // K blocks [kb0, kNumKBlocks) on `refs`; with Refs::kTile up to the first K block without the
+    // tile's reference, which it leaves waited for (its fragments unused). Returns where it stopped.
+    const auto k_loop = [&](auto refs, uint32_t kb0) -> uint32_t {
+      constexpr bool kTile = decltype(refs)::value == Refs::kTile;
+      ring.consumer_wait(pipe);
+      if (kTile && stage_words(pipe.stage)[kBlockW] == fp4::kNoBlockRef) return kb0;
+      convert(refs, pipe.stage, frag0, sb0);
+      // K block kb (the stage of pipe) on cur; the next one's converted into nxt meanwhile. False
+      // where the loop ends after it.
+      const auto step = [&](uint32_t kb, uint32_t (&cur)[4][4], const RowScales& sb, uint32_t (&nxt)[4][4],
+                            RowScales& sb_nxt) {
+        float acc[Wgmma::kNumAccum];
+        const auto fence_operands = [&] {
 #pragma unroll
-        for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
+          for (uint32_t i = 0; i < Wgmma::kNumAccum; ++i) sm90::fence_operand(acc[i]);
 #pragma unroll
-        for (uint32_t s = 0; s < 4; ++s) {
+          for (uint32_t s = 0; s < 4; ++s) {
 #pragma unroll
-          for (uint32_t i = 0; i < 4; ++i) sm90::fence_operand(cur[s][i]);
+            for (uint32_t i = 0; i < 4; ++i) sm90::fence_operand(cur[s][i]);
+          }
+        };
+        const uint64_t desc_a = sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetA + pipe.stage * Smem::kA);
+        fence_operands();
+        sm90::wgmma_fence();
+#pragma unroll
+        for (uint32_t s = 0; s < 4; ++s) Wgmma::mma(cur[s], desc_a + s * 2, acc, s > 0);
+        sm90::wgmma_commit();
+        bool go_on = kb + 1 < kNumKBlocks;
+        if (go_on) {
+          PipelineState<kNumStages> next = pipe;
+          next.advance();
+          ring.consumer_wait(next);
+          // Converted before its reference word is checked, so that the conversion's loads wait for
+          // nothing else: a K block without the tile's reference is converted again by the next loop.
+          convert(refs, next.stage, nxt, sb_nxt);
+          if (kTile) go_on = stage_words(next.stage)[kBlockW] != fp4::kNoBlockRef;
         }
+        sm90::wgmma_wait<0>();
+        fence_operands();
+        float sa[kBlockT / 4];
+        load_token_scales<kBlockT>(stage_scales(pipe.stage), quad, sa);
+        promote<kBlockT>(acc, sa, kTile ? RowScales{true, 1.0f, 1.0f} : sb, final_acc);
+        __syncwarp();
+        if (lane == 0) ring.consumer_release(pipe);
+        pipe.advance();
+        return go_on;
       };
-      const uint64_t desc_a = sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetA + pipe.stage * Smem::kA);
-      fence_operands();
-      sm90::wgmma_fence();
-#pragma unroll
-      for (uint32_t s = 0; s < 4; ++s) Wgmma::mma(cur[s], desc_a + s * 2, acc, s > 0);
-      sm90::wgmma_commit();
-      if (kb + 1 < kNumKBlocks) {
-        PipelineState<kNumStages> next = pipe;
-        next.advance();
-        ring.consumer_wait(next);
-        convert(next.stage, nxt, sb_nxt);
+      // Two K blocks per trip, so that each fragment set stays in registers (indexed statically).
+      for (uint32_t kb = kb0; kb < kNumKBlocks; kb += 2) {
+        if (!step(kb, frag0, sb0, frag1, sb1)) return kb + 1;
+        if (!step(kb + 1, frag1, sb1, frag0, sb0)) return kb + 2;
       }
-      sm90::wgmma_wait<0>();
-      fence_operands();
-      // Accumulator (64 rows x kBlockT tokens): rows row0 and row0 + 8, tokens c * 8 + 2 quad + {0, 1}.
-      const float* sa = stage_scales(pipe.stage) + quad * 2;
-#pragma unroll
-      for (uint32_t c = 0; c < kBlockT / 8; ++c) {
-        const float2 pair = *reinterpret_cast<const float2*>(sa + c * 8);
-        final_acc[c * 4 + 0] = fmaf(acc[c * 4 + 0] * sb[0], pair.x, final_acc[c * 4 + 0]);
-        final_acc[c * 4 + 1] = fmaf(acc[c * 4 + 1] * sb[0], pair.y, final_acc[c * 4 + 1]);
-        final_acc[c * 4 + 2] = fmaf(acc[c * 4 + 2] * sb[1], pair.x, final_acc[c * 4 + 2]);
-        final_acc[c * 4 + 3] = fmaf(acc[c * 4 + 3] * sb[1], pair.y, final_acc[c * 4 + 3]);
-      }
-      __syncwarp();
-      if (lane == 0) ring.consumer_release(pipe);
-      pipe.advance();
+      return kNumKBlocks;
     };
-    ring.consumer_wait(pipe);
-    convert(pipe.stage, frag0, sb0);
-    // Two K blocks per trip, so that each fragment set stays in registers (indexed statically).
-    for (uint32_t kb = 0; kb < kNumKBlocks; kb += 2) {
-      step(kb, frag0, sb0, frag1, sb1);
-      if (kb + 1 < kNumKBlocks) step(kb + 1, frag1, sb1, frag0, sb0);
-    }
+    // The tile's K blocks on its reference as long as they have it, the rest (rarely any) on either.
+    const uint32_t kb = kBlockRef ? k_loop(RefsTag<Refs::kTile>{}, 0) : 0;
+    if (kb < kNumKBlocks) k_loop(RefsTag<kBlockRef ? Refs::kEither : Refs::kRows>{}, kb);
   };
 
   while (scheduler.next(t)) {
@@ -342,17 +348,18 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
     if constexpr (kSetMaxNReg) {
       prefill_k_loop();
     } else {
-      for (uint32_t ks = 0; ks < kNumKStages; ++ks, pipe.advance()) {
-        ring.consumer_wait(pipe);
+      // A stage's K blocks (kKBlocks of them) on the references `refs` takes.
+      const auto stage_body = [&](auto refs) {
 #pragma unroll
         for (uint32_t j = 0; j < kKBlocks; ++j) {
           const uint8_t* tile_w = smem + Smem::kOffsetW + pipe.stage * Smem::kW + j * Smem::kBlockWBytes +
                                   math_wg * (kFragmentLayout ? kFragmentBlockBytes : 64 * (kBlockK / 2));
           const float* scales = stage_scales(pipe.stage) + j * Smem::kBlockScales / 4;
-          const auto* exponents = kFragmentLayout
-                                      ? reinterpret_cast<const uint32_t*>(tile_w + kFragmentWeightBytes)
-                                      : reinterpret_cast<const uint32_t*>(scales + kBlockT) + math_wg * 64;
-          const uint32_t exps0 = exponents[row0], exps1 = exponents[row0 + 8];
+          const auto* words = kFragmentLayout ? reinterpret_cast<const uint32_t*>(tile_w + kFragmentWeightBytes)
+                                              : reinterpret_cast<const uint32_t*>(scales + kBlockT) + math_wg * 64;
+          const uint32_t exps0 = words[row0], exps1 = words[row0 + 8];
+          // Packed weights: the K block's reference word follows the tile's exponent words.
+          const uint32_t ref = kFragmentLayout ? fp4::kNoBlockRef : words[kBlockW - math_wg * 64];
           const uint64_t desc_a =
               sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetA + pipe.stage * Smem::kA + j * Smem::kBlockA);
           uint32_t frag[4][4];
@@ -370,7 +377,7 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
               frag[s][3] = c1.y;
             }
           } else {
-            convert_packed_k_block(tile_w, row0, quad, exps0, exps1, frag);
+            convert_packed_k_block<decltype(refs)::value>(tile_w, row0, quad, exps0, exps1, ref, frag);
           }
 
           // Table path: one accumulator over the K block. Fragment path: one per K step (exact scales).
@@ -402,46 +409,57 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
           sm90::wgmma_wait<0>();
           fence_wgmma_registers();
 
-          // Accumulator (64 rows x kBlockT tokens): rows row0 and row0 + 8, tokens j*8 + 2 quad + {0, 1}.
           float sa[kBlockT / 4];
-#pragma unroll
-          for (uint32_t c = 0; c < kBlockT / 8; ++c) {
-            const float2 pair = *reinterpret_cast<const float2*>(scales + c * 8 + quad * 2);
-            sa[c * 2] = pair.x;
-            sa[c * 2 + 1] = pair.y;
-          }
+          load_token_scales<kBlockT>(scales, quad, sa);
           if (j + 1 == kKBlocks) {
             __syncwarp();
             if (lane == 0) ring.consumer_release(pipe);
           }
-          // Row scales per accumulator set: the block's largest (tables) or each step's own (fragment).
-          float sb0[kNumSets], sb1[kNumSets];
           if constexpr (kFragmentLayout) {
-            sb0[0] = step_scale<0>(exps0), sb1[0] = step_scale<0>(exps1);
-            sb0[1] = step_scale<1>(exps0), sb1[1] = step_scale<1>(exps1);
-            sb0[2] = step_scale<2>(exps0), sb1[2] = step_scale<2>(exps1);
-            sb0[3] = step_scale<3>(exps0), sb1[3] = step_scale<3>(exps1);
-          } else {
-            sb0[0] = fp4::column_scale(fp4::max_exponent(exps0));
-            sb1[0] = fp4::column_scale(fp4::max_exponent(exps1));
-          }
+            // Each step's own row scales.
+            const float sb0[4] = {step_scale<0>(exps0), step_scale<1>(exps0), step_scale<2>(exps0), step_scale<3>(exps0)};
+            const float sb1[4] = {step_scale<0>(exps1), step_scale<1>(exps1), step_scale<2>(exps1), step_scale<3>(exps1)};
 #pragma unroll
-          for (uint32_t c = 0; c < kBlockT / 8; ++c) {
-            float r00 = 0.0f, r01 = 0.0f, r10 = 0.0f, r11 = 0.0f;
+            for (uint32_t c = 0; c < kBlockT / 8; ++c) {
+              float r00 = 0.0f, r01 = 0.0f, r10 = 0.0f, r11 = 0.0f;
 #pragma unroll
-            for (uint32_t a = 0; a < kNumSets; ++a) {
-              r00 = fmaf(acc[a][c * 4 + 0], sb0[a], r00);
-              r01 = fmaf(acc[a][c * 4 + 1], sb0[a], r01);
-              r10 = fmaf(acc[a][c * 4 + 2], sb1[a], r10);
-              r11 = fmaf(acc[a][c * 4 + 3], sb1[a], r11);
+              for (uint32_t a = 0; a < kNumSets; ++a) {
+                r00 = fmaf(acc[a][c * 4 + 0], sb0[a], r00);
+                r01 = fmaf(acc[a][c * 4 + 1], sb0[a], r01);
+                r10 = fmaf(acc[a][c * 4 + 2], sb1[a], r10);
+                r11 = fmaf(acc[a][c * 4 + 3], sb1[a], r11);
+              }
+              final_acc[c * 4 + 0] = fmaf(r00, sa[c * 2], final_acc[c * 4 + 0]);
+              final_acc[c * 4 + 1] = fmaf(r01, sa[c * 2 + 1], final_acc[c * 4 + 1]);
+              final_acc[c * 4 + 2] = fmaf(r10, sa[c * 2], final_acc[c * 4 + 2]);
+              final_acc[c * 4 + 3] = fmaf(r11, sa[c * 2 + 1], final_acc[c * 4 + 3]);
             }
-            final_acc[c * 4 + 0] = fmaf(r00, sa[c * 2], final_acc[c * 4 + 0]);
-            final_acc[c * 4 + 1] = fmaf(r01, sa[c * 2 + 1], final_acc[c * 4 + 1]);
-            final_acc[c * 4 + 2] = fmaf(r10, sa[c * 2], final_acc[c * 4 + 2]);
-            final_acc[c * 4 + 3] = fmaf(r11, sa[c * 2 + 1], final_acc[c * 4 + 3]);
+          } else {
+            promote<kBlockT>(acc[0], sa, RowScales::of<decltype(refs)::value>(exps0, exps1, ref), final_acc);
           }
         }
-      }
+      };
+      // Stages [ks0, kNumKStages) on `refs`; with Refs::kTile up to the first stage with a K block
+      // without the tile's reference, left waited for. Returns where it stopped.
+      const auto stage_loop = [&](auto refs, uint32_t ks0) -> uint32_t {
+        for (uint32_t ks = ks0; ks < kNumKStages; ++ks, pipe.advance()) {
+          ring.consumer_wait(pipe);
+          if constexpr (decltype(refs)::value == Refs::kTile) {
+            bool tile_refs = true;
+#pragma unroll
+            for (uint32_t j = 0; j < kKBlocks; ++j) {
+              const float* scales = stage_scales(pipe.stage) + j * Smem::kBlockScales / 4;
+              tile_refs = tile_refs && reinterpret_cast<const uint32_t*>(scales + kBlockT)[kBlockW] != fp4::kNoBlockRef;
+            }
+            if (!tile_refs) return ks;
+          }
+          stage_body(refs);
+        }
+        return kNumKStages;
+      };
+      constexpr bool kTileRefs = kBlockRef && !kFragmentLayout;
+      const uint32_t ks = kTileRefs ? stage_loop(RefsTag<Refs::kTile>{}, 0) : 0;
+      if (ks < kNumKStages) stage_loop(RefsTag<kTileRefs ? Refs::kEither : Refs::kRows>{}, ks);
     }
 
     // Epilogue: the D tile [kBlockT tokens][kBlockW columns] in bf16, 128-byte swizzled atoms of 64
