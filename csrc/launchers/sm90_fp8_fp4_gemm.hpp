@@ -290,7 +290,8 @@ inline SwapAbConfig plan_swap_ab_config(GemmType type, int expected_m, int n, in
   const int per_stage = swap_ab_stage_bytes(c.block_t, c.block_w(), c.k_blocks, c.fragment_layout) + 16;
   const int d_bytes = (c.block_t * c.block_w() * 2 + 1023) / 1024 * 1024;
   c.num_stages = std::min(kMaxStages, (kSmemLimit - d_bytes) / per_stage);
-  MOE_HOST_ASSERT(c.num_stages >= 2, fn << ": no pipeline fits shared memory");
+  // Packed weights: the three scale warps take the stages in turn (impls/sm90_fp8_fp4_gemm_swap_ab.cuh).
+  MOE_HOST_ASSERT(c.num_stages >= (c.fragment_layout ? 2 : 3), fn << ": no pipeline fits shared memory");
   c.smem_bytes = d_bytes + c.num_stages * per_stage;
   return c;
 }

@@ -298,7 +298,8 @@ def test_block_reference_switch(monkeypatch, setting):
         name, code, cfg = native.fp8_fp4_gemm_nt_swap_ab_code(m, 4096, 7168, 132, 32, fragment, gemm_type)
         expected = on and not fragment
         assert cfg["block_ref"] is expected, (m, gemm_type, fragment)
-        assert code.rstrip().endswith(f"{'true' if fragment else 'false'}, {'true' if expected else 'false'}>);\n}}"), code
+        flags = ", ".join("true" if flag else "false" for flag in (fragment, expected))
+        assert code.rstrip().endswith(f"{flags}>);\n}}"), code
 
 
 @pytest.mark.parametrize("value", ["2", "no"])
@@ -454,34 +455,43 @@ def test_gpu_sfb_far_below_is_flushed(seed, fp4_kernel):
 
 SWAPPED_CASES = [  # (masked, max_m, expected_m, n, k): swapped tiles of each kind
     ([16] * 32, 16, 16, 4096, 2048),           # decode, four warpgroups (256 weight rows), 2 K blocks a stage
+    ([8] * 8, 8, 8, 576, 384),                 # decode, one warpgroup, 1 K block a stage (3 K blocks)
     ([1] * 256, 8, 1, 576, 256),               # 256 experts: the last tile's rows past N (576 = 2 x 256 + 64)
     ([50, 0, 33, 64], 64, 64, 136, 384),       # 64-token tiles, 8 of the last tile's 128 rows below N
     ([100, 3, 128, 0], 128, 100, 576, 2048),   # 128-token tiles
 ]
 
 
-def _weights_with_small_rows(g: int, n: int, k: int, binades: int = 16):
-    """Weights in range of every tile's reference (scales 2^-2..1) but for two rows: row 3's scales
-    are `binades` lower throughout (its tile takes each row's own reference in every K block), row
-    n - 1's in the odd K blocks only (its tile alternates between the two)."""
+def _weights_for_references(kind: str, g: int, n: int, k: int):
+    """FP4 weights for the tile-reference test. in_range: scales 2^-10..1, every tile within the window.
+    boundary: scales 2^-11..1 (within the window, at its edge) but row 5 halved, so that its tile's K
+    blocks span 2^12 and take the rows' own references. small_rows: scales 2^-2..1 but three rows 2^16
+    lower, so that their tiles leave the loop on the tile's reference at K block 0 (row 3, in every
+    K block), 1 (row n / 2) and 2 (row n - 1)."""
+    if kind == "in_range":
+        return make_weights(g, n, k, "cuda", spread=10)
+    if kind == "boundary":
+        b, sf = make_weights(g, n, k, "cuda", spread=11)
+        sf[:, 5] *= 0.5
+        return b, sf
     b, sf = make_weights(g, n, k, "cuda", spread=2)
-    odd = (torch.arange(k // 32, device="cuda") // 4) % 2 == 1
-    sf[:, 3] *= 2.0**-binades
-    sf[:, n - 1] = torch.where(odd, sf[:, n - 1] * 2.0**-binades, sf[:, n - 1])
+    k_block = torch.arange(k // 32, device="cuda") // 4
+    for row, first in ((3, 0), (n // 2, 1), (n - 1, 2)):
+        sf[:, row] = torch.where(k_block >= first, sf[:, row] * 2.0**-16, sf[:, row])
     return b, sf
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("weights", ["in_range", "small_rows"])
+@pytest.mark.parametrize("weights", ["in_range", "boundary", "small_rows"])
 @pytest.mark.parametrize("masked,max_m,expected_m,n,k", SWAPPED_CASES, ids=list(map(_case_id, SWAPPED_CASES)))
 def test_gpu_block_reference_matches_rows_own(masked, max_m, expected_m, n, k, weights, seed, monkeypatch):
     """The swapped kernel's K blocks on the tile's reference exponent give the bits of the rows' own
-    references (MOE_FP4_BLOCK_REF=0): the same E4M3 values up to a power of two per row. Rows far
-    below their tile's largest scale (small_rows) take their own reference in those K blocks and
-    stay exact (flushed on the tile's, row 3 would read zero)."""
+    references (MOE_FP4_BLOCK_REF=0): the same E4M3 values up to a power of two per row. Tiles whose
+    K blocks span more than 2^11 finish on the rows' own references from there and stay exact
+    (flushed on the tile's, row 5's deepest groups would differ, and row 3 would read zero)."""
     g = len(masked)
-    b = make_weights(g, n, k, "cuda", spread=10) if weights == "in_range" else _weights_with_small_rows(g, n, k)
+    b = _weights_for_references(weights, g, n, k)
     a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
     a = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
     masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
@@ -502,6 +512,27 @@ def test_gpu_block_reference_matches_rows_own(masked, max_m, expected_m, n, k, w
         assert calc_diff(got, ref) < TOLERANCE, f"group {i}"
         if weights == "small_rows":
             assert calc_diff(got[:, 3], ref[:, 3]) < TOLERANCE, f"group {i}: row 3"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("weights", ["in_range", "boundary", "small_rows"])
+def test_gpu_block_reference_matches_rows_own_contiguous(weights, seed, monkeypatch):
+    """As above for the swapped kernel's contiguous 128-token tiles (MOE_FP4_SWAP_AB=1)."""
+    counts, n, k = [300, 0, 129, 1], 576, 2048
+    b = _weights_for_references(weights, len(counts), n, k)
+    a, m_indices = make_contiguous(counts, k, "cuda", pad_blocks=1)
+    monkeypatch.setenv("MOE_FP4_SWAP_AB", "1")
+    monkeypatch.setenv("MOE_FP4_STAGED", "0")
+    outputs = []
+    for setting in ("1", "0"):
+        monkeypatch.setenv("MOE_FP4_BLOCK_REF", setting)
+        d = torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, m_indices)
+        outputs.append(d)
+    valid = m_indices >= 0
+    assert torch.equal(outputs[0][valid].view(torch.int16), outputs[1][valid].view(torch.int16))
+    assert calc_diff(outputs[0][valid], expected_contiguous(a, b, m_indices)[valid]) < TOLERANCE
 
 
 @pytest.mark.gpu

@@ -414,7 +414,8 @@ def test_fp8_fp4_gemm_k_loops_are_lean(m, gemm_type, groups):
 
 @pytest.mark.parametrize("expected_m,n,k,groups", [(16, 4096, 7168, 32), (1, 7168, 2048, 256), (32, 136, 384, 4)])
 @pytest.mark.parametrize("fragment_layout", [False, True])
-def test_fp8_fp4_swap_ab_gemm_uses_register_operand_qgmma(expected_m, n, k, groups, fragment_layout):
+def test_fp8_fp4_swap_ab_gemm_uses_register_operand_qgmma(expected_m, n, k, groups, fragment_layout, monkeypatch):
+    monkeypatch.delenv("MOE_FP4_BLOCK_REF", raising=False)
     name, code, config = kernels.jit.native_module().fp8_fp4_gemm_nt_swap_ab_code(expected_m, n, k, H200_SMS, groups,
                                                                                  fragment_layout)
     text = sass(name, code)
@@ -446,11 +447,12 @@ def _check_tile_reference_loops(text: str, accumulators: int):
 
 @pytest.mark.parametrize("m,n,k,groups,gemm_type", [(32768, 4096, 7168, 4, 1), (8192, 7168, 2048, 32, 1),
                                                     (64, 4096, 7168, 32, 2), (100, 576, 2048, 4, 2)])
-def test_fp8_fp4_swap_ab_prefill_tiles_use_setmaxnreg_and_transposed_stores(m, n, k, groups, gemm_type):
+def test_fp8_fp4_swap_ab_prefill_tiles_use_setmaxnreg_and_transposed_stores(m, n, k, groups, gemm_type, monkeypatch):
     """128 weight rows x up to 128 tokens: the producer warpgroup hands its registers to math (the
     accumulators, two fragment sets and the block's scales stay in registers through the K loop: at
     128 tokens a few tile values wait in local memory for the epilogue), and the epilogue writes the
     transposed tile with stmatrix."""
+    monkeypatch.delenv("MOE_FP4_BLOCK_REF", raising=False)
     name, code, config = kernels.jit.native_module().fp8_fp4_gemm_nt_swap_ab_code(m, n, k, H200_SMS, groups,
                                                                                  gemm_type=gemm_type)
     text = sass(name, code)

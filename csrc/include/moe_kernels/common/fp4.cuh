@@ -104,11 +104,11 @@ __device__ __forceinline__ uint32_t min_exponent(uint32_t exps) {
 // A tile's reference exponent per K block: where every 1x32 group of the tile's weight rows lies
 // within kMaxExactShift binades of the largest, e_max, the rows' groups are folded in relative to
 // e_max instead of to each row's own largest (the same E4M3 values up to one power of two per row,
-// so the same products and sums), and 2^(e_max - 127 - kHeadroomLog2) is one factor for the whole
-// tile: the scale warp multiplies it into the token scales once, and the promotion of a K block is
-// one FFMA per accumulator instead of a multiply and an FFMA. kNoBlockRef otherwise (a row's group
-// would flush where its own row's reference keeps it), and for e_max past 2^64, where the
-// multiplied token scales could overflow.
+// so the same products and sums while the multiplied A scales stay normal), and
+// 2^(e_max - 127 - kHeadroomLog2) is one factor for the whole tile: the scale warp multiplies it into
+// the token scales once, and the promotion of a K block is one FFMA per accumulator instead of a
+// multiply and an FFMA. kNoBlockRef otherwise (a row's group would flush where its own row's
+// reference keeps it), and for e_max past 2^64, where the multiplied token scales could overflow.
 constexpr uint32_t kNoBlockRef = 0xFFFFFFFFu;
 constexpr uint32_t kMaxBlockRef = 127 + 64;
 __device__ __forceinline__ uint32_t block_reference(uint32_t e_max, uint32_t e_min) {

@@ -55,7 +55,9 @@ __device__ __forceinline__ void convert_packed_k_block(const uint8_t* tile_w, ui
     }
   };
   const auto in_range = [](uint32_t shifts, uint32_t s) { return fp4::make_lut_in_range(shifts, s); };
-  // The tile's reference (uniform over the CTA): the scale warp found every group within range of it.
+  // The tile's reference (uniform over the CTA): the scale warp found every group of the tile's rows
+  // below N within range of it. Rows past N (zero words) get tables out of range, even NaN bytes:
+  // their output columns are never stored.
   if (kRefs == Refs::kTile || (kRefs == Refs::kEither && ref != fp4::kNoBlockRef)) {
     convert_steps(fp4::group_shifts(exps0, ref), fp4::group_shifts(exps1, ref), in_range);
     return;
@@ -68,7 +70,8 @@ __device__ __forceinline__ void convert_packed_k_block(const uint8_t* tile_w, ui
   if (__all_sync(0xffffffffu, fp4::shifts_in_table_range(shifts0) && fp4::shifts_in_table_range(shifts1))) {
     convert_steps(shifts0, shifts1, in_range);
   } else {
-    convert_steps(shifts0, shifts1, [](uint32_t shifts, uint32_t s) { return fp4::make_lut((shifts >> (8 * s)) & 0xFFu); });
+    const auto checked = [](uint32_t shifts, uint32_t s) { return fp4::make_lut((shifts >> (8 * s)) & 0xFFu); };
+    convert_steps(shifts0, shifts1, checked);
   }
 }
 

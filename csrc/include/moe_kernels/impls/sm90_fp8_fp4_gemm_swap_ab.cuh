@@ -93,6 +93,9 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
   // loads are in flight (a warp waits for its loads before it can reduce them). With the fragment
   // layout the exponents come by TMA and one warp copies the A scales.
   constexpr uint32_t kNumScaleWarps = kFragmentLayout ? 1 : 3;
+  // A scale warp's previous turn was kNumScaleWarps stages back; with fewer stages than scale warps
+  // its wait for the stage to drain could pass on the phase before (the same parity).
+  static_assert(kFragmentLayout || kNumStages >= kNumScaleWarps, "packed weights need a stage per scale warp");
   static_assert(kShapeN % 8 == 0, "N must be a multiple of 8");
   constexpr auto kType = static_cast<GemmType>(kGemmType);
   constexpr bool kMasked = kType == GemmType::kGroupedMasked;
@@ -109,7 +112,7 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
   // Decode tiles need no setmaxnreg: at up to 640 threads every role fits the launch budget (math
   // holds 16 fragment registers and two accumulator sets of kBlockT / 2). Prefill tiles' math holds
   // two sets of 64 and two fragment sets (prefill_k_loop): the producer warpgroup gives up its
-  // registers (at 40 its scale warps' item loop spilled; at 56 math keeps 224).
+  // registers (at 56 its scale warps' stage loop keeps its loads in registers and math keeps 224).
   constexpr bool kSetMaxNReg = kBlockT > 32;
   constexpr uint32_t kProducerRegisters = 56;
   constexpr uint32_t kLaunchRegisters = sm90::launch_registers<(kNumMathWG + 1) * 128>() / 128;
@@ -417,8 +420,10 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
           }
           if constexpr (kFragmentLayout) {
             // Each step's own row scales.
-            const float sb0[4] = {step_scale<0>(exps0), step_scale<1>(exps0), step_scale<2>(exps0), step_scale<3>(exps0)};
-            const float sb1[4] = {step_scale<0>(exps1), step_scale<1>(exps1), step_scale<2>(exps1), step_scale<3>(exps1)};
+            const float sb0[4] = {step_scale<0>(exps0), step_scale<1>(exps0), step_scale<2>(exps0),
+                                  step_scale<3>(exps0)};
+            const float sb1[4] = {step_scale<0>(exps1), step_scale<1>(exps1), step_scale<2>(exps1),
+                                  step_scale<3>(exps1)};
 #pragma unroll
             for (uint32_t c = 0; c < kBlockT / 8; ++c) {
               float r00 = 0.0f, r01 = 0.0f, r10 = 0.0f, r11 = 0.0f;
