@@ -26,6 +26,12 @@ struct RefsTag {
   static constexpr Refs value = kRefs;
 };
 
+// Whether a K block with reference word `ref` takes the tile's reference under kRefs.
+template <Refs kRefs>
+__device__ __forceinline__ bool takes_tile_ref(uint32_t ref) {
+  return kRefs == Refs::kTile || (kRefs == Refs::kEither && ref != fp4::kNoBlockRef);
+}
+
 // The wgmma A fragments of one K block of packed weights (64 rows, 64-byte swizzled), converted
 // with the rows' relative 1x32 exponents folded in (common/fp4.cuh): frag[s] for K step s (32
 // elements, one 1x32 scale group), rows row0 and row0 + 8 of the thread; exps: their exponent words;
@@ -58,7 +64,7 @@ __device__ __forceinline__ void convert_packed_k_block(const uint8_t* tile_w, ui
   // The tile's reference (uniform over the CTA): the scale warp found every group of the tile's rows
   // below N within range of it. Rows past N (zero words) get tables out of range, even NaN bytes:
   // their output columns are never stored.
-  if (kRefs == Refs::kTile || (kRefs == Refs::kEither && ref != fp4::kNoBlockRef)) {
+  if (takes_tile_ref<kRefs>(ref)) {
     convert_steps(fp4::group_shifts(exps0, ref), fp4::group_shifts(exps1, ref), in_range);
     return;
   }
@@ -97,7 +103,7 @@ struct RowScales {
   float r0, r1;
   template <Refs kRefs>
   __device__ __forceinline__ static RowScales of(uint32_t exps0, uint32_t exps1, uint32_t ref) {
-    if (kRefs == Refs::kTile || (kRefs == Refs::kEither && ref != fp4::kNoBlockRef)) return {true, 1.0f, 1.0f};
+    if (takes_tile_ref<kRefs>(ref)) return {true, 1.0f, 1.0f};
     return {false, fp4::column_scale(fp4::max_exponent(exps0)), fp4::column_scale(fp4::max_exponent(exps1))};
   }
 };

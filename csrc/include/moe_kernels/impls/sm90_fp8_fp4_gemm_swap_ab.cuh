@@ -124,8 +124,13 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
   extern __shared__ __align__(1024) uint8_t smem[];
   auto* barriers = reinterpret_cast<uint64_t*>(smem + Smem::kOffsetBarriers);
   const StageRing<kNumStages> ring{barriers, barriers + kNumStages};
-  const auto stage_scales = [&](uint32_t stage) {
-    return reinterpret_cast<float*>(smem + Smem::kOffsetScales + stage * Smem::kScaleBytes);
+  // K block j of a stage: its A scales (kBlockT), then for packed weights the tile's exponent words
+  // (kBlockW) and the reference word.
+  const auto block_scales = [&](uint32_t stage, uint32_t j) {
+    return reinterpret_cast<float*>(smem + Smem::kOffsetScales + stage * Smem::kScaleBytes + j * Smem::kBlockScales);
+  };
+  const auto block_words = [&](uint32_t stage, uint32_t j) {
+    return reinterpret_cast<uint32_t*>(block_scales(stage, j) + kBlockT);
   };
 
   const uint32_t warp = threadIdx.x / 32;
@@ -185,7 +190,7 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
             ring.producer_acquire(pipe);
 #pragma unroll
             for (uint32_t j = 0; j < kKBlocks; ++j) {
-              float* scales = stage_scales(pipe.stage) + j * Smem::kBlockScales / 4;
+              float* scales = block_scales(pipe.stage, j);
               const uint64_t kb = ks * kKBlocks + j;
 #pragma unroll
               for (uint32_t item = lane; item < kBlockT; item += 32) {
@@ -225,8 +230,8 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
             ring.producer_acquire(pipe);
 #pragma unroll
             for (uint32_t j = 0; j < kKBlocks; ++j) {
-              float* scales = stage_scales(pipe.stage) + j * Smem::kBlockScales / 4;
-              auto* words = reinterpret_cast<uint32_t*>(scales + kBlockT);
+              float* scales = block_scales(pipe.stage, j);
+              uint32_t* words = block_words(pipe.stage, j);
               uint32_t ref = fp4::kNoBlockRef;
               if constexpr (kBlockRef) {
                 // Rows past N (zero words) take no part.
@@ -273,12 +278,9 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
     // Per fragment set: whether its K block takes the tile's reference (its factor then is in the A
     // scales), else the rows' scales (row0, row0 + 8).
     RowScales sb0, sb1;
-    const auto stage_words = [&](uint32_t stage) {
-      return reinterpret_cast<const uint32_t*>(stage_scales(stage) + kBlockT);
-    };
     const auto convert = [&](auto refs, uint32_t stage, uint32_t (&frag)[4][4], RowScales& sb) {
       constexpr Refs kRefs = decltype(refs)::value;
-      const uint32_t* words = stage_words(stage);
+      const uint32_t* words = block_words(stage, 0);
       const uint32_t exps0 = words[math_wg * 64 + row0], exps1 = words[math_wg * 64 + row0 + 8];
       const uint32_t ref = words[kBlockW];
       convert_packed_k_block<kRefs>(smem + Smem::kOffsetW + stage * Smem::kW + math_wg * 64 * (kBlockK / 2), row0,
@@ -290,7 +292,7 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
     const auto k_loop = [&](auto refs, uint32_t kb0) -> uint32_t {
       constexpr bool kTile = decltype(refs)::value == Refs::kTile;
       ring.consumer_wait(pipe);
-      if (kTile && stage_words(pipe.stage)[kBlockW] == fp4::kNoBlockRef) return kb0;
+      if (kTile && block_words(pipe.stage, 0)[kBlockW] == fp4::kNoBlockRef) return kb0;
       convert(refs, pipe.stage, frag0, sb0);
       // K block kb (the stage of pipe) on cur; the next one's converted into nxt meanwhile. False
       // where the loop ends after it.
@@ -320,12 +322,12 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
           // Converted before its reference word is checked, so that the conversion's loads wait for
           // nothing else: a K block without the tile's reference is converted again by the next loop.
           convert(refs, next.stage, nxt, sb_nxt);
-          if (kTile) go_on = stage_words(next.stage)[kBlockW] != fp4::kNoBlockRef;
+          if (kTile) go_on = block_words(next.stage, 0)[kBlockW] != fp4::kNoBlockRef;
         }
         sm90::wgmma_wait<0>();
         fence_operands();
         float sa[kBlockT / 4];
-        load_token_scales<kBlockT>(stage_scales(pipe.stage), quad, sa);
+        load_token_scales<kBlockT>(block_scales(pipe.stage, 0), quad, sa);
         promote<kBlockT>(acc, sa, kTile ? RowScales{true, 1.0f, 1.0f} : sb, final_acc);
         __syncwarp();
         if (lane == 0) ring.consumer_release(pipe);
@@ -357,9 +359,9 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
         for (uint32_t j = 0; j < kKBlocks; ++j) {
           const uint8_t* tile_w = smem + Smem::kOffsetW + pipe.stage * Smem::kW + j * Smem::kBlockWBytes +
                                   math_wg * (kFragmentLayout ? kFragmentBlockBytes : 64 * (kBlockK / 2));
-          const float* scales = stage_scales(pipe.stage) + j * Smem::kBlockScales / 4;
+          const float* scales = block_scales(pipe.stage, j);
           const auto* words = kFragmentLayout ? reinterpret_cast<const uint32_t*>(tile_w + kFragmentWeightBytes)
-                                              : reinterpret_cast<const uint32_t*>(scales + kBlockT) + math_wg * 64;
+                                              : block_words(pipe.stage, j) + math_wg * 64;
           const uint32_t exps0 = words[row0], exps1 = words[row0 + 8];
           // Packed weights: the K block's reference word follows the tile's exponent words.
           const uint32_t ref = kFragmentLayout ? fp4::kNoBlockRef : words[kBlockW - math_wg * 64];
@@ -453,8 +455,7 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
             bool tile_refs = true;
 #pragma unroll
             for (uint32_t j = 0; j < kKBlocks; ++j) {
-              const float* scales = stage_scales(pipe.stage) + j * Smem::kBlockScales / 4;
-              tile_refs = tile_refs && reinterpret_cast<const uint32_t*>(scales + kBlockT)[kBlockW] != fp4::kNoBlockRef;
+              tile_refs = tile_refs && block_words(pipe.stage, j)[kBlockW] != fp4::kNoBlockRef;
             }
             if (!tile_refs) return ks;
           }
