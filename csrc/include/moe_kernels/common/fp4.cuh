@@ -121,4 +121,7 @@ __device__ __forceinline__ float column_scale(uint32_t e_max) {
   return e_max > kHeadroomLog2 ? __uint_as_float((e_max - kHeadroomLog2) << 23) : 0.0f;
 }
 
+// The column scale of a row on its own reference: its largest of the four groups' exponents.
+__device__ __forceinline__ float own_column_scale(uint32_t exps) { return column_scale(max_exponent(exps)); }
+
 }  // namespace moe_kernels::fp4

@@ -104,7 +104,7 @@ struct RowScales {
   template <Refs kRefs>
   __device__ __forceinline__ static RowScales of(uint32_t exps0, uint32_t exps1, uint32_t ref) {
     if (takes_tile_ref<kRefs>(ref)) return {true, 1.0f, 1.0f};
-    return {false, fp4::column_scale(fp4::max_exponent(exps0)), fp4::column_scale(fp4::max_exponent(exps1))};
+    return {false, fp4::own_column_scale(exps0), fp4::own_column_scale(exps1)};
   }
 };
 

@@ -292,7 +292,7 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
                        own_begin, packed, tile_b, exponents, column_scales);
           for (uint32_t r = tid; r < kHalfRowsB; r += kConverterThreads) {
             const uint32_t row = peer_begin + r;
-            column_scales[ColumnScaleLayout<kBlockN>::slot(row)] = fp4::column_scale(fp4::max_exponent(exponents[row]));
+            column_scales[ColumnScaleLayout<kBlockN>::slot(row)] = fp4::own_column_scale(exponents[row]);
           }
           // The half must be written (and visible to the async proxy) before one thread copies it.
           sm90::fence_proxy_async_shared();
