@@ -328,7 +328,7 @@ __global__ void __launch_bounds__((kNumMathWG + 1) * 128, 1)
         fence_operands();
         float sa[kBlockT / 4];
         load_token_scales<kBlockT>(block_scales(pipe.stage, 0), quad, sa);
-        promote<kBlockT>(acc, sa, kTile ? RowScales{true, 1.0f, 1.0f} : sb, final_acc);
+        promote<kBlockT>(acc, sa, sb, final_acc);
         __syncwarp();
         if (lane == 0) ring.consumer_release(pipe);
         pipe.advance();
