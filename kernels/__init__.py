@@ -20,6 +20,7 @@ from .grouped import (
     m_grouped_fp8_gemm_nt_masked,
     set_mk_alignment_for_contiguous_layout,
 )
+from .grouped_swiglu import m_grouped_fp8_gemm_nt_swiglu_contiguous, m_grouped_fp8_gemm_nt_swiglu_masked
 from .jit import get_num_sms, set_num_sms
 from .layout import get_mn_major_tma_aligned_tensor, get_tma_aligned_size, transform_sf_into_required_layout
 from .moe import moe_combine, moe_local_dispatch, moe_route, swiglu_quant_fp8
@@ -62,6 +63,8 @@ __all__ = [
     "m_grouped_fp8_fp4_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
+    "m_grouped_fp8_gemm_nt_swiglu_contiguous",
+    "m_grouped_fp8_gemm_nt_swiglu_masked",
     "moe_combine",
     "moe_local_dispatch",
     "moe_route",

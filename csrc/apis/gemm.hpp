@@ -74,6 +74,7 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["overlap"] = c.overlap;
   d["wg_store"] = c.wg_store;
   d["tail_splits"] = c.tail_split_of(m).ways;
+  d["swiglu"] = c.swiglu;
   return d;
 }
 
@@ -170,6 +171,66 @@ inline void m_grouped_fp8_gemm_nt_masked(std::uint64_t a, long long lda, std::ui
                                     L::Residual::kNone, L::GemmType::kGroupedMasked, num_groups, 128, true,
                                     L::scale_layout_for(L::GemmType::kGroupedMasked, args, n, k));
   L::launch(config, args);
+}
+
+// The L1 GEMM with the SwiGLU epilogue (impls/sm90_fp8_gemm.cuh, kSwiGlu), one of each layout: b gate/up
+// interleaved [G, n, k] with two scale rows per 128-row block (sfb_stride_n apart); act E4M3 [rows,
+// n / 2] (ld_act), its 1 x 128 scales at act_sf (strides in elements), weights fp32 per row of a.
+namespace detail {
+inline moe_launchers::sm90_fp8_gemm::Args swiglu_args(
+    std::uint64_t a, long long lda, std::uint64_t sfa, long long sfa_stride_m, long long sfa_stride_k, std::uint64_t b,
+    long long ldb, std::uint64_t sfb, long long sfb_stride_g, long long sfb_stride_n, long long sfb_stride_k,
+    std::uint64_t act, long long ld_act, std::uint64_t act_sf, long long act_sf_stride_m, long long act_sf_stride_k,
+    std::uint64_t weights, std::uint64_t layout, int m, int num_groups, int device, std::uint64_t stream) {
+  moe_launchers::sm90_fp8_gemm::Args args{a, sfa, b, sfb, 0, 0, lda, ldb, 0, 0, sfa_stride_m, sfa_stride_k,
+                                          sfb_stride_g, sfb_stride_n, sfb_stride_k, m, num_groups, layout, device,
+                                          stream};
+  MOE_HOST_ASSERT(act != 0 && act_sf != 0 && weights != 0, "the SwiGLU epilogue needs act, its scales and the weights");
+  // The kernel takes the row stride and the scales' strides as 32-bit values.
+  for (const long long v : {ld_act, act_sf_stride_m, act_sf_stride_k}) {
+    MOE_HOST_ASSERT(v >= 0 && v < (1ll << 32), "the SwiGLU epilogue's strides must fit 32 bits, got " << v);
+  }
+  args.act = act;
+  args.ld_act = ld_act;
+  args.act_sf = act_sf;
+  args.act_sf_stride_m = act_sf_stride_m;
+  args.act_sf_stride_k = act_sf_stride_k;
+  args.weights = weights;
+  return args;
+}
+}  // namespace detail
+
+inline void m_grouped_fp8_gemm_nt_swiglu_contiguous(
+    std::uint64_t a, long long lda, std::uint64_t sfa, long long sfa_stride_m, long long sfa_stride_k, std::uint64_t b,
+    long long ldb, std::uint64_t sfb, long long sfb_stride_g, long long sfb_stride_n, long long sfb_stride_k,
+    std::uint64_t act, long long ld_act, std::uint64_t act_sf, long long act_sf_stride_m, long long act_sf_stride_k,
+    std::uint64_t weights, std::uint64_t m_indices, int m, int n, int k, int num_groups, int device,
+    std::uint64_t stream) {
+  namespace L = moe_launchers::sm90_fp8_gemm;
+  constexpr auto kType = L::GemmType::kGroupedContiguous;
+  const auto args = detail::swiglu_args(a, lda, sfa, sfa_stride_m, sfa_stride_k, b, ldb, sfb, sfb_stride_g, sfb_stride_n,
+                                        sfb_stride_k, act, ld_act, act_sf, act_sf_stride_m, act_sf_stride_k, weights,
+                                        m_indices, m, num_groups, device, stream);
+  L::launch(L::get_swiglu_config(m, n, k, moe_jit::get_num_sms(device), kType, num_groups,
+                                 L::scale_layout_for(kType, args, n, k)),
+            args);
+}
+
+inline void m_grouped_fp8_gemm_nt_swiglu_masked(
+    std::uint64_t a, long long lda, std::uint64_t sfa, long long sfa_stride_m, long long sfa_stride_k, std::uint64_t b,
+    long long ldb, std::uint64_t sfb, long long sfb_stride_g, long long sfb_stride_n, long long sfb_stride_k,
+    std::uint64_t act, long long ld_act, std::uint64_t act_sf, long long act_sf_stride_m, long long act_sf_stride_k,
+    std::uint64_t weights, std::uint64_t masked_m, int max_m, int expected_m, int n, int k, int num_groups, int device,
+    std::uint64_t stream) {
+  namespace L = moe_launchers::sm90_fp8_gemm;
+  constexpr auto kType = L::GemmType::kGroupedMasked;
+  MOE_HOST_ASSERT(expected_m >= 1, "m_grouped_fp8_gemm_nt_swiglu_masked: expected_m must be >= 1, got " << expected_m);
+  const auto args = detail::swiglu_args(a, lda, sfa, sfa_stride_m, sfa_stride_k, b, ldb, sfb, sfb_stride_g, sfb_stride_n,
+                                        sfb_stride_k, act, ld_act, act_sf, act_sf_stride_m, act_sf_stride_k, weights,
+                                        masked_m, max_m, num_groups, device, stream);
+  L::launch(L::get_swiglu_config(std::min(expected_m, max_m), n, k, moe_jit::get_num_sms(device), kType, num_groups,
+                                 L::scale_layout_for(kType, args, n, k)),
+            args);
 }
 
 // The kernel a plan picked (launchers/sm90_fp8_fp4_gemm.hpp): weights as the register operand of
@@ -269,6 +330,26 @@ inline void register_apis(pybind11::module_& m) {
   m.def("m_grouped_fp8_gemm_nt_masked", &m_grouped_fp8_gemm_nt_masked,
         pybind11::call_guard<pybind11::gil_scoped_release>(),
         "grouped D[g] = A[g] @ B[g]^T over the first masked_m[g] rows; raw pointers, strides in elements");
+  m.def("m_grouped_fp8_gemm_nt_swiglu_contiguous", &m_grouped_fp8_gemm_nt_swiglu_contiguous,
+        pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "grouped act = SwiGLU(A @ B[g]^T) x weight, quantized 1 x 128, over contiguous row blocks (m_indices); B gate/up "
+        "interleaved; raw pointers, strides in elements");
+  m.def("m_grouped_fp8_gemm_nt_swiglu_masked", &m_grouped_fp8_gemm_nt_swiglu_masked,
+        pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "grouped act[g] = SwiGLU(A[g] @ B[g]^T) x weight, quantized 1 x 128, over the first masked_m[g] rows; B gate/up "
+        "interleaved; raw pointers, strides in elements");
+  m.def(
+      "fp8_gemm_nt_swiglu_code",
+      [](int m_, int n, int k, int num_sms, int gemm_type, int num_groups, int scale_load) {
+        const auto cfg = L::get_swiglu_config(m_, n, k, num_sms, detail::gemm_type(gemm_type), num_groups,
+                                              detail::scale_load(scale_load, k, gemm_type));
+        const auto g = L::generate(cfg);
+        return pybind11::make_tuple(g.name, g.code, detail::config_dict(cfg, m_));
+      },
+      "(name, code, config) of the SwiGLU-epilogue kernel a grouped shape gets (gemm_type 1 contiguous, 2 masked with "
+      "m the expected rows per group; scale_load as fp8_gemm_nt_config's; no GPU needed)",
+      pybind11::arg("m"), pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"), pybind11::arg("gemm_type"),
+      pybind11::arg("num_groups"), pybind11::arg("scale_load") = -1);
   m.def("m_grouped_fp8_fp4_gemm_nt_contiguous", &m_grouped_fp8_fp4_gemm_nt_contiguous,
         pybind11::call_guard<pybind11::gil_scoped_release>(),
         "grouped D = A @ B[g]^T (B packed E2M1, UE8M0 1x32 scales) over contiguous row blocks; raw pointers");

@@ -52,6 +52,7 @@ struct Config {
   int sfa_copy = 0;     // 1: A's scales are copied MN-major into the workspace first, the launch planned on them
   int table_slots = 0;  // kScaleTmaKMajorTable's slots (1: no CTA runs a second tile; else 2), 0 otherwise
   bool tail_split_on = true;  // MOE_GEMM_TAIL_SPLIT when planned (the plan is redone when it changes)
+  int swiglu = 0;       // 1: the SwiGLU epilogue (kSwiGlu; plan_swiglu): act and its scales instead of D
 
   // The last, partial wave's tiles split over K; kNormal only.
   TailSplit tail_split_of(int m) const {
@@ -66,7 +67,8 @@ struct Config {
   // (m-blocks where the clusters share B) rounded up to whole clusters.
   int num_tiles(int m) const {
     const int cluster_n = share_b ? 1 : multicast, cluster_m = share_b ? multicast : 1;
-    const int n_blocks = (n + block_n * cluster_n - 1) / (block_n * cluster_n) * cluster_n;
+    // The SwiGLU epilogue's tiles are pairs of n-blocks (N a multiple of two blocks).
+    const int n_blocks = swiglu ? n / (2 * block_n) : (n + block_n * cluster_n - 1) / (block_n * cluster_n) * cluster_n;
     return (m + block_m * cluster_m - 1) / (block_m * cluster_m) * cluster_m * n_blocks;
   }
   // Whether no CTA runs a second tile (whole clusters on the SMs; a split single wave runs one unit
@@ -118,7 +120,15 @@ struct Args {
   // (zero before the first launch, left zero by every launch). 0: no workspace, so no split.
   std::uint64_t split_workspace = 0;
   std::uint64_t split_workspace_bytes = 0;
+  // The SwiGLU epilogue's outputs (act != 0; d unused): act E4M3 [rows, ld_act], its 1 x 128 scales
+  // at act_sf with the strides, the rows' fp32 weights. B's scales then have two rows per 128-row
+  // block of B (gate half, up half), sfb_stride_n apart.
+  std::uint64_t weights = 0, act = 0, act_sf = 0;
+  long long ld_act = 0, act_sf_stride_m = 0, act_sf_stride_k = 0;
 };
+
+// Rows of B's scales per group: one per 128-row block, two under the SwiGLU epilogue.
+inline long long sfb_rows_per_group(const Args& a, int n) { return a.act != 0 ? n / 64 : (n + 127) / 128; }
 
 // The scales as 2-D views for TMA: A's over its rows (kGroupedMasked: groups x max_m) and K blocks,
 // B's over groups x ceil(N / 128) rows and K blocks. Row stride of a view (elements), or -1 where
@@ -133,9 +143,9 @@ inline std::uint64_t sfa_rows(GemmType type, const Args& a) {
   return type == GemmType::kGroupedMasked ? static_cast<std::uint64_t>(a.m) * a.num_groups : a.m;
 }
 
-// B's scales: rows of the [groups x ceil(N / 128), K blocks] view, their stride, or -1.
+// B's scales: rows of the [groups x sfb_rows_per_group, K blocks] view, their stride, or -1.
 inline long long sfb_view_stride(const Args& a, int n, int k) {
-  const long long kb = k / 128, nb = (n + 127) / 128;
+  const long long kb = k / 128, nb = sfb_rows_per_group(a, n);
   if (a.sfb % 16 != 0 || kb % 4 != 0 || a.sfb_stride_k != 1) return -1;
   // One group's rows and the next group's must continue one another.
   if (a.num_groups > 1 && nb > 1 && a.sfb_stride_g != nb * a.sfb_stride_n) return -1;
@@ -427,6 +437,64 @@ inline Config get_config(int m, int n, int k, int num_sms, bool compile_m, Resid
   });
 }
 
+inline const char* swiglu_function_name(GemmType type) {
+  return type == GemmType::kGroupedMasked ? "m_grouped_fp8_gemm_nt_swiglu_masked"
+                                          : "m_grouped_fp8_gemm_nt_swiglu_contiguous";
+}
+
+// The L1 GEMM with the SwiGLU epilogue (kSwiGlu), grouped: 128-column tiles in pairs (one act scale
+// group), 64 rows up to 128 rows (per group, masked) and 128 beyond, like plan_config's first
+// choice; none of its clusters, turns, overlap, splits or scale copies (each untimed with the
+// epilogue, and the held act leaves no room for a third accumulator set). m: rows (contiguous) or
+// expected rows per group (masked); scale_load: scale_layout_for the arguments, K-major A scales
+// gathered (TMA loads them for 256-row tiles only).
+inline Config plan_swiglu(int m, int n, int k, int num_sms, GemmType type, int num_groups, unsigned scale_load) {
+  const char* fn = swiglu_function_name(type);
+  MOE_HOST_ASSERT(type != GemmType::kNormal, fn << ": the SwiGLU epilogue is for grouped GEMMs");
+  check_shape(fn, m, n, k);
+  MOE_HOST_ASSERT(n % 256 == 0, fn << ": N (2 x intermediate) must be a multiple of 256, got " << n);
+  MOE_HOST_ASSERT(num_sms >= 1, fn << ": num_sms must be >= 1, got " << num_sms);
+  MOE_HOST_ASSERT(num_groups >= 1, fn << ": num_groups must be >= 1, got " << num_groups);
+  if (!env_enabled("MOE_FP8_SCALE_TMA") || scale_load != moe_kernels::kScaleTmaMnMajor) {
+    scale_load = moe_kernels::kScaleGather;
+  }
+  const auto stage_bytes = [scale_load](int block_m, int block_n) {
+    return sm90_fp8_gemm::stage_bytes(block_m, block_n, scale_load);
+  };
+  const Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms, 128, stage_bytes,
+                               [](int bn) { return bn == 128; }, 2);
+  Config cfg{};
+  cfg.fn = fn;
+  cfg.type = type;
+  cfg.n = n;
+  cfg.k = k;
+  cfg.block_m = t.block_m;
+  cfg.block_n = t.block_n;
+  cfg.num_stages = t.num_stages;
+  // Bands of pairs: kGroupN n-blocks of B, as plan_config's.
+  const int group_n = env_int("MOE_GEMM_GROUP_N");
+  cfg.group_n = group_n > 0 ? group_n : kGroupN / 2;
+  cfg.residual = Residual::kNone;
+  cfg.num_sms = num_sms;
+  cfg.smem_bytes = t.smem_bytes;
+  cfg.swizzle_d = t.swizzle_d;
+  cfg.scale_load = scale_load;
+  cfg.scale_warps = scale_load == moe_kernels::kScaleGather ? std::min(scale_warps_setting(), t.num_stages) : 0;
+  cfg.splits = false;
+  cfg.pdl = env_enabled("MOE_GEMM_PDL") ? 1 : 0;
+  const int k_unroll = env_int("MOE_GEMM_K_UNROLL");
+  cfg.k_unroll = k_unroll > 0 ? k_unroll : 1;
+  cfg.swiglu = 1;
+  return cfg;
+}
+
+inline Config get_swiglu_config(int m, int n, int k, int num_sms, GemmType type, int num_groups, unsigned scale_load) {
+  static PlanMemo memo;
+  const std::array<int, 11> key = {m, n, k, num_sms, 0, 0, static_cast<int>(type), num_groups, 0, 0,
+                                   static_cast<int>(scale_load)};
+  return memo.get(key, [&] { return plan_swiglu(m, n, k, num_sms, type, num_groups, scale_load); });
+}
+
 inline GeneratedKernel generate(const Config& c) {
   std::ostringstream os;
   // Taking the address instantiates the kernel; an explicit instantiation directive would have
@@ -442,7 +510,8 @@ inline GeneratedKernel generate(const Config& c) {
      << ", " << (c.wg_store ? "true" : "false");
   // The table's slots (and the K blocks that size them): template arguments of their own, left out
   // for every other scale load, whose kernels' code stays as it was.
-  if (c.table_slots > 0) os << ", " << c.table_slots;
+  if (c.table_slots > 0 || c.swiglu) os << ", " << c.table_slots;
+  if (c.swiglu) os << ", true";
   const std::string table =
       c.table_slots > 0 ? ", " + std::to_string(c.k / kBlockK) + ", " + std::to_string(c.table_slots) : "";
   os << ">);\n"
@@ -457,11 +526,11 @@ inline GeneratedKernel generate(const Config& c) {
 // The compiled kernel of a plan on a device: from the memo, compiled (or loaded from the disk cache)
 // on the first call.
 inline std::shared_ptr<const moe_jit::CompiledKernel> kernel_of(const Config& c, int device) {
-  static moe_jit::KernelMemo<std::array<int, 21>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 21> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 22>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 22> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
                                    c.scale_warps, c.pingpong, c.pdl, c.k_unroll, static_cast<int>(c.scale_load),
-                                   c.overlap, c.share_b, c.wg_store, c.table_slots, device};
+                                   c.overlap, c.share_b, c.wg_store, c.table_slots, c.swiglu, device};
   return sm90_kernel(memo, key, c.fn, device, [&] { return generate(c); });
 }
 
@@ -480,9 +549,11 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
   const CUtensorMap map_b = make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
                                      static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK,
                                      c.block_n / b_share, CU_TENSOR_MAP_SWIZZLE_128B, "B");
-  // Per-warpgroup epilogues store 64-row stripes.
-  const CUtensorMap map_d = make_tma_d(c.fn, a.d, c.n, a.m, a.ldd, c.block_n, c.wg_store ? 64 : c.block_m,
-                                       c.swizzle_d, masked, a.num_groups);
+  // Per-warpgroup epilogues store 64-row stripes. The SwiGLU epilogue writes no D.
+  MOE_HOST_ASSERT((a.act != 0) == (c.swiglu != 0), c.fn << ": the plan and the arguments disagree on the SwiGLU epilogue");
+  const CUtensorMap map_d = c.swiglu ? CUtensorMap{}
+                                     : make_tma_d(c.fn, a.d, c.n, a.m, a.ldd, c.block_n, c.wg_store ? 64 : c.block_m,
+                                                  c.swizzle_d, masked, a.num_groups);
 
   // The scale warps address A's scales with 32-bit element offsets (row x stride_m, k block x
   // stride_k), the kernel's strides being 32-bit already.
@@ -499,7 +570,7 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
     MOE_HOST_ASSERT(scale_layout_for(c.type, a, c.n, c.k) == layout,
                     c.fn << ": the kernel was planned for TMA scale loads, which these scales' layouts do not allow");
     const std::uint64_t kb = static_cast<std::uint64_t>(c.k / kBlockK);
-    const std::uint64_t sfb_rows = static_cast<std::uint64_t>((c.n + 127) / 128) * a.num_groups;
+    const std::uint64_t sfb_rows = static_cast<std::uint64_t>(sfb_rows_per_group(a, c.n)) * a.num_groups;
     if (c.scale_load == moe_kernels::kScaleTmaMnMajor) {
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows_a, kb,
                          tma_row_stride(kb, a.sfa_stride_k, rows_a), c.block_m, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
@@ -547,7 +618,11 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
                   static_cast<std::uint32_t>(splits), static_cast<std::uint32_t>(split.tail_tiles),
                   static_cast<std::uint32_t>(k_blocks / splits), static_cast<std::uint32_t>(k_blocks % splits),
                   reinterpret_cast<float*>(a.split_workspace),
-                  reinterpret_cast<int*>(split_counters), map_a, map_b, map_d, map_sfa, map_sfb);
+                  reinterpret_cast<int*>(split_counters), map_a, map_b, map_d, map_sfa, map_sfb,
+                  moe_kernels::SwiGluOut{reinterpret_cast<const float*>(a.weights),
+                                         reinterpret_cast<unsigned char*>(a.act), reinterpret_cast<float*>(a.act_sf),
+                                         static_cast<unsigned>(a.ld_act), static_cast<unsigned>(a.act_sf_stride_m),
+                                         static_cast<unsigned>(a.act_sf_stride_k)});
 }
 
 // A planned sfa_copy's arguments (the plan checked that the copy fits the workspace's room): A's

@@ -1,5 +1,5 @@
 """Pure-torch references of every kernel: the CPU path and the oracle of the GPU tests."""
 
-from . import exchange, fp4, gemm, quant
+from . import exchange, fp4, gemm, quant, swiglu
 
-__all__ = ["exchange", "fp4", "gemm", "quant"]
+__all__ = ["exchange", "fp4", "gemm", "quant", "swiglu"]

@@ -76,4 +76,15 @@ constexpr unsigned fp8_gemm_stage_bytes(unsigned block_m, unsigned block_n, unsi
   return (block_m + block_n) * 128 + fp8_gemm_sf_floats(block_m, scale_load) * 4;
 }
 
+// The SwiGLU epilogue's outputs (kSwiGlu, common/swiglu_epilogue.cuh), a kernel argument by value:
+// act E4M3 [rows, ld_act] row-major, the scale of (row, 128-column group) at sf[row * sf_stride_m +
+// group * sf_stride_k], one fp32 weight per row of A. Zeros for kernels without the epilogue.
+struct SwiGluOut {
+  const float* weights;
+  unsigned char* act;
+  float* sf;
+  unsigned ld_act;
+  unsigned sf_stride_m, sf_stride_k;
+};
+
 }  // namespace moe_kernels

@@ -21,6 +21,10 @@ namespace moe_kernels {
 // scale at run time (the selects and their products had doubled the math warps' instructions per
 // K block); kRuntimeSplit reads `split_col`.
 constexpr uint32_t kRuntimeSplit = ~0u;
+// kParitySplit: even 8-column fragments take the first scale, odd ones the second (gate/up
+// interleaved weights, common/swiglu_epilogue.cuh: a tile's gate and up rows come from different
+// scale blocks).
+constexpr uint32_t kParitySplit = ~1u;
 
 template <uint32_t kN, uint32_t kSplitCol = kRuntimeSplit>
 __device__ __forceinline__ void promote_fp8_accum(float* final_acc, const float* acc, float sa0, float sa1,
@@ -28,7 +32,8 @@ __device__ __forceinline__ void promote_fp8_accum(float* final_acc, const float*
   const float s00 = sa0 * sb0, s01 = sa0 * sb1, s10 = sa1 * sb0, s11 = sa1 * sb1;
 #pragma unroll
   for (uint32_t j = 0; j < kN / 8; ++j) {
-    const bool first = j * 8 < (kSplitCol == kRuntimeSplit ? split_col : kSplitCol);
+    const bool first = kSplitCol == kParitySplit ? j % 2 == 0
+                                                 : j * 8 < (kSplitCol == kRuntimeSplit ? split_col : kSplitCol);
     const float scale0 = first ? s00 : s01;
     const float scale1 = first ? s10 : s11;
     final_acc[j * 4 + 0] = fmaf(acc[j * 4 + 0], scale0, final_acc[j * 4 + 0]);

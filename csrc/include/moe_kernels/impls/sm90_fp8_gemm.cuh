@@ -28,6 +28,7 @@
 #include <moe_kernels/common/sm90_ptx.cuh>
 #include <moe_kernels/common/sm90_wgmma.cuh>
 #include <moe_kernels/common/split_reduce.cuh>
+#include <moe_kernels/common/swiglu_epilogue.cuh>
 
 namespace moe_kernels {
 
@@ -108,11 +109,15 @@ struct MathTurns {
 // kNormal's tail split (common/scheduler.cuh): num_splits > 1 splits the last tail_tiles tiles (per
 // cluster) over K, split s taking split_k_quot + (s < split_k_rem) K blocks, their partial sums
 // added through split_workspace / split_counters (common/split_reduce.cuh); 1 runs every tile whole.
+// kSwiGlu: B is an L1 weight with gate/up interleaved and one scale per 128-row block and half
+// (map_sfb / sfb rows: groups x N / 64), D is not written; the epilogue writes act = SwiGLU x the
+// row's weight, quantized 1 x 128, to `swiglu` (common/swiglu_epilogue.cuh). The scheduler walks
+// pairs of n-blocks, which every role runs back to back.
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
           uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false, bool kWgStore = false,
-          uint32_t kTableSlots = 0>
+          uint32_t kTableSlots = 0, bool kSwiGlu = false>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -122,7 +127,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                      float* __restrict__ split_workspace, int* __restrict__ split_counters,
                      const __grid_constant__ TmaDescriptor map_a, const __grid_constant__ TmaDescriptor map_b,
                      const __grid_constant__ TmaDescriptor map_d, const __grid_constant__ TmaDescriptor map_sfa,
-                     const __grid_constant__ TmaDescriptor map_sfb) {
+                     const __grid_constant__ TmaDescriptor map_sfb, const SwiGluOut swiglu) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages, kScaleLoad, (kTableSlots > 0 ? kShapeK / 128 : 0), kTableSlots>;
   using Wgmma = sm90::Fp8Wgmma<kBlockN>;
@@ -132,7 +137,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   constexpr uint32_t kWaveRows = kNumMathWG * 64;
   constexpr uint32_t kNumWaves = kBlockM / kWaveRows;
   constexpr uint32_t kNumKBlocks = kShapeK / kBlockK;
-  constexpr uint32_t kNumSfbRows = (kShapeN + 127) / 128;
+  // Rows of B's scales per group: one per 128-row block, or (kSwiGlu) two, its gate and up halves'.
+  constexpr uint32_t kNumSfbRows = kSwiGlu ? kShapeN / 64 : (kShapeN + 127) / 128;
+  // The scheduler's tiles: pairs of n-blocks under kSwiGlu (one scale group of act), else n-blocks.
+  constexpr uint32_t kTileN = kSwiGlu ? 2 * kBlockN : kBlockN;
   // Scale producers: warps 1.. of the producer warpgroup (warp 0 issues the TMA loads), at most
   // one per stage; none where the TMA warp loads the scales.
   constexpr bool kScaleTma = kScaleLoad != kScaleGather;
@@ -151,8 +159,11 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // wgmmas; the producers get what is left of the launch allocation (2 x 128 x 232 + 128 x 40 =
   // 384 x 168). The scale warps keep per-tile 32-bit row offsets, which fit 40 without spilling
   // (at block M 256 only with block N 128: ptxas spilled them at 72 and 120).
-  constexpr uint32_t kProducerRegisters = kNumMathWG == 1 ? 48 : 40;
-  constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 240 : 232;
+  // kSwiGlu: the producers walk each pair's two n-blocks in a loop of their own, and the TMA warp then
+  // spilled its unrolled stages' barrier addresses at 40 and 48 (gathered scales); the math warpgroups
+  // hold one accumulator set less than 256-row or overlapped tiles, so 224 leaves them room.
+  constexpr uint32_t kProducerRegisters = kSwiGlu ? (kNumMathWG == 1 ? 72 : 56) : kNumMathWG == 1 ? 48 : 40;
+  constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 240 : kSwiGlu ? 224 : 232;
   static_assert(128 * (kProducerRegisters + kNumMathWG * kMathRegisters) <=
                     sm90::launch_registers<(kNumMathWG + 1) * 128>(),
                 "register budgets exceed the launch allocation: setmaxnreg.inc would hang");
@@ -198,6 +209,12 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   static_assert(!kShareB || (kNumMulticast == 2 && kNumWaves == 1 && kBlockN % 16 == 0),
                 "B is shared by 2-CTA clusters of 128-row tiles, in whole 8-row atoms");
   constexpr uint32_t kMulticastRowsA = kShareB ? kBlockM : kBlockM / kNumMulticast;
+  // The first tile of a pair holds its act (kActFloats registers) through the second's K loop: one
+  // wave of 128 x 128 or 64 x 128 tiles, no third accumulator set, no cluster, the tail split off
+  // (the launcher plans none).
+  static_assert(!kSwiGlu || (kBlockN == 128 && kNumWaves == 1 && !kOverlap && kNumMulticast == 1 && !kWgStore &&
+                             kShapeN % (2 * kBlockN) == 0 && kResidual == 0 && kScaleLoad != kScaleTmaKMajorTable),
+                "SwiGLU epilogue: 64 x 128 or 128 x 128 tiles without overlap, clusters or residual, N a multiple of 256");
   constexpr uint32_t kHalfRowsB = kBlockN / 2;
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
@@ -216,7 +233,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   if (threadIdx.x == kNumMathThreads) {
     sm90::tma_prefetch_descriptor(&map_a);
     sm90::tma_prefetch_descriptor(&map_b);
-    sm90::tma_prefetch_descriptor(&map_d);
+    if constexpr (!kSwiGlu) sm90::tma_prefetch_descriptor(&map_d);  // kSwiGlu's is empty
     if constexpr (kScaleTma) {
       sm90::tma_prefetch_descriptor(&map_sfa);
       sm90::tma_prefetch_descriptor(&map_sfb);
@@ -239,8 +256,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90::launch_dependents();
     sm90::wait_prerequisites();
   }
-  TileScheduler<kType, kBlockM, kBlockN, kGroupN, kNumMulticast, kShareB> scheduler(m, kShapeN, grouped_layout,
-                                                                                   num_groups);
+  TileScheduler<kType, kBlockM, kTileN, kGroupN, kNumMulticast, kShareB> scheduler(m, kShapeN, grouped_layout,
+                                                                                  num_groups);
   if constexpr (kType == GemmType::kNormal) scheduler.set_tail_split(num_splits, tail_tiles, split_k_quot, split_k_rem);
   PipelineState<kNumStages> pipe;
   Tile t;
@@ -253,9 +270,22 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     return (kType == GemmType::kGroupedMasked ? tile.group * m : 0) + tile.m_block * kBlockM;
   };
   const auto b_row0 = [&](const Tile& tile) { return (kGrouped ? tile.group * kShapeN : 0) + tile.n_block * kBlockN; };
-  // The tile's first 128-column scale block of B, a row of map_sfb.
-  const auto sfb_row0 = [&](const Tile& tile) {
-    return (kGrouped ? tile.group * kNumSfbRows : 0) + tile.n_block * kBlockN / 128;
+  // The tile's first scale row of B in its group: its first 128-column block, or its gate half's.
+  const auto sfb_block = [&](const Tile& tile) { return kSwiGlu ? 2 * tile.n_block : tile.n_block * kBlockN / 128; };
+  // ... a row of map_sfb.
+  const auto sfb_row0 = [&](const Tile& tile) { return (kGrouped ? tile.group * kNumSfbRows : 0) + sfb_block(tile); };
+  // f(tile) for the scheduler's tile, or (kSwiGlu) for each n-block of its pair in turn.
+  const auto for_each_block = [&](const Tile& tile, auto&& f) {
+    if constexpr (kSwiGlu) {
+      Tile block = tile;
+#pragma unroll 1
+      for (uint32_t i = 0; i < 2; ++i) {
+        block.n_block = tile.n_block * 2 + i;
+        f(block);
+      }
+    } else {
+      f(tile);
+    }
   };
 
   if (threadIdx.x >= kNumMathThreads) {
@@ -315,8 +345,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
           }
         }
       };
-      while (scheduler.next(t)) load_tile(t, 0, kNumKBlocks);
-      if (scheduler.tail_unit(t)) load_tile(t, t.k_begin, t.k_end);
+      while (scheduler.next(t)) for_each_block(t, [&](const Tile& b) { load_tile(b, 0, kNumKBlocks); });
+      if (scheduler.tail_unit(t)) for_each_block(t, [&](const Tile& b) { load_tile(b, b.k_begin, b.k_end); });
       if constexpr (kNumMulticast > 1) {
         // The peers arrive on this CTA's empty barriers and multicast into its stages: it may only
         // exit once every stage's last fill has been released by the consumers of every CTA.
@@ -335,7 +365,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         // Rows past the problem (or past a masked group's max_m) read no scale.
         const uint32_t row_end = kType == GemmType::kGroupedMasked ? (t.group + 1) * m : m;
         const LaneScaleRows<kBlockM / 32> rows_a(row_a, row_end, sfa_stride_m, lane);
-        const uint32_t sfb_row = t.n_block * kBlockN / 128 + lane;
+        const uint32_t sfb_row = sfb_block(t) + lane;
         const bool valid_b = lane < 2 && sfb_row < kNumSfbRows;
         const float* sfb_lane = sfb + (valid_b ? uint64_t(t.group) * sfb_stride_g + uint64_t(sfb_row) * sfb_stride_n : 0);
         for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
@@ -353,8 +383,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
           sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
         }
       };
-      while (scheduler.next(t)) load_scales(t, 0, kNumKBlocks);
-      if (scheduler.tail_unit(t)) load_scales(t, t.k_begin, t.k_end);
+      while (scheduler.next(t)) for_each_block(t, [&](const Tile& b) { load_scales(b, 0, kNumKBlocks); });
+      if (scheduler.tail_unit(t)) for_each_block(t, [&](const Tile& b) { load_scales(b, b.k_begin, b.k_end); });
     }
     return;
   }
@@ -372,6 +402,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   if constexpr (kPingPong) turns.start();
   float acc[Wgmma::kNumAccum];
   float final_acc[kNumWaves * Wgmma::kNumAccum];
+  // kSwiGlu: the act of the pair's first n-block, until the second's epilogue.
+  [[maybe_unused]] float swiglu_held[kSwiGlu ? SwiGluTile<kBlockN>::kActFloats : 1];
   // Masked groups: the scheduler's loop runs on masked_m loaded per thread, which ptxas cannot prove
   // warp-uniform, so it kept the stage index out of uniform registers: 16 R2UR per K block rebuilt
   // the wgmma descriptors. Lane 0's stage, broadcast, is uniform (1-3 left). Contiguous 256-row
@@ -472,7 +504,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     for (uint32_t i = 0; i < kNumWaves * Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
     if constexpr (kScaleTable) acquire_sfa();
 
-    with_static_split<kBlockN>(t.n_block * kBlockN, [&](auto split) {
+    const auto k_loop = [&](auto split) {
       const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
       if constexpr (kOverlap) {
         // Whole tiles only; the tail split's units (dense GEMMs) take the plain loop.
@@ -515,7 +547,12 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                                                                sa[w][1], sb[0], sb[1], split_col);
         }
       }
-    });
+    };
+    if constexpr (kSwiGlu) {
+      k_loop(cuda::std::integral_constant<uint32_t, kParitySplit>{});
+    } else {
+      with_static_split<kBlockN>(t.n_block * kBlockN, k_loop);
+    }
 
     // The K loops have read every scale of the table's slot into registers: the producer may refill it.
     if constexpr (kScaleTable) release_sfa();
@@ -537,14 +574,34 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       }
     }
     constexpr bool kMasked = kType == GemmType::kGroupedMasked;
+    if constexpr (kSwiGlu) {
+      // Rows past M (or a masked group's count) are neither read nor written.
+      const uint32_t rows = kMasked ? scheduler.masked_rows(t) : min(m - t.m_block * kBlockM, kBlockM);
+      const bool ok0 = tile_row0 < rows, ok1 = tile_row0 + 8 < rows;
+      const uint32_t row0 = a_row0(t) + tile_row0, row1 = row0 + 8;
+      const float w0 = ok0 ? __ldg(swiglu.weights + row0) : 0.0f, w1 = ok1 ? __ldg(swiglu.weights + row1) : 0.0f;
+      if (t.n_block % 2 == 0) {
+        swiglu_act<kBlockN>(final_acc, w0, w1, swiglu_held);
+      } else {
+        float act[SwiGluTile<kBlockN>::kActFloats];
+        swiglu_act<kBlockN>(final_acc, w0, w1, act);
+        const uint32_t group = t.n_block / 2;
+        uint8_t* out = swiglu.act + group * 2 * (kBlockN / 2);
+        float* sf = swiglu.sf + group * swiglu.sf_stride_k;
+        swiglu_store_pair<kBlockN>(swiglu_held, act, lane, ok0, ok1, out + uint64_t(row0) * swiglu.ld_act,
+                                   out + uint64_t(row1) * swiglu.ld_act, sf + uint64_t(row0) * swiglu.sf_stride_m,
+                                   sf + uint64_t(row1) * swiglu.sf_stride_m);
+      }
+      return;
+    }
     store_tile<kBlockM, kBlockN, kSwizzleDBytes, kResidualType, kMasked, kNumMathThreads, kNumWaves, kWaveRows,
                kWgStore>(
         &map_d, smem_d, final_acc, tile_row0, lane, c, ldc, a_row0(t), t.n_block * kBlockN, m, kShapeN,
         kMasked ? t.m_block * kBlockM : a_row0(t), t.group, kMasked ? scheduler.masked_rows(t) : kBlockM);
   };
-  while (scheduler.next(t)) math_tile(t, 0, kNumKBlocks);
+  while (scheduler.next(t)) for_each_block(t, [&](const Tile& b) { math_tile(b, 0, kNumKBlocks); });
   if constexpr (kType == GemmType::kNormal) {
-    if (scheduler.tail_unit(t)) math_tile(t, t.k_begin, t.k_end);
+    if (scheduler.tail_unit(t)) for_each_block(t, [&](const Tile& b) { math_tile(b, b.k_begin, b.k_end); });
   }
   if constexpr (kPingPong) turns.finish();
   // The issuing warps' last stores must have read shared memory before the CTA exits; the kernel's

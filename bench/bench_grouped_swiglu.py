@@ -1,0 +1,120 @@
+"""The L1 GEMM with the SwiGLU epilogue against the staged pair it replaces, in one run.
+
+    python bench/bench_grouped_swiglu.py [--experts 32] [--intermediate 2048] [--hidden 7168]
+                                         [--rows 512,2048,8192] [--tokens 1,16,64,256]
+
+The staged pair: ``m_grouped_fp8_gemm_nt_*`` into bf16 ``[gate | up]`` rows, then
+``swiglu_quant_fp8`` (what the staged backend runs between its two GEMMs); the fused call:
+``m_grouped_fp8_gemm_nt_swiglu_*`` on the same weights gate/up interleaved. Contiguous: ``--experts``
+groups of ``--rows`` rows each (A scales MN-major, as the staged backend passes them); masked: groups of
+``--tokens`` valid rows (max_m = tokens). Kernel µs from the profiler with the L2 flushed before each run,
+every kernel of a call counted (the staged pair's two), both interleaved in one profile; time per call
+from Python on an idle stream. "act equal": the fraction of act bytes and scales both give alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import kernels
+from kernels.testing import bench_kineto_interleaved, per_call_us_interleaved
+from moe_runtime.weight_layout import transform_weights_for_mega_moe
+
+
+def weights(g: int, inter: int, hidden: int):
+    """Random FP8 L1 weights [G, 2I, H] with block scales, checkpoint order and interleaved."""
+    w = (torch.randn(g, 2 * inter, hidden, device="cuda") * 0.5).to(torch.float8_e4m3fn)
+    sf = torch.rand(g, 2 * inter // 128, hidden // 128, device="cuda") + 0.5
+    down = (torch.zeros(g, hidden, inter, device="cuda", dtype=torch.float8_e4m3fn),
+            torch.ones(g, hidden // 128, inter // 128, device="cuda"))
+    return (w, sf), tuple(transform_weights_for_mega_moe((w, sf), down).l1)
+
+
+def activations(rows: int, hidden: int, mn_major: bool):
+    x, sf = kernels.per_token_cast_to_fp8(torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16))
+    return x, kernels.get_mn_major_tma_aligned_tensor(sf) if mn_major else sf
+
+
+def agreement(fused, staged) -> float:
+    same = (fused[0].view(torch.uint8) == staged[0].view(torch.uint8)).float().mean()
+    return min(float(same), float((fused[1] == staged[1]).float().mean()))
+
+
+def contiguous_row(g: int, per: int, inter: int, hidden: int, w, w1) -> list[str]:
+    m = g * per
+    a = activations(m, hidden, True)
+    m_indices = torch.arange(g, device="cuda", dtype=torch.int32).repeat_interleave(per)
+    topk = torch.rand(m, device="cuda")
+    h = torch.empty(m, 2 * inter, device="cuda", dtype=torch.bfloat16)
+    act = torch.empty(m, inter, device="cuda", dtype=torch.float8_e4m3fn)
+    act_sf = kernels.get_mn_major_tma_aligned_tensor(torch.zeros(m, inter // 128, device="cuda"))
+
+    def staged():
+        kernels.m_grouped_fp8_gemm_nt_contiguous(a, w, h, m_indices)
+        return kernels.swiglu_quant_fp8(h, topk, mn_major_sf=True)
+
+    def fused():
+        kernels.m_grouped_fp8_gemm_nt_swiglu_contiguous(a, w1, (act, act_sf), m_indices, topk)
+        return act, act_sf
+
+    return row(f"contiguous {g} x {per}", m, inter, hidden, fused, staged)
+
+
+def masked_row(g: int, tokens: int, inter: int, hidden: int, w, w1) -> list[str]:
+    x, sf = activations(g * tokens, hidden, False)
+    a = (x.view(g, tokens, hidden), sf.view(g, tokens, -1))
+    masked_m = torch.full((g,), tokens, device="cuda", dtype=torch.int32)
+    topk = torch.rand(g, tokens, device="cuda")
+    h = torch.empty(g, tokens, 2 * inter, device="cuda", dtype=torch.bfloat16)
+    act = torch.empty(g, tokens, inter, device="cuda", dtype=torch.float8_e4m3fn)
+    act_sf = torch.empty(g, tokens, inter // 128, device="cuda")
+
+    def staged():
+        kernels.m_grouped_fp8_gemm_nt_masked(a, w, h, masked_m, tokens)
+        out, out_sf = kernels.swiglu_quant_fp8(h.view(g * tokens, -1), topk.view(-1), masked_m, tokens)
+        return out.view(g, tokens, -1), out_sf.view(g, tokens, -1)
+
+    def fused():
+        kernels.m_grouped_fp8_gemm_nt_swiglu_masked(a, w1, (act, act_sf), masked_m, tokens, topk)
+        return act, act_sf
+
+    return row(f"masked {g} x {tokens}", g * tokens, inter, hidden, fused, staged)
+
+
+def row(name: str, m: int, inter: int, hidden: int, fused, staged) -> list[str]:
+    equal = agreement(fused(), staged())
+    t_fused, t_staged = bench_kineto_interleaved([(fused, ""), (staged, "")])
+    c_fused, c_staged = per_call_us_interleaved([fused, staged])
+    tflops = 2 * m * 2 * inter * hidden / t_fused.median / 1e12
+    return [name, f"{t_fused.median * 1e6:.1f}", f"{t_staged.median * 1e6:.1f}",
+            f"{t_staged.median / t_fused.median:.2f}x", f"{tflops:.0f}", f"{c_fused:.1f} / {c_staged:.1f}",
+            f"{equal:.4f}"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experts", type=int, default=32)
+    parser.add_argument("--intermediate", type=int, default=2048)
+    parser.add_argument("--hidden", type=int, default=7168)
+    parser.add_argument("--rows", default="512,2048,8192", help="contiguous rows per expert (multiples of 128)")
+    parser.add_argument("--tokens", default="1,16,64,256", help="masked rows per expert")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_grouped_swiglu.py needs a CUDA device")
+    torch.manual_seed(0)
+    g, inter, hidden = args.experts, args.intermediate, args.hidden
+    w, w1 = weights(g, inter, hidden)
+    print(f"{torch.cuda.get_device_name()}; {g} experts, N x K = {2 * inter} x {hidden} (L1 of intermediate {inter})")
+    print("| layout | fused µs | staged µs (GEMM + SwiGLU) | speed-up | fused TFLOP/s | per call µs fused / staged "
+          "| act equal |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    cells = [(contiguous_row, int(r)) for r in args.rows.split(",") if r]
+    cells += [(masked_row, int(t)) for t in args.tokens.split(",") if t]
+    for make, rows in cells:
+        print("| " + " | ".join(make(g, rows, inter, hidden, w, w1)) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+#pragma once
+// The L1 GEMM's SwiGLU epilogue (the FP8 GEMM's kSwiGlu): act = silu(gate) * up * w straight from
+// the promoted accumulators, quantized to E4M3 with one FP32 scale per 1 x 128, so the bf16
+// [gate | up] tile never reaches global memory and no second kernel reads it back.
+//
+// The weights are gate/up interleaved (moe_runtime/weight_layout.py): in every 16-row slab of B,
+// rows 0-7 are gate rows and 8-15 the up rows of the same 8 channels, so accumulator fragment 2s of
+// a thread (scale_promotion.cuh's layout) holds gate columns and fragment 2s + 1 the matching up
+// columns. A 128-column tile yields 64 act columns; the two tiles of a pair (n-blocks 2p and 2p + 1)
+// run back to back on one CTA and yield act columns [128p, 128p + 128), one scale group: the first
+// tile's act waits in registers (kActFloats per thread) for the second's amax.
+//
+// Numerics are swiglu_quant.cuh's after a bf16 GEMM: each accumulator is rounded to bf16 first, as
+// the staged path's D is, so both paths give the same bytes.
+
+#include <cuda_bf16.h>
+#include <moe_kernels/common/fp8.cuh>
+#include <moe_kernels/common/fp8_gemm_layout.h>
+#include <moe_kernels/common/reduce.cuh>
+
+namespace moe_kernels {
+
+template <uint32_t kBlockN>
+struct SwiGluTile {
+  static_assert(kBlockN % 16 == 0, "whole 16-row slabs of gate and up rows");
+  static constexpr uint32_t kSlabs = kBlockN / 16;
+  // Act values per thread and tile: two per slab and row, two rows.
+  static constexpr uint32_t kActFloats = kSlabs * 4;
+};
+
+__device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// One tile's act values of this thread: act[s * 4 + {0, 1}] row tile_row0, act[s * 4 + {2, 3}]
+// row tile_row0 + 8, columns 8 s + 2 (lane % 4) + {0, 1} of the tile's 64 act columns.
+template <uint32_t kBlockN>
+__device__ __forceinline__ void swiglu_act(const float* final_acc, float w0, float w1, float* act) {
+#pragma unroll
+  for (uint32_t s = 0; s < SwiGluTile<kBlockN>::kSlabs; ++s) {
+#pragma unroll
+    for (uint32_t e = 0; e < 4; ++e) {
+      const float g = bf16_round(final_acc[(2 * s) * 4 + e]);
+      const float u = bf16_round(final_acc[(2 * s + 1) * 4 + e]);
+      const float silu = __fdiv_rn(g, 1.0f + expf(-g));
+      act[s * 4 + e] = __fmul_rn(__fmul_rn(silu, u), e < 2 ? w0 : w1);
+    }
+  }
+}
+
+// The pair's act (first: the held tile, second: this one) quantized and stored. row_ok0 / row_ok1:
+// whether the thread's two rows are stored; act0 / act1 their rows of the pair's 128 columns, sf0 /
+// sf1 their scales. All 32 lanes must call it (the amax shuffles).
+template <uint32_t kBlockN>
+__device__ __forceinline__ void swiglu_store_pair(const float* first, const float* second, uint32_t lane,
+                                                  bool row_ok0, bool row_ok1, uint8_t* act0, uint8_t* act1,
+                                                  float* sf0, float* sf1) {
+  constexpr uint32_t kSlabs = SwiGluTile<kBlockN>::kSlabs;
+  float amax[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (uint32_t i = 0; i < kSlabs * 4; ++i) {
+    amax[(i / 2) % 2] = fmax_nan(amax[(i / 2) % 2], fmax_nan(fabsf(first[i]), fabsf(second[i])));
+  }
+#pragma unroll
+  for (uint32_t r = 0; r < 2; ++r) {
+    // The lanes of a quad hold one row.
+    const float scale = fp8_scale_from_amax<false>(warp_reduce_max<4>(amax[r]));
+    const float inv = __frcp_rn(scale);
+    if (!(r == 0 ? row_ok0 : row_ok1)) continue;
+    uint8_t* row = r == 0 ? act0 : act1;
+    if (lane % 4 == 0) *(r == 0 ? sf0 : sf1) = scale;
+#pragma unroll
+    for (uint32_t h = 0; h < 2; ++h) {
+      const float* tile = h == 0 ? first : second;
+#pragma unroll
+      for (uint32_t s = 0; s < kSlabs; ++s) {
+        const unsigned short packed = float2_to_e4m3x2(__fmul_rn(tile[s * 4 + 2 * r], inv),
+                                                       __fmul_rn(tile[s * 4 + 2 * r + 1], inv));
+        *reinterpret_cast<unsigned short*>(row + h * (kBlockN / 2) + s * 8 + (lane % 4) * 2) = packed;
+      }
+    }
+  }
+}
+
+}  // namespace moe_kernels

@@ -1,0 +1,148 @@
+"""The experts' L1 GEMM with SwiGLU in its epilogue: ``act = silu(gate) * up * w`` quantized to E4M3
+with one float32 scale per 1 x 128, written by the GEMM itself, so the bf16 ``[gate | up]`` rows
+([M, 2I], 4 I bytes a row) are neither stored nor read back by a second kernel
+(:func:`kernels.swiglu_quant_fp8`). The result is what ``m_grouped_fp8_gemm_nt_*`` into bf16 followed
+by ``swiglu_quant_fp8`` give: every accumulator is rounded to bf16 before SwiGLU, as that path's D is.
+
+Weights (the ``l1`` of ``moe_runtime.transform_weights_for_mega_moe(..., target="sm90")``):
+``b = (B [G, 2I, K] float8_e4m3fn, SFB [G, 2I/128, 2, K/128] float32)``. B's rows are gate/up
+interleaved in 16-row slabs (rows ``16j .. 16j + 7`` are gate rows ``8j ..``, rows ``16j + 8 .. 16j +
+15`` the up rows of the same channels), so a thread of the GEMM holds a channel's gate and up
+accumulators together; SFB holds one scale per 128-row block of B and half (``[g, b, 0]`` its gate
+rows', ``[g, b, 1]`` its up rows'), with ``stride[1] == 2 * stride[2]``. I must be a multiple of 128
+(one act scale per 128 channels).
+
+Outputs, written in place: ``d = (act, act_sf)`` with act float8_e4m3fn ``[M, I]`` (masked: ``[G,
+max_m, I]``) with unit stride along I and an even row stride, and act_sf float32 ``[M, I/128]``
+(masked: ``[G, max_m, I/128]``) in any strides (contiguous, or MN-major as the next GEMM loads it by
+TMA: :func:`kernels.empty_activation_scales`). ``weights`` float32 ``[M]`` (masked ``[G, max_m]``),
+contiguous: each row's top-k weight.
+
+Layouts as :mod:`kernels.grouped`'s. Contiguous: rows of padding blocks are left untouched, padding
+rows inside a group's last block get unspecified values. Masked: rows from ``masked_m[g]`` on are left
+untouched. CUDA tensors run the SM90 kernel (impls/sm90_fp8_gemm.cuh, ``kSwiGlu``) on the current
+stream, CPU tensors :mod:`kernels.reference.swiglu`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks, _descriptors, jit
+from .grouped import _check_expected_m, _check_groups, _check_index, _contiguous_activations, _masked_activations
+from .reference import swiglu as reference
+
+_BLOCK = _checks.BLOCK
+
+
+def _check_weights(fn: str, b: object, k: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """``b`` = (B [G, 2I, K] e4m3 interleaved, SFB [G, 2I/128, 2, K/128] f32); returns (B, SFB, G, 2I)."""
+    b_t, sfb = _checks.unpack(fn, "b", b)
+    b_t = _checks.check_fp8_operand(fn, "b[0] (B)", b_t, (None, None, k))
+    g, n, _ = b_t.shape
+    if g == 0:
+        _checks.fail(fn, ValueError, "b must hold at least one group, got G = 0")
+    if n == 0 or n % (2 * _BLOCK):
+        _checks.fail(fn, ValueError, f"b[0] (B) must have 2I rows with I a positive multiple of 128 (one act scale "
+                                     f"per 128 channels), got {n}")
+    _checks.check_scales(fn, "b[1] (SFB)", sfb, (g, n // _BLOCK, 2, k // _BLOCK))
+    if sfb.stride(1) != 2 * sfb.stride(2):
+        _checks.fail(fn, ValueError, f"b[1] (SFB) must hold a block's two halves as consecutive rows (stride[1] == "
+                                     f"2 * stride[2]), got strides {sfb.stride()}")
+    return b_t, sfb, g, n
+
+
+def _check_outputs(fn: str, d: object, rows: tuple[int, ...], inter: int) -> tuple[torch.Tensor, torch.Tensor]:
+    act, act_sf = _checks.unpack(fn, "d", d)
+    _checks.check_dense_args(fn, **{"d[0] (act)": act, "d[1] (act_sf)": act_sf})
+    if not isinstance(act, torch.Tensor) or act.dtype != torch.float8_e4m3fn or tuple(act.shape) != (*rows, inter):
+        _checks.fail(fn, ValueError, f"d[0] (act) must be a float8_e4m3fn tensor of shape {[*rows, inter]}, got "
+                                     f"{getattr(act, 'dtype', type(act).__name__)} {list(getattr(act, 'shape', ()))}")
+    if act.stride(-1) != 1 or act.stride(-2) % 2 or act.data_ptr() % 2:
+        _checks.fail(fn, ValueError, f"d[0] (act) must have unit stride along I and an even row stride and address, "
+                                     f"got strides {act.stride()}")
+    sf_shape = (*rows, inter // _BLOCK)
+    if not isinstance(act_sf, torch.Tensor) or act_sf.dtype != torch.float32 or tuple(act_sf.shape) != sf_shape:
+        _checks.fail(fn, ValueError, f"d[1] (act_sf) must be a float32 tensor of shape {list(sf_shape)}, got "
+                                     f"{getattr(act_sf, 'dtype', type(act_sf).__name__)} "
+                                     f"{list(getattr(act_sf, 'shape', ()))}")
+    if min(act_sf.stride()) < 0:
+        _checks.fail(fn, ValueError, f"d[1] (act_sf) must have non-negative strides, got {act_sf.stride()}")
+    for name, t in (("d[0] (act)", act), ("d[1] (act_sf)", act_sf)):
+        if not _checks.writable(t):
+            _checks.fail(fn, ValueError, f"{name} must be writable (no overlapping or broadcast elements)")
+        if len(rows) == 2 and rows[0] > 1 and rows[1] and t.stride(0) != rows[1] * t.stride(1):
+            _checks.fail(fn, ValueError, f"{name} must stack its groups without gaps (stride[0] == max_m * "
+                                         f"stride[1]), got strides {t.stride()}")
+    return act, act_sf
+
+
+def _check_row_weights(fn: str, weights: object, rows: tuple[int, ...]) -> torch.Tensor:
+    _checks.check_dense_args(fn, weights=weights)
+    if not isinstance(weights, torch.Tensor) or weights.dtype != torch.float32 or tuple(weights.shape) != rows \
+            or not weights.is_contiguous():
+        _checks.fail(fn, ValueError, f"weights must be a contiguous float32 tensor of shape {list(rows)}, got "
+                                     f"{getattr(weights, 'dtype', type(weights).__name__)} "
+                                     f"{list(getattr(weights, 'shape', ()))}")
+    return weights
+
+
+def m_grouped_fp8_gemm_nt_swiglu_contiguous(a: tuple[torch.Tensor, torch.Tensor],
+                                            b: tuple[torch.Tensor, torch.Tensor],
+                                            d: tuple[torch.Tensor, torch.Tensor], m_indices: torch.Tensor,
+                                            weights: torch.Tensor) -> None:
+    """``act[r], act_sf[r] = quant(SwiGLU((A[r] * SFA[r]) @ (B[g] * SFB[g])^T) * weights[r])`` with
+    ``g = m_indices[r]``, in place.
+
+    ``a`` = (A [M, K] e4m3, SFA [M, K/128] f32), ``b`` and ``d`` = (act [M, I], act_sf [M, I/128]) as in
+    the module docstring, ``m_indices`` int32 [M] (aligned blocks of
+    ``get_mk_alignment_for_contiguous_layout()`` rows), ``weights`` float32 [M].
+    """
+    fn = "m_grouped_fp8_gemm_nt_swiglu_contiguous"
+    a_t, sfa, m, k = _contiguous_activations(fn, a)
+    b_t, sfb, g, n = _check_weights(fn, b, k)
+    act, act_sf = _check_outputs(fn, d, (m,), n // 2)
+    m_indices = _check_index(fn, "m_indices", m_indices, m)
+    weights = _check_row_weights(fn, weights, (m,))
+    device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, act, act_sf, m_indices, weights])
+    if device.type == "cpu":
+        reference.m_grouped_fp8_gemm_nt_swiglu_contiguous((a_t, sfa), (b_t, sfb), m_indices, weights, act, act_sf)
+        return
+    if m == 0:
+        return
+    jit.native_module().m_grouped_fp8_gemm_nt_swiglu_contiguous(
+        a_t.data_ptr(), a_t.stride(0), sfa.data_ptr(), sfa.stride(0), sfa.stride(1),
+        b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(2), sfb.stride(3),
+        act.data_ptr(), act.stride(0), act_sf.data_ptr(), act_sf.stride(0), act_sf.stride(1), weights.data_ptr(),
+        m_indices.data_ptr(), m, n, k, g, device.index, _descriptors.current_stream(device))
+
+
+def m_grouped_fp8_gemm_nt_swiglu_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
+                                        d: tuple[torch.Tensor, torch.Tensor], masked_m: torch.Tensor,
+                                        expected_m: int, weights: torch.Tensor) -> None:
+    """The masked layout of :func:`m_grouped_fp8_gemm_nt_swiglu_contiguous`: rows ``r < masked_m[g]`` of
+    each group, in place.
+
+    ``a`` = (A [G, max_m, K] e4m3, SFA [G, max_m, K/128] f32, groups stacked without gaps), ``d`` = (act
+    [G, max_m, I], act_sf [G, max_m, I/128]), ``masked_m`` int32 [G] (clamped to [0, max_m] on the GPU),
+    ``expected_m`` a positive int (steers the tile choice only), ``weights`` float32 [G, max_m].
+    """
+    fn = "m_grouped_fp8_gemm_nt_swiglu_masked"
+    _check_expected_m(fn, expected_m)
+    a_t, sfa, groups, max_m, k = _masked_activations(fn, a)
+    b_t, sfb, g, n = _check_weights(fn, b, k)
+    _check_groups(fn, groups, g)
+    act, act_sf = _check_outputs(fn, d, (g, max_m), n // 2)
+    masked_m = _check_index(fn, "masked_m", masked_m, g)
+    weights = _check_row_weights(fn, weights, (g, max_m))
+    device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, act, act_sf, masked_m, weights])
+    if device.type == "cpu":
+        reference.m_grouped_fp8_gemm_nt_swiglu_masked((a_t, sfa), (b_t, sfb), masked_m, weights, act, act_sf)
+        return
+    if max_m == 0:
+        return
+    jit.native_module().m_grouped_fp8_gemm_nt_swiglu_masked(
+        a_t.data_ptr(), a_t.stride(1), sfa.data_ptr(), sfa.stride(1), sfa.stride(2),
+        b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(2), sfb.stride(3),
+        act.data_ptr(), act.stride(1), act_sf.data_ptr(), act_sf.stride(1), act_sf.stride(2), weights.data_ptr(),
+        masked_m.data_ptr(), max_m, expected_m, n, k, g, device.index, _descriptors.current_stream(device))

@@ -1,0 +1,222 @@
+"""m_grouped_fp8_gemm_nt_swiglu_contiguous / _masked (kernels/grouped_swiglu.py): the L1 GEMM with
+SwiGLU x top-k weight and the 1 x 128 quantization in its epilogue. CPU: the reference against the
+staged definition (grouped GEMM on the checkpoint-order weights into bf16, then swiglu_quant_fp8),
+argument checks, the plan and the kernel's SASS; GPU: the kernel byte for byte against the staged
+kernels and against float64, on fresh data with poisoned outputs, at odd sizes and layouts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from kernels.reference.gemm import dequantize_a, dequantize_b
+from kernels.reference.quant import per_token_cast_to_fp8
+from kernels.reference.swiglu import deinterleave_gate_up, dequantize_b_interleaved
+from kernels.testing import calc_diff
+from moe_runtime.weight_layout import transform_weights_for_mega_moe
+
+from gemm_cases import H200_SMS
+from grouped_cases import make_contiguous, make_weights
+from test_sass import sass
+
+_E4M3_NAN = 0x7F
+
+
+def interleaved(w, sf):
+    """Checkpoint-order FP8 L1 weights [G, 2I, K] -> the SwiGLU GEMM's (transform_weights_for_mega_moe)."""
+    g, n, k = w.shape
+    down = (torch.zeros(g, k, n // 2, dtype=torch.float8_e4m3fn, device=w.device),
+            torch.ones(g, k // 128, n // 256, dtype=torch.float32, device=w.device))
+    return tuple(transform_weights_for_mega_moe((w, sf), down).l1)
+
+
+def poisoned(rows: tuple[int, ...], inter: int, device, mn_major: bool = False):
+    """(act, act_sf) filled with NaN: E4M3 0x7f and float NaN."""
+    act = torch.full((*rows, inter), _E4M3_NAN, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    if mn_major:
+        sf = kernels.get_mn_major_tma_aligned_tensor(torch.zeros(rows[0], inter // 128, device=device))
+        sf.fill_(float("nan"))
+    else:
+        sf = torch.full((*rows, inter // 128), float("nan"), dtype=torch.float32, device=device)
+    return act, sf
+
+
+def staged(a, w, m_indices, weights):
+    """The staged definition: grouped GEMM into bf16 on the checkpoint-order weights, then swiglu_quant_fp8."""
+    h = torch.zeros(a[0].shape[0], w[0].shape[1], dtype=torch.bfloat16, device=a[0].device)
+    kernels.m_grouped_fp8_gemm_nt_contiguous(a, w, h, m_indices)
+    return kernels.swiglu_quant_fp8(h, weights)
+
+
+def float64_act(a, w, m_indices, weights):
+    """SwiGLU x weight in float64 on the dequantized operands (checkpoint order), zero for padding."""
+    lhs = dequantize_a(*a).double()
+    out = torch.zeros(lhs.shape[0], w[0].shape[1] // 2, dtype=torch.float64, device=lhs.device)
+    inter = out.shape[1]
+    for g in range(w[0].shape[0]):
+        rows = m_indices == g
+        if rows.any():
+            h = lhs[rows] @ dequantize_b(w[0][g], w[1][g]).double().t()
+            out[rows] = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:] * weights[rows].double().view(-1, 1)
+    return out
+
+
+def dequant(act, sf):
+    return act.float() * sf.float().repeat_interleave(128, dim=-1)
+
+
+def contiguous_case(counts, inter, k, device, mn_major=False):
+    w = make_weights(len(counts), 2 * inter, k, device)
+    a, m_indices = make_contiguous(counts, k, device)
+    weights = torch.rand(m_indices.shape[0], device=device)
+    d = poisoned((m_indices.shape[0],), inter, device, mn_major)
+    kernels.m_grouped_fp8_gemm_nt_swiglu_contiguous(a, interleaved(*w), d, m_indices, weights)
+    return a, w, m_indices, weights, d
+
+
+def assert_rows_match(d, want, rows) -> None:
+    act, sf = d
+    assert torch.equal(act[rows].view(torch.uint8), want[0][rows].view(torch.uint8)), "act differs"
+    assert torch.equal(sf[rows], want[1][rows]), "act_sf differs"
+
+
+def assert_untouched(d, rows) -> None:
+    act, sf = d
+    assert (act[rows].view(torch.uint8) == _E4M3_NAN).all() and sf[rows].isnan().all(), "rows written that must not be"
+
+
+# ---- CPU ----------------------------------------------------------------------------------------
+
+def test_reference_deinterleaves_rows_and_scales(seed):
+    w = make_weights(2, 512, 256, "cpu")
+    w1, sf1 = interleaved(*w)
+    assert sf1.shape == (2, 4, 2, 2)
+    got = deinterleave_gate_up(dequantize_b_interleaved(w1, sf1).transpose(1, 2)).transpose(1, 2)
+    assert torch.equal(got, dequantize_b(*w))
+
+
+@pytest.mark.parametrize("counts,inter,k", [([5, 0, 130, 1], 128, 256), ([200, 3], 384, 384)])
+def test_cpu_contiguous_is_the_staged_definition(seed, counts, inter, k):
+    a, w, m_indices, weights, d = contiguous_case(counts, inter, k, "cpu")
+    valid = m_indices >= 0
+    want = staged(a, w, m_indices, weights)
+    assert calc_diff(dequant(*d)[valid], dequant(*want)[valid]) < 1e-5
+    assert torch.allclose(d[1][valid], want[1][valid], rtol=1e-2)
+    assert_untouched(d, ~valid)
+
+
+def test_cpu_masked_writes_rows_below_masked_m(seed):
+    g, max_m, inter, k = 3, 9, 128, 256
+    w = make_weights(g, 2 * inter, k, "cpu")
+    a = per_token_cast_to_fp8(torch.randn(g * max_m, k, dtype=torch.bfloat16))
+    a = (a[0].view(g, max_m, k), a[1].view(g, max_m, -1))
+    masked = [0, 9, 4]
+    weights = torch.rand(g, max_m)
+    d = poisoned((g, max_m), inter, "cpu")
+    kernels.m_grouped_fp8_gemm_nt_swiglu_masked(a, interleaved(*w), d, torch.tensor(masked, dtype=torch.int32),
+                                                max_m, weights)
+    for i, count in enumerate(masked):
+        rows = torch.arange(max_m) < count
+        if count:
+            m_indices = torch.full((count,), i, dtype=torch.int32)
+            want = staged((a[0][i, :count], a[1][i, :count]), w, m_indices, weights[i, :count])
+            assert calc_diff(dequant(d[0][i, :count], d[1][i, :count]), dequant(*want)) < 1e-5
+        assert_untouched((d[0][i], d[1][i]), ~rows)
+
+
+def _args(g=2, m=8, inter=128, k=256):
+    w = make_weights(g, 2 * inter, k, "cpu")
+    a, m_indices = make_contiguous([m] * g, k, "cpu")
+    return dict(a=a, b=interleaved(*w), d=poisoned((m_indices.shape[0],), inter, "cpu"), m_indices=m_indices,
+                weights=torch.rand(m_indices.shape[0]))
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda kw: kw.update(b=make_weights(2, 256, 256, "cpu")), r"b\[1\] \(SFB\) must"),
+    (lambda kw: kw.update(b=(kw["b"][0][:, :128].contiguous(), kw["b"][1][:, :1])), r"I a positive multiple of 128"),
+    (lambda kw: kw.update(b=(kw["b"][0], kw["b"][1].transpose(1, 2).contiguous().transpose(1, 2))),
+     r"stride\[1\] == 2 \* stride\[2\]"),
+    (lambda kw: kw.update(d=(kw["d"][0].float(), kw["d"][1])), r"d\[0\] \(act\) must be a float8_e4m3fn"),
+    (lambda kw: kw.update(d=(kw["d"][0], kw["d"][1][:, :0])), r"d\[1\] \(act_sf\) must be a float32 tensor"),
+    (lambda kw: kw.update(d=kw["d"][0]), r"d must be a \(tensor, scales\) pair"),
+    (lambda kw: kw.update(weights=kw["weights"][:3]), r"weights must be a contiguous float32 tensor of shape \[256\]"),
+    (lambda kw: kw.update(weights=kw["weights"].double()), r"weights must be a contiguous float32"),
+    (lambda kw: kw.update(m_indices=kw["m_indices"].long()), r"m_indices must be an int32 tensor"),
+])
+def test_bad_arguments_name_what_is_wrong(change, match):
+    kw = _args()
+    change(kw)
+    with pytest.raises((TypeError, ValueError), match=match):
+        kernels.m_grouped_fp8_gemm_nt_swiglu_contiguous(kw["a"], kw["b"], kw["d"], kw["m_indices"], kw["weights"])
+
+
+def test_masked_bad_expected_m():
+    with pytest.raises(ValueError, match="expected_m must be a positive int"):
+        kernels.m_grouped_fp8_gemm_nt_swiglu_masked(None, None, None, None, 0, None)
+
+
+@pytest.mark.parametrize("m,n,k,gemm_type,groups,scale_load", [
+    (8192, 4096, 7168, 1, 32, 1), (8192, 4096, 7168, 1, 32, 2), (4096, 512, 384, 1, 4, 0),
+    (16, 4096, 7168, 2, 32, 0), (256, 4096, 7168, 2, 8, 0),
+])
+def test_kernel_is_lean_and_writes_act(m, n, k, gemm_type, groups, scale_load):
+    """Pairs of 128 x 128 tiles (64-row at decode sizes), no clusters; the SASS issues QGMMAs and TMA
+    loads, raises the math registers, never spills (the first tile's act waits in registers) and stores
+    act two bytes per slab and row (the 2 x 2 x 8 STG.U16 of the pair's epilogue)."""
+    native = kernels.jit.native_module()
+    name, code, config = native.fp8_gemm_nt_swiglu_code(m, n, k, H200_SMS, gemm_type, groups, scale_load)
+    assert config["swiglu"] == 1 and config["block_n"] == 128 and config["multicast"] == 1
+    assert config["block_m"] == (64 if m <= 128 else 128)
+    assert config["scale_load"] == ("tma_mn_major" if gemm_type == 1 and scale_load == 1 else "gather")
+    text = sass(name, code)
+    for instruction in ("QGMMA", "UTMALDG", "USETMAXREG"):
+        assert instruction in text, instruction
+    assert "UTMASTG" not in text, "the SwiGLU epilogue stores no D"
+    assert "LDL" not in text and "STL" not in text, "register spills"
+    assert text.count("STG.E.U16") == 32
+
+
+# ---- GPU ----------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts,inter,k,mn_major", [
+    ([5, 0, 130, 1, 257], 256, 512, False),
+    ([300, 129, 64], 384, 7168, True),
+    ([1000, 37, 700, 1], 2048, 7168, True),
+])
+def test_gpu_contiguous_matches_staged_kernels_byte_for_byte(seed, counts, inter, k, mn_major):
+    a, w, m_indices, weights, d = contiguous_case(counts, inter, k, "cuda", mn_major)
+    valid = m_indices >= 0
+    assert_rows_match(d, staged(a, w, m_indices, weights), valid)
+    assert calc_diff(dequant(*d)[valid], float64_act(a, w, m_indices, weights)[valid]) < 1e-3
+    # Padding blocks are left as they were.
+    blocks = m_indices.view(-1, 128)[:, 0] < 0
+    assert_untouched(d, blocks.repeat_interleave(128))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("masked,max_m,inter,k,expected_m", [
+    ([0, 1, 7, 64, 100], 128, 256, 512, 16),
+    ([3, 0, 17], 24, 2048, 7168, 4),
+    ([256, 255, 1, 0], 256, 384, 1024, 200),
+])
+def test_gpu_masked_matches_staged_kernels_byte_for_byte(seed, masked, max_m, inter, k, expected_m):
+    g = len(masked)
+    w = make_weights(g, 2 * inter, k, "cuda")
+    a = per_token_cast_to_fp8(torch.randn(g * max_m, k, dtype=torch.bfloat16, device="cuda"))
+    a = (a[0].view(g, max_m, k), a[1].view(g, max_m, -1))
+    weights = torch.rand(g, max_m, device="cuda")
+    d = poisoned((g, max_m), inter, "cuda")
+    masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+    kernels.m_grouped_fp8_gemm_nt_swiglu_masked(a, interleaved(*w), d, masked_m, expected_m, weights)
+    for i, count in enumerate(masked):
+        rows = torch.arange(max_m, device="cuda") < count
+        if count:
+            m_indices = torch.full((count,), i, dtype=torch.int32, device="cuda")
+            sub = (a[0][i, :count], a[1][i, :count])
+            want = staged(sub, w, m_indices, weights[i, :count])
+            assert_rows_match((d[0][i, :count], d[1][i, :count]), want, slice(None))
+            ref = float64_act(sub, w, m_indices, weights[i, :count])
+            assert calc_diff(dequant(d[0][i, :count], d[1][i, :count]), ref) < 1e-3
+        assert_untouched((d[0][i], d[1][i]), ~rows)
