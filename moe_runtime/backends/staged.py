@@ -60,6 +60,7 @@ from moe_runtime.backends.base import (CombineHandle, DispatchCombine, DispatchR
                                        MoEProblem)
 from kernels.exchange import ExchangeIndex, ExchangePeers
 from kernels.reference.exchange import LayoutSizes
+from moe_runtime.weight_layout import transform_weights_for_mega_moe
 from moe_runtime.dist import group_rank, group_size
 from moe_runtime.symm import SymmBuffer, ViewSpec, align_up, compute_layout
 
@@ -459,7 +460,12 @@ class StagedExperts(Experts):
 
     ``decode_layout``: with FP4 weights on CUDA, also keep them in ``kernels.transform_fp4_for_decode``'s
     layout (about 1.06x the FP4 weight bytes more memory) for the masked decode GEMMs, which then
-    run about 1.8x faster than on the packed weights."""
+    run about 1.8x faster than on the packed weights.
+
+    ``MOE_STAGED_FUSED_SWIGLU=1`` (read per forward; FP8 weights): the L1 GEMM writes the quantized
+    SwiGLU x top-k weight itself (``kernels.m_grouped_fp8_gemm_nt_swiglu_*``, on a gate/up interleaved
+    copy of the L1 weights made on first use), bit for bit the same act as the GEMM into bf16 followed by
+    ``swiglu_quant_fp8``, without the bf16 rows between them."""
 
     def __init__(self, experts: LocalExperts, decode_layout: bool = True):
         fmt = experts.gate_up.format
@@ -485,6 +491,8 @@ class StagedExperts(Experts):
         self.mn_major_l1 = fmt == "fp8" and self.hidden % 512 == 0
         self.mn_major_l2 = fmt == "fp8" and self.intermediate % 512 == 0
         self.w13_masked, self.w2_masked = self.w13, self.w2
+        self.fused_swiglu_ok = fmt == "fp8" and self.intermediate % 128 == 0
+        self._w13_interleaved: tuple[torch.Tensor, torch.Tensor] | None = None
         if fmt == "fp4" and decode_layout and experts.gate_up.data.is_cuda:
             self.w13_masked = kernels.transform_fp4_for_decode(*self.w13)
             self.w2_masked = kernels.transform_fp4_for_decode(*self.w2)
@@ -502,8 +510,10 @@ class StagedExperts(Experts):
         out = torch.empty((m, self.hidden), dtype=torch.bfloat16, device=device)
         if m == 0:
             return out
-        h = torch.empty((m, 2 * inter), dtype=torch.bfloat16, device=device)
         rows, groups = dispatched.masked_max_m, self.experts.gate_up.shape[0]
+        if self.fused_swiglu_ok and os.environ.get("MOE_STAGED_FUSED_SWIGLU", "0") == "1":
+            return self._apply_fused(dispatched, out, rows, groups)
+        h = torch.empty((m, 2 * inter), dtype=torch.bfloat16, device=device)
         if rows:
             def grouped(t: torch.Tensor) -> torch.Tensor:  # [E_l x rows (+ spare), C] -> [E_l, rows, C]
                 return t[: groups * rows].view(groups, rows, t.shape[-1])
@@ -539,6 +549,39 @@ class StagedExperts(Experts):
             act_fp8 = kernels.swiglu_quant_fp8(h, dispatched.topk_weights, mn_major_sf=mn_major and self.mn_major_l2)
         del h
         gemm(act_fp8, w2, out)
+        return out
+
+    def _interleaved_w13(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._w13_interleaved is None:
+            self._w13_interleaved = tuple(transform_weights_for_mega_moe(self.w13, self.w2).l1)
+        return self._w13_interleaved
+
+    def _apply_fused(self, dispatched: "StagedDispatchResult", out: torch.Tensor, rows: int,
+                     groups: int) -> torch.Tensor:
+        """apply() with the SwiGLU epilogue in the L1 GEMM (FP8 weights)."""
+        m, inter, device = dispatched.x.shape[0], self.intermediate, dispatched.x.device
+        w13 = self._interleaved_w13()
+        topk = dispatched.topk_weights.reshape(-1)
+        act = torch.empty((m, inter), dtype=torch.float8_e4m3fn, device=device)
+        if rows:
+            def grouped(t: torch.Tensor) -> torch.Tensor:  # [E_l x rows (+ spare), C] -> [E_l, rows, C]
+                return t[: groups * rows].view(groups, rows, *t.shape[1:])
+
+            act_sf = torch.empty((m, inter // 128), dtype=torch.float32, device=device)
+            expected = dispatched.expected_m or rows
+            x = (grouped(dispatched.x), grouped(dispatched.x_sf))
+            kernels.m_grouped_fp8_gemm_nt_swiglu_masked(x, w13, (grouped(act), grouped(act_sf)), dispatched.masked_m,
+                                                        expected, grouped(topk.contiguous()))
+            self.masked_gemm((grouped(act), grouped(act_sf)), self.w2, grouped(out), dispatched.masked_m, expected)
+            return out
+        mn_major = os.environ.get("MOE_STAGED_MN_MAJOR_SF", "1") != "0"
+        x_sf = dispatched.x_sf
+        if mn_major and self.mn_major_l1:
+            x_sf = kernels.get_mn_major_tma_aligned_tensor(x_sf)
+        act_sf = kernels.layout.empty_activation_scales(m, inter // 128, mn_major and self.mn_major_l2, device)
+        kernels.m_grouped_fp8_gemm_nt_swiglu_contiguous((dispatched.x, x_sf), w13, (act, act_sf), dispatched.m_indices,
+                                                        topk.contiguous())
+        self.gemm((act, act_sf), self.w2, out, dispatched.m_indices)
         return out
 
 

@@ -295,6 +295,23 @@ def test_contiguous_layout_mn_major_scales_equal_k_major(seed, monkeypatch, devi
     assert calc_diff(got, reference_layer(x)) < kTolerance
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize("num_tokens", [3, 300])
+def test_fused_swiglu_equals_the_staged_pair(seed, monkeypatch, device, num_tokens):
+    """MOE_STAGED_FUSED_SWIGLU=1: the L1 GEMM's SwiGLU epilogue (interleaved weights) gives the staged
+    forward's output bit for bit, in the masked decode layout (3 tokens on CUDA) and the contiguous one."""
+    hidden, inter = 512, 256
+    staged_layer, reference_layer = layer_pair("deepseek", seed, device, hidden, inter, capacity=1024)
+    x = torch.randn(num_tokens, hidden, device=device).to(torch.bfloat16)
+    want = staged_layer(x)
+    monkeypatch.setenv("MOE_STAGED_FUSED_SWIGLU", "1")
+    got = staged_layer(x)
+    assert staged_layer._backend(torch.device(device))[1]._w13_interleaved is not None, "the fused path did not run"
+    assert torch.equal(got, want)
+    assert calc_diff(got, reference_layer(x)) < kTolerance
+
+
 @pytest.mark.parametrize("overrides,match", [
     (dict(weights="bf16"), "FP8 or FP4 expert weights, got weights='bf16'"),
     (dict(dtype=torch.float16), "dtype=torch.float16"),
