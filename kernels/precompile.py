@@ -220,6 +220,29 @@ def _grouped(family: str, gemm_type: int, fp4_weights: bool) -> Callable[[ModelS
     return sources
 
 
+def _grouped_swiglu(family: str, gemm_type: int) -> Callable[[ModelShapes, str, int], list[KernelSource]]:
+    """Sources of the L1 GEMM with the SwiGLU epilogue (FP8 weights, intermediate a multiple of 128):
+    every local expert count at every M bucket (contiguous, MN-major and K-major A scales) or expected
+    rows per group (masked)."""
+
+    def sources(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
+        n, k = model.expert_nk[0]
+        if n % 256:
+            return []
+        out = []
+        contiguous = gemm_type == _CONTIGUOUS
+        loads = (-1, _SCALE_TMA_MN_MAJOR) if contiguous and k % 512 == 0 else (-1,)
+        for groups in model.local_experts:
+            for m in _gemm_ms(model.max_m) if contiguous else _DECODE_EXPECTED_M:
+                for load in loads:
+                    name, code, _ = _native().fp8_gemm_nt_swiglu_code(m, n, k, num_sms, gemm_type, groups, load)
+                    rows = f"m<={m}" if contiguous else f"expected_m={m}"
+                    out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows} scale_load={load}", name, code))
+        return out
+
+    return sources
+
+
 FAMILIES: dict[str, Callable[[ModelShapes, str, int], list[KernelSource]]] = {
     "per_token_cast_to_fp8": _quant_per_token,
     "per_block_cast_to_fp8": _quant_per_block,
@@ -229,6 +252,8 @@ FAMILIES: dict[str, Callable[[ModelShapes, str, int], list[KernelSource]]] = {
     "m_grouped_fp8_gemm_nt_masked": _grouped("m_grouped_fp8_gemm_nt_masked", _MASKED, False),
     "m_grouped_fp8_fp4_gemm_nt_contiguous": _grouped("m_grouped_fp8_fp4_gemm_nt_contiguous", _CONTIGUOUS, True),
     "m_grouped_fp8_fp4_gemm_nt_masked": _grouped("m_grouped_fp8_fp4_gemm_nt_masked", _MASKED, True),
+    "m_grouped_fp8_gemm_nt_swiglu_contiguous": _grouped_swiglu("m_grouped_fp8_gemm_nt_swiglu_contiguous", _CONTIGUOUS),
+    "m_grouped_fp8_gemm_nt_swiglu_masked": _grouped_swiglu("m_grouped_fp8_gemm_nt_swiglu_masked", _MASKED),
 }
 
 
