@@ -403,7 +403,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   float acc[Wgmma::kNumAccum];
   float final_acc[kNumWaves * Wgmma::kNumAccum];
   // kSwiGlu: the act of the pair's first n-block, until the second's epilogue.
-  [[maybe_unused]] float swiglu_held[kSwiGlu ? SwiGluTile<kBlockN>::kActFloats : 1];
+  [[maybe_unused]] float swiglu_held[SwiGluTile<kSwiGlu ? kBlockN : 16>::kActFloats];
   // Masked groups: the scheduler's loop runs on masked_m loaded per thread, which ptxas cannot prove
   // warp-uniform, so it kept the stage index out of uniform registers: 16 R2UR per K block rebuilt
   // the wgmma descriptors. Lane 0's stage, broadcast, is uniform (1-3 left). Contiguous 256-row
