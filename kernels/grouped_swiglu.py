@@ -58,23 +58,35 @@ def _check_outputs(fn: str, d: object, rows: tuple[int, ...], inter: int) -> tup
     if not isinstance(act, torch.Tensor) or act.dtype != torch.float8_e4m3fn or tuple(act.shape) != (*rows, inter):
         _checks.fail(fn, ValueError, f"d[0] (act) must be a float8_e4m3fn tensor of shape {[*rows, inter]}, got "
                                      f"{getattr(act, 'dtype', type(act).__name__)} {list(getattr(act, 'shape', ()))}")
-    if act.stride(-1) != 1 or act.stride(-2) % 2 or act.data_ptr() % 2:
-        _checks.fail(fn, ValueError, f"d[0] (act) must have unit stride along I and an even row stride and address, "
-                                     f"got strides {act.stride()}")
+    if act.stride(-1) != 1 or act.stride(-2) % 2 or act.stride(-2) < inter or act.data_ptr() % 2:
+        _checks.fail(fn, ValueError, f"d[0] (act) must have unit stride along I and an even row stride of at least "
+                                     f"I = {inter} at an even address, got strides {act.stride()}")
     sf_shape = (*rows, inter // _BLOCK)
     if not isinstance(act_sf, torch.Tensor) or act_sf.dtype != torch.float32 or tuple(act_sf.shape) != sf_shape:
         _checks.fail(fn, ValueError, f"d[1] (act_sf) must be a float32 tensor of shape {list(sf_shape)}, got "
                                      f"{getattr(act_sf, 'dtype', type(act_sf).__name__)} "
                                      f"{list(getattr(act_sf, 'shape', ()))}")
-    if min(act_sf.stride()) < 0:
-        _checks.fail(fn, ValueError, f"d[1] (act_sf) must have non-negative strides, got {act_sf.stride()}")
+    if not _rows_apart(act_sf):
+        _checks.fail(fn, ValueError, f"d[1] (act_sf) must hold every (row, group) scale at its own address "
+                                     f"(no overlapping or broadcast elements), got strides {act_sf.stride()}")
     for name, t in (("d[0] (act)", act), ("d[1] (act_sf)", act_sf)):
         if not _checks.writable(t):
-            _checks.fail(fn, ValueError, f"{name} must be writable (no overlapping or broadcast elements)")
+            _checks.fail(fn, ValueError, f"{name} must be writable, got a tensor that autograd or inference mode "
+                                         "forbids writing in place")
         if len(rows) == 2 and rows[0] > 1 and rows[1] and t.stride(0) != rows[1] * t.stride(1):
             _checks.fail(fn, ValueError, f"{name} must stack its groups without gaps (stride[0] == max_m * "
                                          f"stride[1]), got strides {t.stride()}")
     return act, act_sf
+
+
+def _rows_apart(sf: torch.Tensor) -> bool:
+    """Whether the last two dims of ``sf`` address distinct elements: non-negative strides, the larger
+    one past the whole extent of the smaller (K-major or MN-major layouts, padded or not)."""
+    (rows, groups), (stride_m, stride_k) = sf.shape[-2:], sf.stride()[-2:]
+    if rows <= 1 or groups <= 1:
+        return min(stride_m if rows > 1 else 1, stride_k if groups > 1 else 1) >= 1
+    (inner, inner_n), (outer, _) = sorted([(stride_m, rows), (stride_k, groups)])
+    return inner >= 1 and outer >= inner * inner_n
 
 
 def _check_row_weights(fn: str, weights: object, rows: tuple[int, ...]) -> torch.Tensor:

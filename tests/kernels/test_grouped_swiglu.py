@@ -23,6 +23,13 @@ from test_sass import sass
 _E4M3_NAN = 0x7F
 
 
+def make_l1_weights(g: int, n: int, k: int, device):
+    """FP8 L1 weights whose 128 x 128 block scales differ by powers of two, so that a gate scale taken
+    for an up one (or a neighbouring block's) changes the result."""
+    w, sf = make_weights(g, n, k, device)
+    return w, sf * 2.0 ** torch.randint(-4, 5, sf.shape, device=device)
+
+
 def interleaved(w, sf):
     """Checkpoint-order FP8 L1 weights [G, 2I, K] -> the SwiGLU GEMM's (transform_weights_for_mega_moe)."""
     g, n, k = w.shape
@@ -67,8 +74,11 @@ def dequant(act, sf):
 
 
 def contiguous_case(counts, inter, k, device, mn_major=False):
-    w = make_weights(len(counts), 2 * inter, k, device)
+    """One contiguous call; mn_major: A's and act's scales MN-major TMA-aligned (A's then load by TMA)."""
+    w = make_l1_weights(len(counts), 2 * inter, k, device)
     a, m_indices = make_contiguous(counts, k, device)
+    if mn_major:
+        a = (a[0], kernels.get_mn_major_tma_aligned_tensor(a[1]))
     weights = torch.rand(m_indices.shape[0], device=device)
     d = poisoned((m_indices.shape[0],), inter, device, mn_major)
     kernels.m_grouped_fp8_gemm_nt_swiglu_contiguous(a, interleaved(*w), d, m_indices, weights)
@@ -89,7 +99,7 @@ def assert_untouched(d, rows) -> None:
 # ---- CPU ----------------------------------------------------------------------------------------
 
 def test_reference_deinterleaves_rows_and_scales(seed):
-    w = make_weights(2, 512, 256, "cpu")
+    w = make_l1_weights(2, 512, 256, "cpu")
     w1, sf1 = interleaved(*w)
     assert sf1.shape == (2, 4, 2, 2)
     got = deinterleave_gate_up(dequantize_b_interleaved(w1, sf1).transpose(1, 2)).transpose(1, 2)
@@ -108,7 +118,7 @@ def test_cpu_contiguous_is_the_staged_definition(seed, counts, inter, k):
 
 def test_cpu_masked_writes_rows_below_masked_m(seed):
     g, max_m, inter, k = 3, 9, 128, 256
-    w = make_weights(g, 2 * inter, k, "cpu")
+    w = make_l1_weights(g, 2 * inter, k, "cpu")
     a = per_token_cast_to_fp8(torch.randn(g * max_m, k, dtype=torch.bfloat16))
     a = (a[0].view(g, max_m, k), a[1].view(g, max_m, -1))
     masked = [0, 9, 4]
@@ -140,6 +150,10 @@ def _args(g=2, m=8, inter=128, k=256):
     (lambda kw: kw.update(d=(kw["d"][0].float(), kw["d"][1])), r"d\[0\] \(act\) must be a float8_e4m3fn"),
     (lambda kw: kw.update(d=(kw["d"][0], kw["d"][1][:, :0])), r"d\[1\] \(act_sf\) must be a float32 tensor"),
     (lambda kw: kw.update(d=kw["d"][0]), r"d must be a \(tensor, scales\) pair"),
+    (lambda kw: kw.update(d=(kw["d"][0].as_strided((256, 128), (64, 1)), kw["d"][1])),
+     r"row stride of at least I = 128"),
+    (lambda kw: kw.update(d=(kw["d"][0], torch.zeros(1, 1).expand(256, 1))), r"its own address"),
+    (lambda kw: kw.update(d=(kw["d"][0], torch.zeros(1, 1).as_strided((256, 1), (0, 1)))), r"its own address"),
     (lambda kw: kw.update(weights=kw["weights"][:3]), r"weights must be a contiguous float32 tensor of shape \[256\]"),
     (lambda kw: kw.update(weights=kw["weights"].double()), r"weights must be a contiguous float32"),
     (lambda kw: kw.update(m_indices=kw["m_indices"].long()), r"m_indices must be an int32 tensor"),
@@ -203,7 +217,7 @@ def test_gpu_contiguous_matches_staged_kernels_byte_for_byte(seed, counts, inter
 ])
 def test_gpu_masked_matches_staged_kernels_byte_for_byte(seed, masked, max_m, inter, k, expected_m):
     g = len(masked)
-    w = make_weights(g, 2 * inter, k, "cuda")
+    w = make_l1_weights(g, 2 * inter, k, "cuda")
     a = per_token_cast_to_fp8(torch.randn(g * max_m, k, dtype=torch.bfloat16, device="cuda"))
     a = (a[0].view(g, max_m, k), a[1].view(g, max_m, -1))
     weights = torch.rand(g, max_m, device="cuda")

@@ -587,7 +587,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         swiglu_act<kBlockN>(final_acc, w0, w1, act);
         const uint32_t group = t.n_block / 2;
         uint8_t* out = swiglu.act + group * 2 * (kBlockN / 2);
-        float* sf = swiglu.sf + group * swiglu.sf_stride_k;
+        float* sf = swiglu.sf + uint64_t(group) * swiglu.sf_stride_k;
         swiglu_store_pair<kBlockN>(swiglu_held, act, lane, ok0, ok1, out + uint64_t(row0) * swiglu.ld_act,
                                    out + uint64_t(row1) * swiglu.ld_act, sf + uint64_t(row0) * swiglu.sf_stride_m,
                                    sf + uint64_t(row1) * swiglu.sf_stride_m);
