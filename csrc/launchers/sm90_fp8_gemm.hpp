@@ -461,8 +461,15 @@ inline Config plan_swiglu(int m, int n, int k, int num_sms, GemmType type, int n
   const auto stage_bytes = [scale_load](int block_m, int block_n) {
     return sm90_fp8_gemm::stage_bytes(block_m, block_n, scale_load);
   };
-  const Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms, 128, stage_bytes,
-                               [](int bn) { return bn == 128; }, 2);
+  Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms, 128, stage_bytes,
+                         [](int bn) { return bn == 128; }, 2);
+  // No D tile (the epilogue stores from registers): its shared memory goes to the stages.
+  const int per_stage = stage_bytes(t.block_m, t.block_n);
+  const int d_bytes = t.block_m * t.block_n * 2;
+  t.num_stages = std::min(kMaxStages, (kSmemLimit - pipeline_smem(t.block_m, t.block_n, 0, per_stage) + d_bytes) /
+                                          (per_stage + 16));
+  if (const int cap = env_int("MOE_GEMM_STAGES")) t.num_stages = std::min(t.num_stages, cap);
+  t.smem_bytes = pipeline_smem(t.block_m, t.block_n, t.num_stages, per_stage) - d_bytes;
   Config cfg{};
   cfg.fn = fn;
   cfg.type = type;
@@ -513,7 +520,9 @@ inline GeneratedKernel generate(const Config& c) {
   if (c.table_slots > 0 || c.swiglu) os << ", " << c.table_slots;
   if (c.swiglu) os << ", true";
   const std::string table =
-      c.table_slots > 0 ? ", " + std::to_string(c.k / kBlockK) + ", " + std::to_string(c.table_slots) : "";
+      c.table_slots > 0 ? ", " + std::to_string(c.k / kBlockK) + ", " + std::to_string(c.table_slots)
+      : c.swiglu       ? ", 0, 0, false"
+                       : "";
   os << ">);\n"
      << "}\n"
      // The launch's dynamic shared memory is what the kernel lays out (stages, table, barriers).

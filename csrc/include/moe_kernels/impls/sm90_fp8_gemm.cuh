@@ -33,11 +33,12 @@
 namespace moe_kernels {
 
 // kNumKBlocks and kTableSlots size kScaleTmaKMajorTable's slots; other scale loads leave them 0.
+// kStoresD: false for the SwiGLU epilogue, which stores from registers (no D tile).
 template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kNumStages, uint32_t kScaleLoad, uint32_t kNumKBlocks = 0,
-          uint32_t kTableSlots = 0>
+          uint32_t kTableSlots = 0, bool kStoresD = true>
 struct Fp8GemmSmem {
   static constexpr uint32_t kBlockK = 128;
-  static constexpr uint32_t kD = kBlockM * kBlockN * 2;
+  static constexpr uint32_t kD = kStoresD ? kBlockM * kBlockN * 2 : 0;
   static constexpr uint32_t kA = kBlockM * kBlockK;
   static constexpr uint32_t kB = kBlockN * kBlockK;
   // A scales (kSfaRow floats apart), then the two B scales (kSfbStep apart from kSfb).
@@ -129,7 +130,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                      const __grid_constant__ TmaDescriptor map_d, const __grid_constant__ TmaDescriptor map_sfa,
                      const __grid_constant__ TmaDescriptor map_sfb, const SwiGluOut swiglu) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages, kScaleLoad, (kTableSlots > 0 ? kShapeK / 128 : 0), kTableSlots>;
+  using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages, kScaleLoad, (kTableSlots > 0 ? kShapeK / 128 : 0), kTableSlots,
+                           !kSwiGlu>;
   using Wgmma = sm90::Fp8Wgmma<kBlockN>;
   constexpr uint32_t kBlockK = Smem::kBlockK;
   constexpr uint32_t kNumMathWG = fp8_gemm_math_warpgroups(kBlockM);
