@@ -10,6 +10,8 @@ groups of ``--rows`` rows each (A scales MN-major, as the staged backend passes 
 ``--tokens`` valid rows (max_m = tokens). Kernel µs from the profiler with the L2 flushed before each run,
 every kernel of a call counted (the staged pair's two), both interleaved in one profile; time per call
 from Python on an idle stream. "act equal": the fraction of act bytes and scales both give alike.
+``--share-b`` times the fused call against itself in 2-CTA clusters sharing B (``MOE_FP8_MULTICAST=b``)
+instead of against the staged pair.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import argparse
 import torch
 
 import kernels
-from kernels.testing import bench_kineto_interleaved, per_call_us_interleaved
+from kernels.testing import bench_kineto_interleaved, env_call, per_call_us_interleaved
 from moe_runtime.weight_layout import transform_weights_for_mega_moe
 
 
@@ -42,7 +44,7 @@ def agreement(fused, staged) -> float:
     return min(float(same), float((fused[1] == staged[1]).float().mean()))
 
 
-def contiguous_row(g: int, per: int, inter: int, hidden: int, w, w1) -> list[str]:
+def contiguous_row(g: int, per: int, inter: int, hidden: int, w, w1, share_b: bool) -> list[str]:
     m = g * per
     a = activations(m, hidden, True)
     m_indices = torch.arange(g, device="cuda", dtype=torch.int32).repeat_interleave(per)
@@ -59,10 +61,10 @@ def contiguous_row(g: int, per: int, inter: int, hidden: int, w, w1) -> list[str
         kernels.m_grouped_fp8_gemm_nt_swiglu_contiguous(a, w1, (act, act_sf), m_indices, topk)
         return act, act_sf
 
-    return row(f"contiguous {g} x {per}", m, inter, hidden, fused, staged)
+    return row(f"contiguous {g} x {per}", m, inter, hidden, fused, staged, share_b)
 
 
-def masked_row(g: int, tokens: int, inter: int, hidden: int, w, w1) -> list[str]:
+def masked_row(g: int, tokens: int, inter: int, hidden: int, w, w1, share_b: bool) -> list[str]:
     x, sf = activations(g * tokens, hidden, False)
     a = (x.view(g, tokens, hidden), sf.view(g, tokens, -1))
     masked_m = torch.full((g,), tokens, device="cuda", dtype=torch.int32)
@@ -80,11 +82,16 @@ def masked_row(g: int, tokens: int, inter: int, hidden: int, w, w1) -> list[str]
         kernels.m_grouped_fp8_gemm_nt_swiglu_masked(a, w1, (act, act_sf), masked_m, tokens, topk)
         return act, act_sf
 
-    return row(f"masked {g} x {tokens}", g * tokens, inter, hidden, fused, staged)
+    return row(f"masked {g} x {tokens}", g * tokens, inter, hidden, fused, staged, share_b)
 
 
-def row(name: str, m: int, inter: int, hidden: int, fused, staged) -> list[str]:
-    equal = agreement(fused(), staged())
+def row(name: str, m: int, inter: int, hidden: int, fused, staged, share_b: bool) -> list[str]:
+    if share_b:  # the peer: the fused call in clusters sharing B
+        staged = env_call(fused, MOE_FP8_MULTICAST="b")
+        first = tuple(t.clone() for t in fused())
+        equal = agreement(first, staged())
+    else:
+        equal = agreement(fused(), staged())
     t_fused, t_staged = bench_kineto_interleaved([(fused, ""), (staged, "")])
     c_fused, c_staged = per_call_us_interleaved([fused, staged])
     tflops = 2 * m * 2 * inter * hidden / t_fused.median / 1e12
@@ -100,6 +107,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=7168)
     parser.add_argument("--rows", default="512,2048,8192", help="contiguous rows per expert (multiples of 128)")
     parser.add_argument("--tokens", default="1,16,64,256", help="masked rows per expert")
+    parser.add_argument("--share-b", action="store_true", help="the peer: the fused call in clusters sharing B")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_grouped_swiglu.py needs a CUDA device")
@@ -107,13 +115,13 @@ def main() -> None:
     g, inter, hidden = args.experts, args.intermediate, args.hidden
     w, w1 = weights(g, inter, hidden)
     print(f"{torch.cuda.get_device_name()}; {g} experts, N x K = {2 * inter} x {hidden} (L1 of intermediate {inter})")
-    print("| layout | fused µs | staged µs (GEMM + SwiGLU) | speed-up | fused TFLOP/s | per call µs fused / staged "
-          "| act equal |")
+    peer = "fused, B shared (MOE_FP8_MULTICAST=b)" if args.share_b else "staged (GEMM + SwiGLU)"
+    print(f"| layout | fused µs | {peer} µs | speed-up | fused TFLOP/s | per call µs fused / peer | act equal |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     cells = [(contiguous_row, int(r)) for r in args.rows.split(",") if r]
     cells += [(masked_row, int(t)) for t in args.tokens.split(",") if t]
     for make, rows in cells:
-        print("| " + " | ".join(make(g, rows, inter, hidden, w, w1)) + " |", flush=True)
+        print("| " + " | ".join(make(g, rows, inter, hidden, w, w1, args.share_b)) + " |", flush=True)
 
 
 if __name__ == "__main__":

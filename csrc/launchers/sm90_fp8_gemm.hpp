@@ -487,6 +487,13 @@ inline Config plan_swiglu(int m, int n, int k, int num_sms, GemmType type, int n
   cfg.swizzle_d = t.swizzle_d;
   cfg.scale_load = scale_load;
   cfg.scale_warps = scale_load == moe_kernels::kScaleGather ? std::min(scale_warps_setting(), t.num_stages) : 0;
+  // MOE_FP8_MULTICAST=b: 2-CTA clusters of adjacent 128-row m-blocks share each B tile (as plan_config's
+  // =b; not timed against single CTAs yet, so not the default).
+  const char* multicast_env = std::getenv("MOE_FP8_MULTICAST");
+  const bool share_b = multicast_env != nullptr && std::string(multicast_env) == "b" && t.block_m == 128 &&
+                       num_sms % 2 == 0 && m > t.block_m;
+  cfg.multicast = share_b ? 2 : 1;
+  cfg.share_b = share_b ? 1 : 0;
   cfg.splits = false;
   cfg.pdl = env_enabled("MOE_GEMM_PDL") ? 1 : 0;
   const int k_unroll = env_int("MOE_GEMM_K_UNROLL");
