@@ -190,12 +190,7 @@ inline moe_launchers::sm90_fp8_gemm::Args swiglu_args(
   for (const long long v : {ld_act, act_sf_stride_m, act_sf_stride_k}) {
     MOE_HOST_ASSERT(v >= 0 && v < (1ll << 32), "the SwiGLU epilogue's strides must fit 32 bits, got " << v);
   }
-  args.act = act;
-  args.ld_act = ld_act;
-  args.act_sf = act_sf;
-  args.act_sf_stride_m = act_sf_stride_m;
-  args.act_sf_stride_k = act_sf_stride_k;
-  args.weights = weights;
+  args.swiglu = {weights, act, act_sf, ld_act, act_sf_stride_m, act_sf_stride_k};
   return args;
 }
 }  // namespace detail

@@ -107,6 +107,14 @@ inline int stage_bytes(int block_m, int block_n, unsigned scale_load) {
                                                             static_cast<unsigned>(block_n), scale_load));
 }
 
+// The SwiGLU epilogue's outputs (act != 0; Args::d unused): act E4M3 [rows, ld_act], its 1 x 128
+// scales at act_sf with the strides, the rows' fp32 weights. B's scales then have two rows per
+// 128-row block of B (gate half, up half), sfb_stride_n apart.
+struct SwiGluArgs {
+  std::uint64_t weights = 0, act = 0, act_sf = 0;
+  long long ld_act = 0, sf_stride_m = 0, sf_stride_k = 0;
+};
+
 struct Args {
   std::uint64_t a, sfa, b, sfb, d, c;
   long long lda, ldb, ldd, ldc;
@@ -120,15 +128,11 @@ struct Args {
   // (zero before the first launch, left zero by every launch). 0: no workspace, so no split.
   std::uint64_t split_workspace = 0;
   std::uint64_t split_workspace_bytes = 0;
-  // The SwiGLU epilogue's outputs (act != 0; d unused): act E4M3 [rows, ld_act], its 1 x 128 scales
-  // at act_sf with the strides, the rows' fp32 weights. B's scales then have two rows per 128-row
-  // block of B (gate half, up half), sfb_stride_n apart.
-  std::uint64_t weights = 0, act = 0, act_sf = 0;
-  long long ld_act = 0, act_sf_stride_m = 0, act_sf_stride_k = 0;
+  SwiGluArgs swiglu = {};
 };
 
 // Rows of B's scales per group: one per 128-row block, two under the SwiGLU epilogue.
-inline long long sfb_rows_per_group(const Args& a, int n) { return a.act != 0 ? n / 64 : (n + 127) / 128; }
+inline long long sfb_rows_per_group(const Args& a, int n) { return a.swiglu.act != 0 ? n / 64 : (n + 127) / 128; }
 
 // The scales as 2-D views for TMA: A's over its rows (kGroupedMasked: groups x max_m) and K blocks,
 // B's over groups x ceil(N / 128) rows and K blocks. Row stride of a view (elements), or -1 where
@@ -566,7 +570,7 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
                                      static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK,
                                      c.block_n / b_share, CU_TENSOR_MAP_SWIZZLE_128B, "B");
   // Per-warpgroup epilogues store 64-row stripes. The SwiGLU epilogue writes no D.
-  MOE_HOST_ASSERT((a.act != 0) == (c.swiglu != 0), c.fn << ": the plan and the arguments disagree on the SwiGLU epilogue");
+  MOE_HOST_ASSERT((a.swiglu.act != 0) == (c.swiglu != 0), c.fn << ": the plan and the arguments disagree on the SwiGLU epilogue");
   const CUtensorMap map_d = c.swiglu ? CUtensorMap{}
                                      : make_tma_d(c.fn, a.d, c.n, a.m, a.ldd, c.block_n, c.wg_store ? 64 : c.block_m,
                                                   c.swizzle_d, masked, a.num_groups);
@@ -635,10 +639,11 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
                   static_cast<std::uint32_t>(k_blocks / splits), static_cast<std::uint32_t>(k_blocks % splits),
                   reinterpret_cast<float*>(a.split_workspace),
                   reinterpret_cast<int*>(split_counters), map_a, map_b, map_d, map_sfa, map_sfb,
-                  moe_kernels::SwiGluOut{reinterpret_cast<const float*>(a.weights),
-                                         reinterpret_cast<unsigned char*>(a.act), reinterpret_cast<float*>(a.act_sf),
-                                         static_cast<unsigned>(a.ld_act), static_cast<unsigned>(a.act_sf_stride_m),
-                                         static_cast<unsigned>(a.act_sf_stride_k)});
+                  moe_kernels::SwiGluOut{reinterpret_cast<const float*>(a.swiglu.weights),
+                                         reinterpret_cast<unsigned char*>(a.swiglu.act),
+                                         reinterpret_cast<float*>(a.swiglu.act_sf), static_cast<unsigned>(a.swiglu.ld_act),
+                                         static_cast<unsigned>(a.swiglu.sf_stride_m),
+                                         static_cast<unsigned>(a.swiglu.sf_stride_k)});
 }
 
 // A planned sfa_copy's arguments (the plan checked that the copy fits the workspace's room): A's
