@@ -307,7 +307,7 @@ def test_fused_swiglu_equals_the_staged_pair(seed, monkeypatch, device, num_toke
     want = staged_layer(x)
     monkeypatch.setenv("MOE_STAGED_FUSED_SWIGLU", "1")
     got = staged_layer(x)
-    assert staged_layer._backend(torch.device(device))[1]._w13_interleaved is not None, "the fused path did not run"
+    assert staged_layer._backend(x.device)[1]._w13_interleaved is not None, "the fused path did not run"
     assert torch.equal(got, want)
     assert calc_diff(got, reference_layer(x)) < kTolerance
 

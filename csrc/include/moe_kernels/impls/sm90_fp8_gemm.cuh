@@ -505,6 +505,21 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
 #pragma unroll
     for (uint32_t i = 0; i < kNumWaves * Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
     if constexpr (kScaleTable) acquire_sfa();
+    constexpr bool kMasked = kType == GemmType::kGroupedMasked;
+    // kSwiGlu: the thread's two rows and their weights, loaded before the K loop so that the epilogue
+    // does not wait on global memory. Rows past M (or a masked group's count) are neither read nor written.
+    [[maybe_unused]] uint32_t row0 = 0, row1 = 0;
+    [[maybe_unused]] bool ok0 = false, ok1 = false;
+    [[maybe_unused]] float w0 = 0.0f, w1 = 0.0f;
+    if constexpr (kSwiGlu) {
+      const uint32_t rows = kMasked ? scheduler.masked_rows(t) : min(m - t.m_block * kBlockM, kBlockM);
+      ok0 = tile_row0 < rows;
+      ok1 = tile_row0 + 8 < rows;
+      row0 = a_row0(t) + tile_row0;
+      row1 = row0 + 8;
+      if (ok0) w0 = __ldg(swiglu.weights + row0);
+      if (ok1) w1 = __ldg(swiglu.weights + row1);
+    }
 
     const auto k_loop = [&](auto split) {
       const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
@@ -575,13 +590,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         return;
       }
     }
-    constexpr bool kMasked = kType == GemmType::kGroupedMasked;
     if constexpr (kSwiGlu) {
-      // Rows past M (or a masked group's count) are neither read nor written.
-      const uint32_t rows = kMasked ? scheduler.masked_rows(t) : min(m - t.m_block * kBlockM, kBlockM);
-      const bool ok0 = tile_row0 < rows, ok1 = tile_row0 + 8 < rows;
-      const uint32_t row0 = a_row0(t) + tile_row0, row1 = row0 + 8;
-      const float w0 = ok0 ? __ldg(swiglu.weights + row0) : 0.0f, w1 = ok1 ? __ldg(swiglu.weights + row1) : 0.0f;
       if (t.n_block % 2 == 0) {
         swiglu_act<kBlockN>(final_acc, w0, w1, swiglu_held);
       } else {
