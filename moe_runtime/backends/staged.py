@@ -511,12 +511,9 @@ class StagedExperts(Experts):
         if m == 0:
             return out
         rows, groups = dispatched.masked_max_m, self.experts.gate_up.shape[0]
-        if self.fused_swiglu_ok and os.environ.get("MOE_STAGED_FUSED_SWIGLU", "0") == "1":
-            return self._apply_fused(dispatched, out, rows, groups)
-        h = torch.empty((m, 2 * inter), dtype=torch.bfloat16, device=device)
         if rows:
-            def grouped(t: torch.Tensor) -> torch.Tensor:  # [E_l x rows (+ spare), C] -> [E_l, rows, C]
-                return t[: groups * rows].view(groups, rows, t.shape[-1])
+            def grouped(t: torch.Tensor) -> torch.Tensor:  # [E_l x rows (+ spare), ...] -> [E_l, rows, ...]
+                return t[: groups * rows].view(groups, rows, *t.shape[1:])
 
             expected = dispatched.expected_m or rows
 
@@ -539,51 +536,42 @@ class StagedExperts(Experts):
         x_sf = dispatched.x_sf
         if mn_major and self.mn_major_l1:
             x_sf = kernels.get_mn_major_tma_aligned_tensor(x_sf)
-        gemm((dispatched.x, x_sf), w13, h)
-        # SwiGLU x top-k weight, quantized per 1x128 in one launch (masked layout: the rows that
-        # arrived only).
-        if rows:  # the groups' rows only (the one-rank decode layout keeps spare rows after them)
-            act_fp8 = kernels.swiglu_quant_fp8(h[: groups * rows], dispatched.topk_weights[: groups * rows],
-                                               dispatched.masked_m, rows)
+        mn_major_act = mn_major and self.mn_major_l2
+        if self.fused_swiglu_ok and os.environ.get("MOE_STAGED_FUSED_SWIGLU", "0") == "1":
+            act_fp8 = self._fused_l1(dispatched, x_sf, grouped if rows else None, expected if rows else 0, mn_major_act)
         else:
-            act_fp8 = kernels.swiglu_quant_fp8(h, dispatched.topk_weights, mn_major_sf=mn_major and self.mn_major_l2)
-        del h
+            h = torch.empty((m, 2 * inter), dtype=torch.bfloat16, device=device)
+            gemm((dispatched.x, x_sf), w13, h)
+            # SwiGLU x top-k weight, quantized per 1x128 in one launch (masked layout: the rows that
+            # arrived only).
+            if rows:  # the groups' rows only (the one-rank decode layout keeps spare rows after them)
+                act_fp8 = kernels.swiglu_quant_fp8(h[: groups * rows], dispatched.topk_weights[: groups * rows],
+                                                   dispatched.masked_m, rows)
+            else:
+                act_fp8 = kernels.swiglu_quant_fp8(h, dispatched.topk_weights, mn_major_sf=mn_major_act)
+            del h
         gemm(act_fp8, w2, out)
         return out
 
-    def _interleaved_w13(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fused_l1(self, dispatched: "StagedDispatchResult", x_sf: torch.Tensor, grouped, expected: int,
+                  mn_major_act: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(act, act_sf) of the L1 GEMM with the SwiGLU epilogue (FP8 weights, interleaved on first use);
+        ``grouped`` and ``expected``: apply()'s view of the masked layout's groups and its expected rows,
+        None for the contiguous layout."""
         if self._w13_interleaved is None:
             self._w13_interleaved = tuple(transform_weights_for_mega_moe(self.w13, self.w2).l1)
-        return self._w13_interleaved
-
-    def _apply_fused(self, dispatched: "StagedDispatchResult", out: torch.Tensor, rows: int,
-                     groups: int) -> torch.Tensor:
-        """apply() with the SwiGLU epilogue in the L1 GEMM (FP8 weights)."""
-        m, inter, device = dispatched.x.shape[0], self.intermediate, dispatched.x.device
-        w13 = self._interleaved_w13()
-        topk = dispatched.topk_weights.reshape(-1)
-        act = torch.empty((m, inter), dtype=torch.float8_e4m3fn, device=device)
-        if rows:
-            def grouped(t: torch.Tensor) -> torch.Tensor:  # [E_l x rows (+ spare), C] -> [E_l, rows, C]
-                return t[: groups * rows].view(groups, rows, *t.shape[1:])
-
-            act_sf = torch.empty((m, inter // 128), dtype=torch.float32, device=device)
-            expected = dispatched.expected_m or rows
-            x = (grouped(dispatched.x), grouped(dispatched.x_sf))
-            kernels.m_grouped_fp8_gemm_nt_swiglu_masked(x, w13, (grouped(act), grouped(act_sf)), dispatched.masked_m,
-                                                        expected, grouped(topk.contiguous()))
-            self.masked_gemm((grouped(act), grouped(act_sf)), self.w2, grouped(out), dispatched.masked_m, expected)
-            return out
-        mn_major = os.environ.get("MOE_STAGED_MN_MAJOR_SF", "1") != "0"
-        x_sf = dispatched.x_sf
-        if mn_major and self.mn_major_l1:
-            x_sf = kernels.get_mn_major_tma_aligned_tensor(x_sf)
-        act_sf = kernels.layout.empty_activation_scales(m, inter // 128, mn_major and self.mn_major_l2, device)
-        kernels.m_grouped_fp8_gemm_nt_swiglu_contiguous((dispatched.x, x_sf), w13, (act, act_sf), dispatched.m_indices,
-                                                        topk.contiguous())
-        self.gemm((act, act_sf), self.w2, out, dispatched.m_indices)
-        return out
-
+        m, groups, device = dispatched.x.shape[0], self.intermediate // 128, dispatched.x.device
+        act = torch.empty((m, self.intermediate), dtype=torch.float8_e4m3fn, device=device)
+        act_sf = kernels.layout.empty_activation_scales(m, groups, mn_major_act, device)
+        topk = dispatched.topk_weights.reshape(-1).contiguous()
+        if grouped is None:
+            kernels.m_grouped_fp8_gemm_nt_swiglu_contiguous((dispatched.x, x_sf), self._w13_interleaved, (act, act_sf),
+                                                            dispatched.m_indices, topk)
+        else:
+            kernels.m_grouped_fp8_gemm_nt_swiglu_masked(
+                (grouped(dispatched.x), grouped(x_sf)), self._w13_interleaved, (grouped(act), grouped(act_sf)),
+                dispatched.masked_m, expected, grouped(topk))
+        return act, act_sf
 
 def create(problem: MoEProblem, experts: LocalExperts, group) -> tuple[DispatchCombine, Experts]:
     """The staged pair for ``problem`` (collective over ``group`` when it has several ranks: the
