@@ -42,16 +42,24 @@ struct Tiles {
   long long waves;   // sixteenths of a wave
 };
 
-// Shared-memory bytes of a pipeline: the D tile plus `stages` stages of `stage_bytes`, plus the
-// two mbarriers of each stage.
-inline int pipeline_smem(int block_m, int block_n, int stages, int stage_bytes) {
-  return block_m * block_n * 2 + stages * stage_bytes + 2 * stages * 8;
+// Shared-memory bytes of a pipeline: the D tile (unless the epilogue stores from registers) plus
+// `stages` stages of `stage_bytes`, plus the two mbarriers of each stage.
+inline int pipeline_smem(int block_m, int block_n, int stages, int stage_bytes, bool with_d = true) {
+  return (with_d ? block_m * block_n * 2 : 0) + stages * stage_bytes + 2 * stages * 8;
 }
 
 // An integer environment switch, 0 when unset or empty.
 inline int env_int(const char* name) {
   const char* value = std::getenv(name);
   return value == nullptr || *value == '\0' ? 0 : std::atoi(value);
+}
+
+// Pipeline stages of `per_stage` bytes (and their two mbarriers) that fit in shared memory beside
+// `fixed` bytes: at most kMaxStages, and at most MOE_GEMM_STAGES where that is set.
+inline int stages_beside(int fixed, int per_stage) {
+  const int stages = std::min(kMaxStages, (kSmemLimit - fixed) / (per_stage + 16));
+  const int cap = env_int("MOE_GEMM_STAGES");
+  return cap != 0 ? std::min(stages, cap) : stages;
 }
 
 // The tail split of dense FP8 GEMMs (common/scheduler.cuh): a last wave holding fewer tiles than
@@ -161,12 +169,10 @@ Tiles choose_tiles(const char* fn, long long problems, int m, int n, int num_sms
     t.block_n = forced;
   }
   const int per_stage = stage_bytes(t.block_m, t.block_n);
-  const int fixed = pipeline_smem(t.block_m, t.block_n, 0, per_stage);
-  t.num_stages = std::min(kMaxStages, (kSmemLimit - fixed) / (per_stage + 16));
   if (const int cap = env_int("MOE_GEMM_STAGES")) {
     MOE_HOST_ASSERT(cap >= 2, fn << ": MOE_GEMM_STAGES must be at least 2, got " << cap);
-    t.num_stages = std::min(t.num_stages, cap);
   }
+  t.num_stages = stages_beside(pipeline_smem(t.block_m, t.block_n, 0, per_stage), per_stage);
   MOE_HOST_ASSERT(t.num_stages >= 2,
                   fn << ": no pipeline fits shared memory for block " << t.block_m << "x" << t.block_n);
   t.smem_bytes = pipeline_smem(t.block_m, t.block_n, t.num_stages, per_stage);

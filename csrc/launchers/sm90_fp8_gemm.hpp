@@ -206,9 +206,7 @@ inline bool fit_sfa_slots(Tiles& t, int k, unsigned scale_load, int slots_count,
       fp8_gemm_sfa_slots_bytes(static_cast<unsigned>(t.block_m), k_blocks, scale_load, count) +
       fp8_gemm_sfa_slot_barrier_bytes(count));
   const int per_stage = stage_bytes(t.block_m, t.block_n, scale_load);
-  int stages = std::min(kMaxStages, (kSmemLimit - pipeline_smem(t.block_m, t.block_n, 0, per_stage) - slots) /
-                                        (per_stage + 16));
-  if (const int cap = env_int("MOE_GEMM_STAGES")) stages = std::min(stages, cap);
+  const int stages = stages_beside(pipeline_smem(t.block_m, t.block_n, 0, per_stage) + slots, per_stage);
   if (stages < min_stages) return false;
   t.num_stages = stages;
   t.smem_bytes = pipeline_smem(t.block_m, t.block_n, stages, per_stage) + slots;
@@ -469,11 +467,8 @@ inline Config plan_swiglu(int m, int n, int k, int num_sms, GemmType type, int n
                          [](int bn) { return bn == 128; }, 2);
   // No D tile (the epilogue stores from registers): its shared memory goes to the stages.
   const int per_stage = stage_bytes(t.block_m, t.block_n);
-  const int d_bytes = t.block_m * t.block_n * 2;
-  t.num_stages = std::min(kMaxStages, (kSmemLimit - pipeline_smem(t.block_m, t.block_n, 0, per_stage) + d_bytes) /
-                                          (per_stage + 16));
-  if (const int cap = env_int("MOE_GEMM_STAGES")) t.num_stages = std::min(t.num_stages, cap);
-  t.smem_bytes = pipeline_smem(t.block_m, t.block_n, t.num_stages, per_stage) - d_bytes;
+  t.num_stages = stages_beside(pipeline_smem(t.block_m, t.block_n, 0, per_stage, false), per_stage);
+  t.smem_bytes = pipeline_smem(t.block_m, t.block_n, t.num_stages, per_stage, false);
   Config cfg{};
   cfg.fn = fn;
   cfg.type = type;
