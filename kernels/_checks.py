@@ -85,16 +85,21 @@ def writable(t: torch.Tensor) -> bool:
                 or (t.is_inference() and not torch.is_inference_mode_enabled()))
 
 
+def check_writable(fn: str, name: str, t: torch.Tensor) -> None:
+    """A tensor a kernel writes in place must be :func:`writable`; the error says why it is not."""
+    if not writable(t):
+        why = ("requires grad with grad mode on (autograd cannot record the kernel's write: pass one that does not, "
+               "or call under torch.no_grad())" if t.requires_grad else
+               "is an inference tensor outside inference mode (call under torch.inference_mode(), or pass another)")
+        fail(fn, ValueError, f"{name} is written in place but {why}")
+
+
 def check_output(fn: str, d: object, shape: tuple[int, ...]) -> torch.Tensor:
     check_dense_args(fn, d=d)
     if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or tuple(d.shape) != tuple(shape):
         fail(fn, ValueError, f"d must be a bfloat16 tensor of shape {list(shape)}, got "
                              f"{getattr(d, 'dtype', type(d).__name__)} {list(getattr(d, 'shape', ()))}")
-    if not writable(d):
-        why = ("requires grad with grad mode on (autograd cannot record the kernel's write: pass one that does not, "
-               "or call under torch.no_grad())" if d.requires_grad else
-               "is an inference tensor outside inference mode (call under torch.inference_mode(), or pass another)")
-        fail(fn, ValueError, f"d is written in place but {why}")
+    check_writable(fn, "d", d)
     stride = d.stride()
     if stride[-1] != 1 or stride[-2] % 8 != 0 or stride[-2] < shape[-1] or \
             (d.dim() == 3 and d.shape[0] > 1 and d.shape[1] > 0 and stride[0] != d.shape[1] * stride[1]):

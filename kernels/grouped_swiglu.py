@@ -73,9 +73,7 @@ def _check_outputs(fn: str, d: object, rows: tuple[int, ...], inter: int) -> tup
         _checks.fail(fn, ValueError, f"d[1] (act_sf) must hold every (row, group) scale at its own address "
                                      f"(no overlapping or broadcast elements), got strides {act_sf.stride()}")
     for name, t in (("d[0] (act)", act), ("d[1] (act_sf)", act_sf)):
-        if not _checks.writable(t):
-            _checks.fail(fn, ValueError, f"{name} must be writable, got a tensor that autograd or inference mode "
-                                         "forbids writing in place")
+        _checks.check_writable(fn, name, t)
         if len(rows) == 2 and rows[0] > 1 and rows[1] and t.stride(0) != rows[1] * t.stride(1):
             _checks.fail(fn, ValueError, f"{name} must stack its groups without gaps (stride[0] == max_m * "
                                          f"stride[1]), got strides {t.stride()}")

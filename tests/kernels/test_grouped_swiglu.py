@@ -153,6 +153,8 @@ def _args(g=2, m=8, inter=128, k=256):
     (lambda kw: kw.update(d=(kw["d"][0].as_strided((256, 128), (64, 1)), kw["d"][1])),
      r"row stride of at least I = 128"),
     (lambda kw: kw.update(d=(kw["d"][0], torch.zeros(1, 1).expand(256, 1))), r"its own address"),
+    (lambda kw: kw.update(d=(kw["d"][0], torch.zeros(256, 1, requires_grad=True))),
+     r"d\[1\] \(act_sf\) is written in place but requires grad"),
     (lambda kw: kw.update(d=(kw["d"][0], torch.zeros(1, 1).as_strided((256, 1), (0, 1)))), r"its own address"),
     (lambda kw: kw.update(weights=kw["weights"][:3]), r"weights must be a contiguous float32 tensor of shape \[256\]"),
     (lambda kw: kw.update(weights=kw["weights"].double()), r"weights must be a contiguous float32"),
