@@ -203,9 +203,9 @@ inline void m_grouped_fp8_gemm_nt_swiglu_contiguous(
     std::uint64_t stream) {
   namespace L = moe_launchers::sm90_fp8_gemm;
   constexpr auto kType = L::GemmType::kGroupedContiguous;
-  const auto args = detail::swiglu_args(a, lda, sfa, sfa_stride_m, sfa_stride_k, b, ldb, sfb, sfb_stride_g, sfb_stride_n,
-                                        sfb_stride_k, act, ld_act, act_sf, act_sf_stride_m, act_sf_stride_k, weights,
-                                        m_indices, m, num_groups, device, stream);
+  const auto args = detail::swiglu_args(a, lda, sfa, sfa_stride_m, sfa_stride_k, b, ldb, sfb, sfb_stride_g,
+                                        sfb_stride_n, sfb_stride_k, act, ld_act, act_sf, act_sf_stride_m,
+                                        act_sf_stride_k, weights, m_indices, m, num_groups, device, stream);
   L::launch(L::get_swiglu_config(m, n, k, moe_jit::get_num_sms(device), kType, num_groups,
                                  L::scale_layout_for(kType, args, n, k)),
             args);
@@ -220,9 +220,9 @@ inline void m_grouped_fp8_gemm_nt_swiglu_masked(
   namespace L = moe_launchers::sm90_fp8_gemm;
   constexpr auto kType = L::GemmType::kGroupedMasked;
   MOE_HOST_ASSERT(expected_m >= 1, "m_grouped_fp8_gemm_nt_swiglu_masked: expected_m must be >= 1, got " << expected_m);
-  const auto args = detail::swiglu_args(a, lda, sfa, sfa_stride_m, sfa_stride_k, b, ldb, sfb, sfb_stride_g, sfb_stride_n,
-                                        sfb_stride_k, act, ld_act, act_sf, act_sf_stride_m, act_sf_stride_k, weights,
-                                        masked_m, max_m, num_groups, device, stream);
+  const auto args = detail::swiglu_args(a, lda, sfa, sfa_stride_m, sfa_stride_k, b, ldb, sfb, sfb_stride_g,
+                                        sfb_stride_n, sfb_stride_k, act, ld_act, act_sf, act_sf_stride_m,
+                                        act_sf_stride_k, weights, masked_m, max_m, num_groups, device, stream);
   L::launch(L::get_swiglu_config(std::min(expected_m, max_m), n, k, moe_jit::get_num_sms(device), kType, num_groups,
                                  L::scale_layout_for(kType, args, n, k)),
             args);
@@ -327,12 +327,12 @@ inline void register_apis(pybind11::module_& m) {
         "grouped D[g] = A[g] @ B[g]^T over the first masked_m[g] rows; raw pointers, strides in elements");
   m.def("m_grouped_fp8_gemm_nt_swiglu_contiguous", &m_grouped_fp8_gemm_nt_swiglu_contiguous,
         pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "grouped act = SwiGLU(A @ B[g]^T) x weight, quantized 1 x 128, over contiguous row blocks (m_indices); B gate/up "
-        "interleaved; raw pointers, strides in elements");
+        "grouped act = SwiGLU(A @ B[g]^T) x weight, quantized 1 x 128, over contiguous row blocks (m_indices); "
+        "B gate/up interleaved; raw pointers, strides in elements");
   m.def("m_grouped_fp8_gemm_nt_swiglu_masked", &m_grouped_fp8_gemm_nt_swiglu_masked,
         pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "grouped act[g] = SwiGLU(A[g] @ B[g]^T) x weight, quantized 1 x 128, over the first masked_m[g] rows; B gate/up "
-        "interleaved; raw pointers, strides in elements");
+        "grouped act[g] = SwiGLU(A[g] @ B[g]^T) x weight, quantized 1 x 128, over the first masked_m[g] rows; "
+        "B gate/up interleaved; raw pointers, strides in elements");
   m.def(
       "fp8_gemm_nt_swiglu_code",
       [](int m_, int n, int k, int num_sms, int gemm_type, int num_groups, int scale_load) {

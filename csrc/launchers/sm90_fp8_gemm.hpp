@@ -565,7 +565,8 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
                                      static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK,
                                      c.block_n / b_share, CU_TENSOR_MAP_SWIZZLE_128B, "B");
   // Per-warpgroup epilogues store 64-row stripes. The SwiGLU epilogue writes no D.
-  MOE_HOST_ASSERT((a.swiglu.act != 0) == (c.swiglu != 0), c.fn << ": the plan and the arguments disagree on the SwiGLU epilogue");
+  MOE_HOST_ASSERT((a.swiglu.act != 0) == (c.swiglu != 0),
+                  c.fn << ": the plan and the arguments disagree on the SwiGLU epilogue");
   const CUtensorMap map_d = c.swiglu ? CUtensorMap{}
                                      : make_tma_d(c.fn, a.d, c.n, a.m, a.ldd, c.block_n, c.wg_store ? 64 : c.block_m,
                                                   c.swizzle_d, masked, a.num_groups);
@@ -636,7 +637,8 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
                   reinterpret_cast<int*>(split_counters), map_a, map_b, map_d, map_sfa, map_sfb,
                   moe_kernels::SwiGluOut{reinterpret_cast<const float*>(a.swiglu.weights),
                                          reinterpret_cast<unsigned char*>(a.swiglu.act),
-                                         reinterpret_cast<float*>(a.swiglu.act_sf), static_cast<unsigned>(a.swiglu.ld_act),
+                                         reinterpret_cast<float*>(a.swiglu.act_sf),
+                                         static_cast<unsigned>(a.swiglu.ld_act),
                                          static_cast<unsigned>(a.swiglu.sf_stride_m),
                                          static_cast<unsigned>(a.swiglu.sf_stride_k)});
 }

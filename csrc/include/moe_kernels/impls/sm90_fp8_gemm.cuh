@@ -214,9 +214,11 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // The first tile of a pair holds its act (kActFloats registers) through the second's K loop: one
   // wave of 128 x 128 or 64 x 128 tiles, no third accumulator set, clusters only sharing B (both CTAs
   // walk the same pairs), the tail split off (the launcher plans none).
-  static_assert(!kSwiGlu || (kBlockN == 128 && kNumWaves == 1 && !kOverlap && (kNumMulticast == 1 || kShareB) && !kWgStore &&
-                             kShapeN % (2 * kBlockN) == 0 && kResidual == 0 && kScaleLoad != kScaleTmaKMajorTable),
-                "SwiGLU epilogue: 64 x 128 or 128 x 128 tiles without overlap, clusters or residual, N a multiple of 256");
+  static_assert(!kSwiGlu || (kBlockN == 128 && kNumWaves == 1 && !kOverlap && (kNumMulticast == 1 || kShareB) &&
+                             !kWgStore && kShapeN % (2 * kBlockN) == 0 && kResidual == 0 &&
+                             kScaleLoad != kScaleTmaKMajorTable),
+                "SwiGLU epilogue: 64 x 128 or 128 x 128 tiles without overlap, residual or clusters sharing A, "
+                "N a multiple of 256");
   constexpr uint32_t kHalfRowsB = kBlockN / 2;
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
