@@ -21,7 +21,7 @@ import torch
 
 from . import _checks, _descriptors, jit
 from .layout import empty_activation_scales
-from .quant import per_token_cast_to_fp8
+from .reference import swiglu as reference_swiglu
 
 _OUT_DTYPES = (torch.bfloat16, torch.float32)
 kCombineMaxTopK = 64  # the CUDA kernels' slot loops; more slots take the torch path
@@ -289,11 +289,8 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
 
 def _swiglu_quant_reference(h: torch.Tensor, weights: torch.Tensor,
                             mn_major_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    inter = h.shape[1] // 2
-    act = torch.nn.functional.silu(h[:, :inter].float()).mul_(h[:, inter:]).mul_(weights.view(-1, 1))
-    # ``act`` follows h's layout: a column-major h (which the CUDA path copies) must not reach the
-    # quantizer, which takes rows with a contiguous last dim.
-    return per_token_cast_to_fp8(act.contiguous(), use_ue8m0=False, gran_k=128, mn_major_sf=mn_major_sf)
+    act, sf = reference_swiglu.swiglu_quant(h, weights)
+    return act, (empty_activation_scales(h.shape[0], sf.shape[1], True, h.device).copy_(sf) if mn_major_sf else sf)
 
 
 def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Tensor | None = None,

@@ -36,6 +36,8 @@ def swiglu_quant(h: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, 
     """bf16 ``h`` [M, 2I] as ``[gate | up]``, float32 ``weights`` [M] -> (act E4M3 [M, I], sf float32 [M, I/128])."""
     inter = h.shape[-1] // 2
     act = torch.nn.functional.silu(h[:, :inter].float()).mul_(h[:, inter:].float()).mul_(weights.reshape(-1, 1))
+    # ``act`` follows h's layout: a column-major h must not reach the quantizer, which takes rows with a
+    # contiguous last dim.
     return per_token_cast_to_fp8(act.contiguous(), use_ue8m0=False, gran_k=128)
 
 
