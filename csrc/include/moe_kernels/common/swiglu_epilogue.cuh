@@ -80,4 +80,38 @@ __device__ __forceinline__ void swiglu_store_pair(const float* first, const floa
   }
 }
 
+// The thread's two rows of a tile (tile rows tile_row0 and tile_row0 + 8, A rows row0 and row1) and
+// their weights, loaded before the K loop so that the epilogue does not wait on global memory. Rows
+// at or past the tile's `rows` (M, or a masked group's count) are neither read nor written.
+struct SwiGluRows {
+  uint32_t row0 = 0, row1 = 0;
+  bool ok0 = false, ok1 = false;
+  float w0 = 0.0f, w1 = 0.0f;
+
+  __device__ __forceinline__ SwiGluRows(const float* weights, uint32_t a_row0, uint32_t tile_row0, uint32_t rows)
+      : row0(a_row0 + tile_row0), row1(a_row0 + tile_row0 + 8), ok0(tile_row0 < rows), ok1(tile_row0 + 8 < rows) {
+    if (ok0) w0 = __ldg(weights + row0);
+    if (ok1) w1 = __ldg(weights + row1);
+  }
+};
+
+// A tile's epilogue: n-block 2p's act waits in `held` for n-block 2p + 1's, whose epilogue
+// quantizes and stores the pair's 128 act columns, [128p, 128p + 128), one scale group.
+template <uint32_t kBlockN>
+__device__ __forceinline__ void swiglu_epilogue(const float* final_acc, float* held, uint32_t n_block,
+                                                const SwiGluRows& r, const SwiGluOut& out, uint32_t lane) {
+  if (n_block % 2 == 0) {
+    swiglu_act<kBlockN>(final_acc, r.w0, r.w1, held);
+    return;
+  }
+  float act[SwiGluTile<kBlockN>::kActFloats];
+  swiglu_act<kBlockN>(final_acc, r.w0, r.w1, act);
+  const uint32_t group = n_block / 2;
+  uint8_t* act_cols = out.act + group * 2 * (kBlockN / 2);
+  float* sf = out.sf + uint64_t(group) * out.sf_stride_k;
+  swiglu_store_pair<kBlockN>(held, act, lane, r.ok0, r.ok1, act_cols + uint64_t(r.row0) * out.ld_act,
+                             act_cols + uint64_t(r.row1) * out.ld_act, sf + uint64_t(r.row0) * out.sf_stride_m,
+                             sf + uint64_t(r.row1) * out.sf_stride_m);
+}
+
 }  // namespace moe_kernels

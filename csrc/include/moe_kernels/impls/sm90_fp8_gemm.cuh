@@ -508,20 +508,15 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     for (uint32_t i = 0; i < kNumWaves * Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
     if constexpr (kScaleTable) acquire_sfa();
     constexpr bool kMasked = kType == GemmType::kGroupedMasked;
-    // kSwiGlu: the thread's two rows and their weights, loaded before the K loop so that the epilogue
-    // does not wait on global memory. Rows past M (or a masked group's count) are neither read nor written.
-    [[maybe_unused]] uint32_t row0 = 0, row1 = 0;
-    [[maybe_unused]] bool ok0 = false, ok1 = false;
-    [[maybe_unused]] float w0 = 0.0f, w1 = 0.0f;
-    if constexpr (kSwiGlu) {
-      const uint32_t rows = kMasked ? scheduler.masked_rows(t) : min(m - t.m_block * kBlockM, kBlockM);
-      ok0 = tile_row0 < rows;
-      ok1 = tile_row0 + 8 < rows;
-      row0 = a_row0(t) + tile_row0;
-      row1 = row0 + 8;
-      if (ok0) w0 = __ldg(swiglu.weights + row0);
-      if (ok1) w1 = __ldg(swiglu.weights + row1);
-    }
+    // kSwiGlu: the thread's rows and their weights (every lane's, for the amax shuffles).
+    [[maybe_unused]] const auto swiglu_rows = [&] {
+      if constexpr (kSwiGlu) {
+        return SwiGluRows(swiglu.weights, a_row0(t), tile_row0,
+                          kMasked ? scheduler.masked_rows(t) : min(m - t.m_block * kBlockM, kBlockM));
+      } else {
+        return 0;
+      }
+    }();
 
     const auto k_loop = [&](auto split) {
       const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
@@ -593,18 +588,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       }
     }
     if constexpr (kSwiGlu) {
-      if (t.n_block % 2 == 0) {
-        swiglu_act<kBlockN>(final_acc, w0, w1, swiglu_held);
-      } else {
-        float act[SwiGluTile<kBlockN>::kActFloats];
-        swiglu_act<kBlockN>(final_acc, w0, w1, act);
-        const uint32_t group = t.n_block / 2;
-        uint8_t* out = swiglu.act + group * 2 * (kBlockN / 2);
-        float* sf = swiglu.sf + uint64_t(group) * swiglu.sf_stride_k;
-        swiglu_store_pair<kBlockN>(swiglu_held, act, lane, ok0, ok1, out + uint64_t(row0) * swiglu.ld_act,
-                                   out + uint64_t(row1) * swiglu.ld_act, sf + uint64_t(row0) * swiglu.sf_stride_m,
-                                   sf + uint64_t(row1) * swiglu.sf_stride_m);
-      }
+      swiglu_epilogue<kBlockN>(final_acc, swiglu_held, t.n_block, swiglu_rows, swiglu, lane);
       return;
     }
     store_tile<kBlockM, kBlockN, kSwizzleDBytes, kResidualType, kMasked, kNumMathThreads, kNumWaves, kWaveRows,
