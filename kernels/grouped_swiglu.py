@@ -3,9 +3,10 @@ with one float32 scale per 1 x 128, written by the GEMM itself, so the bf16 ``[g
 ([M, 2I], 4 I bytes a row) are neither stored nor read back by a second kernel
 (:func:`kernels.swiglu_quant_fp8`). The result is what ``m_grouped_fp8_gemm_nt_*`` into bf16 followed
 by ``swiglu_quant_fp8`` give: every accumulator is rounded to bf16 before SwiGLU, as that path's D is.
-Not yet faster than that pair (H100, 32 experts of 4096 x 7168: 0.72-0.83x its time at 512-8192 rows per
-expert, 0.92-1.01x masked; bench/RESULTS.md, session 37): its 128-column tiles run slower than the pair's
-128 x 192 ones and its epilogue keeps the tensor cores idle.
+Not yet faster than that pair (H100, 32 experts of 4096 x 7168: 0.70-0.83x its time at 512-8192 rows per
+expert, 0.90-1.01x masked; bench/RESULTS.md, sessions 37-38): its 128-column tiles run slower than the
+pair's 128 x 192 ones, and its epilogue keeps the tensor cores idle (both math warpgroups run it at once;
+shortening its instruction latency bought nothing, session 38).
 
 Weights (the ``l1`` of ``moe_runtime.transform_weights_for_mega_moe(..., target="sm90")``):
 ``b = (B [G, 2I, K] float8_e4m3fn, SFB [G, 2I/128, 2, K/128] float32)``. B's rows are gate/up
