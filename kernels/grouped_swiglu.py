@@ -30,6 +30,8 @@ stream, CPU tensors :mod:`kernels.reference.swiglu`.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import _checks, _descriptors, jit
@@ -70,21 +72,23 @@ def _check_outputs(fn: str, d: object, rows: tuple[int, ...], inter: int) -> tup
         _checks.fail(fn, ValueError, f"d[1] (act_sf) must be a float32 tensor of shape {list(sf_shape)}, got "
                                      f"{getattr(act_sf, 'dtype', type(act_sf).__name__)} "
                                      f"{list(getattr(act_sf, 'shape', ()))}")
-    if not _rows_apart(act_sf):
-        _checks.fail(fn, ValueError, f"d[1] (act_sf) must hold every (row, group) scale at its own address "
-                                     f"(no overlapping or broadcast elements), got strides {act_sf.stride()}")
     for name, t in (("d[0] (act)", act), ("d[1] (act_sf)", act_sf)):
         _checks.check_writable(fn, name, t)
         if len(rows) == 2 and rows[0] > 1 and rows[1] and t.stride(0) != rows[1] * t.stride(1):
             _checks.fail(fn, ValueError, f"{name} must stack its groups without gaps (stride[0] == max_m * "
                                          f"stride[1]), got strides {t.stride()}")
+    # The kernel addresses the scales as [G x max_m, I/128] (masked groups stacked, as just checked).
+    if not _rows_apart(act_sf, math.prod(rows)):
+        _checks.fail(fn, ValueError, f"d[1] (act_sf) must hold every (row, group) scale at its own address "
+                                     f"(no overlapping or broadcast elements), got strides {act_sf.stride()}")
     return act, act_sf
 
 
-def _rows_apart(sf: torch.Tensor) -> bool:
-    """Whether the last two dims of ``sf`` address distinct elements: non-negative strides, the larger
-    one past the whole extent of the smaller (K-major or MN-major layouts, padded or not)."""
-    (rows, groups), (stride_m, stride_k) = sf.shape[-2:], sf.stride()[-2:]
+def _rows_apart(sf: torch.Tensor, rows: int) -> bool:
+    """Whether ``rows`` rows of ``sf`` at its second-to-last stride, by its last dim, address distinct
+    elements: non-negative strides, the larger one past the whole extent of the smaller (K-major or
+    MN-major layouts, padded or not)."""
+    groups, (stride_m, stride_k) = sf.shape[-1], sf.stride()[-2:]
     if rows <= 1 or groups <= 1:
         return min(stride_m if rows > 1 else 1, stride_k if groups > 1 else 1) >= 1
     (inner, inner_n), (outer, _) = sorted([(stride_m, rows), (stride_k, groups)])

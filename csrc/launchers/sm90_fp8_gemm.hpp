@@ -579,6 +579,13 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
                       last_k_block * static_cast<std::uint64_t>(a.sfa_stride_k) < (1ull << 32),
                   c.fn << ": the scales of A span more than 2^32 elements (strides " << a.sfa_stride_m << ", "
                        << a.sfa_stride_k << ")");
+  // B's: 32-bit strides (group and row offsets are then taken in 64 bits), a K block's offset in 32 bits.
+  MOE_HOST_ASSERT(a.sfb_stride_g >= 0 && a.sfb_stride_n >= 0 && a.sfb_stride_k >= 0 &&
+                      static_cast<std::uint64_t>(a.sfb_stride_g) < (1ull << 32) &&
+                      static_cast<std::uint64_t>(a.sfb_stride_n) < (1ull << 32) &&
+                      last_k_block * static_cast<std::uint64_t>(a.sfb_stride_k) < (1ull << 32),
+                  c.fn << ": the scales of B span more than 2^32 elements (strides " << a.sfb_stride_g << ", "
+                       << a.sfb_stride_n << ", " << a.sfb_stride_k << ")");
   // The scale boxes of a TMA scale load (the kernel takes the maps either way; the gathers ignore them).
   CUtensorMap map_sfa{}, map_sfb{};
   if (c.scale_load != moe_kernels::kScaleGather) {

@@ -73,10 +73,19 @@ def dequant(act, sf):
     return act.float() * sf.float().repeat_interleave(128, dim=-1)
 
 
-def contiguous_case(counts, inter, k, device, mn_major=False):
-    """One contiguous call; mn_major: A's and act's scales MN-major TMA-aligned (A's then load by TMA)."""
+def contiguous_case(counts, inter, k, device, mn_major=False, pad_blocks=0, trim=0):
+    """One contiguous call; mn_major: A's and act's scales MN-major TMA-aligned (A's then load by TMA);
+    pad_blocks: whole 128-row blocks of padding (m_indices -1) in front; trim: rows cut off the end (M
+    then not a multiple of 128)."""
     w = make_l1_weights(len(counts), 2 * inter, k, device)
-    a, m_indices = make_contiguous(counts, k, device)
+    (x, sf), m_indices = make_contiguous(counts, k, device)
+    if pad_blocks:
+        (px, psf), _ = make_contiguous([128 * pad_blocks], k, device)
+        x, sf = torch.cat([px, x]), torch.cat([psf, sf])
+        m_indices = torch.cat([torch.full((128 * pad_blocks,), -1, dtype=torch.int32, device=device), m_indices])
+    if trim:
+        x, sf, m_indices = x[:-trim], sf[:-trim], m_indices[:-trim]
+    a = (x, sf)
     if mn_major:
         a = (a[0], kernels.get_mn_major_tma_aligned_tensor(a[1]))
     weights = torch.rand(m_indices.shape[0], device=device)
@@ -106,9 +115,10 @@ def test_reference_deinterleaves_rows_and_scales(seed):
     assert torch.equal(got, dequantize_b(*w))
 
 
-@pytest.mark.parametrize("counts,inter,k", [([5, 0, 130, 1], 128, 256), ([200, 3], 384, 384)])
-def test_cpu_contiguous_is_the_staged_definition(seed, counts, inter, k):
-    a, w, m_indices, weights, d = contiguous_case(counts, inter, k, "cpu")
+@pytest.mark.parametrize("counts,inter,k,pad_blocks,trim", [([5, 0, 130, 1], 128, 256, 0, 0),
+                                                        ([200, 3], 384, 384, 1, 0), ([200, 3], 128, 256, 0, 100)])
+def test_cpu_contiguous_is_the_staged_definition(seed, counts, inter, k, pad_blocks, trim):
+    a, w, m_indices, weights, d = contiguous_case(counts, inter, k, "cpu", pad_blocks=pad_blocks, trim=trim)
     valid = m_indices >= 0
     want = staged(a, w, m_indices, weights)
     assert calc_diff(dequant(*d)[valid], dequant(*want)[valid]) < 1e-5
@@ -167,6 +177,26 @@ def test_bad_arguments_name_what_is_wrong(change, match):
         kernels.m_grouped_fp8_gemm_nt_swiglu_contiguous(kw["a"], kw["b"], kw["d"], kw["m_indices"], kw["weights"])
 
 
+@pytest.mark.parametrize("mn_major", [False, True])
+def test_masked_scales_of_groups_must_not_overlap(seed, mn_major):
+    """Masked act_sf is addressed as [G x max_m, I/128]: a layout whose groups overlap another's columns
+    (each group MN-major on its own, the groups max_m apart) is refused; the stacked MN-major layout
+    of the whole [G x max_m] rows, and the contiguous one, are taken."""
+    g, max_m, inter, k = 3, 8, 256, 256
+    w = make_l1_weights(g, 2 * inter, k, "cpu")
+    a = per_token_cast_to_fp8(torch.randn(g * max_m, k, dtype=torch.bfloat16))
+    a = (a[0].view(g, max_m, k), a[1].view(g, max_m, -1))
+    act = torch.empty(g, max_m, inter, dtype=torch.float8_e4m3fn)
+    masked_m = torch.tensor([8, 3, 0], dtype=torch.int32)
+    weights = torch.rand(g, max_m)
+    groups = inter // 128
+    good = torch.empty(groups, g * max_m).t().view(g, max_m, groups) if mn_major else torch.empty(g, max_m, groups)
+    kernels.m_grouped_fp8_gemm_nt_swiglu_masked(a, interleaved(*w), (act, good), masked_m, 4, weights)
+    bad = torch.empty(g * max_m + groups * max_m).as_strided((g, max_m, groups), (max_m, 1, max_m))
+    with pytest.raises(ValueError, match="its own address"):
+        kernels.m_grouped_fp8_gemm_nt_swiglu_masked(a, interleaved(*w), (act, bad), masked_m, 4, weights)
+
+
 def test_masked_bad_expected_m():
     with pytest.raises(ValueError, match="expected_m must be a positive int"):
         kernels.m_grouped_fp8_gemm_nt_swiglu_masked(None, None, None, None, 0, None)
@@ -193,31 +223,55 @@ def test_kernel_is_lean_and_writes_act(m, n, k, gemm_type, groups, scale_load):
     assert text.count("STG.E.U16") == 32
 
 
+@pytest.mark.parametrize("m,gemm_type,groups", [(8192, 1, 32), (256, 2, 8)])
+def test_shared_b_pairs_compile(monkeypatch, m, gemm_type, groups):
+    """MOE_FP8_MULTICAST=b: 2-CTA clusters of adjacent 128-row m-blocks load B once by multicast; an
+    m-block past M or a masked group's count computes only for its partner and reads no weights."""
+    monkeypatch.setenv("MOE_FP8_MULTICAST", "b")
+    native = kernels.jit.native_module()
+    name, code, config = native.fp8_gemm_nt_swiglu_code(m, 4096, 7168, H200_SMS, gemm_type, groups, 0)
+    assert (config["multicast"], config["share_b"], config["block_m"]) == (2, 1, 128)
+    text = sass(name, code)
+    assert "UTMALDG.2D.MULTICAST" in text
+    assert "LDL" not in text and "STL" not in text, "register spills"
+
+
 # ---- GPU ----------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("counts,inter,k,mn_major", [
-    ([5, 0, 130, 1, 257], 256, 512, False),
-    ([300, 129, 64], 384, 7168, True),
-    ([1000, 37, 700, 1], 2048, 7168, True),
+@pytest.mark.parametrize("counts,inter,k,mn_major,pad_blocks,trim", [
+    ([5, 0, 130, 1, 257], 256, 512, False, 1, 28),  # a padding block, M not a multiple of 128
+    ([300, 129, 64], 384, 7168, True, 0, 0),
+    ([1000, 37, 700, 1], 2048, 7168, True, 2, 0),
 ])
-def test_gpu_contiguous_matches_staged_kernels_byte_for_byte(seed, counts, inter, k, mn_major):
-    a, w, m_indices, weights, d = contiguous_case(counts, inter, k, "cuda", mn_major)
+@pytest.mark.parametrize("share_b", [False, True], ids=["single", "share_b"])
+def test_gpu_contiguous_matches_staged_kernels_byte_for_byte(seed, counts, inter, k, mn_major, pad_blocks, trim,
+                                                             share_b, monkeypatch):
+    """Also in 2-CTA clusters sharing B (MOE_FP8_MULTICAST=b), whose last pair may hold an m-block past M."""
+    if share_b:
+        monkeypatch.setenv("MOE_FP8_MULTICAST", "b")
+    a, w, m_indices, weights, d = contiguous_case(counts, inter, k, "cuda", mn_major, pad_blocks, trim)
     valid = m_indices >= 0
     assert_rows_match(d, staged(a, w, m_indices, weights), valid)
     assert calc_diff(dequant(*d)[valid], float64_act(a, w, m_indices, weights)[valid]) < 1e-3
-    # Padding blocks are left as they were.
-    blocks = m_indices.view(-1, 128)[:, 0] < 0
-    assert_untouched(d, blocks.repeat_interleave(128))
+    # Padding blocks (whose first row is -1) are left as they were.
+    rows = torch.arange(m_indices.shape[0], device="cuda")
+    padding = m_indices[rows // 128 * 128] < 0
+    assert int(padding.sum()) == 128 * pad_blocks
+    assert_untouched(d, padding)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("masked,max_m,inter,k,expected_m", [
     ([0, 1, 7, 64, 100], 128, 256, 512, 16),
     ([3, 0, 17], 24, 2048, 7168, 4),
-    ([256, 255, 1, 0], 256, 384, 1024, 200),
+    ([256, 255, 1, 0], 256, 384, 1024, 200),  # 128-row tiles: group 2's one m-block pairs with none
 ])
-def test_gpu_masked_matches_staged_kernels_byte_for_byte(seed, masked, max_m, inter, k, expected_m):
+@pytest.mark.parametrize("share_b", [False, True], ids=["single", "share_b"])
+def test_gpu_masked_matches_staged_kernels_byte_for_byte(seed, masked, max_m, inter, k, expected_m, share_b,
+                                                         monkeypatch):
+    if share_b:
+        monkeypatch.setenv("MOE_FP8_MULTICAST", "b")
     g = len(masked)
     w = make_l1_weights(g, 2 * inter, k, "cuda")
     a = per_token_cast_to_fp8(torch.randn(g * max_m, k, dtype=torch.bfloat16, device="cuda"))

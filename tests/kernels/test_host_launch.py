@@ -139,6 +139,15 @@ out["dense_small_no_room"] = [launches_of(lambda: dense_k_major(128, n, k, ws_by
                               rec.last_launch().smem_bytes]
 out["dense_small_k_384"] = launches_of(lambda: dense_k_major(128, n, 384))
 del os.environ["MOE_FP8_SFA_COPY"]
+# B's scales with strides past the kernel's 32-bit offsets: refused before any launch.
+def sfb_span_error(sg=(n // 128) * (k // 128), sn=k // 128, sk=1):
+    try:
+        native.m_grouped_fp8_gemm_nt_masked(A, k, SFA, 1, 64, B, k, SFB, sg, sn, sk, D, n, 0x60_0000_0000, 64, 16, n,
+                                            k, 32, 0, 0)
+    except Exception as error:  # noqa: BLE001 (the message is the observation)
+        return str(error)
+    return None
+out["sfb_span"] = [sfb_span_error(sn=1 << 32), sfb_span_error(sk=1 << 27), sfb_span_error()]
 print(json.dumps(out))
 """
 
@@ -172,6 +181,13 @@ def observed(host_driver_dir) -> dict:
 @pytest.fixture(scope="module")
 def observed_without_memo(host_driver_dir) -> dict:
     return _observe(host_driver_dir, MOE_TMA_MEMO="0")
+
+
+def test_b_scales_past_32_bit_offsets_are_refused(observed):
+    too_far, k_too_far, fine = observed["sfb_span"]
+    for message in (too_far, k_too_far):
+        assert message is not None and "the scales of B span more than 2^32 elements" in message, message
+    assert fine is None
 
 
 def test_descriptors_are_encoded_once_per_buffer(observed):

@@ -508,11 +508,15 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     for (uint32_t i = 0; i < kNumWaves * Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
     if constexpr (kScaleTable) acquire_sfa();
     constexpr bool kMasked = kType == GemmType::kGroupedMasked;
-    // kSwiGlu: the thread's rows and their weights (every lane's, for the amax shuffles).
+    // kSwiGlu: the thread's rows and their weights (every lane's, for the amax shuffles). A pair's
+    // m-block past M or a masked group's count (kShareB, !t.valid) has none: the row counts below
+    // would wrap around and read weights past the end.
     [[maybe_unused]] const auto swiglu_rows = [&] {
       if constexpr (kSwiGlu) {
-        return SwiGluRows(swiglu.weights, a_row0(t), tile_row0,
-                          kMasked ? scheduler.masked_rows(t) : min(m - t.m_block * kBlockM, kBlockM));
+        const uint32_t rows = kShareB && !t.valid ? 0u
+                              : kMasked          ? scheduler.masked_rows(t)
+                                                 : min(m - t.m_block * kBlockM, kBlockM);
+        return SwiGluRows(swiglu.weights, a_row0(t), tile_row0, rows);
       } else {
         return 0;
       }
