@@ -7,7 +7,7 @@
 // Roles (one CTA per SM, persistent over tiles):
 //   warpgroups [0, kNumMathWG): math — 4 x wgmma 64xBNx32 per 128-deep K block and wave, then
 //                               FP32 promotion with the block's scales, then the epilogue; two
-//                               warpgroups may take turns on the tensor cores (MathTurns). A
+//                               warpgroups may take turns on the tensor cores (common/math_turns.cuh). A
 //                               256-row tile runs as two waves of 128 rows on the same two
 //                               warpgroups, each wave its own wgmmas and promotion (half the
 //                               B fills and L2 reads per FLOP of a 128-row tile);
@@ -21,6 +21,7 @@
 #include <cuda_bf16.h>
 #include <moe_kernels/common/epilogue.cuh>
 #include <moe_kernels/common/fp8_gemm_layout.h>
+#include <moe_kernels/common/math_turns.cuh>
 #include <moe_kernels/common/pipeline.cuh>
 #include <moe_kernels/common/scale_promotion.cuh>
 #include <moe_kernels/common/scale_rows.cuh>
@@ -71,35 +72,6 @@ struct Fp8GemmSmem {
                 "TMA scale boxes must land on 128-byte boundaries");
   static_assert(kSfaSlots == 0 || (kOffsetSfaSlots % 128 == 0 && kSfaSlot % 128 == 0),
                 "the A scales' slots must land on 128-byte boundaries");
-};
-
-// Ping-pong of a 128-row tile's two math warpgroups: they issue their K blocks' wgmmas in turn (WG0
-// kb 0, WG1 kb 0, WG0 kb 1, ...), so the tensor cores run one warpgroup's K block while the other
-// promotes its previous one. Issued together, both finished together and promoted with the tensor
-// cores idle (ncu, 4096 x 4096 x 7168: 42% of the math warps' time waiting on wgmma, 19% promoting).
-// Named barrier kFirstBarrier + w is warpgroup w's turn (ids 0 and 1 are __syncthreads' and the
-// epilogue's): w waits on it (bar.sync), the other warpgroup gives it (bar.arrive), 128 threads each.
-// Both warpgroups walk the same tiles with the same K blocks, N in all: WG1 gives WG0 its first turn
-// and one after each of its K blocks (N + 1), which WG0 takes before each of its K blocks and once
-// after its last tile (N + 1); WG0 gives WG1 N turns, which WG1 takes. Every generation of both
-// barriers completes, for a CTA without tiles too, and none is pending when the CTA exits. A turn is
-// given only after the giver's issue, so the issues strictly alternate across K blocks and tiles;
-// each warpgroup gives its tile's last turn before the epilogue's barrier (id 1), so neither waits
-// there on the other; and no stage release waits on a turn (a warpgroup releases a stage once its
-// own wgmmas on it are done), so the producers always get the stages the turns are waiting for.
-struct MathTurns {
-  static constexpr uint32_t kFirstBarrier = 2;
-  static constexpr uint32_t kThreads = 256;
-  uint32_t wg;  // 0 or 1, uniform
-
-  __device__ __forceinline__ void start() const {
-    if (wg == 1) sm90::named_barrier_arrive(kFirstBarrier, kThreads);
-  }
-  __device__ __forceinline__ void take() const { sm90::named_barrier_sync(kFirstBarrier + wg, kThreads); }
-  __device__ __forceinline__ void pass() const { sm90::named_barrier_arrive(kFirstBarrier + (wg ^ 1), kThreads); }
-  __device__ __forceinline__ void finish() const {
-    if (wg == 0) sm90::named_barrier_sync(kFirstBarrier, kThreads);
-  }
 };
 
 // shape_m: rows of A (kNormal, kGroupedContiguous) or rows per group (kGroupedMasked, whose
