@@ -240,8 +240,8 @@ def test_shared_b_pairs_compile(monkeypatch, m, gemm_type, groups):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts,inter,k,mn_major,pad_blocks,trim", [
-    ([5, 0, 130, 1, 257], 256, 512, False, 1, 28),  # a padding block, M not a multiple of 128
-    ([300, 129, 64], 384, 7168, True, 0, 0),
+    ([5, 0, 130, 1, 257], 256, 512, False, 0, 28),  # M not a multiple of 128, 7 m-blocks (one unpaired)
+    ([300, 129, 64], 384, 7168, True, 1, 0),        # a padding block
     ([1000, 37, 700, 1], 2048, 7168, True, 2, 0),
 ])
 @pytest.mark.parametrize("share_b", [False, True], ids=["single", "share_b"])
