@@ -94,6 +94,12 @@ def contiguous_case(counts, inter, k, device, mn_major=False, pad_blocks=0, trim
     return a, w, m_indices, weights, d
 
 
+def masked_activations(g: int, max_m: int, k: int, device):
+    """Random A [G, max_m, K] e4m3 with its 1 x 128 scales [G, max_m, K/128], groups stacked."""
+    x, sf = per_token_cast_to_fp8(torch.randn(g * max_m, k, dtype=torch.bfloat16, device=device))
+    return x.view(g, max_m, k), sf.view(g, max_m, -1)
+
+
 def assert_rows_match(d, want, rows) -> None:
     act, sf = d
     assert torch.equal(act[rows].view(torch.uint8), want[0][rows].view(torch.uint8)), "act differs"
@@ -129,8 +135,7 @@ def test_cpu_contiguous_is_the_staged_definition(seed, counts, inter, k, pad_blo
 def test_cpu_masked_writes_rows_below_masked_m(seed):
     g, max_m, inter, k = 3, 9, 128, 256
     w = make_l1_weights(g, 2 * inter, k, "cpu")
-    a = per_token_cast_to_fp8(torch.randn(g * max_m, k, dtype=torch.bfloat16))
-    a = (a[0].view(g, max_m, k), a[1].view(g, max_m, -1))
+    a = masked_activations(g, max_m, k, "cpu")
     masked = [0, 9, 4]
     weights = torch.rand(g, max_m)
     d = poisoned((g, max_m), inter, "cpu")
@@ -184,8 +189,7 @@ def test_masked_scales_of_groups_must_not_overlap(seed, mn_major):
     of the whole [G x max_m] rows, and the contiguous one, are taken."""
     g, max_m, inter, k = 3, 8, 256, 256
     w = make_l1_weights(g, 2 * inter, k, "cpu")
-    a = per_token_cast_to_fp8(torch.randn(g * max_m, k, dtype=torch.bfloat16))
-    a = (a[0].view(g, max_m, k), a[1].view(g, max_m, -1))
+    a = masked_activations(g, max_m, k, "cpu")
     act = torch.empty(g, max_m, inter, dtype=torch.float8_e4m3fn)
     masked_m = torch.tensor([8, 3, 0], dtype=torch.int32)
     weights = torch.rand(g, max_m)
@@ -274,8 +278,7 @@ def test_gpu_masked_matches_staged_kernels_byte_for_byte(seed, masked, max_m, in
         monkeypatch.setenv("MOE_FP8_MULTICAST", "b")
     g = len(masked)
     w = make_l1_weights(g, 2 * inter, k, "cuda")
-    a = per_token_cast_to_fp8(torch.randn(g * max_m, k, dtype=torch.bfloat16, device="cuda"))
-    a = (a[0].view(g, max_m, k), a[1].view(g, max_m, -1))
+    a = masked_activations(g, max_m, k, "cuda")
     weights = torch.rand(g, max_m, device="cuda")
     d = poisoned((g, max_m), inter, "cuda")
     masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")

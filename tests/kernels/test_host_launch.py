@@ -59,9 +59,10 @@ def contiguous():
     native.m_grouped_fp8_gemm_nt_contiguous(A, k, SFA, 1, 8192, B, k, SFB, (n // 128) * (k // 128), k // 128, 1, D, n,
                                             0x60_0000_0000, 8192, n, k, 4, 128, 0, 0, 0, 0)
 
-def masked():
-    native.m_grouped_fp8_gemm_nt_masked(A, k, SFA, 1, 64, B, k, SFB, (n // 128) * (k // 128), k // 128, 1, D, n,
-                                        0x60_0000_0000, 64, 16, n, k, 32, 0, 0)
+def masked(sfb_strides=None):
+    sg, sn, sk = sfb_strides or ((n // 128) * (k // 128), k // 128, 1)
+    native.m_grouped_fp8_gemm_nt_masked(A, k, SFA, 1, 64, B, k, SFB, sg, sn, sk, D, n, 0x60_0000_0000, 64, 16, n, k,
+                                        32, 0, 0)
 
 def fp4_masked():
     native.m_grouped_fp8_fp4_gemm_nt_masked(A, k, SFA, 1, 64, B, k // 2, SFB, n * (k // 32), k // 32, D, n,
@@ -140,14 +141,15 @@ out["dense_small_no_room"] = [launches_of(lambda: dense_k_major(128, n, k, ws_by
 out["dense_small_k_384"] = launches_of(lambda: dense_k_major(128, n, 384))
 del os.environ["MOE_FP8_SFA_COPY"]
 # B's scales with strides past the kernel's 32-bit offsets: refused before any launch.
-def sfb_span_error(sg=(n // 128) * (k // 128), sn=k // 128, sk=1):
+def sfb_span_error(sfb_strides=None):
     try:
-        native.m_grouped_fp8_gemm_nt_masked(A, k, SFA, 1, 64, B, k, SFB, sg, sn, sk, D, n, 0x60_0000_0000, 64, 16, n,
-                                            k, 32, 0, 0)
+        masked(sfb_strides)
     except Exception as error:  # noqa: BLE001 (the message is the observation)
         return str(error)
     return None
-out["sfb_span"] = [sfb_span_error(sn=1 << 32), sfb_span_error(sk=1 << 27), sfb_span_error()]
+kb = k // 128
+out["sfb_span"] = [sfb_span_error(((n // 128) * kb, 1 << 32, 1)), sfb_span_error(((n // 128) * kb, kb, 1 << 27)),
+                   sfb_span_error()]
 print(json.dumps(out))
 """
 
