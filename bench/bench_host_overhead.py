@@ -7,7 +7,9 @@ of each public function and of its pieces (argument checks, output allocation, s
 the _C entry point), next to torch's own launch cost for scale, then the GEMM calls again in a
 second process under ``MOE_TMA_MEMO=0`` (every TMA descriptor encoded on every call). The events-around-one-call figure
 of the other benchmarks adds the GPU's launch latency to this. ``bench/bench_host_launch.py`` times
-the launchers' own C++ share on any machine.
+the launchers' own C++ share on any machine. Last, the L1 GEMM with the SwiGLU epilogue against the staged
+pair it replaces (32 experts of 4096 x 7168, masked 64 and 256 rows): host time, one call on an idle stream,
+calls back to back and the kernels' own time, to split what a call adds beyond its kernels into host and GPU.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import kernels
 from kernels import _descriptors, gemm
 from kernels.jit import native_module
 from kernels.testing.bench import bench_kineto, per_call_us_interleaved
+from moe_runtime.weight_layout import transform_weights_for_mega_moe
 
 
 def host_us(fn, rounds: int = 21, calls: int = 100) -> float:
@@ -53,6 +56,59 @@ def call_breakdown(rows: list[tuple[str, str, object]]) -> None:
     for (label, kernel_name, fn), call in zip(rows, calls):
         kernel = bench_kineto(fn, kernel_name, flush_l2=False).median_s * 1e6
         print(f"{label:<46} {call:>8.2f} {kernel:>9.2f} {call - kernel:>13.2f}", flush=True)
+
+
+def back_to_back_us(fn, calls: int = 50, rounds: int = 11) -> float:
+    """Median GPU microseconds per call over ``rounds`` rounds of ``calls`` calls queued back to back
+    (events around the round): the GPU's rate once host time hides behind the kernels."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        fn()
+    samples = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(samples)
+
+
+def swiglu_breakdown(groups: int = 32, inter: int = 2048, hidden: int = 7168) -> None:
+    """The fused SwiGLU L1 call and the staged pair (masked GEMM into bf16, swiglu_quant_fp8): host us
+    per call, events around one call on an idle stream, per call back to back, and the kernels'
+    time (profiler, L2 warm, every kernel of the call)."""
+    w = (torch.randn(groups, 2 * inter, hidden, device="cuda") * 0.5).to(torch.float8_e4m3fn)
+    sf = torch.rand(groups, 2 * inter // 128, hidden // 128, device="cuda") + 0.5
+    down = (torch.zeros(groups, hidden, inter, device="cuda", dtype=torch.float8_e4m3fn),
+            torch.ones(groups, hidden // 128, inter // 128, device="cuda"))
+    w1 = tuple(transform_weights_for_mega_moe((w, sf), down).l1)
+    print(f"\nSwiGLU L1, {groups} experts, N x K = {2 * inter} x {hidden}, masked")
+    print(f"{'call':<34} {'host us':>8} {'idle-stream us':>14} {'back-to-back us':>15} {'kernels us':>10}")
+    for tokens in (64, 256):
+        x, sfa = kernels.per_token_cast_to_fp8(torch.randn(groups * tokens, hidden, device="cuda",
+                                                           dtype=torch.bfloat16))
+        a = (x.view(groups, tokens, hidden), sfa.view(groups, tokens, -1))
+        masked_m = torch.full((groups,), tokens, device="cuda", dtype=torch.int32)
+        topk = torch.rand(groups, tokens, device="cuda")
+        h = torch.empty(groups, tokens, 2 * inter, device="cuda", dtype=torch.bfloat16)
+        act = torch.empty(groups, tokens, inter, device="cuda", dtype=torch.float8_e4m3fn)
+        act_sf = torch.empty(groups, tokens, inter // 128, device="cuda")
+        calls = [
+            ("fused", lambda: kernels.m_grouped_fp8_gemm_nt_swiglu_masked(a, w1, (act, act_sf), masked_m, tokens,
+                                                                          topk)),
+            ("staged GEMM", lambda: kernels.m_grouped_fp8_gemm_nt_masked(a, (w, sf), h, masked_m, tokens)),
+            ("staged swiglu_quant_fp8", lambda: kernels.swiglu_quant_fp8(h.view(groups * tokens, -1), topk.view(-1),
+                                                                         masked_m, tokens)),
+        ]
+        calls.append(("staged pair", lambda: (calls[1][1](), calls[2][1]())))
+        idle = per_call_us_interleaved([fn for _, fn in calls], iters=100)
+        for (label, fn), one in zip(calls, idle):
+            kernel = bench_kineto(fn, "", flush_l2=False).median_s * 1e6
+            print(f"{label + f', {tokens} rows':<34} {host_us(fn, rounds=11, calls=20):>8.2f} {one:>14.2f} "
+                  f"{back_to_back_us(fn):>15.2f} {kernel:>10.2f}", flush=True)
 
 
 def main() -> int:
@@ -126,6 +182,7 @@ def main() -> int:
                         ("_C.fp8_gemm_nt (raw), 64 x 2112 x 7168", "sm90_fp8_gemm", raw_gemm),
                         ("kernels.fp8_gemm_nt, 64 x 2112 x 7168", "sm90_fp8_gemm",
                          lambda: kernels.fp8_gemm_nt(a, b, d))])
+        swiglu_breakdown()
         sys.stdout.flush()
         return subprocess.run([sys.executable, __file__], env={**os.environ, "MOE_TMA_MEMO": "0"}).returncode
     return 0
