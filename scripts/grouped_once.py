@@ -4,6 +4,9 @@ rows per group).
 
     ncu -k regex:sm90_fp8 python scripts/grouped_once.py --weights fp4 --groups 32 --tokens 16 --n 4096 --k 7168
     ncu -k regex:sm90_fp8 -s 1 -c 1 python scripts/grouped_once.py --weights fp4 --groups 4 --contiguous 8192
+
+``--swiglu``: the L1 GEMM with the SwiGLU epilogue (``m_grouped_fp8_gemm_nt_swiglu_*``) on the problem
+of bench/bench_grouped_swiglu.py instead: N = 2I gate/up rows interleaved, FP8 weights.
 """
 
 from __future__ import annotations
@@ -20,6 +23,28 @@ import torch  # noqa: E402
 from bench_grouped import make_contiguous, make_masked, make_masked_fragment  # noqa: E402  (the benchmark's problems)
 
 
+def swiglu_call(groups: int, rows: int, n: int, k: int, contiguous: bool):
+    """The fused L1 call of bench_grouped_swiglu.py: ``rows`` rows per group (contiguous, A scales
+    MN-major) or ``rows`` valid rows of ``rows`` per group (masked); ``n`` = 2I."""
+    import bench_grouped_swiglu as b
+    import kernels
+    _, w1 = b.weights(groups, n // 2, k)
+    m = groups * rows
+    act = torch.empty(m, n // 2, device="cuda", dtype=torch.float8_e4m3fn)
+    if contiguous:
+        a = b.activations(m, k, True)
+        m_indices = torch.arange(groups, device="cuda", dtype=torch.int32).repeat_interleave(rows)
+        act_sf = kernels.get_mn_major_tma_aligned_tensor(torch.zeros(m, n // 256, device="cuda"))
+        topk = torch.rand(m, device="cuda")
+        return lambda: kernels.m_grouped_fp8_gemm_nt_swiglu_contiguous(a, w1, (act, act_sf), m_indices, topk)
+    x, sf = b.activations(m, k, False)
+    a = (x.view(groups, rows, k), sf.view(groups, rows, -1))
+    masked_m = torch.full((groups,), rows, device="cuda", dtype=torch.int32)
+    topk = torch.rand(groups, rows, device="cuda")
+    d = (act.view(groups, rows, -1), torch.empty(groups, rows, n // 256, device="cuda"))
+    return lambda: kernels.m_grouped_fp8_gemm_nt_swiglu_masked(a, w1, d, masked_m, rows, topk)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--weights", choices=["fp8", "fp4", "fp4-fragment"], default="fp4",
@@ -32,7 +57,17 @@ def main() -> None:
                    help="the contiguous layout with ROWS rows per group instead of the masked one")
     p.add_argument("--fp4-kernel", choices=["default", "converter", "swapped"], default="default",
                    help="packed FP4 weights: the plan's kernel, or MOE_FP4_SWAP_AB=0 (converter) / =1 (swapped)")
+    p.add_argument("--swiglu", action="store_true", help="the L1 GEMM with the SwiGLU epilogue (FP8 weights)")
     args = p.parse_args()
+    if args.swiglu:
+        if args.weights != "fp8":
+            p.error("--swiglu takes --weights fp8")
+        call = swiglu_call(args.groups, args.contiguous or args.tokens, args.n, args.k, bool(args.contiguous))
+        for _ in range(2):
+            call()
+            torch.cuda.synchronize()
+        print(f"swiglu {'contiguous' if args.contiguous else 'masked'} G={args.groups} N={args.n} K={args.k}: ok")
+        return
     if args.fp4_kernel != "default":
         os.environ["MOE_FP4_SWAP_AB"] = "0" if args.fp4_kernel == "converter" else "1"
     if args.contiguous:
