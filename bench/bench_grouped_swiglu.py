@@ -11,7 +11,8 @@ groups of ``--rows`` rows each (A scales MN-major, as the staged backend passes 
 every kernel of a call counted (the staged pair's two), both interleaved in one profile; time per call
 from Python on an idle stream. "act equal": the fraction of act bytes and scales both give alike.
 ``--share-b`` times the fused call against itself in 2-CTA clusters sharing B (``MOE_FP8_MULTICAST=b``)
-instead of against the staged pair.
+instead of against the staged pair; ``--variant NAME=VALUE[,...]`` against itself under those switches
+(``MOE_SWIGLU_STAGGER=3``: warpgroup 1 three K blocks behind 0).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import argparse
 import torch
 
 import kernels
-from kernels.testing import bench_kineto_interleaved, env_call, per_call_us_interleaved
+from kernels.testing import bench_kineto_interleaved, env_call, parse_env_variants, per_call_us_interleaved
 from moe_runtime.weight_layout import transform_weights_for_mega_moe
 
 
@@ -44,7 +45,7 @@ def agreement(fused, staged) -> float:
     return min(float(same), float((fused[1] == staged[1]).float().mean()))
 
 
-def contiguous_row(g: int, per: int, inter: int, hidden: int, w, w1, share_b: bool) -> list[str]:
+def contiguous_row(g: int, per: int, inter: int, hidden: int, w, w1, peer_env: dict) -> list[str]:
     m = g * per
     a = activations(m, hidden, True)
     m_indices = torch.arange(g, device="cuda", dtype=torch.int32).repeat_interleave(per)
@@ -61,10 +62,10 @@ def contiguous_row(g: int, per: int, inter: int, hidden: int, w, w1, share_b: bo
         kernels.m_grouped_fp8_gemm_nt_swiglu_contiguous(a, w1, (act, act_sf), m_indices, topk)
         return act, act_sf
 
-    return row(f"contiguous {g} x {per}", m, inter, hidden, fused, staged, share_b)
+    return row(f"contiguous {g} x {per}", m, inter, hidden, fused, staged, peer_env)
 
 
-def masked_row(g: int, tokens: int, inter: int, hidden: int, w, w1, share_b: bool) -> list[str]:
+def masked_row(g: int, tokens: int, inter: int, hidden: int, w, w1, peer_env: dict) -> list[str]:
     x, sf = activations(g * tokens, hidden, False)
     a = (x.view(g, tokens, hidden), sf.view(g, tokens, -1))
     masked_m = torch.full((g,), tokens, device="cuda", dtype=torch.int32)
@@ -82,12 +83,12 @@ def masked_row(g: int, tokens: int, inter: int, hidden: int, w, w1, share_b: boo
         kernels.m_grouped_fp8_gemm_nt_swiglu_masked(a, w1, (act, act_sf), masked_m, tokens, topk)
         return act, act_sf
 
-    return row(f"masked {g} x {tokens}", g * tokens, inter, hidden, fused, staged, share_b)
+    return row(f"masked {g} x {tokens}", g * tokens, inter, hidden, fused, staged, peer_env)
 
 
-def row(name: str, m: int, inter: int, hidden: int, fused, staged, share_b: bool) -> list[str]:
-    if share_b:  # the peer: the fused call in clusters sharing B
-        staged = env_call(fused, MOE_FP8_MULTICAST="b")
+def row(name: str, m: int, inter: int, hidden: int, fused, staged, peer_env: dict) -> list[str]:
+    if peer_env:  # the peer: the fused call under other switches
+        staged = env_call(fused, **peer_env)
         first = tuple(t.clone() for t in fused())
         equal = agreement(first, staged())
     else:
@@ -108,20 +109,25 @@ def main() -> None:
     parser.add_argument("--rows", default="512,2048,8192", help="contiguous rows per expert (multiples of 128)")
     parser.add_argument("--tokens", default="1,16,64,256", help="masked rows per expert")
     parser.add_argument("--share-b", action="store_true", help="the peer: the fused call in clusters sharing B")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,...]",
+                        help="the peer: the fused call under these switches")
     args = parser.parse_args()
+    peer_env = dict(MOE_FP8_MULTICAST="b") if args.share_b else {}
+    for _, env in parse_env_variants(args.variant):
+        peer_env.update(env)
     if not torch.cuda.is_available():
         raise SystemExit("bench_grouped_swiglu.py needs a CUDA device")
     torch.manual_seed(0)
     g, inter, hidden = args.experts, args.intermediate, args.hidden
     w, w1 = weights(g, inter, hidden)
     print(f"{torch.cuda.get_device_name()}; {g} experts, N x K = {2 * inter} x {hidden} (L1 of intermediate {inter})")
-    peer = "fused, B shared (MOE_FP8_MULTICAST=b)" if args.share_b else "staged (GEMM + SwiGLU)"
+    peer = (f"fused, {','.join(f'{k}={v}' for k, v in peer_env.items())}" if peer_env else "staged (GEMM + SwiGLU)")
     print(f"| layout | fused µs | {peer} µs | speed-up | fused TFLOP/s | per call µs fused / peer | act equal |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     cells = [(contiguous_row, int(r)) for r in args.rows.split(",") if r]
     cells += [(masked_row, int(t)) for t in args.tokens.split(",") if t]
     for make, rows in cells:
-        print("| " + " | ".join(make(g, rows, inter, hidden, w, w1, args.share_b)) + " |", flush=True)
+        print("| " + " | ".join(make(g, rows, inter, hidden, w, w1, peer_env)) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -240,7 +240,34 @@ def test_shared_b_pairs_compile(monkeypatch, m, gemm_type, groups):
     assert "LDL" not in text and "STL" not in text, "register spills"
 
 
+@pytest.mark.parametrize("m,gemm_type,groups", [(8192, 1, 32), (256, 2, 8)])
+def test_staggered_pairs_compile(monkeypatch, m, gemm_type, groups):
+    """MOE_SWIGLU_STAGGER=3: warpgroup 1 waits once on named barrier 6, which warpgroup 0 arrives at
+    in its K loop (after its third K block) or after its tiles; the K loop keeps its wgmmas."""
+    monkeypatch.setenv("MOE_SWIGLU_STAGGER", "3")
+    native = kernels.jit.native_module()
+    name, code, config = native.fp8_gemm_nt_swiglu_code(m, 4096, 7168, H200_SMS, gemm_type, groups, 0)
+    assert (config["swiglu_stagger"], config["block_m"]) == (3, 128)
+    text = sass(name, code)
+    assert text.count("BAR.SYNC.DEFER_BLOCKING 0x6, 0x100") == 1 and text.count("BAR.ARV 0x6, 0x100") == 2
+    assert "LDL" not in text and "STL" not in text, "register spills"
+
+
+def test_stagger_is_checked_and_left_off_64_row_tiles(monkeypatch):
+    native = kernels.jit.native_module()
+    monkeypatch.setenv("MOE_SWIGLU_STAGGER", "2")
+    assert native.fp8_gemm_nt_swiglu_code(16, 4096, 7168, H200_SMS, 2, 32, 0)[2]["swiglu_stagger"] == 0
+    stages = native.fp8_gemm_nt_swiglu_code(8192, 4096, 7168, H200_SMS, 1, 32, 0)[2]["num_stages"]
+    monkeypatch.setenv("MOE_SWIGLU_STAGGER", str(stages))
+    with pytest.raises(RuntimeError, match="MOE_SWIGLU_STAGGER must be in"):
+        native.fp8_gemm_nt_swiglu_code(8192, 4096, 7168, H200_SMS, 1, 32, 0)
+
+
 # ---- GPU ----------------------------------------------------------------------------------------
+
+# The default kernels, 2-CTA clusters sharing B, and math warpgroup 1 a K block or five behind 0.
+KERNEL_VARIANTS = {"single": {}, "share_b": {"MOE_FP8_MULTICAST": "b"}, "stagger1": {"MOE_SWIGLU_STAGGER": "1"},
+                   "stagger5": {"MOE_SWIGLU_STAGGER": "5"}}
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts,inter,k,mn_major,pad_blocks,trim", [
@@ -248,12 +275,13 @@ def test_shared_b_pairs_compile(monkeypatch, m, gemm_type, groups):
     ([300, 129, 64], 384, 7168, True, 1, 0),        # a padding block
     ([1000, 37, 700, 1], 2048, 7168, True, 2, 0),
 ])
-@pytest.mark.parametrize("share_b", [False, True], ids=["single", "share_b"])
+@pytest.mark.parametrize("env", KERNEL_VARIANTS.values(), ids=KERNEL_VARIANTS.keys())
 def test_gpu_contiguous_matches_staged_kernels_byte_for_byte(seed, counts, inter, k, mn_major, pad_blocks, trim,
-                                                             share_b, monkeypatch):
-    """Also in 2-CTA clusters sharing B (MOE_FP8_MULTICAST=b), whose last pair may hold an m-block past M."""
-    if share_b:
-        monkeypatch.setenv("MOE_FP8_MULTICAST", "b")
+                                                             env, monkeypatch):
+    """Also in 2-CTA clusters sharing B (MOE_FP8_MULTICAST=b), whose last pair may hold an m-block past M,
+    and staggered (at K = 512 the first tile has fewer K blocks than a stagger of 5; most CTAs have no tile)."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     a, w, m_indices, weights, d = contiguous_case(counts, inter, k, "cuda", mn_major, pad_blocks, trim)
     valid = m_indices >= 0
     assert_rows_match(d, staged(a, w, m_indices, weights), valid)
@@ -271,11 +299,11 @@ def test_gpu_contiguous_matches_staged_kernels_byte_for_byte(seed, counts, inter
     ([3, 0, 17], 24, 2048, 7168, 4),
     ([256, 255, 1, 0], 256, 384, 1024, 200),  # 128-row tiles: group 2's one m-block pairs with none
 ])
-@pytest.mark.parametrize("share_b", [False, True], ids=["single", "share_b"])
-def test_gpu_masked_matches_staged_kernels_byte_for_byte(seed, masked, max_m, inter, k, expected_m, share_b,
+@pytest.mark.parametrize("env", KERNEL_VARIANTS.values(), ids=KERNEL_VARIANTS.keys())
+def test_gpu_masked_matches_staged_kernels_byte_for_byte(seed, masked, max_m, inter, k, expected_m, env,
                                                          monkeypatch):
-    if share_b:
-        monkeypatch.setenv("MOE_FP8_MULTICAST", "b")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     g = len(masked)
     w = make_l1_weights(g, 2 * inter, k, "cuda")
     a = masked_activations(g, max_m, k, "cuda")
