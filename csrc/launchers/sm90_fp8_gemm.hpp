@@ -68,8 +68,9 @@ struct Config {
   // (m-blocks where the clusters share B) rounded up to whole clusters.
   int num_tiles(int m) const {
     const int cluster_n = share_b ? 1 : multicast, cluster_m = share_b ? multicast : 1;
-    // The SwiGLU epilogue's tiles are pairs of n-blocks (N a multiple of two blocks).
-    const int n_blocks = swiglu ? n / (2 * block_n) : (n + block_n * cluster_n - 1) / (block_n * cluster_n) * cluster_n;
+    // The SwiGLU epilogue's tiles are 256 columns, one act scale group (a pair of 128-column n-blocks,
+    // or one of 256).
+    const int n_blocks = swiglu ? n / 256 : (n + block_n * cluster_n - 1) / (block_n * cluster_n) * cluster_n;
     return (m + block_m * cluster_m - 1) / (block_m * cluster_m) * cluster_m * n_blocks;
   }
   // Whether no CTA runs a second tile (whole clusters on the SMs; a split single wave runs one unit
@@ -466,6 +467,10 @@ inline Config plan_swiglu(int m, int n, int k, int num_sms, GemmType type, int n
   };
   Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms, 128, stage_bytes,
                          [](int bn) { return bn == 128; }, 2);
+  // MOE_SWIGLU_WIDE=1: 256-column tiles, both n-blocks of a pair in one K loop (each math warpgroup's two
+  // 128-column halves in turn): A and B cross L2 once per 128 x 256 outputs instead of twice per pair
+  // (untimed, so off by default).
+  if (env_int("MOE_SWIGLU_WIDE") == 1) t.block_n = 256;
   // No D tile (the epilogue stores from registers): its shared memory goes to the stages.
   const int per_stage = stage_bytes(t.block_m, t.block_n);
   t.num_stages = stages_beside(pipeline_smem(t.block_m, t.block_n, 0, per_stage, false), per_stage);
@@ -616,8 +621,9 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, rows_a,
                          tma_row_stride(rows_a, a.sfa_stride_m, kb), cols, c.block_m, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
     }
+    // B's box: the tile's two 128-column blocks, or (SwiGLU) the gate and up halves of each of its blocks.
     map_sfb = make_tma(c.fn, a.sfb, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sfb_rows, sfb_view_stride(a, c.n, c.k), 4,
-                       2, CU_TENSOR_MAP_SWIZZLE_NONE, "SFB");
+                       c.swiglu ? c.block_n / 64 : 2, CU_TENSOR_MAP_SWIZZLE_NONE, "SFB");
   }
 
   moe_jit::LaunchConfig cfg;

@@ -253,6 +253,27 @@ def test_staggered_pairs_compile(monkeypatch, m, gemm_type, groups):
     assert "LDL" not in text and "STL" not in text, "register spills"
 
 
+@pytest.mark.parametrize("m,gemm_type,groups,scale_load,share_b", [
+    (8192, 1, 32, 1, False), (8192, 1, 32, 0, False), (16, 2, 32, 0, False), (256, 2, 8, 0, True),
+])
+def test_wide_tiles_are_lean(monkeypatch, m, gemm_type, groups, scale_load, share_b):
+    """MOE_SWIGLU_WIDE=1: 256-column tiles, two 64 x 128 wgmma halves a K block, the act scale group
+    stored at once (the same 32 two-byte stores a thread), no spills with or without clusters sharing B."""
+    monkeypatch.setenv("MOE_SWIGLU_WIDE", "1")
+    if share_b:
+        monkeypatch.setenv("MOE_FP8_MULTICAST", "b")
+    native = kernels.jit.native_module()
+    name, code, config = native.fp8_gemm_nt_swiglu_code(m, 4096, 7168, H200_SMS, gemm_type, groups, scale_load)
+    # One tile per act scale group (N / 256) and m-block (of a masked group's m rows).
+    assert config["block_n"] == 256 and config["num_tiles"] == 16 * -(-m // config["block_m"])
+    assert config["share_b"] == int(share_b)
+    text = sass(name, code)
+    for instruction in ("QGMMA.64x128x32", "UTMALDG", "USETMAXREG"):
+        assert instruction in text, instruction
+    assert "LDL" not in text and "STL" not in text, "register spills"
+    assert text.count("STG.E.U16") == 32
+
+
 def test_stagger_is_checked_and_left_off_64_row_tiles(monkeypatch):
     native = kernels.jit.native_module()
     monkeypatch.setenv("MOE_SWIGLU_STAGGER", "2")
@@ -265,9 +286,12 @@ def test_stagger_is_checked_and_left_off_64_row_tiles(monkeypatch):
 
 # ---- GPU ----------------------------------------------------------------------------------------
 
-# The default kernels, 2-CTA clusters sharing B, and math warpgroup 1 a K block or five behind 0.
+# The default kernels, 2-CTA clusters sharing B, math warpgroup 1 a K block or five behind 0, and
+# 256-column tiles (alone, sharing B, staggered by 3 of their 4 stages).
 KERNEL_VARIANTS = {"single": {}, "share_b": {"MOE_FP8_MULTICAST": "b"}, "stagger1": {"MOE_SWIGLU_STAGGER": "1"},
-                   "stagger5": {"MOE_SWIGLU_STAGGER": "5"}}
+                   "stagger5": {"MOE_SWIGLU_STAGGER": "5"}, "wide": {"MOE_SWIGLU_WIDE": "1"},
+                   "wide_share_b": {"MOE_SWIGLU_WIDE": "1", "MOE_FP8_MULTICAST": "b"},
+                   "wide_stagger3": {"MOE_SWIGLU_WIDE": "1", "MOE_SWIGLU_STAGGER": "3"}}
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts,inter,k,mn_major,pad_blocks,trim", [

@@ -60,15 +60,16 @@ constexpr unsigned fp8_gemm_sfb_offset(unsigned block_m, unsigned scale_load) {
 }
 constexpr unsigned fp8_gemm_sfb_step(unsigned scale_load) { return scale_load == kScaleGather ? 1u : 4u; }
 
-// Floats of a stage's scales: gathered, block_m + 2 padded to 16 bytes; by TMA, whose boxes land
-// on 128-byte boundaries, the A box then a 128-byte slot for B's 2 x 4.
+// Floats of a stage's scales: gathered, block_m + 2 (up to 4) padded to 16 bytes; by TMA, whose boxes
+// land on 128-byte boundaries, the A box then a 128-byte slot for B's 2 (up to 8) x 4.
 constexpr unsigned fp8_gemm_sf_floats(unsigned block_m, unsigned scale_load) {
   return scale_load == kScaleGather ? block_m + 4 : fp8_gemm_sfb_offset(block_m, scale_load) + 32;
 }
 
-// Bytes the TMA scale boxes add to a stage's transaction count.
-constexpr unsigned fp8_gemm_sf_tma_bytes(unsigned block_m, unsigned scale_load) {
-  return scale_load == kScaleGather ? 0u : fp8_gemm_sfb_offset(block_m, scale_load) * 4 + 2 * 4 * 4;
+// Bytes the TMA scale boxes add to a stage's transaction count: A's box, B's of 4 K blocks by
+// sfb_rows (the tile's two 128-column blocks, or the SwiGLU epilogue's gate and up halves of each).
+constexpr unsigned fp8_gemm_sf_tma_bytes(unsigned block_m, unsigned scale_load, unsigned sfb_rows = 2) {
+  return scale_load == kScaleGather ? 0u : fp8_gemm_sfb_offset(block_m, scale_load) * 4 + sfb_rows * 4 * 4;
 }
 
 // One pipeline stage: the A and B tiles of a 128-deep K block, then the scales.

@@ -8,7 +8,8 @@
 // a thread (scale_promotion.cuh's layout) holds gate columns and fragment 2s + 1 the matching up
 // columns. A 128-column tile yields 64 act columns; the two tiles of a pair (n-blocks 2p and 2p + 1)
 // run back to back on one CTA and yield act columns [128p, 128p + 128), one scale group: the first
-// tile's act waits in registers (kActFloats per thread) for the second's amax.
+// tile's act waits in registers (kActFloats per thread) for the second's amax. A 256-column tile
+// (the pair in one K loop, two 128-column halves) yields the whole group at once.
 //
 // Numerics are swiglu_quant.cuh's after a bf16 GEMM: each accumulator is rounded to bf16 first, as
 // the staged path's D is, so both paths give the same bytes.
@@ -95,7 +96,19 @@ struct SwiGluRows {
   }
 };
 
-// A tile's epilogue: n-block 2p's act waits in `held` for n-block 2p + 1's, whose epilogue
+// Act columns [128 group, 128 group + 128), one scale group, from its two 64-column halves' act
+// (first, second) of the thread's rows: quantized and stored.
+template <uint32_t kBlockN>
+__device__ __forceinline__ void swiglu_store_group(const float* first, const float* second, uint32_t group,
+                                                   const SwiGluRows& r, const SwiGluOut& out, uint32_t lane) {
+  uint8_t* act_cols = out.act + group * 2 * (kBlockN / 2);
+  float* sf = out.sf + uint64_t(group) * out.sf_stride_k;
+  swiglu_store_pair<kBlockN>(first, second, lane, r.ok0, r.ok1, act_cols + uint64_t(r.row0) * out.ld_act,
+                             act_cols + uint64_t(r.row1) * out.ld_act, sf + uint64_t(r.row0) * out.sf_stride_m,
+                             sf + uint64_t(r.row1) * out.sf_stride_m);
+}
+
+// A 128-column tile's epilogue: n-block 2p's act waits in `held` for n-block 2p + 1's, whose epilogue
 // quantizes and stores the pair's 128 act columns, [128p, 128p + 128), one scale group.
 template <uint32_t kBlockN>
 __device__ __forceinline__ void swiglu_epilogue(const float* final_acc, float* held, uint32_t n_block,
@@ -106,12 +119,19 @@ __device__ __forceinline__ void swiglu_epilogue(const float* final_acc, float* h
   }
   float act[SwiGluTile<kBlockN>::kActFloats];
   swiglu_act<kBlockN>(final_acc, r.w0, r.w1, act);
-  const uint32_t group = n_block / 2;
-  uint8_t* act_cols = out.act + group * 2 * (kBlockN / 2);
-  float* sf = out.sf + uint64_t(group) * out.sf_stride_k;
-  swiglu_store_pair<kBlockN>(held, act, lane, r.ok0, r.ok1, act_cols + uint64_t(r.row0) * out.ld_act,
-                             act_cols + uint64_t(r.row1) * out.ld_act, sf + uint64_t(r.row0) * out.sf_stride_m,
-                             sf + uint64_t(r.row1) * out.sf_stride_m);
+  swiglu_store_group<kBlockN>(held, act, n_block / 2, r, out, lane);
+}
+
+// A 256-column tile's epilogue (both n-blocks of a pair in one K loop, promoted into two halves of
+// kHalfN columns each): the scale group n_block's act, with nothing held across tiles.
+template <uint32_t kHalfN>
+__device__ __forceinline__ void swiglu_epilogue_wide(const float* final_acc, uint32_t n_block, const SwiGluRows& r,
+                                                     const SwiGluOut& out, uint32_t lane) {
+  constexpr uint32_t kHalfAccum = kHalfN / 2;  // a 64 x kHalfN accumulator set's floats per thread
+  float first[SwiGluTile<kHalfN>::kActFloats], second[SwiGluTile<kHalfN>::kActFloats];
+  swiglu_act<kHalfN>(final_acc, r.w0, r.w1, first);
+  swiglu_act<kHalfN>(final_acc + kHalfAccum, r.w0, r.w1, second);
+  swiglu_store_group<kHalfN>(first, second, n_block, r, out, lane);
 }
 
 }  // namespace moe_kernels

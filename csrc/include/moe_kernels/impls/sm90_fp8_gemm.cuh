@@ -42,12 +42,15 @@ struct Fp8GemmSmem {
   static constexpr uint32_t kD = kStoresD ? kBlockM * kBlockN * 2 : 0;
   static constexpr uint32_t kA = kBlockM * kBlockK;
   static constexpr uint32_t kB = kBlockN * kBlockK;
-  // A scales (kSfaRow floats apart), then the two B scales (kSfbStep apart from kSfb).
+  // A scales (kSfaRow floats apart), then kSfbRows B scales (kSfbStep apart from kSfb): a tile's two
+  // 128-column blocks, or (the SwiGLU epilogue, no D) the gate and up halves of each of its blocks.
   static constexpr uint32_t kSfFloats = fp8_gemm_sf_floats(kBlockM, kScaleLoad);
   static constexpr uint32_t kSfaRow = fp8_gemm_sfa_row_floats(kScaleLoad);
   static constexpr uint32_t kSfb = fp8_gemm_sfb_offset(kBlockM, kScaleLoad);
   static constexpr uint32_t kSfbStep = fp8_gemm_sfb_step(kScaleLoad);
-  static constexpr uint32_t kTmaBytes = kA + kB + fp8_gemm_sf_tma_bytes(kBlockM, kScaleLoad);
+  static constexpr uint32_t kSfbRows = kStoresD ? 2 : kBlockN / 64;
+  static_assert(kSfbRows <= 4, "a stage holds up to 4 B scales a K block");
+  static constexpr uint32_t kTmaBytes = kA + kB + fp8_gemm_sf_tma_bytes(kBlockM, kScaleLoad, kSfbRows);
   static constexpr uint32_t kOffsetA = kD;
   static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kA;
   static constexpr uint32_t kOffsetSf = kOffsetB + kNumStages * kB;
@@ -104,7 +107,11 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages, kScaleLoad, (kTableSlots > 0 ? kShapeK / 128 : 0), kTableSlots,
                            !kSwiGlu>;
-  using Wgmma = sm90::Fp8Wgmma<kBlockN>;
+  // kSwiGlu with block N 256 (a pair's both n-blocks in one tile, kSwiGluWide): each warpgroup issues
+  // the tile's two 128-column halves one after the other, one wgmma accumulator set for both.
+  constexpr bool kSwiGluWide = kSwiGlu && kBlockN == 256;
+  constexpr uint32_t kNumHalves = kSwiGluWide ? 2 : 1;
+  using Wgmma = sm90::Fp8Wgmma<kBlockN / kNumHalves>;
   constexpr uint32_t kBlockK = Smem::kBlockK;
   constexpr uint32_t kNumMathWG = fp8_gemm_math_warpgroups(kBlockM);
   constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
@@ -113,8 +120,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   constexpr uint32_t kNumKBlocks = kShapeK / kBlockK;
   // Rows of B's scales per group: one per 128-row block, or (kSwiGlu) two, its gate and up halves'.
   constexpr uint32_t kNumSfbRows = kSwiGlu ? kShapeN / 64 : (kShapeN + 127) / 128;
-  // The scheduler's tiles: pairs of n-blocks under kSwiGlu (one scale group of act), else n-blocks.
-  constexpr uint32_t kTileN = kSwiGlu ? 2 * kBlockN : kBlockN;
+  // The scheduler's tiles: 256 columns under kSwiGlu (one scale group of act: a pair of 128-column
+  // n-blocks, or one wide one), else n-blocks.
+  constexpr uint32_t kTileN = kSwiGlu ? 256 : kBlockN;
   // Scale producers: warps 1.. of the producer warpgroup (warp 0 issues the TMA loads), at most
   // one per stage; none where the TMA warp loads the scales.
   constexpr bool kScaleTma = kScaleLoad != kScaleGather;
@@ -186,11 +194,12 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // The first tile of a pair holds its act (kActFloats registers) through the second's K loop: one
   // wave of 128 x 128 or 64 x 128 tiles, no third accumulator set, clusters only sharing B (both CTAs
   // walk the same pairs), the tail split off (the launcher plans none).
-  static_assert(!kSwiGlu || (kBlockN == 128 && kNumWaves == 1 && !kOverlap && (kNumMulticast == 1 || kShareB) &&
+  static_assert(!kSwiGlu || ((kBlockN == 128 || kBlockN == 256) && kNumWaves == 1 && !kOverlap &&
+                             (kNumMulticast == 1 || kShareB) &&
                              !kWgStore && kShapeN % (2 * kBlockN) == 0 && kResidual == 0 &&
                              kScaleLoad != kScaleTmaKMajorTable),
-                "SwiGLU epilogue: 64 x 128 or 128 x 128 tiles without overlap, residual or clusters sharing A, "
-                "N a multiple of 256");
+                "SwiGLU epilogue: tiles of block N 128 or 256, one wave, without overlap, residual or clusters "
+                "sharing A, N a multiple of 256");
   // kSwiGluStagger: math warpgroup 1 starts its first K block once warpgroup 0 has finished
   // kSwiGluStagger of its own (named barrier kStaggerBarrier, once a CTA), so each warpgroup's
   // epilogue may run beside the other's K loop. Warpgroup 0 gets at most kNumStages - 1 K blocks
@@ -254,12 +263,14 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   };
   const auto b_row0 = [&](const Tile& tile) { return (kGrouped ? tile.group * kShapeN : 0) + tile.n_block * kBlockN; };
   // The tile's first scale row of B in its group: its first 128-column block, or its gate half's.
-  const auto sfb_block = [&](const Tile& tile) { return kSwiGlu ? 2 * tile.n_block : tile.n_block * kBlockN / 128; };
+  const auto sfb_block = [&](const Tile& tile) {
+    return kSwiGlu ? tile.n_block * (kBlockN / 64) : tile.n_block * kBlockN / 128;
+  };
   // ... a row of map_sfb.
   const auto sfb_row0 = [&](const Tile& tile) { return (kGrouped ? tile.group * kNumSfbRows : 0) + sfb_block(tile); };
-  // f(tile) for the scheduler's tile, or (kSwiGlu) for each n-block of its pair in turn.
+  // f(tile) for the scheduler's tile, or (kSwiGlu, block N 128) for each n-block of its pair in turn.
   const auto for_each_block = [&](const Tile& tile, auto&& f) {
-    if constexpr (kSwiGlu) {
+    if constexpr (kSwiGlu && !kSwiGluWide) {
       Tile block = tile;
 #pragma unroll 1
       for (uint32_t i = 0; i < 2; ++i) {
@@ -349,7 +360,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         const uint32_t row_end = kType == GemmType::kGroupedMasked ? (t.group + 1) * m : m;
         const LaneScaleRows<kBlockM / 32> rows_a(row_a, row_end, sfa_stride_m, lane);
         const uint32_t sfb_row = sfb_block(t) + lane;
-        const bool valid_b = lane < 2 && sfb_row < kNumSfbRows;
+        const bool valid_b = lane < Smem::kSfbRows && sfb_row < kNumSfbRows;
         const float* sfb_lane = sfb + (valid_b ? uint64_t(t.group) * sfb_stride_g + uint64_t(sfb_row) * sfb_stride_n : 0);
         for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
           const bool mine = turn == my_turn;
@@ -362,7 +373,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
           for (uint32_t i = 0; i < kBlockM / 32; ++i) {
             sm90::cp_async_4(sf + i * 32 + lane, sfa_k + rows_a.offset[i], rows_a.bytes(i));
           }
-          if (lane < 2) sm90::cp_async_4(sf + Smem::kSfb + lane, sfb_lane + kb * sfb_stride_k, valid_b ? 4 : 0);
+          if (lane < Smem::kSfbRows) {
+            sm90::cp_async_4(sf + Smem::kSfb + lane, sfb_lane + kb * sfb_stride_k, valid_b ? 4 : 0);
+          }
           sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
         }
       };
@@ -389,9 +402,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     if (math_wg == 1) sm90::named_barrier_sync(kStaggerBarrier, kNumMathThreads);
   }
   float acc[Wgmma::kNumAccum];
-  float final_acc[kNumWaves * Wgmma::kNumAccum];
+  float final_acc[kNumWaves * kNumHalves * Wgmma::kNumAccum];
   // kSwiGlu: the act of the pair's first n-block, until the second's epilogue.
-  [[maybe_unused]] float swiglu_held[SwiGluTile<kSwiGlu ? kBlockN : 16>::kActFloats];
+  [[maybe_unused]] float swiglu_held[SwiGluTile<kSwiGlu && !kSwiGluWide ? kBlockN : 16>::kActFloats];
   // Masked groups: the scheduler's loop runs on masked_m loaded per thread, which ptxas cannot prove
   // warp-uniform, so it kept the stage index out of uniform registers: 16 R2UR per K block rebuilt
   // the wgmma descriptors. Lane 0's stage, broadcast, is uniform (1-3 left). Contiguous 256-row
@@ -401,8 +414,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // kScaleTable: the slot being read (set once its box has landed).
   [[maybe_unused]] const float* sfa_slot = smem_sfa;
   // The K block's scales from its stage (A's from the tile's table): A's two rows of the thread
-  // per wave, B's two blocks.
-  const auto read_scales = [&](uint32_t stage, uint32_t kb, float (&sa)[kNumWaves][2], float (&sb)[2]) {
+  // per wave, B's two blocks (kSwiGluWide: the gate and up halves of both).
+  const auto read_scales = [&](uint32_t stage, uint32_t kb, float (&sa)[kNumWaves][2], float (&sb)[2 * kNumHalves]) {
     const float* sf = smem_sf + stage * Smem::kSfFloats;
     // The K block's column in a box of 4 K blocks (TMA scale loads), else 0.
     const uint32_t column = kScaleTma ? kb % 4 : 0;
@@ -417,8 +430,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         sa[w][1] = sf_a[(w * kWaveRows + tile_row0 + 8) * Smem::kSfaRow];
       }
     }
-    sb[0] = sf[Smem::kSfb + column];
-    sb[1] = sf[Smem::kSfb + Smem::kSfbStep + column];
+#pragma unroll
+    for (uint32_t i = 0; i < 2 * kNumHalves; ++i) sb[i] = sf[Smem::kSfb + i * Smem::kSfbStep + column];
   };
   // kOverlap: the stage is free once its wgmmas are done (its scales are in registers). One arrival
   // per warp (per warp and CTA of a cluster), predicated: a branch while the next K block's wgmmas
@@ -438,9 +451,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   [[maybe_unused]] const auto overlapped_k_loop = [&](auto split, uint32_t split_col, uint32_t kb_begin,
                                                       uint32_t kb_end) {
     float acc2[Wgmma::kNumAccum];
-    float sa[2][kNumWaves][2], sb[2][2];
+    // kOverlap runs no column halves (kNumHalves is 1): the arrays take read_scales' shape only.
+    float sa[2][kNumWaves][2], sb[2][2 * kNumHalves];
     PipelineState<kNumStages> next = pipe;  // the stage whose wgmmas go next; pipe: the next to release
-    const auto issue = [&](float* set, float (&set_sa)[kNumWaves][2], float (&set_sb)[2], uint32_t kb) {
+    const auto issue = [&](float* set, float (&set_sa)[kNumWaves][2], float (&set_sb)[2 * kNumHalves], uint32_t kb) {
       ring.consumer_wait(next);
       const uint32_t stage = kBroadcastStage ? __shfl_sync(0xffffffffu, next.stage, 0) : next.stage;
       read_scales(stage, kb, set_sa, set_sb);
@@ -449,11 +463,11 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       Wgmma::issue_k_block(desc_a, desc_b, set, false);
       next.advance();
     };
-    const auto retire = [&](float* set, const float (&set_sa)[kNumWaves][2], const float (&set_sb)[2]) {
+    const auto retire = [&](float* set, const float (&set_sa)[kNumWaves][2], const float (&set_sb)[2 * kNumHalves]) {
       release(pipe);
       pipe.advance();
-      promote_fp8_accum<kBlockN, decltype(split)::value>(final_acc, set, set_sa[0][0], set_sa[0][1], set_sb[0],
-                                                           set_sb[1], split_col);
+      promote_fp8_accum<kBlockN / kNumHalves, decltype(split)::value>(final_acc, set, set_sa[0][0], set_sa[0][1],
+                                                                        set_sb[0], set_sb[1], split_col);
     };
     // Rounds of kOverlapRound K blocks, unrolled, so that each set's registers are named at compile
     // time and every round ends with no wgmma in flight: ptxas serialized the wgmmas of a loop that
@@ -524,18 +538,20 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         ring.consumer_wait(pipe);
         // Scales first: their shared-memory latency hides behind the wgmmas.
         const uint32_t stage = kBroadcastStage ? __shfl_sync(0xffffffffu, pipe.stage, 0) : pipe.stage;
-        float sa[kNumWaves][2], sb[2];
+        float sa[kNumWaves][2], sb[2 * kNumHalves];
         read_scales(stage, kb, sa, sb);
         const uint64_t desc_b = desc_b0 + stage * (Smem::kB / 16);
+        // Parts of the K block, each one wgmma accumulator set: waves of rows, or halves of columns.
 #pragma unroll
-        for (uint32_t w = 0; w < kNumWaves; ++w) {
+        for (uint32_t p = 0; p < kNumWaves * kNumHalves; ++p) {
+          const uint32_t w = p / kNumHalves, h = p % kNumHalves;
           const uint64_t desc_a = desc_a0 + (stage * Smem::kA + w * kWaveRows * kBlockK) / 16;
-          Wgmma::issue_k_block(desc_a, desc_b, acc, false);
+          Wgmma::issue_k_block(desc_a, desc_b + h * ((kBlockN / kNumHalves) * kBlockK / 16), acc, false);
           if constexpr (kPingPong) turns.pass();
           Wgmma::template wait<0>(acc);
 
-          // The stage is free once the last wave's wgmmas have read it (its scales are in registers).
-          if (w + 1 == kNumWaves) {
+          // The stage is free once the last part's wgmmas have read it (its scales are in registers).
+          if (p + 1 == kNumWaves * kNumHalves) {
             // Branches, not `release`: its broadcast stage and predicated arrivals cost masked
             // 128-row tiles 16 R2UR per K block here (SASS), and no wgmma is in flight to serialize.
             __syncwarp();
@@ -545,8 +561,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
               ring.consumer_release(pipe);
             }
           }
-          promote_fp8_accum<kBlockN, decltype(split)::value>(final_acc + w * Wgmma::kNumAccum, acc, sa[w][0],
-                                                               sa[w][1], sb[0], sb[1], split_col);
+          promote_fp8_accum<kBlockN / kNumHalves, decltype(split)::value>(
+              final_acc + p * Wgmma::kNumAccum, acc, sa[w][0], sa[w][1], sb[2 * h], sb[2 * h + 1], split_col);
         }
         if constexpr (kSwiGluStagger > 0) {
           if (stagger_left != 0 && --stagger_left == 0) sm90::named_barrier_arrive(kStaggerBarrier, kNumMathThreads);
@@ -578,7 +594,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         return;
       }
     }
-    if constexpr (kSwiGlu) {
+    if constexpr (kSwiGluWide) {
+      swiglu_epilogue_wide<kBlockN / 2>(final_acc, t.n_block, swiglu_rows, swiglu, lane);
+      return;
+    } else if constexpr (kSwiGlu) {
       swiglu_epilogue<kBlockN>(final_acc, swiglu_held, t.n_block, swiglu_rows, swiglu, lane);
       return;
     }
