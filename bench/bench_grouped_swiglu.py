@@ -18,6 +18,7 @@ instead of against the staged pair; ``--variant NAME=VALUE[,...]`` against itsel
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 import torch
 
@@ -65,14 +66,31 @@ def contiguous_row(g: int, per: int, inter: int, hidden: int, w, w1, peer_env: d
     return row(f"contiguous {g} x {per}", m, inter, hidden, fused, staged, peer_env)
 
 
-def masked_row(g: int, tokens: int, inter: int, hidden: int, w, w1, peer_env: dict) -> list[str]:
+@dataclass
+class MaskedL1:
+    """A masked L1 problem of ``g`` groups of ``tokens`` valid rows (max_m = tokens): A (e4m3 [g, tokens,
+    hidden], f32 scales), masked_m int32 [g], top-k weights f32 [g, tokens], the staged pair's bf16
+    ``h`` [g, tokens, 2I] and the fused call's act e4m3 [g, tokens, I] and act_sf f32 [g, tokens, I/128]."""
+    a: tuple[torch.Tensor, torch.Tensor]
+    masked_m: torch.Tensor
+    topk: torch.Tensor
+    h: torch.Tensor
+    act: torch.Tensor
+    act_sf: torch.Tensor
+
+
+def masked_problem(g: int, tokens: int, inter: int, hidden: int) -> MaskedL1:
     x, sf = activations(g * tokens, hidden, False)
-    a = (x.view(g, tokens, hidden), sf.view(g, tokens, -1))
-    masked_m = torch.full((g,), tokens, device="cuda", dtype=torch.int32)
-    topk = torch.rand(g, tokens, device="cuda")
-    h = torch.empty(g, tokens, 2 * inter, device="cuda", dtype=torch.bfloat16)
-    act = torch.empty(g, tokens, inter, device="cuda", dtype=torch.float8_e4m3fn)
-    act_sf = torch.empty(g, tokens, inter // 128, device="cuda")
+    return MaskedL1((x.view(g, tokens, hidden), sf.view(g, tokens, -1)),
+                    torch.full((g,), tokens, device="cuda", dtype=torch.int32), torch.rand(g, tokens, device="cuda"),
+                    torch.empty(g, tokens, 2 * inter, device="cuda", dtype=torch.bfloat16),
+                    torch.empty(g, tokens, inter, device="cuda", dtype=torch.float8_e4m3fn),
+                    torch.empty(g, tokens, inter // 128, device="cuda"))
+
+
+def masked_row(g: int, tokens: int, inter: int, hidden: int, w, w1, peer_env: dict) -> list[str]:
+    p = masked_problem(g, tokens, inter, hidden)
+    a, masked_m, topk, h, act, act_sf = p.a, p.masked_m, p.topk, p.h, p.act, p.act_sf
 
     def staged():
         kernels.m_grouped_fp8_gemm_nt_masked(a, w, h, masked_m, tokens)

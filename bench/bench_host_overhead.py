@@ -26,7 +26,9 @@ import kernels
 from kernels import _descriptors, gemm
 from kernels.jit import native_module
 from kernels.testing.bench import bench_kineto, per_call_us_interleaved
-from moe_runtime.weight_layout import transform_weights_for_mega_moe
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_grouped_swiglu  # noqa: E402  (its L1 problems)
 
 
 def host_us(fn, rounds: int = 21, calls: int = 100) -> float:
@@ -80,26 +82,16 @@ def swiglu_breakdown(groups: int = 32, inter: int = 2048, hidden: int = 7168) ->
     """The fused SwiGLU L1 call and the staged pair (masked GEMM into bf16, swiglu_quant_fp8): host us
     per call, events around one call on an idle stream, per call back to back, and the kernels'
     time (profiler, L2 warm, every kernel of the call)."""
-    w = (torch.randn(groups, 2 * inter, hidden, device="cuda") * 0.5).to(torch.float8_e4m3fn)
-    sf = torch.rand(groups, 2 * inter // 128, hidden // 128, device="cuda") + 0.5
-    down = (torch.zeros(groups, hidden, inter, device="cuda", dtype=torch.float8_e4m3fn),
-            torch.ones(groups, hidden // 128, inter // 128, device="cuda"))
-    w1 = tuple(transform_weights_for_mega_moe((w, sf), down).l1)
+    w, w1 = bench_grouped_swiglu.weights(groups, inter, hidden)
     print(f"\nSwiGLU L1, {groups} experts, N x K = {2 * inter} x {hidden}, masked")
     print(f"{'call':<34} {'host us':>8} {'idle-stream us':>14} {'back-to-back us':>15} {'kernels us':>10}")
     for tokens in (64, 256):
-        x, sfa = kernels.per_token_cast_to_fp8(torch.randn(groups * tokens, hidden, device="cuda",
-                                                           dtype=torch.bfloat16))
-        a = (x.view(groups, tokens, hidden), sfa.view(groups, tokens, -1))
-        masked_m = torch.full((groups,), tokens, device="cuda", dtype=torch.int32)
-        topk = torch.rand(groups, tokens, device="cuda")
-        h = torch.empty(groups, tokens, 2 * inter, device="cuda", dtype=torch.bfloat16)
-        act = torch.empty(groups, tokens, inter, device="cuda", dtype=torch.float8_e4m3fn)
-        act_sf = torch.empty(groups, tokens, inter // 128, device="cuda")
+        p = bench_grouped_swiglu.masked_problem(groups, tokens, inter, hidden)
+        a, masked_m, topk, h, act, act_sf = p.a, p.masked_m, p.topk, p.h, p.act, p.act_sf
         calls = [
             ("fused", lambda: kernels.m_grouped_fp8_gemm_nt_swiglu_masked(a, w1, (act, act_sf), masked_m, tokens,
                                                                           topk)),
-            ("staged GEMM", lambda: kernels.m_grouped_fp8_gemm_nt_masked(a, (w, sf), h, masked_m, tokens)),
+            ("staged GEMM", lambda: kernels.m_grouped_fp8_gemm_nt_masked(a, w, h, masked_m, tokens)),
             ("staged swiglu_quant_fp8", lambda: kernels.swiglu_quant_fp8(h.view(groups * tokens, -1), topk.view(-1),
                                                                          masked_m, tokens)),
         ]
