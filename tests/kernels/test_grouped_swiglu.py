@@ -253,19 +253,20 @@ def test_staggered_pairs_compile(monkeypatch, m, gemm_type, groups):
     assert "LDL" not in text and "STL" not in text, "register spills"
 
 
-@pytest.mark.parametrize("m,gemm_type,groups,scale_load,share_b", [
-    (8192, 1, 32, 1, False), (8192, 1, 32, 0, False), (16, 2, 32, 0, False), (256, 2, 8, 0, True),
+@pytest.mark.parametrize("m,n,gemm_type,groups,scale_load,share_b", [
+    (8192, 4096, 1, 32, 1, False), (8192, 4096, 1, 32, 0, False), (16, 4096, 2, 32, 0, False),
+    (256, 4096, 2, 8, 0, True), (8192, 768, 1, 32, 0, False),  # N = 3 x 256: an odd count of tiles
 ])
-def test_wide_tiles_are_lean(monkeypatch, m, gemm_type, groups, scale_load, share_b):
+def test_wide_tiles_are_lean(monkeypatch, m, n, gemm_type, groups, scale_load, share_b):
     """MOE_SWIGLU_WIDE=1: 256-column tiles, two 64 x 128 wgmma halves a K block, the act scale group
     stored at once (the same 32 two-byte stores a thread), no spills with or without clusters sharing B."""
     monkeypatch.setenv("MOE_SWIGLU_WIDE", "1")
     if share_b:
         monkeypatch.setenv("MOE_FP8_MULTICAST", "b")
     native = kernels.jit.native_module()
-    name, code, config = native.fp8_gemm_nt_swiglu_code(m, 4096, 7168, H200_SMS, gemm_type, groups, scale_load)
+    name, code, config = native.fp8_gemm_nt_swiglu_code(m, n, 7168, H200_SMS, gemm_type, groups, scale_load)
     # One tile per act scale group (N / 256) and m-block (of a masked group's m rows).
-    assert config["block_n"] == 256 and config["num_tiles"] == 16 * -(-m // config["block_m"])
+    assert config["block_n"] == 256 and config["num_tiles"] == n // 256 * -(-m // config["block_m"])
     assert config["share_b"] == int(share_b)
     text = sass(name, code)
     for instruction in ("QGMMA.64x128x32", "UTMALDG", "USETMAXREG"):

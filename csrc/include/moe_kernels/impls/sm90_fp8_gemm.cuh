@@ -88,7 +88,8 @@ struct Fp8GemmSmem {
 // kSwiGlu: B is an L1 weight with gate/up interleaved and one scale per 128-row block and half
 // (map_sfb / sfb rows: groups x N / 64), D is not written; the epilogue writes act = SwiGLU x the
 // row's weight, quantized 1 x 128, to `swiglu` (common/swiglu_epilogue.cuh). The scheduler walks
-// pairs of n-blocks, which every role runs back to back.
+// 256-column tiles (one act scale group): pairs of 128-column n-blocks, which every role runs back
+// to back, or (block N 256) single n-blocks of two 128-column halves.
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
@@ -191,12 +192,12 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   static_assert(!kShareB || (kNumMulticast == 2 && kNumWaves == 1 && kBlockN % 16 == 0),
                 "B is shared by 2-CTA clusters of 128-row tiles, in whole 8-row atoms");
   constexpr uint32_t kMulticastRowsA = kShareB ? kBlockM : kBlockM / kNumMulticast;
-  // The first tile of a pair holds its act (kActFloats registers) through the second's K loop: one
-  // wave of 128 x 128 or 64 x 128 tiles, no third accumulator set, clusters only sharing B (both CTAs
-  // walk the same pairs), the tail split off (the launcher plans none).
+  // The first tile of a pair holds its act (kActFloats registers) through the second's K loop, or a
+  // 256-column tile holds both halves' sums: one wave, no third accumulator set, clusters only sharing
+  // B (both CTAs walk the same tiles), the tail split off (the launcher plans none).
   static_assert(!kSwiGlu || ((kBlockN == 128 || kBlockN == 256) && kNumWaves == 1 && !kOverlap &&
                              (kNumMulticast == 1 || kShareB) &&
-                             !kWgStore && kShapeN % (2 * kBlockN) == 0 && kResidual == 0 &&
+                             !kWgStore && kShapeN % 256 == 0 && kResidual == 0 &&
                              kScaleLoad != kScaleTmaKMajorTable),
                 "SwiGLU epilogue: tiles of block N 128 or 256, one wave, without overlap, residual or clusters "
                 "sharing A, N a multiple of 256");
@@ -204,8 +205,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // kSwiGluStagger of its own (named barrier kStaggerBarrier, once a CTA), so each warpgroup's
   // epilogue may run beside the other's K loop. Warpgroup 0 gets at most kNumStages - 1 K blocks
   // ahead without warpgroup 1's releases, so the lag never waits on a stage.
-  static_assert(kSwiGluStagger == 0 || (kSwiGlu && kBlockM == 128 && kSwiGluStagger < kNumStages),
-                "SwiGLU stagger: 128-row tiles, fewer K blocks than stages");
+  // Without turns: warpgroup 0 would wait in its first turn for warpgroup 1, held at the barrier.
+  static_assert(kSwiGluStagger == 0 || (kSwiGlu && kBlockM == 128 && kSwiGluStagger < kNumStages && !kPingPong),
+                "SwiGLU stagger: 128-row tiles without turns, fewer K blocks than stages");
   constexpr uint32_t kStaggerBarrier = 6;  // after the turns' (2, 3) and the per-warpgroup stores' (4, 5)
   constexpr uint32_t kHalfRowsB = kBlockN / 2;
 
@@ -503,7 +505,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   };
   const auto math_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
 #pragma unroll
-    for (uint32_t i = 0; i < kNumWaves * Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
+    for (uint32_t i = 0; i < kNumWaves * kNumHalves * Wgmma::kNumAccum; ++i) final_acc[i] = 0.0f;
     if constexpr (kScaleTable) acquire_sfa();
     constexpr bool kMasked = kType == GemmType::kGroupedMasked;
     // kSwiGlu: the thread's rows and their weights (every lane's, for the amax shuffles). A pair's
