@@ -470,7 +470,9 @@ inline Config plan_swiglu(int m, int n, int k, int num_sms, GemmType type, int n
   // MOE_SWIGLU_WIDE=1: 256-column tiles, both n-blocks of a pair in one K loop (each math warpgroup's two
   // 128-column halves in turn): A and B cross L2 once per 128 x 256 outputs instead of twice per pair
   // (untimed, so off by default).
-  if (env_int("MOE_SWIGLU_WIDE") == 1) t.block_n = 256;
+  // =2: and the two math warpgroups of a 128-row tile take turns on the tensor cores, a half each.
+  const int wide = env_int("MOE_SWIGLU_WIDE");
+  if (wide == 1 || wide == 2) t.block_n = 256;
   // No D tile (the epilogue stores from registers): its shared memory goes to the stages.
   const int per_stage = stage_bytes(t.block_m, t.block_n);
   t.num_stages = stages_beside(pipeline_smem(t.block_m, t.block_n, 0, per_stage, false), per_stage);
@@ -511,6 +513,9 @@ inline Config plan_swiglu(int m, int n, int k, int num_sms, GemmType type, int n
                   fn << ": MOE_SWIGLU_STAGGER must be in [0, " << t.num_stages << ") (below the plan's stages), got "
                      << stagger);
   cfg.swiglu_stagger = t.block_m == 128 ? stagger : 0;
+  cfg.pingpong = wide == 2 && t.block_m == 128 ? 1 : 0;
+  MOE_HOST_ASSERT(cfg.pingpong == 0 || cfg.swiglu_stagger == 0,
+                  fn << ": MOE_SWIGLU_STAGGER and MOE_SWIGLU_WIDE=2 (turns) exclude each other");
   return cfg;
 }
 

@@ -288,11 +288,12 @@ def test_stagger_is_checked_and_left_off_64_row_tiles(monkeypatch):
 # ---- GPU ----------------------------------------------------------------------------------------
 
 # The default kernels, 2-CTA clusters sharing B, math warpgroup 1 a K block or five behind 0, and
-# 256-column tiles (alone, sharing B, staggered by 3 of their 4 stages).
+# 256-column tiles (alone, sharing B, staggered by 3 of their 4 stages, the warpgroups taking turns).
 KERNEL_VARIANTS = {"single": {}, "share_b": {"MOE_FP8_MULTICAST": "b"}, "stagger1": {"MOE_SWIGLU_STAGGER": "1"},
                    "stagger5": {"MOE_SWIGLU_STAGGER": "5"}, "wide": {"MOE_SWIGLU_WIDE": "1"},
                    "wide_share_b": {"MOE_SWIGLU_WIDE": "1", "MOE_FP8_MULTICAST": "b"},
-                   "wide_stagger3": {"MOE_SWIGLU_WIDE": "1", "MOE_SWIGLU_STAGGER": "3"}}
+                   "wide_stagger3": {"MOE_SWIGLU_WIDE": "1", "MOE_SWIGLU_STAGGER": "3"},
+                   "wide_turns": {"MOE_SWIGLU_WIDE": "2"}}
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts,inter,k,mn_major,pad_blocks,trim", [

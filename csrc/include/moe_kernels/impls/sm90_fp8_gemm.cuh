@@ -548,6 +548,11 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         for (uint32_t p = 0; p < kNumWaves * kNumHalves; ++p) {
           const uint32_t w = p / kNumHalves, h = p % kNumHalves;
           const uint64_t desc_a = desc_a0 + (stage * Smem::kA + w * kWaveRows * kBlockK) / 16;
+          // Turns for every part (the first's was taken above): the other warpgroup's half runs on
+          // the tensor cores while this one promotes.
+          if constexpr (kPingPong) {
+            if (p > 0) turns.take();
+          }
           Wgmma::issue_k_block(desc_a, desc_b + h * ((kBlockN / kNumHalves) * kBlockK / 16), acc, false);
           if constexpr (kPingPong) turns.pass();
           Wgmma::template wait<0>(acc);
