@@ -33,6 +33,7 @@ stream, CPU tensors :mod:`kernels.reference.swiglu`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -107,6 +108,76 @@ def _check_row_weights(fn: str, weights: object, rows: tuple[int, ...]) -> torch
     return weights
 
 
+@dataclass
+class _Call:
+    """A checked call: what the CPU reference takes, and the native entry point's arguments (device
+    last: -1 on the CPU; the stream follows)."""
+    a: tuple[torch.Tensor, torch.Tensor]
+    b: tuple[torch.Tensor, torch.Tensor]
+    index: torch.Tensor
+    weights: torch.Tensor
+    act: torch.Tensor
+    act_sf: torch.Tensor
+    rows: int  # M (contiguous) or max_m (masked): 0 launches nothing
+    native: tuple
+
+
+def _contiguous_call(a: object, b: object, d: object, m_indices: object, weights: object) -> _Call:
+    fn = "m_grouped_fp8_gemm_nt_swiglu_contiguous"
+    a_t, sfa, m, k = _contiguous_activations(fn, a)
+    b_t, sfb, g, n = _check_weights(fn, b, k)
+    act, act_sf = _check_outputs(fn, d, (m,), n // 2)
+    m_indices = _check_index(fn, "m_indices", m_indices, m)
+    weights = _check_row_weights(fn, weights, (m,))
+    device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, act, act_sf, m_indices, weights])
+    native = (a_t.data_ptr(), a_t.stride(0), sfa.data_ptr(), sfa.stride(0), sfa.stride(1),
+              b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(2), sfb.stride(3),
+              act.data_ptr(), act.stride(0), act_sf.data_ptr(), act_sf.stride(0), act_sf.stride(1), weights.data_ptr(),
+              m_indices.data_ptr(), m, n, k, g, _device_index(device))
+    return _Call((a_t, sfa), (b_t, sfb), m_indices, weights, act, act_sf, m, native)
+
+
+def _masked_call(a: object, b: object, d: object, masked_m: object, expected_m: object, weights: object) -> _Call:
+    fn = "m_grouped_fp8_gemm_nt_swiglu_masked"
+    _check_expected_m(fn, expected_m)
+    a_t, sfa, groups, max_m, k = _masked_activations(fn, a)
+    b_t, sfb, g, n = _check_weights(fn, b, k)
+    _check_groups(fn, groups, g)
+    act, act_sf = _check_outputs(fn, d, (g, max_m), n // 2)
+    masked_m = _check_index(fn, "masked_m", masked_m, g)
+    weights = _check_row_weights(fn, weights, (g, max_m))
+    device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, act, act_sf, masked_m, weights])
+    native = (a_t.data_ptr(), a_t.stride(1), sfa.data_ptr(), sfa.stride(1), sfa.stride(2),
+              b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(2), sfb.stride(3),
+              act.data_ptr(), act.stride(1), act_sf.data_ptr(), act_sf.stride(1), act_sf.stride(2), weights.data_ptr(),
+              masked_m.data_ptr(), max_m, expected_m, n, k, g, _device_index(device))
+    return _Call((a_t, sfa), (b_t, sfb), masked_m, weights, act, act_sf, max_m, native)
+
+
+def _device_index(device: torch.device) -> int:
+    return -1 if device.type == "cpu" else device.index
+
+
+def _contiguous_launch_args(a, b, d, m_indices, weights) -> tuple:
+    """The full checks' native arguments (device last), for the tests against the C++ checks."""
+    return _contiguous_call(a, b, d, m_indices, weights).native
+
+
+def _masked_launch_args(a, b, d, masked_m, expected_m, weights) -> tuple:
+    return _masked_call(a, b, d, masked_m, expected_m, weights).native
+
+
+def _launch_tensors(name: str, weights: object, call: tuple) -> bool:
+    """The C++ entry point ``_C.<name>_tensors(*call, device, stream)``, which checks the tensors as the
+    Python path does and launches; False where it declines (a CPU tensor, anything the full checks
+    would name, a tensor subclass): the full checks then run."""
+    if not jit.TENSOR_API or type(weights) is not torch.Tensor:
+        return False
+    device = weights.get_device()
+    return device >= 0 and getattr(jit.native_module(), name + "_tensors")(
+        *call, device, _descriptors.current_stream_of(device))
+
+
 def m_grouped_fp8_gemm_nt_swiglu_contiguous(a: tuple[torch.Tensor, torch.Tensor],
                                             b: tuple[torch.Tensor, torch.Tensor],
                                             d: tuple[torch.Tensor, torch.Tensor], m_indices: torch.Tensor,
@@ -118,23 +189,15 @@ def m_grouped_fp8_gemm_nt_swiglu_contiguous(a: tuple[torch.Tensor, torch.Tensor]
     the module docstring, ``m_indices`` int32 [M] (aligned blocks of
     ``get_mk_alignment_for_contiguous_layout()`` rows), ``weights`` float32 [M].
     """
-    fn = "m_grouped_fp8_gemm_nt_swiglu_contiguous"
-    a_t, sfa, m, k = _contiguous_activations(fn, a)
-    b_t, sfb, g, n = _check_weights(fn, b, k)
-    act, act_sf = _check_outputs(fn, d, (m,), n // 2)
-    m_indices = _check_index(fn, "m_indices", m_indices, m)
-    weights = _check_row_weights(fn, weights, (m,))
-    device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, act, act_sf, m_indices, weights])
-    if device.type == "cpu":
-        reference.m_grouped_fp8_gemm_nt_swiglu_contiguous((a_t, sfa), (b_t, sfb), m_indices, weights, act, act_sf)
+    name = "m_grouped_fp8_gemm_nt_swiglu_contiguous"
+    if _launch_tensors(name, weights, (a, b, d, m_indices, weights)):
         return
-    if m == 0:
-        return
-    jit.native_module().m_grouped_fp8_gemm_nt_swiglu_contiguous(
-        a_t.data_ptr(), a_t.stride(0), sfa.data_ptr(), sfa.stride(0), sfa.stride(1),
-        b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(2), sfb.stride(3),
-        act.data_ptr(), act.stride(0), act_sf.data_ptr(), act_sf.stride(0), act_sf.stride(1), weights.data_ptr(),
-        m_indices.data_ptr(), m, n, k, g, device.index, _descriptors.current_stream(device))
+    call = _contiguous_call(a, b, d, m_indices, weights)
+    if call.native[-1] < 0:
+        reference.m_grouped_fp8_gemm_nt_swiglu_contiguous(call.a, call.b, call.index, call.weights, call.act,
+                                                          call.act_sf)
+    elif call.rows:
+        getattr(jit.native_module(), name)(*call.native, _descriptors.current_stream_of(call.native[-1]))
 
 
 def m_grouped_fp8_gemm_nt_swiglu_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
@@ -147,22 +210,11 @@ def m_grouped_fp8_gemm_nt_swiglu_masked(a: tuple[torch.Tensor, torch.Tensor], b:
     [G, max_m, I], act_sf [G, max_m, I/128]), ``masked_m`` int32 [G] (clamped to [0, max_m] on the GPU),
     ``expected_m`` a positive int (steers the tile choice only), ``weights`` float32 [G, max_m].
     """
-    fn = "m_grouped_fp8_gemm_nt_swiglu_masked"
-    _check_expected_m(fn, expected_m)
-    a_t, sfa, groups, max_m, k = _masked_activations(fn, a)
-    b_t, sfb, g, n = _check_weights(fn, b, k)
-    _check_groups(fn, groups, g)
-    act, act_sf = _check_outputs(fn, d, (g, max_m), n // 2)
-    masked_m = _check_index(fn, "masked_m", masked_m, g)
-    weights = _check_row_weights(fn, weights, (g, max_m))
-    device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, act, act_sf, masked_m, weights])
-    if device.type == "cpu":
-        reference.m_grouped_fp8_gemm_nt_swiglu_masked((a_t, sfa), (b_t, sfb), masked_m, weights, act, act_sf)
+    name = "m_grouped_fp8_gemm_nt_swiglu_masked"
+    if _launch_tensors(name, weights, (a, b, d, masked_m, expected_m, weights)):
         return
-    if max_m == 0:
-        return
-    jit.native_module().m_grouped_fp8_gemm_nt_swiglu_masked(
-        a_t.data_ptr(), a_t.stride(1), sfa.data_ptr(), sfa.stride(1), sfa.stride(2),
-        b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(2), sfb.stride(3),
-        act.data_ptr(), act.stride(1), act_sf.data_ptr(), act_sf.stride(1), act_sf.stride(2), weights.data_ptr(),
-        masked_m.data_ptr(), max_m, expected_m, n, k, g, device.index, _descriptors.current_stream(device))
+    call = _masked_call(a, b, d, masked_m, expected_m, weights)
+    if call.native[-1] < 0:
+        reference.m_grouped_fp8_gemm_nt_swiglu_masked(call.a, call.b, call.index, call.weights, call.act, call.act_sf)
+    elif call.rows:
+        getattr(jit.native_module(), name)(*call.native, _descriptors.current_stream_of(call.native[-1]))

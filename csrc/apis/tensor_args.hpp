@@ -69,9 +69,8 @@ inline bool read(PyObject* obj, int dim, bool written, bool any_device, View& ou
   return true;
 }
 
-// A pair (tuple or list of two) of plain CUDA tensors of `dim` dimensions each.
-inline bool read_pair(PyObject* obj, int dim, bool any_device, View& first, View& second) {
-  PyObject* items[2];
+// The two items of a pair (a tuple or list of two), or false.
+inline bool pair_items(PyObject* obj, PyObject* (&items)[2]) {
   if (PyTuple_CheckExact(obj) && PyTuple_GET_SIZE(obj) == 2) {
     items[0] = PyTuple_GET_ITEM(obj, 0);
     items[1] = PyTuple_GET_ITEM(obj, 1);
@@ -81,7 +80,16 @@ inline bool read_pair(PyObject* obj, int dim, bool any_device, View& first, View
   } else {
     return false;
   }
-  return read(items[0], dim, false, any_device, first) && read(items[1], dim, false, any_device, second);
+  return true;
+}
+
+// A pair of plain CUDA tensors of `dim` dimensions (`second_dim` for the second where given);
+// `written`: the kernel writes both.
+inline bool read_pair(PyObject* obj, int dim, bool any_device, View& first, View& second, bool written = false,
+                      int second_dim = 0) {
+  PyObject* items[2];
+  return pair_items(obj, items) && read(items[0], dim, written, any_device, first) &&
+         read(items[1], second_dim > 0 ? second_dim : dim, written, any_device, second);
 }
 
 // kernels/_descriptors.py's DTYPE_CODES for the residual C (bf16 or fp32), -1 otherwise.
