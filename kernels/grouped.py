@@ -122,8 +122,9 @@ def _masked_activations(fn: str, a: object) -> tuple[torch.Tensor, torch.Tensor,
 
 
 def _check_expected_m(fn: str, expected_m: object) -> None:
-    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
-        _checks.fail(fn, ValueError, f"expected_m must be a positive int, got {expected_m!r}")
+    # The launchers take it as a 32-bit int.
+    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or not 0 < expected_m < 2 ** 31:
+        _checks.fail(fn, ValueError, f"expected_m must be a positive int below 2^31, got {expected_m!r}")
 
 
 def _check_groups(fn: str, a_groups: int, b_groups: int) -> None:

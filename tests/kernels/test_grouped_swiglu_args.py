@@ -114,6 +114,7 @@ kRefused = {
     "a not a pair": (False, dict(a=torch.zeros(kM, kK, dtype=_FP8))),
     "masked: expected_m 0": (True, dict(expected_m=0)),
     "masked: expected_m a bool": (True, dict(expected_m=True)),
+    "masked: expected_m past 32 bits": (True, dict(expected_m=2 ** 31)),
     "masked: groups differ": (True, dict(b=_weights(g=3))),
     "masked: A groups with gaps": (True, dict(a=(torch.zeros(kG, 2 * kM, kK, dtype=_FP8)[:, :kM],
                                                  torch.ones(kG, kM, 2)))),
