@@ -1,6 +1,6 @@
 """Build of ``kernels._C`` and packaging of the device templates.
 
-``_C`` is C++17 against Python, pybind11 and (in csrc/apis/gemm_tensors.cpp only) torch's headers,
+``_C`` is C++17 against Python, pybind11 and (in csrc/apis/*_tensors.cpp only) torch's headers,
 with no CUDA headers or libraries, so it builds on a machine without a GPU or a CUDA toolkit; it is
 built against the torch it runs with (libc10, libtorch_python through an rpath). The device
 templates under ``csrc/include`` are copied into the package as ``kernels/_include`` so that an
@@ -72,8 +72,8 @@ ParallelCompile("MOE_BUILD_JOBS", default=0).install()
 
 
 def torch_build_args() -> tuple[list[str], list[str]]:
-    """Compile and link arguments for the one source that reads torch tensors
-    (csrc/apis/gemm_tensors.cpp): torch's headers as system headers (their warnings are not ours),
+    """Compile and link arguments for the sources that read torch tensors
+    (csrc/apis/*_tensors.cpp): torch's headers as system headers (their warnings are not ours),
     its C++ ABI, and libc10 / libtorch_python found at run time through an rpath."""
     import torch
     from torch.utils import cpp_extension

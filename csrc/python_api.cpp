@@ -3,6 +3,7 @@
 
 #include "apis/gemm.hpp"
 #include "apis/gemm_tensors.hpp"
+#include "apis/grouped_swiglu_tensors.hpp"
 #include "apis/moe.hpp"
 #include "apis/quant.hpp"
 #include "apis/runtime.hpp"
@@ -13,5 +14,6 @@ PYBIND11_MODULE(_C, m) {
   moe_apis::quant::register_apis(m);
   moe_apis::gemm::register_apis(m);
   moe_apis::gemm_tensors::register_apis(m);
+  moe_apis::grouped_swiglu_tensors::register_apis(m);
   moe_apis::moe::register_apis(m);
 }

@@ -25,6 +25,7 @@ declare -A problems=(
   [peer_dense_64x4096x7168]="scripts/deepgemm_once.py --m 64 --n 4096 --k 7168"
   [dense_64x2112x7168]="scripts/gemm_once.py --m 64 --n 2112 --k 7168"
   [dense_64x2112x7168_mn]="scripts/gemm_once.py --m 64 --n 2112 --k 7168 --mn-scales"
+  [peer_dense_64x2112x7168]="scripts/deepgemm_once.py --m 64 --n 2112 --k 7168"
   [dense_128x2112x7168]="scripts/gemm_once.py --m 128 --n 2112 --k 7168"
   [dense_128x2112x7168_mn]="scripts/gemm_once.py --m 128 --n 2112 --k 7168 --mn-scales"
   [peer_dense_128x2112x7168]="scripts/deepgemm_once.py --m 128 --n 2112 --k 7168"

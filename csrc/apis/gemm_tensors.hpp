@@ -1,6 +1,6 @@
 #pragma once
 // The GEMM entry points that take torch tensors (the fast argument paths of kernels/gemm.py);
-// defined in gemm_tensors.cpp, the one translation unit that includes torch's headers.
+// defined in gemm_tensors.cpp (torch's headers are included by the fast paths' sources only).
 #include <pybind11/pybind11.h>
 
 namespace moe_apis::gemm_tensors {

@@ -1,18 +1,26 @@
 #pragma once
 // Reading torch tensors' metadata in C++ for the entry points' fast argument paths: one call's
 // Python checks read ~25 tensor attributes (3-4 us on the H200's host, as much as the launch);
-// here they cost tens of nanoseconds. Only the TU that defines the fast paths includes torch.
+// here they cost tens of nanoseconds. Only the sources that define the fast paths include torch
+// (gemm_tensors.cpp, grouped_swiglu_tensors.cpp).
 //
 // Nothing here may throw: _C carries its own hidden libstdc++, so an exception from libtorch
 // must never unwind through it. Every accessor used is one that cannot throw for the tensors let
 // through, and anything unusual is declined (the Python path, with its messages, then runs).
+#include <climits>
+#include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <string>
 
 #include <Python.h>
+#include <pybind11/pybind11.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/COW.h>
 #include <torch/csrc/autograd/python_variable.h>
+
+#include "jit/exception.hpp"
 
 namespace moe_apis::tensor_args {
 
@@ -90,6 +98,71 @@ inline bool read_pair(PyObject* obj, int dim, bool any_device, View& first, View
   PyObject* items[2];
   return pair_items(obj, items) && read(items[0], dim, written, any_device, first) &&
          read(items[1], second_dim > 0 ? second_dim : dim, written, any_device, second);
+}
+
+// An exact Python int (not a bool) in `out`, or false.
+inline bool read_int(PyObject* obj, long long& out) {
+  if (!PyLong_CheckExact(obj)) return false;
+  out = PyLong_AsLongLong(obj);
+  if (out == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
+}
+
+// expected_m as grouped.py takes it: an int (not a bool), positive, below 2^31.
+inline bool read_expected_m(PyObject* obj, long long& out) {
+  return read_int(obj, out) && out > 0 && out <= INT_MAX;
+}
+
+// kernels._C.JitError, for the fast paths' launch errors (set once by set_jit_error_type).
+inline PyObject*& jit_error_type() {
+  static PyObject* type = nullptr;
+  return type;
+}
+
+inline void set_jit_error_type(pybind11::module_& m) {
+  if (jit_error_type() == nullptr) {
+    jit_error_type() = m.attr("JitError").ptr();
+    Py_INCREF(jit_error_type());
+  }
+}
+
+// Runs `launch` without the GIL; a launcher's error becomes kernels._C.JitError (RuntimeError for
+// any other exception), as through the pybind11 entry points. Returns True, or null with the error set.
+template <typename Launch>
+inline PyObject* launch_released(Launch&& launch) {
+  std::string error;
+  PyObject* error_type = nullptr;
+  PyThreadState* state = PyEval_SaveThread();
+  try {
+    launch();
+  } catch (const moe_jit::JitError& e) {
+    error = e.what();
+    error_type = jit_error_type();
+  } catch (const std::exception& e) {
+    error = e.what();
+    error_type = PyExc_RuntimeError;
+  }
+  PyEval_RestoreThread(state);
+  if (error_type != nullptr) {
+    PyErr_SetString(error_type, error.c_str());
+    return nullptr;
+  }
+  Py_RETURN_TRUE;
+}
+
+// A METH_FASTCALL entry of a module's method table.
+#define MOE_FASTCALL(fn, doc) \
+  {#fn, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fn)), METH_FASTCALL, doc}
+
+// Adds the methods of `table` to `m`.
+template <std::size_t kCount>
+inline void add_methods(pybind11::module_& m, PyMethodDef (&table)[kCount]) {
+  for (PyMethodDef& def : table) {
+    m.add_object(def.ml_name, pybind11::reinterpret_steal<pybind11::object>(PyCFunction_NewEx(&def, nullptr, nullptr)));
+  }
 }
 
 // kernels/_descriptors.py's DTYPE_CODES for the residual C (bf16 or fp32), -1 otherwise.
