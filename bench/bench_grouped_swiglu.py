@@ -12,7 +12,7 @@ every kernel of a call counted (the staged pair's two), both interleaved in one 
 from Python on an idle stream. "act equal": the fraction of act bytes and scales both give alike.
 ``--share-b`` times the fused call against itself in 2-CTA clusters sharing B (``MOE_FP8_MULTICAST=b``)
 instead of against the staged pair; ``--variant NAME=VALUE[,...]`` against itself under those switches
-(``MOE_SWIGLU_STAGGER=3``: warpgroup 1 three K blocks behind 0).
+(``MOE_SWIGLU_WIDE=1``: 256-column tiles).
 """
 
 from __future__ import annotations

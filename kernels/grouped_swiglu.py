@@ -7,8 +7,8 @@ Not yet faster than that pair (H100, 32 experts of 4096 x 7168: 0.70-0.83x its t
 expert, 0.90-1.01x masked; bench/RESULTS.md, sessions 37-38): its 128-column tiles run slower than the
 pair's 128 x 192 ones: pairs of 128 x 128 tiles move 1.5x the staged GEMM's bytes from L2 and 2.3x from
 DRAM (ncu, session 39), and neither a shorter epilogue (session 38) nor one warpgroup's epilogue beside the
-other's K loop (``MOE_SWIGLU_STAGGER``, session 39) bought time. ``MOE_SWIGLU_WIDE=1`` runs 128 x 256 tiles
-instead (both n-blocks of an act scale group in one K loop).
+other's K loop (a stagger, session 39) bought time. ``MOE_SWIGLU_WIDE=1`` runs 128 x 256 tiles instead (both
+n-blocks of an act scale group in one K loop): a third of the DRAM bytes, not yet faster (session 39).
 
 Weights (the ``l1`` of ``moe_runtime.transform_weights_for_mega_moe(..., target="sm90")``):
 ``b = (B [G, 2I, K] float8_e4m3fn, SFB [G, 2I/128, 2, K/128] float32)``. B's rows are gate/up

@@ -53,7 +53,6 @@ struct Config {
   int table_slots = 0;  // kScaleTmaKMajorTable's slots (1: no CTA runs a second tile; else 2), 0 otherwise
   bool tail_split_on = true;  // MOE_GEMM_TAIL_SPLIT when planned (the plan is redone when it changes)
   int swiglu = 0;       // 1: the SwiGLU epilogue (kSwiGlu; plan_swiglu): act and its scales instead of D
-  int swiglu_stagger = 0;  // kSwiGlu, 128-row tiles: math warpgroup 1 starts this many K blocks after 0
 
   // The last, partial wave's tiles split over K; kNormal only.
   TailSplit tail_split_of(int m) const {
@@ -447,9 +446,10 @@ inline const char* swiglu_function_name(GemmType type) {
 }
 
 // The L1 GEMM with the SwiGLU epilogue (kSwiGlu), grouped: 128-column tiles in pairs (one act scale
-// group), 64 rows up to 128 rows (per group, masked) and 128 beyond, like plan_config's first
-// choice; none of its clusters, turns, overlap, splits or scale copies (each untimed with the
-// epilogue, and the held act leaves no room for a third accumulator set). m: rows (contiguous) or
+// group; MOE_SWIGLU_WIDE: one 256-column tile), 64 rows up to 128 rows (per group, masked) and 128
+// beyond, like plan_config's first choice; none of its overlap, splits or scale copies (the held act
+// or the wide tile's sums leave no room for a third accumulator set), clusters sharing B and turns
+// only where asked for. m: rows (contiguous) or
 // expected rows per group (masked); scale_load: scale_layout_for the arguments, K-major A scales
 // gathered (TMA loads them for 256-row tiles only).
 inline Config plan_swiglu(int m, int n, int k, int num_sms, GemmType type, int num_groups, unsigned scale_load) {
@@ -506,16 +506,7 @@ inline Config plan_swiglu(int m, int n, int k, int num_sms, GemmType type, int n
   const int k_unroll = env_int("MOE_GEMM_K_UNROLL");
   cfg.k_unroll = k_unroll > 0 ? k_unroll : 1;
   cfg.swiglu = 1;
-  // MOE_SWIGLU_STAGGER=s: math warpgroup 1 of a 128-row tile runs s K blocks behind warpgroup 0, so
-  // that each one's epilogue can run beside the other's K loop (untimed, so off by default).
-  const int stagger = env_int("MOE_SWIGLU_STAGGER");
-  MOE_HOST_ASSERT(stagger >= 0 && stagger < t.num_stages,
-                  fn << ": MOE_SWIGLU_STAGGER must be in [0, " << t.num_stages << ") (below the plan's stages), got "
-                     << stagger);
-  cfg.swiglu_stagger = t.block_m == 128 ? stagger : 0;
   cfg.pingpong = wide == 2 && t.block_m == 128 ? 1 : 0;
-  MOE_HOST_ASSERT(cfg.pingpong == 0 || cfg.swiglu_stagger == 0,
-                  fn << ": MOE_SWIGLU_STAGGER and MOE_SWIGLU_WIDE=2 (turns) exclude each other");
   return cfg;
 }
 
@@ -543,7 +534,6 @@ inline GeneratedKernel generate(const Config& c) {
   // for every other scale load, whose kernels' code stays as it was.
   if (c.table_slots > 0 || c.swiglu) os << ", " << c.table_slots;
   if (c.swiglu) os << ", true";
-  if (c.swiglu_stagger > 0) os << ", " << c.swiglu_stagger;
   const std::string table =
       c.table_slots > 0 ? ", " + std::to_string(c.k / kBlockK) + ", " + std::to_string(c.table_slots)
       : c.swiglu       ? ", 0, 0, false"
@@ -560,12 +550,11 @@ inline GeneratedKernel generate(const Config& c) {
 // The compiled kernel of a plan on a device: from the memo, compiled (or loaded from the disk cache)
 // on the first call.
 inline std::shared_ptr<const moe_jit::CompiledKernel> kernel_of(const Config& c, int device) {
-  static moe_jit::KernelMemo<std::array<int, 23>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 23> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 22>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 22> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
                                    c.scale_warps, c.pingpong, c.pdl, c.k_unroll, static_cast<int>(c.scale_load),
-                                   c.overlap, c.share_b, c.wg_store, c.table_slots, c.swiglu, c.swiglu_stagger,
-                                   device};
+                                   c.overlap, c.share_b, c.wg_store, c.table_slots, c.swiglu, device};
   return sm90_kernel(memo, key, c.fn, device, [&] { return generate(c); });
 }
 

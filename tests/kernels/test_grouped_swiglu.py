@@ -240,19 +240,6 @@ def test_shared_b_pairs_compile(monkeypatch, m, gemm_type, groups):
     assert "LDL" not in text and "STL" not in text, "register spills"
 
 
-@pytest.mark.parametrize("m,gemm_type,groups", [(8192, 1, 32), (256, 2, 8)])
-def test_staggered_pairs_compile(monkeypatch, m, gemm_type, groups):
-    """MOE_SWIGLU_STAGGER=3: warpgroup 1 waits once on named barrier 6, which warpgroup 0 arrives at
-    in its K loop (after its third K block) or after its tiles; the K loop keeps its wgmmas."""
-    monkeypatch.setenv("MOE_SWIGLU_STAGGER", "3")
-    native = kernels.jit.native_module()
-    name, code, config = native.fp8_gemm_nt_swiglu_code(m, 4096, 7168, H200_SMS, gemm_type, groups, 0)
-    assert (config["swiglu_stagger"], config["block_m"]) == (3, 128)
-    text = sass(name, code)
-    assert text.count("BAR.SYNC.DEFER_BLOCKING 0x6, 0x100") == 1 and text.count("BAR.ARV 0x6, 0x100") == 2
-    assert "LDL" not in text and "STL" not in text, "register spills"
-
-
 @pytest.mark.parametrize("m,n,gemm_type,groups,scale_load,share_b", [
     (8192, 4096, 1, 32, 1, False), (8192, 4096, 1, 32, 0, False), (16, 4096, 2, 32, 0, False),
     (256, 4096, 2, 8, 0, True), (8192, 768, 1, 32, 0, False),  # N = 3 x 256: an odd count of tiles
@@ -275,24 +262,12 @@ def test_wide_tiles_are_lean(monkeypatch, m, n, gemm_type, groups, scale_load, s
     assert text.count("STG.E.U16") == 32
 
 
-def test_stagger_is_checked_and_left_off_64_row_tiles(monkeypatch):
-    native = kernels.jit.native_module()
-    monkeypatch.setenv("MOE_SWIGLU_STAGGER", "2")
-    assert native.fp8_gemm_nt_swiglu_code(16, 4096, 7168, H200_SMS, 2, 32, 0)[2]["swiglu_stagger"] == 0
-    stages = native.fp8_gemm_nt_swiglu_code(8192, 4096, 7168, H200_SMS, 1, 32, 0)[2]["num_stages"]
-    monkeypatch.setenv("MOE_SWIGLU_STAGGER", str(stages))
-    with pytest.raises(RuntimeError, match="MOE_SWIGLU_STAGGER must be in"):
-        native.fp8_gemm_nt_swiglu_code(8192, 4096, 7168, H200_SMS, 1, 32, 0)
-
-
 # ---- GPU ----------------------------------------------------------------------------------------
 
-# The default kernels, 2-CTA clusters sharing B, math warpgroup 1 a K block or five behind 0, and
-# 256-column tiles (alone, sharing B, staggered by 3 of their 4 stages, the warpgroups taking turns).
-KERNEL_VARIANTS = {"single": {}, "share_b": {"MOE_FP8_MULTICAST": "b"}, "stagger1": {"MOE_SWIGLU_STAGGER": "1"},
-                   "stagger5": {"MOE_SWIGLU_STAGGER": "5"}, "wide": {"MOE_SWIGLU_WIDE": "1"},
+# The default kernels, 2-CTA clusters sharing B, and 256-column tiles (alone, sharing B, the math
+# warpgroups taking turns).
+KERNEL_VARIANTS = {"single": {}, "share_b": {"MOE_FP8_MULTICAST": "b"}, "wide": {"MOE_SWIGLU_WIDE": "1"},
                    "wide_share_b": {"MOE_SWIGLU_WIDE": "1", "MOE_FP8_MULTICAST": "b"},
-                   "wide_stagger3": {"MOE_SWIGLU_WIDE": "1", "MOE_SWIGLU_STAGGER": "3"},
                    "wide_turns": {"MOE_SWIGLU_WIDE": "2"}}
 
 @pytest.mark.gpu
@@ -305,7 +280,7 @@ KERNEL_VARIANTS = {"single": {}, "share_b": {"MOE_FP8_MULTICAST": "b"}, "stagger
 def test_gpu_contiguous_matches_staged_kernels_byte_for_byte(seed, counts, inter, k, mn_major, pad_blocks, trim,
                                                              env, monkeypatch):
     """Also in 2-CTA clusters sharing B (MOE_FP8_MULTICAST=b), whose last pair may hold an m-block past M,
-    and staggered (at K = 512 the first tile has fewer K blocks than a stagger of 5; most CTAs have no tile)."""
+    and in 256-column tiles (at I = 384 an odd count of them; most CTAs have no tile)."""
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     a, w, m_indices, weights, d = contiguous_case(counts, inter, k, "cuda", mn_major, pad_blocks, trim)

@@ -94,7 +94,7 @@ template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, u
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
           uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false, bool kWgStore = false,
-          uint32_t kTableSlots = 0, bool kSwiGlu = false, uint32_t kSwiGluStagger = 0>
+          uint32_t kTableSlots = 0, bool kSwiGlu = false>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -201,14 +201,6 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                              kScaleLoad != kScaleTmaKMajorTable),
                 "SwiGLU epilogue: tiles of block N 128 or 256, one wave, without overlap, residual or clusters "
                 "sharing A, N a multiple of 256");
-  // kSwiGluStagger: math warpgroup 1 starts its first K block once warpgroup 0 has finished
-  // kSwiGluStagger of its own (named barrier kStaggerBarrier, once a CTA), so each warpgroup's
-  // epilogue may run beside the other's K loop. Warpgroup 0 gets at most kNumStages - 1 K blocks
-  // ahead without warpgroup 1's releases, so the lag never waits on a stage.
-  // Without turns: warpgroup 0 would wait in its first turn for warpgroup 1, held at the barrier.
-  static_assert(kSwiGluStagger == 0 || (kSwiGlu && kBlockM == 128 && kSwiGluStagger < kNumStages && !kPingPong),
-                "SwiGLU stagger: 128-row tiles without turns, fewer K blocks than stages");
-  constexpr uint32_t kStaggerBarrier = 6;  // after the turns' (2, 3) and the per-warpgroup stores' (4, 5)
   constexpr uint32_t kHalfRowsB = kBlockN / 2;
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
@@ -398,11 +390,6 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   const uint64_t desc_a0 = sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetA + math_wg * 64 * kBlockK);
   const uint64_t desc_b0 = sm90::make_sw128_kmajor_desc(smem + Smem::kOffsetB);
   if constexpr (kPingPong) turns.start();
-  // K blocks warpgroup 0 finishes before it lets warpgroup 1 start (kSwiGluStagger).
-  [[maybe_unused]] uint32_t stagger_left = math_wg == 0 ? kSwiGluStagger : 0;
-  if constexpr (kSwiGluStagger > 0) {
-    if (math_wg == 1) sm90::named_barrier_sync(kStaggerBarrier, kNumMathThreads);
-  }
   float acc[Wgmma::kNumAccum];
   float final_acc[kNumWaves * kNumHalves * Wgmma::kNumAccum];
   // kSwiGlu: the act of the pair's first n-block, until the second's epilogue.
@@ -571,9 +558,6 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
           promote_fp8_accum<kBlockN / kNumHalves, decltype(split)::value>(
               final_acc + p * Wgmma::kNumAccum, acc, sa[w][0], sa[w][1], sb[2 * h], sb[2 * h + 1], split_col);
         }
-        if constexpr (kSwiGluStagger > 0) {
-          if (stagger_left != 0 && --stagger_left == 0) sm90::named_barrier_arrive(kStaggerBarrier, kNumMathThreads);
-        }
       }
     };
     if constexpr (kSwiGlu) {
@@ -618,10 +602,6 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     if (scheduler.tail_unit(t)) for_each_block(t, [&](const Tile& b) { math_tile(b, b.k_begin, b.k_end); });
   }
   if constexpr (kPingPong) turns.finish();
-  // A CTA with fewer K blocks than the stagger still lets warpgroup 1 through.
-  if constexpr (kSwiGluStagger > 0) {
-    if (stagger_left != 0) sm90::named_barrier_arrive(kStaggerBarrier, kNumMathThreads);
-  }
   // The issuing warps' last stores must have read shared memory before the CTA exits; the kernel's
   // completion covers their writes to global memory.
   if (store_tile_issuer<kWgStore>()) sm90::tma_store_wait_read<0>();
