@@ -11,9 +11,10 @@ namespace moe_kernels {
 // cores idle (ncu, 4096 x 4096 x 7168: 42% of the math warps' time waiting on wgmma, 19% promoting).
 // Named barrier kFirstBarrier + w is warpgroup w's turn (ids 0 and 1 are __syncthreads' and the
 // epilogue's): w waits on it (bar.sync), the other warpgroup gives it (bar.arrive), 128 threads each.
-// Both warpgroups walk the same tiles with the same K blocks, N in all: WG1 gives WG0 its first turn
-// and one after each of its K blocks (N + 1), which WG0 takes before each of its K blocks and once
-// after its last tile (N + 1); WG0 gives WG1 N turns, which WG1 takes. Every generation of both
+// Both warpgroups walk the same tiles with the same K blocks, N issues in all (one per K block, or
+// one per half of a 256-column SwiGLU tile): WG1 gives WG0 its first turn and one after each of its
+// issues (N + 1), which WG0 takes before each of its issues and once after its last tile (N + 1); WG0
+// gives WG1 N turns, which WG1 takes. Every generation of both
 // barriers completes, for a CTA without tiles too, and none is pending when the CTA exits. A turn is
 // given only after the giver's issue, so the issues strictly alternate across K blocks and tiles;
 // each warpgroup gives its tile's last turn before the epilogue's barrier (id 1), so neither waits
