@@ -46,14 +46,44 @@ def agreement(fused, staged) -> float:
     return min(float(same), float((fused[1] == staged[1]).float().mean()))
 
 
+@dataclass
+class L1Problem:
+    """An L1 problem of ``g`` groups: A (e4m3 [M, hidden] or masked [g, tokens, hidden], f32 scales), the
+    index (m_indices int32 [M], or masked_m int32 [g]), top-k weights f32 per row, the staged pair's bf16
+    ``h`` [rows, 2I] and the fused call's act e4m3 [rows, I] and act_sf f32 [rows, I/128]."""
+    a: tuple[torch.Tensor, torch.Tensor]
+    index: torch.Tensor
+    topk: torch.Tensor
+    h: torch.Tensor
+    act: torch.Tensor
+    act_sf: torch.Tensor
+
+
+def contiguous_problem(g: int, per: int, inter: int, hidden: int) -> L1Problem:
+    """``per`` rows per group, sorted by group; A's scales and act_sf MN-major (as the staged backend
+    passes them)."""
+    m = g * per
+    return L1Problem(activations(m, hidden, True),
+                     torch.arange(g, device="cuda", dtype=torch.int32).repeat_interleave(per),
+                     torch.rand(m, device="cuda"), torch.empty(m, 2 * inter, device="cuda", dtype=torch.bfloat16),
+                     torch.empty(m, inter, device="cuda", dtype=torch.float8_e4m3fn),
+                     kernels.get_mn_major_tma_aligned_tensor(torch.zeros(m, inter // 128, device="cuda")))
+
+
+def masked_problem(g: int, tokens: int, inter: int, hidden: int) -> L1Problem:
+    """``tokens`` valid rows in each group of max_m = tokens rows."""
+    x, sf = activations(g * tokens, hidden, False)
+    return L1Problem((x.view(g, tokens, hidden), sf.view(g, tokens, -1)),
+                     torch.full((g,), tokens, device="cuda", dtype=torch.int32), torch.rand(g, tokens, device="cuda"),
+                     torch.empty(g, tokens, 2 * inter, device="cuda", dtype=torch.bfloat16),
+                     torch.empty(g, tokens, inter, device="cuda", dtype=torch.float8_e4m3fn),
+                     torch.empty(g, tokens, inter // 128, device="cuda"))
+
+
 def contiguous_row(g: int, per: int, inter: int, hidden: int, w, w1, peer_env: dict) -> list[str]:
     m = g * per
-    a = activations(m, hidden, True)
-    m_indices = torch.arange(g, device="cuda", dtype=torch.int32).repeat_interleave(per)
-    topk = torch.rand(m, device="cuda")
-    h = torch.empty(m, 2 * inter, device="cuda", dtype=torch.bfloat16)
-    act = torch.empty(m, inter, device="cuda", dtype=torch.float8_e4m3fn)
-    act_sf = kernels.get_mn_major_tma_aligned_tensor(torch.zeros(m, inter // 128, device="cuda"))
+    p = contiguous_problem(g, per, inter, hidden)
+    a, m_indices, topk, h, act, act_sf = p.a, p.index, p.topk, p.h, p.act, p.act_sf
 
     def staged():
         kernels.m_grouped_fp8_gemm_nt_contiguous(a, w, h, m_indices)
@@ -66,31 +96,9 @@ def contiguous_row(g: int, per: int, inter: int, hidden: int, w, w1, peer_env: d
     return row(f"contiguous {g} x {per}", m, inter, hidden, fused, staged, peer_env)
 
 
-@dataclass
-class MaskedL1:
-    """A masked L1 problem of ``g`` groups of ``tokens`` valid rows (max_m = tokens): A (e4m3 [g, tokens,
-    hidden], f32 scales), masked_m int32 [g], top-k weights f32 [g, tokens], the staged pair's bf16
-    ``h`` [g, tokens, 2I] and the fused call's act e4m3 [g, tokens, I] and act_sf f32 [g, tokens, I/128]."""
-    a: tuple[torch.Tensor, torch.Tensor]
-    masked_m: torch.Tensor
-    topk: torch.Tensor
-    h: torch.Tensor
-    act: torch.Tensor
-    act_sf: torch.Tensor
-
-
-def masked_problem(g: int, tokens: int, inter: int, hidden: int) -> MaskedL1:
-    x, sf = activations(g * tokens, hidden, False)
-    return MaskedL1((x.view(g, tokens, hidden), sf.view(g, tokens, -1)),
-                    torch.full((g,), tokens, device="cuda", dtype=torch.int32), torch.rand(g, tokens, device="cuda"),
-                    torch.empty(g, tokens, 2 * inter, device="cuda", dtype=torch.bfloat16),
-                    torch.empty(g, tokens, inter, device="cuda", dtype=torch.float8_e4m3fn),
-                    torch.empty(g, tokens, inter // 128, device="cuda"))
-
-
 def masked_row(g: int, tokens: int, inter: int, hidden: int, w, w1, peer_env: dict) -> list[str]:
     p = masked_problem(g, tokens, inter, hidden)
-    a, masked_m, topk, h, act, act_sf = p.a, p.masked_m, p.topk, p.h, p.act, p.act_sf
+    a, masked_m, topk, h, act, act_sf = p.a, p.index, p.topk, p.h, p.act, p.act_sf
 
     def staged():
         kernels.m_grouped_fp8_gemm_nt_masked(a, w, h, masked_m, tokens)

@@ -87,7 +87,7 @@ def swiglu_breakdown(groups: int = 32, inter: int = 2048, hidden: int = 7168) ->
     print(f"{'call':<34} {'host us':>8} {'idle-stream us':>14} {'back-to-back us':>15} {'kernels us':>10}")
     for tokens in (64, 256):
         p = bench_grouped_swiglu.masked_problem(groups, tokens, inter, hidden)
-        a, masked_m, topk, h, act, act_sf = p.a, p.masked_m, p.topk, p.h, p.act, p.act_sf
+        a, masked_m, topk, h, act, act_sf = p.a, p.index, p.topk, p.h, p.act, p.act_sf
         calls = [
             ("fused", lambda: kernels.m_grouped_fp8_gemm_nt_swiglu_masked(a, w1, (act, act_sf), masked_m, tokens,
                                                                           topk)),

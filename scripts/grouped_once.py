@@ -29,17 +29,11 @@ def swiglu_call(groups: int, rows: int, n: int, k: int, contiguous: bool):
     import bench_grouped_swiglu as b
     import kernels
     _, w1 = b.weights(groups, n // 2, k)
-    m = groups * rows
     if contiguous:
-        a = b.activations(m, k, True)
-        act = torch.empty(m, n // 2, device="cuda", dtype=torch.float8_e4m3fn)
-        m_indices = torch.arange(groups, device="cuda", dtype=torch.int32).repeat_interleave(rows)
-        act_sf = kernels.get_mn_major_tma_aligned_tensor(torch.zeros(m, n // 256, device="cuda"))
-        topk = torch.rand(m, device="cuda")
-        return lambda: kernels.m_grouped_fp8_gemm_nt_swiglu_contiguous(a, w1, (act, act_sf), m_indices, topk)
+        p = b.contiguous_problem(groups, rows, n // 2, k)
+        return lambda: kernels.m_grouped_fp8_gemm_nt_swiglu_contiguous(p.a, w1, (p.act, p.act_sf), p.index, p.topk)
     p = b.masked_problem(groups, rows, n // 2, k)
-    a, masked_m, topk, d = p.a, p.masked_m, p.topk, (p.act, p.act_sf)
-    return lambda: kernels.m_grouped_fp8_gemm_nt_swiglu_masked(a, w1, d, masked_m, rows, topk)
+    return lambda: kernels.m_grouped_fp8_gemm_nt_swiglu_masked(p.a, w1, (p.act, p.act_sf), p.index, rows, p.topk)
 
 
 def main() -> None:
