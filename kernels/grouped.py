@@ -302,10 +302,11 @@ def _masked_launch_args(a, b, d, masked_m, expected_m, weights: str = "fp8"):
 
 
 def _launch_fast(name: str, d: object, call: tuple, launch_args: Callable[[], tuple | None]) -> bool:
-    """The FP8 x FP4 calls' fast paths, ahead of their full checks: on a plain CUDA ``d`` the C++
-    entry point ``_C.<name>_tensors(*call, device, stream)`` checks and launches; where it declines,
-    ``launch_args()`` (the Python fast check) feeds ``_C.<name>``. False: neither took the call, and
-    the full checks run and name what is wrong."""
+    """The FP8 x FP4 and SwiGLU calls' fast paths, ahead of their full checks: on a plain CUDA ``d``
+    (the tensor whose device the call runs on) the C++ entry point ``_C.<name>_tensors(*call, device,
+    stream)`` checks and launches; where it declines, ``launch_args()`` (the Python fast check, or None
+    where there is none) feeds ``_C.<name>``. False: neither took the call, and the full checks run and
+    name what is wrong."""
     native = jit.native_module()
     if jit.TENSOR_API and type(d) is torch.Tensor:
         device = d.get_device()

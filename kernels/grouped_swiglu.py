@@ -38,7 +38,8 @@ from dataclasses import dataclass
 import torch
 
 from . import _checks, _descriptors, jit
-from .grouped import _check_expected_m, _check_groups, _check_index, _contiguous_activations, _masked_activations
+from .grouped import (_check_expected_m, _check_groups, _check_index, _contiguous_activations, _launch_fast,
+                      _masked_activations)
 from .reference import swiglu as reference
 
 _BLOCK = _checks.BLOCK
@@ -130,10 +131,7 @@ def _contiguous_call(a: object, b: object, d: object, m_indices: object, weights
     m_indices = _check_index(fn, "m_indices", m_indices, m)
     weights = _check_row_weights(fn, weights, (m,))
     device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, act, act_sf, m_indices, weights])
-    native = (a_t.data_ptr(), a_t.stride(0), sfa.data_ptr(), sfa.stride(0), sfa.stride(1),
-              b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(2), sfb.stride(3),
-              act.data_ptr(), act.stride(0), act_sf.data_ptr(), act_sf.stride(0), act_sf.stride(1), weights.data_ptr(),
-              m_indices.data_ptr(), m, n, k, g, _device_index(device))
+    native = (*_native_head(0, a_t, sfa, b_t, sfb, act, act_sf, weights, m_indices), m, n, k, g, _device_index(device))
     return _Call((a_t, sfa), (b_t, sfb), m_indices, weights, act, act_sf, m, native)
 
 
@@ -147,11 +145,18 @@ def _masked_call(a: object, b: object, d: object, masked_m: object, expected_m: 
     masked_m = _check_index(fn, "masked_m", masked_m, g)
     weights = _check_row_weights(fn, weights, (g, max_m))
     device = _checks.check_same_device(fn, [a_t, sfa, b_t, sfb, act, act_sf, masked_m, weights])
-    native = (a_t.data_ptr(), a_t.stride(1), sfa.data_ptr(), sfa.stride(1), sfa.stride(2),
-              b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(2), sfb.stride(3),
-              act.data_ptr(), act.stride(1), act_sf.data_ptr(), act_sf.stride(1), act_sf.stride(2), weights.data_ptr(),
-              masked_m.data_ptr(), max_m, expected_m, n, k, g, _device_index(device))
+    native = (*_native_head(1, a_t, sfa, b_t, sfb, act, act_sf, weights, masked_m), max_m, expected_m, n, k, g,
+              _device_index(device))
     return _Call((a_t, sfa), (b_t, sfb), masked_m, weights, act, act_sf, max_m, native)
+
+
+def _native_head(r: int, a_t, sfa, b_t, sfb, act, act_sf, weights, index) -> tuple:
+    """Both native entry points' arguments up to the index: pointers and strides, rows along dim ``r``
+    (0 contiguous, 1 masked)."""
+    return (a_t.data_ptr(), a_t.stride(r), sfa.data_ptr(), sfa.stride(r), sfa.stride(r + 1),
+            b_t.data_ptr(), b_t.stride(1), sfb.data_ptr(), sfb.stride(0), sfb.stride(2), sfb.stride(3),
+            act.data_ptr(), act.stride(r), act_sf.data_ptr(), act_sf.stride(r), act_sf.stride(r + 1),
+            weights.data_ptr(), index.data_ptr())
 
 
 def _device_index(device: torch.device) -> int:
@@ -167,15 +172,12 @@ def _masked_launch_args(a, b, d, masked_m, expected_m, weights) -> tuple:
     return _masked_call(a, b, d, masked_m, expected_m, weights).native
 
 
-def _launch_tensors(name: str, weights: object, call: tuple) -> bool:
-    """The C++ entry point ``_C.<name>_tensors(*call, device, stream)``, which checks the tensors as the
-    Python path does and launches; False where it declines (a CPU tensor, anything the full checks
-    would name, a tensor subclass): the full checks then run."""
-    if not jit.TENSOR_API or type(weights) is not torch.Tensor:
-        return False
-    device = weights.get_device()
-    return device >= 0 and getattr(jit.native_module(), name + "_tensors")(
-        *call, device, _descriptors.current_stream_of(device))
+def _launch(name: str, call: _Call, cpu_reference) -> None:
+    """A checked call: the CPU reference on CPU tensors, else ``_C.<name>`` where there are rows."""
+    if call.native[-1] < 0:
+        cpu_reference(call.a, call.b, call.index, call.weights, call.act, call.act_sf)
+    elif call.rows:
+        getattr(jit.native_module(), name)(*call.native, _descriptors.current_stream_of(call.native[-1]))
 
 
 def m_grouped_fp8_gemm_nt_swiglu_contiguous(a: tuple[torch.Tensor, torch.Tensor],
@@ -190,14 +192,10 @@ def m_grouped_fp8_gemm_nt_swiglu_contiguous(a: tuple[torch.Tensor, torch.Tensor]
     ``get_mk_alignment_for_contiguous_layout()`` rows), ``weights`` float32 [M].
     """
     name = "m_grouped_fp8_gemm_nt_swiglu_contiguous"
-    if _launch_tensors(name, weights, (a, b, d, m_indices, weights)):
-        return
-    call = _contiguous_call(a, b, d, m_indices, weights)
-    if call.native[-1] < 0:
-        reference.m_grouped_fp8_gemm_nt_swiglu_contiguous(call.a, call.b, call.index, call.weights, call.act,
-                                                          call.act_sf)
-    elif call.rows:
-        getattr(jit.native_module(), name)(*call.native, _descriptors.current_stream_of(call.native[-1]))
+    # The C++ checks and launch first (the weights name the device); where they decline, the full checks.
+    if not _launch_fast(name, weights, (a, b, d, m_indices, weights), lambda: None):
+        _launch(name, _contiguous_call(a, b, d, m_indices, weights),
+                reference.m_grouped_fp8_gemm_nt_swiglu_contiguous)
 
 
 def m_grouped_fp8_gemm_nt_swiglu_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
@@ -211,10 +209,6 @@ def m_grouped_fp8_gemm_nt_swiglu_masked(a: tuple[torch.Tensor, torch.Tensor], b:
     ``expected_m`` a positive int (steers the tile choice only), ``weights`` float32 [G, max_m].
     """
     name = "m_grouped_fp8_gemm_nt_swiglu_masked"
-    if _launch_tensors(name, weights, (a, b, d, masked_m, expected_m, weights)):
-        return
-    call = _masked_call(a, b, d, masked_m, expected_m, weights)
-    if call.native[-1] < 0:
-        reference.m_grouped_fp8_gemm_nt_swiglu_masked(call.a, call.b, call.index, call.weights, call.act, call.act_sf)
-    elif call.rows:
-        getattr(jit.native_module(), name)(*call.native, _descriptors.current_stream_of(call.native[-1]))
+    if not _launch_fast(name, weights, (a, b, d, masked_m, expected_m, weights), lambda: None):
+        _launch(name, _masked_call(a, b, d, masked_m, expected_m, weights),
+                reference.m_grouped_fp8_gemm_nt_swiglu_masked)
