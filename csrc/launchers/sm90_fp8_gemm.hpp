@@ -468,9 +468,9 @@ inline Config plan_swiglu(int m, int n, int k, int num_sms, GemmType type, int n
   Tiles t = choose_tiles(fn, type == GemmType::kGroupedMasked ? num_groups : 1, m, n, num_sms, 128, stage_bytes,
                          [](int bn) { return bn == 128; }, 2);
   // MOE_SWIGLU_WIDE=1: 256-column tiles, both n-blocks of a pair in one K loop (each math warpgroup's two
-  // 128-column halves in turn): A and B cross L2 once per 128 x 256 outputs instead of twice per pair
-  // (untimed, so off by default).
-  // =2: and the two math warpgroups of a 128-row tile take turns on the tensor cores, a half each.
+  // 128-column halves in turn): A and B cross L2 once per 128 x 256 outputs instead of twice per pair.
+  // Off by default: 1.04-1.07x the pairs' time contiguous on an H200 (session 39). =2: and the two math
+  // warpgroups of a 128-row tile take turns on the tensor cores, a half each (untimed).
   const int wide = env_int("MOE_SWIGLU_WIDE");
   if (wide == 1 || wide == 2) t.block_n = 256;
   // No D tile (the epilogue stores from registers): its shared memory goes to the stages.
@@ -615,9 +615,8 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, rows_a,
                          tma_row_stride(rows_a, a.sfa_stride_m, kb), cols, c.block_m, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
     }
-    // B's box: the tile's two 128-column blocks, or (SwiGLU) the gate and up halves of each of its blocks.
     map_sfb = make_tma(c.fn, a.sfb, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sfb_rows, sfb_view_stride(a, c.n, c.k), 4,
-                       c.swiglu ? c.block_n / 64 : 2, CU_TENSOR_MAP_SWIZZLE_NONE, "SFB");
+                       moe_kernels::fp8_gemm_sfb_rows(c.block_n, c.swiglu == 0), CU_TENSOR_MAP_SWIZZLE_NONE, "SFB");
   }
 
   moe_jit::LaunchConfig cfg;

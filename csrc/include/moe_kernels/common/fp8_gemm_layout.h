@@ -66,8 +66,12 @@ constexpr unsigned fp8_gemm_sf_floats(unsigned block_m, unsigned scale_load) {
   return scale_load == kScaleGather ? block_m + 4 : fp8_gemm_sfb_offset(block_m, scale_load) + 32;
 }
 
+// B scales a stage holds per K block: the tile's two 128-column blocks, or (the SwiGLU epilogue,
+// which stores no D) the gate and up halves of each of its 128-row blocks.
+constexpr unsigned fp8_gemm_sfb_rows(unsigned block_n, bool stores_d) { return stores_d ? 2u : block_n / 64; }
+
 // Bytes the TMA scale boxes add to a stage's transaction count: A's box, B's of 4 K blocks by
-// sfb_rows (the tile's two 128-column blocks, or the SwiGLU epilogue's gate and up halves of each).
+// sfb_rows (fp8_gemm_sfb_rows).
 constexpr unsigned fp8_gemm_sf_tma_bytes(unsigned block_m, unsigned scale_load, unsigned sfb_rows = 2) {
   return scale_load == kScaleGather ? 0u : fp8_gemm_sfb_offset(block_m, scale_load) * 4 + sfb_rows * 4 * 4;
 }

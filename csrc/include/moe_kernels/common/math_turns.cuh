@@ -14,9 +14,9 @@ namespace moe_kernels {
 // Both warpgroups walk the same tiles with the same K blocks, N issues in all (one per K block, or
 // one per half of a 256-column SwiGLU tile): WG1 gives WG0 its first turn and one after each of its
 // issues (N + 1), which WG0 takes before each of its issues and once after its last tile (N + 1); WG0
-// gives WG1 N turns, which WG1 takes. Every generation of both
-// barriers completes, for a CTA without tiles too, and none is pending when the CTA exits. A turn is
-// given only after the giver's issue, so the issues strictly alternate across K blocks and tiles;
+// gives WG1 N turns, which WG1 takes. Every generation of both barriers completes, for a CTA without
+// tiles too, and none is pending when the CTA exits. A turn is given only after the giver's issue, so
+// the issues strictly alternate across K blocks and tiles;
 // each warpgroup gives its tile's last turn before the epilogue's barrier (id 1), so neither waits
 // there on the other; and no stage release waits on a turn (a warpgroup releases a stage once its
 // own wgmmas on it are done), so the producers always get the stages the turns are waiting for.

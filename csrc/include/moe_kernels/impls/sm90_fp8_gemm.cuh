@@ -48,7 +48,7 @@ struct Fp8GemmSmem {
   static constexpr uint32_t kSfaRow = fp8_gemm_sfa_row_floats(kScaleLoad);
   static constexpr uint32_t kSfb = fp8_gemm_sfb_offset(kBlockM, kScaleLoad);
   static constexpr uint32_t kSfbStep = fp8_gemm_sfb_step(kScaleLoad);
-  static constexpr uint32_t kSfbRows = kStoresD ? 2 : kBlockN / 64;
+  static constexpr uint32_t kSfbRows = fp8_gemm_sfb_rows(kBlockN, kStoresD);
   static_assert(kSfbRows <= 4, "a stage holds up to 4 B scales a K block");
   static constexpr uint32_t kTmaBytes = kA + kB + fp8_gemm_sf_tma_bytes(kBlockM, kScaleLoad, kSfbRows);
   static constexpr uint32_t kOffsetA = kD;
