@@ -16,7 +16,7 @@ from kernels.reference.swiglu import deinterleave_gate_up, dequantize_b_interlea
 from kernels.testing import calc_diff
 from moe_runtime.weight_layout import transform_weights_for_mega_moe
 
-from gemm_cases import H200_SMS
+from gemm_cases import H200_SMS, TensorSubclass
 from grouped_cases import make_contiguous, make_weights
 from test_sass import sass
 
@@ -323,3 +323,41 @@ def test_gpu_masked_matches_staged_kernels_byte_for_byte(seed, masked, max_m, in
             ref = float64_act(sub, w, m_indices, weights[i, :count])
             assert calc_diff(dequant(d[0][i, :count], d[1][i, :count]), ref) < 1e-3
         assert_untouched((d[0][i], d[1][i]), ~rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("masked", [False, True])
+def test_gpu_plain_cuda_tensors_take_the_cpp_path(seed, masked):
+    """The C++ checks and launch take plain CUDA tensors (a silent decline would only cost host time:
+    this asserts it does not happen) and decline row weights of a tensor subclass without writing; the
+    Python path then runs that call, byte for byte the C++ path's output."""
+    native, inter, k = kernels.jit.native_module(), 256, 1024
+    stream = torch.cuda.current_stream().cuda_stream
+    if masked:
+        counts, max_m, expected_m = [5, 0, 130], 136, 64
+        w = make_l1_weights(len(counts), 2 * inter, k, "cuda")
+        a = masked_activations(len(counts), max_m, k, "cuda")
+        index = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        weights = torch.rand(len(counts), max_m, device="cuda")
+        rows, extra = (len(counts), max_m), (expected_m,)
+        launch, call = native.m_grouped_fp8_gemm_nt_swiglu_masked_tensors, kernels.m_grouped_fp8_gemm_nt_swiglu_masked
+    else:
+        w = make_l1_weights(3, 2 * inter, k, "cuda")
+        a, index = make_contiguous([130, 0, 7], k, "cuda")
+        weights = torch.rand(index.shape[0], device="cuda")
+        rows, extra = (index.shape[0],), ()
+        launch = native.m_grouped_fp8_gemm_nt_swiglu_contiguous_tensors
+        call = kernels.m_grouped_fp8_gemm_nt_swiglu_contiguous
+    b = interleaved(*w)
+    d_cpp, d_python = poisoned(rows, inter, "cuda"), poisoned(rows, inter, "cuda")
+    subclass = weights.clone().as_subclass(TensorSubclass)
+    tail = (weights.get_device(), stream)
+    assert launch(a, b, d_cpp, index, *extra, weights, *tail) is True
+    assert launch(a, b, d_python, index, *extra, subclass, *tail) is False
+    torch.cuda.synchronize()
+    assert_untouched(d_python, slice(None))
+    call(a, b, d_python, index, *extra, subclass)
+    for got, want in zip(d_cpp, d_python):  # bits, so that rows left NaN compare equal
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), "the two paths differ"
+    valid = (torch.arange(max_m, device="cuda") < index.view(-1, 1)) if masked else index >= 0
+    assert not d_cpp[1][valid].isnan().any(), "a row the call owns left unwritten"
