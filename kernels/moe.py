@@ -305,6 +305,26 @@ def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Ten
     block. Masked layout: with ``masked_m`` int32 [G] and ``rows_per_group`` (M = G x rows),
     only the first ``masked_m[g]`` rows of each group are computed on CUDA; the other rows of the
     outputs are left unwritten (the CPU computes every row)."""
+    # Fast path, every call between the grouped GEMMs: plain CUDA tensors in the layouts the GEMMs and
+    # the router give (h contiguous, weights and masked_m contiguous), flags of the right types. The
+    # checks below took ~27 us a call on the H200's host (bench/RESULTS.md, session 39); anything
+    # unusual takes them, and they raise, copy or run the reference.
+    if type(h) is torch.Tensor and type(weights) is torch.Tensor and type(mn_major_sf) is bool and h.is_cuda \
+            and h.dtype is torch.bfloat16 and weights.dtype is torch.float32 and h.layout is torch.strided \
+            and weights.layout is torch.strided and not h.is_neg() and not weights.is_neg():
+        shape, strides, index = h.shape, h.stride(), h.get_device()
+        w_shape = weights.shape
+        if len(shape) == 2 and shape[0] > 0 and shape[1] > 0 and shape[1] % 256 == 0 and strides[1] == 1 \
+                and strides[0] == shape[1] and h.data_ptr() % 16 == 0 and weights.get_device() == index \
+                and weights.is_contiguous() and (w_shape == (shape[0],) or w_shape == (shape[0], 1)):
+            if masked_m is None:
+                return _swiglu_quant_on_gpu(h, weights, None, 0, mn_major_sf, shape[0], shape[1] // 2, index)
+            if type(masked_m) is torch.Tensor and type(rows_per_group) is int and rows_per_group > 0 \
+                    and shape[0] % rows_per_group == 0 and masked_m.dtype is torch.int32 \
+                    and masked_m.layout is torch.strided and masked_m.shape == (shape[0] // rows_per_group,) \
+                    and masked_m.get_device() == index and masked_m.is_contiguous() and not masked_m.is_neg():
+                return _swiglu_quant_on_gpu(h, weights, masked_m, rows_per_group, mn_major_sf, shape[0],
+                                            shape[1] // 2, index)
     fn = "swiglu_quant_fp8"
     _checks.check_dense_args(fn, h=h, weights=weights, masked_m=masked_m)
     _checks.check_bool(fn, "mn_major_sf", mn_major_sf)
@@ -328,16 +348,27 @@ def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Ten
     device = _checks.check_same_device(fn, [h, weights] + ([masked_m] if masked_m is not None else []))
     if device.type == "cpu":
         return _swiglu_quant_reference(h, weights, mn_major_sf)
-    out = torch.empty((m, inter), dtype=torch.float8_e4m3fn, device=device)
-    sf = empty_activation_scales(m, inter // 128, mn_major_sf, device)
     if m == 0:
-        return out, sf
+        return (torch.empty((0, inter), dtype=torch.float8_e4m3fn, device=device),
+                empty_activation_scales(0, inter // 128, mn_major_sf, device))
+    h, weights = h.resolve_neg(), weights.resolve_neg()
     if h.stride(1) != 1 or h.stride(0) != 2 * inter or h.data_ptr() % 16:
         h = h.contiguous() if not h.is_contiguous() else h.clone()
     weights = weights.reshape(-1).contiguous()
-    masked_m = masked_m.contiguous() if masked_m is not None else None  # kept alive until the launch
-    masked_ptr = masked_m.data_ptr() if masked_m is not None else 0
-    jit.native_module().swiglu_quant_fp8(h.data_ptr(), weights.data_ptr(), masked_ptr, rows_per_group, m, inter,
-                                         out.data_ptr(), sf.data_ptr(), sf.stride(0), sf.stride(1), device.index,
-                                         _descriptors.current_stream(device))
+    masked_m = masked_m.resolve_neg().contiguous() if masked_m is not None else None
+    return _swiglu_quant_on_gpu(h, weights, masked_m, rows_per_group if masked_m is not None else 0, mn_major_sf, m,
+                                inter, device.index)
+
+
+def _swiglu_quant_on_gpu(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Tensor | None, rows_per_group: int,
+                         mn_major_sf: bool, m: int, inter: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel on checked arguments (h [m >= 1, 2I] contiguous and 16-byte aligned, weights m
+    contiguous floats, masked_m None or contiguous): new outputs, the launch on the current stream."""
+    device = h.device
+    out = torch.empty((m, inter), dtype=torch.float8_e4m3fn, device=device)
+    sf = empty_activation_scales(m, inter // 128, mn_major_sf, device)
+    stride_m, stride_k = sf.stride()
+    jit.native_module().swiglu_quant_fp8(h.data_ptr(), weights.data_ptr(), 0 if masked_m is None else masked_m.data_ptr(),
+                                         rows_per_group, m, inter, out.data_ptr(), sf.data_ptr(), stride_m, stride_k,
+                                         index, _descriptors.current_stream_of(index))
     return out, sf

@@ -132,3 +132,34 @@ def test_gpu_masked_rows_only():
     q_mn, sf_mn = kernels.swiglu_quant_fp8(h, w, masked_m, rows, mn_major_sf=True)  # the same rows, MN-major
     assert torch.equal(q_mn[valid].view(torch.uint8), q[valid].view(torch.uint8))
     assert torch.equal(sf_mn[valid], sf[valid])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("masked,mn_major", [(False, False), (False, True), (True, False), (True, True)])
+def test_gpu_fast_path_is_the_checked_path(seed, monkeypatch, masked, mn_major):
+    """Plain contiguous CUDA tensors take the fast path (the full checks are not reached: patched to
+    fail here); layouts it leaves to the checks (h with a row stride past 2I, a negative view, weights
+    and masked_m not contiguous) give the same bits through them."""
+    groups, rows, inter = 3, 24, 384
+    h = (torch.randn(groups * rows, 2 * inter, device="cuda") * 3).to(torch.bfloat16)
+    w = torch.rand(groups * rows, device="cuda")
+    counts = torch.tensor([24, 0, 7], dtype=torch.int32, device="cuda")
+    extra = (counts, rows) if masked else ()
+    valid = (torch.arange(rows, device="cuda").view(1, -1) < counts.view(-1, 1)).flatten() if masked else \
+        torch.ones(groups * rows, dtype=torch.bool, device="cuda")
+    with monkeypatch.context() as patch:
+        patch.setattr(kernels._checks, "check_dense_args", lambda *_, **__: pytest.fail("the checked path ran"))
+        q, sf = kernels.swiglu_quant_fp8(h, w, *extra, mn_major_sf=mn_major)
+    wide = torch.zeros(groups * rows, 2 * inter + 64, device="cuda", dtype=torch.bfloat16)
+    wide[:, :2 * inter] = h
+    odd_counts = torch.zeros(2 * groups, dtype=torch.int32, device="cuda")
+    odd_counts[::2] = counts
+    variants = {"h row stride": (wide[:, :2 * inter], w, counts),
+                "h negative view": (torch._neg_view(-h), w, counts),
+                "weights strided, masked_m strided": (h, torch.stack([w, w], 1)[:, 0], odd_counts[::2])}
+    for name, (h2, w2, counts2) in variants.items():
+        q2, sf2 = kernels.swiglu_quant_fp8(h2, w2, *((counts2, rows) if masked else ()), mn_major_sf=mn_major)
+        assert torch.equal(q2[valid].view(torch.uint8), q[valid].view(torch.uint8)), name
+        assert torch.equal(sf2[valid].view(torch.int32), sf[valid].view(torch.int32)), name
+    q_ref, sf_ref = _definition(h, w)
+    assert calc_diff(_dequant(q[valid], sf[valid]), _dequant(q_ref[valid], sf_ref[valid])) < 1e-6
