@@ -96,7 +96,8 @@ def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False, gran_k: int 
     # supported dtype, non-empty, last dim contiguous, flags of the right types. Anything else takes
     # the checks below, which raise or run the reference.
     if type(x) is torch.Tensor and x.is_cuda and type(use_ue8m0) is bool and type(gran_k) is int \
-            and type(mn_major_sf) is bool and gran_k in _GRAN_KS and x.layout is torch.strided and not x.is_neg():
+            and type(mn_major_sf) is bool and gran_k in _GRAN_KS and x.layout is torch.strided and not x.is_nested \
+            and not x.is_neg():
         code = _INPUT_CODES.get(x.dtype)
         shape, strides = x.shape, x.stride()
         if code is not None and len(shape) == 2 and shape[0] > 0 and shape[1] > 0 \
