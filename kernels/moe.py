@@ -370,7 +370,8 @@ def _swiglu_quant_on_gpu(h: torch.Tensor, weights: torch.Tensor, masked_m: torch
     out = torch.empty((m, inter), dtype=torch.float8_e4m3fn, device=device)
     sf = empty_activation_scales(m, inter // 128, mn_major_sf, device)
     stride_m, stride_k = sf.stride()
-    jit.native_module().swiglu_quant_fp8(h.data_ptr(), weights.data_ptr(), 0 if masked_m is None else masked_m.data_ptr(),
-                                         rows_per_group, m, inter, out.data_ptr(), sf.data_ptr(), stride_m, stride_k,
-                                         index, _descriptors.current_stream_of(index))
+    masked_ptr = 0 if masked_m is None else masked_m.data_ptr()
+    jit.native_module().swiglu_quant_fp8(h.data_ptr(), weights.data_ptr(), masked_ptr, rows_per_group, m, inter,
+                                         out.data_ptr(), sf.data_ptr(), stride_m, stride_k, index,
+                                         _descriptors.current_stream_of(index))
     return out, sf
