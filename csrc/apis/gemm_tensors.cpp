@@ -175,8 +175,7 @@ bool grouped_args(PyObject* const* args, int a_dim, Weights weights, bool any_de
                                       : fp8_weights(b, sfb, k))) {
     return false;
   }
-  if (a.stride[r + 1] != 1 || lda % 16 != 0 || lda < k || sfa.size[r] != m || sfa.size[r + 1] != k / kBlock ||
-      sfa.stride[r] < 0 || sfa.stride[r + 1] < 0 || d.size[r] != m || d.size[r + 1] != n || d.stride[r + 1] != 1 ||
+  if (!T::a_operand(a, sfa, r, m, k) || d.size[r] != m || d.size[r + 1] != n || d.stride[r + 1] != 1 ||
       ldd % 8 != 0 || ldd < n || index.stride[0] != 1) {
     return false;
   }

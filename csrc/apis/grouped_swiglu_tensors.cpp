@@ -76,10 +76,7 @@ bool swiglu_args(PyObject* a_obj, PyObject* b_obj, PyObject* d_obj, PyObject* in
     return false;
   }
   // A (and masked: stacked groups), SFA.
-  if (a.stride[r + 1] != 1 || a.stride[r] % 16 != 0 || a.stride[r] < k || sfa.size[r] != m ||
-      sfa.size[r + 1] != k / kBlock || sfa.stride[r] < 0 || sfa.stride[r + 1] < 0) {
-    return false;
-  }
+  if (!T::a_operand(a, sfa, r, m, k)) return false;
   if (a_dim == 3 && (sfa.size[0] != groups || sfa.stride[0] < 0 || groups != g ||
                      (groups > 1 && (a.stride[0] != m * a.stride[1] || sfa.stride[0] != m * sfa.stride[1])))) {
     return false;

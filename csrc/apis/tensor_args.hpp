@@ -100,6 +100,13 @@ inline bool read_pair(PyObject* obj, int dim, bool any_device, View& first, View
          read(items[1], second_dim > 0 ? second_dim : dim, written, any_device, second);
 }
 
+// The grouped GEMMs' A [.., M, K] (K-major rows of a 16-byte multiple, at least K apart) and its 1 x 128
+// scales SFA [.., M, K/128] (any non-negative strides), read at row dimension `r`.
+inline bool a_operand(const View& a, const View& sfa, int r, std::int64_t m, std::int64_t k) {
+  return a.stride[r + 1] == 1 && a.stride[r] % 16 == 0 && a.stride[r] >= k && sfa.size[r] == m &&
+         sfa.size[r + 1] == k / 128 && sfa.stride[r] >= 0 && sfa.stride[r + 1] >= 0;
+}
+
 // An exact Python int (not a bool) in `out`, or false.
 inline bool read_int(PyObject* obj, long long& out) {
   if (!PyLong_CheckExact(obj)) return false;
