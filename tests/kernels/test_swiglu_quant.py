@@ -156,9 +156,15 @@ def test_gpu_fast_path_is_the_checked_path(seed, monkeypatch, masked, mn_major):
     odd_counts[::2] = counts
     variants = {"h row stride": (wide[:, :2 * inter], w, counts),
                 "h negative view": (torch._neg_view(-h), w, counts),
-                "weights strided, masked_m strided": (h, torch.stack([w, w], 1)[:, 0], odd_counts[::2])}
+                "weights strided": (h, torch.stack([w, w], 1)[:, 0], counts),
+                "weights negative view": (h, torch._neg_view(-w), counts),
+                "masked_m strided": (h, w, odd_counts[::2])}
     for name, (h2, w2, counts2) in variants.items():
+        if not masked and h2 is h and w2 is w:
+            continue  # masked_m's variant: nothing differs without it
+        poison_allocator(groups * rows * inter, groups * rows * inter // 128 * 4)  # stale right bytes can't pass
         q2, sf2 = kernels.swiglu_quant_fp8(h2, w2, *((counts2, rows) if masked else ()), mn_major_sf=mn_major)
+        assert torch.isfinite(sf2[valid]).all(), name
         assert torch.equal(q2[valid].view(torch.uint8), q[valid].view(torch.uint8)), name
         assert torch.equal(sf2[valid].view(torch.int32), sf[valid].view(torch.int32)), name
     q_ref, sf_ref = _definition(h, w)
