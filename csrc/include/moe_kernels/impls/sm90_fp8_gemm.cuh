@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   constexpr uint32_t kHalfRowsB = kBlockN / 2;
   // kTailN: the last n-block holds N % kBlockN columns; its wgmmas and promotion run that wide (the
   // accumulator registers of a narrower wgmma are a prefix of the wider one's, the scales' split the
-  // same). Its other columns keep stale sums, past N, which the epilogue's TMA store drops.
+  // same). Its other columns, past N, stay at the tile's cleared zeros; the TMA store drops them.
   static_assert(kTailN == 0 || (kTailN == kShapeN % kBlockN && kTailN % 8 == 0 && !kSwiGlu && !kOverlap),
                 "tail width: N % block N, in the plain K loop");
   constexpr uint32_t kTailNBlock = kShapeN / kBlockN;
