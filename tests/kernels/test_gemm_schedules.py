@@ -30,11 +30,12 @@ def test_gpu_clusters_match_single_ctas(m, n, k, seed, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k", [(1000, 7168, 1536), (300, 7168, 2048)])
+@pytest.mark.parametrize("m,n,k", [(1000, 7168, 1536), (300, 7168, 2048), (4096, 4160, 7168), (960, 4160, 16384)])
 def test_gpu_tail_n_block_matches_full_width(m, n, k, seed, monkeypatch):
     """MOE_GEMM_TAIL_N=1: the last n-block's wgmmas and promotion run its N % block N columns only
-    (128 x 160 tiles with turns, 128 x 192 in step, both in clusters sharing A); those columns are
-    the full-width kernel's (the same products summed in the same order)."""
+    (128 x 160 tiles with turns, 128 x 192 in step, both in clusters sharing A; at N = 4160 the last
+    n-block straddles two scale blocks of B, and at K = 16384 the last wave splits over K); those
+    columns are the full-width kernel's (the same products summed in the same order)."""
     monkeypatch.setenv("MOE_GEMM_TAIL_N", "1")
     cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
     assert cfg["tail_n"] == n % cfg["block_n"] > 0, cfg

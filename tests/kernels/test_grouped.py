@@ -467,11 +467,12 @@ def test_gpu_contiguous_k_unroll_matches_plain_loop(counts, n, k, seed, monkeypa
 @pytest.mark.usefixtures("no_sfa_copy")
 @pytest.mark.parametrize("counts,n,k", [
     ([1000, 0, 513, 2048], 4096, 1152),  # padding rows, an empty group; 64 columns in the last n-block
-    ([4096, 4096], 7168, 2048),          # clusters sharing B
+    ([4096, 4096], 7168, 2048),          # 128 x 192 again, 64 columns
 ])
 def test_gpu_contiguous_tail_n_block_matches_full_width(counts, n, k, seed, monkeypatch):
     """MOE_GEMM_TAIL_N=1: the last n-block's wgmmas and promotion run only its N % block N columns;
-    those columns are the full-width kernel's (the same products, summed in the same order)."""
+    those columns are the full-width kernel's (the same products, summed in the same order). Both
+    run in clusters sharing B."""
     b_fp8 = make_weights(len(counts), n, k, "cuda")
     a_fp8, m_indices = make_contiguous(counts, k, "cuda")
     full = run_contiguous(a_fp8, b_fp8, m_indices, n)
