@@ -306,9 +306,9 @@ def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Ten
     only the first ``masked_m[g]`` rows of each group are computed on CUDA; the other rows of the
     outputs are left unwritten (the CPU computes every row)."""
     # Fast path, every call between the grouped GEMMs: plain CUDA tensors in the layouts the GEMMs and
-    # the router give (h contiguous, weights and masked_m contiguous), flags of the right types. The
-    # checks below took ~27 us a call on the H200's host (bench/RESULTS.md, session 39); anything
-    # unusual takes them, and they raise, copy or run the reference.
+    # the router give (h contiguous, weights and masked_m contiguous), flags of the right types: 27 ->
+    # 21-22 us a call on the H200's host (bench/RESULTS.md, session 40). Anything unusual takes the
+    # checks below, which raise, copy or run the reference.
     if type(h) is torch.Tensor and type(weights) is torch.Tensor and type(mn_major_sf) is bool and h.is_cuda \
             and h.dtype is torch.bfloat16 and weights.dtype is torch.float32 and h.layout is torch.strided \
             and weights.layout is torch.strided and not h.is_nested and not weights.is_nested and not h.is_neg() \

@@ -71,8 +71,6 @@ bool fp8_gemm_args(PyObject* a, PyObject* b, PyObject* d, PyObject* c, bool any_
   return true;
 }
 
-
-
 // fp8_gemm_nt_tensors(a, b, d, c, compile_m, device, stream, split_workspace, split_workspace_bytes)
 // -> True (launched, or M = 0: nothing to launch) or False (declined: nothing was done).
 PyObject* fp8_gemm_nt_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -221,7 +219,6 @@ PyObject* m_grouped_fp8_gemm_nt_contiguous_tensors(PyObject*, PyObject* const* a
                                            static_cast<std::uint64_t>(stream));
   });
 }
-
 
 // The masked entry points' arguments (a, b, d, masked_m, expected_m, device, stream), checked.
 bool masked_call_args(PyObject* const* args, Py_ssize_t nargs, Weights weights, GroupedArgs& g,

@@ -455,9 +455,8 @@ inline const char* swiglu_function_name(GemmType type) {
 // group; MOE_SWIGLU_WIDE: one 256-column tile), 64 rows up to 128 rows (per group, masked) and 128
 // beyond, like plan_config's first choice; none of its overlap, splits or scale copies (the held act
 // or the wide tile's sums leave no room for a third accumulator set), clusters sharing B and turns
-// only where asked for. m: rows (contiguous) or
-// expected rows per group (masked); scale_load: scale_layout_for the arguments, K-major A scales
-// gathered (TMA loads them for 256-row tiles only).
+// only where asked for. m: rows (contiguous) or expected rows per group (masked); scale_load:
+// scale_layout_for the arguments, K-major A scales gathered (TMA loads them for 256-row tiles only).
 inline Config plan_swiglu(int m, int n, int k, int num_sms, GemmType type, int num_groups, unsigned scale_load) {
   const char* fn = swiglu_function_name(type);
   MOE_HOST_ASSERT(type != GemmType::kNormal, fn << ": the SwiGLU epilogue is for grouped GEMMs");

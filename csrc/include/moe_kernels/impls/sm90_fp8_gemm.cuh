@@ -77,6 +77,12 @@ struct Fp8GemmSmem {
                 "the A scales' slots must land on 128-byte boundaries");
 };
 
+// The value of an optional integral_constant (a K loop's width), or kDefault without one.
+template <uint32_t kDefault, typename... Width>
+struct WidthOr : cuda::std::integral_constant<uint32_t, kDefault> {};
+template <uint32_t kDefault, typename Width>
+struct WidthOr<kDefault, Width> : Width {};
+
 // shape_m: rows of A (kNormal, kGroupedContiguous) or rows per group (kGroupedMasked, whose
 // group g starts at row g * shape_m of A and D); grouped_layout: m_indices or masked_m.
 // kScaleLoad (common/fp8_gemm_layout.h): kScaleGather reads the scales at sfa / sfb with their
@@ -90,12 +96,6 @@ struct Fp8GemmSmem {
 // row's weight, quantized 1 x 128, to `swiglu` (common/swiglu_epilogue.cuh). The scheduler walks
 // 256-column tiles (one act scale group): pairs of 128-column n-blocks, which every role runs back
 // to back, or (block N 256) single n-blocks of two 128-column halves.
-// The value of an optional integral_constant (a K loop's width), or kDefault without one.
-template <uint32_t kDefault, typename... Width>
-struct WidthOr : cuda::std::integral_constant<uint32_t, kDefault> {};
-template <uint32_t kDefault, typename Width>
-struct WidthOr<kDefault, Width> : Width {};
-
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
