@@ -94,7 +94,9 @@ class JitSettings:
 @dataclass(frozen=True)
 class BuildResult:
     """One compiled kernel. ``from_cache`` is true for a disk or memory cache hit;
-    ``compile_seconds`` is the time this build took (compile, disk load or memory lookup)."""
+    ``compile_seconds`` is the time this build took (compile, disk load or memory lookup);
+    ``wgmma_serialized``: ptxas put a wait after every wgmma (its C751x remarks), so the tensor
+    cores idle between them."""
 
     name: str
     arch: str
@@ -106,6 +108,7 @@ class BuildResult:
     from_cache: bool
     memory_hit: bool
     compile_seconds: float
+    wgmma_serialized: bool = False
 
 
 @dataclass(frozen=True)

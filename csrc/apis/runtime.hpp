@@ -50,6 +50,7 @@ inline py::dict outcome_to_dict(const moe_jit::BuildOutcome& outcome) {
   d["from_cache"] = k.from_cache || outcome.memory_hit;
   d["memory_hit"] = outcome.memory_hit;
   d["compile_seconds"] = outcome.memory_hit ? outcome.seconds : k.compile_seconds;
+  d["wgmma_serialized"] = k.wgmma_serialized;
   return d;
 }
 
@@ -141,7 +142,7 @@ inline void register_apis(py::module_& m) {
       py::arg("name"), py::arg("code"), py::arg("arch"),
       "Compile `code` for `arch` (or load it from the caches); no GPU needed. Returns a dict: "
       "name, arch, key, compiler, cubin (bytes), cubin_path, source_path, from_cache, memory_hit, "
-      "compile_seconds.");
+      "compile_seconds, wgmma_serialized.");
 
   m.def(
       "jit_launch_raw",

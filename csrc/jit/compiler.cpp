@@ -27,7 +27,7 @@
 namespace moe_jit {
 namespace {
 
-constexpr const char* kKeyVersion = "moe_jit cache v1";
+constexpr const char* kKeyVersion = "moe_jit cache v2";  // v2: the wgmma_serialized marker
 constexpr size_t kMaxNameLength = 96;
 
 using KernelPtr = std::shared_ptr<const CompiledKernel>;
@@ -288,6 +288,11 @@ bool is_whole_cubin(const std::string& bytes) {
   return ph_end <= bytes.size() && sh_end <= bytes.size() && read(0x3C, 2) > 0;
 }
 
+// ptxas's remark when it gives up pipelining wgmmas; a compile that printed it leaves a marker file
+// (kWgmmaSerializedFile) beside the cubin so cache hits know it too.
+constexpr const char* kWgmmaSerializedRemark = "wgmma.mma_async instructions are serialized";
+constexpr const char* kWgmmaSerializedFile = "wgmma_serialized";
+
 bool has_whole_cubin(const std::string& dir) {
   std::string bytes;
   return files::try_read(files::join(dir, "kernel.cubin"), bytes) && is_whole_cubin(bytes);
@@ -353,6 +358,7 @@ KernelPtr compile_or_load(const JitConfig& config, const std::string& name,
 
   if (files::try_read(kernel->cubin_path, kernel->cubin) && is_whole_cubin(kernel->cubin)) {
     kernel->from_cache = true;
+    kernel->wgmma_serialized = files::is_file(files::join(final_dir, kWgmmaSerializedFile));
     kernel->compile_seconds = seconds_since(start);
     if (config.print_command) {
       std::fprintf(stderr, "[moe_jit] %s for %s: cache hit %s\n", name.c_str(), arch.c_str(),
@@ -395,8 +401,10 @@ KernelPtr compile_or_load(const JitConfig& config, const std::string& name,
                  kernel->key.c_str(), output.log.c_str());
   }
 
+  kernel->wgmma_serialized = output.log.find(kWgmmaSerializedRemark) != std::string::npos;
   try {
     if (!use_nvcc) files::write(files::join(tmp_dir, "kernel.cubin"), output.cubin);
+    if (kernel->wgmma_serialized) files::write(files::join(tmp_dir, kWgmmaSerializedFile), output.log);
     ::unlink(files::join(tmp_dir, "nvcc.log").c_str());
     if (config.keep_ptx) {
       if (!output.ptx.empty()) files::write(files::join(tmp_dir, "kernel.ptx"), output.ptx);
@@ -404,6 +412,7 @@ KernelPtr compile_or_load(const JitConfig& config, const std::string& name,
     }
     if (!publish(tmp_dir, final_dir)) {
       kernel->from_cache = true;
+      kernel->wgmma_serialized = files::is_file(files::join(final_dir, kWgmmaSerializedFile));
       kernel->cubin = files::read(kernel->cubin_path);
       if (!is_whole_cubin(kernel->cubin)) kernel->cubin = std::move(output.cubin);  // damaged since: ours is whole
       kernel->compile_seconds = seconds_since(start);

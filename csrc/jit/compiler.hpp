@@ -2,7 +2,8 @@
 // Compile-or-load of generated CUDA translation units into cubins, with a disk cache shared by all
 // processes and an in-memory cache per process.
 //
-// Disk layout: <cache_dir>/<name>/<key>/{kernel.cu, kernel.cubin[, kernel.ptx, kernel.sass]}.
+// Disk layout: <cache_dir>/<name>/<key>/{kernel.cu, kernel.cubin[, kernel.ptx, kernel.sass,
+// wgmma_serialized]}.
 // A compile writes into <cache_dir>/tmp/<unique> and renames that folder into place, so a reader
 // never sees a half-written cubin; the loser of a rename race uses the winner's files. A failed
 // compile leaves its source in <cache_dir>/failed/<name>/<key>/.
@@ -23,6 +24,9 @@ struct CompiledKernel {
   std::string cubin_path;
   std::string source_path;
   bool from_cache = false;  // loaded from the disk cache rather than compiled by this process
+  // ptxas serialized the kernel's wgmmas (a wait after each; remarks C7510-C7520, which it prints
+  // without -v). The tensor cores then idle between wgmmas: launchers may plan around such a kernel.
+  bool wgmma_serialized = false;
   double compile_seconds = 0.0;  // time to compile it, or to load it from disk
 };
 

@@ -569,6 +569,15 @@ inline std::shared_ptr<const moe_jit::CompiledKernel> kernel_of(const Config& c,
 inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit::CompiledKernel> kernel = nullptr) {
   using namespace moe_jit::driver;
   if (!kernel) kernel = kernel_of(c, a.device);
+  // The narrow last n-block adds a second K loop, and ptxas has answered some shapes' with a wait
+  // after every wgmma (1.32x the time at 32768 x 4096 x 7168, bench/RESULTS.md session 41): such a
+  // plan runs at full width instead.
+  if (c.tail_n != 0 && kernel->wgmma_serialized) {
+    Config full = c;
+    full.tail_n = 0;
+    launch(full, a);
+    return;
+  }
 
   const bool masked = c.type == GemmType::kGroupedMasked;
   const std::uint64_t rows_a = sfa_rows(c.type, a);

@@ -128,6 +128,38 @@ def test_fresh_process_hits_disk_cache(settings):
     assert child["compile_seconds"] < max(0.5 * first.compile_seconds, 0.05)
 
 
+def wgmma_probe_source(divergent: bool) -> str:
+    """Eight K blocks of 64 x 64 x 128 FP8 wgmmas; ``divergent`` writes an accumulator on half the
+    threads while its wgmmas are in flight, which ptxas answers by serializing every wgmma."""
+    write = "if (threadIdx.x & 1) acc[0] += 1.0f;" if divergent else ""
+    return (
+        "#include <moe_kernels/common/sm90_wgmma.cuh>\n"
+        "__global__ void __launch_bounds__(128) wgmma_probe(float* out, unsigned long long da, unsigned long long db) {\n"
+        "  using W = moe_kernels::sm90::Fp8Wgmma<64>;\n"
+        "  float acc[W::kNumAccum];\n"
+        "  for (int i = 0; i < W::kNumAccum; ++i) acc[i] = 0.0f;\n"
+        "  for (int kb = 0; kb < 8; ++kb) {\n"
+        f"    W::issue_k_block(da + kb * 64, db + kb * 64, acc, true);\n    {write}\n"
+        "    W::wait<0>(acc);\n"
+        "  }\n"
+        "  for (int i = 0; i < W::kNumAccum; ++i) out[threadIdx.x * W::kNumAccum + i] = acc[i];\n"
+        "}\n"
+    )
+
+
+@pytest.mark.parametrize("divergent", [False, True])
+def test_build_reports_serialized_wgmmas(settings, divergent):
+    """A kernel whose wgmmas ptxas serializes says so (wgmma_serialized), from the compile, the
+    memory cache and, through the marker file beside the cubin, a fresh process's disk cache hit."""
+    code = wgmma_probe_source(divergent)
+    first = jit.build("wgmma_probe", code, ARCH)
+    second = jit.build("wgmma_probe", code, ARCH)
+    [child] = run_children(settings, "wgmma_probe", code, 1)
+    assert not first.from_cache and second.memory_hit and child["from_cache"] and not child["memory_hit"]
+    assert [first.wgmma_serialized, second.wgmma_serialized, child["wgmma_serialized"]] == [divergent] * 3
+    assert (Path(first.cubin_path).parent / "wgmma_serialized").exists() == divergent
+
+
 @pytest.mark.parametrize("change", ["code", "name", "arch", "flags"])
 def test_key_depends_on_inputs(settings, change):
     code = kernel_source(random.randrange(1, 1 << 30))

@@ -535,7 +535,11 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         }
       }
       // Unrolled, ptxas may issue the next K block's full-barrier wait among this one's promotion.
-#pragma unroll kKUnroll
+      // The narrow last n-block's loop at most 4 deep: unrolled 8 beside the full loop, NVRTC's ptxas
+      // ran out of registers for the wgmma pipeline at N = 4096 and serialized every wgmma of the
+      // kernel (C7511); at 1 it moved the full loop's descriptors out of uniform registers.
+      constexpr uint32_t kUnroll = kWidth == kBlockN || kKUnroll < 4 ? kKUnroll : 4;
+#pragma unroll kUnroll
       for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
         // The turn before the full barrier: the same order, and ptxas schedules the K block in fewer
         // instructions (block N 192: 175 per K block against 198 with the turn next to the wgmmas).
