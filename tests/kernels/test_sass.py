@@ -21,7 +21,10 @@ def sass(name: str, code: str) -> str:
     tool = find_cuobjdump()
     if not tool:
         pytest.skip("cuobjdump not found (pip nvidia-cuda-cuobjdump)")
-    cubin = kernels.jit.build(name, code, "sm_90a").cubin_path
+    built = kernels.jit.build(name, code, "sm_90a")
+    # No kernel here may leave ptxas serializing its wgmmas (a wait after each: the tensor cores idle).
+    assert not built.wgmma_serialized, f"{name}: ptxas serialized the wgmmas (see the C751x remark)"
+    cubin = built.cubin_path
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(tool).parent), env.get("PATH", "")])  # nvdisasm sits beside it
     proc = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, env=env, timeout=120)
@@ -116,12 +119,10 @@ def test_fp8_gemm_tail_n_block_issues_narrow_wgmmas(m, n, k, gemm_type, groups, 
     config = native.fp8_gemm_nt_config(*args)
     tail = n % config["block_n"]
     assert tail and config["tail_n"] == tail, config
-    name, source = native.fp8_gemm_nt_code(*args)
-    # NVRTC's ptxas serialized every wgmma of the contiguous 4096-column kernel when the narrow loop
-    # was unrolled like the full one (1.32x the time on an H100); the launcher would then run the
-    # full-width kernel, but these shapes must keep the narrow one.
-    assert not kernels.jit.build(name, source, "sm_90a").wgmma_serialized
-    code = sass(name, source)
+    # sass() also checks that ptxas kept the wgmmas asynchronous: it serialized every wgmma of the
+    # contiguous 4096-column kernel when the narrow loop was unrolled like the full one (1.32x the time
+    # on an H100). The launcher would then run the full-width kernel; these shapes must keep the narrow one.
+    code = sass(*native.fp8_gemm_nt_code(*args))
     loops = _innermost_k_loops(code, max_bytes=24576)  # 8 K blocks of 128 x 192: ~1200 instructions
     assert any(f"QGMMA.64x{config['block_n']}x32" in body for body in loops)
     assert any(f"QGMMA.64x{tail}x32" in body for body in loops)
