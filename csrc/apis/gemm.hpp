@@ -75,7 +75,6 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["wg_store"] = c.wg_store;
   d["tail_splits"] = c.tail_split_of(m).ways;
   d["swiglu"] = c.swiglu;
-  d["tail_n"] = c.tail_n;
   return d;
 }
 

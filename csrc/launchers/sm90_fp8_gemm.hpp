@@ -53,7 +53,6 @@ struct Config {
   int table_slots = 0;  // kScaleTmaKMajorTable's slots (1: no CTA runs a second tile; else 2), 0 otherwise
   bool tail_split_on = true;  // MOE_GEMM_TAIL_SPLIT when planned (the plan is redone when it changes)
   int swiglu = 0;       // 1: the SwiGLU epilogue (kSwiGlu; plan_swiglu): act and its scales instead of D
-  int tail_n = 0;       // the last n-block's columns where its wgmmas and promotion run only those (kTailN)
 
   // The last, partial wave's tiles split over K; kNormal only.
   TailSplit tail_split_of(int m) const {
@@ -405,11 +404,6 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
                          env_enabled("MOE_FP8_WG_STORE")
                      ? 1
                      : 0;
-  // MOE_GEMM_TAIL_N=1 (opt-in, not yet timed): where block N does not divide N, the last n-block's
-  // wgmmas and promotion run its N % block N columns only. At N = 4096 on 128 x 192 tiles the tensor
-  // cores otherwise multiply 128 columns past N in every 22nd tile (3% of the GEMM). Not with the
-  // overlapped loop of block M 64, whose tiles are narrow already.
-  cfg.tail_n = env_int("MOE_GEMM_TAIL_N") == 1 && cfg.overlap == 0 && n % t.block_n != 0 ? n % t.block_n : 0;
   // Which plans copy A scales MN-major first, and the measurements behind the rule:
   // launchers/sm90_fp8_gemm_workspace.hpp.
   const char* copy_env = std::getenv("MOE_FP8_SFA_COPY");
@@ -537,10 +531,8 @@ inline GeneratedKernel generate(const Config& c) {
      << ", " << (c.wg_store ? "true" : "false");
   // The table's slots (and the K blocks that size them): template arguments of their own, left out
   // for every other scale load, whose kernels' code stays as it was.
-  // Likewise the SwiGLU epilogue and the tail width.
-  if (c.table_slots > 0 || c.swiglu || c.tail_n > 0) os << ", " << c.table_slots;
-  if (c.swiglu || c.tail_n > 0) os << ", " << (c.swiglu ? "true" : "false");
-  if (c.tail_n > 0) os << ", " << c.tail_n;
+  if (c.table_slots > 0 || c.swiglu) os << ", " << c.table_slots;
+  if (c.swiglu) os << ", true";
   const std::string table =
       c.table_slots > 0 ? ", " + std::to_string(c.k / kBlockK) + ", " + std::to_string(c.table_slots)
       : c.swiglu       ? ", 0, 0, false"
@@ -557,11 +549,11 @@ inline GeneratedKernel generate(const Config& c) {
 // The compiled kernel of a plan on a device: from the memo, compiled (or loaded from the disk cache)
 // on the first call.
 inline std::shared_ptr<const moe_jit::CompiledKernel> kernel_of(const Config& c, int device) {
-  static moe_jit::KernelMemo<std::array<int, 23>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 23> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 22>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 22> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
                                    c.scale_warps, c.pingpong, c.pdl, c.k_unroll, static_cast<int>(c.scale_load),
-                                   c.overlap, c.share_b, c.wg_store, c.table_slots, c.swiglu, c.tail_n, device};
+                                   c.overlap, c.share_b, c.wg_store, c.table_slots, c.swiglu, device};
   return sm90_kernel(memo, key, c.fn, device, [&] { return generate(c); });
 }
 
@@ -569,15 +561,6 @@ inline std::shared_ptr<const moe_jit::CompiledKernel> kernel_of(const Config& c,
 inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit::CompiledKernel> kernel = nullptr) {
   using namespace moe_jit::driver;
   if (!kernel) kernel = kernel_of(c, a.device);
-  // The narrow last n-block adds a second K loop, and ptxas has answered some shapes' with a wait
-  // after every wgmma (1.32x the time at 32768 x 4096 x 7168, bench/RESULTS.md session 41): such a
-  // plan runs at full width instead.
-  if (c.tail_n != 0 && kernel->wgmma_serialized) {
-    Config full = c;
-    full.tail_n = 0;
-    launch(full, a);
-    return;
-  }
 
   const bool masked = c.type == GemmType::kGroupedMasked;
   const std::uint64_t rows_a = sfa_rows(c.type, a);

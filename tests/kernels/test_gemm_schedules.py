@@ -1,7 +1,6 @@
 """The dense FP8 GEMM's schedules on the GPU, each against float64 and against its twin with the
 switch off (clusters, ping-pong of 128-row tiles, the tail split and a single wave's split
-over K, 256-row tiles, the last n-block's narrow wgmmas, graph captures without a workspace,
-programmatic dependent launch)."""
+over K, 256-row tiles, graph captures without a workspace, programmatic dependent launch)."""
 
 from __future__ import annotations
 
@@ -27,20 +26,6 @@ def test_gpu_clusters_match_single_ctas(m, n, k, seed, monkeypatch):
     assert kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["multicast"] == 2
     a_fp8, b_fp8, d, single = with_switch_off(m, n, k, "MOE_FP8_MULTICAST", monkeypatch)
     assert calc_diff(single, reference_f64(a_fp8, b_fp8)) < 1e-3
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k", [(1000, 7168, 1536), (300, 7168, 2048), (4096, 4160, 7168), (960, 4160, 16384)])
-def test_gpu_tail_n_block_matches_full_width(m, n, k, seed, monkeypatch):
-    """MOE_GEMM_TAIL_N=1: the last n-block's wgmmas and promotion run its N % block N columns only
-    (128 x 160 tiles with turns, 128 x 192 in step, both in clusters sharing A; at N = 4160 the last
-    n-block straddles two scale blocks of B, and at K = 16384 the last wave splits over K); those
-    columns are the full-width kernel's (the same products summed in the same order)."""
-    monkeypatch.setenv("MOE_GEMM_TAIL_N", "1")
-    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
-    assert cfg["tail_n"] == n % cfg["block_n"] > 0, cfg
-    _, _, d, full = with_switch_off(m, n, k, "MOE_GEMM_TAIL_N", monkeypatch)
-    assert calc_diff(d.double(), full.double()) < 1e-9
 
 
 @pytest.mark.gpu

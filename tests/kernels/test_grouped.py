@@ -464,47 +464,6 @@ def test_gpu_contiguous_k_unroll_matches_plain_loop(counts, n, k, seed, monkeypa
 
 
 @pytest.mark.gpu
-@pytest.mark.usefixtures("no_sfa_copy")
-@pytest.mark.parametrize("counts,n,k", [
-    ([1000, 0, 513, 2048], 4096, 1152),  # padding rows, an empty group; 64 columns in the last n-block
-    ([4096, 4096], 7168, 2048),          # 128 x 192 again, 64 columns
-])
-def test_gpu_contiguous_tail_n_block_matches_full_width(counts, n, k, seed, monkeypatch):
-    """MOE_GEMM_TAIL_N=1: the last n-block's wgmmas and promotion run only its N % block N columns;
-    those columns are the full-width kernel's (the same products, summed in the same order). Both
-    run in clusters sharing B."""
-    b_fp8 = make_weights(len(counts), n, k, "cuda")
-    a_fp8, m_indices = make_contiguous(counts, k, "cuda")
-    full = run_contiguous(a_fp8, b_fp8, m_indices, n)
-    monkeypatch.setenv("MOE_GEMM_TAIL_N", "1")
-    cfg = contiguous_config(m_indices, n, k, len(counts))
-    assert cfg["tail_n"] == n % cfg["block_n"] > 0, cfg
-    tail = run_contiguous(a_fp8, b_fp8, m_indices, n)
-    assert_contiguous_rows(tail, a_fp8, b_fp8, m_indices)
-    assert torch.equal(tail.isnan(), full.isnan()), "other rows written"
-    assert calc_diff(tail.nan_to_num().double(), full.nan_to_num().double()) < 1e-9
-
-
-@pytest.mark.gpu
-def test_gpu_masked_tail_n_block_matches_full_width(seed, monkeypatch):
-    """The masked GEMM's last n-block under MOE_GEMM_TAIL_N=1 (128 x 160 tiles: 128 of 7168 columns)."""
-    masked, max_m, n, k = [256, 0, 130, 7], 256, 7168, 2048
-    b_fp8 = make_weights(len(masked), n, k, "cuda")
-    a_fp8, sfa = per_token_cast_to_fp8(torch.randn(len(masked) * max_m, k, device="cuda", dtype=torch.bfloat16))
-    a = (a_fp8.view(len(masked), max_m, k), sfa.view(len(masked), max_m, -1))
-    masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
-    full = run_masked(a, b_fp8, masked_m, 256, n)
-    monkeypatch.setenv("MOE_GEMM_TAIL_N", "1")
-    cfg = kernels.jit.native_module().fp8_gemm_nt_config(max_m, n, k, kernels.get_num_sms(), gemm_type=2,
-                                                         num_groups=len(masked))
-    assert cfg["tail_n"] == n % cfg["block_n"] > 0, cfg
-    tail = run_masked(a, b_fp8, masked_m, 256, n)
-    assert_masked_rows(tail, a, b_fp8, masked)
-    assert torch.equal(tail.isnan(), full.isnan()), "other rows written"
-    assert calc_diff(tail.nan_to_num().double(), full.nan_to_num().double()) < 1e-9
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("masked", [False, True])
 def test_gpu_plain_cuda_tensors_take_the_cpp_path(masked, seed):
     """The entry points' first step, the C++ checks and launch, takes plain CUDA tensors (a silent

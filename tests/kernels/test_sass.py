@@ -105,33 +105,6 @@ def test_fp8_gemm_clusters_sharing_b_multicast_b(m, n, k, gemm_type, groups, mon
     assert "LDL" not in code and "STL" not in code, "register spills"
 
 
-@pytest.mark.parametrize("m,n,k,gemm_type,groups", [(1000, 7168, 1536, 0, 1), (300, 7168, 2048, 0, 1),
-                                                     (8192, 4096, 7168, 1, 4), (8192, 4096, 2048, 1, 4),
-                                                     (8192, 7168, 2048, 1, 4), (256, 4096, 7168, 2, 32)])
-def test_fp8_gemm_tail_n_block_issues_narrow_wgmmas(m, n, k, gemm_type, groups, monkeypatch):
-    """MOE_GEMM_TAIL_N=1: the last n-block (N % block N columns) issues wgmmas that wide beside the
-    full-width ones (dense 128 x 160 with turns and 128 x 192 in clusters sharing A, contiguous in
-    clusters sharing B, masked), and no K loop touches local memory (dense 128 x 192 tiles in
-    clusters keep a few values there per tile, as their full-width kernels do at 4096 x 2112 x 7168)."""
-    monkeypatch.setenv("MOE_GEMM_TAIL_N", "1")
-    native = kernels.jit.native_module()
-    args = (m, n, k, H200_SMS, False, -1, gemm_type, groups)
-    config = native.fp8_gemm_nt_config(*args)
-    tail = n % config["block_n"]
-    assert tail and config["tail_n"] == tail, config
-    # sass() also checks that ptxas kept the wgmmas asynchronous: it serialized every wgmma of the
-    # contiguous 4096-column kernel when the narrow loop was unrolled like the full one (1.32x the time
-    # on an H100). The launcher would then run the full-width kernel; these shapes must keep the narrow one.
-    code = sass(*native.fp8_gemm_nt_code(*args))
-    loops = _innermost_k_loops(code, max_bytes=24576)  # 8 K blocks of 128 x 192: ~1200 instructions
-    assert any(f"QGMMA.64x{config['block_n']}x32" in body for body in loops)
-    assert any(f"QGMMA.64x{tail}x32" in body for body in loops)
-    for body in loops:
-        assert "LDL" not in body and "STL" not in body, "local memory in a K loop"
-        scoreboard = ["gsb0" in line for line in body.splitlines() if "QGMMA" in line]
-        assert scoreboard == [False, False, False, True] * (len(scoreboard) // 4), "wgmmas serialized"
-
-
 @pytest.mark.parametrize("pingpong,max_ops", [("0", 128), ("1", 140)])
 def test_fp8_gemm_math_loop_is_lean(pingpong, max_ops, monkeypatch):
     """4096 x 4096 x 7168 (block 128 x 128): the warpgroup index broadcast from lane 0 keeps the

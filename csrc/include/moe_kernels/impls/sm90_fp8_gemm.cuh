@@ -77,12 +77,6 @@ struct Fp8GemmSmem {
                 "the A scales' slots must land on 128-byte boundaries");
 };
 
-// The value of an optional integral_constant (a K loop's width), or kDefault without one.
-template <uint32_t kDefault, typename... Width>
-struct WidthOr : cuda::std::integral_constant<uint32_t, kDefault> {};
-template <uint32_t kDefault, typename Width>
-struct WidthOr<kDefault, Width> : Width {};
-
 // shape_m: rows of A (kNormal, kGroupedContiguous) or rows per group (kGroupedMasked, whose
 // group g starts at row g * shape_m of A and D); grouped_layout: m_indices or masked_m.
 // kScaleLoad (common/fp8_gemm_layout.h): kScaleGather reads the scales at sfa / sfb with their
@@ -100,7 +94,7 @@ template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, u
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
           uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false, bool kWgStore = false,
-          uint32_t kTableSlots = 0, bool kSwiGlu = false, uint32_t kTailN = 0>
+          uint32_t kTableSlots = 0, bool kSwiGlu = false>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -208,12 +202,6 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                 "SwiGLU epilogue: tiles of block N 128 or 256, one wave, without overlap, residual or clusters "
                 "sharing A, N a multiple of 256");
   constexpr uint32_t kHalfRowsB = kBlockN / 2;
-  // kTailN: the last n-block holds N % kBlockN columns; its wgmmas and promotion run that wide (the
-  // accumulator registers of a narrower wgmma are a prefix of the wider one's, the scales' split the
-  // same). Its other columns, past N, stay at the tile's cleared zeros; the TMA store drops them.
-  static_assert(kTailN == 0 || (kTailN == kShapeN % kBlockN && kTailN % 8 == 0 && !kSwiGlu && !kOverlap),
-                "tail width: N % block N, in the plain K loop");
-  constexpr uint32_t kTailNBlock = kShapeN / kBlockN;
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -521,11 +509,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       }
     }();
 
-    // width: the columns the wgmmas and the promotion cover, kTailN for the last n-block (kBlockN
-    // where none is given).
-    const auto k_loop = [&](auto split, auto... width) {
-      constexpr uint32_t kWidth = WidthOr<kBlockN, decltype(width)...>::value;
-      using WgmmaW = sm90::Fp8Wgmma<kWidth / kNumHalves>;
+    const auto k_loop = [&](auto split) {
       const uint32_t split_col = 128 - (t.n_block * kBlockN) % 128;
       if constexpr (kOverlap) {
         // Whole tiles only; the tail split's units (dense GEMMs) take the plain loop.
@@ -535,11 +519,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         }
       }
       // Unrolled, ptxas may issue the next K block's full-barrier wait among this one's promotion.
-      // The narrow last n-block's loop at most 4 deep: unrolled 8 beside the full loop, NVRTC's ptxas
-      // ran out of registers for the wgmma pipeline at N = 4096 and serialized every wgmma of the
-      // kernel (C7511); at 1 it moved the full loop's descriptors out of uniform registers.
-      constexpr uint32_t kUnroll = kWidth == kBlockN || kKUnroll < 4 ? kKUnroll : 4;
-#pragma unroll kUnroll
+#pragma unroll kKUnroll
       for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
         // The turn before the full barrier: the same order, and ptxas schedules the K block in fewer
         // instructions (block N 192: 175 per K block against 198 with the turn next to the wgmmas).
@@ -560,9 +540,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
           if constexpr (kPingPong) {
             if (p > 0) turns.take();
           }
-          WgmmaW::issue_k_block(desc_a, desc_b + h * ((kBlockN / kNumHalves) * kBlockK / 16), acc, false);
+          Wgmma::issue_k_block(desc_a, desc_b + h * ((kBlockN / kNumHalves) * kBlockK / 16), acc, false);
           if constexpr (kPingPong) turns.pass();
-          WgmmaW::template wait<0>(acc);
+          Wgmma::template wait<0>(acc);
 
           // The stage is free once the last part's wgmmas have read it (its scales are in registers).
           if (p + 1 == kNumWaves * kNumHalves) {
@@ -575,23 +555,13 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
               ring.consumer_release(pipe);
             }
           }
-          promote_fp8_accum<kWidth / kNumHalves, decltype(split)::value>(
+          promote_fp8_accum<kBlockN / kNumHalves, decltype(split)::value>(
               final_acc + p * Wgmma::kNumAccum, acc, sa[w][0], sa[w][1], sb[2 * h], sb[2 * h + 1], split_col);
         }
       }
     };
     if constexpr (kSwiGlu) {
       k_loop(cuda::std::integral_constant<uint32_t, kParitySplit>{});
-    } else if constexpr (kTailN > 0) {
-      // The last n-block starts at a fixed column, so its split is a constant too (at or past
-      // kTailN: one scale block).
-      constexpr uint32_t kTailSplit = 128 - (kTailNBlock * kBlockN) % 128;
-      if (t.n_block == kTailNBlock) {
-        k_loop(cuda::std::integral_constant<uint32_t, kTailSplit < kTailN ? kTailSplit : kTailN>{},
-               cuda::std::integral_constant<uint32_t, kTailN>{});
-      } else {
-        with_static_split<kBlockN>(t.n_block * kBlockN, k_loop);
-      }
     } else {
       with_static_split<kBlockN>(t.n_block * kBlockN, k_loop);
     }
