@@ -17,6 +17,7 @@ import torch.nn as nn
 from kernels.reference.quant import dequantize_per_token
 from moe_runtime.backends import LocalExperts, MoEProblem, create_backend, resolve_backend
 from moe_runtime.backends.reference import expert_mlp, quantize_activations
+from moe_runtime.backends.staged_decode import StagedDecode
 from moe_runtime.dist import as_device, expert_placement, group_rank, group_size
 from moe_runtime.quant_weights import ExpertWeight, kWeightFormats, quantize_expert_weight
 from moe_runtime.router import RouterConfig, route, router_logits
@@ -275,8 +276,14 @@ class MegaMoELayer(nn.Module):
         if self._backend_cache is None or self._backend_cache[0] != key:
             experts = LocalExperts(self._restore("w13"), self._restore("w2"), self.placement.first_expert)
             pair = create_backend(self.backend_name, self._problem(device), experts, self.ep_group)
-            self._backend_cache = (key, pair)
+            decode = StagedDecode.maybe(*pair) if self.backend_name == "staged" else None
+            self._backend_cache = (key, pair, decode)
         return self._backend_cache[1]
+
+    def _decode(self) -> StagedDecode | None:
+        """The staged backend's raw-launch decode forward for this layer, if it has one (after
+        _backend, which builds it)."""
+        return self._backend_cache[2] if self._backend_cache is not None else None
 
     def _shared_forward(self, x: torch.Tensor) -> torch.Tensor:
         """float32 [T, H]: the shared experts (same numerics as a routed expert with weight 1)."""
@@ -329,12 +336,17 @@ class MegaMoELayer(nn.Module):
         routing = route(router_logits(x, self.router_weight, self.router_config), self.top_k, self.router_config,
                         self.score_bias)
         dispatch_combine, experts = self._backend(device)
-        # The router's ids are in range by construction: backends may skip checking them.
-        dispatched = dispatch_combine.dispatch(x, routing.topk_idx, routing.topk_weights, ids_checked=True)
         shared = self.shared_intermediate_size > 0
-        if shared:
-            dispatched.handle.out_dtype = torch.float32
-        y = dispatch_combine.combine(experts.apply(dispatched), dispatched.handle)
+        decode = self._decode()
+        if decode is not None and decode.applies(x):
+            # One rank's decode in raw launches, the router's ids (in range) as they are.
+            y = decode.forward(x, routing.topk_idx, routing.topk_weights, torch.float32 if shared else x.dtype)
+        else:
+            # The router's ids are in range by construction: backends may skip checking them.
+            dispatched = dispatch_combine.dispatch(x, routing.topk_idx, routing.topk_weights, ids_checked=True)
+            if shared:
+                dispatched.handle.out_dtype = torch.float32
+            y = dispatch_combine.combine(experts.apply(dispatched), dispatched.handle)
         if shared:
             y = y + self._shared_forward(x)
         return y.to(out_dtype).reshape(shape)
