@@ -10,17 +10,20 @@ the same arguments (the same outputs bit for bit) through ``kernels._C``'s raw e
 workspace kept per device and stream, so a forward allocates only its output.
 
 The workspace is reused by the next forward on the same stream, after this forward's kernels in
-stream order. Inside a CUDA graph capture the general path runs (its buffers belong to the graph).
+stream order; a lock keeps two threads' forwards on one stream from interleaving their launches in
+it. Inside a CUDA graph capture the general path runs (its buffers belong to the graph).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
 
 from kernels import _descriptors, jit
+from kernels.gemm import _device_capturing
 from kernels._fp4_fragment import kMaxDecodeRows
 from kernels.moe import kCombineMaxTopK, kDispatchMaxLocalExperts, kDispatchMaxPairs
 
@@ -93,6 +96,7 @@ class StagedDecode:
         self._native = jit.native_module()
         self._workspaces: dict[tuple[int, int], torch.Tensor] = {}
         self._layouts: dict[int, DecodeLayout] = {}
+        self._lock = threading.Lock()
 
     @staticmethod
     def is_supported(dispatch_combine, experts) -> tuple[bool, str]:
@@ -141,7 +145,7 @@ class StagedDecode:
                 and (x.dtype is torch.bfloat16 or x.dtype is torch.float32)
                 and os.environ.get("MOE_STAGED_DECODE", "1") != "0"
                 and (self.fp4 or os.environ.get("MOE_STAGED_FUSED_SWIGLU", "0") != "1")
-                and not torch.cuda.is_current_stream_capturing())
+                and not _device_capturing(x.get_device()))
 
     def _workspace(self, layout: DecodeLayout, device: int, stream: int) -> int:
         key = (device, stream)
@@ -157,15 +161,24 @@ class StagedDecode:
         ``topk_idx`` int64 [T, k] (ids in [0, E): every slot counts) and ``topk_weights`` float32
         [T, k], both contiguous -> ``out_dtype`` (bfloat16 or float32) [T, H]: the staged pair's
         decode path bit for bit."""
-        tokens, hidden, inter, groups, k = x.shape[0], self.hidden, self.intermediate, self.num_local, self.top_k
+        tokens = x.shape[0]
         topk_idx, topk_weights = topk_idx.contiguous(), topk_weights.contiguous()
         layout = self._layouts.get(tokens)
         if layout is None:
-            layout = self._layouts[tokens] = decode_layout(tokens, groups, k, hidden, inter)
+            layout = self._layouts[tokens] = decode_layout(tokens, self.num_local, self.top_k, self.hidden,
+                                                           self.intermediate)
         device = x.get_device()
         stream = _descriptors.current_stream_of(device)
+        out = torch.empty((tokens, self.hidden), dtype=out_dtype, device=x.device)
+        with self._lock:
+            self._launch(x, topk_idx, topk_weights, out, layout, device, stream)
+        return out
+
+    def _launch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor,
+                layout: DecodeLayout, device: int, stream: int) -> None:
+        tokens, hidden, inter, groups, k = x.shape[0], self.hidden, self.intermediate, self.num_local, self.top_k
         base = self._workspace(layout, device, stream)
-        out = torch.empty((tokens, hidden), dtype=out_dtype, device=x.device)
+        out_dtype = out.dtype
         c = self._native
         at = lambda offset: base + offset  # noqa: E731
         masked_m = at(layout.masked_m)
@@ -181,9 +194,10 @@ class StagedDecode:
                            at(layout.act_sf), sf_i, 1, device, stream)
         self._gemm(self.w2, at(layout.act), inter, at(layout.act_sf), sf_i, at(layout.expert_out), hidden, masked_m,
                    tokens, hidden, inter, device, stream)
+        # Every slot counts (routed: none): one rank holds every expert, and the router's ids are in [0, E),
+        # so each pair's row lies in the groups' rows, as the general path's all-true `topk_idx >= 0` says.
         c.moe_combine(at(layout.expert_out), layout.grouped, at(layout.pair_rows), 0, out.data_ptr(), tokens, k,
                       hidden, out_dtype is torch.float32, device, stream)
-        return out
 
     def _gemm(self, w, a: int, lda: int, sfa: int, sfa_stride_m: int, d: int, ldd: int, masked_m: int, rows: int,
               n: int, k: int, device: int, stream: int) -> None:

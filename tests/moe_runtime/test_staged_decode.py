@@ -2,8 +2,9 @@
 
 CPU: the workspace layout, and which pairs get a decode forward. GPU: the layer's output through it
 equals the general staged path's bit for bit (FP8 and FP4 weights, shared experts, bf16 and float32
-activations, strided rows, batch sizes that shrink and grow over one workspace, a second stream),
-and the general path's Python functions are not called on the way.
+activations, strided rows, batch sizes that grow and shrink over one workspace, a second stream),
+and the general path's Python functions are not called on the way. Graph captures take the general
+path: test_staged.py's graph tests compare a replay (general) with the eager forward (this one).
 """
 
 from __future__ import annotations
@@ -65,15 +66,21 @@ def test_gpu_decode_forward_matches_the_general_path(seed, router, weights, monk
     stale bytes must not leak in), float32 and strided activations, and (deepseek) shared experts."""
     hidden, inter, num_experts = 1024, 512, 16 if router != "deepseek-v3" else 64
     layer, _ = layer_pair(router, seed, "cuda", hidden, inter, num_experts, capacity=64, weights=weights)
-    pair = layer._backend(torch.device("cuda"))
+    pair = layer._backend(layer.device)
     decode = layer._decode()
     assert decode is not None, StagedDecode.is_supported(*pair)
+    calls = []
+    forward = decode.forward
+    monkeypatch.setattr(decode, "forward", lambda *args: calls.append(args[0].shape) or forward(*args))
     g = torch.Generator(device="cuda").manual_seed(seed)
-    xs = [torch.randn(t, hidden, device="cuda", generator=g).to(torch.bfloat16) for t in (32, 1, 3, 17, 32, 2)]
+    # 1 token first, then more: the workspace grows; then fewer again over the grown one.
+    xs = [torch.randn(t, hidden, device="cuda", generator=g).to(torch.bfloat16) for t in (1, 3, 32, 17, 2)]
     xs.append(torch.randn(5, hidden, device="cuda", generator=g))  # float32 activations
     xs.append(torch.randn(7, 2 * hidden, device="cuda", generator=g).to(torch.bfloat16)[:, :hidden])  # strided rows
     general = _outputs(layer, xs, monkeypatch, "0")
+    assert not calls
     fast = _outputs(layer, xs, monkeypatch, "1")
+    assert calls == [x.shape for x in xs]  # every batch took the decode forward
     for x, a, b in zip(xs, general, fast):
         assert a.shape == b.shape == x.shape and a.dtype == b.dtype == x.dtype
         assert torch.equal(a, b), (router, weights, x.shape)
@@ -83,6 +90,11 @@ def test_gpu_decode_forward_matches_the_general_path(seed, router, weights, monk
     stream.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(general[:2], other))
     assert len(decode._workspaces) == 2  # one per stream
+    if weights == "fp8":  # the fused SwiGLU L1 is the general path's alone
+        monkeypatch.setenv("MOE_STAGED_FUSED_SWIGLU", "1")
+        with torch.inference_mode():
+            layer(xs[0])
+        assert len(calls) == len(xs) + 2
 
 
 @pytest.mark.gpu
@@ -97,8 +109,7 @@ def test_gpu_decode_forward_skips_the_general_path(seed, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the general decode path ran")
 
-    for name in ("moe_local_dispatch", "per_token_cast_to_fp8", "swiglu_quant_fp8", "moe_combine",
-                 "m_grouped_fp8_gemm_nt_masked"):
+    for name in ("moe_local_dispatch", "per_token_cast_to_fp8", "swiglu_quant_fp8", "moe_combine"):
         monkeypatch.setattr(kernels, name, refuse)
     assert torch.equal(_outputs(layer, [x], monkeypatch, "1")[0], expected)
     with pytest.raises(AssertionError, match="general decode path"):
