@@ -1,13 +1,14 @@
 """One rank's eager decode forward of the staged backend in raw launches.
 
 The staged pair's one-rank decode path (``StagedDispatchCombine._dispatch_local_decode``, the masked
-``StagedExperts.apply``, ``combine``) runs seven kernels: the 1x128 activation cast, the local
-dispatch, the L1 grouped GEMM, SwiGLU x top-k weight with its FP8 cast, the L2 grouped GEMM and the
-combine. Called one by one through the kernels' Python functions, each validates its arguments and
-allocates its outputs: 254 us of host time per one-token forward on the H200's host (bench/RESULTS.md,
-session 40), several times the kernels' own time. :class:`StagedDecode` launches the same kernels on
-the same arguments (the same outputs bit for bit) through ``kernels._C``'s raw entry points, into a
-workspace kept per device and stream, so a forward allocates only its output.
+``StagedExperts.apply``, ``combine``) runs six kernels: the 1x128 activation cast, the local dispatch,
+the L1 grouped GEMM, SwiGLU x top-k weight with its FP8 cast, the L2 grouped GEMM and the combine.
+Called one by one through the kernels' Python functions, each validates its arguments and allocates
+its outputs: the one-token forward of 32 local experts took 254 us of host time on the H200's host
+(bench/RESULTS.md, session 40). :class:`StagedDecode` (``MOE_STAGED_DECODE=1``; opt-in until it has
+run on a GPU) launches the same kernels on the same arguments (the same outputs bit for bit) through
+``kernels._C``'s raw entry points, into a workspace kept per device and stream, so a forward
+allocates only its output.
 
 The workspace is reused by the next forward on the same stream, after this forward's kernels in
 stream order; a lock keeps two threads' forwards on one stream from interleaving their launches in
@@ -139,11 +140,12 @@ class StagedDecode:
     def applies(self, x: torch.Tensor) -> bool:
         """Whether ``forward`` takes ``x`` [T, H] (else the general path runs): CUDA, bfloat16 or
         float32, a contiguous last dim, 0 < T <= the decode rows, not under a graph capture, and not
-        switched off (``MOE_STAGED_DECODE=0``, or the fused SwiGLU L1 asked for)."""
+        switched on (``MOE_STAGED_DECODE=1``: opt-in until its GPU tests and timing have run) and
+        not the fused SwiGLU L1 asked for."""
         tokens = x.shape[0]
         return (0 < tokens <= self.max_tokens and x.is_cuda and x.stride(1) == 1
                 and (x.dtype is torch.bfloat16 or x.dtype is torch.float32)
-                and os.environ.get("MOE_STAGED_DECODE", "1") != "0"
+                and os.environ.get("MOE_STAGED_DECODE", "0") == "1"
                 and (self.fp4 or os.environ.get("MOE_STAGED_FUSED_SWIGLU", "0") != "1")
                 and not _device_capturing(x.get_device()))
 

@@ -61,7 +61,7 @@ def _outputs(layer, xs, monkeypatch, decode: str) -> list[torch.Tensor]:
 @pytest.mark.parametrize("router,weights", [("mixtral", "fp8"), ("deepseek", "fp8"), ("mixtral", "fp4"),
                                             ("deepseek", "fp4"), ("deepseek-v3", "fp8")])
 def test_gpu_decode_forward_matches_the_general_path(seed, router, weights, monkeypatch):
-    """The same outputs bit for bit as MOE_STAGED_DECODE=0 (the dispatch / apply / combine calls),
+    """The same outputs bit for bit as the general path (the dispatch / apply / combine calls),
     for batches of 1 to 32 tokens in an order that reuses a workspace sized for more tokens (its
     stale bytes must not leak in), float32 and strided activations, and (deepseek) shared experts."""
     hidden, inter, num_experts = 1024, 512, 16 if router != "deepseek-v3" else 64
