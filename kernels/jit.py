@@ -9,7 +9,8 @@ Environment variables (read at the first JIT use, or again by :func:`configure`)
 
 ``MOE_JIT_CACHE_DIR``
     Cache folder; default ``~/.cache/moe_runtime/jit``. Layout:
-    ``<cache>/<name>/<key>/{kernel.cu,kernel.cubin[,kernel.ptx,kernel.sass]}``; a failed compile's
+    ``<cache>/<name>/<key>/{kernel.cu,kernel.cubin[,kernel.ptx,kernel.sass,wgmma_serialized]}`` (the
+    last holds the compiler log of a kernel whose wgmmas ptxas serialized); a failed compile's
     source is kept in ``<cache>/failed/<name>/<key>/``.
 ``MOE_JIT_USE_NVCC=1``
     Compile with NVCC instead of NVRTC.
