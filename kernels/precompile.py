@@ -83,6 +83,7 @@ class PrecompileResult:
     cubin_path: str
     from_cache: bool
     seconds: float
+    wgmma_serialized: bool = False  # ptxas put a wait after every wgmma (jit.BuildResult.wgmma_serialized)
 
 
 def _native():
@@ -320,7 +321,8 @@ def _build_all(sources: list[KernelSource], arch: str, jobs: int | None,
     def build(src: KernelSource) -> PrecompileResult:
         start = time.perf_counter()
         res = jit.build(src.name, src.code, arch)
-        result = PrecompileResult(src, res.cubin_path, res.from_cache, time.perf_counter() - start)
+        result = PrecompileResult(src, res.cubin_path, res.from_cache, time.perf_counter() - start,
+                                  res.wgmma_serialized)
         if on_result is not None:
             with report_lock:
                 on_result(result)
@@ -358,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def report(r: PrecompileResult) -> None:
         state = "cached" if r.from_cache else "compiled"
-        print(f"{r.source.family:<24} {r.source.label:<36} {state:<8} {r.seconds:6.2f}s {r.cubin_path}", flush=True)
+        flag = " (wgmmas serialized)" if r.wgmma_serialized else ""
+        print(f"{r.source.family:<24} {r.source.label:<36} {state:<8} {r.seconds:6.2f}s {r.cubin_path}{flag}",
+              flush=True)
 
     start = time.perf_counter()
     results = precompile(args.family, args.model, args.arch, args.num_sms, args.jobs, args.cache_dir, args.max_m,
@@ -366,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     compiled = sum(not r.from_cache for r in results)
     print(f"{len(results)} kernels ({compiled} compiled, {len(results) - compiled} cached) "
           f"in {time.perf_counter() - start:.1f}s")
+    serialized = [r for r in results if r.wgmma_serialized]
+    if serialized:  # they run, slowly: the tensor cores idle between wgmmas
+        print(f"warning: ptxas serialized the wgmmas of {len(serialized)} kernels (marked above)", file=sys.stderr)
     return 0
 
 

@@ -86,6 +86,7 @@ def test_contiguous_sources_cover_mn_major_scales():
 def test_gemm_family_compiles(tmp_path: Path):
     results = precompile.precompile(["m_grouped_fp8_gemm_nt_masked"], max_m=128, jobs=2, cache_dir=str(tmp_path))
     assert results and all(Path(r.cubin_path).is_file() for r in results)
+    assert not [r.source.label for r in results if r.wgmma_serialized]
 
 
 @pytest.mark.parametrize("bad,match", [(["nope"], "family"), (None, "model")])
