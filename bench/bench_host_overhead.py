@@ -10,6 +10,8 @@ of the other benchmarks adds the GPU's launch latency to this. ``bench/bench_hos
 the launchers' own C++ share on any machine. Last, the L1 GEMM with the SwiGLU epilogue against the staged
 pair it replaces (32 experts of 4096 x 7168, masked 64 and 256 rows): host time, one call on an idle stream,
 calls back to back and the kernels' own time, to split what a call adds beyond its kernels into host and GPU.
+Then the DeepSeek-V3 layer's eager decode forward (32 local experts, FP8, 1 and 32 tokens) through the staged
+pair's Python calls and through ``MOE_STAGED_DECODE=1``'s raw launches, the same columns, outputs compared.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from kernels.testing.bench import bench_kineto, per_call_us_interleaved
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_grouped_swiglu  # noqa: E402  (its L1 problems)
+import bench_moe  # noqa: E402  (its DeepSeek-V3 layer)
 
 
 def host_us(fn, rounds: int = 21, calls: int = 100) -> float:
@@ -103,6 +106,49 @@ def swiglu_breakdown(groups: int = 32, inter: int = 2048, hidden: int = 7168) ->
                   f"{back_to_back_us(fn):>15.2f} {kernel:>10.2f}", flush=True)
 
 
+def layer_breakdown(local_experts: int = 32, weights: str = "fp8") -> None:
+    """The layer's eager forward at decode sizes, general path (MOE_STAGED_DECODE=0) against the raw
+    launches (=1), interleaved per column: host us per forward, events around one forward on an idle
+    stream, per forward back to back, and the kernels' time (profiler, L2 warm, every kernel)."""
+    from moe_runtime import MegaMoELayer
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    w = bench_moe.make_weights(local_experts, device)
+    layer = MegaMoELayer(bench_moe.kHidden, bench_moe.kIntermediate, local_experts, bench_moe.kTopK,
+                         router=bench_moe.deepseek_router(), weights=weights, backend="staged",
+                         num_max_tokens_per_rank=32, device=device)
+    layer.load_weights(router_weight=w.router, gate_up=w.gate_up, down=w.down, score_bias=w.bias)
+    del w
+    print(f"\nDeepSeek-V3 layer, {local_experts} local experts, {weights}, eager forward")
+    print(f"{'forward':<34} {'host us':>8} {'idle-stream us':>14} {'back-to-back us':>15} {'kernels us':>10}")
+
+    def under(value: str, fn):
+        def call():
+            previous = os.environ.get("MOE_STAGED_DECODE")
+            os.environ["MOE_STAGED_DECODE"] = value
+            try:
+                return fn()
+            finally:
+                if previous is None:
+                    del os.environ["MOE_STAGED_DECODE"]
+                else:
+                    os.environ["MOE_STAGED_DECODE"] = previous
+        return call
+
+    with torch.inference_mode():
+        for tokens in (1, 32):
+            x = torch.randn(tokens, bench_moe.kHidden, device=device).to(torch.bfloat16)
+            calls = [("general (Python calls)", under("0", lambda: layer(x))),
+                     ("MOE_STAGED_DECODE=1 (raw launches)", under("1", lambda: layer(x)))]
+            same = torch.equal(calls[0][1](), calls[1][1]())
+            idle = per_call_us_interleaved([fn for _, fn in calls], iters=100)
+            for (label, fn), one in zip(calls, idle):
+                kernel = bench_kineto(fn, "", flush_l2=False).median_s * 1e6
+                print(f"{label + f', {tokens} tok':<34} {host_us(fn, rounds=11, calls=20):>8.2f} {one:>14.2f} "
+                      f"{back_to_back_us(fn):>15.2f} {kernel:>10.2f}", flush=True)
+            print(f"outputs equal bit for bit at {tokens} tokens: {same}", flush=True)
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("bench_host_overhead: needs a CUDA device", file=sys.stderr)
@@ -175,6 +221,7 @@ def main() -> int:
                         ("kernels.fp8_gemm_nt, 64 x 2112 x 7168", "sm90_fp8_gemm",
                          lambda: kernels.fp8_gemm_nt(a, b, d))])
         swiglu_breakdown()
+        layer_breakdown()
         sys.stdout.flush()
         return subprocess.run([sys.executable, __file__], env={**os.environ, "MOE_TMA_MEMO": "0"}).returncode
     return 0
