@@ -27,7 +27,7 @@ import torch
 import kernels
 from kernels import _descriptors, gemm
 from kernels.jit import native_module
-from kernels.testing.bench import bench_kineto, per_call_us_interleaved
+from kernels.testing.bench import bench_kineto, env_switches, per_call_us_interleaved
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_grouped_swiglu  # noqa: E402  (its L1 problems)
@@ -124,15 +124,8 @@ def layer_breakdown(local_experts: int = 32, weights: str = "fp8") -> None:
 
     def under(value: str, fn):
         def call():
-            previous = os.environ.get("MOE_STAGED_DECODE")
-            os.environ["MOE_STAGED_DECODE"] = value
-            try:
+            with env_switches(MOE_STAGED_DECODE=value):
                 return fn()
-            finally:
-                if previous is None:
-                    del os.environ["MOE_STAGED_DECODE"]
-                else:
-                    os.environ["MOE_STAGED_DECODE"] = previous
         return call
 
     with torch.inference_mode():

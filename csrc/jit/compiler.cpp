@@ -293,6 +293,8 @@ bool is_whole_cubin(const std::string& bytes) {
 constexpr const char* kWgmmaSerializedRemark = "wgmma.mma_async instructions are serialized";
 constexpr const char* kWgmmaSerializedFile = "wgmma_serialized";
 
+bool marked_serialized(const std::string& dir) { return files::is_file(files::join(dir, kWgmmaSerializedFile)); }
+
 bool has_whole_cubin(const std::string& dir) {
   std::string bytes;
   return files::try_read(files::join(dir, "kernel.cubin"), bytes) && is_whole_cubin(bytes);
@@ -358,7 +360,7 @@ KernelPtr compile_or_load(const JitConfig& config, const std::string& name,
 
   if (files::try_read(kernel->cubin_path, kernel->cubin) && is_whole_cubin(kernel->cubin)) {
     kernel->from_cache = true;
-    kernel->wgmma_serialized = files::is_file(files::join(final_dir, kWgmmaSerializedFile));
+    kernel->wgmma_serialized = marked_serialized(final_dir);
     kernel->compile_seconds = seconds_since(start);
     if (config.print_command) {
       std::fprintf(stderr, "[moe_jit] %s for %s: cache hit %s\n", name.c_str(), arch.c_str(),
@@ -412,7 +414,7 @@ KernelPtr compile_or_load(const JitConfig& config, const std::string& name,
     }
     if (!publish(tmp_dir, final_dir)) {
       kernel->from_cache = true;
-      kernel->wgmma_serialized = files::is_file(files::join(final_dir, kWgmmaSerializedFile));
+      kernel->wgmma_serialized = marked_serialized(final_dir);
       kernel->cubin = files::read(kernel->cubin_path);
       if (!is_whole_cubin(kernel->cubin)) kernel->cubin = std::move(output.cubin);  // damaged since: ours is whole
       kernel->compile_seconds = seconds_since(start);

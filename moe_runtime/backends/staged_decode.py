@@ -24,16 +24,13 @@ from dataclasses import dataclass
 import torch
 
 from kernels import _descriptors, jit
-from kernels.gemm import _device_capturing
 from kernels._fp4_fragment import kMaxDecodeRows
+from kernels.gemm import _device_capturing
 from kernels.moe import kCombineMaxTopK, kDispatchMaxLocalExperts, kDispatchMaxPairs
+from moe_runtime.backends.staged import StagedDispatchCombine, StagedExperts, _LocalExchange, kActGroup
+from moe_runtime.symm import align_up
 
-kActGroup = 128  # the activations' scale groups (1 x 128), as the staged backend quantizes them
 kAlign = 256  # every workspace tensor starts on a 256-byte boundary (TMA wants 16)
-
-
-def _align(n: int) -> int:
-    return (n + kAlign - 1) // kAlign * kAlign
 
 
 @dataclass(frozen=True)
@@ -69,7 +66,7 @@ def decode_layout(tokens: int, num_local: int, top_k: int, hidden: int, intermed
     offsets, at = {}, 0
     for name, size in sizes.items():
         offsets[name] = at
-        at += _align(size)
+        at += align_up(size, kAlign)
     return DecodeLayout(tokens, rows, grouped, nbytes=at, **offsets)
 
 
@@ -101,12 +98,9 @@ class StagedDecode:
 
     @staticmethod
     def is_supported(dispatch_combine, experts) -> tuple[bool, str]:
-        from moe_runtime.backends import staged
-
-        if not isinstance(dispatch_combine, staged.StagedDispatchCombine) or \
-                not isinstance(experts, staged.StagedExperts):
+        if not isinstance(dispatch_combine, StagedDispatchCombine) or not isinstance(experts, StagedExperts):
             return False, "not the staged backend's pair"
-        if not isinstance(dispatch_combine.exchange, staged._LocalExchange):
+        if not isinstance(dispatch_combine.exchange, _LocalExchange):
             return False, "several ranks: the decode layout is built by the exchange"
         problem = dispatch_combine.problem
         if dispatch_combine.masked_max_rows < 1:
