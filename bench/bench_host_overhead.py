@@ -25,6 +25,7 @@ import time
 import torch
 
 import kernels
+from moe_runtime import router
 from kernels import _descriptors, gemm
 from kernels.jit import native_module
 from kernels.testing.bench import bench_kineto, env_switches, per_call_us_interleaved
@@ -165,6 +166,10 @@ def main() -> int:
     b4 = (torch.randint(0, 256, (4, 2112, 3584), device="cuda", dtype=torch.uint8),
           torch.randint(118, 126, (4, 2112, 224), device="cuda", dtype=torch.uint8))
     b4_decode = kernels.transform_fp4_for_decode(*b4)
+    router_config = bench_moe.deepseek_router()
+    router_weight = torch.randn(256, 7168, device="cuda")
+    score_bias = torch.randn(256, device="cuda") * 0.05
+    logits = router.router_logits(x[:1], router_weight, router_config)
     native = native_module()
     dev = x.device
     stream = _descriptors.current_stream(dev)
@@ -197,6 +202,12 @@ def main() -> int:
             am, b4, dm, masked_m, 16)),
         ("kernels.m_grouped_fp8_fp4_gemm_nt_masked, decode layout", lambda: kernels.m_grouped_fp8_fp4_gemm_nt_masked(
             am, b4_decode, dm, masked_m, 16)),
+        # The router of every layer forward (DeepSeek-V3's, one token): the top-k launch alone, then
+        # with the router GEMM and moe_runtime's checks.
+        ("kernels.moe_route, DeepSeek-V3, 1 token", lambda: kernels.moe_route(
+            logits, 8, sigmoid=True, n_group=8, topk_group=4, scaling=2.5, score_bias=score_bias)),
+        ("router.route(router_logits(...)), 1 token", lambda: router.route(
+            router.router_logits(x[:1], router_weight, router_config), 8, router_config, score_bias)),
     ]
     # Under MOE_TMA_MEMO=0 (read once per process: this script runs again in a child with it set),
     # only the GEMM calls, labelled so.

@@ -13,6 +13,7 @@ the CPU:
 
 from __future__ import annotations
 
+import functools
 import math
 
 from dataclasses import dataclass
@@ -219,28 +220,12 @@ def _route_reference(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: i
     return topk_idx.to(torch.int64), weights.to(torch.float32).contiguous()
 
 
-def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_group: int | None = None,
-              topk_group: int | None = None, norm: bool = True, scaling: float = 1.0,
-              score_bias: torch.Tensor | None = None, group_score: str = "top2_sum") -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k routing of float32 ``logits`` [T, E]: scores softmax (or ``sigmoid``); choice = scores
-    (+ ``score_bias`` float32 [E]); with ``n_group``, only the ``topk_group`` groups whose two best
-    choices sum highest compete (``group_score="max"``: whose best choice is highest, DeepSeek-V2's,
-    by torch ops on CUDA too, not the one-launch kernel); the ``top_k`` best choices, largest first,
-    give ``topk_idx`` int64
-    [T, top_k] and their (unbiased) scores the ``topk_weights`` float32 [T, top_k], divided by their
-    sum (+1e-20) with ``norm``, times ``scaling``. On CUDA, experts whose choices tie come out lowest
-    id first (torch.topk leaves their order open) and NaN ranks above every number, as in torch."""
+@functools.lru_cache(maxsize=64, typed=True)
+def _route_scalars(num_experts: int, top_k: object, sigmoid: object, n_group: object, topk_group: object,
+                   norm: object, scaling: object, group_score: object) -> bool:
+    """Checks of moe_route's non-tensor arguments (raising as moe_route); True when the one-launch
+    kernel takes them. Cached by value and type: a layer routes with the same ones every call."""
     fn = "moe_route"
-    _checks.check_dense_args(fn, logits=logits, score_bias=score_bias)
-    if not isinstance(logits, torch.Tensor) or logits.dtype != torch.float32 or logits.dim() != 2:
-        _checks.fail(fn, ValueError, f"logits must be a float32 [T, E] tensor, got "
-                                     f"{getattr(logits, 'dtype', type(logits).__name__)}")
-    num_tokens, num_experts = logits.shape
-    if logits.device.type not in ("cpu", "cuda"):
-        _checks.fail(fn, ValueError, f"logits must be on a CPU or CUDA device, got {logits.device}")
-    if num_experts == 0:
-        _checks.fail(fn, ValueError, f"logits must have one column per expert (at least one), got shape "
-                                     f"{list(logits.shape)}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 < top_k <= num_experts:
         _checks.fail(fn, ValueError, f"top_k must be an int in [1, {num_experts}], got {top_k!r}")
     for name, value in (("n_group", n_group), ("topk_group", topk_group)):
@@ -258,12 +243,75 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
     if (n_group is None) != (topk_group is None):
         _checks.fail(fn, ValueError, f"n_group and topk_group go together, got {n_group} and {topk_group}")
     if n_group is not None:
-        per_group = num_experts // n_group if isinstance(n_group, int) and n_group > 0 else 0
+        per_group = num_experts // n_group if n_group > 0 else 0
         if per_group < (1 if group_max else 2) or num_experts % n_group or not 0 < topk_group <= n_group \
                 or top_k > topk_group * per_group:
             _checks.fail(fn, ValueError, f"n_group must split the {num_experts} experts into groups of >= 2 and "
                                          f"topk_group in [1, n_group] must keep >= top_k experts, got n_group={n_group}, "
                                          f"topk_group={topk_group}, top_k={top_k}")
+    return num_experts <= kRouteMaxExperts and top_k <= 32 and (n_group is None or n_group <= 32) \
+        and not (group_max and n_group is not None)
+
+
+def _route_on_gpu(logits: torch.Tensor, score_bias: torch.Tensor | None, top_k: int, n_group: int | None,
+                  topk_group: int | None, sigmoid: bool, norm: bool,
+                  scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    num_tokens, num_experts = logits.shape
+    topk_idx = torch.empty((num_tokens, top_k), dtype=torch.int64, device=logits.device)
+    topk_weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=logits.device)
+    jit.native_module().moe_route(logits.data_ptr(), 0 if score_bias is None else score_bias.data_ptr(), num_tokens,
+                                  num_experts, top_k, n_group or 0, topk_group or 0, sigmoid, norm, float(scaling),
+                                  topk_idx.data_ptr(), topk_weights.data_ptr(), logits.device.index,
+                                  _descriptors.current_stream(logits.device))
+    return topk_idx, topk_weights
+
+
+def _plain_cuda(t: object, dtype: torch.dtype) -> bool:
+    """A contiguous CUDA tensor of ``dtype`` that the kernel can read as it is."""
+    return type(t) is torch.Tensor and t.is_cuda and t.dtype is dtype and t.layout is torch.strided \
+        and not t.is_nested and not t.is_neg() and t.is_contiguous()
+
+
+def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_group: int | None = None,
+              topk_group: int | None = None, norm: bool = True, scaling: float = 1.0,
+              score_bias: torch.Tensor | None = None, group_score: str = "top2_sum") -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing of float32 ``logits`` [T, E]: scores softmax (or ``sigmoid``); choice = scores
+    (+ ``score_bias`` float32 [E]); with ``n_group``, only the ``topk_group`` groups whose two best
+    choices sum highest compete (``group_score="max"``: whose best choice is highest, DeepSeek-V2's,
+    by torch ops on CUDA too, not the one-launch kernel); the ``top_k`` best choices, largest first,
+    give ``topk_idx`` int64
+    [T, top_k] and their (unbiased) scores the ``topk_weights`` float32 [T, top_k], divided by their
+    sum (+1e-20) with ``norm``, times ``scaling``. On CUDA, experts whose choices tie come out lowest
+    id first (torch.topk leaves their order open) and NaN ranks above every number, as in torch."""
+    # Fast path, every layer forward: contiguous float32 CUDA logits (and bias) and scalars of plain
+    # types, whose checks are cached. Anything else takes the checks below, which raise or convert.
+    if _plain_cuda(logits, torch.float32) and logits.dim() == 2 and type(top_k) is int \
+            and type(sigmoid) is bool and type(norm) is bool and type(group_score) is str \
+            and type(scaling) in (float, int) and (n_group is None or type(n_group) is int) \
+            and (topk_group is None or type(topk_group) is int) and logits.numel() > 0 \
+            and (score_bias is None or (_plain_cuda(score_bias, torch.float32)
+                                        and score_bias.shape == (logits.shape[1],)
+                                        and score_bias.get_device() == logits.get_device())):
+        if _route_scalars(logits.shape[1], top_k, sigmoid, n_group, topk_group, norm, scaling, group_score):
+            return _route_on_gpu(logits, score_bias, top_k, n_group, topk_group, sigmoid, norm, scaling)
+    fn = "moe_route"
+    _checks.check_dense_args(fn, logits=logits, score_bias=score_bias)
+    if not isinstance(logits, torch.Tensor) or logits.dtype != torch.float32 or logits.dim() != 2:
+        _checks.fail(fn, ValueError, f"logits must be a float32 [T, E] tensor, got "
+                                     f"{getattr(logits, 'dtype', type(logits).__name__)}")
+    num_tokens, num_experts = logits.shape
+    if logits.device.type not in ("cpu", "cuda"):
+        _checks.fail(fn, ValueError, f"logits must be on a CPU or CUDA device, got {logits.device}")
+    if num_experts == 0:
+        _checks.fail(fn, ValueError, f"logits must have one column per expert (at least one), got shape "
+                                     f"{list(logits.shape)}")
+    try:
+        fits = _route_scalars(num_experts, top_k, sigmoid, n_group, topk_group, norm, scaling, group_score)
+    except TypeError as error:  # an unhashable argument: check it uncached, which says what was expected
+        if str(error).startswith(fn):
+            raise
+        fits = _route_scalars.__wrapped__(num_experts, top_k, sigmoid, n_group, topk_group, norm, scaling,
+                                          group_score)
     if score_bias is not None:
         if not isinstance(score_bias, torch.Tensor) or tuple(score_bias.shape) != (num_experts,) \
                 or not score_bias.is_floating_point():
@@ -272,19 +320,13 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
                                          f"{list(getattr(score_bias, 'shape', ()))}")
         if score_bias.device.type not in ("cpu", "cuda"):
             _checks.fail(fn, ValueError, f"score_bias must be on a CPU or CUDA device, got {score_bias.device}")
-        score_bias = score_bias.to(device=logits.device, dtype=torch.float32).contiguous()
-    fits = (num_experts <= kRouteMaxExperts and top_k <= 32 and (n_group is None or n_group <= 32)
-            and not (group_max and n_group is not None))
+        # A lazily negated view would reach the kernel as its unnegated memory.
+        score_bias = score_bias.to(device=logits.device, dtype=torch.float32).resolve_neg().contiguous()
     if logits.device.type != "cuda" or not fits or num_tokens == 0:
-        return _route_reference(logits, top_k, sigmoid, n_group, topk_group, norm, scaling, score_bias, group_max)
-    logits = logits.contiguous()
-    topk_idx = torch.empty((num_tokens, top_k), dtype=torch.int64, device=logits.device)
-    topk_weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=logits.device)
-    jit.native_module().moe_route(logits.data_ptr(), 0 if score_bias is None else score_bias.data_ptr(), num_tokens,
-                                  num_experts, top_k, n_group or 0, topk_group or 0, sigmoid, norm, float(scaling),
-                                  topk_idx.data_ptr(), topk_weights.data_ptr(), logits.device.index,
-                                  _descriptors.current_stream(logits.device))
-    return topk_idx, topk_weights
+        return _route_reference(logits, top_k, sigmoid, n_group, topk_group, norm, scaling, score_bias,
+                                group_score == "max")
+    return _route_on_gpu(logits.resolve_neg().contiguous(), score_bias, top_k, n_group, topk_group, sigmoid, norm,
+                         scaling)
 
 
 def _swiglu_quant_reference(h: torch.Tensor, weights: torch.Tensor,

@@ -240,6 +240,26 @@ def test_gpu_route_matches_the_torch_path(seed, name, num_tokens):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("view", ["negated", "strided"])
+def test_gpu_route_views_equal_their_copies(seed, view):
+    """The fast path takes only plain contiguous tensors: a lazily negated or strided logits and bias
+    route as their materialised copies."""
+    num_experts, top_k, kwargs = _ROUTE_CONFIGS["deepseek-v3"]
+    logits = torch.randn(7, num_experts, device="cuda")
+    bias = torch.randn(num_experts, device="cuda") * 0.05
+    if view == "negated":
+        logits_view, bias_view = torch._neg_view(-logits), torch._neg_view(-bias)
+    else:
+        logits_view = torch.randn(num_experts, 7, device="cuda").t()
+        logits = logits_view.contiguous()
+        bias_view = torch.stack([bias, bias], dim=1)[:, 0]
+    got = kernels.moe_route(logits_view, top_k, score_bias=bias_view, **kwargs)
+    want = kernels.moe_route(logits.clone(), top_k, score_bias=bias.clone(), **kwargs)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", ["mixtral", "deepseek-v3"])
 def test_gpu_route_nan_logits_still_give_distinct_valid_ids(seed, name):
     num_experts, top_k, kwargs = _ROUTE_CONFIGS[name]
@@ -278,10 +298,14 @@ def test_route_bad_input(kwargs, match):
     (dict(sigmoid="yes"), "sigmoid must be a bool"),
     (dict(scaling="x"), "scaling must be a finite number"),
     (dict(scaling=float("nan")), "scaling must be a finite number"),
+    # Unhashable ones miss the checks' cache and are checked uncached, with the same message.
+    (dict(n_group=[4], topk_group=2), "n_group must be None or an int"),
+    (dict(scaling=[2.0]), "scaling must be a finite number"),
 ])
 def test_route_argument_types(kwargs, match):
-    with pytest.raises(TypeError, match=match):
-        kernels.moe_route(torch.randn(3, 8), 2, **kwargs)
+    for _ in range(2):  # the second call meets the cached checks, which must raise again
+        with pytest.raises(TypeError, match=match):
+            kernels.moe_route(torch.randn(3, 8), 2, **kwargs)
 
 
 @pytest.mark.parametrize("logits,kwargs,match", [
