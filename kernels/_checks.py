@@ -12,20 +12,26 @@ def fail(fn: str, kind: type[Exception], message: str):
     raise kind(f"{fn}: {message}")
 
 
-def check_dense(fn: str, name: str, t: torch.Tensor) -> None:
+def check_dense(fn: str, name: str, t: torch.Tensor, negated_ok: bool = False) -> None:
     """A strided (dense), not nested tensor: sparse and other layouts have no data pointer and strides
-    to read, nested ones (strided nested tensors too) no shape of their own."""
+    to read, nested ones (strided nested tensors too) no shape of their own. Nor a lazily negated
+    view (the negative bit, e.g. ``conj().imag``): a kernel reads its memory, not the values it
+    shows, and writes through it unnegated. ``negated_ok``: the caller resolves it (or runs torch
+    ops, which see the values)."""
     if t.layout is not torch.strided or t.is_nested:
         fail(fn, ValueError, f"{name} must be a dense (strided) tensor, got "
                              + ("a nested tensor" if t.is_nested else f"layout {t.layout}"))
+    if not negated_ok and t.is_neg():
+        fail(fn, ValueError, f"{name} must not be a lazily negated view (its negative bit is set, as by "
+                             "conj().imag): pass t.resolve_neg()")
 
 
-def check_dense_args(fn: str, **tensors: object) -> None:
+def check_dense_args(fn: str, negated_ok: bool = False, **tensors: object) -> None:
     """:func:`check_dense` of each tensor in ``tensors``, before any shape is read; None and other
     non-tensors are left to the argument's own check, which says what it expected."""
     for name, t in tensors.items():
         if isinstance(t, torch.Tensor):
-            check_dense(fn, name, t)
+            check_dense(fn, name, t, negated_ok)
 
 
 def check_recipe(fn: str, recipe: object) -> None:

@@ -91,7 +91,8 @@ def _launch_args(a, b, d, c, compile_m: bool):
         if a_t.dtype is not _FP8 or b_t.dtype is not _FP8 or sfa.dtype is not _F32 or sfb.dtype is not _F32 \
                 or d.dtype is not _BF16 or a_t.layout is not _STRIDED or sfa.layout is not _STRIDED \
                 or b_t.layout is not _STRIDED or sfb.layout is not _STRIDED or d.layout is not _STRIDED \
-                or not _checks.writable(d):
+                or not _checks.writable(d) or a_t.is_neg() or b_t.is_neg() or sfa.is_neg() or sfb.is_neg() \
+                or d.is_neg():
             return None
         m, k = a_t.shape
         n, b_k = b_t.shape

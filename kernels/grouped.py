@@ -163,7 +163,7 @@ def _fast_tensors(a, b, d, index, pair: bool = True) -> tuple[torch.Tensor, ...]
         tensors = (a[0], a[1], b[0], b[1], d, index)
     else:
         tensors = (a[0], a[1], b, d, index)
-    if not all(isinstance(t, torch.Tensor) and t.layout is torch.strided for t in tensors) \
+    if not all(isinstance(t, torch.Tensor) and t.layout is torch.strided and not t.is_neg() for t in tensors) \
             or tensors[0].dtype is not _FP8 or tensors[1].dtype is not _F32 or d.dtype is not _BF16 \
             or index.dtype is not _I32 or not _checks.writable(d):
         return None

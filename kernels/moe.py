@@ -295,7 +295,7 @@ def moe_route(logits: torch.Tensor, top_k: int, *, sigmoid: bool = False, n_grou
         if _route_scalars(logits.shape[1], top_k, sigmoid, n_group, topk_group, norm, scaling, group_score):
             return _route_on_gpu(logits, score_bias, top_k, n_group, topk_group, sigmoid, norm, scaling)
     fn = "moe_route"
-    _checks.check_dense_args(fn, logits=logits, score_bias=score_bias)
+    _checks.check_dense_args(fn, negated_ok=True, logits=logits, score_bias=score_bias)  # resolved below
     if not isinstance(logits, torch.Tensor) or logits.dtype != torch.float32 or logits.dim() != 2:
         _checks.fail(fn, ValueError, f"logits must be a float32 [T, E] tensor, got "
                                      f"{getattr(logits, 'dtype', type(logits).__name__)}")
@@ -370,7 +370,7 @@ def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Ten
                 return _swiglu_quant_on_gpu(h, weights, masked_m, rows_per_group, mn_major_sf, shape[0],
                                             shape[1] // 2, index)
     fn = "swiglu_quant_fp8"
-    _checks.check_dense_args(fn, h=h, weights=weights, masked_m=masked_m)
+    _checks.check_dense_args(fn, negated_ok=True, h=h, weights=weights, masked_m=masked_m)  # resolved below
     _checks.check_bool(fn, "mn_major_sf", mn_major_sf)
     if not isinstance(h, torch.Tensor) or h.dtype != torch.bfloat16 or h.dim() != 2 or h.shape[1] % 256 \
             or h.shape[1] == 0:

@@ -36,7 +36,7 @@ def _check_input(fn: str, x: object, dims: tuple[int, ...]) -> torch.Tensor:
         raise TypeError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in _INPUT_DTYPES:
         raise TypeError(f"{fn}: x must be bfloat16, float16 or float32, got {x.dtype}")
-    _checks.check_dense(fn, "x", x)
+    _checks.check_dense(fn, "x", x, negated_ok=True)  # resolved below
     if x.dim() not in dims:
         expected = " or ".join(f"{d}-D" for d in dims)
         raise ValueError(f"{fn}: x must be {expected}, got shape {tuple(x.shape)}")
@@ -56,7 +56,7 @@ def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
     """Round positive float32 values up to a power of two, exactly; any shape, any device."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"ceil_to_ue8m0: x must be a torch.Tensor, got {type(x).__name__}")
-    _checks.check_dense("ceil_to_ue8m0", "x", x)
+    _checks.check_dense("ceil_to_ue8m0", "x", x, negated_ok=True)  # torch ops
     if x.device.type == "meta":
         raise ValueError("ceil_to_ue8m0: x must hold values (a CPU or CUDA tensor, say), got a meta tensor")
     if x.dtype == torch.float32 and bool((x <= 0).any()):
@@ -175,7 +175,7 @@ def per_token_cast_to_fp4(x: torch.Tensor, use_ue8m0: bool = True,
         raise TypeError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in _INPUT_DTYPES:
         raise TypeError(f"{fn}: x must be bfloat16, float16 or float32, got {x.dtype}")
-    _checks.check_dense(fn, "x", x)
+    _checks.check_dense(fn, "x", x, negated_ok=True)  # torch ops
     if x.dim() < 2:
         raise ValueError(f"{fn}: x must have >= 2 dims ([m, n] or [g, m, n]), got shape {tuple(x.shape)}")
     if x.shape[-1] == 0 or x.shape[-1] % 2:
@@ -204,7 +204,7 @@ def cast_back_from_fp4(packed: torch.Tensor, sf: torch.Tensor, gran_k: int = 32)
     if not isinstance(sf, torch.Tensor) or sf.dtype != torch.float32:
         raise TypeError(f"{fn}: sf must be a float32 tensor, got {getattr(sf, 'dtype', type(sf).__name__)}")
     for name, t in (("packed", packed), ("sf", sf)):
-        _checks.check_dense(fn, name, t)
+        _checks.check_dense(fn, name, t, negated_ok=True)  # torch ops
     gran_k = _check_gran_k(fn, gran_k)
     expected = (*packed.shape[:-1], _ceil_div(packed.shape[-1] * 2, gran_k))
     if tuple(sf.shape) != expected:
@@ -228,7 +228,7 @@ def transform_sf_for_fp4_gemm(sf: torch.Tensor) -> torch.Tensor:
     fn = "transform_sf_for_fp4_gemm"
     if not isinstance(sf, torch.Tensor) or sf.dtype != torch.float32:
         raise TypeError(f"{fn}: sf must be a float32 tensor, got {getattr(sf, 'dtype', type(sf).__name__)}")
-    _checks.check_dense(fn, "sf", sf)
+    _checks.check_dense(fn, "sf", sf, negated_ok=True)  # resolved (and refused) by its value check
     if sf.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{fn}: sf must be on a CPU or CUDA device, got {sf.device}")
     return _fp4.sf_to_ue8m0_bytes(fn, "sf", sf)

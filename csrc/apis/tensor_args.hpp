@@ -43,7 +43,8 @@ inline bool writable_in_place(const c10::TensorImpl* impl) {
 }
 
 // A plain strided CUDA tensor of `dim` dimensions (torch.Tensor or nn.Parameter, not a subclass:
-// those may redefine what their storage means), or false. `written`: the kernel writes through
+// those may redefine what their storage means; not a lazily negated or conjugated view, whose
+// memory is not the values it shows), or false. `written`: the kernel writes through
 // the pointer, so a copy-on-write storage (shared until materialized) and a tensor torch would not
 // let an in-place op write (writable_in_place) are declined. `any_device`
 // also takes CPU tensors (device -1): the tests compare these checks with the Python ones on CPU.
@@ -51,7 +52,7 @@ inline bool read(PyObject* obj, int dim, bool written, bool any_device, View& ou
   if (obj == nullptr || THPVariableClass == nullptr || !THPVariable_CheckExact(obj)) return false;
   const c10::TensorImpl* impl = THPVariable_Unpack(obj).unsafeGetTensorImpl();
   if (impl == nullptr || !(impl->is_cuda() || (any_device && impl->is_cpu())) || impl->layout() != c10::kStrided ||
-      impl->is_nested() || impl->is_python_dispatch() || impl->has_symbolic_sizes_strides() ||
+      impl->is_nested() || impl->is_neg() || impl->is_conj() || impl->is_python_dispatch() || impl->has_symbolic_sizes_strides() ||
       impl->key_set().has(c10::DispatchKey::Functionalize) || !impl->has_storage() || !impl->dtype_initialized() ||
       !impl->dtype().isScalarType() || dim > kMaxDim || impl->dim() != dim) {
     return false;

@@ -145,3 +145,26 @@ def test_exchange_and_ep_entry_points_name_a_tensor_that_is_not_dense(call, name
     bad = _not_dense(kind, torch.randint(0, 8, (4, 2)))
     with pytest.raises(ValueError, match=rf": {name} must be a dense \(strided\) tensor"):
         call(bad)
+
+
+# Lazily negated views (the negative bit; what conj().imag of a complex tensor gives): the kernels
+# read memory, so the entry points that hand a tensor to one refuse it by name, and those that
+# resolve it first (routing, SwiGLU) give the values it shows.
+_kRefusesNegated = ("moe_combine", "moe_local_dispatch", "exchange_count", "exchange_sizes")
+
+
+@pytest.mark.parametrize("fn", sorted(_ROUTING_CALLS))
+def test_routing_entry_points_and_negated_views(fn):
+    call, names = _ROUTING_CALLS[fn]
+    args = _routing_args()
+    for name in names:
+        if args[name].dtype in (torch.bool, _FP8):
+            continue  # no negative bit for these in torch
+        negated = torch._neg_view(-args[name])
+        assert negated.is_neg() and torch.equal(negated, args[name])
+        if fn in _kRefusesNegated:
+            with pytest.raises(ValueError, match=rf"{fn}: {name} must not be a lazily negated view"):
+                call({**args, name: negated})
+        else:
+            want, got = call(args), call({**args, name: negated})
+            assert all(torch.equal(w, g) for w, g in zip(want, got))

@@ -137,6 +137,10 @@ def _fast_path(check="python", **overrides):
     dict(d=inference_tensor(8, 16)),
     dict(a=(_TensorLike(torch.zeros(8, 128, dtype=torch.float8_e4m3fn)), torch.ones(8, 1))),
     dict(b=(torch.zeros(16, 128, dtype=torch.float8_e4m3fn), _TensorLike(torch.ones(1, 1)))),
+    # Lazily negated views (the negative bit, as conj().imag sets): the kernel would read the memory.
+    dict(a=(torch.zeros(8, 128, dtype=torch.float8_e4m3fn), torch._neg_view(torch.ones(8, 1)))),
+    dict(b=(torch._neg_view(torch.zeros(16, 128, dtype=torch.float8_e4m3fn)), torch.ones(1, 1))),
+    dict(d=torch._neg_view(torch.empty(8, 16, dtype=torch.bfloat16))),
 ])
 @pytest.mark.parametrize("check", kFastChecks)
 def test_fast_path_refuses_what_the_checks_refuse(check, overrides):

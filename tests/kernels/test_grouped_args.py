@@ -92,6 +92,8 @@ kMaskedChecks = {
     dict(b=(torch.zeros(2, 16, 128, dtype=_FP8), torch.ones(2, 1, 1).to_sparse())),
     dict(d=torch.empty(128, 16, dtype=torch.bfloat16).requires_grad_()),
     dict(d=inference_tensor(128, 16)),
+    dict(b=(torch.zeros(2, 16, 128, dtype=_FP8), torch._neg_view(torch.ones(2, 1, 1)))),  # read unnegated
+    dict(d=torch._neg_view(torch.empty(128, 16, dtype=torch.bfloat16))),
 ])
 @pytest.mark.parametrize("check", kContiguousChecks)
 def test_contiguous_fast_path_refuses_what_the_checks_refuse(check, over):
@@ -144,6 +146,7 @@ def _masked_args(**over):
     dict(masked_m=strided_nested(torch.full((2,), 3, dtype=torch.int32), 1)),
     dict(d=torch.empty(2, 8, 16, dtype=torch.bfloat16).requires_grad_()),
     dict(d=inference_tensor(2, 8, 16)),
+    dict(masked_m=torch._neg_view(torch.full((2,), -3, dtype=torch.int32))),  # shows 3, holds -3
 ])
 @pytest.mark.parametrize("check", kMaskedChecks)
 def test_masked_fast_path_refuses_what_the_checks_refuse(check, over):
