@@ -71,7 +71,8 @@ def check_sfb(fn: str, sfb: object, g: int, n: int, k: int, name: str = "b[1] (S
     if sfb.dtype not in _SF_DTYPES:
         _checks.fail(fn, TypeError, f"{name} must be float8_e8m0fnu or uint8 (UE8M0 exponent bytes) or float32 "
                                     f"(powers of two), got {sfb.dtype}")
-    _checks.check_dense(fn, name, sfb, negated_ok=True)  # its value check resolves and refuses it
+    # float32: its value check resolves it; bytes go to the kernels as they are (read as their memory).
+    _checks.check_dense(fn, name, sfb, negated_ok=sfb.dtype == torch.float32)
     shape = (g, n, k // GRAN_K)
     if tuple(sfb.shape) != shape:
         _checks.fail(fn, ValueError, f"{name} must have shape {list(shape)} (one scale per 1x{GRAN_K}), "

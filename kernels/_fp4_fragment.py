@@ -122,6 +122,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked_fragment(a: tuple[torch.Tensor, torch.Tenso
     n = d.shape[2]
     _checks.check_nk(fn, n, k)
     expected = (groups, k // kBlockK, (n + kRowsPerBlock - 1) // kRowsPerBlock, kBlockBytes)
+    _checks.check_dense(fn, "b (decode layout)", b)
     if b.dtype != torch.uint8 or tuple(b.shape) != expected or not b.is_contiguous():
         _checks.fail(fn, ValueError, f"b (decode layout) must be contiguous uint8 {list(expected)} from "
                                      f"transform_fp4_for_decode, got {b.dtype} {list(b.shape)}")

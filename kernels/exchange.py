@@ -79,6 +79,7 @@ class ExchangePeers:
             for q, t in enumerate(v):
                 if not isinstance(t, torch.Tensor):
                     _checks.fail(fn, TypeError, f"{name}[{q}] must be a torch.Tensor, got {type(t).__name__}")
+                _checks.check_dense(fn, f"{name}[{q}]", t)  # the kernels read and write it through its address
         if num_ranks * self.pairs_per_rank >= 2**31:
             _checks.fail(fn, ValueError, f"ranks x pairs_per_rank = {num_ranks * self.pairs_per_rank} must fit the "
                                          "int32 slot word")
@@ -131,6 +132,7 @@ class ExchangeBarrier:
 
     def __post_init__(self):
         fn = "ExchangeBarrier"
+        _checks.check_dense_args(fn, flag_rows=self.flag_rows, flags=self.flags, done=self.done)
         num_ranks = self.flag_rows.numel() if isinstance(self.flag_rows, torch.Tensor) else 0
         for name, t, dtype, shape in (("flag_rows", self.flag_rows, torch.int64, (max(num_ranks, 1),)),
                                       ("flags", self.flags, torch.int32, (num_ranks + 1,)),

@@ -36,6 +36,7 @@ class PreparedExchange:
         if not isinstance(peers, ExchangePeers):
             _checks.fail(fn, TypeError, f"peers must be ExchangePeers, got {type(peers).__name__}")
         _checks.check_ints(fn, (("num_local_experts", num_local_experts, 1), ("capacity", capacity, 0)))
+        _checks.check_dense_args(fn, counts=counts, count_rows=count_rows)
         num_ranks = peers.num_ranks
         device = peers.acts[0].device
         if device.type != "cuda":

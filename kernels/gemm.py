@@ -121,7 +121,7 @@ def _launch_args(a, b, d, c, compile_m: bool):
     c_ptr, c_code, ldc = 0, -1, 0
     if c is not None:
         if not isinstance(c, torch.Tensor) or c.layout is not _STRIDED or c.is_nested or c.dtype not in (_BF16, _F32) \
-                or c.shape != (m, n) or c.stride(1) != 1 \
+                or c.is_neg() or c.shape != (m, n) or c.stride(1) != 1 \
                 or c.stride(0) >= _SPAN \
                 or c.get_device() != device:
             return None

@@ -213,7 +213,7 @@ def cast_back_from_fp4(packed: torch.Tensor, sf: torch.Tensor, gran_k: int = 32)
     if packed.device != sf.device or packed.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{fn}: packed and sf must be on one CPU or CUDA device, got {packed.device} and "
                          f"{sf.device}")
-    return fp4_reference.cast_back_from_fp4(packed.view(torch.uint8), sf, gran_k)
+    return fp4_reference.cast_back_from_fp4(packed.resolve_neg().view(torch.uint8), sf, gran_k)
 
 
 def transform_sf_for_fp4_gemm(sf: torch.Tensor) -> torch.Tensor:

@@ -89,6 +89,14 @@ def test_scale_forms_agree(seed, form):
     ((torch.zeros(2, 8, 64, dtype=torch.uint8), torch.zeros(2, 8, 3, dtype=torch.uint8)), ValueError, "shape"),
     ((torch.zeros(2, 8, 64, dtype=torch.uint8), torch.full((2, 8, 4), 255, dtype=torch.uint8)), ValueError,
      "bytes 0 or 255"),
+    # Lazily negated views (the negative bit): the CUDA kernel would read their memory, not the values shown.
+    ((torch._neg_view(torch.zeros(2, 8, 64, dtype=torch.uint8)), torch.full((2, 8, 4), 127, dtype=torch.uint8)),
+     ValueError, r"cast_fp4_to_fp8_blocks: b\[0\] \(B\) must not be a lazily negated view"),
+    ((torch.zeros(2, 8, 64, dtype=torch.uint8), torch._neg_view(torch.full((2, 8, 4), 127, dtype=torch.uint8))),
+     ValueError, r"cast_fp4_to_fp8_blocks: b\[1\] \(SFB\) must not be a lazily negated view"),
+    ((torch.zeros(2, 8, 64, dtype=torch.uint8),
+      torch._neg_view(torch.full((2, 8, 4), 127, dtype=torch.uint8).view(E8M0))),
+     ValueError, r"cast_fp4_to_fp8_blocks: b\[1\] \(SFB\) must not be a lazily negated view"),
 ])
 def test_bad_arguments(b, error, match):
     with pytest.raises(error, match=match):

@@ -81,6 +81,12 @@ def _pair(rows: int, k: int, sf_cols: int | None = None):
     (lambda: kernels.bf16_gemm_nt(torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(16, 64, dtype=torch.bfloat16),
                                   strided_nested(torch.empty(4, 16, dtype=torch.bfloat16), 1)),
      ValueError, "bf16_gemm_nt: d must be a dense \\(strided\\) tensor, got a nested tensor"),
+    (lambda: kernels.bf16_gemm_nt(torch._neg_view(torch.zeros(4, 64, dtype=torch.bfloat16)),
+                                  torch.zeros(16, 64, dtype=torch.bfloat16), torch.empty(4, 16, dtype=torch.bfloat16)),
+     ValueError, "bf16_gemm_nt: a must not be a lazily negated view"),
+    (lambda: kernels.bf16_gemm_nt(torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(16, 64, dtype=torch.bfloat16),
+                                  torch.empty(4, 16, dtype=torch.bfloat16), torch._neg_view(torch.zeros(4, 16))),
+     ValueError, "bf16_gemm_nt: c must not be a lazily negated view"),
 ])
 def test_public_gemms_name_empty_k_and_sparse_operands(call, error, match):
     with pytest.raises(error, match=match):
@@ -132,19 +138,29 @@ def test_routing_entry_points_name_a_tensor_that_is_not_dense(fn, kind):
 
 
 # The CUDA-only and peer-taking entry points check density first, before their peers or layout.
-@pytest.mark.parametrize("call,name", [
+_EXCHANGE_AND_EP_CALLS = [
     (lambda t: kernels.exchange_count_sizes(t, 4, None, None, None, 0, 128), "topk_idx"),
     (lambda t: kernels.exchange_barrier(t, None, 0), "flag_rows"),
     (lambda t: kernels.exchange_dispatch(None, t, None, None, None, None, None, 4, 128, 0, 0), "xq"),
     (lambda t: kernels.exchange_combine(None, t, None), "expert_out"),
     (lambda t: kernels.ep_dispatch(None, t, None, None, None), "x"),
     (lambda t: kernels.ep_combine(None, t), "expert_out"),
-])
+]
+
+
+@pytest.mark.parametrize("call,name", _EXCHANGE_AND_EP_CALLS)
 @pytest.mark.parametrize("kind", ["nested", "sparse"])
 def test_exchange_and_ep_entry_points_name_a_tensor_that_is_not_dense(call, name, kind):
     bad = _not_dense(kind, torch.randint(0, 8, (4, 2)))
     with pytest.raises(ValueError, match=rf": {name} must be a dense \(strided\) tensor"):
         call(bad)
+
+
+@pytest.mark.parametrize("call,name", _EXCHANGE_AND_EP_CALLS)
+def test_exchange_and_ep_entry_points_refuse_a_negated_view(call, name):
+    """A lazily negated view, which their kernels would read as its memory, is named as early."""
+    with pytest.raises(ValueError, match=rf": {name} must not be a lazily negated view"):
+        call(torch._neg_view(torch.randint(0, 8, (4, 2))))
 
 
 # Lazily negated views (the negative bit; what conj().imag of a complex tensor gives): the kernels

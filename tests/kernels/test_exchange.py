@@ -276,6 +276,12 @@ def test_bad_arguments_name_the_argument():
     with pytest.raises(ValueError, match="slots\\[0\\] must be"):
         kernels.ExchangePeers(peers.acts, peers.acts_sf, peers.weights, tuple(s.long() for s in peers.slots),
                               peers.combine, 0, 4)
+    # A lazily negated view (the negative bit): the kernels would read and write its memory through its address.
+    for name in kernels.exchange.kExchangeViews:
+        views = {n: getattr(peers, n) for n in kernels.exchange.kExchangeViews}
+        views[name] = (views[name][0], torch._neg_view(views[name][1]))
+        with pytest.raises(ValueError, match=rf"ExchangePeers: {name}\[1\] must not be a lazily negated view"):
+            kernels.ExchangePeers(**views, rank=0, pairs_per_rank=peers.pairs_per_rank)
 
 
 

@@ -251,6 +251,11 @@ def test_exchange_barrier_checks():
         kernels.ExchangeBarrier(rows, flags, torch.zeros(2, dtype=torch.int32))
     with pytest.raises(ValueError, match="runs on CUDA"):
         kernels.ExchangeBarrier(rows, flags, done)
+    # Lazily negated views (the negative bit): the kernels would read and write their memory.
+    for name, args in (("flag_rows", (torch._neg_view(rows), flags, done)),
+                       ("flags", (rows, torch._neg_view(flags), done)), ("done", (rows, flags, torch._neg_view(done)))):
+        with pytest.raises(ValueError, match=f"ExchangeBarrier: {name} must not be a lazily negated view"):
+            kernels.ExchangeBarrier(*args)
     peers, expert_out, m_indices, _ = make_combine(2, 10, 128, 0, 8, "cpu")
     with pytest.raises(TypeError, match="barrier must be None or an ExchangeBarrier"):
         kernels.exchange_combine(peers, expert_out, m_indices, barrier=(rows, flags, done))

@@ -86,6 +86,11 @@ def test_prepared_exchange_checks():
         kernels.PreparedExchange(peers, counts, rows, None, 4, 4)
     with pytest.raises(TypeError, match="peers must be ExchangePeers"):
         kernels.PreparedExchange(peers.acts, counts, rows, None, 4, 4)
+    # Lazily negated views (the negative bit), named before the device: the kernels take their addresses.
+    with pytest.raises(ValueError, match="PreparedExchange: counts must not be a lazily negated view"):
+        kernels.PreparedExchange(peers, torch._neg_view(counts), rows, None, 4, 4)
+    with pytest.raises(ValueError, match="PreparedExchange: count_rows must not be a lazily negated view"):
+        kernels.PreparedExchange(peers, counts, torch._neg_view(rows), None, 4, 4)
 
 
 if __name__ == "__main__":  # a child of run_in_child

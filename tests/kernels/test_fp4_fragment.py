@@ -99,6 +99,16 @@ def test_rows_past_n_are_zero():
      "transform_fp4_for_decode: sf must be a dense \\(strided\\) tensor"),
     (torch.zeros(1, 64, 64, dtype=torch.uint8), torch.full((1, 64, 4), 0.75),
      "transform_fp4_for_decode: sf must hold positive normal powers of two"),
+    # Lazily negated views (the negative bit): refused by name, as the GEMMs' kernels would read their memory.
+    (torch._neg_view(torch.zeros(1, 64, 64, dtype=torch.uint8)), torch.ones(1, 64, 4),
+     "transform_fp4_for_decode: packed must not be a lazily negated view"),
+    (torch.zeros(1, 64, 64, dtype=torch.uint8), torch._neg_view(torch.full((1, 64, 4), 127, dtype=torch.uint8)),
+     "transform_fp4_for_decode: sf must not be a lazily negated view"),
+    (torch.zeros(1, 64, 64, dtype=torch.uint8),
+     torch._neg_view(torch.full((1, 64, 4), 127, dtype=torch.uint8).view(torch.float8_e8m0fnu)),
+     "transform_fp4_for_decode: sf must not be a lazily negated view"),
+    (torch.zeros(1, 64, 64, dtype=torch.uint8), torch._neg_view(torch.ones(1, 64, 4)),  # shows -1: resolved, refused
+     "transform_fp4_for_decode: sf must hold positive normal powers of two"),
 ])
 def test_bad_input(packed, sf, match):
     with pytest.raises((ValueError, TypeError), match=match):
@@ -141,6 +151,10 @@ def test_decode_layout_bad_input():
         kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, packed, d, masked_m, 2)
     with pytest.raises(ValueError, match=r"b \(decode layout\) must be contiguous uint8 \[1, 1, 1, 4352\]"):
         kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, kernels.transform_fp4_for_decode(packed, sf)[..., :4096], d,
+                                                 masked_m, 2)
+    with pytest.raises(ValueError, match=r"m_grouped_fp8_fp4_gemm_nt_masked: b \(decode layout\) must not be a lazily "
+                                         r"negated view"):
+        kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, torch._neg_view(kernels.transform_fp4_for_decode(packed, sf)), d,
                                                  masked_m, 2)
     # N comes from d: an empty one is named as N, not as a decode layout of 0 row blocks.
     with pytest.raises(ValueError, match="m_grouped_fp8_fp4_gemm_nt_masked: N must be a positive multiple of 8, got 0"):

@@ -74,6 +74,7 @@ def _bad_call(**overrides):
     (dict(compiled_dims="nkx"), "compiled_dims"),
     (dict(c=torch.empty(8, 16, dtype=torch.float16)), "c must be None or"),
     (dict(a=torch.zeros(8, 128)), "a must be a \\(tensor, scales\\) pair"),
+    (dict(c=torch._neg_view(torch.zeros(8, 16))), "fp8_gemm_nt: c must not be a lazily negated view"),
 ])
 def test_bad_arguments(overrides, match):
     with pytest.raises((TypeError, ValueError, NotImplementedError), match=match):
@@ -141,6 +142,7 @@ def _fast_path(check="python", **overrides):
     dict(a=(torch.zeros(8, 128, dtype=torch.float8_e4m3fn), torch._neg_view(torch.ones(8, 1)))),
     dict(b=(torch._neg_view(torch.zeros(16, 128, dtype=torch.float8_e4m3fn)), torch.ones(1, 1))),
     dict(d=torch._neg_view(torch.empty(8, 16, dtype=torch.bfloat16))),
+    dict(c=torch._neg_view(torch.zeros(8, 16))),
 ])
 @pytest.mark.parametrize("check", kFastChecks)
 def test_fast_path_refuses_what_the_checks_refuse(check, overrides):

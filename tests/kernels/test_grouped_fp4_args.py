@@ -63,6 +63,10 @@ _BAD_WEIGHTS = [
     (_weights(2, 16, 256)[0], torch.full((2, 8, 16), 127, dtype=torch.uint8).transpose(1, 2)),  # SFB not K-contiguous
     (_weights(2, 16, 256)[0], torch.ones(2, 16, 8, dtype=torch.float64)),            # SFB dtype
     _weights(0, 16, 256),                                                            # no group
+    # Lazily negated views (the negative bit): the kernel would read the memory, not the values shown.
+    (torch._neg_view(_weights(2, 16, 256)[0]), _weights(2, 16, 256)[1]),
+    (_weights(2, 16, 256)[0], torch._neg_view(_weights(2, 16, 256)[1])),
+    (_weights(2, 16, 256)[0], torch._neg_view(_weights(2, 16, 256, sf_dtype=_E8M0)[1])),
 ]
 
 
@@ -85,6 +89,34 @@ def test_fast_path_refuses_what_the_checks_refuse(layout, bad, check):
     assert _fast(layout, check, **args) is None
     with pytest.raises((TypeError, ValueError)):
         kCalls[layout](**args)
+
+
+@pytest.mark.parametrize("layout", list(kFast))
+@pytest.mark.parametrize("sf_dtype", [torch.uint8, _E8M0, torch.float32])
+def test_negated_weights(layout, sf_dtype):
+    """A lazily negated B or byte SFB is refused by name (the kernels take their memory as it is); a
+    negated float32 SFB is resolved by its conversion to bytes: the result of the values it shows."""
+    fn = f"m_grouped_fp8_fp4_gemm_nt_{layout}"
+    g, n, k = 2, 16, 256
+    gen = torch.Generator().manual_seed(3)
+    b_t = torch.randint(0, 256, (g, n, k // 2), dtype=torch.uint8, generator=gen)
+    sfb = torch.randint(120, 130, (g, n, k // 32), dtype=torch.uint8, generator=gen)
+    sfb = sfb.view(_E8M0).float() if sf_dtype is torch.float32 else sfb.view(sf_dtype)
+    args = _args(layout, b=(b_t, sfb))
+    a_t = torch.randn(args["a"][0].shape, generator=gen).to(_FP8)
+    args.update(a=(a_t, args["a"][1]), **({"masked_m": torch.full((g,), 8, dtype=torch.int32)}
+                                          if layout == "masked" else {}))
+    with pytest.raises(ValueError, match=rf"{fn}: b\[0\] \(B\) must not be a lazily negated view"):
+        kCalls[layout](**{**args, "b": (torch._neg_view(b_t), sfb)})
+    negated = (b_t, torch._neg_view(-sfb) if sf_dtype is torch.float32 else torch._neg_view(sfb))
+    if sf_dtype is not torch.float32:
+        with pytest.raises(ValueError, match=rf"{fn}: b\[1\] \(SFB\) must not be a lazily negated view"):
+            kCalls[layout](**{**args, "b": negated})
+        return
+    want, got = torch.zeros_like(args["d"]), torch.zeros_like(args["d"])
+    kCalls[layout](**{**args, "d": want})
+    kCalls[layout](**{**args, "b": negated, "d": got})
+    assert torch.equal(want, got) and bool(want.abs().sum() > 0)
 
 
 @pytest.mark.parametrize("check", kChecks)
@@ -209,6 +241,7 @@ _BAD_FRAGMENTS = [
     dict(d=torch.empty(2, 8, 16, dtype=torch.float32)),
     dict(masked_m=torch.zeros(3, dtype=torch.int32)),
     dict(expected_m=0),
+    dict(b=torch._neg_view(_layout(2, 16, 256))),                        # lazily negated: read as its memory
 ]
 
 

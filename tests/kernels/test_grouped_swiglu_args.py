@@ -127,6 +127,11 @@ kRefused = {
     "masked: masked_m length": (True, dict(masked_m=torch.zeros(kG + 1, dtype=torch.int32))),
     "masked: weights shape": (True, dict(weights=torch.rand(kG * kM))),
     "masked: weights not contiguous": (True, dict(weights=torch.rand(kM, kG).t())),
+    # Lazily negated views (the negative bit): the kernel would read (or write) their memory.
+    "SFB negated": (False, dict(b=(_weights()[0], torch._neg_view(_weights()[1])))),
+    "act_sf negated": (False, dict(d=(torch.empty(kM, kN // 2, dtype=_FP8), torch._neg_view(torch.empty(kM, 2))))),
+    "m_indices negated": (False, dict(m_indices=torch._neg_view(torch.zeros(kM, dtype=torch.int32)))),
+    "masked: weights negated": (True, dict(weights=torch._neg_view(torch.rand(kG, kM)))),
 }
 
 

@@ -49,6 +49,8 @@ def test_mn_major_tma_aligned_values_and_strides(shape, seed):
     (torch.ones(4, 4, dtype=torch.float64), "float32 scales", TypeError),
     (torch.ones(4), r"\[MN, K\] or \[G, MN, K\]", ValueError),
     (torch.ones(4, 4).to_sparse(), "get_mn_major_tma_aligned_tensor: x must be a dense .*sparse_coo", ValueError),
+    (torch._neg_view(torch.ones(4, 4)), "get_mn_major_tma_aligned_tensor: x must not be a lazily negated view",
+     ValueError),
 ])
 def test_mn_major_bad_arguments(x, match, kind):
     with pytest.raises(kind, match=match):
@@ -77,6 +79,8 @@ def test_transform_sf_layouts(seed):
     (dict(sf=torch.ones(3, 2), mn=3, k=256, is_sfa=1), "must be bools", TypeError),
     (dict(sf=torch.ones(3, 2).to_sparse(), mn=3, k=256, is_sfa=True),
      r"sf \(SFA\) must be a dense \(strided\) tensor, got layout torch.sparse_coo", ValueError),
+    (dict(sf=torch._neg_view(torch.ones(3, 2)), mn=3, k=256, is_sfa=True),
+     r"sf \(SFA\) must not be a lazily negated view", ValueError),
 ])
 def test_transform_sf_bad_arguments(kwargs, match, kind):
     with pytest.raises(kind, match=match):

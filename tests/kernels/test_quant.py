@@ -247,6 +247,8 @@ def test_negated_views_and_integer_likes_are_taken_as_values():
     got = quant.per_token_cast_to_fp8(negated)
     want = quant.per_token_cast_to_fp8(negated.clone())
     assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(got[1], want[1])
+    got, want = quant.per_block_cast_to_fp8(negated[None]), quant.per_block_cast_to_fp8(negated.clone()[None])
+    assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(got[1], want[1])
     assert torch.equal(quant.per_token_cast_to_fp8(want[1].new_ones(4, 256), gran_k=np.int64(64))[1],
                        quant.per_token_cast_to_fp8(want[1].new_ones(4, 256), gran_k=64)[1])
 

@@ -141,6 +141,21 @@ def test_transform_sf_for_fp4_gemm(seed):
     assert torch.equal(kernels.transform_sf_for_fp4_gemm(sf_q).view(torch.float8_e8m0fnu).float(), sf_q)
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8])
+def test_negated_views_give_the_values_they_show(seed, dtype):
+    """Lazily negated views (the negative bit, as conj().imag sets) of the input, the packed codes or
+    the scales: these functions run torch ops on the values shown, as on the resolved tensors."""
+    x = torch.randn(3, 8, 64)
+    packed, sf = kernels.per_token_cast_to_fp4(x)
+    packed = packed.view(dtype)
+    got = kernels.per_token_cast_to_fp4(torch._neg_view(-x))
+    assert torch.equal(got[0], packed.view(torch.int8)) and torch.equal(got[1], sf)
+    want = kernels.cast_back_from_fp4(packed, sf)
+    assert torch.equal(kernels.cast_back_from_fp4(torch._neg_view(packed.neg()), sf), want)
+    assert torch.equal(kernels.cast_back_from_fp4(packed, torch._neg_view(-sf)), want)
+    assert torch.equal(kernels.transform_sf_for_fp4_gemm(torch._neg_view(-sf)), kernels.transform_sf_for_fp4_gemm(sf))
+
+
 @pytest.mark.parametrize("value", [0.75, 0.0, -0.0, -2.0, float("inf"), float("nan"), 2.0 ** -127, 2.0 ** -149])
 def test_transform_sf_rejects_non_powers_of_two(value):
     sf = torch.ones(2, 4, 4)
