@@ -1,6 +1,6 @@
 """Host cost of one call, broken down (GPU machine).
 
-    python bench/bench_host_overhead.py
+    python bench/bench_host_overhead.py [--layer-only]
 
 Wall time per call on the host (perf_counter over many calls, no synchronisation between them)
 of each public function and of its pieces (argument checks, output allocation, stream lookup,
@@ -11,7 +11,8 @@ the launchers' own C++ share on any machine. Last, the L1 GEMM with the SwiGLU e
 pair it replaces (32 experts of 4096 x 7168, masked 64 and 256 rows): host time, one call on an idle stream,
 calls back to back and the kernels' own time, to split what a call adds beyond its kernels into host and GPU.
 Then the DeepSeek-V3 layer's eager decode forward (32 local experts, FP8, 1 and 32 tokens) through the staged
-pair's Python calls and through ``MOE_STAGED_DECODE=1``'s raw launches, the same columns, outputs compared.
+pair's Python calls and through ``MOE_STAGED_DECODE=1``'s raw launches, the same columns, outputs compared
+(``--layer-only``: that table alone).
 """
 
 from __future__ import annotations
@@ -147,6 +148,9 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_host_overhead: needs a CUDA device", file=sys.stderr)
         return 1
+    if sys.argv[1:] == ["--layer-only"]:
+        layer_breakdown()
+        return 0
     x = torch.randn(64, 7168, device="cuda", dtype=torch.bfloat16)
     a = kernels.per_token_cast_to_fp8(x)
     b = kernels.per_block_cast_to_fp8(torch.randn(2112, 7168, device="cuda", dtype=torch.bfloat16))
