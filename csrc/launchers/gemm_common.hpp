@@ -72,7 +72,7 @@ inline int stages_beside(int fixed, int per_stage) {
 // A problem of one partial wave may split all its tiles the same way, into `single_wave_ways` units
 // each (capped by the clusters free for them, the K blocks and kMaxTailSplits; 0 or 1: none): the
 // SMs that whole tiles would leave idle then share the K loop. The FP8 heuristic takes it where
-// whole tiles leave a quarter of the SMs idle (sm90_fp8_gemm.hpp); MOE_GEMM_SPLIT_K=<ways> sets it.
+// whole tiles leave a quarter of the SMs idle (sm90_fp8_gemm_heuristic.hpp); MOE_GEMM_SPLIT_K=<ways> sets it.
 constexpr int kMinSplitKBlocks = 32;
 constexpr int kMaxTailSplits = 8;
 

@@ -1,5 +1,5 @@
 #pragma once
-// The FP8 GEMM heuristic's measured rules (launchers/sm90_fp8_gemm.hpp's plan_config applies them):
+// The FP8 GEMM heuristic's measured rules (launchers/sm90_fp8_gemm_heuristic.hpp's plan_config applies them):
 // each constant with the measurements it rests on (bench/RESULTS.md).
 
 namespace moe_launchers::sm90_fp8_gemm {
