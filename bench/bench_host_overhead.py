@@ -148,6 +148,9 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_host_overhead: needs a CUDA device", file=sys.stderr)
         return 1
+    if sys.argv[1:] not in ([], ["--layer-only"]):
+        print(f"usage: {sys.argv[0]} [--layer-only]", file=sys.stderr)
+        return 2
     if sys.argv[1:] == ["--layer-only"]:
         layer_breakdown()
         return 0

@@ -326,7 +326,9 @@ class MegaMoELayer(nn.Module):
             raise ValueError("hidden_states and the layer's weights are on the meta device: the forward computes "
                              "values (move the layer to a CPU or CUDA device)")
         shape, out_dtype = hidden_states.shape, hidden_states.dtype
-        x = hidden_states.reshape(-1, self.hidden_size)
+        # A lazily negated view (the negative bit, as conj().imag gives) would reach the kernels as its
+        # unnegated memory: its values are materialised once here.
+        x = hidden_states.reshape(-1, self.hidden_size).resolve_neg()
         if x.dtype not in (torch.bfloat16, torch.float32):  # the kernels take bf16 or fp32 activations
             x = x.float()
         if x.shape[0] > self.num_max_tokens_per_rank:

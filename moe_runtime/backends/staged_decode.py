@@ -133,11 +133,11 @@ class StagedDecode:
 
     def applies(self, x: torch.Tensor) -> bool:
         """Whether ``forward`` takes ``x`` [T, H] (else the general path runs): CUDA, bfloat16 or
-        float32, a contiguous last dim, 0 < T <= the decode rows, not under a graph capture, and not
-        switched on (``MOE_STAGED_DECODE=1``: opt-in until its GPU tests and timing have run) and
-        not the fused SwiGLU L1 asked for."""
+        float32, a contiguous last dim, not a lazily negated view, 0 < T <= the decode rows, not
+        under a graph capture, switched on (``MOE_STAGED_DECODE=1``: opt-in until its GPU tests
+        and timing have run), and not the fused SwiGLU L1 asked for."""
         tokens = x.shape[0]
-        return (0 < tokens <= self.max_tokens and x.is_cuda and x.stride(1) == 1
+        return (0 < tokens <= self.max_tokens and x.is_cuda and x.stride(1) == 1 and not x.is_neg()
                 and (x.dtype is torch.bfloat16 or x.dtype is torch.float32)
                 and os.environ.get("MOE_STAGED_DECODE", "0") == "1"
                 and (self.fp4 or os.environ.get("MOE_STAGED_FUSED_SWIGLU", "0") != "1")

@@ -1,4 +1,4 @@
-"""The dense FP8 GEMM's tile heuristic and launch plans (launchers/sm90_fp8_gemm.hpp get_config,
+"""The dense FP8 GEMM's tile heuristic and launch plans (launchers/sm90_fp8_gemm_heuristic.hpp get_config,
 gemm_common.hpp choose_tiles / tail_split): CPU only, no kernel runs."""
 
 from __future__ import annotations

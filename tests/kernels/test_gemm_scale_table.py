@@ -1,5 +1,5 @@
 """The scale table: a dense 64- or 128-row tile's K-major A scales, every K block, in one TMA box into
-a table slot beside the stages (two slots where a CTA runs a second tile; launchers/sm90_fp8_gemm.hpp,
+a table slot beside the stages (two slots where a CTA runs a second tile; launchers/sm90_fp8_gemm_heuristic.hpp,
 kScaleTmaKMajorTable), on every such tile under MOE_FP8_SCALE_TABLE=1 and, unset, on one-wave 64 x 32
 tiles (sm90_fp8_gemm_rules.hpp): where the plan takes it, what it leaves of the stages, its SASS, and
 its D against the gathers'."""

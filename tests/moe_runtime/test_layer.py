@@ -306,6 +306,19 @@ def test_forward_refuses_sparse_and_nested_inputs():
         layer(nested)
 
 
+@pytest.mark.parametrize("backend", ["staged", "reference"])
+@pytest.mark.parametrize("tokens", [4, 40])  # the staged backend's masked (decode) and contiguous layouts
+def test_forward_takes_a_negated_view_as_its_values(backend, tokens):
+    """A lazily negated input (the negative bit, as conj().imag gives) is the values it shows: the
+    kernels, which read memory, never see it unresolved."""
+    layer, _ = _layer("fp8", "deepseek", shared=True, num_max_tokens_per_rank=64)
+    x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    negated = torch._neg_view(-x)
+    assert negated.is_neg() and torch.equal(negated, x)
+    with layer.use_backend(backend):
+        assert torch.equal(layer(negated), layer(x))
+
+
 def test_forward_refuses_fp8_activations_and_meta_layers():
     w = _weights(0)
     del w["score_bias"]
