@@ -351,22 +351,17 @@ def swiglu_quant_fp8(h: torch.Tensor, weights: torch.Tensor, masked_m: torch.Ten
     # the router give (h contiguous, weights and masked_m contiguous), flags of the right types: 27 ->
     # 21-22 us a call on the H200's host (bench/RESULTS.md, session 40). Anything unusual takes the
     # checks below, which raise, copy or run the reference.
-    if type(h) is torch.Tensor and type(weights) is torch.Tensor and type(mn_major_sf) is bool and h.is_cuda \
-            and h.dtype is torch.bfloat16 and weights.dtype is torch.float32 and h.layout is torch.strided \
-            and weights.layout is torch.strided and not h.is_nested and not weights.is_nested and not h.is_neg() \
-            and not weights.is_neg():
+    if _plain_cuda(h, torch.bfloat16) and _plain_cuda(weights, torch.float32) and type(mn_major_sf) is bool:
         shape, strides, index = h.shape, h.stride(), h.get_device()
         w_shape = weights.shape
         if len(shape) == 2 and shape[0] > 0 and shape[1] > 0 and shape[1] % 256 == 0 and strides[1] == 1 \
                 and strides[0] == shape[1] and h.data_ptr() % 16 == 0 and weights.get_device() == index \
-                and weights.is_contiguous() and (w_shape == (shape[0],) or w_shape == (shape[0], 1)):
+                and (w_shape == (shape[0],) or w_shape == (shape[0], 1)):
             if masked_m is None:
                 return _swiglu_quant_on_gpu(h, weights, None, 0, mn_major_sf, shape[0], shape[1] // 2, index)
-            if type(masked_m) is torch.Tensor and type(rows_per_group) is int and rows_per_group > 0 \
-                    and shape[0] % rows_per_group == 0 and masked_m.dtype is torch.int32 \
-                    and masked_m.layout is torch.strided and not masked_m.is_nested \
-                    and masked_m.shape == (shape[0] // rows_per_group,) and masked_m.get_device() == index \
-                    and masked_m.is_contiguous() and not masked_m.is_neg():
+            if _plain_cuda(masked_m, torch.int32) and type(rows_per_group) is int and rows_per_group > 0 \
+                    and shape[0] % rows_per_group == 0 and masked_m.shape == (shape[0] // rows_per_group,) \
+                    and masked_m.get_device() == index:
                 return _swiglu_quant_on_gpu(h, weights, masked_m, rows_per_group, mn_major_sf, shape[0],
                                             shape[1] // 2, index)
     fn = "swiglu_quant_fp8"
