@@ -52,6 +52,11 @@ declare -A problems=(
   [peer_dense_4096x32768x512]="scripts/deepgemm_once.py --m 4096 --n 32768 --k 512"
   [dense_4096x7168x2048_mn]="scripts/gemm_once.py --m 4096 --n 7168 --k 2048 --mn-scales"
   [peer_dense_4096x7168x2048]="scripts/deepgemm_once.py --m 4096 --n 7168 --k 2048"
+  [dense_4096x7168x16384_mn]="scripts/gemm_once.py --m 4096 --n 7168 --k 16384 --mn-scales"
+  [peer_dense_4096x7168x16384]="scripts/deepgemm_once.py --m 4096 --n 7168 --k 16384"
+  [dense_128x7168x16384]="scripts/gemm_once.py --m 128 --n 7168 --k 16384"
+  [dense_128x7168x16384_mn]="scripts/gemm_once.py --m 128 --n 7168 --k 16384 --mn-scales"
+  [peer_dense_128x7168x16384]="scripts/deepgemm_once.py --m 128 --n 7168 --k 16384"
 )
 names=("$@")
 [[ ${#names[@]} == 0 ]] && names=(dense_4096x7168x16384 dense_4096x4096x7168 dense_128x4096x7168
