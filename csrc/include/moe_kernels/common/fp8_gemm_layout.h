@@ -92,4 +92,49 @@ struct SwiGluOut {
   unsigned sf_stride_m, sf_stride_k;
 };
 
+// The kernel's shared memory: D's tile, the stages, their scales, the table's slots and the barriers.
+// kNumKBlocks and kTableSlots size kScaleTmaKMajorTable's slots; other scale loads leave them 0.
+// kStoresD: false for the SwiGLU epilogue, which stores from registers (no D tile).
+template <unsigned kBlockM, unsigned kBlockN, unsigned kNumStages, unsigned kScaleLoad, unsigned kNumKBlocks = 0,
+          unsigned kTableSlots = 0, bool kStoresD = true>
+struct Fp8GemmSmem {
+  static constexpr unsigned kBlockK = 128;
+  static constexpr unsigned kD = kStoresD ? kBlockM * kBlockN * 2 : 0;
+  static constexpr unsigned kA = kBlockM * kBlockK;
+  static constexpr unsigned kB = kBlockN * kBlockK;
+  // A scales (kSfaRow floats apart), then kSfbRows B scales (kSfbStep apart from kSfb): a tile's two
+  // 128-column blocks, or (the SwiGLU epilogue, no D) the gate and up halves of each of its blocks.
+  static constexpr unsigned kSfFloats = fp8_gemm_sf_floats(kBlockM, kScaleLoad);
+  static constexpr unsigned kSfaRow = fp8_gemm_sfa_row_floats(kScaleLoad);
+  static constexpr unsigned kSfb = fp8_gemm_sfb_offset(kBlockM, kScaleLoad);
+  static constexpr unsigned kSfbStep = fp8_gemm_sfb_step(kScaleLoad);
+  static constexpr unsigned kSfbRows = fp8_gemm_sfb_rows(kBlockN, kStoresD);
+  static_assert(kSfbRows <= 4, "a stage holds up to 4 B scales a K block");
+  static constexpr unsigned kTmaBytes = kA + kB + fp8_gemm_sf_tma_bytes(kBlockM, kScaleLoad, kSfbRows);
+  static constexpr unsigned kOffsetA = kD;
+  static constexpr unsigned kOffsetB = kOffsetA + kNumStages * kA;
+  static constexpr unsigned kOffsetSf = kOffsetB + kNumStages * kB;
+  // kScaleTmaKMajorTable: the table's kTableSlots slots, [kBlockM rows][kSfaCols] each, after the
+  // stages (at least one slot's worth of barriers is named, none is used elsewhere).
+  static_assert((kScaleLoad == kScaleTmaKMajorTable) == (kTableSlots == 1 || kTableSlots == 2) &&
+                    kTableSlots <= 2,
+                "the table has 1 or 2 slots, other scale loads none");
+  static constexpr unsigned kSfaSlots = kTableSlots;
+  static constexpr unsigned kSfaRing = kSfaSlots > 0 ? kSfaSlots : 1;
+  static constexpr unsigned kSfaCols = kSfaSlots > 0 ? fp8_gemm_table_cols(kNumKBlocks) : 0;
+  static constexpr unsigned kSfaSlot = fp8_gemm_sfa_slot_bytes(kBlockM, kNumKBlocks, kScaleLoad);
+  static constexpr unsigned kOffsetSfaSlots = kOffsetSf + kNumStages * kSfFloats * 4;
+  static constexpr unsigned kOffsetBarriers =
+      kOffsetSfaSlots + fp8_gemm_sfa_slots_bytes(kBlockM, kNumKBlocks, kScaleLoad, kTableSlots);
+  static constexpr unsigned kTotal = kOffsetBarriers + 2 * kNumStages * 8 + fp8_gemm_sfa_slot_barrier_bytes(kTableSlots);
+  static_assert(kA + kB + kSfFloats * 4 == fp8_gemm_stage_bytes(kBlockM, kBlockN, kScaleLoad),
+                "the launcher sizes stages alike");
+  // 128-byte swizzled TMA tiles need 1024-byte aligned stage buffers, TMA scale boxes 128-byte ones.
+  static_assert(kD % 1024 == 0 && kA % 1024 == 0 && kB % 1024 == 0, "stage buffers must stay 1024-byte aligned");
+  static_assert(kScaleLoad == kScaleGather || (kSfFloats % 32 == 0 && kSfb % 32 == 0),
+                "TMA scale boxes must land on 128-byte boundaries");
+  static_assert(kSfaSlots == 0 || (kOffsetSfaSlots % 128 == 0 && kSfaSlot % 128 == 0),
+                "the A scales' slots must land on 128-byte boundaries");
+};
+
 }  // namespace moe_kernels

@@ -33,50 +33,6 @@
 
 namespace moe_kernels {
 
-// kNumKBlocks and kTableSlots size kScaleTmaKMajorTable's slots; other scale loads leave them 0.
-// kStoresD: false for the SwiGLU epilogue, which stores from registers (no D tile).
-template <uint32_t kBlockM, uint32_t kBlockN, uint32_t kNumStages, uint32_t kScaleLoad, uint32_t kNumKBlocks = 0,
-          uint32_t kTableSlots = 0, bool kStoresD = true>
-struct Fp8GemmSmem {
-  static constexpr uint32_t kBlockK = 128;
-  static constexpr uint32_t kD = kStoresD ? kBlockM * kBlockN * 2 : 0;
-  static constexpr uint32_t kA = kBlockM * kBlockK;
-  static constexpr uint32_t kB = kBlockN * kBlockK;
-  // A scales (kSfaRow floats apart), then kSfbRows B scales (kSfbStep apart from kSfb): a tile's two
-  // 128-column blocks, or (the SwiGLU epilogue, no D) the gate and up halves of each of its blocks.
-  static constexpr uint32_t kSfFloats = fp8_gemm_sf_floats(kBlockM, kScaleLoad);
-  static constexpr uint32_t kSfaRow = fp8_gemm_sfa_row_floats(kScaleLoad);
-  static constexpr uint32_t kSfb = fp8_gemm_sfb_offset(kBlockM, kScaleLoad);
-  static constexpr uint32_t kSfbStep = fp8_gemm_sfb_step(kScaleLoad);
-  static constexpr uint32_t kSfbRows = fp8_gemm_sfb_rows(kBlockN, kStoresD);
-  static_assert(kSfbRows <= 4, "a stage holds up to 4 B scales a K block");
-  static constexpr uint32_t kTmaBytes = kA + kB + fp8_gemm_sf_tma_bytes(kBlockM, kScaleLoad, kSfbRows);
-  static constexpr uint32_t kOffsetA = kD;
-  static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kA;
-  static constexpr uint32_t kOffsetSf = kOffsetB + kNumStages * kB;
-  // kScaleTmaKMajorTable: the table's kTableSlots slots, [kBlockM rows][kSfaCols] each, after the
-  // stages (at least one slot's worth of barriers is named, none is used elsewhere).
-  static_assert((kScaleLoad == kScaleTmaKMajorTable) == (kTableSlots == 1 || kTableSlots == 2) &&
-                    kTableSlots <= 2,
-                "the table has 1 or 2 slots, other scale loads none");
-  static constexpr uint32_t kSfaSlots = kTableSlots;
-  static constexpr uint32_t kSfaRing = kSfaSlots > 0 ? kSfaSlots : 1;
-  static constexpr uint32_t kSfaCols = kSfaSlots > 0 ? fp8_gemm_table_cols(kNumKBlocks) : 0;
-  static constexpr uint32_t kSfaSlot = fp8_gemm_sfa_slot_bytes(kBlockM, kNumKBlocks, kScaleLoad);
-  static constexpr uint32_t kOffsetSfaSlots = kOffsetSf + kNumStages * kSfFloats * 4;
-  static constexpr uint32_t kOffsetBarriers =
-      kOffsetSfaSlots + fp8_gemm_sfa_slots_bytes(kBlockM, kNumKBlocks, kScaleLoad, kTableSlots);
-  static constexpr uint32_t kTotal = kOffsetBarriers + 2 * kNumStages * 8 + fp8_gemm_sfa_slot_barrier_bytes(kTableSlots);
-  static_assert(kA + kB + kSfFloats * 4 == fp8_gemm_stage_bytes(kBlockM, kBlockN, kScaleLoad),
-                "the launcher sizes stages alike");
-  // 128-byte swizzled TMA tiles need 1024-byte aligned stage buffers, TMA scale boxes 128-byte ones.
-  static_assert(kD % 1024 == 0 && kA % 1024 == 0 && kB % 1024 == 0, "stage buffers must stay 1024-byte aligned");
-  static_assert(kScaleLoad == kScaleGather || (kSfFloats % 32 == 0 && kSfb % 32 == 0),
-                "TMA scale boxes must land on 128-byte boundaries");
-  static_assert(kSfaSlots == 0 || (kOffsetSfaSlots % 128 == 0 && kSfaSlot % 128 == 0),
-                "the A scales' slots must land on 128-byte boundaries");
-};
-
 // shape_m: rows of A (kNormal, kGroupedContiguous) or rows per group (kGroupedMasked, whose
 // group g starts at row g * shape_m of A and D); grouped_layout: m_indices or masked_m.
 // kScaleLoad (common/fp8_gemm_layout.h): kScaleGather reads the scales at sfa / sfb with their
