@@ -69,9 +69,11 @@ def _stages(block_m: int, block_n: int, k: int) -> int:
     return min((kSmemCapacity - extra) // per_stage, kMaxStages)
 
 
-def _candidates(m: int, contiguous: bool):
+def _candidates(m: int, contiguous: bool, num_sms: int):
     block_ms = [128] if contiguous else [64, 128] + ([16] if m <= 16 else []) + ([32] if m <= 32 else []) + [256]
     for cluster_m, cluster_n in ((1, 1), (1, 2), (2, 1)):
+        if num_sms % (cluster_m * cluster_n):
+            continue  # whole clusters on the SMs
         for block_m in block_ms:
             for block_n in range(16, 193, 16):
                 # The kernel unrolls over the B-scale boundary: block N past 128 must divide evenly.
@@ -88,7 +90,7 @@ def peer_plan(m: int, n: int, k: int, num_sms: int = 132, contiguous: bool = Fal
     l2_bytes_per_cycle = int(min(64.0 * num_sms, 8e6 / 1.3e3))
     l1_bytes_per_cycle = 128 * num_sms
     best, best_cycles = None, None
-    for cluster_m, cluster_n, block_m, block_n in _candidates(m, contiguous):
+    for cluster_m, cluster_n, block_m, block_n in _candidates(m, contiguous, num_sms):
         stages = _stages(block_m, block_n, k)
         if stages < 3 or (block_m * block_n < 128 * 192 and stages < 4):
             continue
