@@ -80,9 +80,11 @@ for name in "${names[@]}"; do
     --metrics sm__cycles_elapsed.avg.per_second,lts__t_bytes.sum.per_second,lts__t_sectors_srcunit_tex.sum,l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed \
     python3 $cmd >> "$out/ncu_$name.txt" 2>&1 || echo "   (raw metrics pass failed: see $out/ncu_$name.txt)"
   # Where the SMs' operand bytes come from and how full the crossbar into them is (small M: the math
-  # warps wait on the full barrier most of the time while DRAM and L2 sit at 25-35%, session 9).
+  # warps wait on the full barrier most of the time while DRAM and L2 sit at 25-35%, session 9). The
+  # ltcfabric counters: sectors an L2 slice took from the other L2 partition, and how busy that link
+  # was (the same plan moving the same bytes at 0.95x the peer's L2-to-SM rate, session 31).
   timeout "${NCU_TIMEOUT:-240}" "$ncu" --clock-control none -k regex:sm90_fp8 -s 1 -c 1 \
-    --metrics l1tex__m_xbar2l1tex_read_bytes.sum.per_second,l1tex__m_xbar2l1tex_read_bytes.sum.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum,dram__bytes_read.sum \
+    --metrics l1tex__m_xbar2l1tex_read_bytes.sum.per_second,l1tex__m_xbar2l1tex_read_bytes.sum.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_ltcfabric.sum,lts__ltcfabric2lts_cycles_active.avg.pct_of_peak_sustained_elapsed \
     python3 $cmd >> "$out/ncu_$name.txt" 2>&1 || echo "   (crossbar metrics pass failed: see $out/ncu_$name.txt)"
   if [[ "${NCU_SOURCE:-0}" == 1 ]]; then
     # Per-SASS-instruction counters (shared-memory wavefronts, stall samples) in a pass of their own:
@@ -95,7 +97,7 @@ for name in "${names[@]}"; do
       > "$out/ncu_${name}_sass.csv" 2>&1 || echo "   (source page failed: see $out/ncu_${name}_sass.csv)"
   fi
   echo "== $name ($cmd)"
-  grep -E "^\s+(Duration|SM Frequency|Compute \(SM\) Throughput|Issue Slots Busy|Memory Throughput|L2 Cache Throughput|DRAM Throughput|sm__cycles_elapsed|lts__t_bytes|lts__t_sectors_srcunit_tex|l1tex__m_xbar2l1tex|dram__bytes_read|l1tex__data_bank|l1tex__data_pipe_lsu_wavefronts_mem_shared|Shared Memory|Block Size|Grid Size|Registers Per Thread|Warp Cycles Per Issued Instruction)\b" \
+  grep -E "^\s+(Duration|SM Frequency|Compute \(SM\) Throughput|Issue Slots Busy|Memory Throughput|L2 Cache Throughput|DRAM Throughput|sm__cycles_elapsed|lts__t_bytes|lts__t_sectors_srcunit_tex|l1tex__m_xbar2l1tex|lts__t_sectors_srcunit_ltcfabric|lts__ltcfabric2lts|dram__bytes_read|l1tex__data_bank|l1tex__data_pipe_lsu_wavefronts_mem_shared|Shared Memory|Block Size|Grid Size|Registers Per Thread|Warp Cycles Per Issued Instruction)\b" \
     "$out/ncu_$name.txt" | sed 's/^ */   /'
   # The stall reasons ncu ranks (WarpStateStats' rule text names the largest).
   grep -A2 -E "^\s+(OPT|INF)\s+.*[Ss]tall" "$out/ncu_$name.txt" | head -6 | sed 's/^ */   /'
