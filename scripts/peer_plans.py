@@ -124,13 +124,12 @@ def our_plan(m: int, n: int, k: int, num_sms: int, scale_load: int, groups: int 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_problem_args(p)
+    p.set_defaults(m=None)  # without --m (or --groups): issue 3's 21 dense cells
     p.add_argument("--sms", type=int, default=132)
-    p.add_argument("--all", action="store_true", help="issue 3's 21 dense cells (the default without --m)")
-    explicit = any(a.split("=")[0] in ("--m", "--groups") for a in sys.argv[1:])
     args = p.parse_args()
     if args.groups:
         problems = [(problem_rows(args), args.n, args.k, args.groups)]
-    elif explicit and not args.all:
+    elif args.m is not None:
         problems = [(args.m, args.n, args.k, 0)]
     else:
         problems = [(m, n, k, 0) for m, n, k in kDenseCells]

@@ -52,8 +52,9 @@ inline bool read(PyObject* obj, int dim, bool written, bool any_device, View& ou
   if (obj == nullptr || THPVariableClass == nullptr || !THPVariable_CheckExact(obj)) return false;
   const c10::TensorImpl* impl = THPVariable_Unpack(obj).unsafeGetTensorImpl();
   if (impl == nullptr || !(impl->is_cuda() || (any_device && impl->is_cpu())) || impl->layout() != c10::kStrided ||
-      impl->is_nested() || impl->is_neg() || impl->is_conj() || impl->is_python_dispatch() || impl->has_symbolic_sizes_strides() ||
-      impl->key_set().has(c10::DispatchKey::Functionalize) || !impl->has_storage() || !impl->dtype_initialized() ||
+      impl->is_nested() || impl->is_neg() || impl->is_conj() || impl->is_python_dispatch() ||
+      impl->has_symbolic_sizes_strides() || impl->key_set().has(c10::DispatchKey::Functionalize) ||
+      !impl->has_storage() || !impl->dtype_initialized() ||
       !impl->dtype().isScalarType() || dim > kMaxDim || impl->dim() != dim) {
     return false;
   }

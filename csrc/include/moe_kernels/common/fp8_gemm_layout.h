@@ -126,7 +126,8 @@ struct Fp8GemmSmem {
   static constexpr unsigned kOffsetSfaSlots = kOffsetSf + kNumStages * kSfFloats * 4;
   static constexpr unsigned kOffsetBarriers =
       kOffsetSfaSlots + fp8_gemm_sfa_slots_bytes(kBlockM, kNumKBlocks, kScaleLoad, kTableSlots);
-  static constexpr unsigned kTotal = kOffsetBarriers + 2 * kNumStages * 8 + fp8_gemm_sfa_slot_barrier_bytes(kTableSlots);
+  static constexpr unsigned kTotal =
+      kOffsetBarriers + 2 * kNumStages * 8 + fp8_gemm_sfa_slot_barrier_bytes(kTableSlots);
   static_assert(kA + kB + kSfFloats * 4 == fp8_gemm_stage_bytes(kBlockM, kBlockN, kScaleLoad),
                 "the launcher sizes stages alike");
   // 128-byte swizzled TMA tiles need 1024-byte aligned stage buffers, TMA scale boxes 128-byte ones.
