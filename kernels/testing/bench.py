@@ -14,6 +14,10 @@ The L2 flush (``MOE_BENCH_FLUSH``, read per call):
   pays their write-back to HBM. Measured on an H200 (bench/RESULTS.md, 2026-12-01): +7 µs on a
   68 µs FP4 decode GEMM, +7 µs on a 115 µs FP8 one, +2 µs on a 13.6 µs dense GEMM; level on a
   173 µs compute-bound one.
+
+``MOE_BENCH_GAP_US`` (default 0): the host waits this many microseconds after each flush has
+finished before the timed call, so calls with short and long host paths start on a GPU idle for
+the same time (DeepGEMM's Python call takes 20-40 µs to launch, ours 5-10).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -60,6 +65,22 @@ class _L2Flush:
             self.buffer.zero_()
         else:
             torch.sum(self.buffer, 0, out=self.sink)
+
+
+def gap_us() -> int:
+    """Microseconds the host waits between a flush's end and the timed call: ``MOE_BENCH_GAP_US``
+    (0 unless set); raises ValueError naming the variable for anything but an integer >= 0."""
+    value = os.environ.get("MOE_BENCH_GAP_US") or "0"
+    if not value.isdigit():
+        raise ValueError(f"MOE_BENCH_GAP_US: expected an integer number of microseconds >= 0, got {value!r}")
+    return int(value)
+
+
+def _wait_us(us: int) -> None:
+    """Spins the host for ``us`` microseconds (sleep's granularity is coarser)."""
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
 
 
 _FLUSHES: dict[tuple[str, int], tuple[_L2Flush, list[str]]] = {}
@@ -205,6 +226,7 @@ def bench_kineto(fn: Callable[[], object], kernel_name: str, num_tests: int = 30
 def _profiled(runs: Sequence[Callable[[], object]], flush: _L2Flush | None) -> list[tuple[str, float, float]]:
     """The CUDA kernels (_cuda_kernels) of one profile of ``runs``, each called once in order, each
     after the flush (if any) has finished."""
+    gap = gap_us()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for fn in runs:
             if flush is not None:
@@ -212,6 +234,7 @@ def _profiled(runs: Sequence[Callable[[], object]], flush: _L2Flush | None) -> l
                 # Our kernels launch with programmatic dependent launch: queued right behind the
                 # flush, they would start during its last blocks and count their wait for it.
                 torch.cuda.synchronize()
+                _wait_us(gap)
             fn()
         torch.cuda.synchronize()
     return _cuda_kernels(prof)

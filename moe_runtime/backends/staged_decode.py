@@ -5,10 +5,11 @@ The staged pair's one-rank decode path (``StagedDispatchCombine._dispatch_local_
 the L1 grouped GEMM, SwiGLU x top-k weight with its FP8 cast, the L2 grouped GEMM and the combine.
 Called one by one through the kernels' Python functions, each validates its arguments and allocates
 its outputs: the one-token forward of 32 local experts took 254 us of host time on the H200's host
-(bench/RESULTS.md, session 40). :class:`StagedDecode` (``MOE_STAGED_DECODE=1``; opt-in until it has
-run on a GPU) launches the same kernels on the same arguments (the same outputs bit for bit) through
-``kernels._C``'s raw entry points, into a workspace kept per device and stream, so a forward
-allocates only its output.
+(bench/RESULTS.md, session 40). :class:`StagedDecode` (on unless ``MOE_STAGED_DECODE=0``) launches
+the same kernels on the same arguments (the same outputs bit for bit) through ``kernels._C``'s raw
+entry points, into a workspace kept per device and stream, so a forward allocates only its output:
+that one-token forward took 250 us of host time instead of 495, 367 us on an idle stream instead of
+592 (an H100, bench/RESULTS.md, session 44).
 
 The workspace is reused by the next forward on the same stream, after this forward's kernels in
 stream order; a lock keeps two threads' forwards on one stream from interleaving their launches in
@@ -134,12 +135,12 @@ class StagedDecode:
     def applies(self, x: torch.Tensor) -> bool:
         """Whether ``forward`` takes ``x`` [T, H] (else the general path runs): CUDA, bfloat16 or
         float32, a contiguous last dim, not a lazily negated view, 0 < T <= the decode rows, not
-        under a graph capture, switched on (``MOE_STAGED_DECODE=1``: opt-in until its GPU tests
-        and timing have run), and not the fused SwiGLU L1 asked for."""
+        under a graph capture, not switched off (``MOE_STAGED_DECODE=0``), and not the fused
+        SwiGLU L1 asked for."""
         tokens = x.shape[0]
         return (0 < tokens <= self.max_tokens and x.is_cuda and x.stride(1) == 1 and not x.is_neg()
                 and (x.dtype is torch.bfloat16 or x.dtype is torch.float32)
-                and os.environ.get("MOE_STAGED_DECODE", "0") == "1"
+                and os.environ.get("MOE_STAGED_DECODE", "1") != "0"
                 and (self.fp4 or os.environ.get("MOE_STAGED_FUSED_SWIGLU", "0") != "1")
                 and not _device_capturing(x.get_device()))
 

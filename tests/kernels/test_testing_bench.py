@@ -40,6 +40,20 @@ def test_flush_mode_reads_the_switch(monkeypatch):
         flush_mode()
 
 
+def test_gap_us_reads_the_switch(monkeypatch):
+    from kernels.testing.bench import gap_us
+
+    monkeypatch.delenv("MOE_BENCH_GAP_US", raising=False)
+    assert gap_us() == 0
+    monkeypatch.setenv("MOE_BENCH_GAP_US", "40")
+    assert gap_us() == 40
+    for bad in ("-5", "2.5", "soon"):
+        monkeypatch.setenv("MOE_BENCH_GAP_US", bad)
+        with pytest.raises(ValueError, match=f"MOE_BENCH_GAP_US: expected an integer number of microseconds >= 0, "
+                                             f"got '{bad}'"):
+            gap_us()
+
+
 def _profile(runs, flush=("sum_kernel",)):
     """A profile's (name, start, duration) kernels, one after the other with a 1 µs gap: per run the
     flush's kernels (duration 100), then the run's (name, duration) pairs."""

@@ -50,8 +50,12 @@ def test_no_decode_forward_off_the_gpu_or_for_other_backends():
     assert not ok and "staged" in reason
 
 
-def _outputs(layer, xs, monkeypatch, decode: str) -> list[torch.Tensor]:
-    monkeypatch.setenv("MOE_STAGED_DECODE", decode)
+def _outputs(layer, xs, monkeypatch, decode: str | None) -> list[torch.Tensor]:
+    """The layer's outputs for ``xs`` with MOE_STAGED_DECODE set to ``decode`` (None: unset, the default)."""
+    if decode is None:
+        monkeypatch.delenv("MOE_STAGED_DECODE", raising=False)
+    else:
+        monkeypatch.setenv("MOE_STAGED_DECODE", decode)
     with torch.inference_mode():
         return [layer(x) for x in xs]
 
@@ -79,8 +83,8 @@ def test_gpu_decode_forward_matches_the_general_path(seed, router, weights, monk
     xs.append(torch.randn(7, 2 * hidden, device="cuda", generator=g).to(torch.bfloat16)[:, :hidden])  # strided rows
     general = _outputs(layer, xs, monkeypatch, "0")
     assert not calls
-    fast = _outputs(layer, xs, monkeypatch, "1")
-    assert calls == [x.shape for x in xs]  # every batch took the decode forward
+    fast = _outputs(layer, xs, monkeypatch, None)
+    assert calls == [x.shape for x in xs]  # every batch took the decode forward, on by default
     for x, a, b in zip(xs, general, fast):
         assert a.shape == b.shape == x.shape and a.dtype == b.dtype == x.dtype
         assert torch.equal(a, b), (router, weights, x.shape)
@@ -101,7 +105,8 @@ def test_gpu_decode_forward_matches_the_general_path(seed, router, weights, monk
 @_kNeedsCuda
 def test_gpu_decode_forward_skips_the_general_path(seed, monkeypatch):
     """At decode sizes the layer does not call the kernels' Python functions of the general path
-    (each would validate and allocate): it launches through the raw entry points."""
+    (each would validate and allocate): it launches through the raw entry points, unless
+    MOE_STAGED_DECODE=0."""
     layer, _ = layer_pair("mixtral", seed, "cuda", 1024, 512, 16, capacity=64)
     x = torch.randn(4, 1024, device="cuda").to(torch.bfloat16)
     expected = _outputs(layer, [x], monkeypatch, "0")[0]
