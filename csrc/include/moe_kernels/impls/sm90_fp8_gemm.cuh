@@ -360,6 +360,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   [[maybe_unused]] const float* sfa_slot = smem_sfa;
   // The K block's scales from its stage (A's from the tile's table): A's two rows of the thread
   // per wave, B's two blocks (kSwiGluWide: the gate and up halves of both).
+  // The thread's first A scale in stage 0, as a pointer: stage and wave offsets then add to it
+  // without the 32-bit index sums (tile_row0 + stage * kSfFloats) that ptxas recomputed and
+  // scaled (IADD3 + LEA) per row and K block, unable to fold them into the loads' addresses.
+  [[maybe_unused]] const float* sfa_thread = smem_sf + tile_row0 * Smem::kSfaRow;
   const auto read_scales = [&](uint32_t stage, uint32_t kb, float (&sa)[kNumWaves][2], float (&sb)[2 * kNumHalves]) {
     const float* sf = smem_sf + stage * Smem::kSfFloats;
     // The K block's column in a box of 4 K blocks (TMA scale loads), else 0.
@@ -368,11 +372,11 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       sa[0][0] = sfa_slot[tile_row0 * Smem::kSfaCols + kb];
       sa[0][1] = sfa_slot[(tile_row0 + 8) * Smem::kSfaCols + kb];
     } else {
-      const float* sf_a = sf + (kScaleLoad == kScaleTmaKMajor ? column : 0);
+      const float* sf_a = sfa_thread + stage * Smem::kSfFloats + (kScaleLoad == kScaleTmaKMajor ? column : 0);
 #pragma unroll
       for (uint32_t w = 0; w < kNumWaves; ++w) {
-        sa[w][0] = sf_a[(w * kWaveRows + tile_row0) * Smem::kSfaRow];
-        sa[w][1] = sf_a[(w * kWaveRows + tile_row0 + 8) * Smem::kSfaRow];
+        sa[w][0] = sf_a[w * kWaveRows * Smem::kSfaRow];
+        sa[w][1] = sf_a[(w * kWaveRows + 8) * Smem::kSfaRow];
       }
     }
 #pragma unroll
