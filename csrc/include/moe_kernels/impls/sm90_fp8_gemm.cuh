@@ -356,21 +356,21 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // tiles (group ids loaded per thread too) had 32 R2UR in their two waves' K block, 1 broadcast.
   constexpr bool kBroadcastStage = kType == GemmType::kGroupedMasked || (kNumWaves > 1 && kGrouped);
 
-  // kScaleTable: the slot being read (set once its box has landed).
-  [[maybe_unused]] const float* sfa_slot = smem_sfa;
+  // The thread's first A scale, as pointers: in stage 0, and (kScaleTable) in the slot being read,
+  // set once its box has landed. Stage, wave and K-block offsets then add to them, without the
+  // 32-bit index sums (tile_row0 + stage * kSfFloats) that ptxas recomputed and scaled (IADD3 +
+  // LEA) per row and K block, unable to fold them into the loads' addresses.
+  [[maybe_unused]] const float* sfa_thread = smem_sf + tile_row0 * Smem::kSfaRow;
+  [[maybe_unused]] const float* sfa_row = smem_sfa;
   // The K block's scales from its stage (A's from the tile's table): A's two rows of the thread
   // per wave, B's two blocks (kSwiGluWide: the gate and up halves of both).
-  // The thread's first A scale in stage 0, as a pointer: stage and wave offsets then add to it
-  // without the 32-bit index sums (tile_row0 + stage * kSfFloats) that ptxas recomputed and
-  // scaled (IADD3 + LEA) per row and K block, unable to fold them into the loads' addresses.
-  [[maybe_unused]] const float* sfa_thread = smem_sf + tile_row0 * Smem::kSfaRow;
   const auto read_scales = [&](uint32_t stage, uint32_t kb, float (&sa)[kNumWaves][2], float (&sb)[2 * kNumHalves]) {
     const float* sf = smem_sf + stage * Smem::kSfFloats;
     // The K block's column in a box of 4 K blocks (TMA scale loads), else 0.
     const uint32_t column = kScaleTma ? kb % 4 : 0;
     if constexpr (kScaleTable) {
-      sa[0][0] = sfa_slot[tile_row0 * Smem::kSfaCols + kb];
-      sa[0][1] = sfa_slot[(tile_row0 + 8) * Smem::kSfaCols + kb];
+      sa[0][0] = sfa_row[kb];
+      sa[0][1] = sfa_row[8 * Smem::kSfaCols + kb];
     } else {
       const float* sf_a = sfa_thread + stage * Smem::kSfFloats + (kScaleLoad == kScaleTmaKMajor ? column : 0);
 #pragma unroll
@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // The slot of sfa_pipe once its box has landed; its release once every math warp has read it.
   [[maybe_unused]] const auto acquire_sfa = [&] {
     sfa_ring.consumer_wait(sfa_pipe);
-    sfa_slot = smem_sfa + sfa_pipe.stage * (Smem::kSfaSlot / 4);
+    sfa_row = smem_sfa + sfa_pipe.stage * (Smem::kSfaSlot / 4) + tile_row0 * Smem::kSfaCols;
   };
   [[maybe_unused]] const auto release_sfa = [&] {
     __syncwarp();
