@@ -60,8 +60,8 @@ import torch
 import kernels
 from bench_gemm import OURS_KERNELS, SHAPES, block_scaled
 from bench_grouped import NK, make_contiguous, make_masked, make_masked_fragment, output_check
-from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, env_call, env_switches, flush_mode,
-                             gap_us, output_diff, parse_env_variants, per_call_us_interleaved)
+from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, env_call, env_switches,
+                             flush_description, output_diff, parse_env_variants, per_call_us_interleaved)
 
 _OURS = OURS_KERNELS  # every kernel of our call, the copy of K-major A scales too (bench_gemm.py)
 _THEIRS = "sm90_fp8_gemm_1d2d"  # DeepGEMM's SM90 FP8 kernel (1x128 A scales, 128x128 B scales)
@@ -261,8 +261,7 @@ def main() -> int:
         if failed:
             print(f"bench_deepgemm: warm-up workers failed (index: exit status) {failed}", file=sys.stderr)
             return 1
-    print(f"L2 flush before every timed run: {flush_mode()} (MOE_BENCH_FLUSH)"
-          + (f", then {gap_us()} µs of host wait (MOE_BENCH_GAP_US)" if gap_us() else ""))
+    print(flush_description())
     print(f"{'cell':>38} | {'ours us':>8} {'call us':>8} {'diff':>8} | {'DeepGEMM':>8} {'call us':>8} {'diff':>8} | "
           f"{'speed-up':>8} | {'ours':>14} {'DeepGEMM':>14}"
           + (" | MN-major scales us  speed-up  diff" if args.mn_scales else "")

@@ -22,8 +22,8 @@ import sys
 import torch
 
 import kernels
-from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, env_call, env_switches, flush_mode,
-                             gap_us, parse_env_variants, per_call_us, per_call_us_interleaved)
+from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, env_call, env_switches,
+                             flush_description, parse_env_variants, per_call_us, per_call_us_interleaved)
 
 SHAPES = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168)]
 # Our kernel time is every kernel a call launches (the profiler's name filter matches all): the GEMM
@@ -169,8 +169,7 @@ def main() -> int:
     header = (f"{'M':>5} {'N':>6} {'K':>6} {'tile':>14} | {'ours us':>8} {'TFLOP/s':>8} {'GB/s':>7} {'call us':>8} | "
               f"{'cuBLAS':>8} {'us':>8} {'TFLOP/s':>8} {'call us':>8} | {'add_ call':>9} | {'speedup':>7} {'diff':>8} | "
               f"{'1-CTA us':>8} {'clusters':>8}" + (" | MN-major SFA us  gain     diff" if args.sfa_mn_major else "") + "".join(f" | {label} us  gain {'tile':>14} diff" for label, _ in variants))
-    print(f"L2 flush before every timed run: {flush_mode()} (MOE_BENCH_FLUSH)"
-          + (f", then {gap_us()} µs of host wait (MOE_BENCH_GAP_US)" if gap_us() else ""))
+    print(flush_description())
     print(header)
     for m in [int(x) for x in args.ms.split(",")]:
         for n, k in shapes:

@@ -76,6 +76,13 @@ def gap_us() -> int:
     return int(value)
 
 
+def flush_description() -> str:
+    """The flush and host wait that kernel timings run, as the benchmarks print them."""
+    gap = gap_us()
+    return (f"L2 flush before every timed run: {flush_mode()} (MOE_BENCH_FLUSH)"
+            + (f", then {gap} µs of host wait (MOE_BENCH_GAP_US)" if gap else ""))
+
+
 def _wait_us(us: int) -> None:
     """Spins the host for ``us`` microseconds (sleep's granularity is coarser)."""
     end = time.perf_counter() + us * 1e-6

@@ -45,7 +45,7 @@ def test_k_major_peer_columns_and_means(monkeypatch, capsys):
 
     monkeypatch.setitem(sys.modules, "deep_gemm", types.SimpleNamespace(__version__="stub", __file__="/stub/x.py"))
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(bench, "flush_mode", lambda: "read")
+    monkeypatch.setattr(bench, "flush_description", lambda: "L2 flush before every timed run: read (MOE_BENCH_FLUSH)")
 
     def make_cell(spec):
         return types.SimpleNamespace(part=spec[0], label=f"{spec[0]} {spec[1:]}", ours_mn=None, flops=1e9,
