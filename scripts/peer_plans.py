@@ -21,16 +21,15 @@ import os
 import sys
 
 kRepo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [kRepo, os.path.join(kRepo, "scripts")]
+sys.path[:0] = [kRepo, os.path.join(kRepo, "scripts"), os.path.join(kRepo, "bench")]
 
+from bench_gemm import SHAPES  # noqa: E402  (issue 3's N x K pairs)
 from deepgemm_once import add_problem_args, problem_rows  # noqa: E402  (the same problem options)
 
 kSmemCapacity = 232448  # bytes of shared memory the peer plans with
 kMaxStages = 16
 kBlockK = 128
-kDenseCells = [(m, n, k) for m in (64, 128, 4096)
-               for n, k in ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048),
-                            (576, 7168))]
+kDenseCells = [(m, n, k) for m in (64, 128, 4096) for n, k in SHAPES]
 
 
 @dataclasses.dataclass(frozen=True)
