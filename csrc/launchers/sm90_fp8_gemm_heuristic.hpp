@@ -178,8 +178,6 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   cfg.m_compiled = compile_m ? m : 0;
   cfg.n = n;
   cfg.k = k;
-  const int group_n = env_int("MOE_GEMM_GROUP_N");
-  cfg.group_n = group_n > 0 ? group_n : kGroupN;
   cfg.residual = residual;
   cfg.num_sms = num_sms;
   cfg.scale_load = scale_load;
@@ -218,6 +216,15 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
                                          multicast, split_k, max_block_m, 128, single_wave_ways);
       if (rows128.waves < t.waves) t = rows128;
     }
+    // 129-255 rows on lone CTAs: a 128-row tile's second m-block reads mostly rows past M, and such
+    // boxes cost more than whole ones (x 2112 x 7168 on 128 x 32 tiles: 14.5 us at 256 rows, 20.0 at
+    // 192, 22.5 at 160). 64-row tiles in no more waves took 0.55-0.86x the time of 128-row ones at
+    // 144, 192 and 224 x {2112, 4096, 576} x 7168 (bench/RESULTS.md, session 45).
+    if (m > 128 && m % 128 != 0 && m < 256 && multicast == 1) {
+      const Tiles rows64 = choose_tiles(fn, 1, m, n, num_sms, kMaxBlockN, stage_bytes, block_n_fits_scales,
+                                        multicast, split_k, max_block_m, 64, single_wave_ways);
+      if (rows64.waves <= t.waves) t = rows64;
+    }
     if (single_wave_ways == 0 && t.tiles * 4 < 3LL * num_sms && k / kBlockK >= kSingleWaveSplit * kSingleWaveMinKBlocks) {
       single_wave_ways = kSingleWaveSplit;
       t = choose_tiles(fn, 1, m, n, num_sms, kMaxBlockN, stage_bytes, block_n_fits_scales, multicast, split_k,
@@ -253,6 +260,17 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   cfg.multicast = share_b ? 2 : cluster_a;
   cfg.share_b = share_b ? 1 : 0;
   if (share_b) single_wave_ways = 0;
+  // The scheduler's bands: kGroupN n-blocks, for L2 reuse between waves. A dense single wave of
+  // lone CTAs over several m-blocks walks bands of one n-block instead, so the CTAs reading one B
+  // tile are neighbours in launch order: 0.82-0.86x the time of 8-wide bands at 128 x 4096 x 7168
+  // and 0.88-0.91x at 128 x 2112 x 7168 (64-row tiles, two m-blocks; five processes on an H100),
+  // level at 256 rows (128-row tiles), at 4096 x 576 x 7168 and at 64 rows (one m-block). Clusters
+  // and several waves keep the bands: one n-block took 1.07x at 128 x 7168 x 16384 (clusters) and
+  // 1.08x at 4096 x 32768 x 512 (bench/RESULTS.md, session 45). MOE_GEMM_GROUP_N=<n> overrides.
+  const int group_n = env_int("MOE_GEMM_GROUP_N");
+  const bool lone_single_wave = type == GemmType::kNormal && cfg.multicast == 1 && cfg.one_wave(m) &&
+                                m > t.block_m;
+  cfg.group_n = group_n > 0 ? group_n : lone_single_wave ? 1 : kGroupN;
   // The table: one slot where no CTA runs a second tile, else two, so the next tile's fills while
   // this one's is read.
   const int table_slots = cfg.one_wave(m) ? 1 : 2;

@@ -131,12 +131,13 @@ def test_split_k_of_a_single_wave(m, n, k, block_n, ways, tiles, splits, grid, m
 def test_small_m_rows_and_single_wave_split(m, n, k, monkeypatch):
     """65 to 128 rows take one 128-row m-block where it needs fewer waves than two 64-row ones (wide
     N), else 64; whole tiles leaving over a quarter of the SMs idle (N = 576 up to 256 rows) split
-    over K into 4 units, not inside a CUDA graph capture (no workspace) nor with MOE_GEMM_SPLIT_K=1."""
+    over K into 4 units, not inside a CUDA graph capture (no workspace) nor with MOE_GEMM_SPLIT_K=1.
+    At 129 rows N = 576 takes 108 whole 64 x 16 tiles instead (test_64_row_tiles_where_...)."""
     native = kernels.jit.native_module()
     cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
     if 64 < m <= 128:
         assert cfg["block_m"] == (128 if (n, k) in {(24576, 1536), (32768, 512)} else 64), cfg
-    split = n == 576 and m <= 256
+    split = n == 576 and m <= 256 and m != 129
     assert cfg["tail_splits"] == (4 if split else 1), cfg
     whole = native.fp8_gemm_nt_config(m, n, k, H200_SMS, split_workspace=False)
     assert whole["tail_splits"] == 1
@@ -593,3 +594,46 @@ def test_wg_store_where_legal_unless_turned_off(monkeypatch):
     for name, (args, expected) in cases.items():
         cfg = native.fp8_gemm_nt_config(*args)
         assert cfg["wg_store"] == expected, (name, cfg)
+
+
+@pytest.mark.parametrize("m,n,k,group_n", [
+    (128, 4096, 7168, 1),     # 64 x 64 tiles, two m-blocks, one wave of lone CTAs
+    (128, 2112, 7168, 1),     # 132 tiles: exactly one wave
+    (256, 4096, 7168, 1),     # 128-row tiles, two m-blocks
+    (64, 4096, 7168, 8),      # one m-block: the order is the same either way
+    (128, 7168, 16384, 8),    # clusters of two CTAs sharing A
+    (4096, 32768, 512, 8),    # several waves: bands for L2 reuse between them
+    (4096, 2112, 7168, 8),
+])
+def test_one_n_block_bands_for_a_single_wave_of_lone_ctas(m, n, k, group_n, monkeypatch):
+    """The scheduler's band width: one n-block where every tile of several m-blocks runs at once on
+    lone CTAs (the CTAs reading one B tile adjacent), kGroupN = 8 with clusters or several waves;
+    MOE_GEMM_GROUP_N overrides either."""
+    native = kernels.jit.native_module()
+    for name in ("MOE_GEMM_GROUP_N", "MOE_FP8_MULTICAST", "MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=1)
+    assert cfg["group_n"] == group_n, cfg
+    assert (cfg["multicast"] == 1 and cfg["num_tiles"] <= H200_SMS and m > cfg["block_m"]) == (group_n == 1), cfg
+    monkeypatch.setenv("MOE_GEMM_GROUP_N", "4")
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=1)["group_n"] == 4
+
+
+@pytest.mark.parametrize("m,n,k,block_m", [
+    (144, 2112, 7168, 64), (192, 4096, 7168, 64), (224, 576, 7168, 64), (255, 2112, 7168, 64),
+    (129, 4096, 7168, 64),
+    (256, 2112, 7168, 128),     # whole 128-row m-blocks
+    (192, 7168, 16384, 128),    # clusters sharing A
+    (192, 24576, 1536, 128),    # 64-row tiles would take another wave
+])
+def test_64_row_tiles_where_a_128_row_tile_would_mostly_lie_past_m(m, n, k, block_m, monkeypatch):
+    """129-255 rows not a multiple of 128 on lone CTAs: 64-row tiles where they take no more waves,
+    instead of a second 128-row m-block that mostly lies past M."""
+    for name in ("MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_MULTICAST", "MOE_GEMM_TAIL_SPLIT"):
+        monkeypatch.delenv(name, raising=False)
+    native = kernels.jit.native_module()
+    for scale_load in (-1, 1):
+        cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
+        assert cfg["block_m"] == block_m, cfg
+        if block_m == 64:
+            assert cfg["num_tiles"] <= H200_SMS and cfg["multicast"] == 1, cfg

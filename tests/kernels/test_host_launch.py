@@ -48,7 +48,7 @@ out["first"] = encodes_of(lambda: dense(m, n, k))
 out["repeat"] = encodes_of(lambda: dense(m, n, k))
 out["new_d"] = encodes_of(lambda: dense(m, n, k, d=D + 4096))
 out["back_to_d"] = encodes_of(lambda: dense(m, n, k))
-out["new_rows"] = encodes_of(lambda: dense(m + 8, n, k))
+out["new_rows"] = encodes_of(lambda: dense(m - 8, n, k))  # the same plan (tiles, boxes)
 launches = rec.launches()
 out["repeats"] = [encodes_of(lambda: dense(m, n, k)) for _ in range(2)]
 out["launches"] = rec.launches() - launches
@@ -82,9 +82,9 @@ out["model_repeat"] = encodes_of(layers)
 # MOE_FP8_SCALE_TMA=0, read by the memoized plan: a new row count encodes A and D only (the scales
 # are gathered), with the gathering plan's shared memory.
 os.environ["MOE_FP8_SCALE_TMA"] = "0"
-out["gather_encodes"] = encodes_of(lambda: dense(m + 16, n, k))
+out["gather_encodes"] = encodes_of(lambda: dense(m - 16, n, k))
 out["gather_smem"] = [rec.last_launch().smem_bytes,
-                      native.fp8_gemm_nt_config(m + 16, n, k, 132, split_workspace=False, scale_load=0)["smem_bytes"]]
+                      native.fp8_gemm_nt_config(m - 16, n, k, 132, split_workspace=False, scale_load=0)["smem_bytes"]]
 del os.environ["MOE_FP8_SCALE_TMA"]
 dense(m, n, k)
 out["pdl_default"] = rec.last_launch().pdl
