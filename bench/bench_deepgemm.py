@@ -22,7 +22,9 @@ which DeepGEMM would transpose in a kernel of its own.
 
 ``--variant NAME=VALUE[,...]`` (repeatable) also times our FP8 call with those environment switches
 set (with ``--mn-scales``: the call on MN-major scales, where the cell has one), its output
-checked, as a ratio to DeepGEMM's time. A cell whose output on either side is off
+checked, as a ratio to DeepGEMM's time. Where a dense cell's variant plans the same kernel as ours (or
+as an earlier variant), its column reads "same plan" and it is not timed: a kernel timed right after
+itself reads faster (``kernels.testing.repeated_plans``). A cell whose output on either side is off
 (calc_diff over 1e-3; ours 2e-3 for FP4) is named at the end and left out of the means, and the
 run exits 1.
 
@@ -61,7 +63,8 @@ import kernels
 from bench_gemm import OURS_KERNELS, SHAPES, block_scaled
 from bench_grouped import NK, make_contiguous, make_masked, make_masked_fragment, output_check
 from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, env_call, env_switches,
-                             flush_description, output_diff, parse_env_variants, per_call_us_interleaved)
+                             flush_description, output_diff, parse_env_variants, per_call_us_interleaved,
+                             repeated_plans)
 
 _OURS = OURS_KERNELS  # every kernel of our call, the copy of K-major A scales too (bench_gemm.py)
 _THEIRS = "sm90_fp8_gemm_1d2d"  # DeepGEMM's SM90 FP8 kernel (1x128 A scales, 128x128 B scales)
@@ -92,6 +95,7 @@ class Cell:
     ours_kernel: str = _OURS
     ours_mn: Callable[[], None] | None = None  # ours on DeepGEMM's MN-major A scales, writing ours_out
     theirs_k: Callable[[], None] | None = None  # DeepGEMM on our K-major A scales, writing theirs_out
+    plan: Callable[[bool], dict] | None = None  # our call's plan (True: on MN-major A scales); dense only
 
 
 def cell_specs(ms: list[int], parts: list[str]) -> list[tuple]:
@@ -122,7 +126,9 @@ def make_cell(spec: tuple) -> Cell:
         return Cell(part, f"{m} x {n} x {k}", lambda: kernels.fp8_gemm_nt(a, b, d_ours),
                     lambda: deep_gemm.fp8_gemm_nt(a_dg, b, d_theirs), d_ours, d_theirs, check, check,
                     2 * m * n * k, n * k, n * k, ours_mn=lambda: kernels.fp8_gemm_nt(a_dg, b, d_ours),
-                    theirs_k=lambda: deep_gemm.fp8_gemm_nt(a, b, d_theirs))
+                    theirs_k=lambda: deep_gemm.fp8_gemm_nt(a, b, d_theirs),
+                    plan=lambda mn: kernels.jit.native_module().fp8_gemm_nt_config(
+                        m, n, k, kernels.jit.get_num_sms(), scale_load=1 if mn else -1))
     groups, rows, n, k = spec[1:]
     if part == "contiguous":
         problem = make_contiguous("fp8", groups, rows, n, k)
@@ -184,24 +190,32 @@ def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]], mn_scales: b
     checked = []  # (key, call, kernel name, output, check)
     checked.append(("ours", cell.ours, cell.ours_kernel, cell.ours_out, cell.check_ours))
     checked.append(("theirs", cell.theirs, _THEIRS, cell.theirs_out, cell.check_theirs))
-    if mn_scales and cell.ours_mn is not None:  # FP4 cells have no FP8 twin: no column, as for variants
+    on_mn = mn_scales and cell.ours_mn is not None  # FP4 cells have no FP8 twin: no column, as for variants
+    if on_mn:
         checked.append(("MN-major scales", cell.ours_mn, cell.ours_kernel, cell.ours_out, cell.check_ours))
     # The switches are the FP8 kernels'; FP4 cells run another kernel. With --mn-scales they switch
     # the call on MN-major scales (the same bytes as DeepGEMM's), where a cell has one.
-    variant_call = cell.ours_mn if mn_scales and cell.ours_mn is not None else cell.ours
-    for label, env in (variants if cell.part != "fp4" else []):
-        checked.append((label, env_call(variant_call, **env), cell.ours_kernel, cell.ours_out, cell.check_ours))
+    variant_call = cell.ours_mn if on_mn else cell.ours
+    variants = variants if cell.part != "fp4" else []
+    # A variant that plans the default's kernel (or an earlier variant's) is not timed (repeated_plans).
+    repeated = repeated_plans(lambda: cell.plan(on_mn), variants) if cell.plan else [False] * len(variants)
+    for (label, env), same in zip(variants, repeated):
+        if not same:
+            checked.append((label, env_call(variant_call, **env), cell.ours_kernel, cell.ours_out, cell.check_ours))
     if theirs_k_major and cell.theirs_k is not None:  # every kernel of DeepGEMM's call: its transpose too
         checked.append(("theirs_k", cell.theirs_k, "", cell.theirs_out, cell.check_theirs))
     diffs = [output_diff(call, out, check) for _, call, _, out, check in checked]
     timings = bench_kineto_interleaved([(call, kernel) for _, call, kernel, _, _ in checked])
     us = [t.median_s * 1e6 for t in timings]
     row = {"ours_us": us[0], "ours_diff": diffs[0], "theirs_us": us[1], "theirs_diff": diffs[1], "variants": []}
-    for (key, *_), t, diff in zip(checked[2:], us[2:], diffs[2:]):
-        if key == "theirs_k":
-            row["theirs_k_us"], row["theirs_k_diff"] = t, diff
-        else:
-            row["variants"].append((key, t, diff))
+    timed = iter(zip(checked[2:], us[2:], diffs[2:]))  # MN-major, the timed variants, theirs_k, in order
+    if on_mn:
+        (key, *_), t, diff = next(timed)
+        row["variants"].append((key, t, diff))
+    for (label, _), same in zip(variants, repeated):  # a repeated plan's column: (label, None, None)
+        row["variants"].append((label, None, None) if same else (label, *next(timed)[1:]))
+    for _, t, diff in timed:
+        row["theirs_k_us"], row["theirs_k_diff"] = t, diff
     # Both calls sampled in turn, under the same state of the machine (per_call_us_interleaved).
     row["ours_call_us"], row["theirs_call_us"] = per_call_us_interleaved([cell.ours, cell.theirs])
     if write_flush:  # every call once more after the memset flush, for the record of the flush's cost
@@ -284,7 +298,7 @@ def main() -> int:
         # A wrong output on either side keeps the cell out of the means (NaN fails the comparison too).
         if not (row["ours_diff"] < _MAX_DIFF[cell.part] and row["theirs_diff"] < 1e-3
                 and row.get("theirs_k_diff", 0.0) < 1e-3
-                and all(diff < _MAX_DIFF[cell.part] for _, _, diff in row["variants"])):
+                and all(diff is None or diff < _MAX_DIFF[cell.part] for _, _, diff in row["variants"])):
             bad.append(cell.label)
         else:
             ratios.setdefault(cell.part, []).append(speedup)
@@ -293,7 +307,8 @@ def main() -> int:
             if "theirs_k_us" in row:
                 k_major_ratios.setdefault(cell.part, []).append(row["theirs_k_us"] / row["ours_us"])
                 for label, us, _ in row["variants"][len(row["variants"]) - len(variants):]:
-                    k_major_variant_ratios.setdefault((cell.part, label), []).append(row["theirs_k_us"] / us)
+                    if us is not None:
+                        k_major_variant_ratios.setdefault((cell.part, label), []).append(row["theirs_k_us"] / us)
             if "write" in row:
                 write_ratios.setdefault(cell.part, []).append(row["write"][1] / row["write"][0])
                 if len(row["write"]) > 2:
@@ -303,12 +318,14 @@ def main() -> int:
                      ((cell.ours_weight_bytes, row["ours_us"]), (cell.theirs_weight_bytes, row["theirs_us"]))]
         else:
             rates = [f"{cell.flops / us / 1e6:>6.0f} TFLOP/s" for us in (row["ours_us"], row["theirs_us"])]
-        extra = "".join(f" | {us:>{len(label) + 3}.1f} {row['theirs_us'] / us:>8.2f}x {diff:.0e}"
+        extra = "".join(f" | {us:>{len(label) + 3}.1f} {row['theirs_us'] / us:>8.2f}x {diff:.0e}" if us is not None
+                        else f" | {'same plan':>{len(label) + 3}} {'-':>9} {'-':>5}"
                         for label, us, diff in row["variants"])
         if "theirs_k_us" in row:  # and each variant of ours against it (DeepGEMM's K-major call)
             k_us = row["theirs_k_us"]
             extra += f" | {k_us:>19.1f} {k_us / row['ours_us']:>8.2f}x {row['theirs_k_diff']:.0e}" + "".join(
-                f" {k_us / us:>{len(label) + 9}.2f}x" for label, us, _ in row["variants"][len(row["variants"]) - len(variants):])
+                f" {k_us / us:>{len(label) + 9}.2f}x" if us is not None else f" {'-':>{len(label) + 10}}"
+                for label, us, _ in row["variants"][len(row["variants"]) - len(variants):])
         elif args.theirs_k_major:  # a cell without that call (FP4): the columns stay aligned
             extra += f" | {'-':>19} {'-':>9} {'-':>5}" + "".join(f" {'-':>{len(label) + 10}}" for label, _ in variants)
         if "write" in row:

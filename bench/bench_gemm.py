@@ -10,7 +10,9 @@ call from Python on an idle stream for both. Where our heuristic runs 2-CTA clus
 (TMA multicast), the same call with them off (``MOE_FP8_MULTICAST=0``) is timed too:
 "1-CTA us" and the clusters' speed-up over it. ``--variant NAME=VALUE[,NAME=VALUE...]`` (repeatable) also
 times each call with those environment switches set, e.g. ``--variant MOE_FP8_SCALE_WARPS=1`` (one
-scale warp instead of three): "NAME=VALUE us" and our default's speed-up over it.
+scale warp instead of three): "NAME=VALUE us" and our default's speed-up over it. A variant that
+plans our default's kernel (or an earlier variant's) reads "same plan" and is not timed: timed next
+to itself a kernel reads faster (``kernels.testing.repeated_plans``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 
 import kernels
 from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, env_call, env_switches,
-                             flush_description, parse_env_variants, per_call_us, per_call_us_interleaved)
+                             flush_description, parse_env_variants, per_call_us, per_call_us_interleaved,
+                             repeated_plans)
 
 SHAPES = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168)]
 # Our kernel time is every kernel a call launches (the profiler's name filter matches all): the GEMM
@@ -190,15 +193,20 @@ def main() -> int:
             # vary (sm90_xmma, cutlass, nvjet): every kernel of its call counts. The same call with
             # the 2-CTA clusters off (MOE_FP8_MULTICAST=0) where they would be on, each variant, and
             # with --sfa-mn-major the call on MN-major A scales.
-            multicast = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())["multicast"] > 1
+            # A variant planning the default's kernel (or an earlier variant's) is not timed: its column
+            # reads "same plan" (kernels.testing.repeated_plans).
+            plan = lambda: kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())  # noqa: E731
+            multicast = plan()["multicast"] > 1
+            repeated = repeated_plans(plan, variants)
+            distinct = [(label, env) for (label, env), same in zip(variants, repeated) if not same]
             timed = [(ours, OURS_KERNELS), (theirs, "")]
             timed += [(env_call(ours, MOE_FP8_MULTICAST="0"), OURS_KERNELS)] if multicast else []
-            timed += [(env_call(ours, **env), OURS_KERNELS) for _, env in variants]
+            timed += [(env_call(ours, **env), OURS_KERNELS) for _, env in distinct]
             timed += [(ours_mn, OURS_KERNELS)] if args.sfa_mn_major else []
             seconds = [timing.median_s for timing in bench_kineto_interleaved(timed)]
             t, t_ref = seconds[0], seconds[1]
             single_us = seconds[2] * 1e6 if multicast else None
-            variant_us = {label: us * 1e6 for (label, _), us in zip(variants, seconds[2 + multicast:])}
+            variant_us = {label: us * 1e6 for (label, _), us in zip(distinct, seconds[2 + multicast:])}
             # Ours, cuBLAS's and a bare torch launch's calls sampled in turn, under the same state.
             call, call_ref, call_bare = per_call_us_interleaved([ours, theirs, lambda: bare.add_(0)])
             flops = 2 * m * n * k
@@ -215,7 +223,11 @@ def main() -> int:
                 mn_us = seconds[-1] * 1e6
                 row["sfa_mn_us"], row["sfa_mn_diff"] = mn_us, mn_diff
                 extra += f" | {mn_us:>15.1f} {mn_us / row['us']:>5.2f}x {mn_diff:.0e}"
-            for label, env in variants:
+            for (label, env), same in zip(variants, repeated):
+                if same:
+                    row[f"{label}_us"] = row[f"{label}_tile"] = row[f"{label}_diff"] = None
+                    extra += f" | {'same plan':>{len(label) + 3}} {'-':>6} {'-':>14} {'-':>5}"
+                    continue
                 d.fill_(float("nan"))
                 with env_switches(**env):
                     ours()

@@ -249,7 +249,9 @@ def _profiled(runs: Sequence[Callable[[], object]], flush: _L2Flush | None) -> l
 
 def interleaved_order(num_calls: int, rounds: int) -> list[int]:
     """Which call each run of an interleaved profile makes: every call once per round, the order
-    rotated by one each round, so no call always runs first after the flush of a previous call."""
+    rotated by one each round, so no call always runs first after the flush of a previous call. Call i
+    still runs right after call i - 1 in all but one run per round: two calls of one kernel side by
+    side favour the second (repeated_plans)."""
     return [(r + j) % num_calls for r in range(rounds) for j in range(num_calls)]
 
 
@@ -353,6 +355,22 @@ def parse_env_variants(values: list[str]) -> list[tuple[str, dict[str, str]]]:
             raise ValueError(f"--variant takes NAME=VALUE[,NAME=VALUE...], got {v!r}")
         variants.append((v, dict(pairs)))
     return variants
+
+
+def repeated_plans(plan: Callable[[], object], variants: Sequence[tuple[str, dict[str, str]]]) -> list[bool]:
+    """For each (label, env) of ``variants``: whether ``plan()`` under its env (env_switches) equals the
+    plan without it or under an earlier variant. A benchmark leaves such a variant untimed: its call runs
+    the same kernel, and in an interleaved profile a kernel timed right after itself read 0.3-0.8 µs
+    faster at 8-15 µs cells (bench/RESULTS.md, session 45), a gain that is not the variant's."""
+    seen = [plan()]
+    repeated = []
+    for _, env in variants:
+        with env_switches(**env):
+            p = plan()
+        repeated.append(p in seen)
+        if p not in seen:
+            seen.append(p)
+    return repeated
 
 
 def output_diff(fn: Callable[[], object], out: torch.Tensor, check: Callable[[torch.Tensor], float]) -> float:

@@ -88,7 +88,8 @@ def test_measure_times_every_column_in_one_interleaved_profile(monkeypatch):
 
     cell = types.SimpleNamespace(part="dense", ours=call("ours"), theirs=call("theirs"), ours_mn=call("mn"),
                                  theirs_k=call("theirs_k"), ours_kernel="", ours_out=torch.zeros(2),
-                                 theirs_out=torch.zeros(2), check_ours=lambda out: 1e-4, check_theirs=lambda out: 2e-4)
+                                 theirs_out=torch.zeros(2), check_ours=lambda out: 1e-4, check_theirs=lambda out: 2e-4,
+                                 plan=None)
     timed = []
 
     def interleaved(pairs):
@@ -110,3 +111,47 @@ def test_measure_times_every_column_in_one_interleaved_profile(monkeypatch):
     assert (row["ours_diff"], row["theirs_diff"], row["theirs_k_diff"]) == (1e-4, 2e-4, 2e-4)
     assert (row["ours_call_us"], row["theirs_call_us"]) == (20.0, 30.0)
     assert "MOE_TEST_SWITCH" not in os.environ
+
+
+def test_variants_planning_a_repeated_kernel_are_not_timed(monkeypatch, capsys):
+    """A variant whose plan is the default's, or an earlier variant's, is neither checked nor timed (its
+    kernel would run right after itself), and its column reads "same plan", left out of the means;
+    the other columns keep their timings. Stand-in cell, plans and timings (no GPU, no DeepGEMM)."""
+    import os
+    import types
+
+    import torch
+
+    calls = []
+
+    def call(name):
+        return lambda: calls.append((name, os.environ.get("MOE_TEST_SWITCH")))
+
+    cell = types.SimpleNamespace(part="dense", ours=call("ours"), theirs=call("theirs"), ours_mn=call("mn"),
+                                 theirs_k=None, ours_kernel="", ours_out=torch.zeros(2), theirs_out=torch.zeros(2),
+                                 check_ours=lambda out: 1e-4, check_theirs=lambda out: 2e-4,
+                                 plan=lambda mn: {"mn": mn, "switch": os.environ.get("MOE_TEST_SWITCH") == "1"})
+    monkeypatch.setattr(bench, "bench_kineto_interleaved",
+                        lambda pairs: [types.SimpleNamespace(median_s=(i + 1) * 1e-6) for i in range(len(pairs))])
+    monkeypatch.setattr(bench, "per_call_us_interleaved", lambda fns: [20.0, 30.0])
+    variants = [("A", {"MOE_TEST_SWITCH": "0"}), ("B", {"MOE_TEST_SWITCH": "1"}),
+                ("C", {"MOE_TEST_SWITCH": "1", "MOE_TEST_OTHER": "2"})]
+    row = bench.measure(cell, variants, mn_scales=True, write_flush=False)
+    assert calls == [("ours", None), ("theirs", None), ("mn", None), ("mn", "1")]
+    assert [(label, us and round(us, 6), diff) for label, us, diff in row["variants"]] == [
+        ("MN-major scales", 3.0, 1e-4), ("A", None, None), ("B", 4.0, 1e-4), ("C", None, None)]
+
+    monkeypatch.setitem(sys.modules, "deep_gemm", types.SimpleNamespace(__version__="stub", __file__="/stub/x.py"))
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "flush_description", lambda: "flush")
+    monkeypatch.setattr(bench, "make_cell", lambda spec: types.SimpleNamespace(
+        part="dense", label="dense cell", ours_mn=None, flops=1e9, ours_weight_bytes=1e6, theirs_weight_bytes=1e6))
+    monkeypatch.setattr(bench, "measure", lambda *args, **kwargs: row)
+    monkeypatch.setattr(sys, "argv", ["bench_deepgemm.py", "--parts", "dense", "--ms", "64", "--nk", "2112x7168",
+                                      "--warm-workers", "0", "--mn-scales", "--variant", "MOE_TEST_SWITCH=0",
+                                      "--variant", "MOE_TEST_SWITCH=1", "--variant",
+                                      "MOE_TEST_SWITCH=1,MOE_TEST_OTHER=2"])
+    assert bench.main() == 0
+    out = capsys.readouterr().out
+    header, line = [s for s in out.splitlines() if s.strip().startswith(("cell", "dense cell"))]
+    assert line.count("same plan") == 2 and line.count("|") == header.count("|"), (header, line)

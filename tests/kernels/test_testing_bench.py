@@ -223,3 +223,17 @@ def test_gpu_bench_kineto_interleaved_times_each_call_from_one_profile():
     assert [t.num_runs for t in timings] == [10, 10]
     assert [t.kernels_per_run for t in timings] == [1, 1]
     assert 0 < timings[0].median_s < timings[1].median_s
+
+
+def test_repeated_plans_flags_a_variant_planning_a_kernel_already_seen(monkeypatch):
+    """A variant repeats when its plan (under its switches) is the default's or an earlier variant's;
+    the switches are gone afterwards."""
+    from kernels.testing import repeated_plans
+
+    monkeypatch.delenv("MOE_TEST_BAND", raising=False)
+    plan = lambda: {"band": int(os.environ.get("MOE_TEST_BAND", "8"))}  # noqa: E731
+    variants = [("8", {"MOE_TEST_BAND": "8"}), ("1", {"MOE_TEST_BAND": "1"}), ("1 again", {"MOE_TEST_BAND": "1"}),
+                ("4", {"MOE_TEST_BAND": "4"})]
+    assert repeated_plans(plan, variants) == [True, False, True, False]
+    assert "MOE_TEST_BAND" not in os.environ
+    assert repeated_plans(plan, []) == []
