@@ -114,8 +114,9 @@ inline GeneratedKernel generate(const Config& c) {
      << ", " << (c.wg_store ? "true" : "false");
   // The table's slots (and the K blocks that size them): template arguments of their own, left out
   // for every other scale load, whose kernels' code stays as it was.
-  if (c.table_slots > 0 || c.swiglu) os << ", " << c.table_slots;
-  if (c.swiglu) os << ", true";
+  if (c.table_slots > 0 || c.swiglu || c.sfa_multicast) os << ", " << c.table_slots;
+  if (c.swiglu || c.sfa_multicast) os << ", " << (c.swiglu ? "true" : "false");
+  if (c.sfa_multicast) os << ", true";
   const std::string table =
       c.table_slots > 0 ? ", " + std::to_string(c.k / kBlockK) + ", " + std::to_string(c.table_slots)
       : c.swiglu       ? ", 0, 0, false"
@@ -132,11 +133,12 @@ inline GeneratedKernel generate(const Config& c) {
 // The compiled kernel of a plan on a device: from the memo, compiled (or loaded from the disk cache)
 // on the first call.
 inline std::shared_ptr<const moe_jit::CompiledKernel> kernel_of(const Config& c, int device) {
-  static moe_jit::KernelMemo<std::array<int, 22>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 22> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 23>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 23> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
                                    c.scale_warps, c.pingpong, c.pdl, c.k_unroll, static_cast<int>(c.scale_load),
-                                   c.overlap, c.share_b, c.wg_store, c.table_slots, c.swiglu, device};
+                                   c.overlap, c.share_b, c.wg_store, c.table_slots, c.swiglu, c.sfa_multicast,
+                                   device};
   return sm90_kernel(memo, key, c.fn, device, [&] { return generate(c); });
 }
 
@@ -186,8 +188,10 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
     const std::uint64_t kb = static_cast<std::uint64_t>(c.k / kBlockK);
     const std::uint64_t sfb_rows = static_cast<std::uint64_t>(sfb_rows_per_group(a, c.n)) * a.num_groups;
     if (c.scale_load == moe_kernels::kScaleTmaMnMajor) {
+      // sfa_multicast: each CTA of the cluster loads its share of the box's rows.
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows_a, kb,
-                         tma_row_stride(kb, a.sfa_stride_k, rows_a), c.block_m, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
+                         tma_row_stride(kb, a.sfa_stride_k, rows_a), c.block_m / (c.sfa_multicast ? c.multicast : 1),
+                         1, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
     } else {
       // K-major: boxes of 4 K blocks, or a table's every K block (its columns past K read as zeros
       // and are never used).

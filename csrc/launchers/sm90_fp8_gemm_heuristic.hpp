@@ -43,6 +43,7 @@ struct Config {
   int k_unroll = 1;     // the math warpgroups' K loop unrolled this many times
   int overlap = 0;      // 1: block M 64 issues the next K block's wgmmas before it promotes (kOverlap)
   int wg_store = 0;     // 1: each math warpgroup runs its own epilogue, D stored in 64-row boxes (kWgStore)
+  int sfa_multicast = 0;  // 1: A-sharing clusters multicast A's MN-major scale box, half from each CTA
   int sfa_copy = 0;     // 1: A's scales are copied MN-major into the workspace first, the launch planned on them
   int table_slots = 0;  // kScaleTmaKMajorTable's slots (1: no CTA runs a second tile; else 2), 0 otherwise
   bool tail_split_on = true;  // MOE_GEMM_TAIL_SPLIT when planned (the plan is redone when it changes)
@@ -271,6 +272,14 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   const bool lone_single_wave = type == GemmType::kNormal && cfg.multicast == 1 && cfg.one_wave(m) &&
                                 m > t.block_m;
   cfg.group_n = group_n > 0 ? group_n : lone_single_wave ? 1 : kGroupN;
+  // A-sharing clusters on MN-major A scales: each CTA loads half of the scale box and multicasts it,
+  // as it does A's rows (DeepGEMM multicasts its box from one CTA). Each CTA loading the whole box
+  // read 1.8M of the 2.5M L2 sectors ours read beyond DeepGEMM's at 4096 x 7168 x 16384 (ncu,
+  // bench/RESULTS.md, session 44). MOE_FP8_SFA_MULTICAST=1 turns it on: not yet timed on a GPU.
+  cfg.sfa_multicast = cfg.multicast > 1 && !share_b && scale_load == moe_kernels::kScaleTmaMnMajor &&
+                              env_int("MOE_FP8_SFA_MULTICAST") == 1
+                          ? 1
+                          : 0;
   // The table: one slot where no CTA runs a second tile, else two, so the next tile's fills while
   // this one's is read.
   const int table_slots = cfg.one_wave(m) ? 1 : 2;

@@ -637,3 +637,23 @@ def test_64_row_tiles_where_a_128_row_tile_would_mostly_lie_past_m(m, n, k, bloc
         assert cfg["block_m"] == block_m, cfg
         if block_m == 64:
             assert cfg["num_tiles"] <= H200_SMS and cfg["multicast"] == 1, cfg
+
+
+@pytest.mark.parametrize("m,n,k,scale_load,expected", [
+    (4096, 7168, 16384, 1, 1),     # 256-row tiles in clusters sharing A, MN-major scales
+    (128, 7168, 16384, 1, 1),
+    (4096, 7168, 16384, -1, 0),    # K-major scales (copied MN-major first: the copy's plan is asked apart)
+    (128, 4096, 7168, 1, 0),       # lone CTAs
+    (4096, 2112, 7168, 1, 0),      # no clusters
+])
+def test_a_scale_multicast_only_where_asked_in_a_sharing_clusters(m, n, k, scale_load, expected, monkeypatch):
+    """MOE_FP8_SFA_MULTICAST=1 (opt-in until timed): clusters sharing A on MN-major scales multicast
+    the A-scale box; everything else, and the default, load it whole in each CTA."""
+    for name in ("MOE_FP8_MULTICAST", "MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_SFA_MULTICAST"):
+        monkeypatch.delenv(name, raising=False)
+    native = kernels.jit.native_module()
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)["sfa_multicast"] == 0
+    monkeypatch.setenv("MOE_FP8_SFA_MULTICAST", "1")
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
+    assert cfg["sfa_multicast"] == expected, cfg
+    assert not expected or (cfg["multicast"] == 2 and cfg["share_b"] == 0), cfg

@@ -52,6 +52,43 @@ def test_gpu_clusters_sharing_b_match_single_ctas(m, n, k, seed, monkeypatch):
     assert torch.equal(outputs["b"], outputs["0"])
 
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,env", [
+    (4096, 7168, 16384, {}),                                                   # 256 x 128 tiles
+    (128, 7168, 16384, {}),                                                    # 64-row tiles
+    (1025, 7168, 2048, {}),                                                    # a partial m-block
+    (1, 2112, 7168, {"MOE_FP8_MULTICAST": "2"}),                               # the second CTA's half past M
+    (33, 576, 7168, {"MOE_FP8_MULTICAST": "2"}),
+    (4096, 2112, 16384, {"MOE_GEMM_BLOCK_M": "256", "MOE_FP8_MULTICAST": "2"}),  # a split tail
+])
+def test_gpu_sfa_multicast_matches_whole_scale_boxes(m, n, k, env, seed, monkeypatch):
+    """MOE_FP8_SFA_MULTICAST=1: in clusters sharing A on MN-major A scales each CTA loads half of the
+    A-scale box for both; D bit for bit that of whole boxes in each CTA, NaN-poisoned, with and
+    without a residual C."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    native = kernels.jit.native_module()
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    a_mn = (a_fp8[0], kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]))
+    c = torch.randn(m, n, device="cuda")
+    outputs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("MOE_FP8_SFA_MULTICAST", flag)
+        cfg = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), scale_load=1)
+        assert (cfg["multicast"], cfg["share_b"], cfg["sfa_multicast"]) == (2, 0, int(flag)), cfg
+        d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        with_c = torch.full_like(d, float("nan"))
+        kernels.fp8_gemm_nt(a_mn, b_fp8, d)
+        kernels.fp8_gemm_nt(a_mn, b_fp8, with_c, c=c)
+        outputs[flag] = (d, with_c)
+    torch.cuda.synchronize()
+    d, with_c = outputs["1"]
+    assert torch.isfinite(d).all() and torch.isfinite(with_c).all(), "output not fully written"
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+    assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
+    assert torch.equal(d, outputs["0"][0]) and torch.equal(with_c, outputs["0"][1])
+
 def scale_load(m, n, k, sfa, sfb) -> str:
     return kernels.jit.native_module().fp8_gemm_scale_load(0, m, n, k, 1, sfa.data_ptr(), *sfa.stride(),
                                                              sfb.data_ptr(), 0, *sfb.stride())

@@ -582,3 +582,21 @@ def test_fp8_gemm_behind_the_copy_waits_before_its_first_tma_load(m, n, k, gemm_
     for instruction in ("QGMMA", "UTMASTG", "USETMAXREG", "PREEXIT"):
         assert instruction in code, instruction
     assert "LDL" not in code and "STL" not in code, "register spills"
+
+
+@pytest.mark.parametrize("m,n,k", [(4096, 7168, 16384), (128, 7168, 16384)])
+def test_fp8_gemm_clusters_multicast_a_scales_where_asked(m, n, k, monkeypatch):
+    """MOE_FP8_SFA_MULTICAST=1 on MN-major A scales in clusters sharing A: the A-scale box is
+    multicast too (twice the MULTICAST loads of the plan without it, as many loads), no spills."""
+    native = kernels.jit.native_module()
+    counts = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("MOE_FP8_SFA_MULTICAST", flag)
+        args = (m, n, k, H200_SMS, False, -1, 0, 1, 128, True, 1)
+        cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=1)
+        assert (cfg["multicast"], cfg["share_b"], cfg["sfa_multicast"]) == (2, 0, int(flag)), cfg
+        code = sass(*native.fp8_gemm_nt_code(*args))
+        assert "LDL" not in code and "STL" not in code, "register spills"
+        loads = [line for line in code.splitlines() if "UTMALDG" in line]
+        counts[flag] = (len(loads), sum("MULTICAST" in line for line in loads))
+    assert counts["1"] == (counts["0"][0], 2 * counts["0"][1]), counts

@@ -50,7 +50,7 @@ template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, u
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
           uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false, bool kWgStore = false,
-          uint32_t kTableSlots = 0, bool kSwiGlu = false>
+          uint32_t kTableSlots = 0, bool kSwiGlu = false, bool kSfaMulticast = false>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -158,6 +158,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                 "SwiGLU epilogue: tiles of block N 128 or 256, one wave, without overlap, residual or clusters "
                 "sharing A, N a multiple of 256");
   constexpr uint32_t kHalfRowsB = kBlockN / 2;
+  static_assert(!kSfaMulticast || (kNumMulticast > 1 && !kShareB && kScaleLoad == kScaleTmaMnMajor),
+                "A-scale multicast: clusters sharing A, MN-major scales loaded by TMA");
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -256,11 +258,16 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
           uint64_t* full = ring.full + pipe.stage;
           sm90::mbarrier_arrive_expect_tx(full, Smem::kTmaBytes);
           if constexpr (kScaleTma) {
-            // Each CTA of a cluster loads the whole A scale box: 1-4 KB against the tiles' 48 KB.
-            // A box's innermost coordinate must fall on 16 bytes (else the TMA unit faults with an
-            // illegal instruction): K-major boxes start at the K block's group of 4, read at its column.
+            // Each CTA of a cluster loads the whole A scale box (1-4 KB against the tiles' 48 KB), or
+            // (kSfaMulticast) the rows it loads of A, multicast to both. A box's innermost coordinate
+            // must fall on 16 bytes (else the TMA unit faults with an illegal instruction): K-major
+            // boxes start at the K block's group of 4, read at its column; an MN-major half box starts
+            // kMulticastRowsA (>= 32) rows in.
             float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
-            if constexpr (kScaleLoad == kScaleTmaMnMajor) {
+            if constexpr (kSfaMulticast) {
+              sm90::tma_load_2d_multicast(sf + rank * kMulticastRowsA, &map_sfa, full, row_sfa + rank * kMulticastRowsA,
+                                          kb, (1u << kNumMulticast) - 1);
+            } else if constexpr (kScaleLoad == kScaleTmaMnMajor) {
               sm90::tma_load_2d(sf, &map_sfa, full, row_sfa, kb);
             } else if constexpr (kScaleLoad == kScaleTmaKMajor) {
               sm90::tma_load_2d(sf, &map_sfa, full, kb & ~3u, row_sfa);
