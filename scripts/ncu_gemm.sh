@@ -57,6 +57,15 @@ declare -A problems=(
   [dense_128x7168x16384]="scripts/gemm_once.py --m 128 --n 7168 --k 16384"
   [dense_128x7168x16384_mn]="scripts/gemm_once.py --m 128 --n 7168 --k 16384 --mn-scales"
   [peer_dense_128x7168x16384]="scripts/deepgemm_once.py --m 128 --n 7168 --k 16384"
+  # Partial m-blocks (rows past M in the last box, session 45): 1 and 144 rows against 64 and 192 on
+  # the same plans; 160 against 256 rows with MOE_GEMM_BLOCK_M=128 set for both.
+  [dense_1x2112x7168]="scripts/gemm_once.py --m 1 --n 2112 --k 7168"
+  [dense_1x2112x7168_mn]="scripts/gemm_once.py --m 1 --n 2112 --k 7168 --mn-scales"
+  [dense_144x2112x7168]="scripts/gemm_once.py --m 144 --n 2112 --k 7168"
+  [dense_144x2112x7168_mn]="scripts/gemm_once.py --m 144 --n 2112 --k 7168 --mn-scales"
+  [dense_192x2112x7168_mn]="scripts/gemm_once.py --m 192 --n 2112 --k 7168 --mn-scales"
+  [dense_160x2112x7168_mn]="scripts/gemm_once.py --m 160 --n 2112 --k 7168 --mn-scales"
+  [dense_256x2112x7168_mn]="scripts/gemm_once.py --m 256 --n 2112 --k 7168 --mn-scales"
 )
 names=("$@")
 [[ ${#names[@]} == 0 ]] && names=(dense_4096x7168x16384 dense_4096x4096x7168 dense_128x4096x7168
