@@ -61,6 +61,7 @@ declare -A problems=(
   # the same plans; 160 against 256 rows with MOE_GEMM_BLOCK_M=128 set for both.
   [dense_1x2112x7168]="scripts/gemm_once.py --m 1 --n 2112 --k 7168"
   [dense_1x2112x7168_mn]="scripts/gemm_once.py --m 1 --n 2112 --k 7168 --mn-scales"
+  [peer_dense_1x2112x7168]="scripts/deepgemm_once.py --m 1 --n 2112 --k 7168"
   [dense_144x2112x7168]="scripts/gemm_once.py --m 144 --n 2112 --k 7168"
   [dense_144x2112x7168_mn]="scripts/gemm_once.py --m 144 --n 2112 --k 7168 --mn-scales"
   [dense_192x2112x7168_mn]="scripts/gemm_once.py --m 192 --n 2112 --k 7168 --mn-scales"
