@@ -60,7 +60,7 @@ from typing import Callable
 import torch
 
 import kernels
-from bench_gemm import OURS_KERNELS, SHAPES, block_scaled
+from bench_gemm import OURS_KERNELS, SHAPES, block_scaled, ours_plan
 from bench_grouped import NK, make_contiguous, make_masked, make_masked_fragment, output_check
 from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, env_call, env_switches,
                              flush_description, output_diff, parse_env_variants, per_call_us_interleaved,
@@ -95,7 +95,7 @@ class Cell:
     ours_kernel: str = _OURS
     ours_mn: Callable[[], None] | None = None  # ours on DeepGEMM's MN-major A scales, writing ours_out
     theirs_k: Callable[[], None] | None = None  # DeepGEMM on our K-major A scales, writing theirs_out
-    plan: Callable[[bool], dict] | None = None  # our call's plan (True: on MN-major A scales); dense only
+    plan: Callable[[bool], object] | None = None  # our call's plans (True: on MN-major A scales); dense only
 
 
 def cell_specs(ms: list[int], parts: list[str]) -> list[tuple]:
@@ -127,8 +127,7 @@ def make_cell(spec: tuple) -> Cell:
                     lambda: deep_gemm.fp8_gemm_nt(a_dg, b, d_theirs), d_ours, d_theirs, check, check,
                     2 * m * n * k, n * k, n * k, ours_mn=lambda: kernels.fp8_gemm_nt(a_dg, b, d_ours),
                     theirs_k=lambda: deep_gemm.fp8_gemm_nt(a, b, d_theirs),
-                    plan=lambda mn: kernels.jit.native_module().fp8_gemm_nt_config(
-                        m, n, k, kernels.jit.get_num_sms(), scale_load=1 if mn else -1))
+                    plan=lambda mn: ours_plan(m, n, k, mn))
     groups, rows, n, k = spec[1:]
     if part == "contiguous":
         problem = make_contiguous("fp8", groups, rows, n, k)

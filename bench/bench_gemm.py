@@ -75,6 +75,15 @@ def cublas_call(a_fp8, b_fp8, d_ref):
     raise RuntimeError("no torch scaled_mm variant ran") from last_error
 
 
+def ours_plan(m: int, n: int, k: int, mn_scales: bool = False) -> tuple[dict, dict | None]:
+    """The plan of our call on K-major (or MN-major) A scales, and where that call copies the scales
+    MN-major first (``sfa_copy``) the MN-major plan it then launches, else None: a switch may change
+    either (kernels.testing.repeated_plans compares both)."""
+    native, sms = kernels.jit.native_module(), kernels.get_num_sms()
+    cfg = native.fp8_gemm_nt_config(m, n, k, sms, scale_load=1 if mn_scales else -1)
+    return cfg, native.fp8_gemm_nt_config(m, n, k, sms, scale_load=1) if cfg["sfa_copy"] else None
+
+
 def tile_label(m: int, n: int, k: int, **env: str) -> str:
     """The heuristic's tile for the call, with ``env`` switches set: block M x block N, stages
     ("s4"), 2-CTA clusters sharing A ("c2") or B ("c2b"), ping-pong ("pp"), the last wave's tiles
@@ -195,9 +204,10 @@ def main() -> int:
             # with --sfa-mn-major the call on MN-major A scales.
             # A variant planning the default's kernel (or an earlier variant's) is not timed: its column
             # reads "same plan" (kernels.testing.repeated_plans).
-            plan = lambda: kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())  # noqa: E731
-            multicast = plan()["multicast"] > 1
-            repeated = repeated_plans(plan, variants)
+            # The 1-CTA column counts as an earlier variant.
+            multicast = ours_plan(m, n, k)[0]["multicast"] > 1
+            single = [("1-CTA", {"MOE_FP8_MULTICAST": "0"})] if multicast else []
+            repeated = repeated_plans(lambda: ours_plan(m, n, k), single + variants)[len(single):]
             distinct = [(label, env) for (label, env), same in zip(variants, repeated) if not same]
             timed = [(ours, OURS_KERNELS), (theirs, "")]
             timed += [(env_call(ours, MOE_FP8_MULTICAST="0"), OURS_KERNELS)] if multicast else []

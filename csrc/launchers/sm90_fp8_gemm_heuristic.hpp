@@ -219,9 +219,10 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
     }
     // 129-255 rows on lone CTAs: a 128-row tile's second m-block reads mostly rows past M, and such
     // boxes cost more than whole ones (x 2112 x 7168 on 128 x 32 tiles: 14.5 us at 256 rows, 20.0 at
-    // 192, 22.5 at 160). 64-row tiles in no more waves took 0.55-0.86x the time of 128-row ones at
-    // 144, 192 and 224 x {2112, 4096, 576} x 7168 (bench/RESULTS.md, session 45).
-    if (m > 128 && m % 128 != 0 && m < 256 && multicast == 1) {
+    // 192, 22.5 at 160). 64-row tiles in no more waves took 0.55-0.78x the time of 128-row ones at
+    // 144, 192 and 224 x {2112, 4096} x 7168; at N = 576 (whole 64 x 16 tiles against split 128 x 40
+    // ones) 192 rows went from 10.5 to 9.1 us across two runs (bench/RESULTS.md, session 45).
+    if (m > 128 && m < 256 && multicast == 1) {
       const Tiles rows64 = choose_tiles(fn, 1, m, n, num_sms, kMaxBlockN, stage_bytes, block_n_fits_scales,
                                         multicast, split_k, max_block_m, 64, single_wave_ways);
       if (rows64.waves <= t.waves) t = rows64;
@@ -276,8 +277,9 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // as it does A's rows (DeepGEMM multicasts its box from one CTA). Each CTA loading the whole box
   // read 1.8M of the 2.5M L2 sectors ours read beyond DeepGEMM's at 4096 x 7168 x 16384 (ncu,
   // bench/RESULTS.md, session 44). MOE_FP8_SFA_MULTICAST=1 turns it on: not yet timed on a GPU.
-  cfg.sfa_multicast = cfg.multicast > 1 && !share_b && scale_load == moe_kernels::kScaleTmaMnMajor &&
-                              env_int("MOE_FP8_SFA_MULTICAST") == 1
+  // Dense only: grouped layouts are not tested with it yet.
+  cfg.sfa_multicast = type == GemmType::kNormal && cfg.multicast > 1 && !share_b &&
+                              scale_load == moe_kernels::kScaleTmaMnMajor && env_int("MOE_FP8_SFA_MULTICAST") == 1
                           ? 1
                           : 0;
   // The table: one slot where no CTA runs a second tile, else two, so the next tile's fills while
