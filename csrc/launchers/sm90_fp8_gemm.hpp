@@ -114,9 +114,12 @@ inline GeneratedKernel generate(const Config& c) {
      << ", " << (c.wg_store ? "true" : "false");
   // The table's slots (and the K blocks that size them): template arguments of their own, left out
   // for every other scale load, whose kernels' code stays as it was.
-  if (c.table_slots > 0 || c.swiglu || c.sfa_multicast) os << ", " << c.table_slots;
-  if (c.swiglu || c.sfa_multicast) os << ", " << (c.swiglu ? "true" : "false");
-  if (c.sfa_multicast) os << ", true";
+  // Trailing template arguments, each written where it or one after it differs from its default.
+  const bool tail3 = c.tight_boxes != 0, tail2 = tail3 || c.sfa_multicast, tail1 = tail2 || c.swiglu;
+  if (c.table_slots > 0 || tail1) os << ", " << c.table_slots;
+  if (tail1) os << ", " << (c.swiglu ? "true" : "false");
+  if (tail2) os << ", " << (c.sfa_multicast ? "true" : "false");
+  if (tail3) os << ", true";
   const std::string table =
       c.table_slots > 0 ? ", " + std::to_string(c.k / kBlockK) + ", " + std::to_string(c.table_slots)
       : c.swiglu       ? ", 0, 0, false"
@@ -133,12 +136,12 @@ inline GeneratedKernel generate(const Config& c) {
 // The compiled kernel of a plan on a device: from the memo, compiled (or loaded from the disk cache)
 // on the first call.
 inline std::shared_ptr<const moe_jit::CompiledKernel> kernel_of(const Config& c, int device) {
-  static moe_jit::KernelMemo<std::array<int, 23>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 23> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 24>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 24> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
                                    c.scale_warps, c.pingpong, c.pdl, c.k_unroll, static_cast<int>(c.scale_load),
                                    c.overlap, c.share_b, c.wg_store, c.table_slots, c.swiglu, c.sfa_multicast,
-                                   device};
+                                   c.tight_boxes, device};
   return sm90_kernel(memo, key, c.fn, device, [&] { return generate(c); });
 }
 
@@ -152,8 +155,12 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
   // Each CTA of a cluster loads (and multicasts) its share of the A tile's rows, or of the B tile's
   // where the cluster shares B.
   const int a_share = c.share_b ? 1 : c.multicast, b_share = c.share_b ? c.multicast : 1;
+  // tight_boxes (kTightBoxes): the A tile's rows and the A scales' boxes end at row M.
+  MOE_HOST_ASSERT(!c.tight_boxes || (a.m < c.block_m && c.multicast == 1),
+                  c.fn << ": a plan with tight boxes launched for " << a.m << " rows (block M " << c.block_m << ")");
+  const std::uint32_t a_box_rows = c.tight_boxes ? static_cast<std::uint32_t>(a.m) : c.block_m / a_share;
   const CUtensorMap map_a = make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK,
-                                     c.block_m / a_share, CU_TENSOR_MAP_SWIZZLE_128B, "A");
+                                     a_box_rows, CU_TENSOR_MAP_SWIZZLE_128B, "A");
   const CUtensorMap map_b = make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
                                      static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK,
                                      c.block_n / b_share, CU_TENSOR_MAP_SWIZZLE_128B, "B");
@@ -188,10 +195,11 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
     const std::uint64_t kb = static_cast<std::uint64_t>(c.k / kBlockK);
     const std::uint64_t sfb_rows = static_cast<std::uint64_t>(sfb_rows_per_group(a, c.n)) * a.num_groups;
     if (c.scale_load == moe_kernels::kScaleTmaMnMajor) {
-      // sfa_multicast: each CTA of the cluster loads its share of the box's rows.
+      // sfa_multicast: each CTA of the cluster loads its share of the box's rows. Tight boxes: the
+      // rows up to M rounded up to 16 bytes (a box's inner extent).
+      const int box = c.tight_boxes ? (a.m + 3) / 4 * 4 : c.block_m / (c.sfa_multicast ? c.multicast : 1);
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows_a, kb,
-                         tma_row_stride(kb, a.sfa_stride_k, rows_a), c.block_m / (c.sfa_multicast ? c.multicast : 1),
-                         1, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
+                         tma_row_stride(kb, a.sfa_stride_k, rows_a), box, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
     } else {
       // K-major: boxes of 4 K blocks, or a table's every K block (its columns past K read as zeros
       // and are never used).
@@ -199,7 +207,8 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
                                 ? moe_kernels::fp8_gemm_table_cols(static_cast<unsigned>(kb))
                                 : 4u;
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, rows_a,
-                         tma_row_stride(rows_a, a.sfa_stride_m, kb), cols, c.block_m, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
+                         tma_row_stride(rows_a, a.sfa_stride_m, kb), cols, c.tight_boxes ? a.m : c.block_m,
+                         CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
     }
     map_sfb = make_tma(c.fn, a.sfb, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sfb_rows, sfb_view_stride(a, c.n, c.k), 4,
                        moe_kernels::fp8_gemm_sfb_rows(c.block_n, c.swiglu == 0), CU_TENSOR_MAP_SWIZZLE_NONE, "SFB");

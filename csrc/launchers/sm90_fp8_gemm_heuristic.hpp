@@ -44,6 +44,7 @@ struct Config {
   int overlap = 0;      // 1: block M 64 issues the next K block's wgmmas before it promotes (kOverlap)
   int wg_store = 0;     // 1: each math warpgroup runs its own epilogue, D stored in 64-row boxes (kWgStore)
   int sfa_multicast = 0;  // 1: A-sharing clusters multicast A's MN-major scale box, half from each CTA
+  int tight_boxes = 0;    // 1: one m-block of fewer rows than block M, its TMA boxes ending at row M (kTightBoxes)
   int sfa_copy = 0;     // 1: A's scales are copied MN-major into the workspace first, the launch planned on them
   int table_slots = 0;  // kScaleTmaKMajorTable's slots (1: no CTA runs a second tile; else 2), 0 otherwise
   bool tail_split_on = true;  // MOE_GEMM_TAIL_SPLIT when planned (the plan is redone when it changes)
@@ -282,6 +283,14 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
                               scale_load == moe_kernels::kScaleTmaMnMajor && env_int("MOE_FP8_SFA_MULTICAST") == 1
                           ? 1
                           : 0;
+  // A single m-block of fewer rows than block M (decode): A's box (and the MN-major or table scale
+  // box) ends at row M instead of reading zeros past it. Hypothesis under test: boxes reaching past M
+  // cost more than whole ones (bench/RESULTS.md, session 45: 1 x 2112 x 7168 took 14.9 us against 11.1
+  // at 64 rows on the same plan, session 31). MOE_FP8_TIGHT_BOXES=1 turns it on: not yet timed.
+  cfg.tight_boxes = type == GemmType::kNormal && cfg.multicast == 1 && !share_b && m < t.block_m &&
+                            scale_load != moe_kernels::kScaleTmaKMajor && env_int("MOE_FP8_TIGHT_BOXES") == 1
+                        ? 1
+                        : 0;
   // The table: one slot where no CTA runs a second tile, else two, so the next tile's fills while
   // this one's is read.
   const int table_slots = cfg.one_wave(m) ? 1 : 2;

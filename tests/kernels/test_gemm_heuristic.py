@@ -665,3 +665,25 @@ def test_a_scale_multicast_only_where_asked_in_a_sharing_clusters(m, n, k, scale
                                      scale_load=scale_load)
     assert cfg["sfa_multicast"] == expected, cfg
     assert (cfg["multicast"] == 2 and cfg["share_b"] == 0) if expected or gemm_type else True, cfg
+
+
+@pytest.mark.parametrize("m,n,k,scale_load,expected", [
+    (1, 2112, 7168, -1, 1),        # gathered A scales
+    (1, 2112, 7168, 1, 1),         # MN-major A scales by TMA
+    (16, 4096, 7168, -1, 1),       # the scale table
+    (63, 576, 7168, -1, 1),
+    (64, 2112, 7168, 1, 0),        # a whole m-block
+    (100, 2112, 7168, -1, 0),      # two m-blocks
+    (1, 7168, 16384, -1, 0),       # clusters sharing A
+])
+def test_tight_boxes_only_where_asked_for_one_partial_m_block(m, n, k, scale_load, expected, monkeypatch):
+    """MOE_FP8_TIGHT_BOXES=1 (opt-in until timed): a dense GEMM of one m-block with fewer rows than
+    block M, on lone CTAs, reads boxes that end at row M; never by default."""
+    for name in ("MOE_FP8_MULTICAST", "MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_TIGHT_BOXES"):
+        monkeypatch.delenv(name, raising=False)
+    native = kernels.jit.native_module()
+    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)["tight_boxes"] == 0
+    monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "1")
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
+    assert cfg["tight_boxes"] == expected, cfg
+    assert not expected or (cfg["multicast"] == 1 and m < cfg["block_m"]), cfg

@@ -89,6 +89,39 @@ def test_gpu_sfa_multicast_matches_whole_scale_boxes(m, n, k, env, seed, monkeyp
     assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
     assert torch.equal(d, outputs["0"][0]) and torch.equal(with_c, outputs["0"][1])
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,mn_scales,layout", [
+    (1, 2112, 7168, False, "gather"), (7, 576, 7168, False, "gather"), (63, 2112, 1536, False, "gather"),
+    (16, 4096, 7168, False, "tma_k_major_table"), (33, 4096, 7168, False, "tma_k_major_table"),
+    (1, 2112, 7168, True, "tma_mn_major"), (5, 4096, 7168, True, "tma_mn_major"), (62, 576, 7168, True, "tma_mn_major"),
+])
+def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, seed, monkeypatch):
+    """MOE_FP8_TIGHT_BOXES=1: one m-block of m < block M rows whose boxes end at row M (the stage
+    rows past them stale): D bit for bit that of whole boxes, NaN-poisoned, with and without a
+    residual C, on gathered, table and MN-major A scales (M not a multiple of 4 included)."""
+    native = kernels.jit.native_module()
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    if mn_scales:
+        a_fp8 = (a_fp8[0], kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]))
+    c = torch.randn(m, n, device="cuda")
+    outputs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", flag)
+        cfg = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), scale_load=1 if mn_scales else -1)
+        assert (cfg["tight_boxes"], cfg["scale_load"]) == (int(flag), layout), cfg
+        d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        with_c = torch.full_like(d, float("nan"))
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c)
+        outputs[flag] = (d, with_c)
+    torch.cuda.synchronize()
+    d, with_c = outputs["1"]
+    assert torch.isfinite(d).all() and torch.isfinite(with_c).all(), "output not fully written"
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+    assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
+    assert torch.equal(d, outputs["0"][0]) and torch.equal(with_c, outputs["0"][1])
+
 def scale_load(m, n, k, sfa, sfb) -> str:
     return kernels.jit.native_module().fp8_gemm_scale_load(0, m, n, k, 1, sfa.data_ptr(), *sfa.stride(),
                                                              sfb.data_ptr(), 0, *sfb.stride())

@@ -600,3 +600,20 @@ def test_fp8_gemm_clusters_multicast_a_scales_where_asked(m, n, k, monkeypatch):
         loads = [line for line in code.splitlines() if "UTMALDG" in line]
         counts[flag] = (len(loads), sum("MULTICAST" in line for line in loads))
     assert counts["1"] == (counts["0"][0], 2 * counts["0"][1]), counts
+
+
+@pytest.mark.parametrize("m,n,k,scale_load,layout", [(1, 2112, 7168, -1, "gather"), (1, 2112, 7168, 1, "tma_mn_major"),
+                                                     (16, 4096, 7168, -1, "tma_k_major_table")])
+def test_fp8_gemm_tight_boxes_build(m, n, k, scale_load, layout, monkeypatch):
+    """MOE_FP8_TIGHT_BOXES=1: the kernels of one partial m-block with boxes ending at row M build for
+    each A-scale layout that takes them, with QGMMA and TMA loads and nothing spilled."""
+    monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "1")
+    native = kernels.jit.native_module()
+    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
+    assert (cfg["tight_boxes"], cfg["scale_load"]) == (1, layout), cfg
+    name, source = native.fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, 0, 1, 128, True, scale_load)
+    assert source.split(">);")[0].endswith("true"), "the kTightBoxes argument"
+    code = sass(name, source)
+    for instruction in ("QGMMA", "UTMALDG", "USETMAXREG"):
+        assert instruction in code, instruction
+    assert "LDL" not in code and "STL" not in code, "register spills"

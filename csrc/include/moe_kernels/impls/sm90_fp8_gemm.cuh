@@ -50,7 +50,7 @@ template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, u
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
           uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false, bool kWgStore = false,
-          uint32_t kTableSlots = 0, bool kSwiGlu = false, bool kSfaMulticast = false>
+          uint32_t kTableSlots = 0, bool kSwiGlu = false, bool kSfaMulticast = false, bool kTightBoxes = false>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -160,6 +160,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   constexpr uint32_t kHalfRowsB = kBlockN / 2;
   static_assert(!kSfaMulticast || (kNumMulticast > 1 && !kShareB && kScaleLoad == kScaleTmaMnMajor),
                 "A-scale multicast: clusters sharing A, MN-major scales loaded by TMA");
+  static_assert(!kTightBoxes || (kType == GemmType::kNormal && kNumMulticast == 1 && !kSwiGlu &&
+                                 kScaleLoad != kScaleTmaKMajor),
+                "tight boxes: dense, lone CTAs, gathered, MN-major or table A scales");
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -240,11 +243,20 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     if (producer_warp == 0 && lane == 0) {
       const uint32_t rank = kNumMulticast > 1 ? sm90::cluster_ctarank() : 0;
       [[maybe_unused]] PipelineState<Smem::kSfaRing> sfa_pipe;
+      // kTightBoxes (a single m-block of m < kBlockM rows): the launcher's boxes end at row m, A's
+      // and the table's exactly, an MN-major scale box at m rounded up to 4 floats (16 bytes), so the
+      // transactions are that much shorter. A stage's rows past them keep stale bytes, which reach
+      // only the accumulator rows past M, never stored.
+      const uint32_t box_rows = kTightBoxes ? min(m, kBlockM) : kBlockM;
+      const uint32_t tma_bytes =
+          Smem::kTmaBytes - (kBlockM - box_rows) * kBlockK -
+          (kScaleLoad == kScaleTmaMnMajor ? (kBlockM - min((box_rows + 3) / 4 * 4, kBlockM)) * 4 : 0u);
+      [[maybe_unused]] const uint32_t sfa_slot_bytes = Smem::kSfaSlot - (kBlockM - box_rows) * Smem::kSfaCols * 4;
       // The table's box: every K block of the tile's rows.
       [[maybe_unused]] const auto load_sfa = [&](uint32_t row) {
         sfa_ring.producer_acquire(sfa_pipe);
         uint64_t* full = sfa_ring.full + sfa_pipe.stage;
-        sm90::mbarrier_arrive_expect_tx(full, Smem::kSfaSlot);
+        sm90::mbarrier_arrive_expect_tx(full, sfa_slot_bytes);
         sm90::tma_load_2d(smem_sfa + sfa_pipe.stage * (Smem::kSfaSlot / 4), &map_sfa, full, 0, row);
         sfa_pipe.advance();
       };
@@ -256,7 +268,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
           ring.producer_acquire(pipe);
           uint64_t* full = ring.full + pipe.stage;
-          sm90::mbarrier_arrive_expect_tx(full, Smem::kTmaBytes);
+          sm90::mbarrier_arrive_expect_tx(full, tma_bytes);
           if constexpr (kScaleTma) {
             // Each CTA of a cluster loads the whole A scale box (1-4 KB against the tiles' 48 KB), or
             // (kSfaMulticast) the rows it loads of A, multicast to both. A box's innermost coordinate
