@@ -675,15 +675,21 @@ def test_a_scale_multicast_only_where_asked_in_a_sharing_clusters(m, n, k, scale
     (64, 2112, 7168, 1, 0),        # a whole m-block
     (100, 2112, 7168, -1, 0),      # two m-blocks
     (1, 7168, 16384, -1, 0),       # clusters sharing A
+    (200, 4096, 7168, -1, 0),      # MOE_GEMM_BLOCK_M=256 (below): K-major scale boxes by TMA
+    (200, 4096, 7168, 1, 1),       # the same on MN-major scales
 ])
 def test_tight_boxes_only_where_asked_for_one_partial_m_block(m, n, k, scale_load, expected, monkeypatch):
     """MOE_FP8_TIGHT_BOXES=1 (opt-in until timed): a dense GEMM of one m-block with fewer rows than
     block M, on lone CTAs, reads boxes that end at row M; never by default."""
     for name in ("MOE_FP8_MULTICAST", "MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_TIGHT_BOXES"):
         monkeypatch.delenv(name, raising=False)
+    if m == 200:
+        monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
     native = kernels.jit.native_module()
     assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)["tight_boxes"] == 0
     monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "1")
     cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
     assert cfg["tight_boxes"] == expected, cfg
     assert not expected or (cfg["multicast"] == 1 and m < cfg["block_m"]), cfg
+    if m == 200:
+        assert cfg["block_m"] == 256 and cfg["scale_load"] == ("tma_mn_major" if scale_load == 1 else "tma_k_major")

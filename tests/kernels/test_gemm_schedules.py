@@ -91,36 +91,68 @@ def test_gpu_sfa_multicast_matches_whole_scale_boxes(m, n, k, env, seed, monkeyp
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,mn_scales,layout", [
-    (1, 2112, 7168, False, "gather"), (7, 576, 7168, False, "gather"), (63, 2112, 1536, False, "gather"),
-    (16, 4096, 7168, False, "tma_k_major_table"), (33, 4096, 7168, False, "tma_k_major_table"),
-    (1, 2112, 7168, True, "tma_mn_major"), (5, 4096, 7168, True, "tma_mn_major"), (62, 576, 7168, True, "tma_mn_major"),
+@pytest.mark.parametrize("m,n,k,mn_scales,layout,compiled_dims", [
+    (1, 2112, 7168, False, "gather", "nk"), (7, 576, 7168, False, "gather", "nk"),
+    (63, 2112, 1536, False, "gather", "mnk"),                                      # M compiled in
+    (16, 4096, 7168, False, "tma_k_major_table", "nk"), (33, 4096, 7168, False, "tma_k_major_table", "nk"),
+    (1, 2112, 7168, True, "tma_mn_major", "nk"), (5, 4096, 7168, True, "tma_mn_major", "nk"),
+    (62, 576, 7168, True, "tma_mn_major", "nk"),
+    (100, 24576, 1536, False, "gather", "nk"),                                     # 128-row tiles
+    (65, 32768, 512, True, "tma_mn_major", "nk"),
+    (200, 4096, 7168, True, "tma_mn_major", "256"),                                # MOE_GEMM_BLOCK_M=256
 ])
-def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, seed, monkeypatch):
-    """MOE_FP8_TIGHT_BOXES=1: one m-block of m < block M rows whose boxes end at row M (the stage
-    rows past them stale): D bit for bit that of whole boxes, NaN-poisoned, with and without a
-    residual C, on gathered, table and MN-major A scales (M not a multiple of 4 included)."""
+def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, compiled_dims, seed, monkeypatch):
+    """MOE_FP8_TIGHT_BOXES=1: one m-block of m < block M rows whose boxes end at row M: D bit for bit
+    that of whole boxes, NaN-poisoned, with and without a residual C, on gathered, table and MN-major
+    A scales (M not a multiple of 4 included). Before the tight run a whole-box GEMM of block M rows
+    on the same shared-memory layout loads NaN A bytes and infinite scales into the stages, so the
+    rows past the tight boxes hold them: they must not reach a row below M."""
     native = kernels.jit.native_module()
+    sl = 1 if mn_scales else -1
+    forced = {"MOE_GEMM_BLOCK_M": compiled_dims} if compiled_dims.isdigit() else {}  # 256-row tiles by force
+    compiled_dims = "nk" if forced else compiled_dims
+    for name, value in forced.items():
+        monkeypatch.setenv(name, value)
     a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
     if mn_scales:
         a_fp8 = (a_fp8[0], kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]))
     c = torch.randn(m, n, device="cuda")
-    outputs = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", flag)
-        cfg = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), scale_load=1 if mn_scales else -1)
-        assert (cfg["tight_boxes"], cfg["scale_load"]) == (int(flag), layout), cfg
+
+    def run():
         d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         with_c = torch.full_like(d, float("nan"))
-        kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
-        kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c)
-        outputs[flag] = (d, with_c)
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, d, compiled_dims=compiled_dims)
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c, compiled_dims=compiled_dims)
+        return d, with_c
+
+    monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "1")
+    tight = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), scale_load=sl)
+    assert (tight["tight_boxes"], tight["scale_load"]) == (1, layout), tight
+    monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "0")
+    whole = run()
+    # The poison: block M rows of NaN (E4M3 0x7F) with infinite scales, on the tight plan's tiles and stages.
+    rows = tight["block_m"]
+    for name, value in (("MOE_GEMM_BLOCK_M", rows), ("MOE_GEMM_BLOCK_N", tight["block_n"]),
+                        ("MOE_GEMM_STAGES", tight["num_stages"])):
+        monkeypatch.setenv(name, str(value))
+    poison_plan = native.fp8_gemm_nt_config(rows, n, k, kernels.get_num_sms(), scale_load=sl)
+    layout_keys = ("block_m", "block_n", "num_stages", "smem_bytes", "scale_load", "table_slots")
+    assert {key: poison_plan[key] for key in layout_keys} == {key: tight[key] for key in layout_keys}, poison_plan
+    nan_a = torch.full((rows, k), 0x7F, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+    inf_sf = torch.full((rows, k // 128), float("inf"), device="cuda")
+    poison_a = (nan_a, kernels.get_mn_major_tma_aligned_tensor(inf_sf) if mn_scales else inf_sf)
+    kernels.fp8_gemm_nt(poison_a, b_fp8, torch.empty(rows, n, dtype=torch.bfloat16, device="cuda"))
+    for name in ("MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_GEMM_STAGES"):
+        monkeypatch.delenv(name)
+    for name, value in forced.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "1")
+    d, with_c = run()
     torch.cuda.synchronize()
-    d, with_c = outputs["1"]
-    assert torch.isfinite(d).all() and torch.isfinite(with_c).all(), "output not fully written"
+    assert torch.isfinite(d).all() and torch.isfinite(with_c).all(), "rows past M reached rows below it"
     assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
     assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
-    assert torch.equal(d, outputs["0"][0]) and torch.equal(with_c, outputs["0"][1])
+    assert torch.equal(d, whole[0]) and torch.equal(with_c, whole[1])
 
 def scale_load(m, n, k, sfa, sfb) -> str:
     return kernels.jit.native_module().fp8_gemm_scale_load(0, m, n, k, 1, sfa.data_ptr(), *sfa.stride(),
