@@ -53,6 +53,25 @@ def test_gpu_clusters_sharing_b_match_single_ctas(m, n, k, seed, monkeypatch):
 
 
 
+def d_with_and_without_c(a_fp8, b_fp8, c, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """D of one call, NaN-poisoned first, without and then with the residual C."""
+    d = torch.full((a_fp8[0].shape[0], b_fp8[0].shape[0]), float("nan"), dtype=torch.bfloat16, device="cuda")
+    with_c = torch.full_like(d, float("nan"))
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, d, **kwargs)
+    kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c, **kwargs)
+    return d, with_c
+
+
+def assert_same_outputs(got, expected, a_fp8, b_fp8, c) -> None:
+    """got = d_with_and_without_c(...): fully written, right, and bit for bit `expected`."""
+    torch.cuda.synchronize()
+    d, with_c = got
+    assert torch.isfinite(d).all() and torch.isfinite(with_c).all(), "output not fully written"
+    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
+    assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
+    assert torch.equal(d, expected[0]) and torch.equal(with_c, expected[1])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,env", [
     (4096, 7168, 16384, {}),                                                   # 256 x 128 tiles
@@ -77,17 +96,8 @@ def test_gpu_sfa_multicast_matches_whole_scale_boxes(m, n, k, env, seed, monkeyp
         monkeypatch.setenv("MOE_FP8_SFA_MULTICAST", flag)
         cfg = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), scale_load=1)
         assert (cfg["multicast"], cfg["share_b"], cfg["sfa_multicast"]) == (2, 0, int(flag)), cfg
-        d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        with_c = torch.full_like(d, float("nan"))
-        kernels.fp8_gemm_nt(a_mn, b_fp8, d)
-        kernels.fp8_gemm_nt(a_mn, b_fp8, with_c, c=c)
-        outputs[flag] = (d, with_c)
-    torch.cuda.synchronize()
-    d, with_c = outputs["1"]
-    assert torch.isfinite(d).all() and torch.isfinite(with_c).all(), "output not fully written"
-    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
-    assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
-    assert torch.equal(d, outputs["0"][0]) and torch.equal(with_c, outputs["0"][1])
+        outputs[flag] = d_with_and_without_c(a_mn, b_fp8, c)
+    assert_same_outputs(outputs["1"], outputs["0"], a_fp8, b_fp8, c)
 
 
 @pytest.mark.gpu
@@ -117,19 +127,11 @@ def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, compiled_
     if mn_scales:
         a_fp8 = (a_fp8[0], kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]))
     c = torch.randn(m, n, device="cuda")
-
-    def run():
-        d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        with_c = torch.full_like(d, float("nan"))
-        kernels.fp8_gemm_nt(a_fp8, b_fp8, d, compiled_dims=compiled_dims)
-        kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c, compiled_dims=compiled_dims)
-        return d, with_c
-
     monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "1")
     tight = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), scale_load=sl)
     assert (tight["tight_boxes"], tight["scale_load"]) == (1, layout), tight
     monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "0")
-    whole = run()
+    whole = d_with_and_without_c(a_fp8, b_fp8, c, compiled_dims=compiled_dims)
     # The poison: block M rows of NaN (E4M3 0x7F) with infinite scales, on the tight plan's tiles and stages.
     rows = tight["block_m"]
     for name, value in (("MOE_GEMM_BLOCK_M", rows), ("MOE_GEMM_BLOCK_N", tight["block_n"]),
@@ -147,12 +149,10 @@ def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, compiled_
     for name, value in forced.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "1")
-    d, with_c = run()
-    torch.cuda.synchronize()
-    assert torch.isfinite(d).all() and torch.isfinite(with_c).all(), "rows past M reached rows below it"
-    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
-    assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
-    assert torch.equal(d, whole[0]) and torch.equal(with_c, whole[1])
+    # Non-finite values in rows below M would come from the stale rows past the tight boxes.
+    tight_out = d_with_and_without_c(a_fp8, b_fp8, c, compiled_dims=compiled_dims)
+    assert_same_outputs(tight_out, whole, a_fp8, b_fp8, c)
+
 
 def scale_load(m, n, k, sfa, sfb) -> str:
     return kernels.jit.native_module().fp8_gemm_scale_load(0, m, n, k, 1, sfa.data_ptr(), *sfa.stride(),
@@ -607,14 +607,5 @@ def test_gpu_wg_store_matches_tile_store(m, n, k, env, seed, monkeypatch):
         monkeypatch.setenv("MOE_FP8_WG_STORE", wg_store)
         cfg = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
         assert cfg["block_m"] >= 128 and cfg["wg_store"] == int(wg_store), cfg
-        d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        with_c = torch.full_like(d, float("nan"))
-        kernels.fp8_gemm_nt(a_fp8, b_fp8, d)
-        kernels.fp8_gemm_nt(a_fp8, b_fp8, with_c, c=c)
-        outputs[wg_store] = (d, with_c)
-    torch.cuda.synchronize()
-    d, with_c = outputs["1"]
-    assert torch.isfinite(d).all() and torch.isfinite(with_c).all(), "output not fully written"
-    assert calc_diff(d, reference_f64(a_fp8, b_fp8)) < 1e-3
-    assert calc_diff(with_c, reference_f64(a_fp8, b_fp8, c)) < 1e-3
-    assert torch.equal(d, outputs["0"][0]) and torch.equal(with_c, outputs["0"][1])
+        outputs[wg_store] = d_with_and_without_c(a_fp8, b_fp8, c)
+    assert_same_outputs(outputs["1"], outputs["0"], a_fp8, b_fp8, c)
