@@ -202,16 +202,14 @@ def main() -> int:
             # vary (sm90_xmma, cutlass, nvjet): every kernel of its call counts. The same call with
             # the 2-CTA clusters off (MOE_FP8_MULTICAST=0) where they would be on, each variant, and
             # with --sfa-mn-major the call on MN-major A scales.
-            # A variant planning the default's kernel (or an earlier variant's) is not timed: its column
-            # reads "same plan" (kernels.testing.repeated_plans).
-            # The 1-CTA column counts as an earlier variant.
+            # A variant planning the default's kernel, the 1-CTA column's or an earlier variant's is not
+            # timed: its column reads "same plan" (kernels.testing.repeated_plans).
             multicast = ours_plan(m, n, k)[0]["multicast"] > 1
             single = [("1-CTA", {"MOE_FP8_MULTICAST": "0"})] if multicast else []
             repeated = repeated_plans(lambda: ours_plan(m, n, k), single + variants)[len(single):]
             distinct = [(label, env) for (label, env), same in zip(variants, repeated) if not same]
             timed = [(ours, OURS_KERNELS), (theirs, "")]
-            timed += [(env_call(ours, MOE_FP8_MULTICAST="0"), OURS_KERNELS)] if multicast else []
-            timed += [(env_call(ours, **env), OURS_KERNELS) for _, env in distinct]
+            timed += [(env_call(ours, **env), OURS_KERNELS) for _, env in single + distinct]
             timed += [(ours_mn, OURS_KERNELS)] if args.sfa_mn_major else []
             seconds = [timing.median_s for timing in bench_kineto_interleaved(timed)]
             t, t_ref = seconds[0], seconds[1]

@@ -112,9 +112,8 @@ inline GeneratedKernel generate(const Config& c) {
      << ", " << (c.pingpong ? "true" : "false") << ", " << (c.pdl ? "true" : "false") << ", " << c.k_unroll
      << ", " << c.scale_load << ", " << (c.overlap ? "true" : "false") << ", " << (c.share_b ? "true" : "false")
      << ", " << (c.wg_store ? "true" : "false");
-  // The table's slots (and the K blocks that size them): template arguments of their own, left out
-  // for every other scale load, whose kernels' code stays as it was.
-  // Trailing template arguments, each written where it or one after it differs from its default.
+  // The trailing template arguments (the table's slots, SwiGLU, A-scale multicast, tight boxes), each
+  // written only where it or one after it differs from its default: other kernels' code stays as it was.
   const bool tail3 = c.tight_boxes != 0, tail2 = tail3 || c.sfa_multicast, tail1 = tail2 || c.swiglu;
   if (c.table_slots > 0 || tail1) os << ", " << c.table_slots;
   if (tail1) os << ", " << (c.swiglu ? "true" : "false");
@@ -158,7 +157,7 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
   // tight_boxes (kTightBoxes): the A tile's rows and the A scales' boxes end at row M.
   MOE_HOST_ASSERT(!c.tight_boxes || (a.m < c.block_m && c.multicast == 1),
                   c.fn << ": a plan with tight boxes launched for " << a.m << " rows (block M " << c.block_m << ")");
-  const std::uint32_t a_box_rows = c.tight_boxes ? static_cast<std::uint32_t>(a.m) : c.block_m / a_share;
+  const unsigned a_box_rows = c.tight_boxes ? static_cast<unsigned>(a.m) : static_cast<unsigned>(c.block_m / a_share);
   const CUtensorMap map_a = make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK,
                                      a_box_rows, CU_TENSOR_MAP_SWIZZLE_128B, "A");
   const CUtensorMap map_b = make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
@@ -197,7 +196,8 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
     if (c.scale_load == moe_kernels::kScaleTmaMnMajor) {
       // sfa_multicast: each CTA of the cluster loads its share of the box's rows. Tight boxes: the
       // rows up to M rounded up to 16 bytes (a box's inner extent).
-      const int box = c.tight_boxes ? (a.m + 3) / 4 * 4 : c.block_m / (c.sfa_multicast ? c.multicast : 1);
+      const unsigned box = c.tight_boxes ? moe_kernels::fp8_gemm_sfa_box_rows(a_box_rows, c.block_m, c.scale_load)
+                                         : static_cast<unsigned>(c.block_m / (c.sfa_multicast ? c.multicast : 1));
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows_a, kb,
                          tma_row_stride(kb, a.sfa_stride_k, rows_a), box, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
     } else {
@@ -207,7 +207,7 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
                                 ? moe_kernels::fp8_gemm_table_cols(static_cast<unsigned>(kb))
                                 : 4u;
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, rows_a,
-                         tma_row_stride(rows_a, a.sfa_stride_m, kb), cols, c.tight_boxes ? a.m : c.block_m,
+                         tma_row_stride(rows_a, a.sfa_stride_m, kb), cols, c.tight_boxes ? a_box_rows : c.block_m,
                          CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
     }
     map_sfb = make_tma(c.fn, a.sfb, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sfb_rows, sfb_view_stride(a, c.n, c.k), 4,

@@ -287,7 +287,7 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // box) ends at row M instead of reading zeros past it. Hypothesis under test: boxes reaching past M
   // cost more than whole ones (bench/RESULTS.md, session 45: 1 x 2112 x 7168 took 14.9 us against 11.1
   // at 64 rows on the same plan, session 31). MOE_FP8_TIGHT_BOXES=1 turns it on: not yet timed.
-  cfg.tight_boxes = type == GemmType::kNormal && cfg.multicast == 1 && !share_b && m < t.block_m &&
+  cfg.tight_boxes = type == GemmType::kNormal && cfg.multicast == 1 && m < t.block_m &&
                             scale_load != moe_kernels::kScaleTmaKMajor && env_int("MOE_FP8_TIGHT_BOXES") == 1
                         ? 1
                         : 0;

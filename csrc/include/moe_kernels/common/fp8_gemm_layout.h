@@ -70,6 +70,12 @@ constexpr unsigned fp8_gemm_sf_floats(unsigned block_m, unsigned scale_load) {
 // which stores no D) the gate and up halves of each of its 128-row blocks.
 constexpr unsigned fp8_gemm_sfb_rows(unsigned block_n, bool stores_d) { return stores_d ? 2u : block_n / 64; }
 
+// Rows of A's scale box where A's box holds `rows` of a block_m-row tile (tight boxes end at row M):
+// MN-major boxes run along M, and their inner extent is a multiple of 16 bytes (4 floats).
+constexpr unsigned fp8_gemm_sfa_box_rows(unsigned rows, unsigned block_m, unsigned scale_load) {
+  return scale_load == kScaleTmaMnMajor ? ((rows + 3) / 4 * 4 < block_m ? (rows + 3) / 4 * 4 : block_m) : rows;
+}
+
 // Bytes the TMA scale boxes add to a stage's transaction count: A's box, B's of 4 K blocks by
 // sfb_rows (fp8_gemm_sfb_rows).
 constexpr unsigned fp8_gemm_sf_tma_bytes(unsigned block_m, unsigned scale_load, unsigned sfb_rows = 2) {

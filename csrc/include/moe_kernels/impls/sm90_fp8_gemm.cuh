@@ -248,10 +248,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       // transactions are that much shorter. A stage's rows past them keep stale bytes, which reach
       // only the accumulator rows past M, never stored.
       const uint32_t box_rows = kTightBoxes ? min(m, kBlockM) : kBlockM;
-      const uint32_t tma_bytes =
-          Smem::kTmaBytes - (kBlockM - box_rows) * kBlockK -
-          (kScaleLoad == kScaleTmaMnMajor ? (kBlockM - min((box_rows + 3) / 4 * 4, kBlockM)) * 4 : 0u);
-      [[maybe_unused]] const uint32_t sfa_slot_bytes = Smem::kSfaSlot - (kBlockM - box_rows) * Smem::kSfaCols * 4;
+      const uint32_t sfa_box_rows = fp8_gemm_sfa_box_rows(box_rows, kBlockM, kScaleLoad);
+      const uint32_t tma_bytes = Smem::kTmaBytes - (kBlockM - box_rows) * kBlockK -
+                                 (kScaleLoad == kScaleTmaMnMajor ? (kBlockM - sfa_box_rows) * 4 : 0u);
+      [[maybe_unused]] const uint32_t sfa_slot_bytes = Smem::kSfaSlot - (kBlockM - sfa_box_rows) * Smem::kSfaCols * 4;
       // The table's box: every K block of the tile's rows.
       [[maybe_unused]] const auto load_sfa = [&](uint32_t row) {
         sfa_ring.producer_acquire(sfa_pipe);
