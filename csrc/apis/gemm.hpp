@@ -73,7 +73,6 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["k_unroll"] = c.k_unroll;
   d["overlap"] = c.overlap;
   d["wg_store"] = c.wg_store;
-  d["sfa_multicast"] = c.sfa_multicast;
   d["tight_boxes"] = c.tight_boxes;
   d["tail_splits"] = c.tail_split_of(m).ways;
   d["swiglu"] = c.swiglu;

@@ -112,13 +112,12 @@ inline GeneratedKernel generate(const Config& c) {
      << ", " << (c.pingpong ? "true" : "false") << ", " << (c.pdl ? "true" : "false") << ", " << c.k_unroll
      << ", " << c.scale_load << ", " << (c.overlap ? "true" : "false") << ", " << (c.share_b ? "true" : "false")
      << ", " << (c.wg_store ? "true" : "false");
-  // The trailing template arguments (the table's slots, SwiGLU, A-scale multicast, tight boxes), each
-  // written only where it or one after it differs from its default: other kernels' code stays as it was.
-  const bool tail3 = c.tight_boxes != 0, tail2 = tail3 || c.sfa_multicast, tail1 = tail2 || c.swiglu;
+  // The trailing template arguments (the table's slots, SwiGLU, tight boxes), each written only where
+  // it or one after it differs from its default: other kernels' code stays as it was.
+  const bool tail2 = c.tight_boxes != 0, tail1 = tail2 || c.swiglu;
   if (c.table_slots > 0 || tail1) os << ", " << c.table_slots;
   if (tail1) os << ", " << (c.swiglu ? "true" : "false");
-  if (tail2) os << ", " << (c.sfa_multicast ? "true" : "false");
-  if (tail3) os << ", true";
+  if (tail2) os << ", true";
   const std::string table =
       c.table_slots > 0 ? ", " + std::to_string(c.k / kBlockK) + ", " + std::to_string(c.table_slots)
       : c.swiglu       ? ", 0, 0, false"
@@ -135,12 +134,12 @@ inline GeneratedKernel generate(const Config& c) {
 // The compiled kernel of a plan on a device: from the memo, compiled (or loaded from the disk cache)
 // on the first call.
 inline std::shared_ptr<const moe_jit::CompiledKernel> kernel_of(const Config& c, int device) {
-  static moe_jit::KernelMemo<std::array<int, 24>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 24> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 23>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 23> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
                                    c.scale_warps, c.pingpong, c.pdl, c.k_unroll, static_cast<int>(c.scale_load),
-                                   c.overlap, c.share_b, c.wg_store, c.table_slots, c.swiglu, c.sfa_multicast,
-                                   c.tight_boxes, device};
+                                   c.overlap, c.share_b, c.wg_store, c.table_slots, c.swiglu, c.tight_boxes,
+                                   device};
   return sm90_kernel(memo, key, c.fn, device, [&] { return generate(c); });
 }
 
@@ -154,8 +153,9 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
   // Each CTA of a cluster loads (and multicasts) its share of the A tile's rows, or of the B tile's
   // where the cluster shares B.
   const int a_share = c.share_b ? 1 : c.multicast, b_share = c.share_b ? c.multicast : 1;
-  // tight_boxes (kTightBoxes): the A tile's rows and the A scales' boxes end at row M.
-  MOE_HOST_ASSERT(!c.tight_boxes || (a.m < c.block_m && c.multicast == 1),
+  // tight_boxes (kTightBoxes): the A tile's rows and the A scales' boxes end at row M (in a cluster,
+  // rank 0 multicasts A's rows alone).
+  MOE_HOST_ASSERT(!c.tight_boxes || (a.m <= c.block_m / c.multicast && !c.share_b),
                   c.fn << ": a plan with tight boxes launched for " << a.m << " rows (block M " << c.block_m << ")");
   const unsigned a_box_rows = c.tight_boxes ? static_cast<unsigned>(a.m) : static_cast<unsigned>(c.block_m / a_share);
   const CUtensorMap map_a = make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK,
@@ -194,10 +194,9 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
     const std::uint64_t kb = static_cast<std::uint64_t>(c.k / kBlockK);
     const std::uint64_t sfb_rows = static_cast<std::uint64_t>(sfb_rows_per_group(a, c.n)) * a.num_groups;
     if (c.scale_load == moe_kernels::kScaleTmaMnMajor) {
-      // sfa_multicast: each CTA of the cluster loads its share of the box's rows. Tight boxes: the
-      // rows up to M rounded up to 16 bytes (a box's inner extent).
+      // Tight boxes: the rows up to M rounded up to 16 bytes (a box's inner extent).
       const unsigned box = c.tight_boxes ? moe_kernels::fp8_gemm_sfa_box_rows(a_box_rows, c.block_m, c.scale_load)
-                                         : static_cast<unsigned>(c.block_m / (c.sfa_multicast ? c.multicast : 1));
+                                         : static_cast<unsigned>(c.block_m);
       map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows_a, kb,
                          tma_row_stride(kb, a.sfa_stride_k, rows_a), box, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
     } else {

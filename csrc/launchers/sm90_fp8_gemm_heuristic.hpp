@@ -43,7 +43,6 @@ struct Config {
   int k_unroll = 1;     // the math warpgroups' K loop unrolled this many times
   int overlap = 0;      // 1: block M 64 issues the next K block's wgmmas before it promotes (kOverlap)
   int wg_store = 0;     // 1: each math warpgroup runs its own epilogue, D stored in 64-row boxes (kWgStore)
-  int sfa_multicast = 0;  // 1: A-sharing clusters multicast A's MN-major scale box, half from each CTA
   int tight_boxes = 0;    // 1: one m-block of fewer rows than block M, its TMA boxes ending at row M (kTightBoxes)
   int sfa_copy = 0;     // 1: A's scales are copied MN-major into the workspace first, the launch planned on them
   int table_slots = 0;  // kScaleTmaKMajorTable's slots (1: no CTA runs a second tile; else 2), 0 otherwise
@@ -249,13 +248,19 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
                        moe_kernels::kScaleGather, false);
   }
   // The clusters: a single n-block would pair with a padding one (nothing to share). Clusters sharing
-  // B (MOE_FP8_MULTICAST=b, or unset on contiguous 128 x 192 tiles and on masked ones from
-  // kMaskedShareBMinRows rows): pairs of 128-row m-blocks of one n-block (masked: inside one group,
-  // common/scheduler.cuh); every tile runs whole (no tail split), the pair in step.
+  // B (MOE_FP8_MULTICAST=b, or unset on contiguous 128 x 192 tiles, on masked ones from
+  // kMaskedShareBMinRows rows and on dense clusters of 129-256 rows): pairs of 128-row m-blocks of
+  // one n-block (masked: inside one group, common/scheduler.cuh); every tile runs whole (no tail
+  // split), the pair in step. Dense: with two m-blocks each pair reads its B tile once; at 144-256 x
+  // {24576 x 1536, 32768 x 512} (128 x 192 and 128 x 128 tiles) 0.85-0.95x the time of clusters
+  // sharing A; at 384 rows (three m-blocks, pairs across n-blocks) 1.12-1.16x (bench/RESULTS.md,
+  // session 46).
   const int cluster_a = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
+  const bool dense_pairs = type == GemmType::kNormal && cluster_a > 1 && m <= 2 * 128;
   const bool share_b_default =
-      multicast_env == nullptr && t.block_n == kInStepBlockN &&
-      (type == GemmType::kGroupedContiguous || (type == GemmType::kGroupedMasked && m >= kMaskedShareBMinRows));
+      multicast_env == nullptr &&
+      (dense_pairs || (t.block_n == kInStepBlockN && (type == GemmType::kGroupedContiguous ||
+                                                      (type == GemmType::kGroupedMasked && m >= kMaskedShareBMinRows))));
   const bool share_b = (share_b_forced || share_b_default) && t.block_m == 128 && t.block_n % 16 == 0 &&
                        num_sms % 2 == 0 && m > t.block_m;
   cfg.block_m = t.block_m;
@@ -274,21 +279,13 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   const bool lone_single_wave = type == GemmType::kNormal && cfg.multicast == 1 && cfg.one_wave(m) &&
                                 m > t.block_m;
   cfg.group_n = group_n > 0 ? group_n : lone_single_wave ? 1 : kGroupN;
-  // A-sharing clusters on MN-major A scales: each CTA loads half of the scale box and multicasts it,
-  // as it does A's rows (DeepGEMM multicasts its box from one CTA). Each CTA loading the whole box
-  // read 1.8M of the 2.5M L2 sectors ours read beyond DeepGEMM's at 4096 x 7168 x 16384 (ncu,
-  // bench/RESULTS.md, session 44). MOE_FP8_SFA_MULTICAST=1 turns it on: not yet timed on a GPU.
-  // Dense only: grouped layouts are not tested with it yet.
-  cfg.sfa_multicast = type == GemmType::kNormal && cfg.multicast > 1 && !share_b &&
-                              scale_load == moe_kernels::kScaleTmaMnMajor && env_int("MOE_FP8_SFA_MULTICAST") == 1
-                          ? 1
-                          : 0;
   // A single m-block of fewer rows than block M (decode): A's box (and the MN-major or table scale
-  // box) ends at row M instead of reading zeros past it. Hypothesis under test: boxes reaching past M
-  // cost more than whole ones (bench/RESULTS.md, session 45: 1 x 2112 x 7168 took 14.9 us against 11.1
-  // at 64 rows on the same plan, session 31). MOE_FP8_TIGHT_BOXES=1 turns it on: not yet timed.
-  cfg.tight_boxes = type == GemmType::kNormal && cfg.multicast == 1 && m < t.block_m &&
-                            scale_load != moe_kernels::kScaleTmaKMajor && env_int("MOE_FP8_TIGHT_BOXES") == 1
+  // box) ends at row M instead of reading zeros past it; in clusters sharing A, rank 0 loads M <=
+  // block M / 2 rows for both. On lone CTAs at 1-63 rows (64-row tiles) x {2112, 4096, 576} x 7168
+  // it took 0.62-0.89x the time of whole boxes (1 x 2112 x 7168: 9.9 against 15.9 us), level at
+  // N = 24576 and 32768 (bench/RESULTS.md, session 46). MOE_FP8_TIGHT_BOXES=0 turns it off.
+  cfg.tight_boxes = type == GemmType::kNormal && !share_b && m * cfg.multicast <= t.block_m && m < t.block_m &&
+                            scale_load != moe_kernels::kScaleTmaKMajor && env_enabled("MOE_FP8_TIGHT_BOXES")
                         ? 1
                         : 0;
   // The table: one slot where no CTA runs a second tile, else two, so the next tile's fills while

@@ -479,6 +479,9 @@ def test_clusters_at_65_to_128_rows_only_for_tma_scales_of_wide_n(m, n, k, clust
 @pytest.mark.parametrize("m,n,k,gemm_type,groups,share_b,by_default", [
     (4096, 2112, 7168, 0, 1, 1, 0),     # 128 x 192: 16 pairs of m-blocks per n-block
     (300, 2112, 7168, 0, 1, 1, 0),      # 3 m-blocks: the last pair's second block past M
+    (144, 24576, 1536, 0, 1, 1, 1),     # dense clusters over two m-blocks: pairs by default
+    (256, 32768, 512, 0, 1, 1, 1),
+    (384, 24576, 1536, 0, 1, 1, 0),     # three m-blocks: clusters sharing A
     (32768, 4096, 7168, 1, 4, 1, 1),    # contiguous 128 x 192
     (8192, 7168, 2048, 1, 4, 1, 1),     # contiguous 128 x 192, short K
     (1024, 4096, 7168, 1, 4, 1, 0),     # contiguous 128 x 128
@@ -495,8 +498,8 @@ def test_clusters_sharing_b_only_where_the_kernel_can(m, n, k, gemm_type, groups
     B (dense, contiguous, or masked pairing inside each group), one wave per tile, block N a multiple
     of 16, at least two m-blocks;
     elsewhere the heuristic's plan stays. Every tile of such pairs runs whole (no tail split); the
-    tiles count whole pairs. Unset, contiguous 128 x 192 tiles share B, and masked ones from 512
-    rows per group; =a keeps A-sharing clusters there."""
+    tiles count whole pairs. Unset, contiguous 128 x 192 tiles share B, masked ones from 512 rows
+    per group and dense clusters of two m-blocks; =a keeps A-sharing clusters there."""
     native = kernels.jit.native_module()
     monkeypatch.delenv("MOE_FP8_MULTICAST", raising=False)
     default = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)
@@ -505,9 +508,10 @@ def test_clusters_sharing_b_only_where_the_kernel_can(m, n, k, gemm_type, groups
     shares_a = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)
     assert shares_a["share_b"] == 0
     if by_default:
-        assert {key: default[key] for key in ("block_m", "block_n", "multicast")} == \
-            {"block_m": 128, "block_n": 192, "multicast": 2}
-        assert (shares_a["block_m"], shares_a["block_n"]) == (128, 192)
+        assert (default["block_m"], default["multicast"]) == (128, 2), default
+        assert default["block_n"] == (192 if gemm_type else shares_a["block_n"]), default
+        assert (shares_a["block_m"], shares_a["block_n"]) == (128, default["block_n"])
+        assert gemm_type or shares_a["multicast"] == 2, shares_a
     monkeypatch.setenv("MOE_FP8_MULTICAST", "b")
     cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, groups)
     assert cfg["share_b"] == share_b, cfg
@@ -645,51 +649,33 @@ def test_64_row_tiles_where_a_128_row_tile_would_mostly_lie_past_m(m, n, k, bloc
 
 
 @pytest.mark.parametrize("m,n,k,scale_load,expected", [
-    (4096, 7168, 16384, 1, 1),     # 256-row tiles in clusters sharing A, MN-major scales
-    (128, 7168, 16384, 1, 1),
-    (4096, 7168, 16384, -1, 0),    # K-major scales (copied MN-major first: the copy's plan is asked apart)
-    (128, 4096, 7168, 1, 0),       # lone CTAs
-    (4096, 2112, 7168, 1, 0),      # no clusters
-    (32768, 4096, 7168, 1, 0),     # contiguous (below): not yet tested on a GPU
-])
-def test_a_scale_multicast_only_where_asked_in_a_sharing_clusters(m, n, k, scale_load, expected, monkeypatch):
-    """MOE_FP8_SFA_MULTICAST=1 (opt-in until timed): clusters sharing A on MN-major scales multicast
-    the A-scale box; everything else, and the default, load it whole in each CTA."""
-    for name in ("MOE_FP8_MULTICAST", "MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_SFA_MULTICAST"):
-        monkeypatch.delenv(name, raising=False)
-    native = kernels.jit.native_module()
-    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)["sfa_multicast"] == 0
-    monkeypatch.setenv("MOE_FP8_SFA_MULTICAST", "1")
-    gemm_type = 1 if m == 32768 else 0
-    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, False, -1, gemm_type, 8 if gemm_type else 1, 256,
-                                     scale_load=scale_load)
-    assert cfg["sfa_multicast"] == expected, cfg
-    assert (cfg["multicast"] == 2 and cfg["share_b"] == 0) if expected or gemm_type else True, cfg
-
-
-@pytest.mark.parametrize("m,n,k,scale_load,expected", [
     (1, 2112, 7168, -1, 1),        # gathered A scales
     (1, 2112, 7168, 1, 1),         # MN-major A scales by TMA
     (16, 4096, 7168, -1, 1),       # the scale table
     (63, 576, 7168, -1, 1),
     (64, 2112, 7168, 1, 0),        # a whole m-block
     (100, 2112, 7168, -1, 0),      # two m-blocks
-    (1, 7168, 16384, -1, 0),       # clusters sharing A
+    (1, 7168, 16384, -1, 1),       # clusters sharing A: rank 0 loads the rows for both
+    (32, 7168, 16384, 1, 1),
+    (33, 7168, 16384, -1, 0),      # rows past the first CTA's half
     (200, 4096, 7168, -1, 0),      # MOE_GEMM_BLOCK_M=256 (below): K-major scale boxes by TMA
     (200, 4096, 7168, 1, 1),       # the same on MN-major scales
 ])
-def test_tight_boxes_only_where_asked_for_one_partial_m_block(m, n, k, scale_load, expected, monkeypatch):
-    """MOE_FP8_TIGHT_BOXES=1 (opt-in until timed): a dense GEMM of one m-block with fewer rows than
-    block M, on lone CTAs, reads boxes that end at row M; never by default."""
+def test_tight_boxes_for_one_partial_m_block(m, n, k, scale_load, expected, monkeypatch):
+    """A dense GEMM of one m-block with fewer rows than block M, on lone CTAs or (M <= block M / 2)
+    in clusters sharing A, reads boxes that end at row M by default; MOE_FP8_TIGHT_BOXES=0 turns
+    them off."""
     for name in ("MOE_FP8_MULTICAST", "MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_TIGHT_BOXES"):
         monkeypatch.delenv(name, raising=False)
     if m == 200:
         monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
     native = kernels.jit.native_module()
-    assert native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)["tight_boxes"] == 0
-    monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "1")
     cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
     assert cfg["tight_boxes"] == expected, cfg
-    assert not expected or (cfg["multicast"] == 1 and m < cfg["block_m"]), cfg
+    assert not expected or (m * cfg["multicast"] <= cfg["block_m"] and cfg["share_b"] == 0), cfg
+    assert cfg["multicast"] == (2 if n == 7168 else 1), cfg
     if m == 200:
         assert cfg["block_m"] == 256 and cfg["scale_load"] == ("tma_mn_major" if scale_load == 1 else "tma_k_major")
+    monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "0")
+    off = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
+    assert off["tight_boxes"] == 0 and {**off, "tight_boxes": expected} == cfg, off

@@ -30,7 +30,7 @@ def test_gpu_clusters_match_single_ctas(m, n, k, seed, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(300, 2112, 7168), (4096, 2112, 7168), (257, 7168, 2048), (1000, 7168, 1536),
-                                   (700, 576, 7168)])
+                                   (700, 576, 7168), (200, 24576, 1536), (129, 32768, 512)])  # pairs by default
 def test_gpu_clusters_sharing_b_match_single_ctas(m, n, k, seed, monkeypatch):
     """Two CTAs on adjacent 128-row m-blocks share B (MOE_FP8_MULTICAST=b), each loading half of its
     rows for both: an odd m-block count (the last pair's second block past M runs in step and stores
@@ -73,34 +73,6 @@ def assert_same_outputs(got, expected, a_fp8, b_fp8, c) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,env", [
-    (4096, 7168, 16384, {}),                                                   # 256 x 128 tiles
-    (128, 7168, 16384, {}),                                                    # 64-row tiles
-    (1025, 7168, 2048, {}),                                                    # a partial m-block
-    (1, 2112, 7168, {"MOE_FP8_MULTICAST": "2"}),                               # the second CTA's half past M
-    (33, 576, 7168, {"MOE_FP8_MULTICAST": "2"}),
-    (4096, 2112, 16384, {"MOE_GEMM_BLOCK_M": "256", "MOE_FP8_MULTICAST": "2"}),  # a split tail
-])
-def test_gpu_sfa_multicast_matches_whole_scale_boxes(m, n, k, env, seed, monkeypatch):
-    """MOE_FP8_SFA_MULTICAST=1: in clusters sharing A on MN-major A scales each CTA loads half of the
-    A-scale box for both; D bit for bit that of whole boxes in each CTA, NaN-poisoned, with and
-    without a residual C."""
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    native = kernels.jit.native_module()
-    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
-    a_mn = (a_fp8[0], kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]))
-    c = torch.randn(m, n, device="cuda")
-    outputs = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("MOE_FP8_SFA_MULTICAST", flag)
-        cfg = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), scale_load=1)
-        assert (cfg["multicast"], cfg["share_b"], cfg["sfa_multicast"]) == (2, 0, int(flag)), cfg
-        outputs[flag] = d_with_and_without_c(a_mn, b_fp8, c)
-    assert_same_outputs(outputs["1"], outputs["0"], a_fp8, b_fp8, c)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,mn_scales,layout,compiled_dims", [
     (1, 2112, 7168, False, "gather", "nk"), (7, 576, 7168, False, "gather", "nk"),
     (63, 2112, 1536, False, "gather", "mnk"),                                      # M compiled in
@@ -110,16 +82,20 @@ def test_gpu_sfa_multicast_matches_whole_scale_boxes(m, n, k, env, seed, monkeyp
     (100, 24576, 1536, False, "gather", "nk"),                                     # 128-row tiles
     (65, 32768, 512, True, "tma_mn_major", "nk"),
     (200, 4096, 7168, True, "tma_mn_major", "256"),                                # MOE_GEMM_BLOCK_M=256
+    (1, 7168, 16384, False, "gather", "nk"), (32, 7168, 16384, True, "tma_mn_major", "nk"),  # clusters sharing A
+    (13, 7168, 2048, True, "tma_mn_major", "2"),                                   # MOE_FP8_MULTICAST=2
 ])
 def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, compiled_dims, seed, monkeypatch):
-    """MOE_FP8_TIGHT_BOXES=1: one m-block of m < block M rows whose boxes end at row M: D bit for bit
-    that of whole boxes, NaN-poisoned, with and without a residual C, on gathered, table and MN-major
-    A scales (M not a multiple of 4 included). Before the tight run a whole-box GEMM of block M rows
-    on the same shared-memory layout loads NaN A bytes and infinite scales into the stages, so the
-    rows past the tight boxes hold them: they must not reach a row below M."""
+    """One m-block of m < block M rows whose boxes end at row M (the default; in clusters sharing A
+    rank 0 multicasts them): D bit for bit that of whole boxes (MOE_FP8_TIGHT_BOXES=0), NaN-poisoned,
+    with and without a residual C, on gathered, table and MN-major A scales (M not a multiple of 4
+    included). Before the tight run a whole-box GEMM of block M rows on the same shared-memory layout
+    loads NaN A bytes and infinite scales into the stages, so the rows past the tight boxes hold
+    them: they must not reach a row below M."""
     native = kernels.jit.native_module()
     sl = 1 if mn_scales else -1
-    forced = {"MOE_GEMM_BLOCK_M": compiled_dims} if compiled_dims.isdigit() else {}  # 256-row tiles by force
+    forced = ({"MOE_GEMM_BLOCK_M": compiled_dims} if compiled_dims == "256" else
+              {"MOE_FP8_MULTICAST": compiled_dims} if compiled_dims.isdigit() else {})
     compiled_dims = "nk" if forced else compiled_dims
     for name, value in forced.items():
         monkeypatch.setenv(name, value)
@@ -127,9 +103,10 @@ def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, compiled_
     if mn_scales:
         a_fp8 = (a_fp8[0], kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]))
     c = torch.randn(m, n, device="cuda")
-    monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "1")
+    monkeypatch.delenv("MOE_FP8_TIGHT_BOXES", raising=False)
     tight = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), scale_load=sl)
     assert (tight["tight_boxes"], tight["scale_load"]) == (1, layout), tight
+    assert tight["multicast"] == (2 if n == 7168 else 1), tight
     monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "0")
     whole = d_with_and_without_c(a_fp8, b_fp8, c, compiled_dims=compiled_dims)
     # The poison: block M rows of NaN (E4M3 0x7F) with infinite scales, on the tight plan's tiles and stages.
@@ -148,7 +125,7 @@ def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, compiled_
         monkeypatch.delenv(name)
     for name, value in forced.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "1")
+    monkeypatch.delenv("MOE_FP8_TIGHT_BOXES")
     # Non-finite values in rows below M would come from the stale rows past the tight boxes.
     tight_out = d_with_and_without_c(a_fp8, b_fp8, c, compiled_dims=compiled_dims)
     assert_same_outputs(tight_out, whole, a_fp8, b_fp8, c)

@@ -584,33 +584,19 @@ def test_fp8_gemm_behind_the_copy_waits_before_its_first_tma_load(m, n, k, gemm_
     assert "LDL" not in code and "STL" not in code, "register spills"
 
 
-@pytest.mark.parametrize("m,n,k", [(4096, 7168, 16384), (128, 7168, 16384)])
-def test_fp8_gemm_clusters_multicast_a_scales_where_asked(m, n, k, monkeypatch):
-    """MOE_FP8_SFA_MULTICAST=1 on MN-major A scales in clusters sharing A: the A-scale box is
-    multicast too (twice the MULTICAST loads of the plan without it, as many loads), no spills."""
-    native = kernels.jit.native_module()
-    counts = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("MOE_FP8_SFA_MULTICAST", flag)
-        args = (m, n, k, H200_SMS, False, -1, 0, 1, 128, True, 1)
-        cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=1)
-        assert (cfg["multicast"], cfg["share_b"], cfg["sfa_multicast"]) == (2, 0, int(flag)), cfg
-        code = sass(*native.fp8_gemm_nt_code(*args))
-        assert "LDL" not in code and "STL" not in code, "register spills"
-        loads = [line for line in code.splitlines() if "UTMALDG" in line]
-        counts[flag] = (len(loads), sum("MULTICAST" in line for line in loads))
-    assert counts["1"] == (counts["0"][0], 2 * counts["0"][1]), counts
-
-
-@pytest.mark.parametrize("m,n,k,scale_load,layout", [(1, 2112, 7168, -1, "gather"), (1, 2112, 7168, 1, "tma_mn_major"),
-                                                     (16, 4096, 7168, -1, "tma_k_major_table")])
-def test_fp8_gemm_tight_boxes_build(m, n, k, scale_load, layout, monkeypatch):
-    """MOE_FP8_TIGHT_BOXES=1: the kernels of one partial m-block with boxes ending at row M build for
-    each A-scale layout that takes them, with QGMMA and TMA loads and nothing spilled."""
-    monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "1")
+@pytest.mark.parametrize("m,n,k,scale_load,layout,multicast", [
+    (1, 2112, 7168, -1, "gather", 1), (1, 2112, 7168, 1, "tma_mn_major", 1),
+    (16, 4096, 7168, -1, "tma_k_major_table", 1),
+    (7, 7168, 16384, 1, "tma_mn_major", 2),                                   # rank 0 multicasts A's rows
+])
+def test_fp8_gemm_tight_boxes_build(m, n, k, scale_load, layout, multicast, monkeypatch):
+    """The kernels of one partial m-block with boxes ending at row M (the default there) build for
+    each A-scale layout that takes them, on lone CTAs and in clusters sharing A, with QGMMA and TMA
+    loads and nothing spilled."""
+    monkeypatch.delenv("MOE_FP8_TIGHT_BOXES", raising=False)
     native = kernels.jit.native_module()
     cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
-    assert (cfg["tight_boxes"], cfg["scale_load"]) == (1, layout), cfg
+    assert (cfg["tight_boxes"], cfg["scale_load"], cfg["multicast"]) == (1, layout, multicast), cfg
     name, source = native.fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, 0, 1, 128, True, scale_load)
     assert source.split(">);")[0].endswith("true"), "the kTightBoxes argument"
     code = sass(name, source)

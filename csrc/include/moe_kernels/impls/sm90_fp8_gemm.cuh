@@ -50,7 +50,7 @@ template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, u
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
           uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false, bool kWgStore = false,
-          uint32_t kTableSlots = 0, bool kSwiGlu = false, bool kSfaMulticast = false, bool kTightBoxes = false>
+          uint32_t kTableSlots = 0, bool kSwiGlu = false, bool kTightBoxes = false>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -158,11 +158,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                 "SwiGLU epilogue: tiles of block N 128 or 256, one wave, without overlap, residual or clusters "
                 "sharing A, N a multiple of 256");
   constexpr uint32_t kHalfRowsB = kBlockN / 2;
-  static_assert(!kSfaMulticast || (kNumMulticast > 1 && !kShareB && kScaleLoad == kScaleTmaMnMajor),
-                "A-scale multicast: clusters sharing A, MN-major scales loaded by TMA");
-  static_assert(!kTightBoxes || (kType == GemmType::kNormal && kNumMulticast == 1 && !kSwiGlu &&
-                                 kScaleLoad != kScaleTmaKMajor),
-                "tight boxes: dense, lone CTAs, gathered, MN-major or table A scales");
+  static_assert(!kTightBoxes || (kType == GemmType::kNormal && !kShareB && !kSwiGlu && kScaleLoad != kScaleTmaKMajor),
+                "tight boxes: dense, lone CTAs or clusters sharing A, gathered, MN-major or table A scales");
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -243,10 +240,11 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     if (producer_warp == 0 && lane == 0) {
       const uint32_t rank = kNumMulticast > 1 ? sm90::cluster_ctarank() : 0;
       [[maybe_unused]] PipelineState<Smem::kSfaRing> sfa_pipe;
-      // kTightBoxes (a single m-block of m < kBlockM rows): the launcher's boxes end at row m, A's
-      // and the table's exactly, an MN-major scale box at m rounded up to 4 floats (16 bytes), so the
-      // transactions are that much shorter. A stage's rows past them keep stale bytes, which reach
-      // only the accumulator rows past M, never stored.
+      // kTightBoxes (a single m-block of m < kBlockM rows, in a cluster m <= kMulticastRowsA): the
+      // launcher's boxes end at row m, A's and the table's exactly, an MN-major scale box at m rounded
+      // up to 4 floats (16 bytes), so the transactions are that much shorter; in a cluster rank 0
+      // multicasts A's rows alone. A stage's rows past them keep stale bytes, which reach only the
+      // accumulator rows past M, never stored.
       const uint32_t box_rows = kTightBoxes ? min(m, kBlockM) : kBlockM;
       const uint32_t sfa_box_rows = fp8_gemm_sfa_box_rows(box_rows, kBlockM, kScaleLoad);
       const uint32_t tma_bytes = Smem::kTmaBytes - (kBlockM - box_rows) * kBlockK -
@@ -270,16 +268,12 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
           uint64_t* full = ring.full + pipe.stage;
           sm90::mbarrier_arrive_expect_tx(full, tma_bytes);
           if constexpr (kScaleTma) {
-            // Each CTA of a cluster loads the whole A scale box (1-4 KB against the tiles' 48 KB), or
-            // (kSfaMulticast) the rows it loads of A, multicast to both. A box's innermost coordinate
-            // must fall on 16 bytes (else the TMA unit faults with an illegal instruction): K-major
-            // boxes start at the K block's group of 4, read at its column; an MN-major half box starts
-            // kMulticastRowsA (>= 32) rows in.
+            // Each CTA of a cluster loads the whole A scale box (1-4 KB against the tiles' 48 KB):
+            // multicasting half from each took as long (bench/RESULTS.md, session 46). A box's
+            // innermost coordinate must fall on 16 bytes (else the TMA unit faults with an illegal
+            // instruction): K-major boxes start at the K block's group of 4, read at its column.
             float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
-            if constexpr (kSfaMulticast) {
-              sm90::tma_load_2d_multicast(sf + rank * kMulticastRowsA, &map_sfa, full, row_sfa + rank * kMulticastRowsA,
-                                          kb, (1u << kNumMulticast) - 1);
-            } else if constexpr (kScaleLoad == kScaleTmaMnMajor) {
+            if constexpr (kScaleLoad == kScaleTmaMnMajor) {
               sm90::tma_load_2d(sf, &map_sfa, full, row_sfa, kb);
             } else if constexpr (kScaleLoad == kScaleTmaKMajor) {
               sm90::tma_load_2d(sf, &map_sfa, full, kb & ~3u, row_sfa);
@@ -300,7 +294,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
           } else {
             uint8_t* smem_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + rank * kMulticastRowsA * kBlockK;
             if constexpr (kNumMulticast > 1) {
-              sm90::tma_load_2d_multicast(smem_a, &map_a, full, kb * kBlockK, row_a, (1u << kNumMulticast) - 1);
+              if (!kTightBoxes || rank == 0) {
+                sm90::tma_load_2d_multicast(smem_a, &map_a, full, kb * kBlockK, row_a, (1u << kNumMulticast) - 1);
+              }
             } else {
               sm90::tma_load_2d(smem_a, &map_a, full, kb * kBlockK, row_a);
             }
