@@ -117,7 +117,7 @@ inline GeneratedKernel generate(const Config& c) {
   const bool tail2 = c.tight_boxes != 0, tail1 = tail2 || c.swiglu;
   if (c.table_slots > 0 || tail1) os << ", " << c.table_slots;
   if (tail1) os << ", " << (c.swiglu ? "true" : "false");
-  if (tail2) os << ", true";
+  if (tail2) os << ", " << c.tight_boxes;
   const std::string table =
       c.table_slots > 0 ? ", " + std::to_string(c.k / kBlockK) + ", " + std::to_string(c.table_slots)
       : c.swiglu       ? ", 0, 0, false"
@@ -153,13 +153,28 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
   // Each CTA of a cluster loads (and multicasts) its share of the A tile's rows, or of the B tile's
   // where the cluster shares B.
   const int a_share = c.share_b ? 1 : c.multicast, b_share = c.share_b ? c.multicast : 1;
-  // tight_boxes (kTightBoxes): the A tile's rows and the A scales' boxes end at row M (in a cluster,
-  // rank 0 multicasts A's rows alone).
-  MOE_HOST_ASSERT(!c.tight_boxes || (a.m <= c.block_m / c.multicast && !c.share_b),
-                  c.fn << ": a plan with tight boxes launched for " << a.m << " rows (block M " << c.block_m << ")");
-  const unsigned a_box_rows = c.tight_boxes ? static_cast<unsigned>(a.m) : static_cast<unsigned>(c.block_m / a_share);
+  // tight_boxes (kTightBoxes) where M cuts an m-block, boxes that end at row M. 1: one m-block of
+  // M rows, tight main maps (in a cluster rank 0 multicasts A's rows alone). 2: whole main maps and
+  // tail maps for the last m-block: A's holds the rows M leaves it, or in a cluster those M leaves
+  // the CTA it cuts (the kernel picks the map per CTA); where M cuts no m-block they go unused.
+  MOE_HOST_ASSERT(c.tight_boxes == 0 || (c.type == GemmType::kNormal && !c.share_b && !c.swiglu &&
+                                         c.scale_load != moe_kernels::kScaleTmaKMajor &&
+                                         (c.tight_boxes == 2 || a.m <= c.block_m / c.multicast)),
+                  c.fn << ": a plan with tight boxes (" << c.tight_boxes << ") launched for " << a.m
+                       << " rows (block M " << c.block_m << ", " << c.multicast << " CTAs a cluster)");
+  // A kernel with M compiled in reads its rows from kShapeM; the maps (the tail's too) from a.m.
+  MOE_HOST_ASSERT(c.m_compiled == 0 || c.m_compiled == a.m,
+                  c.fn << ": a kernel compiled for " << c.m_compiled << " rows launched for " << a.m);
+  const unsigned share_rows = static_cast<unsigned>(c.block_m / a_share);
+  const unsigned a_box_rows = c.tight_boxes == 1 ? static_cast<unsigned>(a.m) : share_rows;
   const CUtensorMap map_a = make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK,
                                      a_box_rows, CU_TENSOR_MAP_SWIZZLE_128B, "A");
+  const unsigned tail_rows = static_cast<unsigned>(a.m % c.block_m != 0 ? a.m % c.block_m : c.block_m);
+  const unsigned a_tail_rows = tail_rows % share_rows != 0 ? tail_rows % share_rows : share_rows;
+  const CUtensorMap map_a_tail = c.tight_boxes == 2 ? make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
+                                                               rows_a, a.lda, kBlockK, a_tail_rows,
+                                                               CU_TENSOR_MAP_SWIZZLE_128B, "A")
+                                                    : CUtensorMap{};
   const CUtensorMap map_b = make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
                                      static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK,
                                      c.block_n / b_share, CU_TENSOR_MAP_SWIZZLE_128B, "B");
@@ -186,7 +201,7 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
                   c.fn << ": the scales of B span more than 2^32 elements (strides " << a.sfb_stride_g << ", "
                        << a.sfb_stride_n << ", " << a.sfb_stride_k << ")");
   // The scale boxes of a TMA scale load (the kernel takes the maps either way; the gathers ignore them).
-  CUtensorMap map_sfa{}, map_sfb{};
+  CUtensorMap map_sfa{}, map_sfb{}, map_sfa_tail{};
   if (c.scale_load != moe_kernels::kScaleGather) {
     const unsigned layout = c.scale_load == moe_kernels::kScaleTmaKMajorTable ? moe_kernels::kScaleTmaKMajor : c.scale_load;
     MOE_HOST_ASSERT(scale_layout_for(c.type, a, c.n, c.k) == layout,
@@ -194,20 +209,29 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
     const std::uint64_t kb = static_cast<std::uint64_t>(c.k / kBlockK);
     const std::uint64_t sfb_rows = static_cast<std::uint64_t>(sfb_rows_per_group(a, c.n)) * a.num_groups;
     if (c.scale_load == moe_kernels::kScaleTmaMnMajor) {
-      // Tight boxes: the rows up to M rounded up to 16 bytes (a box's inner extent).
-      const unsigned box = c.tight_boxes ? moe_kernels::fp8_gemm_sfa_box_rows(a_box_rows, c.block_m, c.scale_load)
-                                         : static_cast<unsigned>(c.block_m);
-      map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows_a, kb,
-                         tma_row_stride(kb, a.sfa_stride_k, rows_a), box, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
+      // A tight box: the rows up to M rounded up to 16 bytes (a box's inner extent).
+      const auto sfa_map = [&](unsigned box) {
+        return make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows_a, kb,
+                        tma_row_stride(kb, a.sfa_stride_k, rows_a), box, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
+      };
+      const unsigned box = c.tight_boxes == 1 ? moe_kernels::fp8_gemm_sfa_box_rows(a_box_rows, c.block_m, c.scale_load)
+                                              : static_cast<unsigned>(c.block_m);
+      map_sfa = sfa_map(box);
+      if (c.tight_boxes == 2) {
+        map_sfa_tail = sfa_map(moe_kernels::fp8_gemm_sfa_box_rows(tail_rows, c.block_m, c.scale_load));
+      }
     } else {
       // K-major: boxes of 4 K blocks, or a table's every K block (its columns past K read as zeros
       // and are never used).
       const unsigned cols = c.scale_load == moe_kernels::kScaleTmaKMajorTable
                                 ? moe_kernels::fp8_gemm_table_cols(static_cast<unsigned>(kb))
                                 : 4u;
-      map_sfa = make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, rows_a,
-                         tma_row_stride(rows_a, a.sfa_stride_m, kb), cols, c.tight_boxes ? a_box_rows : c.block_m,
-                         CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
+      const auto sfa_map = [&](unsigned box) {
+        return make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, rows_a,
+                        tma_row_stride(rows_a, a.sfa_stride_m, kb), cols, box, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
+      };
+      map_sfa = sfa_map(c.tight_boxes == 1 ? a_box_rows : static_cast<unsigned>(c.block_m));
+      if (c.tight_boxes == 2) map_sfa_tail = sfa_map(tail_rows);  // the table's rows of the last m-block
     }
     map_sfb = make_tma(c.fn, a.sfb, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sfb_rows, sfb_view_stride(a, c.n, c.k), 4,
                        moe_kernels::fp8_gemm_sfb_rows(c.block_n, c.swiglu == 0), CU_TENSOR_MAP_SWIZZLE_NONE, "SFB");
@@ -250,7 +274,8 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
                                          reinterpret_cast<float*>(a.swiglu.act_sf),
                                          static_cast<unsigned>(a.swiglu.ld_act),
                                          static_cast<unsigned>(a.swiglu.sf_stride_m),
-                                         static_cast<unsigned>(a.swiglu.sf_stride_k)});
+                                         static_cast<unsigned>(a.swiglu.sf_stride_k)},
+                  map_a_tail, map_sfa_tail);
 }
 
 // A planned sfa_copy's arguments (the plan checked that the copy fits the workspace's room): A's

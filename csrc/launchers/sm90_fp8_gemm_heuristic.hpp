@@ -43,7 +43,7 @@ struct Config {
   int k_unroll = 1;     // the math warpgroups' K loop unrolled this many times
   int overlap = 0;      // 1: block M 64 issues the next K block's wgmmas before it promotes (kOverlap)
   int wg_store = 0;     // 1: each math warpgroup runs its own epilogue, D stored in 64-row boxes (kWgStore)
-  int tight_boxes = 0;    // 1: one m-block of fewer rows than block M, its TMA boxes ending at row M (kTightBoxes)
+  int tight_boxes = 0;    // kTightBoxes: 1 one m-block of fewer rows than block M, 2 the last m-block M cuts
   int sfa_copy = 0;     // 1: A's scales are copied MN-major into the workspace first, the launch planned on them
   int table_slots = 0;  // kScaleTmaKMajorTable's slots (1: no CTA runs a second tile; else 2), 0 otherwise
   bool tail_split_on = true;  // MOE_GEMM_TAIL_SPLIT when planned (the plan is redone when it changes)
@@ -279,15 +279,19 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   const bool lone_single_wave = type == GemmType::kNormal && cfg.multicast == 1 && cfg.one_wave(m) &&
                                 m > t.block_m;
   cfg.group_n = group_n > 0 ? group_n : lone_single_wave ? 1 : kGroupN;
-  // A single m-block of fewer rows than block M (decode): A's box (and the MN-major or table scale
-  // box) ends at row M instead of reading zeros past it; in clusters sharing A, rank 0 loads M <=
-  // block M / 2 rows for both. On lone CTAs at 1-63 rows (64-row tiles) x {2112, 4096, 576} x 7168
-  // it took 0.62-0.89x the time of whole boxes (1 x 2112 x 7168: 9.9 against 15.9 us), level at
-  // N = 24576 and 32768 (bench/RESULTS.md, session 46). MOE_FP8_TIGHT_BOXES=0 turns it off.
-  cfg.tight_boxes = type == GemmType::kNormal && !share_b && m * cfg.multicast <= t.block_m && m < t.block_m &&
-                            scale_load != moe_kernels::kScaleTmaKMajor && env_enabled("MOE_FP8_TIGHT_BOXES")
-                        ? 1
-                        : 0;
+  // Tight boxes: where M cuts an m-block, boxes of A (and of MN-major or table scales) that end at
+  // row M instead of reading zeros past it. 1 (default): one m-block, on lone CTAs or in clusters
+  // sharing A at M <= block M / 2 (rank 0 loads the rows for both). On lone CTAs at 1-63 rows (64-row
+  // tiles) x {2112, 4096, 576} x 7168 it took 0.62-0.89x the time of whole boxes (1 x 2112 x 7168: 9.9
+  // against 15.9 us), level at N = 24576 and 32768; in clusters at 1 and 7 x 7168 x 16384 0.74x and
+  // 0.85x (bench/RESULTS.md, session 46). 2 (MOE_FP8_TIGHT_BOXES=all, not yet run on a GPU): the last
+  // m-block of any M through tail maps, in clusters the CTA whose half M cuts loading the rest of it.
+  // MOE_FP8_TIGHT_BOXES=0 turns both off.
+  const char* tight_env = std::getenv("MOE_FP8_TIGHT_BOXES");
+  const bool tight_all = tight_env != nullptr && std::string(tight_env) == "all";
+  const bool tight_ok = type == GemmType::kNormal && !share_b && m % t.block_m != 0 &&
+                        scale_load != moe_kernels::kScaleTmaKMajor && env_enabled("MOE_FP8_TIGHT_BOXES");
+  cfg.tight_boxes = !tight_ok ? 0 : tight_all ? 2 : m < t.block_m && m * cfg.multicast <= t.block_m ? 1 : 0;
   // The table: one slot where no CTA runs a second tile, else two, so the next tile's fills while
   // this one's is read.
   const int table_slots = cfg.one_wave(m) ? 1 : 2;

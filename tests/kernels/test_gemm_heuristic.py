@@ -648,34 +648,41 @@ def test_64_row_tiles_where_a_128_row_tile_would_mostly_lie_past_m(m, n, k, bloc
             assert cfg["num_tiles"] <= H200_SMS and cfg["multicast"] == 1, cfg
 
 
-@pytest.mark.parametrize("m,n,k,scale_load,expected", [
-    (1, 2112, 7168, -1, 1),        # gathered A scales
-    (1, 2112, 7168, 1, 1),         # MN-major A scales by TMA
-    (16, 4096, 7168, -1, 1),       # the scale table
-    (63, 576, 7168, -1, 1),
-    (64, 2112, 7168, 1, 0),        # a whole m-block
-    (100, 2112, 7168, -1, 0),      # two m-blocks
-    (1, 7168, 16384, -1, 1),       # clusters sharing A: rank 0 loads the rows for both
-    (32, 7168, 16384, 1, 1),
-    (33, 7168, 16384, -1, 0),      # rows past the first CTA's half
-    (200, 4096, 7168, -1, 0),      # MOE_GEMM_BLOCK_M=256 (below): K-major scale boxes by TMA
-    (200, 4096, 7168, 1, 1),       # the same on MN-major scales
+@pytest.mark.parametrize("m,n,k,scale_load,default,everywhere", [
+    (1, 2112, 7168, -1, 1, 2),        # gathered A scales
+    (1, 2112, 7168, 1, 1, 2),         # MN-major A scales by TMA
+    (16, 4096, 7168, -1, 1, 2),       # the scale table
+    (63, 576, 7168, -1, 1, 2),
+    (64, 2112, 7168, 1, 0, 0),        # a whole m-block
+    (100, 2112, 7168, -1, 0, 2),      # the second of two m-blocks
+    (4095, 2112, 7168, 1, 0, 2),
+    (4096, 7168, 16384, 1, 0, 0),     # whole m-blocks
+    (1, 7168, 16384, -1, 1, 2),       # clusters sharing A: rank 0 loads the rows for both
+    (32, 7168, 16384, 1, 1, 2),
+    (33, 7168, 16384, 1, 0, 2),       # rows past the first CTA's half
+    (200, 24576, 1536, -1, 0, 0),     # clusters sharing B
+    (200, 4096, 7168, -1, 0, 0),      # MOE_GEMM_BLOCK_M=256 (below): K-major scale boxes by TMA
+    (200, 4096, 7168, 1, 1, 2),       # the same on MN-major scales
 ])
-def test_tight_boxes_for_one_partial_m_block(m, n, k, scale_load, expected, monkeypatch):
-    """A dense GEMM of one m-block with fewer rows than block M, on lone CTAs or (M <= block M / 2)
-    in clusters sharing A, reads boxes that end at row M by default; MOE_FP8_TIGHT_BOXES=0 turns
-    them off."""
+def test_tight_boxes_where_m_cuts_an_m_block(m, n, k, scale_load, default, everywhere, monkeypatch):
+    """Dense GEMMs, on lone CTAs or in clusters sharing A: by default one m-block of fewer rows than
+    block M (in a cluster at most half of them) reads boxes ending at row M (1); under
+    MOE_FP8_TIGHT_BOXES=all the last m-block of any M that cuts it does, through tail maps (2); =0
+    turns both off. The plan is otherwise the same."""
     for name in ("MOE_FP8_MULTICAST", "MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_TIGHT_BOXES"):
         monkeypatch.delenv(name, raising=False)
-    if m == 200:
+    if (m, n) == (200, 4096):
         monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
     native = kernels.jit.native_module()
-    cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
-    assert cfg["tight_boxes"] == expected, cfg
-    assert not expected or (m * cfg["multicast"] <= cfg["block_m"] and cfg["share_b"] == 0), cfg
-    assert cfg["multicast"] == (2 if n == 7168 else 1), cfg
-    if m == 200:
-        assert cfg["block_m"] == 256 and cfg["scale_load"] == ("tma_mn_major" if scale_load == 1 else "tma_k_major")
-    monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "0")
-    off = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
-    assert off["tight_boxes"] == 0 and {**off, "tight_boxes": expected} == cfg, off
+    plans = {}
+    for setting, expected in (("", default), ("all", everywhere), ("0", 0)):
+        monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", setting)
+        plans[setting] = cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
+        assert cfg["tight_boxes"] == expected, (setting, cfg)
+        assert not expected or (m % cfg["block_m"] != 0 and cfg["share_b"] == 0), cfg
+        assert expected != 1 or m * cfg["multicast"] <= cfg["block_m"], cfg
+        assert cfg["multicast"] == (2 if n in (7168, 24576) else 1), cfg
+        assert {**cfg, "tight_boxes": 0} == {**plans[""], "tight_boxes": 0}, cfg
+    if (m, n) == (200, 4096):
+        assert plans[""]["block_m"] == 256
+        assert plans[""]["scale_load"] == ("tma_mn_major" if scale_load == 1 else "tma_k_major")

@@ -72,60 +72,86 @@ def assert_same_outputs(got, expected, a_fp8, b_fp8, c) -> None:
     assert torch.equal(d, expected[0]) and torch.equal(with_c, expected[1])
 
 
+_ALL = {"MOE_FP8_TIGHT_BOXES": "all"}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,mn_scales,layout,compiled_dims", [
-    (1, 2112, 7168, False, "gather", "nk"), (7, 576, 7168, False, "gather", "nk"),
-    (63, 2112, 1536, False, "gather", "mnk"),                                      # M compiled in
-    (16, 4096, 7168, False, "tma_k_major_table", "nk"), (33, 4096, 7168, False, "tma_k_major_table", "nk"),
-    (1, 2112, 7168, True, "tma_mn_major", "nk"), (5, 4096, 7168, True, "tma_mn_major", "nk"),
-    (62, 576, 7168, True, "tma_mn_major", "nk"),
-    (100, 24576, 1536, False, "gather", "nk"),                                     # 128-row tiles
-    (65, 32768, 512, True, "tma_mn_major", "nk"),
-    (200, 4096, 7168, True, "tma_mn_major", "256"),                                # MOE_GEMM_BLOCK_M=256
-    (1, 7168, 16384, False, "gather", "nk"), (32, 7168, 16384, True, "tma_mn_major", "nk"),  # clusters sharing A
-    (13, 7168, 2048, True, "tma_mn_major", "2"),                                   # MOE_FP8_MULTICAST=2
+@pytest.mark.parametrize("m,n,k,mn_scales,layout,multicast,env", [
+    (1, 2112, 7168, False, "gather", 1, {}), (7, 576, 7168, False, "gather", 1, {}),      # a split tail
+    (63, 2112, 1536, False, "gather", 1, {"compiled_dims": "mnk"}),                     # M compiled in
+    (16, 4096, 7168, False, "tma_k_major_table", 1, {}), (33, 4096, 7168, False, "tma_k_major_table", 1, {}),
+    (1, 2112, 7168, True, "tma_mn_major", 1, {}), (5, 4096, 7168, True, "tma_mn_major", 1, {}),
+    (62, 576, 7168, True, "tma_mn_major", 1, {}),
+    (100, 24576, 1536, False, "gather", 1, {}), (65, 32768, 512, True, "tma_mn_major", 1, {}),  # 128-row tiles
+    (200, 4096, 7168, True, "tma_mn_major", 1, {"MOE_GEMM_BLOCK_M": "256"}),
+    (1, 7168, 16384, False, "gather", 2, {}), (32, 7168, 16384, True, "tma_mn_major", 2, {}),  # clusters sharing A
+    (13, 7168, 2048, True, "tma_mn_major", 2, {"MOE_FP8_MULTICAST": "2"}),
+    # MOE_FP8_TIGHT_BOXES=all: tail maps for the last m-block of any M.
+    (1, 2112, 7168, True, "tma_mn_major", 1, _ALL), (7, 576, 7168, False, "gather", 1, _ALL),
+    (33, 4096, 7168, False, "tma_k_major_table", 1, _ALL), (5, 7168, 16384, False, "gather", 2, _ALL),
+    (33, 7168, 16384, True, "tma_mn_major", 2, _ALL), (48, 7168, 16384, False, "gather", 2, _ALL),  # the 2nd CTA's cut
+    (100, 2112, 7168, False, "tma_k_major_table", 1, _ALL), (144, 2112, 7168, True, "tma_mn_major", 1, _ALL),
+    (300, 4096, 7168, False, "gather", 1, _ALL), (4095, 2112, 7168, True, "tma_mn_major", 1, _ALL),
+    (1000, 7168, 2048, False, "gather", 2, _ALL), (4000, 7168, 2048, True, "tma_mn_major", 2, _ALL),
+    (200, 4096, 7168, True, "tma_mn_major", 1, {**_ALL, "MOE_GEMM_BLOCK_M": "256"}),
+    (32, 7168, 16384, True, "tma_mn_major", 2, _ALL), (1088, 7168, 2048, False, "gather", 2, _ALL),  # M ends a share
+    (1040, 7168, 2048, False, "gather", 2, _ALL), (4100, 7168, 2048, True, "tma_mn_major", 2, _ALL),  # 2nd CTA: none
+    (33, 576, 7168, True, "tma_mn_major", 1, _ALL), (100, 576, 7168, False, "gather", 1, _ALL),  # split tails
 ])
-def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, compiled_dims, seed, monkeypatch):
-    """One m-block of m < block M rows whose boxes end at row M (the default; in clusters sharing A
-    rank 0 multicasts them): D bit for bit that of whole boxes (MOE_FP8_TIGHT_BOXES=0), NaN-poisoned,
-    with and without a residual C, on gathered, table and MN-major A scales (M not a multiple of 4
-    included). Before the tight run a whole-box GEMM of block M rows on the same shared-memory layout
-    loads NaN A bytes and infinite scales into the stages, so the rows past the tight boxes hold
-    them: they must not reach a row below M."""
+def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, multicast, env, seed, monkeypatch):
+    """Where M cuts an m-block its boxes end at row M: by default one m-block (in clusters sharing A
+    rank 0 loads the rows for both), under MOE_FP8_TIGHT_BOXES=all the last m-block of any M through
+    tail maps (in clusters the CTA whose share M cuts loads the rest, one past M none). D bit for bit
+    that of whole boxes (MOE_FP8_TIGHT_BOXES=0), NaN-poisoned, with and without a residual C, on
+    gathered, table and MN-major A scales (M not a multiple of 4 included). Before the tight run a
+    whole-box GEMM on the same tiles and shared-memory layout, on at least as many CTAs, loads NaN A
+    bytes and infinite scales into the stages, so the rows past the tight boxes hold them: they must
+    not reach a row below M. (Over several waves the last m-block's stale rows come from the run's
+    own earlier tiles instead: there bit equality with whole boxes is the check.)"""
     native = kernels.jit.native_module()
     sl = 1 if mn_scales else -1
-    forced = ({"MOE_GEMM_BLOCK_M": compiled_dims} if compiled_dims == "256" else
-              {"MOE_FP8_MULTICAST": compiled_dims} if compiled_dims.isdigit() else {})
-    compiled_dims = "nk" if forced else compiled_dims
-    for name, value in forced.items():
+    env = dict(env)
+    compiled_dims = env.pop("compiled_dims", "nk")
+    tight_env = env.pop("MOE_FP8_TIGHT_BOXES", None)
+
+    def tight_boxes(on: bool) -> None:
+        if on and tight_env is None:
+            monkeypatch.delenv("MOE_FP8_TIGHT_BOXES", raising=False)
+        else:
+            monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", tight_env if on else "0")
+
+    for name, value in env.items():
         monkeypatch.setenv(name, value)
     a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
     if mn_scales:
         a_fp8 = (a_fp8[0], kernels.get_mn_major_tma_aligned_tensor(a_fp8[1]))
     c = torch.randn(m, n, device="cuda")
-    monkeypatch.delenv("MOE_FP8_TIGHT_BOXES", raising=False)
+    tight_boxes(True)
     tight = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), scale_load=sl)
-    assert (tight["tight_boxes"], tight["scale_load"]) == (1, layout), tight
-    assert tight["multicast"] == (2 if n == 7168 else 1), tight
-    monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "0")
+    mode = 2 if tight_env else 1
+    assert (tight["tight_boxes"], tight["scale_load"], tight["multicast"]) == (mode, layout, multicast), tight
+    tight_boxes(False)
     whole = d_with_and_without_c(a_fp8, b_fp8, c, compiled_dims=compiled_dims)
-    # The poison: block M rows of NaN (E4M3 0x7F) with infinite scales, on the tight plan's tiles and stages.
-    rows = tight["block_m"]
-    for name, value in (("MOE_GEMM_BLOCK_M", rows), ("MOE_GEMM_BLOCK_N", tight["block_n"]),
+    # The poison: NaN rows (E4M3 0x7F) with infinite scales on the tight plan's tiles and stages, as
+    # many m-blocks as one wave holds (at least M's).
+    n_blocks = -(-n // tight["block_n"])
+    rows = max(-(-m // tight["block_m"]), kernels.get_num_sms() // n_blocks) * tight["block_m"]
+    for name, value in (("MOE_GEMM_BLOCK_M", tight["block_m"]), ("MOE_GEMM_BLOCK_N", tight["block_n"]),
                         ("MOE_GEMM_STAGES", tight["num_stages"])):
         monkeypatch.setenv(name, str(value))
     poison_plan = native.fp8_gemm_nt_config(rows, n, k, kernels.get_num_sms(), scale_load=sl)
     layout_keys = ("block_m", "block_n", "num_stages", "smem_bytes", "scale_load", "table_slots")
     assert {key: poison_plan[key] for key in layout_keys} == {key: tight[key] for key in layout_keys}, poison_plan
+    assert poison_plan["grid"] >= tight["grid"], poison_plan
     nan_a = torch.full((rows, k), 0x7F, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
     inf_sf = torch.full((rows, k // 128), float("inf"), device="cuda")
     poison_a = (nan_a, kernels.get_mn_major_tma_aligned_tensor(inf_sf) if mn_scales else inf_sf)
     kernels.fp8_gemm_nt(poison_a, b_fp8, torch.empty(rows, n, dtype=torch.bfloat16, device="cuda"))
     for name in ("MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_GEMM_STAGES"):
         monkeypatch.delenv(name)
-    for name, value in forced.items():
+    for name, value in env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("MOE_FP8_TIGHT_BOXES")
+    tight_boxes(True)
     # Non-finite values in rows below M would come from the stale rows past the tight boxes.
     tight_out = d_with_and_without_c(a_fp8, b_fp8, c, compiled_dims=compiled_dims)
     assert_same_outputs(tight_out, whole, a_fp8, b_fp8, c)

@@ -38,6 +38,10 @@ namespace moe_kernels {
 // kScaleLoad (common/fp8_gemm_layout.h): kScaleGather reads the scales at sfa / sfb with their
 // strides (kScaleWarps warps); the TMA loads read them through map_sfa ([K blocks, rows of A] if
 // MN-major, [rows of A, K blocks] if K-major) and map_sfb ([groups x ceil(N / 128), K blocks]).
+// kTightBoxes 2 (dense): the last m-block, where M cuts it, loads A through map_a_tail (a box of
+// the rows M leaves it, or in a cluster of those M leaves the CTA's share) and MN-major or table
+// scales through map_sfa_tail; other kernels ignore both maps (the last parameters, so the others'
+// offsets stay).
 // kNormal's tail split (common/scheduler.cuh): num_splits > 1 splits the last tail_tiles tiles (per
 // cluster) over K, split s taking split_k_quot + (s < split_k_rem) K blocks, their partial sums
 // added through split_workspace / split_counters (common/split_reduce.cuh); 1 runs every tile whole.
@@ -50,7 +54,7 @@ template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, u
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
           uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false, bool kWgStore = false,
-          uint32_t kTableSlots = 0, bool kSwiGlu = false, bool kTightBoxes = false>
+          uint32_t kTableSlots = 0, bool kSwiGlu = false, uint32_t kTightBoxes = 0>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -60,7 +64,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                      float* __restrict__ split_workspace, int* __restrict__ split_counters,
                      const __grid_constant__ TmaDescriptor map_a, const __grid_constant__ TmaDescriptor map_b,
                      const __grid_constant__ TmaDescriptor map_d, const __grid_constant__ TmaDescriptor map_sfa,
-                     const __grid_constant__ TmaDescriptor map_sfb, const SwiGluOut swiglu) {
+                     const __grid_constant__ TmaDescriptor map_sfb, const SwiGluOut swiglu,
+                     const __grid_constant__ TmaDescriptor map_a_tail,
+                     const __grid_constant__ TmaDescriptor map_sfa_tail) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages, kScaleLoad, (kTableSlots > 0 ? kShapeK / 128 : 0), kTableSlots,
                            !kSwiGlu>;
@@ -158,8 +164,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                 "SwiGLU epilogue: tiles of block N 128 or 256, one wave, without overlap, residual or clusters "
                 "sharing A, N a multiple of 256");
   constexpr uint32_t kHalfRowsB = kBlockN / 2;
-  static_assert(!kTightBoxes || (kType == GemmType::kNormal && !kShareB && !kSwiGlu && kScaleLoad != kScaleTmaKMajor),
-                "tight boxes: dense, lone CTAs or clusters sharing A, gathered, MN-major or table A scales");
+  static_assert(kTightBoxes == 0 || (kTightBoxes <= 2 && kType == GemmType::kNormal && !kShareB && !kSwiGlu &&
+                                     kScaleLoad != kScaleTmaKMajor),
+                "tight boxes (1 or 2): dense, lone CTAs or clusters sharing A, gathered, MN-major or table A scales");
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -181,6 +188,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     if constexpr (kScaleTma) {
       sm90::tma_prefetch_descriptor(&map_sfa);
       sm90::tma_prefetch_descriptor(&map_sfb);
+    }
+    if constexpr (kTightBoxes == 2) {
+      sm90::tma_prefetch_descriptor(&map_a_tail);
+      if constexpr (kScaleTma) sm90::tma_prefetch_descriptor(&map_sfa_tail);
     }
     // Full: one expect-tx arrival for the TMA loads, plus one cp.async arrival per scale lane.
     ring.init(kScaleTma ? 1 : 1 + 32, kNumMathWG * 4 * kNumMulticast);
@@ -240,33 +251,46 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     if (producer_warp == 0 && lane == 0) {
       const uint32_t rank = kNumMulticast > 1 ? sm90::cluster_ctarank() : 0;
       [[maybe_unused]] PipelineState<Smem::kSfaRing> sfa_pipe;
-      // kTightBoxes (a single m-block of m < kBlockM rows, in a cluster m <= kMulticastRowsA): the
-      // launcher's boxes end at row m, A's and the table's exactly, an MN-major scale box at m rounded
-      // up to 4 floats (16 bytes), so the transactions are that much shorter; in a cluster rank 0
-      // multicasts A's rows alone. A stage's rows past them keep stale bytes, which reach only the
-      // accumulator rows past M, never stored.
-      const uint32_t box_rows = kTightBoxes ? min(m, kBlockM) : kBlockM;
-      const uint32_t sfa_box_rows = fp8_gemm_sfa_box_rows(box_rows, kBlockM, kScaleLoad);
-      const uint32_t tma_bytes = Smem::kTmaBytes - (kBlockM - box_rows) * kBlockK -
-                                 (kScaleLoad == kScaleTmaMnMajor ? (kBlockM - sfa_box_rows) * 4 : 0u);
-      [[maybe_unused]] const uint32_t sfa_slot_bytes = Smem::kSfaSlot - (kBlockM - sfa_box_rows) * Smem::kSfaCols * 4;
+      // kTightBoxes: where M cuts an m-block its boxes end at row m, so the transactions are that
+      // much shorter: A's and the table's exactly, an MN-major scale box at m rounded up to 4 floats
+      // (16 bytes). Rows past them keep stale bytes, which reach only accumulator rows past M, never
+      // stored. 1: a single m-block of m < kBlockM rows (in a cluster m <= kMulticastRowsA, rank 0
+      // multicasting A's rows alone) through the launcher's tight main maps. 2: the last m-block of
+      // any M through map_a_tail / map_sfa_tail; in a cluster the CTA whose share M cuts loads the
+      // rest of it, one whose share lies past M none.
+      const uint32_t box_rows = kTightBoxes == 1 ? min(m, kBlockM) : kBlockM;
+      const auto tma_bytes = [&](uint32_t rows) {
+        return Smem::kTmaBytes - (kBlockM - rows) * kBlockK -
+               (kScaleLoad == kScaleTmaMnMajor ? (kBlockM - fp8_gemm_sfa_box_rows(rows, kBlockM, kScaleLoad)) * 4 : 0u);
+      };
+      const uint32_t box_bytes = tma_bytes(box_rows);
+      const auto sfa_slot_bytes = [&](uint32_t rows) { return Smem::kSfaSlot - (kBlockM - rows) * Smem::kSfaCols * 4; };
+      [[maybe_unused]] const uint32_t box_slot_bytes = sfa_slot_bytes(box_rows);
       // The table's box: every K block of the tile's rows.
-      [[maybe_unused]] const auto load_sfa = [&](uint32_t row) {
+      [[maybe_unused]] const auto load_sfa = [&](uint32_t row, uint32_t rows) {
         sfa_ring.producer_acquire(sfa_pipe);
         uint64_t* full = sfa_ring.full + sfa_pipe.stage;
-        sm90::mbarrier_arrive_expect_tx(full, sfa_slot_bytes);
-        sm90::tma_load_2d(smem_sfa + sfa_pipe.stage * (Smem::kSfaSlot / 4), &map_sfa, full, 0, row);
+        sm90::mbarrier_arrive_expect_tx(full, kTightBoxes == 2 ? sfa_slot_bytes(rows) : box_slot_bytes);
+        sm90::tma_load_2d(smem_sfa + sfa_pipe.stage * (Smem::kSfaSlot / 4),
+                          kTightBoxes == 2 && rows < kBlockM ? &map_sfa_tail : &map_sfa, full, 0, row);
         sfa_pipe.advance();
       };
       const auto load_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
         const uint32_t row_a = a_row0(t) + (kShareB ? 0 : rank * kMulticastRowsA), row_b = b_row0(t);
         const uint32_t row_sfa = a_row0(t), row_sfb = sfb_row0(t);
+        const uint32_t rows = kTightBoxes == 2 ? min(m - a_row0(t), kBlockM) : box_rows;
+        const uint32_t bytes = kTightBoxes == 2 ? tma_bytes(rows) : box_bytes;
+        // A cluster's CTA loads its share of A's rows: kMulticastRowsA, rank 0 alone (kTightBoxes 1),
+        // or (2) fewer where M cuts it, none past M.
+        const uint32_t rank_rows =
+            rows > rank * kMulticastRowsA ? min(rows - rank * kMulticastRowsA, kMulticastRowsA) : 0u;
+        const bool loads_a = kTightBoxes == 0 || (kTightBoxes == 1 ? rank == 0 : rank_rows > 0);
         // The table: every K block of the tile's rows, its split unit's too (it reads its own columns).
-        if constexpr (kScaleTable) load_sfa(row_sfa);
+        if constexpr (kScaleTable) load_sfa(row_sfa, rows);
         for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
           ring.producer_acquire(pipe);
           uint64_t* full = ring.full + pipe.stage;
-          sm90::mbarrier_arrive_expect_tx(full, tma_bytes);
+          sm90::mbarrier_arrive_expect_tx(full, bytes);
           if constexpr (kScaleTma) {
             // Each CTA of a cluster loads the whole A scale box (1-4 KB against the tiles' 48 KB):
             // multicasting half from each took as long (bench/RESULTS.md, session 46). A box's
@@ -274,7 +298,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
             // instruction): K-major boxes start at the K block's group of 4, read at its column.
             float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
             if constexpr (kScaleLoad == kScaleTmaMnMajor) {
-              sm90::tma_load_2d(sf, &map_sfa, full, row_sfa, kb);
+              sm90::tma_load_2d(sf, kTightBoxes == 2 && rows < kBlockM ? &map_sfa_tail : &map_sfa, full, row_sfa, kb);
             } else if constexpr (kScaleLoad == kScaleTmaKMajor) {
               sm90::tma_load_2d(sf, &map_sfa, full, kb & ~3u, row_sfa);
             }
@@ -294,11 +318,13 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
           } else {
             uint8_t* smem_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + rank * kMulticastRowsA * kBlockK;
             if constexpr (kNumMulticast > 1) {
-              if (!kTightBoxes || rank == 0) {
-                sm90::tma_load_2d_multicast(smem_a, &map_a, full, kb * kBlockK, row_a, (1u << kNumMulticast) - 1);
+              if (loads_a) {
+                const TmaDescriptor* map = kTightBoxes == 2 && rank_rows < kMulticastRowsA ? &map_a_tail : &map_a;
+                sm90::tma_load_2d_multicast(smem_a, map, full, kb * kBlockK, row_a, (1u << kNumMulticast) - 1);
               }
             } else {
-              sm90::tma_load_2d(smem_a, &map_a, full, kb * kBlockK, row_a);
+              sm90::tma_load_2d(smem_a, kTightBoxes == 2 && rows < kBlockM ? &map_a_tail : &map_a, full, kb * kBlockK,
+                                row_a);
             }
             sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, &map_b, full, kb * kBlockK, row_b);
           }
