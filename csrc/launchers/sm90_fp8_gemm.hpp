@@ -178,6 +178,12 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
   const CUtensorMap map_b = make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
                                      static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK,
                                      c.block_n / b_share, CU_TENSOR_MAP_SWIZZLE_128B, "B");
+  // B's tail box (tight_boxes 2): the rows N leaves the last n-block.
+  const CUtensorMap map_b_tail = c.tight_boxes == 2 && c.n % c.block_n != 0
+                                     ? make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
+                                                static_cast<std::uint64_t>(c.n), a.ldb, kBlockK,
+                                                static_cast<unsigned>(c.n % c.block_n), CU_TENSOR_MAP_SWIZZLE_128B, "B")
+                                     : CUtensorMap{};
   // Per-warpgroup epilogues store 64-row stripes. The SwiGLU epilogue writes no D.
   MOE_HOST_ASSERT((a.swiglu.act != 0) == (c.swiglu != 0),
                   c.fn << ": the plan and the arguments disagree on the SwiGLU epilogue");
@@ -275,7 +281,7 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
                                          static_cast<unsigned>(a.swiglu.ld_act),
                                          static_cast<unsigned>(a.swiglu.sf_stride_m),
                                          static_cast<unsigned>(a.swiglu.sf_stride_k)},
-                  map_a_tail, map_sfa_tail);
+                  map_a_tail, map_sfa_tail, map_b_tail);
 }
 
 // A planned sfa_copy's arguments (the plan checked that the copy fits the workspace's room): A's

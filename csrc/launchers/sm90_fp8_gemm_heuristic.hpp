@@ -285,13 +285,14 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // tiles) x {2112, 4096, 576} x 7168 it took 0.62-0.89x the time of whole boxes (1 x 2112 x 7168: 9.9
   // against 15.9 us), level at N = 24576 and 32768; in clusters at 1 and 7 x 7168 x 16384 0.74x and
   // 0.85x (bench/RESULTS.md, session 46). 2 (MOE_FP8_TIGHT_BOXES=all, not yet run on a GPU): the last
-  // m-block of any M through tail maps, in clusters the CTA whose half M cuts loading the rest of it.
-  // MOE_FP8_TIGHT_BOXES=0 turns both off.
+  // m-block of any M through tail maps, in clusters the CTA whose half M cuts loading the rest of it,
+  // and B's last n-block where N cuts it. MOE_FP8_TIGHT_BOXES=0 turns both off.
   const char* tight_env = std::getenv("MOE_FP8_TIGHT_BOXES");
   const bool tight_all = tight_env != nullptr && std::string(tight_env) == "all";
-  const bool tight_ok = type == GemmType::kNormal && !share_b && m % t.block_m != 0 &&
-                        scale_load != moe_kernels::kScaleTmaKMajor && env_enabled("MOE_FP8_TIGHT_BOXES");
-  cfg.tight_boxes = !tight_ok ? 0 : tight_all ? 2 : m < t.block_m && m * cfg.multicast <= t.block_m ? 1 : 0;
+  const bool tight_ok = type == GemmType::kNormal && !share_b && scale_load != moe_kernels::kScaleTmaKMajor &&
+                        env_enabled("MOE_FP8_TIGHT_BOXES");
+  const bool cuts = m % t.block_m != 0 || n % t.block_n != 0;
+  cfg.tight_boxes = !tight_ok ? 0 : tight_all && cuts ? 2 : m < t.block_m && m * cfg.multicast <= t.block_m ? 1 : 0;
   // The table: one slot where no CTA runs a second tile, else two, so the next tile's fills while
   // this one's is read.
   const int table_slots = cfg.one_wave(m) ? 1 : 2;

@@ -663,12 +663,13 @@ def test_64_row_tiles_where_a_128_row_tile_would_mostly_lie_past_m(m, n, k, bloc
     (200, 24576, 1536, -1, 0, 0),     # clusters sharing B
     (200, 4096, 7168, -1, 0, 0),      # MOE_GEMM_BLOCK_M=256 (below): K-major scale boxes by TMA
     (200, 4096, 7168, 1, 1, 2),       # the same on MN-major scales
+    (1024, 7168, 2048, 1, 0, 2),      # whole m-blocks, N cuts the last n-block (block N 160)
 ])
 def test_tight_boxes_where_m_cuts_an_m_block(m, n, k, scale_load, default, everywhere, monkeypatch):
     """Dense GEMMs, on lone CTAs or in clusters sharing A: by default one m-block of fewer rows than
     block M (in a cluster at most half of them) reads boxes ending at row M (1); under
-    MOE_FP8_TIGHT_BOXES=all the last m-block of any M that cuts it does, through tail maps (2); =0
-    turns both off. The plan is otherwise the same."""
+    MOE_FP8_TIGHT_BOXES=all the last m-block of any M that cuts it does, and B's last n-block of any
+    N that cuts it, through tail maps (2); =0 turns both off. The plan is otherwise the same."""
     for name in ("MOE_FP8_MULTICAST", "MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_TIGHT_BOXES"):
         monkeypatch.delenv(name, raising=False)
     if (m, n) == (200, 4096):
@@ -679,7 +680,7 @@ def test_tight_boxes_where_m_cuts_an_m_block(m, n, k, scale_load, default, every
         monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", setting)
         plans[setting] = cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
         assert cfg["tight_boxes"] == expected, (setting, cfg)
-        assert not expected or (m % cfg["block_m"] != 0 and cfg["share_b"] == 0), cfg
+        assert not expected or ((m % cfg["block_m"] or n % cfg["block_n"]) and cfg["share_b"] == 0), cfg
         assert expected != 1 or m * cfg["multicast"] <= cfg["block_m"], cfg
         assert cfg["multicast"] == (2 if n in (7168, 24576) else 1), cfg
         assert {**cfg, "tight_boxes": 0} == {**plans[""], "tight_boxes": 0}, cfg

@@ -97,11 +97,14 @@ _ALL = {"MOE_FP8_TIGHT_BOXES": "all"}
     (32, 7168, 16384, True, "tma_mn_major", 2, _ALL), (1088, 7168, 2048, False, "gather", 2, _ALL),  # M ends a share
     (1040, 7168, 2048, False, "gather", 2, _ALL), (4100, 7168, 2048, True, "tma_mn_major", 2, _ALL),  # 2nd CTA: none
     (33, 576, 7168, True, "tma_mn_major", 1, _ALL), (100, 576, 7168, False, "gather", 1, _ALL),  # split tails
+    (144, 4096, 7168, True, "tma_mn_major", 1, _ALL), (128, 576, 7168, False, "gather", 1, _ALL),  # N cuts B's too
+    (256, 4232, 2048, False, "gather", 2, _ALL), (1024, 7168, 2048, True, "tma_mn_major", 2, _ALL),  # N's alone
 ])
 def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, multicast, env, seed, monkeypatch):
     """Where M cuts an m-block its boxes end at row M: by default one m-block (in clusters sharing A
     rank 0 loads the rows for both), under MOE_FP8_TIGHT_BOXES=all the last m-block of any M through
-    tail maps (in clusters the CTA whose share M cuts loads the rest, one past M none). D bit for bit
+    tail maps (in clusters the CTA whose share M cuts loads the rest, one past M none), and B's last
+    n-block where N cuts it (its stale rows may reach only columns past N). D bit for bit
     that of whole boxes (MOE_FP8_TIGHT_BOXES=0), NaN-poisoned, with and without a residual C, on
     gathered, table and MN-major A scales (M not a multiple of 4 included). Before the tight run a
     whole-box GEMM on the same tiles and shared-memory layout, on at least as many CTAs, loads NaN A

@@ -591,6 +591,7 @@ def test_fp8_gemm_behind_the_copy_waits_before_its_first_tma_load(m, n, k, gemm_
     # MOE_FP8_TIGHT_BOXES=all: tail maps, the last of several m-blocks too.
     (1, 2112, 7168, 1, "tma_mn_major", 1, 2), (16, 4096, 7168, -1, "tma_k_major_table", 1, 2),
     (144, 2112, 7168, 1, "tma_mn_major", 1, 2), (1000, 7168, 2048, -1, "gather", 2, 2),
+    (144, 4096, 7168, 1, "tma_mn_major", 1, 2),                                # and B's last n-block
 ])
 def test_fp8_gemm_tight_boxes_build(m, n, k, scale_load, layout, multicast, mode, monkeypatch):
     """The kernels whose boxes end at row M where it cuts an m-block (1: one m-block, the default

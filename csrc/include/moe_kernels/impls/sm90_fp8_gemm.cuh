@@ -40,8 +40,8 @@ namespace moe_kernels {
 // MN-major, [rows of A, K blocks] if K-major) and map_sfb ([groups x ceil(N / 128), K blocks]).
 // kTightBoxes 2 (dense): the last m-block, where M cuts it, loads A through map_a_tail (a box of
 // the rows M leaves it, or in a cluster of those M leaves the CTA's share) and MN-major or table
-// scales through map_sfa_tail; other kernels ignore both maps (the last parameters, so the others'
-// offsets stay).
+// scales through map_sfa_tail, the last n-block, where N cuts it, B through map_b_tail (N % kBlockN
+// rows); other kernels ignore these maps (the last parameters, so the others' offsets stay).
 // kNormal's tail split (common/scheduler.cuh): num_splits > 1 splits the last tail_tiles tiles (per
 // cluster) over K, split s taking split_k_quot + (s < split_k_rem) K blocks, their partial sums
 // added through split_workspace / split_counters (common/split_reduce.cuh); 1 runs every tile whole.
@@ -66,7 +66,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                      const __grid_constant__ TmaDescriptor map_d, const __grid_constant__ TmaDescriptor map_sfa,
                      const __grid_constant__ TmaDescriptor map_sfb, const SwiGluOut swiglu,
                      const __grid_constant__ TmaDescriptor map_a_tail,
-                     const __grid_constant__ TmaDescriptor map_sfa_tail) {
+                     const __grid_constant__ TmaDescriptor map_sfa_tail,
+                     const __grid_constant__ TmaDescriptor map_b_tail) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Smem = Fp8GemmSmem<kBlockM, kBlockN, kNumStages, kScaleLoad, (kTableSlots > 0 ? kShapeK / 128 : 0), kTableSlots,
                            !kSwiGlu>;
@@ -190,6 +191,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       sm90::tma_prefetch_descriptor(&map_sfb);
     }
     if constexpr (kTightBoxes == 2) {
+      if constexpr (kShapeN % kBlockN != 0) sm90::tma_prefetch_descriptor(&map_b_tail);
       sm90::tma_prefetch_descriptor(&map_a_tail);
       if constexpr (kScaleTma) sm90::tma_prefetch_descriptor(&map_sfa_tail);
     }
@@ -257,7 +259,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       // stored. 1: a single m-block of m < kBlockM rows (in a cluster m <= kMulticastRowsA, rank 0
       // multicasting A's rows alone) through the launcher's tight main maps. 2: the last m-block of
       // any M through map_a_tail / map_sfa_tail; in a cluster the CTA whose share M cuts loads the
-      // rest of it, one whose share lies past M none.
+      // rest of it, one whose share lies past M none. Likewise B's rows past N in the last n-block
+      // (map_b_tail; its stale rows reach only columns past N).
       const uint32_t box_rows = kTightBoxes == 1 ? min(m, kBlockM) : kBlockM;
       const auto tma_bytes = [&](uint32_t rows) {
         return Smem::kTmaBytes - (kBlockM - rows) * kBlockK -
@@ -279,7 +282,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         const uint32_t row_a = a_row0(t) + (kShareB ? 0 : rank * kMulticastRowsA), row_b = b_row0(t);
         const uint32_t row_sfa = a_row0(t), row_sfb = sfb_row0(t);
         const uint32_t rows = kTightBoxes == 2 ? min(m - a_row0(t), kBlockM) : box_rows;
-        const uint32_t bytes = kTightBoxes == 2 ? tma_bytes(rows) : box_bytes;
+        // A padding n-block of a cluster (past N) keeps its whole box.
+        const uint32_t rows_b = kTightBoxes == 2 && kShapeN % kBlockN != 0 ? min(kShapeN - row_b, kBlockN) : kBlockN;
+        const uint32_t bytes = kTightBoxes == 2 ? tma_bytes(rows) - (kBlockN - rows_b) * kBlockK : box_bytes;
         // A cluster's CTA loads its share of A's rows: kMulticastRowsA, rank 0 alone (kTightBoxes 1),
         // or (2) fewer where M cuts it, none past M.
         const uint32_t rank_rows =
@@ -326,7 +331,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
               sm90::tma_load_2d(smem_a, kTightBoxes == 2 && rows < kBlockM ? &map_a_tail : &map_a, full, kb * kBlockK,
                                 row_a);
             }
-            sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, &map_b, full, kb * kBlockK, row_b);
+            sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, rows_b < kBlockN ? &map_b_tail : &map_b,
+                              full, kb * kBlockK, row_b);
           }
         }
       };
