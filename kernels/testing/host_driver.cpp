@@ -25,6 +25,40 @@ CUlaunchConfig g_last_launch{};
 unsigned g_last_cluster = 1;
 bool g_last_pdl = false;
 
+// The last kLogSize maps encoded: data type, rank, sizes and box of the first three dimensions.
+struct EncodedMap {
+  long long dtype, rank, dims[3], box[3];
+};
+constexpr int kLogSize = 64;
+std::mutex g_log_mutex;
+EncodedMap g_log[kLogSize];
+long long g_log_next = 0;
+
+constexpr CUresult kInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE
+
+// The rules the real driver enforces for a tiled, non-interleaved map (CUDA driver API,
+// cuTensorMapEncodeTiled), so that a map a GPU would refuse fails here too.
+bool legal_map(CUtensorMapDataType dtype, cuuint32_t rank, const void* address, const cuuint64_t* dims,
+               const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapInterleave interleave,
+               CUtensorMapSwizzle swizzle) {
+  static constexpr int kElemBytes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4};
+  if (static_cast<unsigned>(dtype) >= sizeof(kElemBytes) / sizeof(kElemBytes[0])) return false;
+  if (rank < 1 || rank > 5 || interleave != CU_TENSOR_MAP_INTERLEAVE_NONE) return false;
+  if (reinterpret_cast<std::uintptr_t>(address) % 16 != 0) return false;
+  const unsigned elem = static_cast<unsigned>(kElemBytes[dtype]);
+  for (cuuint32_t i = 0; i < rank; ++i) {
+    if (dims[i] < 1 || dims[i] > (1ull << 32) || box[i] < 1 || box[i] > 256) return false;
+    if (i + 1 < rank && (strides[i] % 16 != 0 || strides[i] >= (1ull << 40))) return false;
+  }
+  const unsigned inner_bytes = box[0] * elem;
+  if (inner_bytes % 16 != 0) return false;
+  const unsigned span = swizzle == CU_TENSOR_MAP_SWIZZLE_32B    ? 32
+                        : swizzle == CU_TENSOR_MAP_SWIZZLE_64B  ? 64
+                        : swizzle == CU_TENSOR_MAP_SWIZZLE_128B ? 128
+                                                                : 0;
+  return span == 0 || inner_bytes <= span;
+}
+
 CUctx_st* const kContext = reinterpret_cast<CUctx_st*>(0x1000);
 CUmod_st* const kModule = reinterpret_cast<CUmod_st*>(0x2000);
 CUfunc_st* const kFunction = reinterpret_cast<CUfunc_st*>(0x3000);
@@ -127,9 +161,19 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction, void**, void
 }
 CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank, void* address,
                                 const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
-                                const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle swizzle,
+                                const cuuint32_t*, CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
   ++g_encodes;
+  if (!legal_map(dtype, rank, address, dims, strides, box, interleave, swizzle)) return kInvalidValue;
+  {
+    std::lock_guard<std::mutex> lock(g_log_mutex);
+    EncodedMap& entry = g_log[g_log_next++ % kLogSize];
+    entry = EncodedMap{static_cast<long long>(dtype), static_cast<long long>(rank), {1, 1, 1}, {1, 1, 1}};
+    for (cuuint32_t i = 0; i < rank && i < 3; ++i) {
+      entry.dims[i] = static_cast<long long>(dims[i]);
+      entry.box[i] = box[i];
+    }
+  }
   std::memset(map, 0, sizeof(*map));
   // The arguments, so that a test can tell maps apart.
   std::uint64_t words[16] = {reinterpret_cast<std::uint64_t>(address), static_cast<std::uint64_t>(dtype), rank,
@@ -148,6 +192,17 @@ CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType dtype, cuu
 long long host_driver_encodes() { return g_encodes.load(); }
 long long host_driver_launches() { return g_launches.load(); }
 long long host_driver_module_loads() { return g_module_loads.load(); }
+// The last `count` (at most 64) maps encoded, oldest first, 8 values each: data type, rank, the
+// first three sizes, the first three box sizes (1 past the rank).
+void host_driver_encoded_maps(long long* out, int count) {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  for (int i = 0; i < count && i < kLogSize; ++i) {
+    const EncodedMap& entry = g_log[(g_log_next - count + i + kLogSize * 1024) % kLogSize];
+    const long long values[8] = {entry.dtype, entry.rank, entry.dims[0], entry.dims[1], entry.dims[2],
+                                 entry.box[0], entry.box[1], entry.box[2]};
+    std::memcpy(out + 8 * i, values, sizeof(values));
+  }
+}
 // grid x, block x, dynamic shared memory, cluster size, PDL (0/1) of the last launch.
 void host_driver_last_launch(long long* out) {
   std::lock_guard<std::mutex> lock(g_last_mutex);

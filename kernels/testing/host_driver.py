@@ -12,7 +12,7 @@ The library must be loaded before anything else loads a driver, so it goes into 
     subprocess.run([...], env=host_driver_env(lib_dir))
     # in that process:
     record = HostDriverRecord.attach()
-    record.encodes(), record.launches(), record.last_launch()
+    record.encodes(), record.launches(), record.last_launch(), record.encoded_maps(n)
 """
 
 from __future__ import annotations
@@ -65,6 +65,17 @@ class LaunchRecord:
     pdl: bool
 
 
+@dataclass(frozen=True)
+class EncodedMap:
+    """A TMA map the launchers encoded: CUtensorMapDataType value, rank, and the sizes and box of its
+    first three dimensions (innermost first; 1 past the rank)."""
+
+    dtype: int
+    rank: int
+    dims: tuple[int, int, int]
+    box: tuple[int, int, int]
+
+
 class HostDriverRecord:
     """The counters of the host-only driver this process loaded."""
 
@@ -92,6 +103,14 @@ class HostDriverRecord:
 
     def module_loads(self) -> int:
         return self._lib.host_driver_module_loads()
+
+    def encoded_maps(self, count: int) -> list[EncodedMap]:
+        """The last ``count`` (at most 64) maps encoded, oldest first."""
+        count = min(count, 64, self.encodes())
+        out = (ctypes.c_longlong * (8 * max(count, 1)))()
+        self._lib.host_driver_encoded_maps(out, count)
+        return [EncodedMap(int(out[8 * i]), int(out[8 * i + 1]), tuple(int(v) for v in out[8 * i + 2:8 * i + 5]),
+                           tuple(int(v) for v in out[8 * i + 5:8 * i + 8])) for i in range(count)]
 
     def last_launch(self) -> LaunchRecord:
         out = (ctypes.c_longlong * 5)()

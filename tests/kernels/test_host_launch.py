@@ -140,6 +140,19 @@ out["dense_small_no_room"] = [launches_of(lambda: dense_k_major(128, n, k, ws_by
                               rec.last_launch().smem_bytes]
 out["dense_small_k_384"] = launches_of(lambda: dense_k_major(128, n, 384))
 del os.environ["MOE_FP8_SFA_COPY"]
+# The maps of launches whose M and N cut their last blocks, with tail boxes (MOE_FP8_TIGHT_BOXES=all)
+# and without (the default; one m-block takes form 1, tight main maps); complete only without the memo.
+def maps_of(m, n, k):
+    before = rec.encodes()
+    dense(m, n, k)
+    plan = native.fp8_gemm_nt_config(m, n, k, 132, split_workspace=False, scale_load=1)
+    return {"shape": [m, n, k], "plan": {key: plan[key] for key in ("block_m", "block_n", "multicast", "tight_boxes")},
+            "maps": [[e.dtype, list(e.box)] for e in rec.encoded_maps(rec.encodes() - before)]}
+tail_shapes = [(144, 4096, 7168), (1000, 7168, 2048), (33, 7168, 16384), (1040, 7168, 2048), (4100, 7168, 2048)]
+out["default_maps"] = [maps_of(*shape) for shape in tail_shapes + [(7, 7168, 16384)]]
+os.environ["MOE_FP8_TIGHT_BOXES"] = "all"
+out["tail_maps"] = [maps_of(*shape) for shape in tail_shapes]
+del os.environ["MOE_FP8_TIGHT_BOXES"]
 # B's scales with strides past the kernel's 32-bit offsets: refused before any launch.
 def sfb_span_error(sfb_strides=None):
     try:
@@ -276,3 +289,35 @@ def test_sfa_copy_all_copies_narrow_tiles_first(observed):
     assert (launches, smem) == (2, mn_smem)
     assert observed["dense_small_no_room"] == [1, gather_smem]
     assert observed["dense_small_k_384"] == 1
+
+
+_UINT8, _FLOAT32 = 0, 7  # CUtensorMapDataType
+
+
+def _boxes(case: dict) -> tuple[list, list]:
+    """(A's and B's boxes, A's scale boxes) of a launch's maps, sorted."""
+    fp8 = sorted(tuple(box[:2]) for dtype, box in case["maps"] if dtype == _UINT8)
+    sfa = sorted(tuple(box[:2]) for dtype, box in case["maps"] if dtype == _FLOAT32 and box[1] == 1)
+    return fp8, sfa
+
+
+def test_tail_boxes_end_where_m_and_n_do(observed_without_memo):
+    """MOE_FP8_TIGHT_BOXES=all: besides the whole boxes a launch encodes A's tail box (the rows M leaves
+    its last m-block, in a cluster those M leaves the CTA it cuts), the MN-major A scales' (those rows
+    rounded up to 4 floats) and B's (the rows N leaves its last n-block), and nothing else. By default
+    only one m-block's main boxes are tight (M rows); several keep whole boxes and no tail maps."""
+    for case in observed_without_memo["tail_maps"]:
+        (m, n, k), plan = case["shape"], case["plan"]
+        block_m, block_n = plan["block_m"], plan["block_n"]
+        share = block_m // plan["multicast"]
+        tail = m % block_m or block_m
+        assert plan["tight_boxes"] == 2, case
+        fp8 = [(128, share), (128, tail % share or share), (128, block_n)] + ([(128, n % block_n)] if n % block_n else [])
+        sfa = [(block_m, 1), (min(-(-tail // 4) * 4, block_m), 1)]
+        assert _boxes(case) == (sorted(fp8), sorted(sfa)), case
+    for case in observed_without_memo["default_maps"]:
+        (m, n, k), plan = case["shape"], case["plan"]
+        rows = m if plan["tight_boxes"] == 1 else plan["block_m"] // plan["multicast"]
+        assert plan["tight_boxes"] == (1 if m < plan["block_m"] // plan["multicast"] else 0), case
+        sfa_rows = -(-m // 4) * 4 if plan["tight_boxes"] == 1 else plan["block_m"]
+        assert _boxes(case) == (sorted([(128, rows), (128, plan["block_n"])]), [(sfa_rows, 1)]), case
