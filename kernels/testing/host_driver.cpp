@@ -168,7 +168,7 @@ CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType dtype, cuu
   {
     std::lock_guard<std::mutex> lock(g_log_mutex);
     EncodedMap& entry = g_log[g_log_next++ % kLogSize];
-    entry = EncodedMap{static_cast<long long>(dtype), static_cast<long long>(rank), {1, 1, 1}, {1, 1, 1}};
+    entry = {static_cast<long long>(dtype), static_cast<long long>(rank), {1, 1, 1}, {1, 1, 1}};
     for (cuuint32_t i = 0; i < rank && i < 3; ++i) {
       entry.dims[i] = static_cast<long long>(dims[i]);
       entry.box[i] = box[i];
