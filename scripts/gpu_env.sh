@@ -22,3 +22,10 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 } 2>&1 | tee "$out/env.log"
 python3 setup.py -q build_ext --inplace > "$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
 echo "build ok"
+# The JIT's compiler and cache salt: kernels compiled ahead elsewhere (python -m kernels.precompile
+# --cache-dir .jit-cache, carried) are found here only where both match this machine's.
+python3 -c "import kernels.jit as j; s = j.resolve_settings(); print('jit', s.compiler, s.cache_salt)" 2>&1 \
+  | tee -a "$out/env.log"
+if [[ -d .jit-cache ]]; then
+  mkdir -p "$MOE_JIT_CACHE_DIR" && cp -rn .jit-cache/. "$MOE_JIT_CACHE_DIR"/
+fi
