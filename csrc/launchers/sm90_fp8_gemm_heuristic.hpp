@@ -227,6 +227,15 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
                                         multicast, split_k, max_block_m, 64, single_wave_ways);
       if (rows64.waves <= t.waves) t = rows64;
     }
+    // MOE_GEMM_LEAN_TILES=1 (not yet timed): from 256 rows on lone CTAs, 64-row tiles where they take
+    // no more waves and each CTA reads fewer rows of A and B per K block (block M + block N). DeepGEMM
+    // runs 64 x 64 at 256 x 2112 x 7168 (12.4 us against our 128 x 32's 14.9) and 64 x 96 at 384 x
+    // 2112 x 7168 (15.2 against 128 x 48's 17.4; bench/RESULTS.md, session 46).
+    if (m >= 256 && multicast == 1 && t.block_m == 128 && env_int("MOE_GEMM_LEAN_TILES") == 1) {
+      const Tiles rows64 = choose_tiles(fn, 1, m, n, num_sms, kMaxBlockN, stage_bytes, block_n_fits_scales,
+                                        multicast, split_k, max_block_m, 64, single_wave_ways);
+      if (rows64.waves <= t.waves && 64 + rows64.block_n < t.block_m + t.block_n) t = rows64;
+    }
     if (single_wave_ways == 0 && t.tiles * 4 < 3LL * num_sms && k / kBlockK >= kSingleWaveSplit * kSingleWaveMinKBlocks) {
       single_wave_ways = kSingleWaveSplit;
       t = choose_tiles(fn, 1, m, n, num_sms, kMaxBlockN, stage_bytes, block_n_fits_scales, multicast, split_k,

@@ -648,6 +648,28 @@ def test_64_row_tiles_where_a_128_row_tile_would_mostly_lie_past_m(m, n, k, bloc
             assert cfg["num_tiles"] <= H200_SMS and cfg["multicast"] == 1, cfg
 
 
+@pytest.mark.parametrize("m,n,k,default,lean", [
+    (256, 2112, 7168, (128, 32), (64, 64)),     # 160 rows of A and B per K block against 128
+    (384, 2112, 7168, (128, 48), (64, 96)),
+    (256, 4096, 7168, (128, 64), (128, 64)),    # 64 x 128 reads as many rows: kept
+    (384, 4096, 7168, (128, 96), (128, 96)),    # 64 x 192 would read more
+    (4096, 7168, 16384, (256, 128), (256, 128)),  # clusters
+])
+def test_lean_tiles_only_where_asked(m, n, k, default, lean, monkeypatch):
+    """MOE_GEMM_LEAN_TILES=1 (opt-in until timed): from 256 rows on lone CTAs, 64-row tiles where they
+    take no more waves and each CTA reads fewer rows of A and B per K block; unset, the plan stays."""
+    for name in ("MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_MULTICAST", "MOE_GEMM_LEAN_TILES"):
+        monkeypatch.delenv(name, raising=False)
+    native = kernels.jit.native_module()
+    for setting, expected in (("", default), ("1", lean)):
+        monkeypatch.setenv("MOE_GEMM_LEAN_TILES", setting)
+        for scale_load in (-1, 1):
+            cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
+            assert (cfg["block_m"], cfg["block_n"]) == expected, (setting, cfg)
+            if expected != default:
+                assert cfg["num_tiles"] <= H200_SMS and cfg["multicast"] == 1, cfg
+
+
 @pytest.mark.parametrize("m,n,k,scale_load,default,everywhere", [
     (1, 2112, 7168, -1, 1, 2),        # gathered A scales
     (1, 2112, 7168, 1, 1, 2),         # MN-major A scales by TMA
