@@ -75,6 +75,14 @@ def assert_same_outputs(got, expected, a_fp8, b_fp8, c) -> None:
 _ALL = {"MOE_FP8_TIGHT_BOXES": "all"}
 
 
+def _env_id(value):
+    """Test ids: `tail` for the tail form (-k tail selects it), `one` for the default one-m-block form."""
+    if not isinstance(value, dict):
+        return None
+    names = ["tail" if "MOE_FP8_TIGHT_BOXES" in value else "one"]
+    return "-".join(names + [f"{key.lower()}={val}" for key, val in value.items() if key != "MOE_FP8_TIGHT_BOXES"])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,mn_scales,layout,multicast,env", [
     (1, 2112, 7168, False, "gather", 1, {}), (7, 576, 7168, False, "gather", 1, {}),      # a split tail
@@ -99,7 +107,7 @@ _ALL = {"MOE_FP8_TIGHT_BOXES": "all"}
     (33, 576, 7168, True, "tma_mn_major", 1, _ALL), (100, 576, 7168, False, "gather", 1, _ALL),  # split tails
     (144, 4096, 7168, True, "tma_mn_major", 1, _ALL), (128, 576, 7168, False, "gather", 1, _ALL),  # N cuts B's too
     (256, 4232, 2048, False, "gather", 2, _ALL), (1024, 7168, 2048, True, "tma_mn_major", 2, _ALL),  # N's alone
-])
+], ids=_env_id)
 def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, multicast, env, seed, monkeypatch):
     """Where M cuts an m-block its boxes end at row M: by default one m-block (in clusters sharing A
     rank 0 loads the rows for both), under MOE_FP8_TIGHT_BOXES=all the last m-block of any M through
