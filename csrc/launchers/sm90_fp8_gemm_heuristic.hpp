@@ -291,9 +291,9 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // Tight boxes: where M cuts an m-block, boxes of A (and of MN-major or table scales) that end at
   // row M instead of reading zeros past it. 1 (default): one m-block, on lone CTAs or in clusters
   // sharing A at M <= block M / 2 (rank 0 loads the rows for both). On lone CTAs at 1-63 rows (64-row
-  // tiles) x {2112, 4096, 576} x 7168 it took 0.62-0.89x the time of whole boxes (1 x 2112 x 7168: 9.9
-  // against 15.9 us), level at N = 24576 and 32768; in clusters at 1 and 7 x 7168 x 16384 0.74x and
-  // 0.85x (bench/RESULTS.md, session 46). 2 (MOE_FP8_TIGHT_BOXES=all, not yet run on a GPU): the last
+  // tiles) x {2112, 4096} x 7168 it took 0.62-0.94x the time of whole boxes, the least at the fewest
+  // rows (1 x 2112 x 7168: 9.9 against 15.9 us), 0.88-0.99x at N = 576, level at N = 24576 and 32768;
+  // in clusters at 1 and 7 x 7168 x 16384 0.74x and 0.85x (bench/RESULTS.md, session 46). 2 (MOE_FP8_TIGHT_BOXES=all, not yet run on a GPU): the last
   // m-block of any M through tail maps, in clusters the CTA whose half M cuts loading the rest of it,
   // and B's last n-block where N cuts it. MOE_FP8_TIGHT_BOXES=0 turns both off.
   const char* tight_env = std::getenv("MOE_FP8_TIGHT_BOXES");
