@@ -43,7 +43,7 @@ struct Config {
   int k_unroll = 1;     // the math warpgroups' K loop unrolled this many times
   int overlap = 0;      // 1: block M 64 issues the next K block's wgmmas before it promotes (kOverlap)
   int wg_store = 0;     // 1: each math warpgroup runs its own epilogue, D stored in 64-row boxes (kWgStore)
-  int tight_boxes = 0;    // kTightBoxes: 1 one m-block of fewer rows than block M, 2 the last m-block M cuts
+  int tight_boxes = 0;  // kTightBoxes: 1 one m-block of fewer rows than block M, 2 the last blocks M, N cut
   int sfa_copy = 0;     // 1: A's scales are copied MN-major into the workspace first, the launch planned on them
   int table_slots = 0;  // kScaleTmaKMajorTable's slots (1: no CTA runs a second tile; else 2), 0 otherwise
   bool tail_split_on = true;  // MOE_GEMM_TAIL_SPLIT when planned (the plan is redone when it changes)
@@ -222,19 +222,15 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
     // 192, 22.5 at 160). 64-row tiles in no more waves took 0.55-0.78x the time of 128-row ones at
     // 144, 192 and 224 x {2112, 4096} x 7168; at N = 576 (whole 64 x 16 tiles against split 128 x 40
     // ones) 192 rows went from 10.5 to 9.1 us across two runs (bench/RESULTS.md, session 45).
-    if (m > 128 && m < 256 && multicast == 1) {
-      const Tiles rows64 = choose_tiles(fn, 1, m, n, num_sms, kMaxBlockN, stage_bytes, block_n_fits_scales,
-                                        multicast, split_k, max_block_m, 64, single_wave_ways);
-      if (rows64.waves <= t.waves) t = rows64;
-    }
     // MOE_GEMM_LEAN_TILES=1 (not yet timed): from 256 rows on lone CTAs, 64-row tiles where they take
     // no more waves and each CTA reads fewer rows of A and B per K block (block M + block N). DeepGEMM
     // runs 64 x 64 at 256 x 2112 x 7168 (12.4 us against our 128 x 32's 14.9) and 64 x 96 at 384 x
     // 2112 x 7168 (15.2 against 128 x 48's 17.4; bench/RESULTS.md, session 46).
-    if (m >= 256 && multicast == 1 && t.block_m == 128 && env_int("MOE_GEMM_LEAN_TILES") == 1) {
+    const bool lean = m >= 256 && t.block_m == 128 && env_int("MOE_GEMM_LEAN_TILES") == 1;
+    if (m > 128 && multicast == 1 && (m < 256 || lean)) {
       const Tiles rows64 = choose_tiles(fn, 1, m, n, num_sms, kMaxBlockN, stage_bytes, block_n_fits_scales,
                                         multicast, split_k, max_block_m, 64, single_wave_ways);
-      if (rows64.waves <= t.waves && 64 + rows64.block_n < t.block_m + t.block_n) t = rows64;
+      if (rows64.waves <= t.waves && (m < 256 || 64 + rows64.block_n < t.block_m + t.block_n)) t = rows64;
     }
     if (single_wave_ways == 0 && t.tiles * 4 < 3LL * num_sms && k / kBlockK >= kSingleWaveSplit * kSingleWaveMinKBlocks) {
       single_wave_ways = kSingleWaveSplit;
@@ -266,10 +262,10 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // session 46).
   const int cluster_a = multicast > 1 && (n + t.block_n - 1) / t.block_n >= 2 ? multicast : 1;
   const bool dense_pairs = type == GemmType::kNormal && cluster_a > 1 && m <= 2 * 128;
-  const bool share_b_default =
-      multicast_env == nullptr &&
-      (dense_pairs || (t.block_n == kInStepBlockN && (type == GemmType::kGroupedContiguous ||
-                                                      (type == GemmType::kGroupedMasked && m >= kMaskedShareBMinRows))));
+  const bool grouped_pairs = t.block_n == kInStepBlockN &&
+                             (type == GemmType::kGroupedContiguous ||
+                              (type == GemmType::kGroupedMasked && m >= kMaskedShareBMinRows));
+  const bool share_b_default = multicast_env == nullptr && (dense_pairs || grouped_pairs);
   const bool share_b = (share_b_forced || share_b_default) && t.block_m == 128 && t.block_n % 16 == 0 &&
                        num_sms % 2 == 0 && m > t.block_m;
   cfg.block_m = t.block_m;
@@ -293,9 +289,10 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // sharing A at M <= block M / 2 (rank 0 loads the rows for both). On lone CTAs at 1-63 rows (64-row
   // tiles) x {2112, 4096} x 7168 it took 0.62-0.94x the time of whole boxes, the least at the fewest
   // rows (1 x 2112 x 7168: 9.9 against 15.9 us), 0.88-0.99x at N = 576, level at N = 24576 and 32768;
-  // in clusters at 1 and 7 x 7168 x 16384 0.74x and 0.85x (bench/RESULTS.md, session 46). 2 (MOE_FP8_TIGHT_BOXES=all, not yet run on a GPU): the last
-  // m-block of any M through tail maps, in clusters the CTA whose half M cuts loading the rest of it,
-  // and B's last n-block where N cuts it. MOE_FP8_TIGHT_BOXES=0 turns both off.
+  // in clusters at 1 and 7 x 7168 x 16384 0.74x and 0.85x (bench/RESULTS.md, session 46).
+  // 2 (MOE_FP8_TIGHT_BOXES=all, not yet run on a GPU): the last m-block of any M through tail maps,
+  // in clusters the CTA whose half M cuts loading the rest of it, and B's last n-block where N cuts
+  // it. MOE_FP8_TIGHT_BOXES=0 turns both off.
   const char* tight_env = std::getenv("MOE_FP8_TIGHT_BOXES");
   const bool tight_all = tight_env != nullptr && std::string(tight_env) == "all";
   const bool tight_ok = type == GemmType::kNormal && !share_b && scale_load != moe_kernels::kScaleTmaKMajor &&

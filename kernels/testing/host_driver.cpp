@@ -6,6 +6,7 @@
 //
 // Built by kernels/testing/host_driver.py (build_host_driver); read through its extern "C"
 // counters with ctypes.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -196,8 +197,9 @@ long long host_driver_module_loads() { return g_module_loads.load(); }
 // first three sizes, the first three box sizes (1 past the rank).
 void host_driver_encoded_maps(long long* out, int count) {
   std::lock_guard<std::mutex> lock(g_log_mutex);
-  for (int i = 0; i < count && i < kLogSize; ++i) {
-    const EncodedMap& entry = g_log[(g_log_next - count + i + kLogSize * 1024) % kLogSize];
+  count = static_cast<int>(std::min<long long>({count, kLogSize, g_log_next}));
+  for (int i = 0; i < count; ++i) {
+    const EncodedMap& entry = g_log[(g_log_next - count + i) % kLogSize];
     const long long values[8] = {entry.dtype, entry.rank, entry.dims[0], entry.dims[1], entry.dims[2],
                                  entry.box[0], entry.box[1], entry.box[2]};
     std::memcpy(out + 8 * i, values, sizeof(values));
