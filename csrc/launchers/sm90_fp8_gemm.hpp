@@ -117,7 +117,7 @@ inline GeneratedKernel generate(const Config& c) {
   const bool tail2 = c.tight_boxes != 0, tail1 = tail2 || c.swiglu;
   if (c.table_slots > 0 || tail1) os << ", " << c.table_slots;
   if (tail1) os << ", " << (c.swiglu ? "true" : "false");
-  if (tail2) os << ", " << c.tight_boxes;
+  if (tail2) os << ", true";
   const std::string table =
       c.table_slots > 0 ? ", " + std::to_string(c.k / kBlockK) + ", " + std::to_string(c.table_slots)
       : c.swiglu       ? ", 0, 0, false"
@@ -153,33 +153,28 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
   // Each CTA of a cluster loads (and multicasts) its share of the A tile's rows, or of the B tile's
   // where the cluster shares B.
   const int a_share = c.share_b ? 1 : c.multicast, b_share = c.share_b ? c.multicast : 1;
-  // tight_boxes (kTightBoxes) where M cuts an m-block, boxes that end at row M. 1: one m-block of
-  // M rows, tight main maps (in a cluster rank 0 multicasts A's rows alone). 2: whole main maps and
-  // tail maps for the last m-block: A's holds the rows M leaves it, or in a cluster those M leaves
-  // the CTA it cuts (the kernel picks the map per CTA); where M cuts no m-block they go unused.
+  // tight_boxes (kTightBoxes): tail maps for the last m-block beside the whole main maps. A's holds
+  // the rows M leaves it, or in a cluster those M leaves the CTA it cuts (the kernel picks the map
+  // per CTA); B's the rows N leaves the last n-block. Where M cuts no m-block A's goes unused.
   MOE_HOST_ASSERT(c.tight_boxes == 0 || (c.type == GemmType::kNormal && !c.share_b && !c.swiglu &&
-                                         c.scale_load != moe_kernels::kScaleTmaKMajor &&
-                                         (c.tight_boxes == 2 || a.m <= c.block_m / c.multicast)),
-                  c.fn << ": a plan with tight boxes (" << c.tight_boxes << ") launched for " << a.m
-                       << " rows (block M " << c.block_m << ", " << c.multicast << " CTAs a cluster)");
+                                         c.scale_load != moe_kernels::kScaleTmaKMajor),
+                  c.fn << ": a plan with tight boxes launched for a GEMM that cannot take them");
   // A kernel with M compiled in reads its rows from kShapeM; the maps (the tail's too) from a.m.
   MOE_HOST_ASSERT(c.m_compiled == 0 || c.m_compiled == a.m,
                   c.fn << ": a kernel compiled for " << c.m_compiled << " rows launched for " << a.m);
   const unsigned share_rows = static_cast<unsigned>(c.block_m / a_share);
-  const unsigned a_box_rows = c.tight_boxes == 1 ? static_cast<unsigned>(a.m) : share_rows;
   const CUtensorMap map_a = make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k, rows_a, a.lda, kBlockK,
-                                     a_box_rows, CU_TENSOR_MAP_SWIZZLE_128B, "A");
+                                     share_rows, CU_TENSOR_MAP_SWIZZLE_128B, "A");
   const unsigned tail_rows = static_cast<unsigned>(a.m % c.block_m != 0 ? a.m % c.block_m : c.block_m);
   const unsigned a_tail_rows = tail_rows % share_rows != 0 ? tail_rows % share_rows : share_rows;
-  const CUtensorMap map_a_tail = c.tight_boxes == 2 ? make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
+  const CUtensorMap map_a_tail = c.tight_boxes != 0 ? make_tma(c.fn, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
                                                                rows_a, a.lda, kBlockK, a_tail_rows,
                                                                CU_TENSOR_MAP_SWIZZLE_128B, "A")
                                                     : CUtensorMap{};
   const CUtensorMap map_b = make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
                                      static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK,
                                      c.block_n / b_share, CU_TENSOR_MAP_SWIZZLE_128B, "B");
-  // B's tail box (tight_boxes 2): the rows N leaves the last n-block.
-  const CUtensorMap map_b_tail = c.tight_boxes == 2 && c.n % c.block_n != 0
+  const CUtensorMap map_b_tail = c.tight_boxes != 0 && c.n % c.block_n != 0
                                      ? make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
                                                 static_cast<std::uint64_t>(c.n), a.ldb, kBlockK,
                                                 static_cast<unsigned>(c.n % c.block_n), CU_TENSOR_MAP_SWIZZLE_128B, "B")
@@ -215,15 +210,13 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
     const std::uint64_t kb = static_cast<std::uint64_t>(c.k / kBlockK);
     const std::uint64_t sfb_rows = static_cast<std::uint64_t>(sfb_rows_per_group(a, c.n)) * a.num_groups;
     if (c.scale_load == moe_kernels::kScaleTmaMnMajor) {
-      // A tight box: the rows up to M rounded up to 16 bytes (a box's inner extent).
+      // A tail box: the rows up to M rounded up to 16 bytes (a box's inner extent).
       const auto sfa_map = [&](unsigned box) {
         return make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows_a, kb,
                         tma_row_stride(kb, a.sfa_stride_k, rows_a), box, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
       };
-      const unsigned box = c.tight_boxes == 1 ? moe_kernels::fp8_gemm_sfa_box_rows(a_box_rows, c.block_m, c.scale_load)
-                                              : static_cast<unsigned>(c.block_m);
-      map_sfa = sfa_map(box);
-      if (c.tight_boxes == 2) {
+      map_sfa = sfa_map(static_cast<unsigned>(c.block_m));
+      if (c.tight_boxes != 0) {
         map_sfa_tail = sfa_map(moe_kernels::fp8_gemm_sfa_box_rows(tail_rows, c.block_m, c.scale_load));
       }
     } else {
@@ -236,8 +229,8 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
         return make_tma(c.fn, a.sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, rows_a,
                         tma_row_stride(rows_a, a.sfa_stride_m, kb), cols, box, CU_TENSOR_MAP_SWIZZLE_NONE, "SFA");
       };
-      map_sfa = sfa_map(c.tight_boxes == 1 ? a_box_rows : static_cast<unsigned>(c.block_m));
-      if (c.tight_boxes == 2) map_sfa_tail = sfa_map(tail_rows);  // the table's rows of the last m-block
+      map_sfa = sfa_map(static_cast<unsigned>(c.block_m));
+      if (c.tight_boxes != 0) map_sfa_tail = sfa_map(tail_rows);  // the table's rows of the last m-block
     }
     map_sfb = make_tma(c.fn, a.sfb, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sfb_rows, sfb_view_stride(a, c.n, c.k), 4,
                        moe_kernels::fp8_gemm_sfb_rows(c.block_n, c.swiglu == 0), CU_TENSOR_MAP_SWIZZLE_NONE, "SFB");

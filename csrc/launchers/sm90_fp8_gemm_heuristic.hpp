@@ -43,7 +43,7 @@ struct Config {
   int k_unroll = 1;     // the math warpgroups' K loop unrolled this many times
   int overlap = 0;      // 1: block M 64 issues the next K block's wgmmas before it promotes (kOverlap)
   int wg_store = 0;     // 1: each math warpgroup runs its own epilogue, D stored in 64-row boxes (kWgStore)
-  int tight_boxes = 0;  // kTightBoxes: 1 one m-block of fewer rows than block M, 2 the last blocks M, N cut
+  int tight_boxes = 0;  // kTightBoxes: 1 tail boxes for the last m-block and n-block where M and N cut them
   int sfa_copy = 0;     // 1: A's scales are copied MN-major into the workspace first, the launch planned on them
   int table_slots = 0;  // kScaleTmaKMajorTable's slots (1: no CTA runs a second tile; else 2), 0 otherwise
   bool tail_split_on = true;  // MOE_GEMM_TAIL_SPLIT when planned (the plan is redone when it changes)
@@ -222,11 +222,14 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
     // 192, 22.5 at 160). 64-row tiles in no more waves took 0.55-0.78x the time of 128-row ones at
     // 144, 192 and 224 x {2112, 4096} x 7168; at N = 576 (whole 64 x 16 tiles against split 128 x 40
     // ones) 192 rows went from 10.5 to 9.1 us across two runs (bench/RESULTS.md, session 45).
-    // MOE_GEMM_LEAN_TILES=1 (not yet timed): from 256 rows on lone CTAs, 64-row tiles where they take
-    // no more waves and each CTA reads fewer rows of A and B per K block (block M + block N). DeepGEMM
-    // runs 64 x 64 at 256 x 2112 x 7168 (12.4 us against our 128 x 32's 14.9) and 64 x 96 at 384 x
-    // 2112 x 7168 (15.2 against 128 x 48's 17.4; bench/RESULTS.md, session 46).
-    const bool lean = m >= 256 && t.block_m == 128 && env_int("MOE_GEMM_LEAN_TILES") == 1;
+    // From 256 rows on lone CTAs, 64-row tiles where they take no more waves and each CTA reads
+    // fewer rows of A and B per K block (block M + block N): 0.75x the time of 128 x 32 at 256 x 2112
+    // x 7168 (64 x 64, DeepGEMM's choice), 0.77x at 384 x 2112 x 7168, 0.76x and 0.83x at {384, 1024}
+    // x 576 x 7168. Not where the 128-row tiles leave a quarter of the SMs idle (split over K below):
+    // at 256 x 576 x 7168 64 x 72 took 1.05x the time of 128 x 40 split in 4 (bench/RESULTS.md,
+    // session 47). MOE_GEMM_LEAN_TILES=0 turns it off, and so does MOE_FP8_MULTICAST=b (128-row pairs).
+    const bool lean = m >= 256 && t.block_m == 128 && t.tiles * 4 >= 3LL * num_sms && !share_b_forced &&
+                      env_enabled("MOE_GEMM_LEAN_TILES");
     if (m > 128 && multicast == 1 && (m < 256 || lean)) {
       const Tiles rows64 = choose_tiles(fn, 1, m, n, num_sms, kMaxBlockN, stage_bytes, block_n_fits_scales,
                                         multicast, split_k, max_block_m, 64, single_wave_ways);
@@ -284,21 +287,18 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   const bool lone_single_wave = type == GemmType::kNormal && cfg.multicast == 1 && cfg.one_wave(m) &&
                                 m > t.block_m;
   cfg.group_n = group_n > 0 ? group_n : lone_single_wave ? 1 : kGroupN;
-  // Tight boxes: where M cuts an m-block, boxes of A (and of MN-major or table scales) that end at
-  // row M instead of reading zeros past it. 1 (default): one m-block, on lone CTAs or in clusters
-  // sharing A at M <= block M / 2 (rank 0 loads the rows for both). On lone CTAs at 1-63 rows (64-row
-  // tiles) x {2112, 4096} x 7168 it took 0.62-0.94x the time of whole boxes, the least at the fewest
-  // rows (1 x 2112 x 7168: 9.9 against 15.9 us), 0.88-0.99x at N = 576, level at N = 24576 and 32768;
-  // in clusters at 1 and 7 x 7168 x 16384 0.74x and 0.85x (bench/RESULTS.md, session 46).
-  // 2 (MOE_FP8_TIGHT_BOXES=all, not yet run on a GPU): the last m-block of any M through tail maps,
-  // in clusters the CTA whose half M cuts loading the rest of it, and B's last n-block where N cuts
-  // it. MOE_FP8_TIGHT_BOXES=0 turns both off.
-  const char* tight_env = std::getenv("MOE_FP8_TIGHT_BOXES");
-  const bool tight_all = tight_env != nullptr && std::string(tight_env) == "all";
+  // Tight boxes: where M cuts the last m-block, or N the last n-block, boxes of A (and of MN-major
+  // or table scales) and of B that end at row M and N instead of reading zeros past them (TMA's zero
+  // fill costs more than the rows it replaces): tail maps for those blocks, in clusters the CTA whose
+  // half M cuts loading the rest of it and a CTA whose half lies past M none. At 1-63 rows (one
+  // m-block) x {2112, 4096} x 7168 0.62-0.94x the time of whole boxes, 0.74x and 0.85x in clusters at
+  // 1 and 7 x 7168 x 16384 (session 46); N's tail: 0.88x at 384 x 7168 x 16384, 0.92x at 1024 x 7168
+  // x 16384 (128 x 192 tiles), A's: 0.85x at 144 x 2112 x 7168 (bench/RESULTS.md, session 47).
+  // MOE_FP8_TIGHT_BOXES=0 turns it off.
   const bool tight_ok = type == GemmType::kNormal && !share_b && scale_load != moe_kernels::kScaleTmaKMajor &&
                         env_enabled("MOE_FP8_TIGHT_BOXES");
   const bool cuts = m % t.block_m != 0 || n % t.block_n != 0;
-  cfg.tight_boxes = !tight_ok ? 0 : tight_all && cuts ? 2 : m < t.block_m && m * cfg.multicast <= t.block_m ? 1 : 0;
+  cfg.tight_boxes = tight_ok && cuts ? 1 : 0;
   // The table: one slot where no CTA runs a second tile, else two, so the next tile's fills while
   // this one's is read.
   const int table_slots = cfg.one_wave(m) ? 1 : 2;

@@ -629,7 +629,7 @@ def test_one_n_block_bands_for_a_single_wave_of_lone_ctas(m, n, k, group_n, monk
 @pytest.mark.parametrize("m,n,k,block_m,multicast", [
     (144, 2112, 7168, 64, None), (192, 4096, 7168, 64, None), (224, 576, 7168, 64, None),
     (255, 2112, 7168, 64, None), (129, 4096, 7168, 64, None),
-    (256, 2112, 7168, 128, None),     # whole 128-row m-blocks
+    (256, 4096, 7168, 128, None),     # whole 128-row m-blocks (64 x 128 would read as many rows)
     (192, 7168, 16384, 128, None),    # clusters sharing A
     (192, 24576, 1536, 128, "0"),     # lone CTAs, but 64-row tiles would take another wave
 ])
@@ -648,62 +648,66 @@ def test_64_row_tiles_where_a_128_row_tile_would_mostly_lie_past_m(m, n, k, bloc
             assert cfg["num_tiles"] <= H200_SMS and cfg["multicast"] == 1, cfg
 
 
-@pytest.mark.parametrize("m,n,k,default,lean", [
-    (256, 2112, 7168, (128, 32), (64, 64)),     # 160 rows of A and B per K block against 128
-    (384, 2112, 7168, (128, 48), (64, 96)),
+@pytest.mark.parametrize("m,n,k,lean,off", [
+    (256, 2112, 7168, (64, 64), (128, 32)),     # 128 rows of A and B per K block against 160
+    (384, 2112, 7168, (64, 96), (128, 48)),
+    (384, 576, 7168, (64, 32), (128, 16)),
+    (1024, 576, 7168, (64, 72), (128, 40)),
+    (256, 576, 7168, (128, 40), (128, 40)),     # 128 x 16 would leave a quarter of the SMs idle: split
+    (512, 576, 7168, (128, 72), (128, 72)),
     (256, 4096, 7168, (128, 64), (128, 64)),    # 64 x 128 reads as many rows: kept
     (384, 4096, 7168, (128, 96), (128, 96)),    # 64 x 192 would read more
     (4096, 7168, 16384, (256, 128), (256, 128)),  # clusters
 ])
-def test_lean_tiles_only_where_asked(m, n, k, default, lean, monkeypatch):
-    """MOE_GEMM_LEAN_TILES=1 (opt-in until timed): from 256 rows on lone CTAs, 64-row tiles where they
-    take no more waves and each CTA reads fewer rows of A and B per K block; unset, the plan stays."""
+def test_lean_tiles_from_256_rows(m, n, k, lean, off, monkeypatch):
+    """From 256 rows on lone CTAs, 64-row tiles where they take no more waves, each CTA reads fewer
+    rows of A and B per K block, and the 128-row tiles fill three quarters of the SMs;
+    MOE_GEMM_LEAN_TILES=0 keeps 128-row tiles."""
     for name in ("MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_MULTICAST", "MOE_GEMM_LEAN_TILES"):
         monkeypatch.delenv(name, raising=False)
     native = kernels.jit.native_module()
-    for setting, expected in (("", default), ("1", lean)):
+    for setting, expected in (("", lean), ("0", off)):
         monkeypatch.setenv("MOE_GEMM_LEAN_TILES", setting)
         for scale_load in (-1, 1):
             cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
             assert (cfg["block_m"], cfg["block_n"]) == expected, (setting, cfg)
-            if expected != default:
+            if expected[0] == 64:
                 assert cfg["num_tiles"] <= H200_SMS and cfg["multicast"] == 1, cfg
+                assert cfg["num_tiles"] * 2 >= H200_SMS, cfg
 
 
-@pytest.mark.parametrize("m,n,k,scale_load,default,everywhere", [
-    (1, 2112, 7168, -1, 1, 2),        # gathered A scales
-    (1, 2112, 7168, 1, 1, 2),         # MN-major A scales by TMA
-    (16, 4096, 7168, -1, 1, 2),       # the scale table
-    (63, 576, 7168, -1, 1, 2),
-    (64, 2112, 7168, 1, 0, 0),        # a whole m-block
-    (100, 2112, 7168, -1, 0, 2),      # the second of two m-blocks
-    (4095, 2112, 7168, 1, 0, 2),
-    (4096, 7168, 16384, 1, 0, 0),     # whole m-blocks
-    (1, 7168, 16384, -1, 1, 2),       # clusters sharing A: rank 0 loads the rows for both
-    (32, 7168, 16384, 1, 1, 2),
-    (33, 7168, 16384, 1, 0, 2),       # rows past the first CTA's half
-    (200, 24576, 1536, -1, 0, 0),     # clusters sharing B
-    (200, 4096, 7168, -1, 0, 0),      # MOE_GEMM_BLOCK_M=256 (below): K-major scale boxes by TMA
-    (200, 4096, 7168, 1, 1, 2),       # the same on MN-major scales
-    (1024, 7168, 2048, 1, 0, 2),      # whole m-blocks, N cuts the last n-block (block N 160)
+@pytest.mark.parametrize("m,n,k,scale_load,tight", [
+    (1, 2112, 7168, -1, 1),         # gathered A scales
+    (1, 2112, 7168, 1, 1),          # MN-major A scales by TMA
+    (16, 4096, 7168, -1, 1),        # the scale table
+    (63, 576, 7168, -1, 1),
+    (64, 2112, 7168, 1, 0),         # a whole m-block (64 x 48: N whole too)
+    (100, 2112, 7168, -1, 1),       # the second of two m-blocks
+    (4095, 2112, 7168, 1, 1),
+    (4096, 7168, 16384, 1, 0),      # whole m-blocks and n-blocks
+    (1, 7168, 16384, -1, 1),        # clusters sharing A: the first CTA loads the rows for both
+    (32, 7168, 16384, 1, 1),
+    (33, 7168, 16384, 1, 1),        # rows past the first CTA's half
+    (200, 24576, 1536, -1, 0),      # clusters sharing B
+    (200, 4096, 7168, -1, 0),       # MOE_GEMM_BLOCK_M=256 (below): K-major scale boxes by TMA
+    (200, 4096, 7168, 1, 1),        # the same on MN-major scales
+    (1024, 7168, 2048, 1, 1),       # whole m-blocks, N cuts the last n-block (block N 160)
 ])
-def test_tight_boxes_where_m_cuts_an_m_block(m, n, k, scale_load, default, everywhere, monkeypatch):
-    """Dense GEMMs, on lone CTAs or in clusters sharing A: by default one m-block of fewer rows than
-    block M (in a cluster at most half of them) reads boxes ending at row M (1); under
-    MOE_FP8_TIGHT_BOXES=all the last m-block of any M that cuts it does, and B's last n-block of any
-    N that cuts it, through tail maps (2); =0 turns both off. The plan is otherwise the same."""
+def test_tight_boxes_where_m_or_n_cuts_a_block(m, n, k, scale_load, tight, monkeypatch):
+    """Dense GEMMs, on lone CTAs or in clusters sharing A: where M cuts the last m-block or N the last
+    n-block, tail maps whose boxes end at row M and N (1); MOE_FP8_TIGHT_BOXES=0 turns them off. The
+    plan is otherwise the same."""
     for name in ("MOE_FP8_MULTICAST", "MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_TIGHT_BOXES"):
         monkeypatch.delenv(name, raising=False)
     if (m, n) == (200, 4096):
         monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
     native = kernels.jit.native_module()
     plans = {}
-    for setting, expected in (("", default), ("all", everywhere), ("0", 0)):
+    for setting, expected in (("", tight), ("0", 0)):
         monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", setting)
         plans[setting] = cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
         assert cfg["tight_boxes"] == expected, (setting, cfg)
         assert not expected or ((m % cfg["block_m"] or n % cfg["block_n"]) and cfg["share_b"] == 0), cfg
-        assert expected != 1 or m * cfg["multicast"] <= cfg["block_m"], cfg
         assert cfg["multicast"] == (2 if n in (7168, 24576) else 1), cfg
         assert {**cfg, "tight_boxes": 0} == {**plans[""], "tight_boxes": 0}, cfg
     if (m, n) == (200, 4096):

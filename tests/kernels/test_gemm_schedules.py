@@ -72,15 +72,11 @@ def assert_same_outputs(got, expected, a_fp8, b_fp8, c) -> None:
     assert torch.equal(d, expected[0]) and torch.equal(with_c, expected[1])
 
 
-_ALL = {"MOE_FP8_TIGHT_BOXES": "all"}
-
-
 def _env_id(value):
-    """Test ids: `tail` for the tail form (-k tail selects it), `one` for the default one-m-block form."""
+    """Test ids: the switches a case sets, `default` for none."""
     if not isinstance(value, dict):
         return None
-    names = ["tail" if "MOE_FP8_TIGHT_BOXES" in value else "one"]
-    return "-".join(names + [f"{key.lower()}={val}" for key, val in value.items() if key != "MOE_FP8_TIGHT_BOXES"])
+    return "-".join(f"{key.lower()}={val}" for key, val in value.items()) or "default"
 
 
 @pytest.mark.gpu
@@ -94,25 +90,22 @@ def _env_id(value):
     (200, 4096, 7168, True, "tma_mn_major", 1, {"MOE_GEMM_BLOCK_M": "256"}),
     (1, 7168, 16384, False, "gather", 2, {}), (32, 7168, 16384, True, "tma_mn_major", 2, {}),  # clusters sharing A
     (13, 7168, 2048, True, "tma_mn_major", 2, {"MOE_FP8_MULTICAST": "2"}),
-    # MOE_FP8_TIGHT_BOXES=all: tail maps for the last m-block of any M.
-    (1, 2112, 7168, True, "tma_mn_major", 1, _ALL), (7, 576, 7168, False, "gather", 1, _ALL),
-    (33, 4096, 7168, False, "tma_k_major_table", 1, _ALL), (5, 7168, 16384, False, "gather", 2, _ALL),
-    (33, 7168, 16384, True, "tma_mn_major", 2, _ALL), (48, 7168, 16384, False, "gather", 2, _ALL),  # the 2nd CTA's cut
-    (100, 2112, 7168, False, "tma_k_major_table", 1, _ALL), (144, 2112, 7168, True, "tma_mn_major", 1, _ALL),
-    (300, 4096, 7168, False, "gather", 1, _ALL), (4095, 2112, 7168, True, "tma_mn_major", 1, _ALL),
-    (1000, 7168, 2048, False, "gather", 2, _ALL), (4000, 7168, 2048, True, "tma_mn_major", 2, _ALL),
-    (200, 4096, 7168, True, "tma_mn_major", 1, {**_ALL, "MOE_GEMM_BLOCK_M": "256"}),
-    (32, 7168, 16384, True, "tma_mn_major", 2, _ALL), (1088, 7168, 2048, False, "gather", 2, _ALL),  # M ends a share
-    (1040, 7168, 2048, False, "gather", 2, _ALL), (4100, 7168, 2048, True, "tma_mn_major", 2, _ALL),  # 2nd CTA: none
-    (33, 576, 7168, True, "tma_mn_major", 1, _ALL), (100, 576, 7168, False, "gather", 1, _ALL),  # split tails
-    (144, 4096, 7168, True, "tma_mn_major", 1, _ALL), (128, 576, 7168, False, "gather", 1, _ALL),  # N cuts B's too
-    (256, 4232, 2048, False, "gather", 2, _ALL), (1024, 7168, 2048, True, "tma_mn_major", 2, _ALL),  # N's alone
+    (5, 7168, 16384, False, "gather", 2, {}),
+    (33, 7168, 16384, True, "tma_mn_major", 2, {}), (48, 7168, 16384, False, "gather", 2, {}),  # the 2nd CTA's cut
+    (100, 2112, 7168, False, "tma_k_major_table", 1, {}), (144, 2112, 7168, True, "tma_mn_major", 1, {}),
+    (300, 4096, 7168, False, "gather", 1, {}), (4095, 2112, 7168, True, "tma_mn_major", 1, {}),
+    (1000, 7168, 2048, False, "gather", 2, {}), (4000, 7168, 2048, True, "tma_mn_major", 2, {}),
+    (1088, 7168, 2048, False, "gather", 2, {}),                                        # M ends a share
+    (1040, 7168, 2048, False, "gather", 2, {}), (4100, 7168, 2048, True, "tma_mn_major", 2, {}),  # 2nd CTA: none
+    (33, 576, 7168, True, "tma_mn_major", 1, {}), (100, 576, 7168, False, "gather", 1, {}),  # split tails
+    (144, 4096, 7168, True, "tma_mn_major", 1, {}), (128, 576, 7168, False, "gather", 1, {}),  # N cuts B's too
+    (256, 4232, 2048, False, "gather", 2, {}), (1024, 7168, 2048, True, "tma_mn_major", 2, {}),  # N's alone
+    (300, 2112, 7168, False, "gather", 1, {}), (1000, 576, 7168, True, "tma_mn_major", 1, {}),  # 64-row tiles
 ], ids=_env_id)
 def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, multicast, env, seed, monkeypatch):
-    """Where M cuts an m-block its boxes end at row M: by default one m-block (in clusters sharing A
-    rank 0 loads the rows for both), under MOE_FP8_TIGHT_BOXES=all the last m-block of any M through
-    tail maps (in clusters the CTA whose share M cuts loads the rest, one past M none), and B's last
-    n-block where N cuts it (its stale rows may reach only columns past N). D bit for bit
+    """Where M cuts the last m-block its boxes end at row M, through tail maps (in clusters the CTA
+    whose share M cuts loads the rest, one past M none), and so do B's in the last n-block where N
+    cuts it (its stale rows may reach only columns past N). D bit for bit
     that of whole boxes (MOE_FP8_TIGHT_BOXES=0), NaN-poisoned, with and without a residual C, on
     gathered, table and MN-major A scales (M not a multiple of 4 included). Before the tight run a
     whole-box GEMM on the same tiles and shared-memory layout, on at least as many CTAs, loads NaN A
@@ -123,13 +116,12 @@ def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, multicast
     sl = 1 if mn_scales else -1
     env = dict(env)
     compiled_dims = env.pop("compiled_dims", "nk")
-    tight_env = env.pop("MOE_FP8_TIGHT_BOXES", None)
 
     def tight_boxes(on: bool) -> None:
-        if on and tight_env is None:
+        if on:
             monkeypatch.delenv("MOE_FP8_TIGHT_BOXES", raising=False)
         else:
-            monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", tight_env if on else "0")
+            monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "0")
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -139,8 +131,7 @@ def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, multicast
     c = torch.randn(m, n, device="cuda")
     tight_boxes(True)
     tight = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), scale_load=sl)
-    mode = 2 if tight_env else 1
-    assert (tight["tight_boxes"], tight["scale_load"], tight["multicast"]) == (mode, layout, multicast), tight
+    assert (tight["tight_boxes"], tight["scale_load"], tight["multicast"]) == (1, layout, multicast), tight
     tight_boxes(False)
     whole = d_with_and_without_c(a_fp8, b_fp8, c, compiled_dims=compiled_dims)
     # The poison: NaN rows (E4M3 0x7F) with infinite scales on the tight plan's tiles and stages, as

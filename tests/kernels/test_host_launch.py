@@ -79,8 +79,8 @@ def layers():
                                                 k // 128, 1, D, n, 0x60_0000_0000, 64, 16, n, k, 32, 0, 0)
 layers()
 out["model_repeat"] = encodes_of(layers)
-# MOE_FP8_SCALE_TMA=0, read by the memoized plan: a new row count encodes A and D only (the scales
-# are gathered), with the gathering plan's shared memory.
+# MOE_FP8_SCALE_TMA=0, read by the memoized plan: a new row count encodes A, its tail box and D only
+# (the scales are gathered), with the gathering plan's shared memory.
 os.environ["MOE_FP8_SCALE_TMA"] = "0"
 out["gather_encodes"] = encodes_of(lambda: dense(m - 16, n, k))
 out["gather_smem"] = [rec.last_launch().smem_bytes,
@@ -140,18 +140,19 @@ out["dense_small_no_room"] = [launches_of(lambda: dense_k_major(128, n, k, ws_by
                               rec.last_launch().smem_bytes]
 out["dense_small_k_384"] = launches_of(lambda: dense_k_major(128, n, 384))
 del os.environ["MOE_FP8_SFA_COPY"]
-# The maps of launches whose M and N cut their last blocks, with tail boxes (MOE_FP8_TIGHT_BOXES=all)
-# and without (the default; one m-block takes form 1, tight main maps); complete only without the memo.
+# The maps of launches whose M and N cut their last blocks: tail boxes by default, whole boxes only
+# under MOE_FP8_TIGHT_BOXES=0; complete only without the memo.
 def maps_of(m, n, k):
     before = rec.encodes()
     dense(m, n, k)
     plan = native.fp8_gemm_nt_config(m, n, k, 132, split_workspace=False, scale_load=1)
     return {"shape": [m, n, k], "plan": {key: plan[key] for key in ("block_m", "block_n", "multicast", "tight_boxes")},
             "maps": [[e.dtype, list(e.box)] for e in rec.encoded_maps(rec.encodes() - before)]}
-tail_shapes = [(144, 4096, 7168), (1000, 7168, 2048), (33, 7168, 16384), (1040, 7168, 2048), (4100, 7168, 2048)]
-out["default_maps"] = [maps_of(*shape) for shape in tail_shapes + [(7, 7168, 16384)]]
-os.environ["MOE_FP8_TIGHT_BOXES"] = "all"
+tail_shapes = [(144, 4096, 7168), (1000, 7168, 2048), (33, 7168, 16384), (1040, 7168, 2048), (4100, 7168, 2048),
+               (7, 7168, 16384)]
 out["tail_maps"] = [maps_of(*shape) for shape in tail_shapes]
+os.environ["MOE_FP8_TIGHT_BOXES"] = "0"
+out["whole_maps"] = [maps_of(*shape) for shape in tail_shapes]
 del os.environ["MOE_FP8_TIGHT_BOXES"]
 # B's scales with strides past the kernel's 32-bit offsets: refused before any launch.
 def sfb_span_error(sfb_strides=None):
@@ -208,12 +209,13 @@ def test_b_scales_past_32_bit_offsets_are_refused(observed):
 def test_descriptors_are_encoded_once_per_buffer(observed):
     """Five maps (A, B, D, A's and B's scales) on the first call; none when the same buffers come
     back; one when only D moves (also when it moves back: the old one is still held); A, D and A's
-    scales when the row count changes."""
+    scales, and A's and its scales' tail boxes, when the row count changes (120 rows cut the last
+    m-block)."""
     assert observed["first"] == 5
     assert observed["repeat"] == 0
     assert observed["new_d"] == 1
     assert observed["back_to_d"] == 0
-    assert observed["new_rows"] == 3
+    assert observed["new_rows"] == 5
 
 
 def test_memo_holds_a_models_weights(observed):
@@ -247,7 +249,7 @@ def test_launches_follow_the_plan(observed):
 def test_env_switch_reaches_the_next_launch(observed):
     """Switches read by the memoized plan apply from the next call on, and their removal too:
     MOE_GEMM_PDL, and MOE_FP8_SCALE_TMA=0 (gathered scales: no scale maps)."""
-    assert observed["gather_encodes"] == 2
+    assert observed["gather_encodes"] == 3
     assert observed["gather_smem"][0] == observed["gather_smem"][1]
     assert observed["pdl_default"] is True
     assert observed["pdl_off"] is False
@@ -302,23 +304,22 @@ def _boxes(case: dict) -> tuple[list, list]:
 
 
 def test_tail_boxes_end_where_m_and_n_do(observed_without_memo):
-    """MOE_FP8_TIGHT_BOXES=all: besides the whole boxes a launch encodes A's tail box (the rows M leaves
-    its last m-block, in a cluster those M leaves the CTA it cuts), the MN-major A scales' (those rows
-    rounded up to 4 floats) and B's (the rows N leaves its last n-block), and nothing else. By default
-    only one m-block's main boxes are tight (M rows); several keep whole boxes and no tail maps."""
+    """Besides the whole boxes a launch encodes A's tail box (the rows M leaves its last m-block, in a
+    cluster those M leaves the CTA it cuts), the MN-major A scales' (those rows rounded up to 4
+    floats) and B's (the rows N leaves its last n-block), and nothing else. Under
+    MOE_FP8_TIGHT_BOXES=0 only the whole boxes."""
     for case in observed_without_memo["tail_maps"]:
         (m, n, _), plan = case["shape"], case["plan"]
         block_m, block_n = plan["block_m"], plan["block_n"]
         share = block_m // plan["multicast"]
         tail = m % block_m or block_m
-        assert plan["tight_boxes"] == 2, case
+        assert plan["tight_boxes"] == 1, case
         fp8 = [(128, share), (128, tail % share or share), (128, block_n)]
         fp8 += [(128, n % block_n)] if n % block_n else []
         sfa = [(block_m, 1), (min(-(-tail // 4) * 4, block_m), 1)]
         assert _boxes(case) == (sorted(fp8), sorted(sfa)), case
-    for case in observed_without_memo["default_maps"]:
-        m, plan = case["shape"][0], case["plan"]
-        rows = m if plan["tight_boxes"] == 1 else plan["block_m"] // plan["multicast"]
-        assert plan["tight_boxes"] == (1 if m < plan["block_m"] // plan["multicast"] else 0), case
-        sfa_rows = -(-m // 4) * 4 if plan["tight_boxes"] == 1 else plan["block_m"]
-        assert _boxes(case) == (sorted([(128, rows), (128, plan["block_n"])]), [(sfa_rows, 1)]), case
+    for case in observed_without_memo["whole_maps"]:
+        plan = case["plan"]
+        assert plan["tight_boxes"] == 0, case
+        fp8 = sorted([(128, plan["block_m"] // plan["multicast"]), (128, plan["block_n"])])
+        assert _boxes(case) == (fp8, [(plan["block_m"], 1)]), case

@@ -584,28 +584,23 @@ def test_fp8_gemm_behind_the_copy_waits_before_its_first_tma_load(m, n, k, gemm_
     assert "LDL" not in code and "STL" not in code, "register spills"
 
 
-@pytest.mark.parametrize("m,n,k,scale_load,layout,multicast,mode", [
-    (1, 2112, 7168, -1, "gather", 1, 1), (1, 2112, 7168, 1, "tma_mn_major", 1, 1),
-    (16, 4096, 7168, -1, "tma_k_major_table", 1, 1),
-    (7, 7168, 16384, 1, "tma_mn_major", 2, 1),                                # rank 0 multicasts A's rows
-    # MOE_FP8_TIGHT_BOXES=all: tail maps, the last of several m-blocks too.
-    (1, 2112, 7168, 1, "tma_mn_major", 1, 2), (16, 4096, 7168, -1, "tma_k_major_table", 1, 2),
-    (144, 2112, 7168, 1, "tma_mn_major", 1, 2), (1000, 7168, 2048, -1, "gather", 2, 2),
-    (144, 4096, 7168, 1, "tma_mn_major", 1, 2),                                # and B's last n-block
+@pytest.mark.parametrize("m,n,k,scale_load,layout,multicast", [
+    (1, 2112, 7168, -1, "gather", 1), (1, 2112, 7168, 1, "tma_mn_major", 1),
+    (16, 4096, 7168, -1, "tma_k_major_table", 1),
+    (7, 7168, 16384, 1, "tma_mn_major", 2),             # the first CTA loads and multicasts A's rows
+    (144, 2112, 7168, 1, "tma_mn_major", 1), (1000, 7168, 2048, -1, "gather", 2),   # the last of several
+    (144, 4096, 7168, 1, "tma_mn_major", 1),            # and B's last n-block
 ])
-def test_fp8_gemm_tight_boxes_build(m, n, k, scale_load, layout, multicast, mode, monkeypatch):
-    """The kernels whose boxes end at row M where it cuts an m-block (1: one m-block, the default
-    there; 2: the last of any, MOE_FP8_TIGHT_BOXES=all) build for each A-scale layout that takes
-    them, on lone CTAs and in clusters sharing A, with QGMMA and TMA loads and nothing spilled."""
+def test_fp8_gemm_tight_boxes_build(m, n, k, scale_load, layout, multicast, monkeypatch):
+    """The kernels whose boxes end at row M and N where they cut the last m-block and n-block (tail
+    maps) build for each A-scale layout that takes them, on lone CTAs and in clusters sharing A,
+    with QGMMA and TMA loads and nothing spilled."""
     native = kernels.jit.native_module()
-    if mode == 2:
-        monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "all")
-    else:
-        monkeypatch.delenv("MOE_FP8_TIGHT_BOXES", raising=False)
+    monkeypatch.delenv("MOE_FP8_TIGHT_BOXES", raising=False)
     cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=scale_load)
-    assert (cfg["tight_boxes"], cfg["scale_load"], cfg["multicast"]) == (mode, layout, multicast), cfg
+    assert (cfg["tight_boxes"], cfg["scale_load"], cfg["multicast"]) == (1, layout, multicast), cfg
     name, source = native.fp8_gemm_nt_code(m, n, k, H200_SMS, False, -1, 0, 1, 128, True, scale_load)
-    assert source.split(">);")[0].endswith(f"{cfg['table_slots']}, false, {mode}"), "the kTightBoxes argument"
+    assert source.split(">);")[0].endswith(f"{cfg['table_slots']}, false, true"), "the kTightBoxes argument"
     code = sass(name, source)
     for instruction in ("QGMMA", "UTMALDG", "USETMAXREG"):
         assert instruction in code, instruction

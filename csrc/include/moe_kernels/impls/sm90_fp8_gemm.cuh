@@ -38,7 +38,7 @@ namespace moe_kernels {
 // kScaleLoad (common/fp8_gemm_layout.h): kScaleGather reads the scales at sfa / sfb with their
 // strides (kScaleWarps warps); the TMA loads read them through map_sfa ([K blocks, rows of A] if
 // MN-major, [rows of A, K blocks] if K-major) and map_sfb ([groups x ceil(N / 128), K blocks]).
-// kTightBoxes 2 (dense): the last m-block, where M cuts it, loads A through map_a_tail (a box of
+// kTightBoxes (dense): the last m-block, where M cuts it, loads A through map_a_tail (a box of
 // the rows M leaves it, or in a cluster of those M leaves the CTA's share) and MN-major or table
 // scales through map_sfa_tail, the last n-block, where N cuts it, B through map_b_tail (N % kBlockN
 // rows); other kernels ignore these maps (the last parameters, so the others' offsets stay).
@@ -54,7 +54,7 @@ template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, u
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
           uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false, bool kWgStore = false,
-          uint32_t kTableSlots = 0, bool kSwiGlu = false, uint32_t kTightBoxes = 0>
+          uint32_t kTableSlots = 0, bool kSwiGlu = false, bool kTightBoxes = false>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -165,9 +165,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                 "SwiGLU epilogue: tiles of block N 128 or 256, one wave, without overlap, residual or clusters "
                 "sharing A, N a multiple of 256");
   constexpr uint32_t kHalfRowsB = kBlockN / 2;
-  static_assert(kTightBoxes == 0 || (kTightBoxes <= 2 && kType == GemmType::kNormal && !kShareB && !kSwiGlu &&
-                                     kScaleLoad != kScaleTmaKMajor),
-                "tight boxes (1 or 2): dense, lone CTAs or clusters sharing A, gathered, MN-major or table A scales");
+  static_assert(!kTightBoxes || (kType == GemmType::kNormal && !kShareB && !kSwiGlu && kScaleLoad != kScaleTmaKMajor),
+                "tight boxes: dense, lone CTAs or clusters sharing A, gathered, MN-major or table A scales");
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -190,7 +189,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       sm90::tma_prefetch_descriptor(&map_sfa);
       sm90::tma_prefetch_descriptor(&map_sfb);
     }
-    if constexpr (kTightBoxes == 2) {
+    if constexpr (kTightBoxes) {
       if constexpr (kShapeN % kBlockN != 0) sm90::tma_prefetch_descriptor(&map_b_tail);
       sm90::tma_prefetch_descriptor(&map_a_tail);
       if constexpr (kScaleTma) sm90::tma_prefetch_descriptor(&map_sfa_tail);
@@ -253,43 +252,40 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     if (producer_warp == 0 && lane == 0) {
       const uint32_t rank = kNumMulticast > 1 ? sm90::cluster_ctarank() : 0;
       [[maybe_unused]] PipelineState<Smem::kSfaRing> sfa_pipe;
-      // kTightBoxes: where M cuts an m-block its boxes end at row m, so the transactions are that
-      // much shorter: A's and the table's exactly, an MN-major scale box at m rounded up to 4 floats
-      // (16 bytes). Rows past them keep stale bytes, which reach only accumulator rows past M, never
-      // stored. 1: a single m-block of m < kBlockM rows (in a cluster m <= kMulticastRowsA, rank 0
-      // multicasting A's rows alone) through the launcher's tight main maps. 2: the last m-block of
-      // any M through map_a_tail / map_sfa_tail; in a cluster the CTA whose share M cuts loads the
-      // rest of it, one whose share lies past M none. Likewise B's rows past N in the last n-block
+      // kTightBoxes: where M cuts the last m-block its boxes (map_a_tail, map_sfa_tail) end at row
+      // m, so the transactions are that much shorter: A's and the table's exactly, an MN-major scale
+      // box at m rounded up to 4 floats (16 bytes). Rows past them keep stale bytes, which reach only
+      // accumulator rows past M, never stored. In a cluster the CTA whose share M cuts loads the rest
+      // of it, one whose share lies past M none. Likewise B's rows past N in the last n-block
       // (map_b_tail; its stale rows reach only columns past N).
-      const uint32_t box_rows = kTightBoxes == 1 ? min(m, kBlockM) : kBlockM;
       const auto tma_bytes = [&](uint32_t rows) {
         return Smem::kTmaBytes - (kBlockM - rows) * kBlockK -
                (kScaleLoad == kScaleTmaMnMajor ? (kBlockM - fp8_gemm_sfa_box_rows(rows, kBlockM, kScaleLoad)) * 4 : 0u);
       };
-      const uint32_t box_bytes = tma_bytes(box_rows);
+      const uint32_t box_bytes = tma_bytes(kBlockM);
       const auto sfa_slot_bytes = [&](uint32_t rows) { return Smem::kSfaSlot - (kBlockM - rows) * Smem::kSfaCols * 4; };
-      [[maybe_unused]] const uint32_t box_slot_bytes = sfa_slot_bytes(box_rows);
+      [[maybe_unused]] const uint32_t box_slot_bytes = sfa_slot_bytes(kBlockM);
       // The table's box: every K block of the tile's rows.
       [[maybe_unused]] const auto load_sfa = [&](uint32_t row, uint32_t rows) {
         sfa_ring.producer_acquire(sfa_pipe);
         uint64_t* full = sfa_ring.full + sfa_pipe.stage;
-        sm90::mbarrier_arrive_expect_tx(full, kTightBoxes == 2 ? sfa_slot_bytes(rows) : box_slot_bytes);
+        sm90::mbarrier_arrive_expect_tx(full, kTightBoxes ? sfa_slot_bytes(rows) : box_slot_bytes);
         sm90::tma_load_2d(smem_sfa + sfa_pipe.stage * (Smem::kSfaSlot / 4),
-                          kTightBoxes == 2 && rows < kBlockM ? &map_sfa_tail : &map_sfa, full, 0, row);
+                          kTightBoxes && rows < kBlockM ? &map_sfa_tail : &map_sfa, full, 0, row);
         sfa_pipe.advance();
       };
       const auto load_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
         const uint32_t row_a = a_row0(t) + (kShareB ? 0 : rank * kMulticastRowsA), row_b = b_row0(t);
         const uint32_t row_sfa = a_row0(t), row_sfb = sfb_row0(t);
-        const uint32_t rows = kTightBoxes == 2 ? min(m - a_row0(t), kBlockM) : box_rows;
+        const uint32_t rows = kTightBoxes ? min(m - a_row0(t), kBlockM) : kBlockM;
         // A padding n-block of a cluster (past N) keeps its whole box.
-        const uint32_t rows_b = kTightBoxes == 2 && kShapeN % kBlockN != 0 ? min(kShapeN - row_b, kBlockN) : kBlockN;
-        const uint32_t bytes = kTightBoxes == 2 ? tma_bytes(rows) - (kBlockN - rows_b) * kBlockK : box_bytes;
-        // A cluster's CTA loads its share of A's rows: kMulticastRowsA, rank 0 alone (kTightBoxes 1),
-        // or (2) fewer where M cuts it, none past M.
+        const uint32_t rows_b = kTightBoxes && kShapeN % kBlockN != 0 ? min(kShapeN - row_b, kBlockN) : kBlockN;
+        const uint32_t bytes = kTightBoxes ? tma_bytes(rows) - (kBlockN - rows_b) * kBlockK : box_bytes;
+        // A cluster's CTA loads its share of A's rows: kMulticastRowsA, or with kTightBoxes fewer
+        // where M cuts it, none past M.
         const uint32_t rank_rows =
             rows > rank * kMulticastRowsA ? min(rows - rank * kMulticastRowsA, kMulticastRowsA) : 0u;
-        const bool loads_a = kTightBoxes == 0 || (kTightBoxes == 1 ? rank == 0 : rank_rows > 0);
+        const bool loads_a = !kTightBoxes || rank_rows > 0;
         // The table: every K block of the tile's rows, its split unit's too (it reads its own columns).
         if constexpr (kScaleTable) load_sfa(row_sfa, rows);
         for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
@@ -303,7 +299,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
             // instruction): K-major boxes start at the K block's group of 4, read at its column.
             float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
             if constexpr (kScaleLoad == kScaleTmaMnMajor) {
-              sm90::tma_load_2d(sf, kTightBoxes == 2 && rows < kBlockM ? &map_sfa_tail : &map_sfa, full, row_sfa, kb);
+              sm90::tma_load_2d(sf, kTightBoxes && rows < kBlockM ? &map_sfa_tail : &map_sfa, full, row_sfa, kb);
             } else if constexpr (kScaleLoad == kScaleTmaKMajor) {
               sm90::tma_load_2d(sf, &map_sfa, full, kb & ~3u, row_sfa);
             }
@@ -324,11 +320,11 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
             uint8_t* smem_a = smem + Smem::kOffsetA + pipe.stage * Smem::kA + rank * kMulticastRowsA * kBlockK;
             if constexpr (kNumMulticast > 1) {
               if (loads_a) {
-                const TmaDescriptor* map = kTightBoxes == 2 && rank_rows < kMulticastRowsA ? &map_a_tail : &map_a;
+                const TmaDescriptor* map = kTightBoxes && rank_rows < kMulticastRowsA ? &map_a_tail : &map_a;
                 sm90::tma_load_2d_multicast(smem_a, map, full, kb * kBlockK, row_a, (1u << kNumMulticast) - 1);
               }
             } else {
-              sm90::tma_load_2d(smem_a, kTightBoxes == 2 && rows < kBlockM ? &map_a_tail : &map_a, full, kb * kBlockK,
+              sm90::tma_load_2d(smem_a, kTightBoxes && rows < kBlockM ? &map_a_tail : &map_a, full, kb * kBlockK,
                                 row_a);
             }
             sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, rows_b < kBlockN ? &map_b_tail : &map_b,
