@@ -17,10 +17,11 @@ if [[ "$what" == tests || "$what" == all ]]; then
   read -ra paths <<< "${GPU_TEST_PATHS:-tests}"
   # With pytest-xdist (a wheel in .whl/), test files run in parallel processes sharing the GPU:
   # most of a cold run is JIT compiles, which then overlap. A file stays on one worker (its module
-  # fixtures warm the cache once). GPU_TEST_WORKERS=0: one process.
+  # fixtures warm the cache once). GPU_TEST_WORKERS=0: one process. GPU_TEST_DIST=load spreads one
+  # file's tests over the workers too (few files of many compile-bound tests).
   workers=()
   if [[ "${GPU_TEST_WORKERS:-6}" != 0 ]] && python3 -c "import xdist" 2>/dev/null; then
-    workers=(-n "${GPU_TEST_WORKERS:-6}" --dist loadfile)
+    workers=(-n "${GPU_TEST_WORKERS:-6}" --dist "${GPU_TEST_DIST:-loadfile}")
   fi
   # A hung kernel fails its own test (pytest-timeout, where the machine has it) instead of eating the
   # device call's 600 s: PER_TEST_TIMEOUT seconds per test, JIT compiles included.

@@ -241,7 +241,9 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
                        max_block_m, t.block_m, single_wave_ways);
     }
   }
-  if (wide_ok && m >= kWideTileMinRows && n >= 256 && !tiles_forced) {
+  // MOE_GEMM_WIDE_MIN_ROWS=<rows> moves kWideTileMinRows (read per call), for timing the rule's edge.
+  const int wide_min_rows = env_int("MOE_GEMM_WIDE_MIN_ROWS") > 0 ? env_int("MOE_GEMM_WIDE_MIN_ROWS") : kWideTileMinRows;
+  if (wide_ok && m >= wide_min_rows && n >= 256 && !tiles_forced) {
     const int wide_multicast = clusters_allowed ? 2 : 1;
     const Tiles wide = choose_tiles(fn, 1, m, n, num_sms, 128, stage_bytes, [](int bn) { return bn == 128; },
                                     wide_multicast, split_k, max_block_m, 256);

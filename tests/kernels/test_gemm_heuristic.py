@@ -100,6 +100,19 @@ def test_wide_tiles_where_they_measured_faster(m, n, k, tile, monkeypatch):
     assert native.fp8_gemm_nt_config(m, n, k, H200_SMS)["block_m"] <= 128
 
 
+def test_wide_tiles_min_rows_moves_with_its_switch(monkeypatch):
+    """MOE_GEMM_WIDE_MIN_ROWS moves the fewest rows that may take 256 x 128 tiles (2048 unset), for
+    timing the rule's edge; the wave count still decides."""
+    native = kernels.jit.native_module()
+    tile = lambda m, n, k: (lambda c: (c["block_m"], c["block_n"], c["multicast"]))(  # noqa: E731
+        native.fp8_gemm_nt_config(m, n, k, H200_SMS))
+    assert tile(1024, 4096, 7168) == (128, 128, 1)
+    monkeypatch.setenv("MOE_GEMM_WIDE_MIN_ROWS", "1024")
+    assert tile(1024, 4096, 7168) == (256, 128, 2)
+    assert tile(1024, 7168, 16384) == (128, 192, 2)  # 304 tiles of 128 x 192 against 2 waves of 256 x 128
+    assert tile(1023, 4096, 7168) == (128, 128, 1)
+
+
 @pytest.mark.parametrize("m,n,k,block_n,ways,tiles,splits,grid", [
     (64, 2112, 7168, "128", "8", 18, 7, 126),   # 9 cluster tiles on 66 clusters: 7 units each
     (64, 576, 7168, "128", "8", 6, 8, 48),      # capped at 8
