@@ -242,13 +242,17 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
     }
   }
   // MOE_GEMM_WIDE_MIN_ROWS=<rows> moves kWideTileMinRows (read per call), for timing the rule's edge.
+  // Below it, from kWideOneWaveMinRows, 256 x 128 tiles only where they run in one wave, the 128-row
+  // plan needs more and N leaves no partial n-block (rules.hpp).
   const int wide_min_rows = env_int("MOE_GEMM_WIDE_MIN_ROWS") > 0 ? env_int("MOE_GEMM_WIDE_MIN_ROWS") : kWideTileMinRows;
-  if (wide_ok && m >= wide_min_rows && n >= 256 && !tiles_forced) {
+  if (wide_ok && m >= std::min(wide_min_rows, kWideOneWaveMinRows) && n >= 256 && !tiles_forced) {
     const int wide_multicast = clusters_allowed ? 2 : 1;
     const Tiles wide = choose_tiles(fn, 1, m, n, num_sms, 128, stage_bytes, [](int bn) { return bn == 128; },
                                     wide_multicast, split_k, max_block_m, 256);
     // A 256-row tile does two 128-row tiles' work in kWideTileCost sixteenths of their time.
-    if (wide.score * 2 * kWideTileCost < t.score * 16) {
+    const bool cheaper = wide.score * 2 * kWideTileCost < t.score * 16;
+    const bool one_wave = wide.waves <= 16 && t.waves > 16 && n % 128 == 0;
+    if (m >= wide_min_rows ? cheaper : one_wave) {
       t = wide;
       multicast = wide_multicast;
     }

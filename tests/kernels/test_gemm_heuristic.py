@@ -82,14 +82,17 @@ def test_tail_split_follows_the_last_wave(m, n, k, tiles, splits, monkeypatch):
     (4096, 4096, 7168, "256x128c2"), (4096, 7168, 2048, "256x128c2"), (4096, 7168, 16384, "256x128c2"),
     (4096, 24576, 1536, "256x128c2"), (4096, 32768, 512, "256x128c2"), (2048, 4096, 7168, "256x128c2"),
     (4096, 2112, 7168, "128x192"), (4096, 576, 7168, "128x144"), (2048, 7168, 2048, "128x192c2"),
-    (1024, 4096, 7168, "128x128"), (512, 7168, 16384, "128x112c2"),  # below the rows measured
+    (1024, 4096, 7168, "256x128c2"), (512, 7168, 16384, "256x128c2"),  # one wave against two
+    (768, 7168, 16384, "128x112c2"), (1024, 7168, 2048, "128x160c2"),   # two waves either way
+    (1552, 2112, 7168, "128x112"),    # one wave, but a partial n-block
     (256, 4096, 7168, "128x64"), (128, 4096, 7168, "64x64"), (64, 4096, 7168, "64x32"),
     (64, 7168, 16384, "64x56c2"),
 ])
 def test_wide_tiles_where_they_measured_faster(m, n, k, tile, monkeypatch):
     """Dense FP8 runs 256 x 128 tiles in 2-CTA clusters where their waves, at 14/16 of two 128-row
     tiles' cost each, beat the 128-row heuristic's (bench/RESULTS.md, session 8: every N a multiple
-    of 128 from 4096 up at M 2048-8192); N = 2112 and 576 (a padded last n-block, few waves) keep
+    of 128 from 4096 up at M 2048-8192), and at 512-2047 rows where they run in one wave and the
+    128-row tiles in more (session 47); N = 2112 and 576 (a padded last n-block, few waves) keep
     128-row tiles, and so do grouped GEMMs and a forced block M or N."""
     native = kernels.jit.native_module()
     cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
@@ -101,16 +104,19 @@ def test_wide_tiles_where_they_measured_faster(m, n, k, tile, monkeypatch):
 
 
 def test_wide_tiles_min_rows_moves_with_its_switch(monkeypatch):
-    """MOE_GEMM_WIDE_MIN_ROWS moves the fewest rows that may take 256 x 128 tiles (2048 unset), for
-    timing the rule's edge; the wave count still decides."""
+    """MOE_GEMM_WIDE_MIN_ROWS moves the fewest rows where 256 x 128 tiles are weighed by their waves'
+    cost (2048 unset), for timing the rule's edge; below it they are taken only for one wave."""
     native = kernels.jit.native_module()
     tile = lambda m, n, k: (lambda c: (c["block_m"], c["block_n"], c["multicast"]))(  # noqa: E731
         native.fp8_gemm_nt_config(m, n, k, H200_SMS))
-    assert tile(1024, 4096, 7168) == (128, 128, 1)
-    monkeypatch.setenv("MOE_GEMM_WIDE_MIN_ROWS", "1024")
+    assert tile(1024, 7168, 2048) == (128, 160, 2)
     assert tile(1024, 4096, 7168) == (256, 128, 2)
-    assert tile(1024, 7168, 16384) == (128, 192, 2)  # 304 tiles of 128 x 192 against 2 waves of 256 x 128
-    assert tile(1023, 4096, 7168) == (128, 128, 1)
+    monkeypatch.setenv("MOE_GEMM_WIDE_MIN_ROWS", "1024")
+    assert tile(1024, 7168, 2048) == (256, 128, 2)   # 224 tiles against 368
+    assert tile(1023, 7168, 2048) == (128, 160, 2)
+    monkeypatch.setenv("MOE_GEMM_WIDE_MIN_ROWS", "4096")
+    assert tile(2048, 4096, 7168) == (128, 128, 1)
+    assert tile(1024, 4096, 7168) == (256, 128, 2)   # one wave: below the switch's rows too
 
 
 @pytest.mark.parametrize("m,n,k,block_n,ways,tiles,splits,grid", [
@@ -317,7 +323,7 @@ def test_scale_load_switch_and_stages(monkeypatch):
     # Tiles under 256 rows gather K-major scales (their 16-byte TMA rows measured up to 2x slower at
     # 64 rows, level at 128); MN-major ones stay on TMA.
     # So do 256-row tiles of short K (4 K blocks: 1.05x slower).
-    for m, n, k, block_m in ((64, 2112, 7168, 64), (1000, 4096, 7168, 128), (4096, 2112, 7168, 128),
+    for m, n, k, block_m in ((64, 2112, 7168, 64), (1200, 4096, 7168, 128), (4096, 2112, 7168, 128),
                              (4096, 32768, 512, 256)):
         cfg = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
         assert (cfg["block_m"], cfg["scale_load"], cfg["scale_warps"]) == (block_m, "gather", 3)
