@@ -244,7 +244,8 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // MOE_GEMM_WIDE_MIN_ROWS=<rows> moves kWideTileMinRows (read per call), for timing the rule's edge.
   // Below it, from kWideOneWaveMinRows, 256 x 128 tiles only where they run in one wave, the 128-row
   // plan needs more and N leaves no partial n-block (rules.hpp).
-  const int wide_min_rows = env_int("MOE_GEMM_WIDE_MIN_ROWS") > 0 ? env_int("MOE_GEMM_WIDE_MIN_ROWS") : kWideTileMinRows;
+  const int wide_env = env_int("MOE_GEMM_WIDE_MIN_ROWS");
+  const int wide_min_rows = wide_env > 0 ? wide_env : kWideTileMinRows;
   if (wide_ok && m >= std::min(wide_min_rows, kWideOneWaveMinRows) && n >= 256 && !tiles_forced) {
     const int wide_multicast = clusters_allowed ? 2 : 1;
     const Tiles wide = choose_tiles(fn, 1, m, n, num_sms, 128, stage_bytes, [](int bn) { return bn == 128; },
@@ -298,7 +299,7 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // fill costs more than the rows it replaces): tail maps for those blocks, in clusters the CTA whose
   // half M cuts loading the rest of it and a CTA whose half lies past M none. At 1-63 rows (one
   // m-block) x {2112, 4096} x 7168 0.62-0.94x the time of whole boxes, 0.74x and 0.85x in clusters at
-  // 1 and 7 x 7168 x 16384 (session 46); N's tail: 0.88x at 384 x 7168 x 16384, 0.92x at 1024 x 7168
+  // 1 and 7 x 7168 x 16384 (session 46); N's tail: 0.87x at 384 x 7168 x 16384, 0.92x at 1024 x 7168
   // x 16384 (128 x 192 tiles), A's: 0.85x at 144 x 2112 x 7168 (bench/RESULTS.md, session 47).
   // MOE_FP8_TIGHT_BOXES=0 turns it off.
   const bool tight_ok = type == GemmType::kNormal && !share_b && scale_load != moe_kernels::kScaleTmaKMajor &&

@@ -68,7 +68,7 @@ constexpr int kSingleWaveMinKBlocks = 8;
 constexpr int kWideTileMinRows = 2048;
 constexpr int kWideTileCost = 14;  // sixteenths
 // From kWideOneWaveMinRows to kWideTileMinRows, 256 x 128 tiles where they run in one wave and the
-// 128-row plan takes two (H100, bench/RESULTS.md, session 47): 0.82x the time of 128 x 112 clusters
+// 128-row plan takes more (H100, bench/RESULTS.md, session 47): 0.82x the time of 128 x 112 clusters
 // at 512 x 7168 x 16384, 0.94x of lone 128 x 128 at 1024 x 4096 x 7168 (DeepGEMM's own 256 x 128
 // there), 0.99x at 512 x 7168 x 2048. Where they only cut the waves (3 to 2, 4 to 3, 11 to 8 at
 // 512-1024 rows x {7168 x 2048, 24576 x 1536, 32768 x 512}) they took 1.03-1.06x, and 0.83x once (512
