@@ -262,25 +262,26 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         return Smem::kTmaBytes - (kBlockM - rows) * kBlockK -
                (kScaleLoad == kScaleTmaMnMajor ? (kBlockM - fp8_gemm_sfa_box_rows(rows, kBlockM, kScaleLoad)) * 4 : 0u);
       };
-      const uint32_t box_bytes = tma_bytes(kBlockM);
-      const auto sfa_slot_bytes = [&](uint32_t rows) { return Smem::kSfaSlot - (kBlockM - rows) * Smem::kSfaCols * 4; };
-      [[maybe_unused]] const uint32_t box_slot_bytes = sfa_slot_bytes(kBlockM);
+      [[maybe_unused]] const auto sfa_slot_bytes = [&](uint32_t rows) {
+        return Smem::kSfaSlot - (kBlockM - rows) * Smem::kSfaCols * 4;
+      };
       // The table's box: every K block of the tile's rows.
       [[maybe_unused]] const auto load_sfa = [&](uint32_t row, uint32_t rows) {
         sfa_ring.producer_acquire(sfa_pipe);
         uint64_t* full = sfa_ring.full + sfa_pipe.stage;
-        sm90::mbarrier_arrive_expect_tx(full, kTightBoxes ? sfa_slot_bytes(rows) : box_slot_bytes);
+        sm90::mbarrier_arrive_expect_tx(full, sfa_slot_bytes(rows));
         sm90::tma_load_2d(smem_sfa + sfa_pipe.stage * (Smem::kSfaSlot / 4),
-                          kTightBoxes && rows < kBlockM ? &map_sfa_tail : &map_sfa, full, 0, row);
+                          rows < kBlockM ? &map_sfa_tail : &map_sfa, full, 0, row);
         sfa_pipe.advance();
       };
       const auto load_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
         const uint32_t row_a = a_row0(t) + (kShareB ? 0 : rank * kMulticastRowsA), row_b = b_row0(t);
         const uint32_t row_sfa = a_row0(t), row_sfb = sfb_row0(t);
+        // Without kTightBoxes every box is whole (rows, rows_b: kBlockM, kBlockN).
         const uint32_t rows = kTightBoxes ? min(m - a_row0(t), kBlockM) : kBlockM;
         // A padding n-block of a cluster (past N) keeps its whole box.
         const uint32_t rows_b = kTightBoxes && kShapeN % kBlockN != 0 ? min(kShapeN - row_b, kBlockN) : kBlockN;
-        const uint32_t bytes = kTightBoxes ? tma_bytes(rows) - (kBlockN - rows_b) * kBlockK : box_bytes;
+        const uint32_t bytes = tma_bytes(rows) - (kBlockN - rows_b) * kBlockK;
         // A cluster's CTA loads its share of A's rows: kMulticastRowsA, or with kTightBoxes fewer
         // where M cuts it, none past M.
         const uint32_t rank_rows =
@@ -299,7 +300,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
             // instruction): K-major boxes start at the K block's group of 4, read at its column.
             float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
             if constexpr (kScaleLoad == kScaleTmaMnMajor) {
-              sm90::tma_load_2d(sf, kTightBoxes && rows < kBlockM ? &map_sfa_tail : &map_sfa, full, row_sfa, kb);
+              sm90::tma_load_2d(sf, rows < kBlockM ? &map_sfa_tail : &map_sfa, full, row_sfa, kb);
             } else if constexpr (kScaleLoad == kScaleTmaKMajor) {
               sm90::tma_load_2d(sf, &map_sfa, full, kb & ~3u, row_sfa);
             }
@@ -324,8 +325,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                 sm90::tma_load_2d_multicast(smem_a, map, full, kb * kBlockK, row_a, (1u << kNumMulticast) - 1);
               }
             } else {
-              sm90::tma_load_2d(smem_a, kTightBoxes && rows < kBlockM ? &map_a_tail : &map_a, full, kb * kBlockK,
-                                row_a);
+              sm90::tma_load_2d(smem_a, rows < kBlockM ? &map_a_tail : &map_a, full, kb * kBlockK, row_a);
             }
             sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, rows_b < kBlockN ? &map_b_tail : &map_b,
                               full, kb * kBlockK, row_b);
