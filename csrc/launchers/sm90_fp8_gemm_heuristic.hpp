@@ -352,12 +352,17 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // three timings each (once 0.92x), 0.96x at 4096 x 2112 x 7168 (bench/RESULTS.md, session 17). The
   // warpgroups' wgmmas then queue on the tensor cores together, and each promotes while the other's
   // run, without the turns' named barriers.
-  // Other masked tiles, grouped 256-row tiles and 128-row tiles without ping-pong other than 128 x 192
-  // are not measured and keep the plain loop. MOE_GEMM_K_UNROLL=N overrides.
+  // 8 times on the other dense 128-row tiles without ping-pong (DeepGEMM's loops on its 128 x 96 and
+  // 128 x 112 plans are unrolled 8 too): 0.94x the time of the plain loop at 384 x 4096 x 7168 (128 x
+  // 96: 22.0 against 23.4 us, DeepGEMM 20.2), 0.97-0.98x at 256 x {4096, 7168} x {7168, 16384}, 144 x
+  // 7168 x 2048 and 1024 x 2112 x 7168; 4 times took 0.95x at 384 x 4096, 16 times 1.22x (bench/RESULTS.md,
+  // session 48).
+  // Other masked tiles, grouped 256-row tiles and grouped 128-row tiles without ping-pong other than
+  // 128 x 192 are not measured and keep the plain loop. MOE_GEMM_K_UNROLL=N overrides.
   const int k_unroll = env_int("MOE_GEMM_K_UNROLL");
   const bool unrolled4 = (type == GemmType::kNormal && t.block_m == 256) ||
                          (type != GemmType::kGroupedMasked && cfg.pingpong == 1);
-  const bool unrolled8 = in_step_tile && cfg.pingpong == 0;
+  const bool unrolled8 = (in_step_tile || (type == GemmType::kNormal && t.block_m == 128)) && cfg.pingpong == 0;
   cfg.k_unroll = k_unroll > 0 ? k_unroll : unrolled4 ? 4 : unrolled8 ? 8 : 1;
   // A lone math warpgroup (block M 64) overlaps its promotion with the next K block's wgmmas where
   // a third accumulator set fits (block N <= 128). Measured against the plain loop at M 64 and 128

@@ -242,9 +242,10 @@ def test_pingpong_follows_block_n(env, monkeypatch):
 
 def test_k_loop_unrolled_on_dense_256_row_and_wide_128_row_tiles(monkeypatch):
     """The math K loop runs 4 K blocks per iteration on dense 256-row tiles and on dense or
-    contiguous ping-pong tiles, 8 on 128 x 192 tiles (dense, contiguous or masked), which run
-    without ping-pong (each measured faster); once elsewhere (64-row tiles, narrower 128-row tiles
-    without ping-pong, grouped 256-row tiles, other masked tiles: not measured faster). Masked wide
+    contiguous ping-pong tiles, 8 on 128 x 192 tiles (dense, contiguous or masked) and on the other
+    dense 128-row tiles, which run without ping-pong (each measured faster); once elsewhere (64-row
+    tiles, narrower grouped 128-row tiles without ping-pong, grouped 256-row tiles, other masked
+    tiles: not measured faster). Masked wide
     128-row tiles of block N 152-184 and dense ones keep ping-pong. MOE_FP8_PINGPONG and
     MOE_GEMM_K_UNROLL override."""
     monkeypatch.delenv("MOE_GEMM_K_UNROLL", raising=False)
@@ -258,8 +259,10 @@ def test_k_loop_unrolled_on_dense_256_row_and_wide_128_row_tiles(monkeypatch):
     assert (narrower["block_m"], narrower["block_n"], narrower["pingpong"], narrower["k_unroll"]) == (128, 160, 1, 4)
     contiguous = native.fp8_gemm_nt_config(32768, 4096, 7168, H200_SMS, False, -1, 1, 4)
     assert (contiguous["block_m"], contiguous["pingpong"], contiguous["k_unroll"]) == (128, 0, 8)
-    plain = native.fp8_gemm_nt_config(128, 32768, 512, H200_SMS)
-    assert (plain["block_m"], plain["pingpong"], plain["k_unroll"]) == (128, 0, 1)
+    narrow = native.fp8_gemm_nt_config(384, 4096, 7168, H200_SMS)  # DeepGEMM's 128 x 96 plan
+    assert (narrow["block_m"], narrow["block_n"], narrow["pingpong"], narrow["k_unroll"]) == (128, 96, 0, 8)
+    plain = native.fp8_gemm_nt_config(8192, 576, 7168, H200_SMS, False, -1, 1, 4)  # contiguous 128 x 144
+    assert (plain["block_m"], plain["block_n"], plain["pingpong"], plain["k_unroll"]) == (128, 144, 0, 1)
     assert native.fp8_gemm_nt_config(64, 2112, 7168, H200_SMS)["k_unroll"] == 1
     grouped = native.fp8_gemm_nt_config(32768, 4096, 7168, H200_SMS, False, -1, 1, 4, alignment=256)
     assert (grouped["block_m"], grouped["k_unroll"]) == (256, 1)
