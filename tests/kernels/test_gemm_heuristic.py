@@ -652,12 +652,16 @@ def test_one_n_block_bands_for_a_single_wave_of_lone_ctas(m, n, k, group_n, monk
     (144, 2112, 7168, 64, None), (192, 4096, 7168, 64, None), (224, 576, 7168, 64, None),
     (255, 2112, 7168, 64, None), (129, 4096, 7168, 64, None),
     (256, 4096, 7168, 128, None),     # whole 128-row m-blocks (64 x 128 would read as many rows)
-    (192, 7168, 16384, 128, None),    # clusters sharing A
     (192, 24576, 1536, 128, "0"),     # lone CTAs, but 64-row tiles would take another wave
+    (144, 7168, 16384, 64, None),     # one wave of lone 64 x 192 tiles instead of 128 x 112 pairs
+    (192, 7168, 2048, 64, None),
+    (224, 7168, 16384, 128, None),    # pairs: 64-row tiles would take another wave
+    (160, 32768, 512, 128, None),     # pairs: several waves either way (not measured)
+    (144, 7168, 16384, 128, "2"),     # clusters forced
 ])
 def test_64_row_tiles_where_a_128_row_tile_would_mostly_lie_past_m(m, n, k, block_m, multicast, monkeypatch):
-    """129-255 rows on lone CTAs: 64-row tiles where they take no more waves, instead of a second
-    128-row m-block that mostly lies past M."""
+    """129-255 rows: 64-row tiles where they take no more waves, instead of a second 128-row
+    m-block that mostly lies past M; in place of 2-CTA clusters only where they run in one wave."""
     for name in ("MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_MULTICAST", "MOE_GEMM_TAIL_SPLIT"):
         monkeypatch.delenv(name, raising=False)
     if multicast is not None:
