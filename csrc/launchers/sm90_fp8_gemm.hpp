@@ -155,8 +155,9 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
   const int a_share = c.share_b ? 1 : c.multicast, b_share = c.share_b ? c.multicast : 1;
   // tight_boxes (kTightBoxes): tail maps for the last m-block beside the whole main maps. A's holds
   // the rows M leaves it, or in a cluster those M leaves the CTA it cuts (the kernel picks the map
-  // per CTA); B's the rows N leaves the last n-block. Where M cuts no m-block A's goes unused.
-  MOE_HOST_ASSERT(c.tight_boxes == 0 || (c.type == GemmType::kNormal && !c.share_b && !c.swiglu &&
+  // per CTA); B's the rows N leaves the last n-block (not in pairs sharing B, whose halves of B stay
+  // whole). Where M cuts no m-block A's goes unused.
+  MOE_HOST_ASSERT(c.tight_boxes == 0 || (c.type == GemmType::kNormal && !c.swiglu &&
                                          c.scale_load != moe_kernels::kScaleTmaKMajor),
                   c.fn << ": a plan with tight boxes launched for a GEMM that cannot take them");
   // A kernel with M compiled in reads its rows from kShapeM; the maps (the tail's too) from a.m.
@@ -174,7 +175,7 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
   const CUtensorMap map_b = make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
                                      static_cast<std::uint64_t>(c.n) * a.num_groups, a.ldb, kBlockK,
                                      c.block_n / b_share, CU_TENSOR_MAP_SWIZZLE_128B, "B");
-  const CUtensorMap map_b_tail = c.tight_boxes != 0 && c.n % c.block_n != 0
+  const CUtensorMap map_b_tail = c.tight_boxes != 0 && !c.share_b && c.n % c.block_n != 0
                                      ? make_tma(c.fn, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, c.k,
                                                 static_cast<std::uint64_t>(c.n), a.ldb, kBlockK,
                                                 static_cast<unsigned>(c.n % c.block_n), CU_TENSOR_MAP_SWIZZLE_128B, "B")

@@ -309,10 +309,14 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // m-block) x {2112, 4096} x 7168 0.62-0.94x the time of whole boxes, 0.74x and 0.85x in clusters at
   // 1 and 7 x 7168 x 16384 (session 46); N's tail: 0.87x at 384 x 7168 x 16384, 0.92x at 1024 x 7168
   // x 16384 (128 x 192 tiles), A's: 0.85x at 144 x 2112 x 7168 (bench/RESULTS.md, session 47).
-  // MOE_FP8_TIGHT_BOXES=0 turns it off.
-  const bool tight_ok = type == GemmType::kNormal && !share_b && scale_load != moe_kernels::kScaleTmaKMajor &&
-                        env_enabled("MOE_FP8_TIGHT_BOXES");
-  const bool cuts = m % t.block_m != 0 || n % t.block_n != 0;
+  // MOE_FP8_TIGHT_BOXES=0 turns it off. Pairs sharing B keep whole boxes unless
+  // MOE_FP8_TIGHT_BOXES=pairs (not timed yet): then the CTA whose m-block M cuts loads A (and its
+  // MN-major or table scales) through the tail maps; B's halves stay whole.
+  const char* tight_env = std::getenv("MOE_FP8_TIGHT_BOXES");
+  const bool tight_pairs = tight_env != nullptr && std::string(tight_env) == "pairs";
+  const bool tight_ok = type == GemmType::kNormal && (!share_b || tight_pairs) &&
+                        scale_load != moe_kernels::kScaleTmaKMajor && env_enabled("MOE_FP8_TIGHT_BOXES");
+  const bool cuts = m % t.block_m != 0 || (!share_b && n % t.block_n != 0);
   cfg.tight_boxes = tight_ok && cuts ? 1 : 0;
   // The table: one slot where no CTA runs a second tile, else two, so the next tile's fills while
   // this one's is read.

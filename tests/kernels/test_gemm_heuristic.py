@@ -702,6 +702,24 @@ def test_lean_tiles_from_256_rows(m, n, k, lean, off, monkeypatch):
                 assert cfg["num_tiles"] * 2 >= H200_SMS, cfg
 
 
+@pytest.mark.parametrize("m,n,k,tight", [
+    (200, 7168, 2048, 1), (200, 24576, 1536, 1), (129, 32768, 512, 1),  # M cuts the pair's second m-block
+    (256, 7168, 2048, 0),                                               # nothing cut
+    (256, 4760, 2048, 0),                                               # N alone cuts: B's halves stay whole
+])
+def test_tight_boxes_of_pairs_sharing_b_are_opt_in(m, n, k, tight, monkeypatch):
+    """Dense pairs sharing B keep whole boxes by default; MOE_FP8_TIGHT_BOXES=pairs gives the CTA whose
+    m-block M cuts a tail box of A, never one of B. The plan is otherwise the same."""
+    for name in ("MOE_FP8_MULTICAST", "MOE_GEMM_BLOCK_M", "MOE_GEMM_BLOCK_N", "MOE_FP8_TIGHT_BOXES"):
+        monkeypatch.delenv(name, raising=False)
+    native = kernels.jit.native_module()
+    default = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert (default["share_b"], default["tight_boxes"]) == (1, 0), default
+    monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "pairs")
+    pairs = native.fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert {**pairs, "tight_boxes": 0} == default and pairs["tight_boxes"] == tight, pairs
+
+
 @pytest.mark.parametrize("m,n,k,scale_load,tight", [
     (1, 2112, 7168, -1, 1),         # gathered A scales
     (1, 2112, 7168, 1, 1),          # MN-major A scales by TMA

@@ -101,12 +101,15 @@ def _env_id(value):
     (144, 4096, 7168, True, "tma_mn_major", 1, {}), (128, 576, 7168, False, "gather", 1, {}),  # N cuts B's too
     (256, 4232, 2048, False, "gather", 2, {}), (1024, 7168, 2048, True, "tma_mn_major", 2, {}),  # N's alone
     (300, 2112, 7168, False, "gather", 1, {}), (1000, 576, 7168, True, "tma_mn_major", 1, {}),  # 64-row tiles
+    (200, 7168, 2048, False, "gather", 2, {"MOE_FP8_TIGHT_BOXES": "pairs"}),            # pairs sharing B: A's cut
+    (200, 24576, 1536, True, "tma_mn_major", 2, {"MOE_FP8_TIGHT_BOXES": "pairs"}),
+    (129, 32768, 512, False, "gather", 2, {"MOE_FP8_TIGHT_BOXES": "pairs"}),
 ], ids=_env_id)
 def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, multicast, env, seed, monkeypatch):
     """Where M cuts the last m-block its boxes end at row M, through tail maps (in clusters the CTA
     whose share M cuts loads the rest, one past M none), and so do B's in the last n-block where N
-    cuts it (its stale rows may reach only columns past N). D bit for bit
-    that of whole boxes (MOE_FP8_TIGHT_BOXES=0), NaN-poisoned, with and without a residual C, on
+    cuts it (its stale rows may reach only columns past N; pairs sharing B, opt-in, cut A's only). D bit
+    for bit that of whole boxes (MOE_FP8_TIGHT_BOXES=0), NaN-poisoned, with and without a residual C, on
     gathered, table and MN-major A scales (M not a multiple of 4 included). Before the tight run a
     whole-box GEMM on the same tiles and shared-memory layout, on at least as many CTAs, loads NaN A
     bytes and infinite scales into the stages, so the rows past the tight boxes hold them: they must
@@ -116,9 +119,12 @@ def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, multicast
     sl = 1 if mn_scales else -1
     env = dict(env)
     compiled_dims = env.pop("compiled_dims", "nk")
+    tight_setting = env.pop("MOE_FP8_TIGHT_BOXES", None)
 
     def tight_boxes(on: bool) -> None:
-        if on:
+        if on and tight_setting is not None:
+            monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", tight_setting)
+        elif on:
             monkeypatch.delenv("MOE_FP8_TIGHT_BOXES", raising=False)
         else:
             monkeypatch.setenv("MOE_FP8_TIGHT_BOXES", "0")
@@ -132,6 +138,7 @@ def test_gpu_tight_boxes_match_whole_boxes(m, n, k, mn_scales, layout, multicast
     tight_boxes(True)
     tight = native.fp8_gemm_nt_config(m, n, k, kernels.get_num_sms(), scale_load=sl)
     assert (tight["tight_boxes"], tight["scale_load"], tight["multicast"]) == (1, layout, multicast), tight
+    assert tight["share_b"] == int(tight_setting == "pairs"), tight
     tight_boxes(False)
     whole = d_with_and_without_c(a_fp8, b_fp8, c, compiled_dims=compiled_dims)
     # The poison: NaN rows (E4M3 0x7F) with infinite scales on the tight plan's tiles and stages, as

@@ -41,7 +41,8 @@ namespace moe_kernels {
 // kTightBoxes (dense): the last m-block, where M cuts it, loads A through map_a_tail (a box of
 // the rows M leaves it, or in a cluster of those M leaves the CTA's share) and MN-major or table
 // scales through map_sfa_tail, the last n-block, where N cuts it, B through map_b_tail (N % kBlockN
-// rows); other kernels ignore these maps (the last parameters, so the others' offsets stay).
+// rows; not in pairs sharing B, kShareB, whose halves of B stay whole); other kernels ignore these maps
+// (the last parameters, so the others' offsets stay).
 // kNormal's tail split (common/scheduler.cuh): num_splits > 1 splits the last tail_tiles tiles (per
 // cluster) over K, split s taking split_k_quot + (s < split_k_rem) K blocks, their partial sums
 // added through split_workspace / split_counters (common/split_reduce.cuh); 1 runs every tile whole.
@@ -165,8 +166,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                 "SwiGLU epilogue: tiles of block N 128 or 256, one wave, without overlap, residual or clusters "
                 "sharing A, N a multiple of 256");
   constexpr uint32_t kHalfRowsB = kBlockN / 2;
-  static_assert(!kTightBoxes || (kType == GemmType::kNormal && !kShareB && !kSwiGlu && kScaleLoad != kScaleTmaKMajor),
-                "tight boxes: dense, lone CTAs or clusters sharing A, gathered, MN-major or table A scales");
+  static_assert(!kTightBoxes || (kType == GemmType::kNormal && !kSwiGlu && kScaleLoad != kScaleTmaKMajor),
+                "tight boxes: dense, gathered, MN-major or table A scales");
+  // Pairs sharing B load B in whole halves: only A's tail is tight there.
+  constexpr bool kTightB = kTightBoxes && !kShareB && kShapeN % kBlockN != 0;
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -190,7 +193,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       sm90::tma_prefetch_descriptor(&map_sfb);
     }
     if constexpr (kTightBoxes) {
-      if constexpr (kShapeN % kBlockN != 0) sm90::tma_prefetch_descriptor(&map_b_tail);
+      if constexpr (kTightB) sm90::tma_prefetch_descriptor(&map_b_tail);
       sm90::tma_prefetch_descriptor(&map_a_tail);
       if constexpr (kScaleTma) sm90::tma_prefetch_descriptor(&map_sfa_tail);
     }
@@ -277,10 +280,11 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       const auto load_tile = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
         const uint32_t row_a = a_row0(t) + (kShareB ? 0 : rank * kMulticastRowsA), row_b = b_row0(t);
         const uint32_t row_sfa = a_row0(t), row_sfb = sfb_row0(t);
-        // Without kTightBoxes every box is whole (rows, rows_b: kBlockM, kBlockN).
-        const uint32_t rows = kTightBoxes ? min(m - a_row0(t), kBlockM) : kBlockM;
+        // Without kTightBoxes every box is whole (rows, rows_b: kBlockM, kBlockN). So is a pair's
+        // m-block past M (kShareB, !t.valid).
+        const uint32_t rows = kTightBoxes && a_row0(t) < m ? min(m - a_row0(t), kBlockM) : kBlockM;
         // A padding n-block of a cluster (past N) keeps its whole box.
-        const uint32_t rows_b = kTightBoxes && kShapeN % kBlockN != 0 ? min(kShapeN - row_b, kBlockN) : kBlockN;
+        const uint32_t rows_b = kTightB ? min(kShapeN - row_b, kBlockN) : kBlockN;
         const uint32_t bytes = tma_bytes(rows) - (kBlockN - rows_b) * kBlockK;
         // A cluster's CTA loads its share of A's rows: kMulticastRowsA, or with kTightBoxes fewer
         // where M cuts it, none past M.
@@ -309,7 +313,8 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
           if constexpr (kShareB) {
             // map_b's box is kHalfRowsB rows. The full barrier expects a whole B tile either way.
             uint8_t* smem_b = smem + Smem::kOffsetB + pipe.stage * Smem::kB;
-            sm90::tma_load_2d(smem + Smem::kOffsetA + pipe.stage * Smem::kA, &map_a, full, kb * kBlockK, row_a);
+            sm90::tma_load_2d(smem + Smem::kOffsetA + pipe.stage * Smem::kA, rows < kBlockM ? &map_a_tail : &map_a,
+                              full, kb * kBlockK, row_a);
             if (t.share_b) {
               sm90::tma_load_2d_multicast(smem_b + rank * kHalfRowsB * kBlockK, &map_b, full, kb * kBlockK,
                                           row_b + rank * kHalfRowsB, (1u << kNumMulticast) - 1);
