@@ -223,11 +223,11 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
     // 144, 192 and 224 x {2112, 4096} x 7168; at N = 576 (whole 64 x 16 tiles against split 128 x 40
     // ones) 192 rows went from 10.5 to 9.1 us across two runs (bench/RESULTS.md, session 45).
     // From 256 rows on lone CTAs, 64-row tiles where they take no more waves and each CTA reads
-    // fewer rows of A and B per K block (block M + block N): 0.75x the time of 128 x 32 at 256 x 2112
-    // x 7168 (64 x 64, DeepGEMM's choice), 0.77x at 384 x 2112 x 7168, 0.76x and 0.83x at {384, 1024}
-    // x 576 x 7168. Not where the 128-row tiles leave a quarter of the SMs idle (split over K below):
-    // at 256 x 576 x 7168 64 x 72 took 1.05x the time of 128 x 40 split in 4 (bench/RESULTS.md,
-    // session 47). MOE_GEMM_LEAN_TILES=0 turns it off, and so does MOE_FP8_MULTICAST=b (128-row pairs).
+    // fewer rows of A and B per K block (block M + block N): 0.76x the time of 128 x 32 at 256 x 2112
+    // x 7168 (64 x 64, DeepGEMM's choice), 0.74x at 384 x 2112 x 7168, 0.80x and 0.88x at {384, 1024}
+    // x 576 x 7168 (MN-major A scales). Not where the 128-row tiles leave a quarter of the SMs idle
+    // (split over K below): at 256 x 576 x 7168 64 x 72 took 1.07x the time of 128 x 40 split in 4
+    // (bench/RESULTS.md, session 47; the ratios as corrected in session 48). MOE_GEMM_LEAN_TILES=0 turns it off, and so does MOE_FP8_MULTICAST=b (128-row pairs).
     // At 129-255 rows the lone 64-row tiles also replace 2-CTA clusters (wide N) where they run in one
     // wave: 0.77x the time of 128 x 112 pairs sharing B at 144 x 7168 x 16384 (64 x 192, 54.9 against
     // 71.2 us; cuBLAS 50.0) and 0.97x at 144 x 7168 x 2048 (bench/RESULTS.md, session 48). Several
@@ -307,8 +307,10 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   // fill costs more than the rows it replaces): tail maps for those blocks, in clusters the CTA whose
   // half M cuts loading the rest of it and a CTA whose half lies past M none. At 1-63 rows (one
   // m-block) x {2112, 4096} x 7168 0.62-0.94x the time of whole boxes, 0.74x and 0.85x in clusters at
-  // 1 and 7 x 7168 x 16384 (session 46); N's tail: 0.87x at 384 x 7168 x 16384, 0.92x at 1024 x 7168
-  // x 16384 (128 x 192 tiles), A's: 0.85x at 144 x 2112 x 7168 (bench/RESULTS.md, session 47).
+  // 1 and 7 x 7168 x 16384 (session 46); A's on 64-row tiles 0.69-0.76x at 144 x {576, 2112, 4096}
+  // x 7168 and 200 x 2112 x 7168, level at 200 x {576, 4096} x 7168 (MN-major A scales; session 47).
+  // N's tail measured level at {384, 1024} x 7168 x 16384 (128 x 192 tiles; the 0.87-0.92x first
+  // recorded compared it with the gathered plan: bench/RESULTS.md, session 48).
   // MOE_FP8_TIGHT_BOXES=0 turns it off. Pairs sharing B keep whole boxes unless
   // MOE_FP8_TIGHT_BOXES=pairs (not timed yet): then the CTA whose m-block M cuts loads A (and its
   // MN-major or table scales) through the tail maps; B's halves stay whole.
