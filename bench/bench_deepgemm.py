@@ -248,6 +248,8 @@ def main() -> int:
         variants = parse_env_variants(args.variant)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.mn_scales:  # the variants then run on the MN column's operands: compare them with it, not with ours
+        variants = [(f"{label} (on MN)", env) for label, env in variants]
     if not torch.cuda.is_available():
         print("bench_deepgemm: needs a CUDA device", file=sys.stderr)
         return 1
