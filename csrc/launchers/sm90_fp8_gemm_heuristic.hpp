@@ -227,14 +227,17 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
     // x 7168 (64 x 64, DeepGEMM's choice), 0.74x at 384 x 2112 x 7168, 0.80x and 0.88x at {384, 1024}
     // x 576 x 7168 (MN-major A scales). Not where the 128-row tiles leave a quarter of the SMs idle
     // (split over K below): at 256 x 576 x 7168 64 x 72 took 1.07x the time of 128 x 40 split in 4
-    // (bench/RESULTS.md, session 47; the ratios as corrected in session 48). MOE_GEMM_LEAN_TILES=0 turns it off, and so does MOE_FP8_MULTICAST=b (128-row pairs).
+    // (bench/RESULTS.md, session 47; the ratios as corrected in session 48). MOE_GEMM_LEAN_TILES=0
+    // turns it off, and so does MOE_FP8_MULTICAST=b (128-row pairs).
     // At 129-255 rows the lone 64-row tiles also replace 2-CTA clusters (wide N) where they run in one
     // wave: 0.77x the time of 128 x 112 pairs sharing B at 144 x 7168 x 16384 (64 x 192, 54.9 against
     // 71.2 us; cuBLAS 50.0) and 0.97x at 144 x 7168 x 2048 (bench/RESULTS.md, session 48). Several
-    // waves (x 32768 x 512) are not measured and keep the pairs.
+    // waves (x 32768 x 512) are not measured and keep the pairs; so do clusters that MOE_FP8_MULTICAST=2
+    // or =b asks for.
     const bool lean = m >= 256 && t.block_m == 128 && t.tiles * 4 >= 3LL * num_sms && !share_b_forced &&
                       env_enabled("MOE_GEMM_LEAN_TILES");
-    if (m > 128 && (m < 256 ? !forced && !share_b_forced : multicast == 1 && lean)) {
+    const bool clusters_kept = multicast > 1 && (forced || share_b_forced);
+    if (m > 128 && (m < 256 ? !clusters_kept : multicast == 1 && lean)) {
       const Tiles rows64 = choose_tiles(fn, 1, m, n, num_sms, kMaxBlockN, stage_bytes, block_n_fits_scales, 1,
                                         split_k, max_block_m, 64, single_wave_ways);
       if (rows64.waves <= t.waves && (multicast == 1 || rows64.waves <= 16) &&

@@ -658,6 +658,8 @@ def test_one_n_block_bands_for_a_single_wave_of_lone_ctas(m, n, k, group_n, monk
     (224, 7168, 16384, 128, None),    # pairs: 64-row tiles would take another wave
     (160, 32768, 512, 128, None),     # pairs: several waves either way (not measured)
     (144, 7168, 16384, 128, "2"),     # clusters forced
+    (144, 7168, 16384, 128, "b"),     # pairs sharing B asked for
+    (200, 2112, 7168, 64, "b"),       # no clusters wanted: =b leaves the 64-row tiles
 ])
 def test_64_row_tiles_where_a_128_row_tile_would_mostly_lie_past_m(m, n, k, block_m, multicast, monkeypatch):
     """129-255 rows: 64-row tiles where they take no more waves, instead of a second 128-row
