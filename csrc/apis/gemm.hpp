@@ -76,6 +76,7 @@ inline pybind11::dict config_dict(const moe_launchers::sm90_fp8_gemm::Config& c,
   d["tight_boxes"] = c.tight_boxes;
   d["tail_splits"] = c.tail_split_of(m).ways;
   d["swiglu"] = c.swiglu;
+  d["gather_chunk"] = c.gather_chunk;
   return d;
 }
 

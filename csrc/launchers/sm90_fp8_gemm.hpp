@@ -114,10 +114,11 @@ inline GeneratedKernel generate(const Config& c) {
      << ", " << (c.wg_store ? "true" : "false");
   // The trailing template arguments (the table's slots, SwiGLU, tight boxes), each written only where
   // it or one after it differs from its default: other kernels' code stays as it was.
-  const bool tail2 = c.tight_boxes != 0, tail1 = tail2 || c.swiglu;
+  const bool tail3 = c.gather_chunk != 0, tail2 = tail3 || c.tight_boxes != 0, tail1 = tail2 || c.swiglu;
   if (c.table_slots > 0 || tail1) os << ", " << c.table_slots;
   if (tail1) os << ", " << (c.swiglu ? "true" : "false");
-  if (tail2) os << ", true";
+  if (tail2) os << ", " << (c.tight_boxes != 0 ? "true" : "false");
+  if (tail3) os << ", " << c.gather_chunk;
   const std::string table =
       c.table_slots > 0 ? ", " + std::to_string(c.k / kBlockK) + ", " + std::to_string(c.table_slots)
       : c.swiglu       ? ", 0, 0, false"
@@ -134,12 +135,12 @@ inline GeneratedKernel generate(const Config& c) {
 // The compiled kernel of a plan on a device: from the memo, compiled (or loaded from the disk cache)
 // on the first call.
 inline std::shared_ptr<const moe_jit::CompiledKernel> kernel_of(const Config& c, int device) {
-  static moe_jit::KernelMemo<std::array<int, 23>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 23> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
+  static moe_jit::KernelMemo<std::array<int, 24>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 24> key = {static_cast<int>(c.type), c.m_compiled, c.n, c.k, c.block_m, c.block_n,
                                    c.num_stages, c.group_n, static_cast<int>(c.residual), c.swizzle_d, c.multicast,
                                    c.scale_warps, c.pingpong, c.pdl, c.k_unroll, static_cast<int>(c.scale_load),
                                    c.overlap, c.share_b, c.wg_store, c.table_slots, c.swiglu, c.tight_boxes,
-                                   device};
+                                   c.gather_chunk, device};
   return sm90_kernel(memo, key, c.fn, device, [&] { return generate(c); });
 }
 
@@ -195,6 +196,11 @@ inline void launch(const Config& c, const Args& a, std::shared_ptr<const moe_jit
                       last_k_block * static_cast<std::uint64_t>(a.sfa_stride_k) < (1ull << 32),
                   c.fn << ": the scales of A span more than 2^32 elements (strides " << a.sfa_stride_m << ", "
                        << a.sfa_stride_k << ")");
+  // Chunked gathers load gather_chunk K blocks of a row with one vector load (common/scale_gather.cuh).
+  MOE_HOST_ASSERT(c.gather_chunk <= 1 || (a.sfa_stride_k == 1 && a.sfa_stride_m % c.gather_chunk == 0 &&
+                                          a.sfa % (4 * c.gather_chunk) == 0 && (c.k / kBlockK) % c.gather_chunk == 0),
+                  c.fn << ": the kernel was planned for chunked gathers of K-major A scales, which these scales' "
+                          "layout does not allow (strides " << a.sfa_stride_m << ", " << a.sfa_stride_k << ")");
   // B's: 32-bit strides (group and row offsets are then taken in 64 bits), a K block's offset in 32 bits.
   MOE_HOST_ASSERT(a.sfb_stride_g >= 0 && a.sfb_stride_n >= 0 && a.sfb_stride_k >= 0 &&
                       static_cast<std::uint64_t>(a.sfb_stride_g) < (1ull << 32) &&

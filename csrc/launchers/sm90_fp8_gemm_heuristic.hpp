@@ -48,6 +48,7 @@ struct Config {
   int table_slots = 0;  // kScaleTmaKMajorTable's slots (1: no CTA runs a second tile; else 2), 0 otherwise
   bool tail_split_on = true;  // MOE_GEMM_TAIL_SPLIT when planned (the plan is redone when it changes)
   int swiglu = 0;       // 1: the SwiGLU epilogue (kSwiGlu; plan_swiglu): act and its scales instead of D
+  int gather_chunk = 0;  // kGatherChunk: 0 cp.async copies, else K blocks per scale load (gather_chunk_for)
 
   // The last, partial wave's tiles split over K; kNormal only.
   TailSplit tail_split_of(int m) const {
@@ -135,6 +136,31 @@ inline bool fit_sfa_slots(Tiles& t, int k, unsigned scale_load, int slots_count,
   t.num_stages = stages;
   t.smem_bytes = pipeline_smem(t.block_m, t.block_n, stages, per_stage) + slots;
   return true;
+}
+
+// MOE_FP8_GATHER_CHUNK=1|2|4 (opt-in until timed): the scale warps load their scales into registers,
+// that many K blocks per row at once, and store each K block's rows with coalesced stores, instead of
+// 4-byte cp.async copies (common/scale_gather.cuh). Chunks of 2 and 4 need K-major A scales (`layout`,
+// scale_layout_for the launch's tensors: kScaleTmaKMajor promises rows and base on 16 bytes, K blocks
+// a multiple of 4). The producers' 40 registers at block M 128 spilled with chunks of 2, so 128-row
+// tiles take 1, 256-row ones the copies.
+inline int gather_chunk_for(const Config& c, unsigned layout) {
+  const int setting = env_int("MOE_FP8_GATHER_CHUNK");
+  if (c.scale_load != moe_kernels::kScaleGather || c.sfa_copy != 0 || (setting != 1 && setting != 2 && setting != 4)) {
+    return 0;
+  }
+  const int chunk = std::min(setting, c.block_m == 64 ? 4 : c.block_m == 128 ? 1 : 0);
+  return chunk > 1 && layout != moe_kernels::kScaleTmaKMajor ? 1 : chunk;
+}
+
+// The chunk, and the scale warps that may then take turns (fp8_gemm_layout.h's scale_gather_warps).
+inline void set_gather_chunk(Config& c, unsigned layout) {
+  c.gather_chunk = gather_chunk_for(c, layout);
+  if (c.scale_warps > 0) {
+    c.scale_warps = static_cast<int>(moe_kernels::scale_gather_warps(
+        static_cast<unsigned>(c.scale_warps), static_cast<unsigned>(std::max(c.gather_chunk, 1)),
+        static_cast<unsigned>(c.num_stages)));
+  }
 }
 
 // Analytic choice: fewest waves of tiles weighted by a tile's cost, then the larger block N. `m` is
@@ -270,8 +296,10 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
     }
   }
   if (scale_load == moe_kernels::kScaleTmaKMajor && (t.block_m < kScaleTmaKMajorMinBlockM || k < kScaleTmaKMajorMinK)) {
-    return plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment, split_workspace,
-                       moe_kernels::kScaleGather, false);
+    Config gathers = plan_config(m, n, k, num_sms, compile_m, residual, type, num_groups, contiguous_alignment,
+                                 split_workspace, moe_kernels::kScaleGather, false);
+    set_gather_chunk(gathers, scale_load);
+    return gathers;
   }
   // The clusters: a single n-block would pair with a padding one (nothing to share). Clusters sharing
   // B (MOE_FP8_MULTICAST=b, or unset on contiguous 128 x 192 tiles, on masked ones from
@@ -414,6 +442,7 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
                          sfa_copy_fits(m, k) && env_enabled("MOE_FP8_SCALE_TMA") && env_enabled("MOE_FP8_SFA_COPY")
                      ? 1
                      : 0;
+  set_gather_chunk(cfg, scale_load);
   return cfg;
 }
 
@@ -455,6 +484,7 @@ inline Config plan_swiglu(int m, int n, int k, int num_sms, GemmType type, int n
   MOE_HOST_ASSERT(n % 256 == 0, fn << ": N (2 x intermediate) must be a multiple of 256, got " << n);
   MOE_HOST_ASSERT(num_sms >= 1, fn << ": num_sms must be >= 1, got " << num_sms);
   MOE_HOST_ASSERT(num_groups >= 1, fn << ": num_groups must be >= 1, got " << num_groups);
+  const unsigned layout = scale_load;
   if (!env_enabled("MOE_FP8_SCALE_TMA") || scale_load != moe_kernels::kScaleTmaMnMajor) {
     scale_load = moe_kernels::kScaleGather;
   }
@@ -490,6 +520,7 @@ inline Config plan_swiglu(int m, int n, int k, int num_sms, GemmType type, int n
   cfg.swizzle_d = t.swizzle_d;
   cfg.scale_load = scale_load;
   cfg.scale_warps = scale_load == moe_kernels::kScaleGather ? std::min(scale_warps_setting(), t.num_stages) : 0;
+  set_gather_chunk(cfg, layout);
   // MOE_FP8_MULTICAST=b: 2-CTA clusters of adjacent 128-row m-blocks share each B tile (as plan_config's
   // =b; not timed against single CTAs yet, so not the default).
   const char* multicast_env = std::getenv("MOE_FP8_MULTICAST");

@@ -1,5 +1,5 @@
 """Shared cases of the grouped GEMM tests (test_grouped.py, test_grouped_sfa_copy.py): FP8 weights and
-contiguous layouts, their float64 reference, one NaN-poisoned contiguous call and its kernel plan."""
+contiguous layouts, their float64 reference, one NaN-poisoned contiguous or masked call and its kernel plan."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 import kernels
 from kernels.reference.gemm import dequantize_a, dequantize_b
 from kernels.reference.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+from kernels.testing import calc_diff
 
 GROUPED_NK = [(4096, 7168), (7168, 2048)]
 
@@ -44,6 +45,13 @@ def expected_contiguous(a_fp8, b_fp8, m_indices) -> torch.Tensor:
     return out
 
 
+def assert_contiguous_rows(d, a_fp8, b_fp8, m_indices) -> None:
+    """Every valid row written and right against float64."""
+    valid = m_indices >= 0
+    assert torch.isfinite(d[valid]).all(), "valid rows not fully written"
+    assert calc_diff(d[valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
+
+
 def assert_same_output(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     """Bit for bit the same output, NaN (never written) in the same places."""
     assert torch.equal(got.isnan(), want.isnan()), f"{what}: other rows written"
@@ -61,3 +69,30 @@ def contiguous_config(m_indices, n: int, k: int, num_groups: int) -> dict:
     """The kernel plan of a contiguous call on this device (alignment 128)."""
     return kernels.jit.native_module().fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(),
                                                           gemm_type=1, num_groups=num_groups, alignment=128)
+
+
+def run_masked(a, b_fp8, masked_m, expected_m: int, n: int) -> torch.Tensor:
+    """D of one masked call, poisoned with NaN before it."""
+    g, max_m = a[0].shape[:2]
+    d = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device=masked_m.device)
+    kernels.m_grouped_fp8_gemm_nt_masked(a, b_fp8, d, masked_m, expected_m)
+    return d
+
+
+def assert_masked_rows(d, a, b_fp8, masked: list[int]) -> None:
+    """Each group's rows below masked_m written and right against float64; those from masked_m
+    rounded up to 8 (on the GPU) left NaN."""
+    for i, count in enumerate(masked):
+        if count:
+            got = d[i, :count]
+            assert torch.isfinite(got).all(), f"group {i}: rows not fully written"
+            rhs = dequantize_b(b_fp8[0][i], b_fp8[1][i]).double()
+            ref = dequantize_a(a[0][i, :count], a[1][i, :count]).double() @ rhs.t()
+            assert calc_diff(got, ref) < 1e-3, f"group {i}"
+        assert torch.isnan(d[i, untouched_from(count, d.device.type):]).all(), f"group {i}: rows past masked_m written"
+
+
+def untouched_from(count: int, device: str) -> int:
+    """The first row of a masked group that the call leaves as it was: the GPU stores its tiles in
+    boxes of 8 rows up to masked_m, the CPU reference writes the rows below masked_m."""
+    return count if device == "cpu" else -(-count // 8) * 8

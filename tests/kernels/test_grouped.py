@@ -15,15 +15,9 @@ from kernels.reference.quant import per_token_cast_to_fp8
 from kernels.testing import calc_diff
 
 from gemm_cases import H200_SMS, TensorSubclass
-from grouped_cases import (GROUPED_NK, assert_same_output, contiguous_config, expected_contiguous, make_contiguous,
-                           make_weights, run_contiguous)
-
-
-def assert_contiguous_rows(d, a_fp8, b_fp8, m_indices) -> None:
-    """Every valid row written and right against float64."""
-    valid = m_indices >= 0
-    assert torch.isfinite(d[valid]).all(), "valid rows not fully written"
-    assert calc_diff(d[valid], expected_contiguous(a_fp8, b_fp8, m_indices)[valid]) < 1e-3
+from grouped_cases import (GROUPED_NK, assert_contiguous_rows, assert_masked_rows, assert_same_output,
+                           contiguous_config, expected_contiguous, make_contiguous, make_weights, run_contiguous,
+                           run_masked)
 
 
 def check_contiguous(counts, n, k, device):
@@ -43,33 +37,6 @@ def check_masked(masked: list[int], max_m: int, n: int, k: int, expected_m: int,
     masked_m = torch.tensor(masked, dtype=torch.int32, device=device)
     d = run_masked((a_fp8, sfa), b_fp8, masked_m, expected_m, n)
     assert_masked_rows(d, (a_fp8, sfa), b_fp8, masked)
-
-
-def run_masked(a, b_fp8, masked_m, expected_m: int, n: int) -> torch.Tensor:
-    """D of one masked call, poisoned with NaN before it."""
-    g, max_m = a[0].shape[:2]
-    d = torch.full((g, max_m, n), float("nan"), dtype=torch.bfloat16, device=masked_m.device)
-    kernels.m_grouped_fp8_gemm_nt_masked(a, b_fp8, d, masked_m, expected_m)
-    return d
-
-
-def assert_masked_rows(d, a, b_fp8, masked: list[int]) -> None:
-    """Each group's rows below masked_m written and right against float64; those from masked_m
-    rounded up to 8 (on the GPU) left NaN."""
-    for i, count in enumerate(masked):
-        if count:
-            got = d[i, :count]
-            assert torch.isfinite(got).all(), f"group {i}: rows not fully written"
-            rhs = dequantize_b(b_fp8[0][i], b_fp8[1][i]).double()
-            ref = dequantize_a(a[0][i, :count], a[1][i, :count]).double() @ rhs.t()
-            assert calc_diff(got, ref) < 1e-3, f"group {i}"
-        assert torch.isnan(d[i, untouched_from(count, d.device.type):]).all(), f"group {i}: rows past masked_m written"
-
-
-def untouched_from(count: int, device: str) -> int:
-    """The first row of a masked group that the call leaves as it was: the GPU stores its tiles in
-    boxes of 8 rows up to masked_m, the CPU reference writes the rows below masked_m."""
-    return count if device == "cpu" else -(-count // 8) * 8
 
 
 # ---- CPU ----------------------------------------------------------------------------------------

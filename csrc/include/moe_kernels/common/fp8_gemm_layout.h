@@ -11,6 +11,14 @@ constexpr unsigned fp8_gemm_math_warpgroups(unsigned block_m) { return block_m =
 // The math warpgroups and one producer warpgroup.
 constexpr unsigned fp8_gemm_threads(unsigned block_m) { return (fp8_gemm_math_warpgroups(block_m) + 1) * 128; }
 
+// The scale warps that take turns: each owns a chunk of kChunk K blocks in turn, and must never run
+// two phases ahead of the consumers' releases (an empty barrier's parity cannot tell them apart).
+// That holds while the K blocks one warp owns lie at most num_stages apart: releases come in order, so
+// waiting for the stage of its previous K block covers the one before this K block's stage use.
+constexpr unsigned scale_gather_warps(unsigned warps, unsigned chunk, unsigned num_stages) {
+  return (warps - 1) * chunk + 1 <= num_stages ? warps : (num_stages - 1) / chunk + 1;
+}
+
 // How a stage's scales arrive.
 //   kScaleGather: scale warps gather them with 4-byte cp.async copies, any strides. A K-major A
 //     scale costs a 32-byte sector and a shared-memory wavefront per row and K block: at 256-row

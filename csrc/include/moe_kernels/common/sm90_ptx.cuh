@@ -108,6 +108,41 @@ __device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
+// ---- Loads of read-only data into registers ---------------------------------------------------
+// kN (1, 2 or 4) consecutive floats at p (aligned to 4 x kN bytes) through the non-coherent path,
+// not allocated in L1 (a CTA reads each once), or zeros where `valid` is false (nothing is read then).
+// Volatile, so they issue where written: ahead of the barrier waits whose latency they hide.
+template <uint32_t kN>
+__device__ __forceinline__ void ld_nc_floats(float (&out)[kN], const float* p, bool valid) {
+  static_assert(kN == 1 || kN == 2 || kN == 4, "1, 2 or 4 floats");
+  if constexpr (kN == 4) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+        " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
+        " @p ld.global.nc.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];\n}"
+        : "=f"(out[0]), "=f"(out[1]), "=f"(out[2]), "=f"(out[3])
+        : "l"(p), "r"(static_cast<uint32_t>(valid)));
+  } else if constexpr (kN == 2) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n"
+        " @p ld.global.nc.L1::no_allocate.v2.f32 {%0, %1}, [%2];\n}"
+        : "=f"(out[0]), "=f"(out[1])
+        : "l"(p), "r"(static_cast<uint32_t>(valid)));
+  } else {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n mov.b32 %0, 0;\n"
+        " @p ld.global.nc.L1::no_allocate.f32 %0, [%1];\n}"
+        : "=f"(out[0])
+        : "l"(p), "r"(static_cast<uint32_t>(valid)));
+  }
+}
+
+__device__ __forceinline__ float ld_nc_float(const float* p, bool valid) {
+  float v[1];
+  ld_nc_floats<1>(v, p, valid);
+  return v[0];
+}
+
 // ---- TMA ------------------------------------------------------------------------------------
 __device__ __forceinline__ void tma_prefetch_descriptor(const TmaDescriptor* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

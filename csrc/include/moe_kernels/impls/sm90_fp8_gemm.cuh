@@ -23,6 +23,7 @@
 #include <moe_kernels/common/fp8_gemm_layout.h>
 #include <moe_kernels/common/math_turns.cuh>
 #include <moe_kernels/common/pipeline.cuh>
+#include <moe_kernels/common/scale_gather.cuh>
 #include <moe_kernels/common/scale_promotion.cuh>
 #include <moe_kernels/common/scale_rows.cuh>
 #include <moe_kernels/common/scheduler.cuh>
@@ -55,7 +56,7 @@ template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, u
           uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, uint32_t kNumMulticast = 1,
           uint32_t kScaleWarps = 3, bool kPingPong = false, bool kPdl = false, uint32_t kKUnroll = 1,
           uint32_t kScaleLoad = kScaleGather, bool kOverlap = false, bool kShareB = false, bool kWgStore = false,
-          uint32_t kTableSlots = 0, bool kSwiGlu = false, bool kTightBoxes = false>
+          uint32_t kTableSlots = 0, bool kSwiGlu = false, bool kTightBoxes = false, uint32_t kGatherChunk = 0>
 __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
     sm90_fp8_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                      const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -101,7 +102,12 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
                 "the scale table: dense tiles of block M 64 or 128, at most 256 columns (a TMA box's rows)");
   static_assert(kScaleTma ? kScaleWarps == 0 : kScaleWarps >= 1 && kScaleWarps <= 3,
                 "1 to 3 scale warps gather the scales, none with TMA scale loads");
-  constexpr uint32_t kNumScaleWarps = kScaleWarps < kNumStages ? kScaleWarps : kNumStages;
+  // kGatherChunk (common/scale_gather.cuh): 0, 4-byte cp.async copies; 1, 2 or 4 K blocks per load
+  // into registers (2 and 4: K-major A scales whose rows and base the launcher checked to fall on
+  // 4 x kGatherChunk bytes, K blocks in whole chunks).
+  static_assert(kGatherChunk == 0 || (!kScaleTma && kNumKBlocks % kGatherChunk == 0),
+                "chunked gathers: gathered scales, whole chunks of K blocks");
+  constexpr uint32_t kNumScaleWarps = scale_gather_warps(kScaleWarps, kGatherChunk > 0 ? kGatherChunk : 1, kNumStages);
   // Register budgets: the math warpgroups hold a promoted accumulator set per wave and one for the
   // wgmmas; the producers get what is left of the launch allocation (2 x 128 x 232 + 128 x 40 =
   // 384 x 168). The scale warps keep per-tile 32-bit row offsets, which fit 40 without spilling
@@ -345,13 +351,13 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         for (uint32_t s = 0; s < kNumStages; ++s, pipe.advance()) ring.producer_acquire(pipe);
       }
     } else if (!kScaleTma && producer_warp >= 1 && producer_warp <= kNumScaleWarps) {
-      // The scale warps take the stages in turn (turn counts K blocks across tiles), so each
-      // issues 1/kNumScaleWarps of the copies. One warp alone was the pipeline's bound: ~140
-      // instructions per K block at ~7 cycles each, never waiting for a free stage while the math
-      // warps waited on the full barrier (ncu, 4096 x 4096 x 7168). A warp's stage is at most one
-      // phase ahead of the consumers' releases because kNumStages >= kNumScaleWarps.
-      const uint32_t my_turn = producer_warp - 1;
-      uint32_t turn = 0;
+      // The scale warps take the stages in turn, so each issues 1/kNumScaleWarps of the copies. One
+      // warp alone was the pipeline's bound with 4-byte copies: ~140 instructions per K block at ~7
+      // cycles each, never waiting for a free stage while the math warps waited on the full barrier
+      // (ncu, 4096 x 4096 x 7168).
+      using Gather =
+          ScaleGather<kBlockM, kGatherChunk, kNumStages, Smem::kSfFloats, Smem::kSfb, Smem::kSfbRows, kNumScaleWarps>;
+      Gather gather{ring, smem_sf, lane, producer_warp - 1};
       const auto load_scales = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
         const uint32_t row_a = a_row0(t);
         // Rows past the problem (or past a masked group's max_m) read no scale.
@@ -359,23 +365,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         const LaneScaleRows<kBlockM / 32> rows_a(row_a, row_end, sfa_stride_m, lane);
         const uint32_t sfb_row = sfb_block(t) + lane;
         const bool valid_b = lane < Smem::kSfbRows && sfb_row < kNumSfbRows;
-        const float* sfb_lane = sfb + (valid_b ? uint64_t(t.group) * sfb_stride_g + uint64_t(sfb_row) * sfb_stride_n : 0);
-        for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
-          const bool mine = turn == my_turn;
-          turn = turn + 1 == kNumScaleWarps ? 0 : turn + 1;
-          if (!mine) continue;
-          ring.producer_acquire(pipe);
-          float* sf = smem_sf + pipe.stage * Smem::kSfFloats;
-          const float* sfa_k = sfa + kb * sfa_stride_k;
-#pragma unroll
-          for (uint32_t i = 0; i < kBlockM / 32; ++i) {
-            sm90::cp_async_4(sf + i * 32 + lane, sfa_k + rows_a.offset[i], rows_a.bytes(i));
-          }
-          if (lane < Smem::kSfbRows) {
-            sm90::cp_async_4(sf + Smem::kSfb + lane, sfb_lane + kb * sfb_stride_k, valid_b ? 4 : 0);
-          }
-          sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
-        }
+        const float* sfb_lane =
+            sfb + (valid_b ? uint64_t(t.group) * sfb_stride_g + uint64_t(sfb_row) * sfb_stride_n : 0);
+        gather.tile(pipe, sfa, rows_a, sfa_stride_k, sfb_lane, valid_b, sfb_stride_k, kb_begin, kb_end);
       };
       while (scheduler.next(t)) for_each_block(t, [&](const Tile& b) { load_scales(b, 0, kNumKBlocks); });
       if (scheduler.tail_unit(t)) for_each_block(t, [&](const Tile& b) { load_scales(b, b.k_begin, b.k_end); });

@@ -1,0 +1,144 @@
+"""The FP8 GEMM's scale warps in chunks (common/scale_gather.cuh, MOE_FP8_GATHER_CHUNK): K-major A
+scales loaded several K blocks per row into registers and stored a K block at a time, against the
+4-byte cp.async gathers. The same scales reach the same FFMAs, so D is bit for bit the same."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from gemm_cases import H200_SMS, make_operands, reference_f64
+from grouped_cases import (assert_contiguous_rows, assert_masked_rows, assert_same_output, contiguous_config,
+                           make_contiguous, make_weights, run_contiguous, run_masked)
+from kernels.reference.quant import per_token_cast_to_fp8
+from kernels.testing import calc_diff
+
+
+def native():
+    return kernels.jit.native_module()
+
+
+@pytest.mark.parametrize("m,n,k,block_m,setting,chunk", [
+    (64, 2112, 7168, 64, "4", 4), (128, 4096, 7168, 64, "2", 2), (64, 7168, 16384, 64, "1", 1),
+    (384, 7168, 16384, 128, "4", 1), (384, 4096, 7168, 128, "2", 1),
+])
+def test_chunk_follows_the_setting_and_block_m(m, n, k, block_m, setting, chunk, monkeypatch):
+    """Opt-in: unset keeps the cp.async copies (0); 1, 2 or 4 K blocks per load at block M 64, 1 at
+    128 (the producers' registers); the scale warps that may take turns shrink with the chunk."""
+    base = native().fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert (base["scale_load"], base["gather_chunk"], base["block_m"]) == ("gather", 0, block_m), base
+    monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", setting)
+    cfg = native().fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert cfg["gather_chunk"] == chunk, cfg
+    turns = (base["num_stages"] - 1) // chunk + 1
+    assert cfg["scale_warps"] == min(base["scale_warps"], turns), cfg
+    # Everything else is the default's plan.
+    for key in ("block_m", "block_n", "num_stages", "multicast", "share_b", "tail_splits"):
+        assert cfg[key] == base[key], key
+
+
+def test_chunks_need_k_major_scales(monkeypatch):
+    """Chunks beyond one K block need K-major scales on 16 bytes: any strides (scale_load 0) or K
+    blocks not a multiple of 4 load one K block at a time; MN-major scales come by TMA, and masked
+    GEMMs gather one K block at a time; 256-row tiles keep the copies."""
+    monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", "4")
+    config = native().fp8_gemm_nt_config
+    assert config(64, 2112, 7168, H200_SMS, scale_load=0)["gather_chunk"] == 1
+    assert config(64, 2112, 7168, H200_SMS, scale_load=1)["gather_chunk"] == 0
+    assert config(64, 2112, 640, H200_SMS)["gather_chunk"] == 1
+    assert config(16, 4096, 7168, H200_SMS, gemm_type=2, num_groups=32)["gather_chunk"] == 1
+    monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
+    monkeypatch.setenv("MOE_FP8_SFA_COPY", "0")
+    cfg = config(4096, 4232, 640, H200_SMS)
+    assert (cfg["block_m"], cfg["scale_load"], cfg["gather_chunk"]) == (256, "gather", 0), cfg
+
+
+def test_chunked_kernel_has_no_cp_async_copies(monkeypatch):
+    """The chunked scale warps issue vector loads and shared stores, no LDGSTS, and the producers
+    spill nothing (compiled here with NVRTC for sm_90a)."""
+    from test_sass import sass
+    monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", "4")
+    for m, n, k in ((64, 2112, 7168), (384, 7168, 16384)):
+        assert native().fp8_gemm_nt_config(m, n, k, H200_SMS)["gather_chunk"] >= 1
+        text = sass(*native().fp8_gemm_nt_code(m, n, k, H200_SMS))
+        assert "LDGSTS" not in text
+        assert "LDG.E.NA.128.CONSTANT" in text or m > 64  # not allocated in L1
+        assert "LDL" not in text and "STL" not in text, f"register spills at {m} x {n} x {k}"
+
+
+def _dense_with_and_without_chunks(m, n, k, env, monkeypatch, c=None):
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    outputs = {}
+    for chunk in ("4", "0"):
+        monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", chunk)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        cfg = native().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
+        assert (cfg["gather_chunk"] > 0) == (chunk == "4"), cfg
+        outputs[chunk] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, outputs[chunk], c=c)
+    torch.cuda.synchronize()
+    assert torch.isfinite(outputs["4"]).all(), "output not fully written"
+    assert calc_diff(outputs["4"], reference_f64(a_fp8, b_fp8, c)) < 1e-3
+    assert torch.equal(outputs["4"], outputs["0"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,env", [
+    (64, 2112, 7168, {}),                                     # 64 x 16 tiles, 21 stages: chunks of 4
+    (1, 576, 7168, {}),                                       # one row: 63 rows of every chunk past M
+    (100, 7168, 16384, {}),                                   # a partial 64-row m-block
+    (384, 7168, 16384, {}),                                   # 128 x 192 tiles, 4 stages: K block by K block
+    (1000, 4096, 7168, {"MOE_GEMM_BLOCK_M": "128"}),          # several tiles per CTA, the tail split
+    (200, 24576, 1536, {"MOE_FP8_MULTICAST": "b"}),           # pairs sharing B
+    (37, 7168, 2048, {"MOE_GEMM_BLOCK_N": "112", "MOE_GEMM_SPLIT_K": "3"}),  # units of 6 and 5 K blocks
+    (128, 264, 1536, {"MOE_GEMM_BLOCK_N": "24", "MOE_GEMM_SPLIT_K": "3"}),   # units start inside a chunk
+])
+def test_gpu_chunked_gathers_match_copies(m, n, k, env, seed, monkeypatch):
+    """Dense: D bit for bit that of the 4-byte copies, NaN-poisoned, against float64 too, with a
+    residual; rows past M (zero scales), split units whose K ranges start and end inside a chunk."""
+    c = torch.randn(m, n, device="cuda")
+    _dense_with_and_without_chunks(m, n, k, env, monkeypatch, c=c)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts,n,k", [([1000, 0, 513, 2048], 4096, 1536), ([5, 300], 7168, 2048)])
+def test_gpu_contiguous_chunked_gathers_match_copies(counts, n, k, seed, monkeypatch):
+    """Contiguous: padding rows and an empty group, bit for bit the copies' output."""
+    b_fp8 = make_weights(len(counts), n, k, "cuda")
+    a_fp8, m_indices = make_contiguous(counts, k, "cuda")
+    outputs = {}
+    for chunk in ("4", "0"):
+        monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", chunk)
+        cfg = contiguous_config(m_indices, n, k, len(counts))
+        assert (cfg["gather_chunk"] > 0) == (chunk == "4"), cfg
+        outputs[chunk] = run_contiguous(a_fp8, b_fp8, m_indices, n)
+    torch.cuda.synchronize()
+    assert_contiguous_rows(outputs["4"], a_fp8, b_fp8, m_indices)
+    assert_same_output(outputs["4"], outputs["0"], "chunked gathers")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("masked,max_m,expected_m,n,k", [
+    ([20] * 32, 32, 20, 4096, 7168),                    # decode: 64-row tiles
+    ([0, 5, 100, 0, 77, 1, 128, 3], 128, 8, 7168, 2048),  # empty groups, rows past masked_m
+    ([300, 0, 129], 384, 256, 4096, 7168),              # 128-row tiles
+])
+def test_gpu_masked_gathers_in_registers_match_copies(masked, max_m, expected_m, n, k, seed, monkeypatch):
+    """Masked: scales loaded a K block at a time into registers, bit for bit the copies' output, the
+    rows from masked_m (rounded up to 8) left NaN."""
+    g = len(masked)
+    b_fp8 = make_weights(g, n, k, "cuda")
+    a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
+    a = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
+    masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+    outputs = {}
+    for chunk in ("4", "0"):
+        monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", chunk)
+        cfg = native().fp8_gemm_nt_config(min(expected_m, max_m), n, k, kernels.get_num_sms(), False, -1, 2, g)
+        assert cfg["gather_chunk"] == (1 if chunk == "4" else 0), cfg
+        outputs[chunk] = run_masked(a, b_fp8, masked_m, expected_m, n)
+    torch.cuda.synchronize()
+    assert_same_output(outputs["4"], outputs["0"], "gathers in registers")
+    assert_masked_rows(outputs["4"], a, b_fp8, masked)
