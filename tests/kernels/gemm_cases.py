@@ -46,6 +46,30 @@ def with_switch_off(m, n, k, switch, monkeypatch):
     return a_fp8, b_fp8, d, off
 
 
+def outputs_per_setting(m, n, k, switch, values, monkeypatch, c=None, check=None):
+    """Fresh operands; D from one NaN-poisoned dense call per value of the environment `switch`
+    (`check(value, plan)` on each plan first). Returns (a_fp8, b_fp8, {value: d}), synchronized."""
+    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    outputs = {}
+    for value in values:
+        monkeypatch.setenv(switch, value)
+        if check is not None:
+            check(value, kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms()))
+        outputs[value] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.fp8_gemm_nt(a_fp8, b_fp8, outputs[value], c=c)
+    torch.cuda.synchronize()
+    return a_fp8, b_fp8, outputs
+
+
+def assert_settings_agree(outputs: dict, a_fp8, b_fp8, c=None) -> None:
+    """The first setting's D fully written and right against float64, every other's bit for bit it."""
+    first, *others = outputs.values()
+    assert torch.isfinite(first).all(), "output not fully written"
+    assert calc_diff(first, reference_f64(a_fp8, b_fp8, c)) < 1e-3
+    for d in others:
+        assert torch.equal(first, d)
+
+
 class TensorSubclass(torch.Tensor):
     """A tensor subclass: the C++ fast checks decline it (it may redefine its storage)."""
 

@@ -65,10 +65,35 @@ def run_contiguous(a_fp8, b_fp8, m_indices, n: int) -> torch.Tensor:
     return d
 
 
+def contiguous_outputs_per_setting(counts, n, k, switch, values, monkeypatch, check=None):
+    """Fresh weights and contiguous rows (`counts` per group); one NaN-poisoned call per value of the
+    environment `switch` (`check(value, plan)` on each plan first). Returns (a_fp8, b_fp8, m_indices,
+    {value: d}), synchronized."""
+    b_fp8 = make_weights(len(counts), n, k, "cuda")
+    a_fp8, m_indices = make_contiguous(counts, k, "cuda")
+    outputs = {}
+    for value in values:
+        monkeypatch.setenv(switch, value)
+        if check is not None:
+            check(value, contiguous_config(m_indices, n, k, len(counts)))
+        outputs[value] = run_contiguous(a_fp8, b_fp8, m_indices, n)
+    torch.cuda.synchronize()
+    return a_fp8, b_fp8, m_indices, outputs
+
+
 def contiguous_config(m_indices, n: int, k: int, num_groups: int) -> dict:
     """The kernel plan of a contiguous call on this device (alignment 128)."""
     return kernels.jit.native_module().fp8_gemm_nt_config(m_indices.shape[0], n, k, kernels.get_num_sms(),
                                                           gemm_type=1, num_groups=num_groups, alignment=128)
+
+
+def make_masked(masked: list[int], max_m: int, k: int, device: str = "cuda"):
+    """Activations of a masked call, max_m rows per group (a [G, max_m, K] E4M3 and its K-major scales
+    [G, max_m, K / 128]), and masked_m (int32 [G]) from `masked`. Returns (a, masked_m)."""
+    g = len(masked)
+    a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device=device, dtype=torch.bfloat16))
+    a = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
+    return a, torch.tensor(masked, dtype=torch.int32, device=device)
 
 
 def run_masked(a, b_fp8, masked_m, expected_m: int, n: int) -> torch.Tensor:

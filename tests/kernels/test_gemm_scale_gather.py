@@ -8,11 +8,9 @@ import pytest
 import torch
 
 import kernels
-from gemm_cases import H200_SMS, make_operands, reference_f64
-from grouped_cases import (assert_contiguous_rows, assert_masked_rows, assert_same_output, contiguous_config,
-                           make_contiguous, make_weights, run_contiguous, run_masked)
-from kernels.reference.quant import per_token_cast_to_fp8
-from kernels.testing import calc_diff
+from gemm_cases import H200_SMS, assert_settings_agree, outputs_per_setting
+from grouped_cases import (assert_contiguous_rows, assert_masked_rows, assert_same_output,
+                           contiguous_outputs_per_setting, make_masked, make_weights, run_masked)
 
 
 def native():
@@ -67,21 +65,8 @@ def test_chunked_kernel_has_no_cp_async_copies(monkeypatch):
         assert "LDL" not in text and "STL" not in text, f"register spills at {m} x {n} x {k}"
 
 
-def _dense_with_and_without_chunks(m, n, k, env, monkeypatch, c=None):
-    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
-    outputs = {}
-    for chunk in ("4", "0"):
-        monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", chunk)
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        cfg = native().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
-        assert (cfg["gather_chunk"] > 0) == (chunk == "4"), cfg
-        outputs[chunk] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kernels.fp8_gemm_nt(a_fp8, b_fp8, outputs[chunk], c=c)
-    torch.cuda.synchronize()
-    assert torch.isfinite(outputs["4"]).all(), "output not fully written"
-    assert calc_diff(outputs["4"], reference_f64(a_fp8, b_fp8, c)) < 1e-3
-    assert torch.equal(outputs["4"], outputs["0"])
+def _chunks_or_copies(value, cfg):
+    assert (cfg["gather_chunk"] > 0) == (value == "4"), cfg
 
 
 @pytest.mark.gpu
@@ -98,23 +83,20 @@ def _dense_with_and_without_chunks(m, n, k, env, monkeypatch, c=None):
 def test_gpu_chunked_gathers_match_copies(m, n, k, env, seed, monkeypatch):
     """Dense: D bit for bit that of the 4-byte copies, NaN-poisoned, against float64 too, with a
     residual; rows past M (zero scales), split units whose K ranges start and end inside a chunk."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     c = torch.randn(m, n, device="cuda")
-    _dense_with_and_without_chunks(m, n, k, env, monkeypatch, c=c)
+    a_fp8, b_fp8, outputs = outputs_per_setting(m, n, k, "MOE_FP8_GATHER_CHUNK", ("4", "0"), monkeypatch, c=c,
+                                                check=_chunks_or_copies)
+    assert_settings_agree(outputs, a_fp8, b_fp8, c)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts,n,k", [([1000, 0, 513, 2048], 4096, 1536), ([5, 300], 7168, 2048)])
 def test_gpu_contiguous_chunked_gathers_match_copies(counts, n, k, seed, monkeypatch):
     """Contiguous: padding rows and an empty group, bit for bit the copies' output."""
-    b_fp8 = make_weights(len(counts), n, k, "cuda")
-    a_fp8, m_indices = make_contiguous(counts, k, "cuda")
-    outputs = {}
-    for chunk in ("4", "0"):
-        monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", chunk)
-        cfg = contiguous_config(m_indices, n, k, len(counts))
-        assert (cfg["gather_chunk"] > 0) == (chunk == "4"), cfg
-        outputs[chunk] = run_contiguous(a_fp8, b_fp8, m_indices, n)
-    torch.cuda.synchronize()
+    a_fp8, b_fp8, m_indices, outputs = contiguous_outputs_per_setting(counts, n, k, "MOE_FP8_GATHER_CHUNK", ("4", "0"),
+                                                                      monkeypatch, _chunks_or_copies)
     assert_contiguous_rows(outputs["4"], a_fp8, b_fp8, m_indices)
     assert_same_output(outputs["4"], outputs["0"], "chunked gathers")
 
@@ -130,9 +112,7 @@ def test_gpu_masked_gathers_in_registers_match_copies(masked, max_m, expected_m,
     rows from masked_m (rounded up to 8) left NaN."""
     g = len(masked)
     b_fp8 = make_weights(g, n, k, "cuda")
-    a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
-    a = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
-    masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+    a, masked_m = make_masked(masked, max_m, k)
     outputs = {}
     for chunk in ("4", "0"):
         monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", chunk)

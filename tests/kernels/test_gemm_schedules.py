@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kernels
-from gemm_cases import make_operands, reference_f64, with_switch_off
+from gemm_cases import assert_settings_agree, make_operands, outputs_per_setting, reference_f64, with_switch_off
 from kernels.testing import calc_diff
 
 
@@ -36,20 +36,14 @@ def test_gpu_clusters_sharing_b_match_single_ctas(m, n, k, seed, monkeypatch):
     rows for both: an odd m-block count (the last pair's second block past M runs in step and stores
     nothing), a residual C. The same wgmmas and FFMAs per tile as single CTAs
     (MOE_FP8_MULTICAST=0), so D is bit for bit theirs."""
-    monkeypatch.setenv("MOE_FP8_MULTICAST", "b")
-    cfg = kernels.jit.native_module().fp8_gemm_nt_config(m, n, k, kernels.get_num_sms())
-    assert (cfg["block_m"], cfg["multicast"], cfg["share_b"], cfg["tail_splits"]) == (128, 2, 1, 1), cfg
-    a_fp8, b_fp8 = make_operands(m, n, k, "cuda")
+    def pairs(value, cfg):
+        if value == "b":
+            assert (cfg["block_m"], cfg["multicast"], cfg["share_b"], cfg["tail_splits"]) == (128, 2, 1, 1), cfg
+
     c = torch.randn(m, n, device="cuda")
-    outputs = {}
-    for multicast in ("b", "0"):
-        monkeypatch.setenv("MOE_FP8_MULTICAST", multicast)
-        outputs[multicast] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kernels.fp8_gemm_nt(a_fp8, b_fp8, outputs[multicast], c=c)
-    torch.cuda.synchronize()
-    assert torch.isfinite(outputs["b"]).all(), "output not fully written"
-    assert calc_diff(outputs["b"], reference_f64(a_fp8, b_fp8, c)) < 1e-3
-    assert torch.equal(outputs["b"], outputs["0"])
+    a_fp8, b_fp8, outputs = outputs_per_setting(m, n, k, "MOE_FP8_MULTICAST", ("b", "0"), monkeypatch, c=c,
+                                                check=pairs)
+    assert_settings_agree(outputs, a_fp8, b_fp8, c)
 
 
 

@@ -16,7 +16,7 @@ from kernels.testing import calc_diff
 
 from gemm_cases import H200_SMS, TensorSubclass
 from grouped_cases import (GROUPED_NK, assert_contiguous_rows, assert_masked_rows, assert_same_output,
-                           contiguous_config, expected_contiguous, make_contiguous, make_weights, run_contiguous,
+                           contiguous_config, contiguous_outputs_per_setting, make_masked, expected_contiguous, make_contiguous, make_weights, run_contiguous,
                            run_masked)
 
 
@@ -188,9 +188,7 @@ def test_gpu_masked_overlap_matches_plain_loop(masked, max_m, expected_m, n, k, 
                                                          False, -1, 2, g)
     assert (cfg["block_m"], cfg["overlap"]) == (64, 1), cfg
     b_fp8 = make_weights(g, n, k, "cuda")
-    a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
-    a = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
-    masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+    a, masked_m = make_masked(masked, max_m, k)
     outputs = []
     for switch in ("1", "0"):
         monkeypatch.setenv("MOE_FP8_OVERLAP", switch)
@@ -215,9 +213,7 @@ def test_gpu_masked_wide_tiles_in_step_and_in_pairs_match_turns(masked, max_m, e
     1 and odd m-block counts included."""
     g = len(masked)
     b_fp8 = make_weights(g, n, k, "cuda")
-    a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
-    a = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
-    masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+    a, masked_m = make_masked(masked, max_m, k)
     native = kernels.jit.native_module()
     outputs = {}
     for name, env in (("in step", {"MOE_FP8_MULTICAST": "0"}), ("pairs", {"MOE_FP8_MULTICAST": "b"}),
@@ -277,12 +273,11 @@ def test_gpu_scale_tma_matches_gather(masked, max_m, expected_m, alignment, n, k
     try:
         a_c, m_indices = make_contiguous(masked, k, "cuda", align=alignment)
         b_fp8 = make_weights(g, n, k, "cuda")
-        a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
-        a = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
-        masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+        a, masked_m = make_masked(masked, max_m, k)
         # MN-major A scales: the rows (of every group) one run per K block.
         layouts = {"k_major": (a[1], a_c[1]),
-                   "mn_major": (sfa.t().contiguous().t().view(g, max_m, -1), a_c[1].t().contiguous().t())}
+                   "mn_major": (a[1].view(g * max_m, -1).t().contiguous().t().view(g, max_m, -1),
+                                a_c[1].t().contiguous().t())}
         contiguous_args = (m_indices.shape[0], n, k, sms, False, -1, 1, g, alignment)
         masked_args = (min(expected_m, max_m), n, k, sms, False, -1, 2, g)
         for name, scale_load in (("k_major", 2), ("mn_major", 1)):
@@ -345,9 +340,7 @@ def test_gpu_pingpong_matches_no_pingpong(masked, max_m, expected_m, n, k, seed,
     assert native.fp8_gemm_nt_config(m_indices.shape[0], n, k, sms, False, -1, 1, len(counts))["pingpong"] == 1
     b_fp8 = make_weights(g, n, k, "cuda")
     b_c = make_weights(len(counts), n, k, "cuda")
-    a_fp8, sfa = per_token_cast_to_fp8(torch.randn(g * max_m, k, device="cuda", dtype=torch.bfloat16))
-    a = (a_fp8.view(g, max_m, k), sfa.view(g, max_m, -1))
-    masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+    a, masked_m = make_masked(masked, max_m, k)
     outputs = {}
     for pingpong in ("1", "0"):
         monkeypatch.setenv("MOE_FP8_PINGPONG", pingpong)
@@ -478,14 +471,10 @@ def test_gpu_plain_cuda_tensors_take_the_cpp_path(masked, seed):
 def test_gpu_contiguous_wg_store_matches_tile_store(counts, n, k, seed, monkeypatch):
     """Contiguous 128-row tiles with per-warpgroup epilogues (MOE_FP8_WG_STORE=1) against the
     tile-wide one: bit for bit the same D (NaN where neither wrote)."""
-    b_fp8 = make_weights(len(counts), n, k, "cuda")
-    a_fp8, m_indices = make_contiguous(counts, k, "cuda")
-    outputs = {}
-    for wg_store in ("0", "1"):
-        monkeypatch.setenv("MOE_FP8_WG_STORE", wg_store)
-        cfg = contiguous_config(m_indices, n, k, len(counts))
+    def check(wg_store, cfg):
         assert (cfg["block_m"], cfg["wg_store"]) == (128, int(wg_store)), cfg
-        outputs[wg_store] = run_contiguous(a_fp8, b_fp8, m_indices, n)
-    torch.cuda.synchronize()
+
+    a_fp8, b_fp8, m_indices, outputs = contiguous_outputs_per_setting(counts, n, k, "MOE_FP8_WG_STORE", ("0", "1"),
+                                                                      monkeypatch, check)
     assert_contiguous_rows(outputs["1"], a_fp8, b_fp8, m_indices)
     assert_same_output(outputs["1"], outputs["0"], "per-warpgroup epilogues")
