@@ -20,10 +20,11 @@ constexpr unsigned scale_gather_warps(unsigned warps, unsigned chunk, unsigned n
 }
 
 // How a stage's scales arrive.
-//   kScaleGather: scale warps gather them with 4-byte cp.async copies, any strides. A K-major A
-//     scale costs a 32-byte sector and a shared-memory wavefront per row and K block: at 256-row
-//     tiles 256 wavefronts per K block beside the wgmmas' 768 operand reads (ncu, 4096 x 4096 x
-//     7168: 81% of the shared-memory pipe against DeepGEMM's 68%, and 9% less tensor-pipe use).
+//   kScaleGather: scale warps gather them, any strides (common/scale_gather.cuh). With 4-byte
+//     cp.async copies (kGatherChunk 0, the default) a K-major A scale costs a 32-byte sector and a
+//     shared-memory wavefront per row and K block: at 256-row tiles 256 wavefronts per K block beside
+//     the wgmmas' 768 operand reads (ncu, 4096 x 4096 x 7168: 81% of the shared-memory pipe against
+//     DeepGEMM's 68%, and 9% less tensor-pipe use). Loads into registers store 32 rows per wavefront.
 //   kScaleTmaMnMajor / kScaleTmaKMajor: the TMA warp loads them with the tiles. A scales MN-major
 //     (a K block's rows contiguous): one box of block_m floats; K-major: a box of 4 K blocks by
 //     block_m rows (16 bytes, TMA's narrowest, starting on a multiple of 4 K blocks: the unit

@@ -13,8 +13,9 @@
 //                               B fills and L2 reads per FLOP of a 128-row tile);
 //   last warpgroup, warp 0:     TMA producer for the A and B tiles;
 //   last warpgroup, warps 1-3:  scale producers (kScaleGather only), taking the stages in turn —
-//                               cp.async gathers of the tile's 1x128 A scales and two B scales into
-//                               the stage, completing on the same mbarrier. Scales whose layout TMA
+//                               cp.async copies (or loads into registers, then stores) of the tile's
+//                               1x128 A scales and two B scales into the stage, completing on the
+//                               same mbarrier (common/scale_gather.cuh). Scales whose layout TMA
 //                               can read come with the tiles instead, or a dense tile's K-major A
 //                               scales once per tile into a table (common/fp8_gemm_layout.h).
 
