@@ -112,8 +112,8 @@ inline GeneratedKernel generate(const Config& c) {
      << ", " << (c.pingpong ? "true" : "false") << ", " << (c.pdl ? "true" : "false") << ", " << c.k_unroll
      << ", " << c.scale_load << ", " << (c.overlap ? "true" : "false") << ", " << (c.share_b ? "true" : "false")
      << ", " << (c.wg_store ? "true" : "false");
-  // The trailing template arguments (the table's slots, SwiGLU, tight boxes), each written only where
-  // it or one after it differs from its default: other kernels' code stays as it was.
+  // The trailing template arguments (the table's slots, SwiGLU, tight boxes, the gather chunk), each
+  // written only where it or one after it differs from its default: other kernels' code stays as it was.
   const bool tail3 = c.gather_chunk != 0, tail2 = tail3 || c.tight_boxes != 0, tail1 = tail2 || c.swiglu;
   if (c.table_slots > 0 || tail1) os << ", " << c.table_slots;
   if (tail1) os << ", " << (c.swiglu ? "true" : "false");
