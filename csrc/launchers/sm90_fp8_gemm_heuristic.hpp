@@ -146,9 +146,8 @@ inline bool fit_sfa_slots(Tiles& t, int k, unsigned scale_load, int slots_count,
 // tiles take 1, 256-row ones the copies.
 inline int gather_chunk_for(const Config& c, unsigned layout) {
   const int setting = env_int("MOE_FP8_GATHER_CHUNK");
-  if (c.scale_load != moe_kernels::kScaleGather || c.sfa_copy != 0 || (setting != 1 && setting != 2 && setting != 4)) {
-    return 0;
-  }
+  const bool set = setting == 1 || setting == 2 || setting == 4;
+  if (c.scale_load != moe_kernels::kScaleGather || c.sfa_copy != 0 || !set) return 0;
   const int chunk = std::min(setting, c.block_m == 64 ? 4 : c.block_m == 128 ? 1 : 0);
   return chunk > 1 && layout != moe_kernels::kScaleTmaKMajor ? 1 : chunk;
 }
@@ -158,8 +157,7 @@ inline void set_gather_chunk(Config& c, unsigned layout) {
   c.gather_chunk = gather_chunk_for(c, layout);
   if (c.scale_warps > 0) {
     c.scale_warps = static_cast<int>(moe_kernels::scale_gather_warps(
-        static_cast<unsigned>(c.scale_warps), static_cast<unsigned>(std::max(c.gather_chunk, 1)),
-        static_cast<unsigned>(c.num_stages)));
+        static_cast<unsigned>(c.scale_warps), static_cast<unsigned>(c.gather_chunk), static_cast<unsigned>(c.num_stages)));
   }
 }
 

@@ -11,12 +11,14 @@ constexpr unsigned fp8_gemm_math_warpgroups(unsigned block_m) { return block_m =
 // The math warpgroups and one producer warpgroup.
 constexpr unsigned fp8_gemm_threads(unsigned block_m) { return (fp8_gemm_math_warpgroups(block_m) + 1) * 128; }
 
-// The scale warps that take turns: each owns a chunk of kChunk K blocks in turn, and must never run
-// two phases ahead of the consumers' releases (an empty barrier's parity cannot tell them apart).
-// That holds while the K blocks one warp owns lie at most num_stages apart: releases come in order, so
-// waiting for the stage of its previous K block covers the one before this K block's stage use.
+// The scale warps that take turns: each owns a chunk of `chunk` K blocks in turn (the copies, chunk 0,
+// one), and must never run two phases ahead of the consumers' releases (an empty barrier's parity
+// cannot tell them apart). That holds while the K blocks one warp owns lie at most num_stages apart:
+// releases come in order, so waiting for the stage of its previous K block covers the one before this
+// K block's stage use.
 constexpr unsigned scale_gather_warps(unsigned warps, unsigned chunk, unsigned num_stages) {
-  return (warps - 1) * chunk + 1 <= num_stages ? warps : (num_stages - 1) / chunk + 1;
+  const unsigned k_blocks = chunk > 0 ? chunk : 1;
+  return (warps - 1) * k_blocks + 1 <= num_stages ? warps : (num_stages - 1) / k_blocks + 1;
 }
 
 // How a stage's scales arrive.

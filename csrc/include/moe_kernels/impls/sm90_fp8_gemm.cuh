@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // 4 x kGatherChunk bytes, K blocks in whole chunks).
   static_assert(kGatherChunk == 0 || (!kScaleTma && kNumKBlocks % kGatherChunk == 0),
                 "chunked gathers: gathered scales, whole chunks of K blocks");
-  constexpr uint32_t kNumScaleWarps = scale_gather_warps(kScaleWarps, kGatherChunk > 0 ? kGatherChunk : 1, kNumStages);
+  constexpr uint32_t kNumScaleWarps = scale_gather_warps(kScaleWarps, kGatherChunk, kNumStages);
   // Register budgets: the math warpgroups hold a promoted accumulator set per wave and one for the
   // wgmmas; the producers get what is left of the launch allocation (2 x 128 x 232 + 128 x 40 =
   // 384 x 168). The scale warps keep per-tile 32-bit row offsets, which fit 40 without spilling
