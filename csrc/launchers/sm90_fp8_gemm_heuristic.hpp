@@ -142,13 +142,16 @@ inline bool fit_sfa_slots(Tiles& t, int k, unsigned scale_load, int slots_count,
 // that many K blocks per row at once, and store each K block's rows with coalesced stores, instead of
 // 4-byte cp.async copies (common/scale_gather.cuh). Chunks of 2 and 4 need K-major A scales (`layout`,
 // scale_layout_for the launch's tensors: kScaleTmaKMajor promises rows and base on 16 bytes, K blocks
-// a multiple of 4). The producers' 40 registers at block M 128 spilled with chunks of 2, so 128-row
-// tiles take 1, 256-row ones the copies.
+// a multiple of 4). 128-row tiles load chunks of 2 split over two scale warps (scale_gather_row_warps:
+// one warp's 4 rows spilled in the producers' 40 registers), else one K block; chunks of 4 spilled
+// there even split, at K = 2048 (128 x 112 pairs, 128 x 192, 128 x 160 ping-pong). 256-row tiles keep
+// the copies.
 inline int gather_chunk_for(const Config& c, unsigned layout) {
   const int setting = env_int("MOE_FP8_GATHER_CHUNK");
   const bool set = setting == 1 || setting == 2 || setting == 4;
   if (c.scale_load != moe_kernels::kScaleGather || c.sfa_copy != 0 || !set) return 0;
-  const int chunk = std::min(setting, c.block_m == 64 ? 4 : c.block_m == 128 ? 1 : 0);
+  const int most = c.block_m == 64 ? 4 : c.block_m == 128 ? (c.scale_warps >= 2 ? 2 : 1) : 0;
+  const int chunk = std::min(setting, most);
   return chunk > 1 && layout != moe_kernels::kScaleTmaKMajor ? 1 : chunk;
 }
 
@@ -157,7 +160,8 @@ inline void set_gather_chunk(Config& c, unsigned layout) {
   c.gather_chunk = gather_chunk_for(c, layout);
   if (c.scale_warps > 0) {
     c.scale_warps = static_cast<int>(moe_kernels::scale_gather_warps(
-        static_cast<unsigned>(c.scale_warps), static_cast<unsigned>(c.gather_chunk), static_cast<unsigned>(c.num_stages)));
+        static_cast<unsigned>(c.scale_warps), static_cast<unsigned>(c.gather_chunk), static_cast<unsigned>(c.num_stages),
+        static_cast<unsigned>(c.block_m)));
   }
 }
 

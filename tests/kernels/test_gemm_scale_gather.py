@@ -19,18 +19,20 @@ def native():
 
 @pytest.mark.parametrize("m,n,k,block_m,setting,chunk", [
     (64, 2112, 7168, 64, "4", 4), (128, 4096, 7168, 64, "2", 2), (64, 7168, 16384, 64, "1", 1),
-    (384, 7168, 16384, 128, "4", 1), (384, 4096, 7168, 128, "2", 1),
+    (384, 7168, 16384, 128, "4", 2), (384, 4096, 7168, 128, "2", 2), (384, 4096, 7168, 128, "1", 1),
 ])
 def test_chunk_follows_the_setting_and_block_m(m, n, k, block_m, setting, chunk, monkeypatch):
-    """Opt-in: unset keeps the cp.async copies (0); 1, 2 or 4 K blocks per load at block M 64, 1 at
-    128 (the producers' registers); the scale warps that may take turns shrink with the chunk."""
+    """Opt-in: unset keeps the cp.async copies (0); 1, 2 or 4 K blocks per load at block M 64, up to 2
+    at 128 (the producers' registers); the scale warps that may take turns shrink with the chunk, and
+    128-row chunks of 2 go to one pair of warps splitting the rows."""
     base = native().fp8_gemm_nt_config(m, n, k, H200_SMS)
     assert (base["scale_load"], base["gather_chunk"], base["block_m"]) == ("gather", 0, block_m), base
     monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", setting)
     cfg = native().fp8_gemm_nt_config(m, n, k, H200_SMS)
     assert cfg["gather_chunk"] == chunk, cfg
     turns = (base["num_stages"] - 1) // chunk + 1
-    assert cfg["scale_warps"] == min(base["scale_warps"], turns), cfg
+    pair = block_m == 128 and chunk > 1
+    assert cfg["scale_warps"] == (2 if pair else min(base["scale_warps"], turns)), cfg
     # Everything else is the default's plan.
     for key in ("block_m", "block_n", "num_stages", "multicast", "share_b", "tail_splits"):
         assert cfg[key] == base[key], key
@@ -46,6 +48,10 @@ def test_chunks_need_k_major_scales(monkeypatch):
     assert config(64, 2112, 7168, H200_SMS, scale_load=1)["gather_chunk"] == 0
     assert config(64, 2112, 640, H200_SMS)["gather_chunk"] == 1
     assert config(16, 4096, 7168, H200_SMS, gemm_type=2, num_groups=32)["gather_chunk"] == 1
+    monkeypatch.setenv("MOE_FP8_SCALE_WARPS", "1")
+    cfg = config(384, 7168, 16384, H200_SMS)
+    assert (cfg["block_m"], cfg["gather_chunk"], cfg["scale_warps"]) == (128, 1, 1), cfg  # no pair to split rows
+    monkeypatch.delenv("MOE_FP8_SCALE_WARPS")
     monkeypatch.setenv("MOE_GEMM_BLOCK_M", "256")
     monkeypatch.setenv("MOE_FP8_SFA_COPY", "0")
     cfg = config(4096, 4232, 640, H200_SMS)
@@ -57,36 +63,42 @@ def test_chunked_kernel_has_no_cp_async_copies(monkeypatch):
     spill nothing (compiled here with NVRTC for sm_90a)."""
     from test_sass import sass
     monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", "4")
-    for m, n, k in ((64, 2112, 7168), (384, 7168, 16384)):
-        assert native().fp8_gemm_nt_config(m, n, k, H200_SMS)["gather_chunk"] >= 1
+    # 64 x 16 tiles in chunks of 4; 128-row pairs of warps in chunks of 2: 128 x 192, 128 x 112 clusters
+    # sharing B, 128 x 160 ping-pong (chunks of 4 spilled in the last three, at K = 2048).
+    for m, n, k in ((64, 2112, 7168), (384, 7168, 16384), (384, 7168, 2048), (256, 7168, 2048), (1024, 7168, 2048)):
+        chunk = native().fp8_gemm_nt_config(m, n, k, H200_SMS)["gather_chunk"]
+        assert chunk == (4 if m == 64 else 2)
         text = sass(*native().fp8_gemm_nt_code(m, n, k, H200_SMS))
         assert "LDGSTS" not in text
-        assert "LDG.E.NA.128.CONSTANT" in text or m > 64  # not allocated in L1
+        assert f"LDG.E.NA.{32 * chunk}.CONSTANT" in text  # not allocated in L1
         assert "LDL" not in text and "STL" not in text, f"register spills at {m} x {n} x {k}"
 
 
 def _chunks_or_copies(value, cfg):
-    assert (cfg["gather_chunk"] > 0) == (value == "4"), cfg
+    assert (cfg["gather_chunk"] > 0) == (value != "0"), cfg
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,env", [
-    (64, 2112, 7168, {}),                                     # 64 x 16 tiles, 21 stages: chunks of 4
-    (1, 576, 7168, {}),                                       # one row: 63 rows of every chunk past M
-    (100, 7168, 16384, {}),                                   # a partial 64-row m-block
-    (384, 7168, 16384, {}),                                   # 128 x 192 tiles, 4 stages: K block by K block
-    (1000, 4096, 7168, {"MOE_GEMM_BLOCK_M": "128"}),          # several tiles per CTA, the tail split
-    (200, 24576, 1536, {"MOE_FP8_MULTICAST": "b"}),           # pairs sharing B
-    (37, 7168, 2048, {"MOE_GEMM_BLOCK_N": "112", "MOE_GEMM_SPLIT_K": "3"}),  # units of 6 and 5 K blocks
-    (128, 264, 1536, {"MOE_GEMM_BLOCK_N": "24", "MOE_GEMM_SPLIT_K": "3"}),   # units start inside a chunk
+@pytest.mark.parametrize("m,n,k,env,settings", [
+    (64, 2112, 7168, {}, "4"),                                     # 64 x 16 tiles, 21 stages: chunks of 4
+    (1, 576, 7168, {}, "4"),                                       # one row: 63 rows of every chunk past M
+    (100, 7168, 16384, {}, "4"),                                   # a partial 64-row m-block
+    (384, 7168, 16384, {}, "42"),           # 128 x 192 tiles, 4 stages: a pair splitting the rows, chunks of 2
+    (300, 7168, 16384, {}, "1"),                                   # one K block, one warp per K block's rows
+    (1000, 4096, 7168, {"MOE_GEMM_BLOCK_M": "128"}, "41"),         # several tiles per CTA, the tail split
+    (200, 24576, 1536, {"MOE_FP8_MULTICAST": "b"}, "4"),           # pairs of CTAs sharing B
+    (1024, 7168, 2048, {}, "4"),                                   # 128 x 160 ping-pong
+    (37, 7168, 2048, {"MOE_GEMM_BLOCK_N": "112", "MOE_GEMM_SPLIT_K": "3"}, "4"),  # units of 6 and 5 K blocks
+    (128, 264, 1536, {"MOE_GEMM_BLOCK_N": "24", "MOE_GEMM_SPLIT_K": "3"}, "4"),   # units start inside a chunk
+    (100, 2112, 1536, {"MOE_GEMM_BLOCK_M": "128", "MOE_GEMM_SPLIT_K": "4"}, "4"),  # ... of 2 (units of 3)
 ])
-def test_gpu_chunked_gathers_match_copies(m, n, k, env, seed, monkeypatch):
+def test_gpu_chunked_gathers_match_copies(m, n, k, env, settings, seed, monkeypatch):
     """Dense: D bit for bit that of the 4-byte copies, NaN-poisoned, against float64 too, with a
     residual; rows past M (zero scales), split units whose K ranges start and end inside a chunk."""
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     c = torch.randn(m, n, device="cuda")
-    a_fp8, b_fp8, outputs = outputs_per_setting(m, n, k, "MOE_FP8_GATHER_CHUNK", ("4", "0"), monkeypatch, c=c,
+    a_fp8, b_fp8, outputs = outputs_per_setting(m, n, k, "MOE_FP8_GATHER_CHUNK", (*settings, "0"), monkeypatch, c=c,
                                                 check=_chunks_or_copies)
     assert_settings_agree(outputs, a_fp8, b_fp8, c)
 

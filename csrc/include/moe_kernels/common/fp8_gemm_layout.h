@@ -11,13 +11,19 @@ constexpr unsigned fp8_gemm_math_warpgroups(unsigned block_m) { return block_m =
 // The math warpgroups and one producer warpgroup.
 constexpr unsigned fp8_gemm_threads(unsigned block_m) { return (fp8_gemm_math_warpgroups(block_m) + 1) * 128; }
 
+// 128-row tiles in chunks of 2 or 4 split a chunk's rows over two warps of 64 rows (one warp's 4 rows
+// x chunk spilled in the producers' 40 registers); the pair then takes every chunk, so no turns.
+constexpr unsigned scale_gather_row_warps(unsigned block_m, unsigned chunk) {
+  return block_m == 128 && chunk > 1 ? 2u : 1u;
+}
 // The scale warps that take turns: each owns a chunk of `chunk` K blocks in turn (the copies, chunk 0,
 // one), and must never run two phases ahead of the consumers' releases (an empty barrier's parity
 // cannot tell them apart). That holds while the K blocks one warp owns lie at most num_stages apart:
 // releases come in order, so waiting for the stage of its previous K block covers the one before this
-// K block's stage use.
-constexpr unsigned scale_gather_warps(unsigned warps, unsigned chunk, unsigned num_stages) {
+// K block's stage use. A pair splitting the rows is the only one.
+constexpr unsigned scale_gather_warps(unsigned warps, unsigned chunk, unsigned num_stages, unsigned block_m) {
   const unsigned k_blocks = chunk > 0 ? chunk : 1;
+  if (scale_gather_row_warps(block_m, chunk) > 1) return scale_gather_row_warps(block_m, chunk);
   return (warps - 1) * k_blocks + 1 <= num_stages ? warps : (num_stages - 1) / k_blocks + 1;
 }
 

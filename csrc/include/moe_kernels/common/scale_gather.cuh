@@ -9,7 +9,8 @@
 //   multiple of kChunk): a lane loads kChunk K blocks of each of its rows into registers with one
 //   (vector) load per row, before it waits for the first of their stages, then stores a K block's 32
 //   rows per warp with one coalesced 4-byte store (one wavefront) and arrives. B's scales come
-//   likewise, one load per K block.
+//   likewise, one load per K block. 128-row tiles in chunks of 2 or 4 split the rows over a pair of
+//   warps (scale_gather_row_warps), each arriving per lane: the full barrier counts 32 per warp.
 
 #include <moe_kernels/common/fp8_gemm_layout.h>
 #include <moe_kernels/common/pipeline.cuh>
@@ -22,23 +23,35 @@ namespace moe_kernels {
 template <uint32_t kBlockM, uint32_t kChunk, uint32_t kNumStages, uint32_t kSfFloats, uint32_t kSfb,
           uint32_t kSfbRows, uint32_t kNumWarps>
 struct ScaleGather {
-  static constexpr uint32_t kRows = kBlockM / 32;
+  // Warps sharing a chunk's rows, and the rows each lane holds.
+  static constexpr uint32_t kRowWarps = scale_gather_row_warps(kBlockM, kChunk);
+  static constexpr uint32_t kRows = kBlockM / 32 / kRowWarps;
+  static constexpr uint32_t kTurns = kNumWarps / kRowWarps;
   static_assert(kChunk <= 2 || kChunk == 4, "copies (0) or chunks of 1, 2 or 4 K blocks");
   // Per lane kRows x kChunk A scales and kChunk B scales in registers, inside the producers' budget
-  // (block M 128 spilled with chunks of 2 at 40 registers).
+  // (4 rows spilled with chunks of 2 at 40 registers).
   static_assert(kRows * kChunk <= 8, "a chunk's A scales take at most 8 registers per lane");
-  static_assert(scale_gather_warps(kNumWarps, kChunk, kNumStages) == kNumWarps, "warps would run two phases ahead");
+  static_assert(kNumWarps % kRowWarps == 0, "whole groups of warps sharing the rows");
+  static_assert(scale_gather_warps(kNumWarps, kChunk, kNumStages, kBlockM) == kNumWarps,
+                "warps would run two phases ahead");
 
   StageRing<kNumStages> ring;
   float* smem_sf;
   uint32_t lane;
   uint32_t my_turn;
+  uint32_t row_part;  // which kBlockM / kRowWarps rows this warp holds
   uint32_t turn = 0;
+
+  __device__ __forceinline__ ScaleGather(StageRing<kNumStages> ring_, float* smem_sf_, uint32_t lane_, uint32_t warp)
+      : ring(ring_), smem_sf(smem_sf_), lane(lane_), my_turn(warp / kRowWarps), row_part(warp % kRowWarps) {}
+
+  // The tile row of this warp's first row: LaneScaleRows<kRows> starts there.
+  __device__ __forceinline__ uint32_t first_row() const { return row_part * (kBlockM / kRowWarps); }
 
   // Whether this warp owns the next chunk (every warp walks every K block's stage).
   __device__ __forceinline__ bool take_turn() {
     const bool mine = turn == my_turn;
-    turn = turn + 1 == kNumWarps ? 0 : turn + 1;
+    turn = turn + 1 == kTurns ? 0 : turn + 1;
     return mine;
   }
 
@@ -78,16 +91,20 @@ struct ScaleGather {
           const float* src = sfa + rows_a.offset[i] + kb0 * sfa_stride_k;
           sm90::ld_nc_floats<kChunk>(a[i], src, (rows_a.valid >> i & 1) != 0);
         }
+        // A pair's first warp stores B's scales.
+        const bool store_b = lane < kSfbRows && row_part == 0;
 #pragma unroll
-        for (uint32_t j = 0; j < kChunk; ++j) b[j] = sm90::ld_nc_float(sfb_lane + (kb0 + j) * sfb_stride_k, valid_b);
+        for (uint32_t j = 0; j < kChunk; ++j) {
+          b[j] = sm90::ld_nc_float(sfb_lane + (kb0 + j) * sfb_stride_k, valid_b && row_part == 0);
+        }
 #pragma unroll
         for (uint32_t j = 0; j < kChunk; ++j) {
           if (kb0 + j < first || kb0 + j >= last) continue;
           ring.producer_acquire(pipe);
           float* sf = smem_sf + pipe.stage * kSfFloats;
 #pragma unroll
-          for (uint32_t i = 0; i < kRows; ++i) sf[i * 32 + lane] = a[i][j];
-          if (lane < kSfbRows) sf[kSfb + lane] = b[j];
+          for (uint32_t i = 0; i < kRows; ++i) sf[first_row() + i * 32 + lane] = a[i][j];
+          if (store_b) sf[kSfb + lane] = b[j];
           // Release: the stores above are visible to the math warps once the phase completes.
           sm90::mbarrier_arrive(ring.full + pipe.stage);
           pipe.advance();

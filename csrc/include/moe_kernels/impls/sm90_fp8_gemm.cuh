@@ -108,7 +108,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // 4 x kGatherChunk bytes, K blocks in whole chunks).
   static_assert(kGatherChunk == 0 || (!kScaleTma && kNumKBlocks % kGatherChunk == 0),
                 "chunked gathers: gathered scales, whole chunks of K blocks");
-  constexpr uint32_t kNumScaleWarps = scale_gather_warps(kScaleWarps, kGatherChunk, kNumStages);
+  constexpr uint32_t kNumScaleWarps = scale_gather_warps(kScaleWarps, kGatherChunk, kNumStages, kBlockM);
+  constexpr uint32_t kScaleRowWarps = scale_gather_row_warps(kBlockM, kGatherChunk);
+  static_assert(kScaleTma || kScaleWarps >= kScaleRowWarps, "a chunk's rows split over more warps than there are");
   // Register budgets: the math warpgroups hold a promoted accumulator set per wave and one for the
   // wgmmas; the producers get what is left of the launch allocation (2 x 128 x 232 + 128 x 40 =
   // 384 x 168). The scale warps keep per-tile 32-bit row offsets, which fit 40 without spilling
@@ -204,8 +206,9 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       sm90::tma_prefetch_descriptor(&map_a_tail);
       if constexpr (kScaleTma) sm90::tma_prefetch_descriptor(&map_sfa_tail);
     }
-    // Full: one expect-tx arrival for the TMA loads, plus one cp.async arrival per scale lane.
-    ring.init(kScaleTma ? 1 : 1 + 32, kNumMathWG * 4 * kNumMulticast);
+    // Full: one expect-tx arrival for the TMA loads, plus one arrival per scale lane (of each warp
+    // sharing a chunk's rows).
+    ring.init(kScaleTma ? 1 : 1 + 32 * kScaleRowWarps, kNumMathWG * 4 * kNumMulticast);
     // The slots are this CTA's own (never multicast): one is free once the local math warps are done.
     if constexpr (Smem::kSfaSlots > 0) sfa_ring.init(1, kNumMathWG * 4);
   }
@@ -358,12 +361,12 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       // (ncu, 4096 x 4096 x 7168).
       using Gather =
           ScaleGather<kBlockM, kGatherChunk, kNumStages, Smem::kSfFloats, Smem::kSfb, Smem::kSfbRows, kNumScaleWarps>;
-      Gather gather{ring, smem_sf, lane, producer_warp - 1};
+      Gather gather(ring, smem_sf, lane, producer_warp - 1);
       const auto load_scales = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
-        const uint32_t row_a = a_row0(t);
+        const uint32_t row_a = a_row0(t) + gather.first_row();
         // Rows past the problem (or past a masked group's max_m) read no scale.
         const uint32_t row_end = kType == GemmType::kGroupedMasked ? (t.group + 1) * m : m;
-        const LaneScaleRows<kBlockM / 32> rows_a(row_a, row_end, sfa_stride_m, lane);
+        const LaneScaleRows<Gather::kRows> rows_a(row_a, row_end, sfa_stride_m, lane);
         const uint32_t sfb_row = sfb_block(t) + lane;
         const bool valid_b = lane < Smem::kSfbRows && sfb_row < kNumSfbRows;
         const float* sfb_lane =
