@@ -368,6 +368,7 @@ inline void register_apis(pybind11::module_& m) {
         d["swizzle_d"] = cfg.swizzle_d;
         d["scale_warps"] = cfg.scale_warps;
         d["multicast"] = cfg.multicast;
+        d["gather_chunk"] = cfg.gather_chunk;
         return pybind11::make_tuple(g.name, g.code, d);
       },
       "(name, code, config) of the FP8 x FP4 kernel a grouped shape gets (no GPU needed)", pybind11::arg("m"),

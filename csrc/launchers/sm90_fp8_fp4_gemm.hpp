@@ -14,6 +14,7 @@
 #include "jit/exception.hpp"
 #include "jit/kernel_runtime.hpp"
 #include "launchers/gemm_common.hpp"
+#include "moe_kernels/common/fp8_gemm_layout.h"
 
 namespace moe_launchers::sm90_fp8_fp4_gemm {
 
@@ -38,6 +39,7 @@ struct Config : Problem {
   int swizzle_d;
   int scale_warps = 3;  // warps issuing the scale copies, taking the stages in turn
   int multicast = 1;    // 2: clusters of two m-blocks converting their shared B tile once (kShareB)
+  int gather_chunk = 0;  // kGatherChunk where the scales lie on 16 bytes (gather_chunk_for; launch may take 1)
 
   int num_tiles(int m) const { return ((m + block_m - 1) / block_m) * ((n + block_n - 1) / block_n); }
 };
@@ -80,6 +82,22 @@ inline void check_nk(const char* fn, int n, int k) {
   MOE_HOST_ASSERT(k >= kBlockK && k % kBlockK == 0, fn << ": K must be a positive multiple of 128, got " << k);
 }
 
+// MOE_FP8_GATHER_CHUNK=1|2|4 (opt-in until timed), as the FP8 GEMM's: the scale warps load A's scales
+// and B's exponent words into registers, that many K blocks per row at once, and store each K block's
+// rows with coalesced stores instead of 4-byte cp.async copies (common/scale_gather.cuh). Chunks are
+// capped where a lane's A rows or B rows would take more than 8 registers (block N 128: 2), and to 1
+// where K blocks are not a multiple of 4 (rows off 16 bytes); 128-row tiles in chunks of 2 split A's
+// rows over two scale warps. The launch takes 1 where the scales' strides or bases are off the chunk.
+inline int gather_chunk_for(const Config& c) {
+  const int setting = env_int("MOE_FP8_GATHER_CHUNK");
+  if (setting != 1 && setting != 2 && setting != 4) return 0;
+  const int rows_a = c.block_m / 32 / (c.block_m == 128 && c.scale_warps >= 2 ? 2 : 1), rows_b = (c.block_n + 31) / 32;
+  int chunk = setting;
+  while (chunk > 1 && (rows_a * chunk > 8 || rows_b * chunk > 8)) chunk /= 2;
+  if (c.block_m == 128 && c.scale_warps < 2) chunk = 1;  // 4 A rows per lane: no room for more
+  return chunk > 1 && (c.k / kBlockK) % 4 != 0 ? 1 : chunk;
+}
+
 // `m`: rows of A (contiguous) or the expected rows per group (masked, `num_groups` problems).
 inline Config plan_config(int m, int n, int k, int num_sms, GemmType type, int num_groups) {
   const char* fn = function_name(type);
@@ -101,6 +119,12 @@ inline Config plan_config(int m, int n, int k, int num_sms, GemmType type, int n
   // `m` per group: the contiguous rows over the groups, or the expected rows of a masked group.
   const long long rows_per_group = type == GemmType::kGroupedMasked ? m : m / num_groups;
   cfg.multicast = share_b_setting(fn) && num_sms >= 2 && rows_per_group > t.block_m ? 2 : 1;
+  cfg.gather_chunk = gather_chunk_for(cfg);
+  // The scale warps that may take turns (a pair where 128-row chunks split the rows), as the kernel
+  // works them out.
+  cfg.scale_warps = static_cast<int>(moe_kernels::scale_gather_warps(
+      static_cast<unsigned>(cfg.scale_warps), static_cast<unsigned>(cfg.gather_chunk),
+      static_cast<unsigned>(cfg.num_stages), static_cast<unsigned>(cfg.block_m)));
   return cfg;
 }
 
@@ -117,7 +141,9 @@ inline GeneratedKernel generate(const Config& c) {
      << "static __device__ void* moe_instantiate() {\n"
      << "  return reinterpret_cast<void*>(&moe_kernels::sm90_fp8_fp4_gemm_nt<" << static_cast<int>(c.type)
      << ", 0, " << c.n << ", " << c.k << ", " << c.block_m << ", " << c.block_n << ", " << c.num_stages << ", "
-     << c.group_n << ", " << c.swizzle_d << ", " << c.scale_warps << ", " << c.multicast << ">);\n"
+     << c.group_n << ", " << c.swizzle_d << ", " << c.scale_warps << ", " << c.multicast;
+  if (c.gather_chunk != 0) os << ", " << c.gather_chunk;
+  os << ">);\n"
      << "}\n";
   return {"sm90_fp8_fp4_gemm_nt", os.str()};
 }
@@ -133,6 +159,15 @@ struct Args {
   int device;
   std::uint64_t stream;
 };
+
+// Whether the launch's scales lie on the chunk: K-major A scales with rows and base on 4 x chunk bytes,
+// exponent rows and groups likewise.
+inline bool gather_chunk_fits(const Args& a, int chunk) {
+  const std::uint64_t bytes = 4ull * static_cast<unsigned>(chunk);
+  const long long stride_bytes = 4ll * chunk;
+  return chunk <= 1 || (a.sfa_stride_k == 1 && a.sfa_stride_m % chunk == 0 && a.sfa % bytes == 0 &&
+                        a.sfb % bytes == 0 && a.sfb_stride_n % stride_bytes == 0 && a.sfb_stride_g % stride_bytes == 0);
+}
 
 // Both FP4 kernels (converter and swapped) take the same arguments after their maps.
 inline void check_sfb(const char* fn, const Args& a) {
@@ -150,12 +185,14 @@ inline void launch_with(const moe_jit::CompiledKernel& kernel, const moe_jit::La
                   static_cast<std::uint32_t>(a.sfb_stride_n), map_a, map_b, map_d);
 }
 
-inline void launch(const Config& c, const Args& a) {
+inline void launch(const Config& planned, const Args& a) {
   using namespace moe_jit::driver;
-  check_sfb(c.fn, a);
-  static moe_jit::KernelMemo<std::array<int, 11>, moe_jit::IntArrayHash> memo;
-  const std::array<int, 11> key = {static_cast<int>(c.type), c.n, c.k, c.block_m, c.block_n, c.num_stages,
-                                   c.group_n, c.swizzle_d, c.scale_warps, c.multicast, a.device};
+  check_sfb(planned.fn, a);
+  Config c = planned;
+  if (!gather_chunk_fits(a, c.gather_chunk)) c.gather_chunk = 1;
+  static moe_jit::KernelMemo<std::array<int, 12>, moe_jit::IntArrayHash> memo;
+  const std::array<int, 12> key = {static_cast<int>(c.type), c.n, c.k, c.block_m, c.block_n, c.num_stages, c.group_n,
+                                   c.swizzle_d, c.scale_warps, c.multicast, c.gather_chunk, a.device};
   const auto kernel = sm90_kernel(memo, key, c.fn, a.device, [&] { return generate(c); });
 
   const bool masked = c.type == GemmType::kGroupedMasked;

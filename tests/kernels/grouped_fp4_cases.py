@@ -53,6 +53,12 @@ def make_contiguous(counts: list[int], k: int, device: str, pad_blocks: int = 0)
     return per_token_cast_to_fp8(a), m_indices
 
 
+def contiguous_rows(counts: list[int], pad_blocks: int = 1) -> int:
+    """Rows of make_contiguous's layout."""
+    align = kernels.get_mk_alignment_for_contiguous_layout()
+    return sum(-(-c // align) * align for c in counts) + 2 * pad_blocks * align
+
+
 def untouched_rows(m_indices: torch.Tensor) -> torch.Tensor:
     """Rows ``d`` must keep: every -1 row on the CPU; on the GPU the rows of whole padding blocks
     (a padding row inside a group's last block is computed from whatever A holds there)."""

@@ -1,12 +1,14 @@
-"""The FP8 GEMM's scale warps in chunks (common/scale_gather.cuh, MOE_FP8_GATHER_CHUNK): K-major A
-scales loaded several K blocks per row into registers and stored a K block at a time, against the
-4-byte cp.async gathers. The same scales reach the same FFMAs, so D is bit for bit the same."""
+"""The GEMMs' scale warps in chunks (common/scale_gather.cuh, MOE_FP8_GATHER_CHUNK): K-major A scales
+(and the FP8 x FP4 GEMM's exponent words) loaded several K blocks per row into registers and stored a
+K block at a time, against the 4-byte cp.async gathers. The same scales reach the same FFMAs, so D is
+bit for bit the same."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import grouped_fp4_cases as fp4
 import kernels
 from gemm_cases import H200_SMS, assert_settings_agree, outputs_per_setting
 from grouped_cases import (assert_contiguous_rows, assert_masked_rows, assert_same_output,
@@ -134,3 +136,98 @@ def test_gpu_masked_gathers_in_registers_match_copies(masked, max_m, expected_m,
     torch.cuda.synchronize()
     assert_same_output(outputs["4"], outputs["0"], "gathers in registers")
     assert_masked_rows(outputs["4"], a, b_fp8, masked)
+
+
+# ---- The FP8 x FP4 GEMM's converter kernel -----------------------------------------------------
+
+CONVERTER = {"MOE_FP4_SWAP_AB": "0", "MOE_FP4_STAGED": "0"}
+
+
+def _fp4_plan(m, n, k, gemm_type, groups):
+    return native().fp8_fp4_gemm_nt_code(m, n, k, H200_SMS, gemm_type, groups)[2]
+
+
+@pytest.mark.parametrize("m,n,k,gemm_type,groups,setting,tile,chunk,warps", [
+    (8192, 4096, 7168, 1, 32, "4", (128, 128), 2, 2),  # B's 4 rows per lane: chunks of 2; a pair splits A's rows
+    (4000, 136, 2048, 1, 32, "4", (128, 48), 4, 2),    # B's 2 rows per lane: chunks of 4
+    (64, 136, 2048, 2, 32, "4", (64, 48), 4, 3),       # 64-row tiles, 12 stages: 3 warps take turns
+    (64, 4096, 7168, 2, 32, "1", (64, 128), 1, 3),
+    (256, 4096, 1152, 1, 2, "4", (128, 64), 1, 3),     # 9 K blocks: rows off 16 bytes
+])
+def test_fp4_chunk_follows_the_setting_and_tile(m, n, k, gemm_type, groups, setting, tile, chunk, warps, monkeypatch):
+    """Opt-in like the FP8 GEMM's: chunks as large as keep a lane's A rows and B rows within 8
+    registers each, 1 where K blocks are not a multiple of 4; one scale warp keeps 128-row tiles at 1."""
+    base = _fp4_plan(m, n, k, gemm_type, groups)
+    assert ((base["block_m"], base["block_n"]), base["gather_chunk"], base["scale_warps"]) == (tile, 0, 3), base
+    monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", setting)
+    cfg = _fp4_plan(m, n, k, gemm_type, groups)
+    assert (cfg["gather_chunk"], cfg["scale_warps"]) == (chunk, warps), cfg
+    assert (cfg["block_m"], cfg["block_n"], cfg["num_stages"]) == (base["block_m"], base["block_n"], base["num_stages"])
+    if tile[0] == 128 and chunk > 1:
+        monkeypatch.setenv("MOE_FP8_SCALE_WARPS", "1")
+        assert _fp4_plan(m, n, k, gemm_type, groups)["gather_chunk"] == 1
+
+
+def test_fp4_chunked_kernel_has_no_cp_async_copies(monkeypatch):
+    """The chunked converter kernels (a pair at 128 rows, turns at 64, clusters sharing B) load with
+    vector loads and spill nothing (NVRTC, sm_90a)."""
+    from test_sass import sass
+    monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", "4")
+    for m, n, k, gemm_type, groups, share_b in ((8192, 4096, 7168, 1, 32, "0"), (64, 136, 2048, 2, 32, "0"),
+                                                (256, 4096, 7168, 2, 32, "1")):
+        monkeypatch.setenv("MOE_FP4_SHARE_B", share_b)
+        name, code, cfg = native().fp8_fp4_gemm_nt_code(m, n, k, H200_SMS, gemm_type, groups)
+        assert cfg["gather_chunk"] > 1 and cfg["multicast"] == (2 if share_b == "1" else 1), cfg
+        text = sass(name, code)
+        assert "LDGSTS" not in text
+        assert f"LDG.E.NA.{32 * cfg['gather_chunk']}.CONSTANT" in text
+        assert "LDL" not in text and "STL" not in text, f"register spills at {m} x {n} x {k}"
+
+
+def _fp4_outputs(run, settings, seed, monkeypatch):
+    """D per setting of MOE_FP8_GATHER_CHUNK from one call each on the same operands (reseeded)."""
+    outputs = {}
+    for setting in settings:
+        monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", setting)
+        torch.manual_seed(seed)
+        outputs[setting] = run()[-1]
+    torch.cuda.synchronize()
+    return outputs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts,n,k,chunk", [
+    ([300, 0, 129, 1], 4096, 7168, 2),   # 128 x 128: a pair of warps, chunks of 2
+    ([5, 300, 77], 136, 2048, 4),        # 128 x 16: chunks of 4, B's rows on half the lanes
+    ([37, 5], 576, 1152, 1),             # 9 K blocks: one K block a load
+])
+def test_gpu_fp4_contiguous_chunked_gathers_match_copies(counts, n, k, chunk, seed, monkeypatch):
+    """Converter kernel, contiguous: padding rows and an empty group, bit for bit the copies' output and
+    against float64 on the dequantized weights (fresh operands)."""
+    for name, value in CONVERTER.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", "4")
+    assert _fp4_plan(fp4.contiguous_rows(counts), n, k, 1, len(counts))["gather_chunk"] == chunk
+    fp4.check_contiguous(counts, n, k, "cuda")
+    outputs = _fp4_outputs(lambda: fp4.run_contiguous(counts, n, k, "cuda"), ("4", "1", "0"), seed, monkeypatch)
+    assert_same_output(outputs["4"], outputs["0"], "chunked gathers")
+    assert_same_output(outputs["1"], outputs["0"], "gathers a K block at a time")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("masked,max_m,expected_m,n,k,share_b,chunk", [
+    ([64, 0, 17, 50], 64, 64, 136, 2048, "0", 4),       # 64 x 16 tiles, turns over chunks of 4
+    ([256, 100, 0, 129], 256, 256, 4096, 7168, "1", 2),  # 128 x 128 pairs of CTAs sharing B
+])
+def test_gpu_fp4_masked_chunked_gathers_match_copies(masked, max_m, expected_m, n, k, share_b, chunk, seed,
+                                                     monkeypatch):
+    """Converter kernel, masked: groups of 0 rows and rows past masked_m, bit for bit the copies'
+    output and against float64."""
+    for name, value in {**CONVERTER, "MOE_FP4_SHARE_B": share_b}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", "4")
+    assert _fp4_plan(expected_m, n, k, 2, len(masked))["gather_chunk"] == chunk
+    fp4.check_masked(masked, max_m, n, k, expected_m, "cuda")
+    outputs = _fp4_outputs(lambda: fp4.run_masked(masked, max_m, n, k, expected_m, "cuda"), ("4", "0"), seed,
+                           monkeypatch)
+    assert_same_output(outputs["4"], outputs["0"], "chunked gathers")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import kernels
-from grouped_fp4_cases import (E4M3, E8M0, SF_FORMS, TOLERANCE, check_contiguous, check_masked, expected_contiguous,
-                               make_contiguous, make_weights, weights_of)
+from grouped_fp4_cases import (E4M3, E8M0, SF_FORMS, TOLERANCE, check_contiguous, check_masked, contiguous_rows,
+                               expected_contiguous, make_contiguous, make_weights, weights_of)
 from kernels.reference.fp4 import cast_back_from_fp4
 from kernels.reference.gemm import dequantize_a, dequantize_b_fp4
 from kernels.reference.quant import per_token_cast_to_fp8
@@ -372,12 +372,6 @@ KERNELS = {
     "staged": {"MOE_FP4_STAGED": "1"},
 }
 SWITCHES = ("MOE_FP4_SWAP_AB", "MOE_FP4_STAGED", "MOE_FP4_SHARE_B")
-
-
-def contiguous_rows(counts: list[int], pad_blocks: int = 1) -> int:
-    """Rows of make_contiguous's layout."""
-    align = kernels.get_mk_alignment_for_contiguous_layout()
-    return sum(-(-c // align) * align for c in counts) + 2 * pad_blocks * align
 
 
 def kernel_of(rows_per_group: float, m: int, n: int, k: int, gemm_type: int, groups: int) -> str:

@@ -1,16 +1,18 @@
 #pragma once
-// The FP8 GEMM's scale warps (kScaleGather): one scale per A row and K block and the tile's one or two
-// B scales per K block into each stage, completing on the stage's full barrier beside the TMA loads.
+// The GEMMs' scale warps (the FP8 GEMM's kScaleGather, the FP8 x FP4 GEMM's): one scale per A row and
+// K block and the tile's B scales per K block into each stage, completing on the stage's full barrier
+// beside the TMA loads. B's part is a policy: the FP8 GEMM's one or two B scales (SfbLanes), or the
+// FP8 x FP4 GEMM's exponent word per B row (SfbRows).
 //
 // kChunk 0: 4-byte cp.async copies, any strides. Each lane's copy lands in shared memory on its own,
 //   so a K block of a 128-row tile costs 128 shared-memory wavefronts beside the wgmmas' operand reads
 //   (common/fp8_gemm_layout.h has the ncu figures).
-// kChunk 1, 2 or 4 (beyond 1: K-major A scales, rows and base on 4 x kChunk bytes, K blocks a
-//   multiple of kChunk): a lane loads kChunk K blocks of each of its rows into registers with one
-//   (vector) load per row, before it waits for the first of their stages, then stores a K block's 32
-//   rows per warp with one coalesced 4-byte store (one wavefront) and arrives. B's scales come
-//   likewise, one load per K block. 128-row tiles in chunks of 2 or 4 split the rows over a pair of
-//   warps (scale_gather_row_warps), each arriving per lane: the full barrier counts 32 per warp.
+// kChunk 1, 2 or 4 (beyond 1: K-major scales, rows and base on 4 x kChunk bytes, K blocks a multiple
+//   of kChunk): a lane loads kChunk K blocks of each of its rows into registers with one (vector)
+//   load per row, before it waits for the first of their stages, then stores a K block's 32 rows per
+//   warp with one coalesced 4-byte store (one wavefront) and arrives. 128-row tiles in chunks of 2 or
+//   4 split the rows over a pair of warps (scale_gather_row_warps), each arriving per lane: the full
+//   barrier counts 32 per warp.
 
 #include <moe_kernels/common/fp8_gemm_layout.h>
 #include <moe_kernels/common/pipeline.cuh>
@@ -19,17 +21,77 @@
 
 namespace moe_kernels {
 
-// A stage's scales: kBlockM A rows from sf[0], kSfbRows B scales from sf[kSfb].
-template <uint32_t kBlockM, uint32_t kChunk, uint32_t kNumStages, uint32_t kSfFloats, uint32_t kSfb,
-          uint32_t kSfbRows, uint32_t kNumWarps>
+// The FP8 GEMM's B scales: kSfbRows (1 or 2) per K block at sf[kSfb], lane l < kSfbRows the l-th
+// from its own row (`ptr`, K blocks stride_k apart; `valid`: inside the problem).
+template <uint32_t kSfb, uint32_t kSfbRows, uint32_t kChunk>
+struct SfbLanes {
+  static_assert(kSfbRows <= 32, "one B scale per lane");
+  const float* ptr;
+  bool valid;
+  uint32_t stride_k;
+  float v[kChunk > 0 ? kChunk : 1];
+
+  // sf_lane: the stage's scales plus the lane.
+  __device__ __forceinline__ void copy(float* sf_lane, uint32_t kb, uint32_t lane) const {
+    if (lane < kSfbRows) sm90::cp_async_4(sf_lane + kSfb, ptr + kb * stride_k, valid ? 4 : 0);
+  }
+  // `mine`: the warp stores B (a pair's first warp).
+  __device__ __forceinline__ void load(uint32_t kb0, bool mine) {
+#pragma unroll
+    for (uint32_t j = 0; j < kChunk; ++j) v[j] = sm90::ld_nc_float(ptr + (kb0 + j) * stride_k, valid && mine);
+  }
+  __device__ __forceinline__ void store(float* sf, uint32_t j, uint32_t lane, bool mine) const {
+    if (lane < kSfbRows && mine) sf[kSfb + lane] = v[j];
+  }
+};
+
+// The FP8 x FP4 GEMM's B exponents: one 4-byte word (4 x UE8M0, one per 1x32) per B row and K block,
+// kSfbRows rows at sf[kSfb]; lane l holds rows i x 32 + l as byte offsets from `base` (the tile's
+// first row), K blocks 4 bytes apart (K-major).
+template <uint32_t kSfb, uint32_t kSfbRows, uint32_t kChunk>
+struct SfbRows {
+  static constexpr uint32_t kRows = (kSfbRows + 31) / 32;
+  static_assert(kRows * (kChunk > 0 ? kChunk : 1) <= 8, "a chunk's B words take at most 8 registers per lane");
+  const uint8_t* base;
+  LaneScaleRows<kRows> rows;
+  float v[kRows][kChunk > 0 ? kChunk : 1];
+
+  __device__ __forceinline__ bool inside_tile(uint32_t i, uint32_t lane) const {
+    return kSfbRows % 32 == 0 || i * 32 + lane < kSfbRows;
+  }
+  __device__ __forceinline__ void copy(float* sf_lane, uint32_t kb, uint32_t lane) const {
+    const uint8_t* base_k = base + kb * 4;
+#pragma unroll
+    for (uint32_t i = 0; i < kRows; ++i) {
+      if (inside_tile(i, lane)) sm90::cp_async_4(sf_lane + kSfb + i * 32, base_k + rows.offset[i], rows.bytes(i));
+    }
+  }
+  __device__ __forceinline__ void load(uint32_t kb0, bool mine) {
+    const uint8_t* base_k = base + kb0 * 4;
+#pragma unroll
+    for (uint32_t i = 0; i < kRows; ++i) {
+      const auto* src = reinterpret_cast<const float*>(base_k + rows.offset[i]);
+      sm90::ld_nc_floats<kChunk>(v[i], src, (rows.valid >> i & 1) != 0 && mine);
+    }
+  }
+  __device__ __forceinline__ void store(float* sf, uint32_t j, uint32_t lane, bool mine) const {
+#pragma unroll
+    for (uint32_t i = 0; i < kRows; ++i) {
+      if (inside_tile(i, lane) && mine) sf[kSfb + i * 32 + lane] = v[i][j];
+    }
+  }
+};
+
+// A stage's scales: kBlockM A rows from sf[0], B's from the policy's place (kSfFloats per stage).
+template <uint32_t kBlockM, uint32_t kChunk, uint32_t kNumStages, uint32_t kSfFloats, uint32_t kNumWarps>
 struct ScaleGather {
   // Warps sharing a chunk's rows, and the rows each lane holds.
   static constexpr uint32_t kRowWarps = scale_gather_row_warps(kBlockM, kChunk);
   static constexpr uint32_t kRows = kBlockM / 32 / kRowWarps;
   static constexpr uint32_t kTurns = kNumWarps / kRowWarps;
   static_assert(kChunk <= 2 || kChunk == 4, "copies (0) or chunks of 1, 2 or 4 K blocks");
-  // Per lane kRows x kChunk A scales and kChunk B scales in registers, inside the producers' budget
-  // (4 rows spilled with chunks of 2 at 40 registers).
+  // Per lane kRows x kChunk A scales and the policy's B scales in registers, inside the producers'
+  // budget (4 rows spilled with chunks of 2 at 40 registers).
   static_assert(kRows * kChunk <= 8, "a chunk's A scales take at most 8 registers per lane");
   static_assert(kNumWarps % kRowWarps == 0, "whole groups of warps sharing the rows");
   static_assert(scale_gather_warps(kNumWarps, kChunk, kNumStages, kBlockM) == kNumWarps,
@@ -55,23 +117,30 @@ struct ScaleGather {
     return mine;
   }
 
-  // K blocks [kb_begin, kb_end) of one tile. sfa: the scales' base; rows_a: this lane's rows as
-  // offsets from it; sfb_lane: this lane's B scale row (valid_b: inside the problem, lane < kSfbRows).
+  // K blocks [kb_begin, kb_end) of one tile. sfa: the scales' base, K blocks sfa_stride_k elements
+  // apart; rows_a: this lane's rows as offsets from it, in elements or (kByteRows) bytes, which spares
+  // the FP8 x FP4 GEMM's producers a shift per row beside a 64-bit K block base; sfb: B's policy
+  // (SfbLanes or SfbRows), set up for the tile.
+  template <bool kByteRows = false, class Sfb>
   __device__ __forceinline__ void tile(PipelineState<kNumStages>& pipe, const float* sfa,
-                                       const LaneScaleRows<kRows>& rows_a, uint32_t sfa_stride_k,
-                                       const float* sfb_lane, bool valid_b, uint32_t sfb_stride_k, uint32_t kb_begin,
-                                       uint32_t kb_end) {
+                                       const LaneScaleRows<kRows>& rows_a, uint32_t sfa_stride_k, Sfb& sfb,
+                                       uint32_t kb_begin, uint32_t kb_end) {
+    const auto row_src = [&](uint32_t i, uint32_t kb) -> const float* {
+      if constexpr (kByteRows) {
+        return reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(sfa + uint64_t(kb) * sfa_stride_k) +
+                                              rows_a.offset[i]);
+      } else {
+        return sfa + kb * sfa_stride_k + rows_a.offset[i];
+      }
+    };
     if constexpr (kChunk == 0) {
       for (uint32_t kb = kb_begin; kb < kb_end; ++kb, pipe.advance()) {
         if (!take_turn()) continue;
         ring.producer_acquire(pipe);
-        float* sf = smem_sf + pipe.stage * kSfFloats;
-        const float* sfa_k = sfa + kb * sfa_stride_k;
+        float* sf_lane = smem_sf + pipe.stage * kSfFloats + lane;
 #pragma unroll
-        for (uint32_t i = 0; i < kRows; ++i) {
-          sm90::cp_async_4(sf + i * 32 + lane, sfa_k + rows_a.offset[i], rows_a.bytes(i));
-        }
-        if (lane < kSfbRows) sm90::cp_async_4(sf + kSfb + lane, sfb_lane + kb * sfb_stride_k, valid_b ? 4 : 0);
+        for (uint32_t i = 0; i < kRows; ++i) sm90::cp_async_4(sf_lane + i * 32, row_src(i, kb), rows_a.bytes(i));
+        sfb.copy(sf_lane, kb, lane);
         sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
       }
     } else {
@@ -85,18 +154,13 @@ struct ScaleGather {
           continue;
         }
         float a[kRows][kChunk];
-        float b[kChunk];
 #pragma unroll
         for (uint32_t i = 0; i < kRows; ++i) {
-          const float* src = sfa + rows_a.offset[i] + kb0 * sfa_stride_k;
-          sm90::ld_nc_floats<kChunk>(a[i], src, (rows_a.valid >> i & 1) != 0);
+          sm90::ld_nc_floats<kChunk>(a[i], row_src(i, kb0), (rows_a.valid >> i & 1) != 0);
         }
-        // A pair's first warp stores B's scales.
-        const bool store_b = lane < kSfbRows && row_part == 0;
-#pragma unroll
-        for (uint32_t j = 0; j < kChunk; ++j) {
-          b[j] = sm90::ld_nc_float(sfb_lane + (kb0 + j) * sfb_stride_k, valid_b && row_part == 0);
-        }
+        // A pair's first warp loads and stores B's scales.
+        const bool b_mine = row_part == 0;
+        sfb.load(kb0, b_mine);
 #pragma unroll
         for (uint32_t j = 0; j < kChunk; ++j) {
           if (kb0 + j < first || kb0 + j >= last) continue;
@@ -104,7 +168,7 @@ struct ScaleGather {
           float* sf = smem_sf + pipe.stage * kSfFloats;
 #pragma unroll
           for (uint32_t i = 0; i < kRows; ++i) sf[first_row() + i * 32 + lane] = a[i][j];
-          if (store_b) sf[kSfb + lane] = b[j];
+          sfb.store(sf, j, lane, b_mine);
           // Release: the stores above are visible to the math warps once the phase completes.
           sm90::mbarrier_arrive(ring.full + pipe.stage);
           pipe.advance();

@@ -254,6 +254,13 @@ __device__ __forceinline__ void fence_operand(float& reg) { asm volatile("" : "+
 // Register A operands of an in-flight wgmma must keep their registers until wgmma_wait: fencing
 // them after the wait keeps the compiler from reusing those registers earlier.
 __device__ __forceinline__ void fence_operand(uint32_t& reg) { asm volatile("" : "+r"(reg)::"memory"); }
+// Hides how a pointer was derived, so that a base computed once (per tile) stays one 64-bit value
+// instead of being rebuilt from its parts beside every use.
+template <class T>
+__device__ __forceinline__ const T* opaque(const T* p) {
+  asm("" : "+l"(p));
+  return p;
+}
 
 // setmaxnreg only moves registers inside what the CTA was given at launch: ptxas gives a kernel
 // that uses it the most its launch bounds allow (65536 / threads, at most 255, whole steps of 8 per

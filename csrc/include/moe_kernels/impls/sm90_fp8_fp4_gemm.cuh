@@ -12,9 +12,9 @@
 //   warpgroup kNumMathWG:       converter — packed B tile -> E4M3 tile in the 128-byte swizzled
 //                               layout wgmma reads, plus one FP32 column scale per row of B;
 //   last warpgroup, warp 0:     TMA producer for A and packed B;
-//   last warpgroup, warps 1-3:  scale producers, taking the stages in turn — cp.async of the A
-//                               scales and of one 32-bit word of four exponent bytes per B row,
-//                               on the same mbarrier.
+//   last warpgroup, warps 1-3:  scale producers (common/scale_gather.cuh), taking the stages in
+//                               turn — the A scales and one 32-bit word of four exponent bytes per
+//                               B row, on the same mbarrier.
 //
 // kNumMulticast = 2 (2-CTA clusters of adjacent m-blocks, common/scheduler.cuh's kShareB): a pair on
 // one weight tile converts it once. Each CTA's converters convert half of its rows and copy them
@@ -26,6 +26,7 @@
 #include <moe_kernels/common/epilogue.cuh>
 #include <moe_kernels/common/fp4.cuh>
 #include <moe_kernels/common/pipeline.cuh>
+#include <moe_kernels/common/scale_gather.cuh>
 #include <moe_kernels/common/scale_promotion.cuh>
 #include <moe_kernels/common/scale_rows.cuh>
 #include <moe_kernels/common/scheduler.cuh>
@@ -43,7 +44,8 @@ struct Fp8Fp4GemmSmem {
   static constexpr uint32_t kPackedB = kBlockN * kBlockK / 2;  // E2M1 as loaded, 64-byte swizzle
   // Per stage: A scales (FP32), B exponent words (4 x UE8M0), B column scales (FP32, in
   // ColumnScaleLayout's order; launchers/sm90_fp8_fp4_gemm.hpp's stage_bytes mirrors the size).
-  static constexpr uint32_t kScaleBytes = (kBlockM + kBlockN + ColumnScaleLayout<kBlockN>::kFloats) * 4;
+  static constexpr uint32_t kScaleFloats = kBlockM + kBlockN + ColumnScaleLayout<kBlockN>::kFloats;
+  static constexpr uint32_t kScaleBytes = kScaleFloats * 4;
   static constexpr uint32_t kOffsetA = kD;
   static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kA;
   static constexpr uint32_t kOffsetPackedB = kOffsetB + kNumStages * kB;
@@ -62,9 +64,11 @@ constexpr uint32_t fp4_converter_tasks_per_row(uint32_t threads, uint32_t rows) 
 }
 
 // shape_m and grouped_layout as in sm90_fp8_gemm_nt; sfb: exponent bytes, 4-byte aligned rows.
+// kGatherChunk as the FP8 GEMM's (common/scale_gather.cuh): 0 cp.async copies; 1, 2 or 4 K blocks per
+// load into registers (beyond 1: K-major A scales and exponent rows on 4 x kGatherChunk bytes).
 template <int kGemmType, uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
           uint32_t kNumStages, uint32_t kGroupN, uint32_t kSwizzleDBytes, uint32_t kScaleWarps = 3,
-          uint32_t kNumMulticast = 1>
+          uint32_t kNumMulticast = 1, uint32_t kGatherChunk = 0>
 __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) * 128, 1)
     sm90_fp8_fp4_gemm_nt(uint32_t shape_m, const int* __restrict__ grouped_layout, uint32_t num_groups,
                          const float* __restrict__ sfa, uint32_t sfa_stride_m, uint32_t sfa_stride_k,
@@ -85,7 +89,10 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   // Scale producers: warps 1.. of the producer warpgroup (warp 0 issues the TMA loads), at most
   // one per stage.
   static_assert(kScaleWarps >= 1 && kScaleWarps <= 3, "1 to 3 scale warps");
-  constexpr uint32_t kNumScaleWarps = kScaleWarps < kNumStages ? kScaleWarps : kNumStages;
+  constexpr uint32_t kNumScaleWarps = scale_gather_warps(kScaleWarps, kGatherChunk, kNumStages, kBlockM);
+  constexpr uint32_t kScaleRowWarps = scale_gather_row_warps(kBlockM, kGatherChunk);
+  static_assert(kScaleWarps >= kScaleRowWarps, "a chunk's rows split over more warps than there are");
+  static_assert(kNumKBlocks % (kGatherChunk > 0 ? kGatherChunk : 1) == 0, "chunked gathers: whole chunks of K blocks");
   // Register budgets (a CTA owns the SM's 64K registers): the scale warps keep per-tile 32-bit
   // row offsets, kBlockM / 32 for A and kBlockN / 32 for B (under 40 registers at 128 x 128; the
   // 64-bit row pointers they replaced spilled at 40), a converter task holds up to 16 packed words
@@ -135,9 +142,10 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
     sm90::tma_prefetch_descriptor(&map_a);
     sm90::tma_prefetch_descriptor(&map_b);
     sm90::tma_prefetch_descriptor(&map_d);
-    // Full: one expect-tx arrival for the A/B tiles plus one cp.async arrival per scale lane. Empty:
-    // every math warp of each CTA of the cluster (kShareB: the peer's copy refills the stage too).
-    ring.init(1 + 32, kNumMathWG * 4 * kNumMulticast);
+    // Full: one expect-tx arrival for the A/B tiles plus one arrival per scale lane (of each warp
+    // sharing a chunk's rows). Empty: every math warp of each CTA of the cluster (kShareB: the peer's
+    // copy refills the stage too).
+    ring.init(1 + 32 * kScaleRowWarps, kNumMathWG * 4 * kNumMulticast);
 #pragma unroll
     for (uint32_t s = 0; s < kNumStages; ++s) sm90::mbarrier_init(converted + s, kConverterThreads);
     sm90::fence_barrier_init();
@@ -190,39 +198,19 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
     } else if (producer_warp >= 1 && producer_warp <= kNumScaleWarps) {
       // The scale warps take the stages in turn (turn counts K blocks across tiles). One warp issued
       // ~225 instructions per K block (64-bit addresses rebuilt per copy in a loop), as many as a
-      // math warp, all on one SM sub-partition. A warp's stage is at most one phase ahead of the
-      // consumers' releases because kNumStages >= kNumScaleWarps.
-      const uint32_t my_turn = producer_warp - 1;
-      uint32_t turn = 0;
+      // math warp, all on one SM sub-partition.
+      using Gather = ScaleGather<kBlockM, kGatherChunk, kNumStages, Smem::kScaleFloats, kNumScaleWarps>;
+      Gather gather(ring, reinterpret_cast<float*>(smem + Smem::kOffsetScales), lane, producer_warp - 1);
       while (next_tile(t)) {
-        // Per tile: byte offsets of the lane's rows (common/scale_rows.cuh). Rows past the problem
-        // (or a masked group's max_m) read no A scale; rows past N read no exponents: their words
-        // are zero, their (zero-filled) B rows too.
+        // Per tile: byte offsets of the lane's rows (common/scale_rows.cuh). Rows past the problem (or a
+        // masked group's max_m) read no A scale; rows past N read no exponents: their words are zero,
+        // their (zero-filled) B rows too.
         const uint32_t row_end = kType == GemmType::kGroupedMasked ? (t.group + 1) * m : m;
-        const LaneScaleRows<kBlockM / 32> rows_a(a_row0(t), row_end, sfa_stride_m * 4, lane);
-        constexpr uint32_t kRowsBPerLane = (kBlockN + 31) / 32;
-        const LaneScaleRows<kRowsBPerLane> rows_b(0, min(kBlockN, kShapeN - t.n_block * kBlockN), sfb_stride_n, lane);
-        const uint8_t* sfb_group = sfb + uint64_t(t.group) * sfb_stride_g + uint64_t(t.n_block * kBlockN) * sfb_stride_n;
-        for (uint32_t kb = 0; kb < kNumKBlocks; ++kb, pipe.advance()) {
-          const bool mine = turn == my_turn;
-          turn = turn + 1 == kNumScaleWarps ? 0 : turn + 1;
-          if (!mine) continue;
-          ring.producer_acquire(pipe);
-          float* scales = stage_scales(pipe.stage);
-          const uint8_t* sfa_k = reinterpret_cast<const uint8_t*>(sfa + uint64_t(kb) * sfa_stride_k);
-          const uint8_t* sfb_k = sfb_group + kb * 4;
-#pragma unroll
-          for (uint32_t i = 0; i < kBlockM / 32; ++i) {
-            sm90::cp_async_4(scales + i * 32 + lane, sfa_k + rows_a.offset[i], rows_a.bytes(i));
-          }
-#pragma unroll
-          for (uint32_t i = 0; i < kRowsBPerLane; ++i) {
-            if (kBlockN % 32 == 0 || i * 32 + lane < kBlockN) {
-              sm90::cp_async_4(scales + kBlockM + i * 32 + lane, sfb_k + rows_b.offset[i], rows_b.bytes(i));
-            }
-          }
-          sm90::cp_async_mbarrier_arrive_noinc(ring.full + pipe.stage);
-        }
+        const LaneScaleRows<Gather::kRows> rows_a(a_row0(t) + gather.first_row(), row_end, sfa_stride_m * 4, lane);
+        SfbRows<kBlockM, kBlockN, kGatherChunk> sfb_rows{
+            sm90::opaque(sfb + uint64_t(t.group) * sfb_stride_g + uint64_t(t.n_block * kBlockN) * sfb_stride_n),
+            LaneScaleRows<(kBlockN + 31) / 32>(0, min(kBlockN, kShapeN - t.n_block * kBlockN), sfb_stride_n, lane)};
+        gather.template tile<true>(pipe, sfa, rows_a, sfa_stride_k, sfb_rows, 0, kNumKBlocks);
       }
     }
     return;

@@ -359,8 +359,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       // warp alone was the pipeline's bound with 4-byte copies: ~140 instructions per K block at ~7
       // cycles each, never waiting for a free stage while the math warps waited on the full barrier
       // (ncu, 4096 x 4096 x 7168).
-      using Gather =
-          ScaleGather<kBlockM, kGatherChunk, kNumStages, Smem::kSfFloats, Smem::kSfb, Smem::kSfbRows, kNumScaleWarps>;
+      using Gather = ScaleGather<kBlockM, kGatherChunk, kNumStages, Smem::kSfFloats, kNumScaleWarps>;
       Gather gather(ring, smem_sf, lane, producer_warp - 1);
       const auto load_scales = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
         const uint32_t row_a = a_row0(t) + gather.first_row();
@@ -369,9 +368,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
         const LaneScaleRows<Gather::kRows> rows_a(row_a, row_end, sfa_stride_m, lane);
         const uint32_t sfb_row = sfb_block(t) + lane;
         const bool valid_b = lane < Smem::kSfbRows && sfb_row < kNumSfbRows;
-        const float* sfb_lane =
-            sfb + (valid_b ? uint64_t(t.group) * sfb_stride_g + uint64_t(sfb_row) * sfb_stride_n : 0);
-        gather.tile(pipe, sfa, rows_a, sfa_stride_k, sfb_lane, valid_b, sfb_stride_k, kb_begin, kb_end);
+        SfbLanes<Smem::kSfb, Smem::kSfbRows, kGatherChunk> sfb_lanes{
+            sfb + (valid_b ? uint64_t(t.group) * sfb_stride_g + uint64_t(sfb_row) * sfb_stride_n : 0), valid_b,
+            sfb_stride_k};
+        gather.tile(pipe, sfa, rows_a, sfa_stride_k, sfb_lanes, kb_begin, kb_end);
       };
       while (scheduler.next(t)) for_each_block(t, [&](const Tile& b) { load_scales(b, 0, kNumKBlocks); });
       if (scheduler.tail_unit(t)) for_each_block(t, [&](const Tile& b) { load_scales(b, b.k_begin, b.k_end); });
