@@ -190,6 +190,16 @@ inline int scale_warps_setting() {
   return n >= 1 && n <= 3 ? n : 3;
 }
 
+// MOE_FP8_GATHER_CHUNK (common/scale_gather.cuh; both families' gather_chunk_for): -1 unset (or empty),
+// else 0, 1, 2 or 4; any other value raises, naming `fn`.
+inline int gather_chunk_setting(const char* fn) {
+  const char* env = std::getenv("MOE_FP8_GATHER_CHUNK");
+  const std::string setting = env == nullptr ? "" : env;
+  MOE_HOST_ASSERT(setting.empty() || setting == "0" || setting == "1" || setting == "2" || setting == "4",
+                  fn << ": MOE_FP8_GATHER_CHUNK must be 0, 1, 2 or 4, got '" << setting << "'");
+  return setting.empty() ? -1 : setting[0] - '0';
+}
+
 inline moe_jit::driver::CUtensorMapSwizzle tma_swizzle(int bytes) {
   using namespace moe_jit::driver;
   return bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B

@@ -138,18 +138,27 @@ inline bool fit_sfa_slots(Tiles& t, int k, unsigned scale_load, int slots_count,
   return true;
 }
 
-// MOE_FP8_GATHER_CHUNK=1|2|4 (opt-in until timed): the scale warps load their scales into registers,
-// that many K blocks per row at once, and store each K block's rows with coalesced stores, instead of
-// 4-byte cp.async copies (common/scale_gather.cuh). Chunks of 2 and 4 need K-major A scales (`layout`,
-// scale_layout_for the launch's tensors: kScaleTmaKMajor promises rows and base on 16 bytes, K blocks
-// a multiple of 4). 128-row tiles load chunks of 2 split over two scale warps (scale_gather_row_warps:
-// one warp's 4 rows spilled in the producers' 40 registers), else one K block; chunks of 4 spilled
-// there even split, at K = 2048 (128 x 112 pairs, 128 x 192, 128 x 160 ping-pong). 256-row tiles keep
-// the copies.
+// The scale warps load their scales into registers, `chunk` K blocks per row at once, and store each K
+// block's rows with coalesced stores, instead of 4-byte cp.async copies (common/scale_gather.cuh). Chunks
+// of 2 and 4 need K-major A scales (`layout`, scale_layout_for the launch's tensors: kScaleTmaKMajor
+// promises rows and base on 16 bytes, K blocks a multiple of 4). 128-row tiles load chunks of 2 split over
+// two scale warps (scale_gather_row_warps: one warp's 4 rows spilled in the producers' 40 registers), else
+// one K block; chunks of 4 spilled there even split, at K = 2048 (128 x 112 pairs, 128 x 192, 128 x 160
+// ping-pong). 256-row tiles keep the copies.
+// Unset, dense 128 x 192 tiles in clusters sharing A over at least 64 K blocks take chunks of 2: on an
+// H100 0.92x the copies' time at 384 x 7168 x 16384 and 0.97x at 1024 rows (session 50). A warp waits for
+// its loads before it stores, so elsewhere the loads' latency showed: 1.14-1.18x at 384 x 4096 x 7168
+// (128 x 96) and 256 x 7168 x 16384 (128 x 112 pairs sharing B), 1.07-1.14x on 128 x 40 and 128 x 72,
+// 1.19-1.36x with one K block a load on 64-row tiles; level at K <= 2048 on 128 x 192.
+// MOE_FP8_GATHER_CHUNK=0 keeps the copies everywhere, =1|2|4 loads up to that many wherever it can.
 inline int gather_chunk_for(const Config& c, unsigned layout) {
-  const int setting = env_int("MOE_FP8_GATHER_CHUNK");
-  const bool set = setting == 1 || setting == 2 || setting == 4;
-  if (c.scale_load != moe_kernels::kScaleGather || c.sfa_copy != 0 || !set) return 0;
+  const int setting = gather_chunk_setting(c.fn);
+  if (c.scale_load != moe_kernels::kScaleGather || c.sfa_copy != 0) return 0;
+  if (setting < 0) {
+    const bool wide_a_clusters = c.type == GemmType::kNormal && c.block_m == 128 && c.block_n == 192 &&
+                                 c.multicast == 2 && c.share_b == 0 && c.swiglu == 0 && c.k / 128 >= 64;
+    return wide_a_clusters && c.scale_warps >= 2 && layout == moe_kernels::kScaleTmaKMajor ? 2 : 0;
+  }
   const int most = c.block_m == 64 ? 4 : c.block_m == 128 ? (c.scale_warps >= 2 ? 2 : 1) : 0;
   const int chunk = std::min(setting, most);
   return chunk > 1 && layout != moe_kernels::kScaleTmaKMajor ? 1 : chunk;

@@ -24,9 +24,10 @@ def native():
     (384, 7168, 16384, 128, "4", 2), (384, 4096, 7168, 128, "2", 2), (384, 4096, 7168, 128, "1", 1),
 ])
 def test_chunk_follows_the_setting_and_block_m(m, n, k, block_m, setting, chunk, monkeypatch):
-    """Opt-in: unset keeps the cp.async copies (0); 1, 2 or 4 K blocks per load at block M 64, up to 2
-    at 128 (the producers' registers); the scale warps that may take turns shrink with the chunk, and
-    128-row chunks of 2 go to one pair of warps splitting the rows."""
+    """0 keeps the cp.async copies; 1, 2 or 4 K blocks per load at block M 64, up to 2 at 128 (the
+    producers' registers); the scale warps that may take turns shrink with the chunk, and 128-row
+    chunks of 2 go to one pair of warps splitting the rows."""
+    monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", "0")
     base = native().fp8_gemm_nt_config(m, n, k, H200_SMS)
     assert (base["scale_load"], base["gather_chunk"], base["block_m"]) == ("gather", 0, block_m), base
     monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", setting)
@@ -38,6 +39,36 @@ def test_chunk_follows_the_setting_and_block_m(m, n, k, block_m, setting, chunk,
     # Everything else is the default's plan.
     for key in ("block_m", "block_n", "num_stages", "multicast", "share_b", "tail_splits"):
         assert cfg[key] == base[key], key
+
+
+@pytest.mark.parametrize("m,n,k,chunk", [
+    (384, 7168, 16384, 2), (1024, 7168, 16384, 2),  # 128 x 192 in clusters sharing A, 128 K blocks
+    (384, 7168, 2048, 0), (384, 24576, 1536, 0),    # 128 x 192, 16 and 12 K blocks
+    (384, 4096, 7168, 0),                           # 128 x 96
+    (256, 7168, 16384, 0),                          # 128 x 112 pairs sharing B
+    (144, 2112, 7168, 0), (1000, 576, 7168, 0),     # 64-row tiles
+])
+def test_default_chunk_on_wide_clusters_over_long_k(m, n, k, chunk, monkeypatch):
+    """Unset: chunks of 2 (a pair of warps) only on dense 128 x 192 tiles in clusters sharing A over 64
+    K blocks or more, the plans timed faster (session 50); copies elsewhere; K-major scales only."""
+    monkeypatch.delenv("MOE_FP8_GATHER_CHUNK", raising=False)
+    cfg = native().fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert cfg["gather_chunk"] == chunk, cfg
+    assert cfg["scale_warps"] == (2 if chunk else min(3, cfg["num_stages"])), cfg
+    if chunk:
+        assert (cfg["block_m"], cfg["block_n"], cfg["multicast"], cfg["share_b"]) == (128, 192, 2, 0), cfg
+        assert native().fp8_gemm_nt_config(m, n, k, H200_SMS, scale_load=0)["gather_chunk"] == 0  # any strides
+        monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", "0")
+        assert native().fp8_gemm_nt_config(m, n, k, H200_SMS)["gather_chunk"] == 0
+
+
+@pytest.mark.parametrize("value", ["3", "8", "x"])
+def test_chunk_setting_refuses_other_values(value, monkeypatch):
+    monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", value)
+    with pytest.raises(Exception, match=f"MOE_FP8_GATHER_CHUNK must be 0, 1, 2 or 4, got '{value}'"):
+        native().fp8_gemm_nt_config(384, 7168, 16384, H200_SMS)
+    with pytest.raises(Exception, match=f"MOE_FP8_GATHER_CHUNK must be 0, 1, 2 or 4, got '{value}'"):
+        native().fp8_fp4_gemm_nt_code(8192, 4096, 7168, H200_SMS, 1, 32)
 
 
 def test_chunks_need_k_major_scales(monkeypatch):
@@ -155,8 +186,9 @@ def _fp4_plan(m, n, k, gemm_type, groups):
     (256, 4096, 1152, 1, 2, "4", (128, 64), 1, 3),     # 9 K blocks: rows off 16 bytes
 ])
 def test_fp4_chunk_follows_the_setting_and_tile(m, n, k, gemm_type, groups, setting, tile, chunk, warps, monkeypatch):
-    """Opt-in like the FP8 GEMM's: chunks as large as keep a lane's A rows and B rows within 8
-    registers each, 1 where K blocks are not a multiple of 4; one scale warp keeps 128-row tiles at 1."""
+    """As the FP8 GEMM's: chunks as large as keep a lane's A rows and B rows within 8 registers each, 1
+    where K blocks are not a multiple of 4; one scale warp keeps 128-row tiles at 1."""
+    monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", "0")
     base = _fp4_plan(m, n, k, gemm_type, groups)
     assert ((base["block_m"], base["block_n"]), base["gather_chunk"], base["scale_warps"]) == (tile, 0, 3), base
     monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", setting)
@@ -166,6 +198,18 @@ def test_fp4_chunk_follows_the_setting_and_tile(m, n, k, gemm_type, groups, sett
     if tile[0] == 128 and chunk > 1:
         monkeypatch.setenv("MOE_FP8_SCALE_WARPS", "1")
         assert _fp4_plan(m, n, k, gemm_type, groups)["gather_chunk"] == 1
+
+
+@pytest.mark.parametrize("m,n,k,gemm_type,groups,chunk", [
+    (8192, 4096, 7168, 1, 32, 2), (256, 7168, 2048, 2, 32, 2),  # 128 x 128: a pair of warps, chunks of 2
+    (64, 4096, 7168, 2, 32, 0),                                 # 64 x 128
+    (256, 4096, 1152, 1, 2, 0), (4000, 136, 2048, 1, 32, 0),    # 9 K blocks; 128 x 48
+])
+def test_fp4_default_chunk_on_128_by_128_tiles(m, n, k, gemm_type, groups, chunk, monkeypatch):
+    """Unset: chunks of 2 on 128 x 128 tiles (timed faster, session 50), the copies elsewhere."""
+    monkeypatch.delenv("MOE_FP8_GATHER_CHUNK", raising=False)
+    cfg = _fp4_plan(m, n, k, gemm_type, groups)
+    assert (cfg["gather_chunk"], cfg["scale_warps"]) == (chunk, 2 if chunk else 3), cfg
 
 
 def test_fp4_chunked_kernel_has_no_cp_async_copies(monkeypatch):

@@ -394,9 +394,11 @@ FP4_VARIANTS = [  # (m or expected m, n, k, gemm type, groups): masked decode, c
 
 @pytest.mark.parametrize("m,n,k,gemm_type,groups", FP4_VARIANTS)
 def test_fp8_fp4_gemm_uses_qgmma_tma_and_byte_permute_conversion(m, n, k, gemm_type, groups):
-    name, code, _ = kernels.jit.native_module().fp8_fp4_gemm_nt_code(m, n, k, H200_SMS, gemm_type, groups)
+    name, code, config = kernels.jit.native_module().fp8_fp4_gemm_nt_code(m, n, k, H200_SMS, gemm_type, groups)
     text = sass(name, code)
-    for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "LDGSTS", "PRMT"):
+    # The scale warps copy with cp.async, or load into registers (128 x 128 tiles, common/scale_gather.cuh).
+    scale_loads = "LDGSTS" if config["gather_chunk"] == 0 else "LDG.E.NA"
+    for instruction in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", scale_loads, "PRMT"):
         assert instruction in text, instruction
     assert "LDL" not in text and "STL" not in text, "register spills"
 
@@ -416,13 +418,15 @@ def test_fp8_fp4_gemm_clusters_copy_their_half_to_the_peer(m, n, k, gemm_type, g
 
 
 @pytest.mark.parametrize("m,gemm_type,groups", [(8192, 1, 4), (8, 2, 32)])
-def test_fp8_fp4_gemm_k_loops_are_lean(m, gemm_type, groups):
+def test_fp8_fp4_gemm_k_loops_are_lean(m, gemm_type, groups, monkeypatch):
     """N x K = 4096 x 7168, contiguous 4 x 8192 (block 128 x 128) and masked decode (block 64 x 128).
     Math: the warp index and the tile loop's answer broadcast from lane 0 keep the wgmma descriptors
     in uniform registers (no R2UR in the loop; there were 16 per K block), the column scales come in
     16-byte loads: 64 FFMAs, 64 FMULs and under 64 other instructions per K block (was 240 in all).
     Scale warps: (block M + block N) / 32 copies per K block from per-tile 32-bit offsets, under 80
-    instructions per K block with the other warps' turns' bookkeeping (one warp issued ~225)."""
+    instructions per K block with the other warps' turns' bookkeeping (one warp issued ~225). The
+    copies (MOE_FP8_GATHER_CHUNK=0; unset, 128 x 128 tiles load into registers)."""
+    monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", "0")
     name, code, config = kernels.jit.native_module().fp8_fp4_gemm_nt_code(m, 4096, 7168, H200_SMS, gemm_type, groups)
     assert config["scale_warps"] == 3
     bodies = [[line for line in body.splitlines() if line.strip()] for body in _k_loop_bodies(sass(name, code))]

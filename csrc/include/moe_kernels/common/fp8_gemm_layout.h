@@ -29,7 +29,7 @@ constexpr unsigned scale_gather_warps(unsigned warps, unsigned chunk, unsigned n
 
 // How a stage's scales arrive.
 //   kScaleGather: scale warps gather them, any strides (common/scale_gather.cuh). With 4-byte
-//     cp.async copies (kGatherChunk 0, the default) a K-major A scale costs a 32-byte sector and a
+//     cp.async copies (kGatherChunk 0, most plans) a K-major A scale costs a 32-byte sector and a
 //     shared-memory wavefront per row and K block: at 256-row tiles 256 wavefronts per K block beside
 //     the wgmmas' 768 operand reads (ncu, 4096 x 4096 x 7168: 81% of the shared-memory pipe against
 //     DeepGEMM's 68%, and 9% less tensor-pipe use). Loads into registers store 32 rows per wavefront.
