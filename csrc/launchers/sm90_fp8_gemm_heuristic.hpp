@@ -169,8 +169,8 @@ inline void set_gather_chunk(Config& c, unsigned layout) {
   c.gather_chunk = gather_chunk_for(c, layout);
   if (c.scale_warps > 0) {
     c.scale_warps = static_cast<int>(moe_kernels::scale_gather_warps(
-        static_cast<unsigned>(c.scale_warps), static_cast<unsigned>(c.gather_chunk), static_cast<unsigned>(c.num_stages),
-        static_cast<unsigned>(c.block_m)));
+        static_cast<unsigned>(c.scale_warps), static_cast<unsigned>(c.gather_chunk),
+        static_cast<unsigned>(c.num_stages), static_cast<unsigned>(c.block_m)));
   }
 }
 
