@@ -91,16 +91,16 @@ inline void check_nk(const char* fn, int n, int k) {
 // Unset, 128 x 128 tiles take chunks of 2: on an H100 at 32 experts x 256 tokens 0.93x the copies' time
 // (4096 x 7168) and 0.96x (7168 x 2048); 64 x 128 tiles keep the copies (1.10x and 0.99x at 64 tokens).
 inline int gather_chunk_for(const Config& c) {
-  const int forced = gather_chunk_setting(c.fn);
-  const bool unset = forced < 0;
-  const int setting = unset ? (c.block_m == 128 && c.block_n == 128 ? 2 : 0) : forced;
+  const int setting = gather_chunk_setting(c.fn);
+  const bool whole_chunks = (c.k / kBlockK) % 4 == 0;
+  if (setting < 0) return c.block_m == 128 && c.block_n == 128 && c.scale_warps >= 2 && whole_chunks ? 2 : 0;
   if (setting == 0) return 0;
-  const int rows_a = c.block_m / 32 / (c.block_m == 128 && c.scale_warps >= 2 ? 2 : 1), rows_b = (c.block_n + 31) / 32;
+  if (c.block_m == 128 && c.scale_warps < 2) return 1;  // 4 A rows per lane and no pair: no room for more
+  // A rows per lane (a 128-row tile's pair of warps: 2 each) and B rows per lane.
+  const int rows_a = c.block_m == 128 ? 2 : c.block_m / 32, rows_b = (c.block_n + 31) / 32;
   int chunk = setting;
   while (chunk > 1 && (rows_a * chunk > 8 || rows_b * chunk > 8)) chunk /= 2;
-  if (c.block_m == 128 && c.scale_warps < 2) chunk = unset ? 0 : 1;  // 4 A rows per lane: no room for more
-  if (unset && (c.k / kBlockK) % 4 != 0) return 0;
-  return chunk > 1 && (c.k / kBlockK) % 4 != 0 ? 1 : chunk;
+  return chunk > 1 && !whole_chunks ? 1 : chunk;
 }
 
 // `m`: rows of A (contiguous) or the expected rows per group (masked, `num_groups` problems).
