@@ -189,6 +189,8 @@ inline int scale_warps_setting() {
   const int n = std::atoi(value);
   return n >= 1 && n <= 3 ? n : 3;
 }
+// The scale warps taking turns over the 4-byte copies: the setting, one per stage at most.
+inline int copy_scale_warps(int num_stages) { return std::min(scale_warps_setting(), num_stages); }
 
 // MOE_FP8_GATHER_CHUNK (common/scale_gather.cuh; both families' gather_chunk_for): -1 unset (or empty),
 // else 0, 1, 2 or 4; any other value raises, naming `fn`.

@@ -120,7 +120,7 @@ inline Config plan_config(int m, int n, int k, int num_sms, GemmType type, int n
   cfg.num_stages = t.num_stages;
   cfg.smem_bytes = pipeline_smem(t.block_m, t.block_n, t.num_stages, stage_bytes(t.block_m, t.block_n));
   cfg.swizzle_d = t.swizzle_d;
-  cfg.scale_warps = std::min(scale_warps_setting(), t.num_stages);
+  cfg.scale_warps = copy_scale_warps(t.num_stages);
   // `m` per group: the contiguous rows over the groups, or the expected rows of a masked group.
   const long long rows_per_group = type == GemmType::kGroupedMasked ? m : m / num_groups;
   cfg.multicast = share_b_setting(fn) && num_sms >= 2 && rows_per_group > t.block_m ? 2 : 1;
@@ -197,7 +197,7 @@ inline void launch(const Config& planned, const Args& a) {
   Config c = planned;
   if (!gather_chunk_fits(a, c.gather_chunk)) {
     c.gather_chunk = 0;
-    c.scale_warps = std::min(scale_warps_setting(), c.num_stages);
+    c.scale_warps = copy_scale_warps(c.num_stages);
   }
   static moe_jit::KernelMemo<std::array<int, 12>, moe_jit::IntArrayHash> memo;
   const std::array<int, 12> key = {static_cast<int>(c.type), c.n, c.k, c.block_m, c.block_n, c.num_stages, c.group_n,

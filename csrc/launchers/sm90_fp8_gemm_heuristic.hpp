@@ -375,7 +375,7 @@ inline Config plan_config(int m, int n, int k, int num_sms, bool compile_m, Resi
   cfg.table_slots = scale_load == moe_kernels::kScaleTmaKMajorTable ? table_slots : 0;
   cfg.smem_bytes = t.smem_bytes;
   cfg.swizzle_d = t.swizzle_d;
-  cfg.scale_warps = scale_load == moe_kernels::kScaleGather ? std::min(scale_warps_setting(), t.num_stages) : 0;
+  cfg.scale_warps = scale_load == moe_kernels::kScaleGather ? copy_scale_warps(t.num_stages) : 0;
   cfg.split_k = single_wave_ways;
   cfg.splits = split_workspace;
   cfg.tail_split_on = tail_split_enabled();
@@ -530,7 +530,7 @@ inline Config plan_swiglu(int m, int n, int k, int num_sms, GemmType type, int n
   cfg.smem_bytes = t.smem_bytes;
   cfg.swizzle_d = t.swizzle_d;
   cfg.scale_load = scale_load;
-  cfg.scale_warps = scale_load == moe_kernels::kScaleGather ? std::min(scale_warps_setting(), t.num_stages) : 0;
+  cfg.scale_warps = scale_load == moe_kernels::kScaleGather ? copy_scale_warps(t.num_stages) : 0;
   set_gather_chunk(cfg, layout);
   // MOE_FP8_MULTICAST=b: 2-CTA clusters of adjacent 128-row m-blocks share each B tile (as plan_config's
   // =b; not timed against single CTAs yet, so not the default).
