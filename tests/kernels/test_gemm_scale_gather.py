@@ -107,13 +107,34 @@ def test_chunked_kernel_has_no_cp_async_copies(monkeypatch):
         assert "LDL" not in text and "STL" not in text, f"register spills at {m} x {n} x {k}"
 
 
+@pytest.mark.parametrize("m,n,k,setting,tile,rows,two_sets", [
+    (64, 2112, 7168, "1", (64, 16), 2, True),
+    (64, 2112, 7168, "2", (64, 16), 2, True),
+    (384, 4096, 7168, "2", (128, 96), 2, True),    # a pair of warps, 64 rows each
+    (384, 4096, 7168, "1", (128, 96), 4, True),
+    (384, 7168, 16384, "2", (128, 192), 2, False),  # 96 accumulators a set: the math keeps 232 registers
+])
+def test_chunks_in_flight(m, n, k, setting, tile, rows, two_sets, monkeypatch):
+    """64-row tiles, and 128-row tiles up to block N 160, prefetch the next chunk into a second register
+    set: their A loads come from three places (the first chunk, then each set in the unrolled loop),
+    at least three times the rows a lane holds; one set loads from fewer. Nothing spills (NVRTC)."""
+    from test_sass import sass
+    monkeypatch.setenv("MOE_FP8_GATHER_CHUNK", setting)
+    cfg = native().fp8_gemm_nt_config(m, n, k, H200_SMS)
+    assert ((cfg["block_m"], cfg["block_n"]), cfg["gather_chunk"]) == (tile, int(setting)), cfg
+    text = sass(*native().fp8_gemm_nt_code(m, n, k, H200_SMS))
+    load = "LDG.E.NA.CONSTANT" if setting == "1" else "LDG.E.NA.64.CONSTANT"
+    assert (text.count(load) >= 3 * rows) == two_sets, text.count(load)
+    assert "LDL" not in text and "STL" not in text
+
+
 def _chunks_or_copies(value, cfg):
     assert (cfg["gather_chunk"] > 0) == (value != "0"), cfg
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,env,settings", [
-    (64, 2112, 7168, {}, "4"),                                     # 64 x 16 tiles, 21 stages: chunks of 4
+    (64, 2112, 7168, {}, "421"),            # 64 x 16 tiles, 21 stages: chunks of 4; of 2 and 1 two in flight
     (1, 576, 7168, {}, "4"),                                       # one row: 63 rows of every chunk past M
     (100, 7168, 16384, {}, "4"),                                   # a partial 64-row m-block
     (384, 7168, 16384, {}, "42"),           # 128 x 192 tiles, 4 stages: a pair splitting the rows, chunks of 2
@@ -121,8 +142,8 @@ def _chunks_or_copies(value, cfg):
     (1000, 4096, 7168, {"MOE_GEMM_BLOCK_M": "128"}, "41"),         # several tiles per CTA, the tail split
     (200, 24576, 1536, {"MOE_FP8_MULTICAST": "b"}, "4"),           # pairs of CTAs sharing B
     (1024, 7168, 2048, {}, "4"),                                   # 128 x 160 ping-pong
-    (37, 7168, 2048, {"MOE_GEMM_BLOCK_N": "112", "MOE_GEMM_SPLIT_K": "3"}, "4"),  # units of 6 and 5 K blocks
-    (128, 264, 1536, {"MOE_GEMM_BLOCK_N": "24", "MOE_GEMM_SPLIT_K": "3"}, "4"),   # units start inside a chunk
+    (37, 7168, 2048, {"MOE_GEMM_BLOCK_N": "112", "MOE_GEMM_SPLIT_K": "3"}, "42"),  # units of 6 and 5 K blocks
+    (128, 264, 1536, {"MOE_GEMM_BLOCK_N": "24", "MOE_GEMM_SPLIT_K": "3"}, "42"),  # units start inside a chunk
     (100, 2112, 1536, {"MOE_GEMM_BLOCK_M": "128", "MOE_GEMM_SPLIT_K": "4"}, "4"),  # ... of 2 (units of 3)
 ])
 def test_gpu_chunked_gathers_match_copies(m, n, k, env, settings, seed, monkeypatch):

@@ -100,6 +100,11 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
   constexpr uint32_t kProducerRegisters = kNumMathWG == 1 ? 64 : 48;
   constexpr uint32_t kConverterRegisters = kNumMathWG == 1 ? 80 : 56;
   constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 232 : 200;
+  // Scale warps with a second chunk of register-loaded scales in flight (common/scale_gather.cuh):
+  // 64-row tiles (64 registers) in any chunk, 128-row tiles (48) of lone CTAs where a pair of warps
+  // halves the rows. 128 rows per warp in chunks of 1, or clusters sharing B, spilled the second set
+  // (NVRTC 13.0).
+  constexpr bool kGatherPrefetch = kNumMathWG == 1 || (kScaleRowWarps == 2 && kNumMulticast == 1);
   static_assert(128 * (kProducerRegisters + kNumConverterWG * kConverterRegisters + kNumMathWG * kMathRegisters) <=
                     sm90::launch_registers<(1 + kNumConverterWG + kNumMathWG) * 128>(),
                 "register budgets exceed the launch allocation: setmaxnreg.inc would hang");
@@ -199,7 +204,8 @@ __global__ void __launch_bounds__((kBlockM / 64 + (kBlockM == 64 ? 2 : 1) + 1) *
       // The scale warps take the stages in turn (turn counts K blocks across tiles). One warp issued
       // ~225 instructions per K block (64-bit addresses rebuilt per copy in a loop), as many as a
       // math warp, all on one SM sub-partition.
-      using Gather = ScaleGather<kBlockM, kGatherChunk, kNumStages, Smem::kScaleFloats, kNumScaleWarps>;
+      using Gather =
+          ScaleGather<kBlockM, kGatherChunk, kNumStages, Smem::kScaleFloats, kNumScaleWarps, kGatherPrefetch>;
       Gather gather(ring, reinterpret_cast<float*>(smem + Smem::kOffsetScales), lane, producer_warp - 1);
       while (next_tile(t)) {
         // Per tile: byte offsets of the lane's rows (common/scale_rows.cuh). Rows past the problem (or a

@@ -118,8 +118,17 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // kSwiGlu: the producers walk each pair's two n-blocks in a loop of their own, and the TMA warp then
   // spilled its unrolled stages' barrier addresses at 40 and 48 (gathered scales); the math warpgroups
   // hold one accumulator set less than 256-row or overlapped tiles, so 224 leaves them room.
-  constexpr uint32_t kProducerRegisters = kSwiGlu ? (kNumMathWG == 1 ? 72 : 56) : kNumMathWG == 1 ? 48 : 40;
-  constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 240 : kSwiGlu ? 224 : 232;
+  // kWideProducers: 128-row tiles up to block N 160 with register-loaded scales hold at most 80
+  // accumulators a set, so the math warpgroups give 8 registers to the scale warps' second chunk in
+  // flight (common/scale_gather.cuh), which spilled at 40.
+  constexpr bool kWideProducers = !kSwiGlu && kBlockM == 128 && kGatherChunk > 0 && kBlockN <= 160;
+  constexpr uint32_t kProducerRegisters =
+      kSwiGlu ? (kNumMathWG == 1 ? 72 : 56) : kNumMathWG == 1 ? 48 : kWideProducers ? 56 : 40;
+  constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 240 : kSwiGlu || kWideProducers ? 224 : 232;
+  // Scale warps with a second chunk of register-loaded scales in flight: 64-row tiles (48 registers)
+  // and kWideProducers in chunks of 1 or 2 K blocks. In chunks of 4, and at 40 registers, the second
+  // set spilled (NVRTC 13.0).
+  constexpr bool kGatherPrefetch = (kNumMathWG == 1 || kWideProducers) && kGatherChunk <= 2;
   static_assert(128 * (kProducerRegisters + kNumMathWG * kMathRegisters) <=
                     sm90::launch_registers<(kNumMathWG + 1) * 128>(),
                 "register budgets exceed the launch allocation: setmaxnreg.inc would hang");
@@ -359,7 +368,7 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
       // warp alone was the pipeline's bound with 4-byte copies: ~140 instructions per K block at ~7
       // cycles each, never waiting for a free stage while the math warps waited on the full barrier
       // (ncu, 4096 x 4096 x 7168).
-      using Gather = ScaleGather<kBlockM, kGatherChunk, kNumStages, Smem::kSfFloats, kNumScaleWarps>;
+      using Gather = ScaleGather<kBlockM, kGatherChunk, kNumStages, Smem::kSfFloats, kNumScaleWarps, kGatherPrefetch>;
       Gather gather(ring, smem_sf, lane, producer_warp - 1);
       const auto load_scales = [&](const Tile& t, uint32_t kb_begin, uint32_t kb_end) {
         const uint32_t row_a = a_row0(t) + gather.first_row();
