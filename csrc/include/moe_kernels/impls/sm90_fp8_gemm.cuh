@@ -118,10 +118,10 @@ __global__ void __launch_bounds__(fp8_gemm_threads(kBlockM), 1)
   // kSwiGlu: the producers walk each pair's two n-blocks in a loop of their own, and the TMA warp then
   // spilled its unrolled stages' barrier addresses at 40 and 48 (gathered scales); the math warpgroups
   // hold one accumulator set less than 256-row or overlapped tiles, so 224 leaves them room.
-  // kWideProducers: 128-row tiles up to block N 160 with register-loaded scales hold at most 80
-  // accumulators a set, so the math warpgroups give 8 registers to the scale warps' second chunk in
-  // flight (common/scale_gather.cuh), which spilled at 40.
-  constexpr bool kWideProducers = !kSwiGlu && kBlockM == 128 && kGatherChunk > 0 && kBlockN <= 160;
+  // kWideProducers: 128-row tiles up to block N 160 with register-loaded scales (chunks of 1 or 2)
+  // hold at most 80 accumulators a set, so the math warpgroups give 8 registers to the scale warps'
+  // second chunk in flight (common/scale_gather.cuh), which spilled at 40.
+  constexpr bool kWideProducers = !kSwiGlu && kBlockM == 128 && kGatherChunk > 0 && kGatherChunk <= 2 && kBlockN <= 160;
   constexpr uint32_t kProducerRegisters =
       kSwiGlu ? (kNumMathWG == 1 ? 72 : 56) : kNumMathWG == 1 ? 48 : kWideProducers ? 56 : 40;
   constexpr uint32_t kMathRegisters = kNumMathWG == 1 ? 240 : kSwiGlu || kWideProducers ? 224 : 232;
