@@ -89,7 +89,8 @@ inline void check_nk(const char* fn, int n, int k) {
 // 4 (rows off 16 bytes); 128-row tiles in chunks of 2 split A's rows over two scale warps. The launch
 // takes the copies where the scales' strides or bases are off the chunk.
 // Unset, 128 x 128 tiles take chunks of 2: on an H100 at 32 experts x 256 tokens 0.93x the copies' time
-// (4096 x 7168) and 0.96x (7168 x 2048); 64 x 128 tiles keep the copies (1.10x and 0.99x at 64 tokens).
+// (4096 x 7168) and 0.96x (7168 x 2048); 64 x 128 tiles keep the copies (1.10x and 0.99x at 64 tokens,
+// timed before the scale warps kept a second chunk in flight, session 51).
 inline int gather_chunk_for(const Config& c) {
   const int setting = gather_chunk_setting(c.fn);
   const bool whole_chunks = (c.k / kBlockK) % 4 == 0;

@@ -146,10 +146,11 @@ inline bool fit_sfa_slots(Tiles& t, int k, unsigned scale_load, int slots_count,
 // one K block; chunks of 4 spilled there even split, at K = 2048 (128 x 112 pairs, 128 x 192, 128 x 160
 // ping-pong). 256-row tiles keep the copies.
 // Unset, dense 128 x 192 tiles in clusters sharing A over at least 64 K blocks take chunks of 2: on an
-// H100 0.92x the copies' time at 384 x 7168 x 16384 and 0.97x at 1024 rows (session 50). A warp waits for
-// its loads before it stores, so elsewhere the loads' latency showed: 1.14-1.18x at 384 x 4096 x 7168
-// (128 x 96) and 256 x 7168 x 16384 (128 x 112 pairs sharing B), 1.07-1.14x on 128 x 40 and 128 x 72,
-// 1.19-1.36x with one K block a load on 64-row tiles; level at K <= 2048 on 128 x 192.
+// H100 0.92x the copies' time at 384 x 7168 x 16384 and 0.97x at 1024 rows (session 50). Then a warp
+// waited for its loads before it stored, so elsewhere the loads' latency showed: 1.14-1.18x at 384 x 4096
+// x 7168 (128 x 96) and 256 x 7168 x 16384 (128 x 112 pairs sharing B), 1.07-1.14x on 128 x 40 and 128 x
+// 72, 1.19-1.36x with one K block a load on 64-row tiles; level at K <= 2048 on 128 x 192. Those plans
+// now keep a second chunk in flight (session 51), not yet timed.
 // MOE_FP8_GATHER_CHUNK=0 keeps the copies everywhere, =1|2|4 loads up to that many wherever it can.
 inline int gather_chunk_for(const Config& c, unsigned layout) {
   const int setting = gather_chunk_setting(c.fn);

@@ -11,9 +11,8 @@
 //   of kChunk): a lane loads kChunk K blocks of each of its rows into registers with one (vector)
 //   load per row, then stores a K block's 32 rows per warp with one coalesced 4-byte store (one
 //   wavefront) and arrives. With kPrefetch two chunks are in flight: the next one's loads go out
-//   before the warp stores the current one. 128-row tiles in chunks of 2 or
-//   4 split the rows over a pair of warps (scale_gather_row_warps), each arriving per lane: the full
-//   barrier counts 32 per warp.
+//   before the warp stores the current one. 128-row tiles in chunks of 2 or 4 split the rows over a
+//   pair of warps (scale_gather_row_warps), each arriving per lane: the full barrier counts 32 per warp.
 
 #include <moe_kernels/common/fp8_gemm_layout.h>
 #include <moe_kernels/common/pipeline.cuh>
