@@ -166,7 +166,10 @@ inline int gather_chunk_for(const Config& c, unsigned layout) {
 }
 
 // The chunk, and the scale warps that may then take turns (fp8_gemm_layout.h's scale_gather_warps).
+// Starts from the copies' count, so the fallback from K-major boxes to gathers, whose inner plan has
+// already set a chunk for its own layout, decides once for the real one.
 inline void set_gather_chunk(Config& c, unsigned layout) {
+  if (c.scale_warps > 0) c.scale_warps = copy_scale_warps(c.num_stages);
   c.gather_chunk = gather_chunk_for(c, layout);
   if (c.scale_warps > 0) {
     c.scale_warps = static_cast<int>(moe_kernels::scale_gather_warps(
