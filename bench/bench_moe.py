@@ -13,7 +13,9 @@ weights and include the router.
 * staged: ``MegaMoELayer(weights="fp8", backend="staged")``: FP8 quantization, local permutation
   into the contiguous layout, two ``m_grouped_fp8_gemm_nt_contiguous``, SwiGLU x weight, FP8
   requantization, combine; ``--weights fp4``: the same with E2M1 weights (UE8M0 per 1x32) and
-  ``m_grouped_fp8_fp4_gemm_nt_contiguous``. Batches where no expert gets more than 32 rows take the
+  ``m_grouped_fp8_fp4_gemm_nt_contiguous``; ``--weights bf16``: the same bf16 weights as the torch
+  side through ``m_grouped_bf16_gemm_nt_contiguous`` (the reference all-gather exchange, one host
+  sync per forward; no masked layout, no graph). Batches where no expert gets more than 32 rows take the
   masked layout and the ``m_grouped_*_masked`` GEMMs (FP4: weights in the decode layout); up to 512
   tokens the table also times the same layer forced onto the contiguous layout, in the same run.
   Up to 32 tokens the one-rank forward never syncs with the host: the table also times the same
@@ -108,7 +110,9 @@ def main() -> int:
                         help="256: the whole layer (EP=1); 32: one EP=8 rank's shard")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--no-check", action="store_true", help="skip the reference-backend accuracy columns")
-    parser.add_argument("--weights", choices=["fp8", "fp4"], default="fp8", help="the staged layer's expert weights")
+    parser.add_argument("--weights", choices=["fp8", "fp4", "bf16"], default="fp8",
+                        help="the staged layer's expert weights (bf16: the reference exchange around the bf16 "
+                             "grouped GEMMs, no masked layout or graph columns)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
                         help="also time the staged forward with these environment switches set")
     args = parser.parse_args()
@@ -147,7 +151,7 @@ def main() -> int:
                 diffs = (f"{calc_diff(staged_out, expected):.1e}", f"{calc_diff(torch_out, expected):.1e}")
             staged_us = per_call_us(lambda: layer(x), args.iters)
             contiguous_us = None
-            if num_tokens <= kCompareLayoutsUpTo:
+            if num_tokens <= kCompareLayoutsUpTo and args.weights != "bf16":
                 dispatch_combine = layer._backend(device)[0]
                 dispatch_combine.masked_max_rows = 0
                 try:
@@ -161,7 +165,7 @@ def main() -> int:
                 finally:
                     dispatch_combine.masked_max_rows = staged.kMaskedMaxRows
             graph_us = None
-            if num_tokens <= staged.kMaskedMaxRows:
+            if num_tokens <= staged.kMaskedMaxRows and args.weights != "bf16":
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     graph_out = layer(x)

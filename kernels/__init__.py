@@ -20,6 +20,7 @@ from .grouped import (
     m_grouped_fp8_gemm_nt_masked,
     set_mk_alignment_for_contiguous_layout,
 )
+from .grouped_bf16 import m_grouped_bf16_gemm_nt_contiguous, m_grouped_bf16_gemm_nt_masked
 from .grouped_swiglu import m_grouped_fp8_gemm_nt_swiglu_contiguous, m_grouped_fp8_gemm_nt_swiglu_masked
 from .jit import get_num_sms, set_num_sms
 from .layout import get_mn_major_tma_aligned_tensor, get_tma_aligned_size, transform_sf_into_required_layout
@@ -34,12 +35,19 @@ from .quant import (
     transform_sf_for_fp4_gemm,
 )
 
+# DeepGEMM's other names of the same functions, which callers written for it import (SGLang's
+# masked MoE path, for one).
+fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
+bf16_m_grouped_gemm_nt_masked = m_grouped_bf16_gemm_nt_masked
+get_m_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
+
 __all__ = [
     "EpLayout",
     "ExchangeBarrier",
     "ExchangePeers",
     "PreparedExchange",
     "bf16_gemm_nt",
+    "bf16_m_grouped_gemm_nt_masked",
     "cast_back_from_fp4",
     "cast_fp4_to_fp8_blocks",
     "ceil_to_ue8m0",
@@ -54,11 +62,15 @@ __all__ = [
     "exchange_dispatch",
     "exchange_sizes",
     "fp8_gemm_nt",
+    "fp8_m_grouped_gemm_nt_masked",
+    "get_m_alignment_for_contiguous_layout",
     "get_mk_alignment_for_contiguous_layout",
     "get_mn_major_tma_aligned_tensor",
     "get_num_sms",
     "get_tma_aligned_size",
     "jit",
+    "m_grouped_bf16_gemm_nt_contiguous",
+    "m_grouped_bf16_gemm_nt_masked",
     "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous",

@@ -244,6 +244,25 @@ def _grouped_swiglu(family: str, gemm_type: int) -> Callable[[ModelShapes, str, 
     return sources
 
 
+def _grouped_bf16(family: str, gemm_type: int) -> Callable[[ModelShapes, str, int], list[KernelSource]]:
+    """Sources of an m-grouped BF16 family (bf16 expert weights): every expert (N, K) and local expert
+    count at every M bucket (contiguous) or expected rows per group (masked)."""
+
+    def sources(model: ModelShapes, arch: str, num_sms: int) -> list[KernelSource]:
+        out = []
+        contiguous = gemm_type == _CONTIGUOUS
+        for n, k in model.expert_nk:
+            for groups in model.local_experts:
+                for m in _gemm_ms(model.max_m) if contiguous else _DECODE_EXPECTED_M:
+                    name, code = _native().bf16_gemm_nt_code(m, n, k, num_sms, gemm_type=gemm_type,
+                                                             num_groups=groups)
+                    rows = f"m<={m}" if contiguous else f"expected_m={m}"
+                    out.append(KernelSource(family, f"n={n} k={k} G={groups} {rows}", name, code))
+        return out
+
+    return sources
+
+
 FAMILIES: dict[str, Callable[[ModelShapes, str, int], list[KernelSource]]] = {
     "per_token_cast_to_fp8": _quant_per_token,
     "per_block_cast_to_fp8": _quant_per_block,
@@ -255,6 +274,8 @@ FAMILIES: dict[str, Callable[[ModelShapes, str, int], list[KernelSource]]] = {
     "m_grouped_fp8_fp4_gemm_nt_masked": _grouped("m_grouped_fp8_fp4_gemm_nt_masked", _MASKED, True),
     "m_grouped_fp8_gemm_nt_swiglu_contiguous": _grouped_swiglu("m_grouped_fp8_gemm_nt_swiglu_contiguous", _CONTIGUOUS),
     "m_grouped_fp8_gemm_nt_swiglu_masked": _grouped_swiglu("m_grouped_fp8_gemm_nt_swiglu_masked", _MASKED),
+    "m_grouped_bf16_gemm_nt_contiguous": _grouped_bf16("m_grouped_bf16_gemm_nt_contiguous", _CONTIGUOUS),
+    "m_grouped_bf16_gemm_nt_masked": _grouped_bf16("m_grouped_bf16_gemm_nt_masked", _MASKED),
 }
 
 

@@ -297,6 +297,28 @@ inline void bf16_gemm_nt(std::uint64_t a, long long lda, std::uint64_t b, long l
   L::launch(config, L::Args{a, b, d, c, lda, ldb, ldd, ldc, m, device, stream});
 }
 
+// M-grouped BF16 GEMMs: B [G, N, K] with groups stacked (ldb between rows, N rows per group); contiguous
+// A [M, K] and D [M, N] with m_indices int32 [M]; masked A [G, max_m, K] and D [G, max_m, N] stacked
+// (lda / ldd between rows, max_m rows per group) with masked_m int32 [G].
+inline void m_grouped_bf16_gemm_nt_contiguous(std::uint64_t a, long long lda, std::uint64_t b, long long ldb,
+                                              std::uint64_t d, long long ldd, std::uint64_t m_indices, int m, int n,
+                                              int k, int num_groups, int device, std::uint64_t stream) {
+  namespace L = moe_launchers::sm90_bf16_gemm;
+  const auto config = L::get_config(m, n, k, moe_jit::get_num_sms(device), false, L::Residual::kNone,
+                                    L::GemmType::kGroupedContiguous, num_groups);
+  L::launch(config, L::Args{a, b, d, 0, lda, ldb, ldd, 0, m, device, stream, m_indices, num_groups});
+}
+
+inline void m_grouped_bf16_gemm_nt_masked(std::uint64_t a, long long lda, std::uint64_t b, long long ldb,
+                                          std::uint64_t d, long long ldd, std::uint64_t masked_m, int max_m,
+                                          int expected_m, int n, int k, int num_groups, int device,
+                                          std::uint64_t stream) {
+  namespace L = moe_launchers::sm90_bf16_gemm;
+  const auto config = L::get_config(std::min(expected_m, max_m), n, k, moe_jit::get_num_sms(device), false,
+                                    L::Residual::kNone, L::GemmType::kGroupedMasked, num_groups);
+  L::launch(config, L::Args{a, b, d, 0, lda, ldb, ldd, 0, max_m, device, stream, masked_m, num_groups});
+}
+
 inline void register_apis(pybind11::module_& m) {
   namespace L = moe_launchers::sm90_fp8_gemm;
   m.def("fp8_gemm_nt", &fp8_gemm_nt, pybind11::call_guard<pybind11::gil_scoped_release>(),
@@ -312,14 +334,40 @@ inline void register_apis(pybind11::module_& m) {
         "D[M,N] (bf16) = A @ B^T (+ C) for bf16 A [M,K], B [N,K]; raw pointers and strides in elements");
   m.def(
       "bf16_gemm_nt_code",
-      [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype) {
+      [](int m_, int n, int k, int num_sms, bool compile_m, int c_dtype, int gemm_type, int num_groups) {
         namespace B = moe_launchers::sm90_bf16_gemm;
-        const auto g = B::generate(B::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype)));
+        const auto g = B::generate(B::get_config(m_, n, k, num_sms, compile_m, detail::residual_type(c_dtype),
+                                                 detail::gemm_type(gemm_type), num_groups));
         return pybind11::make_tuple(g.name, g.code);
       },
-      "(name, code) of the BF16 kernel a shape gets (no GPU needed)", pybind11::arg("m"), pybind11::arg("n"),
-      pybind11::arg("k"), pybind11::arg("num_sms"), pybind11::arg("compile_m") = false,
-      pybind11::arg("c_dtype") = -1);
+      "(name, code) of the BF16 kernel a shape gets (no GPU needed); gemm_type 1 contiguous, 2 masked (m the "
+      "expected rows per group)",
+      pybind11::arg("m"), pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"),
+      pybind11::arg("compile_m") = false, pybind11::arg("c_dtype") = -1, pybind11::arg("gemm_type") = 0,
+      pybind11::arg("num_groups") = 1);
+  m.def(
+      "bf16_gemm_nt_config",
+      [](int m_, int n, int k, int num_sms, int gemm_type, int num_groups) {
+        namespace B = moe_launchers::sm90_bf16_gemm;
+        const auto c = B::get_config(m_, n, k, num_sms, false, B::Residual::kNone, detail::gemm_type(gemm_type),
+                                     num_groups);
+        pybind11::dict out;
+        out["block_m"] = c.tiles.block_m;
+        out["block_n"] = c.tiles.block_n;
+        out["num_stages"] = c.tiles.num_stages;
+        out["smem_bytes"] = c.tiles.smem_bytes;
+        out["swizzle_d"] = c.tiles.swizzle_d;
+        return out;
+      },
+      "the BF16 heuristic's tiles for a shape (no GPU needed); gemm_type as bf16_gemm_nt_code's",
+      pybind11::arg("m"), pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"),
+      pybind11::arg("gemm_type") = 0, pybind11::arg("num_groups") = 1);
+  m.def("m_grouped_bf16_gemm_nt_contiguous", &m_grouped_bf16_gemm_nt_contiguous,
+        pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "grouped D = A @ B[g]^T (bf16) over contiguous row blocks (m_indices); raw pointers, strides in elements");
+  m.def("m_grouped_bf16_gemm_nt_masked", &m_grouped_bf16_gemm_nt_masked,
+        pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "grouped D[g] = A[g] @ B[g]^T (bf16) over the first masked_m[g] rows; raw pointers, strides in elements");
   m.def("m_grouped_fp8_gemm_nt_contiguous", &m_grouped_fp8_gemm_nt_contiguous,
         pybind11::call_guard<pybind11::gil_scoped_release>(),
         "grouped D = A @ B[g]^T over contiguous row blocks (m_indices); raw pointers, strides in elements; "

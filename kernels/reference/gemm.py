@@ -75,6 +75,22 @@ def _grouped_masked(a: tuple[torch.Tensor, torch.Tensor], rhs: torch.Tensor, mas
             d[g, :count] = (lhs @ rhs[g].t()).to(d.dtype)
 
 
+def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, m_indices: torch.Tensor,
+                                      d: torch.Tensor) -> None:
+    """bf16 A [M, K] rows grouped by ``m_indices`` [M] (-1 or an id outside [0, G): left untouched in
+    ``d``): ``d[r] = A[r] @ B[g]^T`` in float32 with ``g = m_indices[r]``, B [G, N, K] bf16."""
+    _grouped_contiguous(a.float(), b.float(), m_indices, d)
+
+
+def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, masked_m: torch.Tensor, d: torch.Tensor) -> None:
+    """``d[g, :masked_m[g]] = A[g, :masked_m[g]] @ B[g]^T`` in float32 for bf16 A [G, max_m, K] and
+    B [G, N, K]; other rows of ``d`` [G, max_m, N] are left untouched."""
+    for g, count in enumerate(masked_m.tolist()):
+        count = max(0, min(int(count), d.shape[1]))
+        if count:
+            d[g, :count] = (a[g, :count].float() @ b[g].float().t()).to(d.dtype)
+
+
 def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
                                      m_indices: torch.Tensor, d: torch.Tensor) -> None:
     """Rows of A grouped by ``m_indices`` [M] (-1 or an id outside [0, G): left untouched in ``d``):

@@ -29,7 +29,7 @@ import torch
 import kernels
 from moe_runtime.backends.base import CombineHandle, DispatchCombine, DispatchResult, Experts, LocalExperts, MoEProblem
 from moe_runtime.backends.staged import StagedDispatchResult, StagedExperts, kActGroup
-from moe_runtime.backends.staged import is_supported as staged_is_supported
+from moe_runtime.backends.staged import fp8_is_supported as staged_is_supported
 from moe_runtime.dist import group_rank, group_size
 from moe_runtime.symm import SymmBuffer, SymmLayout, ViewSpec, compute_layout
 

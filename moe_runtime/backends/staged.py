@@ -44,6 +44,9 @@ a valid row, and no padding row is combined.
 
 CPU tensors run the kernels' pure-torch references, so the whole pipeline runs (and is tested)
 without a GPU.
+
+bf16 expert weights take another pair: the reference exchange around two bf16 grouped GEMMs
+(:mod:`moe_runtime.backends.grouped_bf16`); the steps above are those of FP8 and FP4 weights.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ import torch
 import kernels
 from moe_runtime.backends.base import (CombineHandle, DispatchCombine, DispatchResult, Experts, LocalExperts,
                                        MoEProblem)
+from moe_runtime.backends.grouped_bf16 import GroupedBf16Experts
+from moe_runtime.backends.reference import ReferenceDispatchCombine
 from kernels.exchange import ExchangeIndex, ExchangePeers
 from kernels.reference.exchange import LayoutSizes
 from moe_runtime.weight_layout import transform_weights_for_mega_moe
@@ -73,19 +78,8 @@ def contiguous_alignment() -> int:
     return kernels.get_mk_alignment_for_contiguous_layout()
 
 
-def is_supported(problem: MoEProblem) -> tuple[bool, str]:
-    """``(True, how)`` when the staged backend can run ``problem``, else ``(False, why)``."""
-    if problem.weights not in ("fp8", "fp4"):
-        return False, (f"the staged backend runs FP8 or FP4 expert weights, got weights={problem.weights!r} "
-                       "(bf16 needs bf16 grouped GEMMs)")
-    if not problem.use_fp8_dispatch:
-        return False, "the staged backend dispatches FP8 activations (use_fp8_dispatch=True)"
-    if problem.dtype != torch.bfloat16:
-        return False, (f"the grouped GEMMs write bfloat16 expert outputs, and the numerics contract rounds them "
-                       f"to the layer dtype; got dtype={problem.dtype}")
-    for value, name in ((problem.hidden, "hidden"), (problem.intermediate, "intermediate")):
-        if value % kActGroup:
-            return False, f"{name}={value} must be a multiple of {kActGroup} (the FP8 GEMMs' K block)"
+def _device_supported(problem: MoEProblem) -> tuple[bool, str]:
+    """Whether the problem's device runs the grouped GEMM kernels (or their CPU references)."""
     device = torch.device(problem.device)
     if device.type not in ("cpu", "cuda"):
         return False, f"device {device} is neither CPU nor CUDA"
@@ -95,6 +89,38 @@ def is_supported(problem: MoEProblem) -> tuple[bool, str]:
         major, minor = torch.cuda.get_device_capability(device)
         if major != 9:
             return False, f"the grouped GEMM kernels target SM90 (Hopper); this GPU is sm_{major}{minor}"
+    return True, ""
+
+
+def is_supported(problem: MoEProblem) -> tuple[bool, str]:
+    """``(True, how)`` when the staged backend can run ``problem``, else ``(False, why)``. bf16 weights
+    run :mod:`moe_runtime.backends.grouped_bf16` (the reference exchange around bf16 grouped GEMMs)."""
+    if problem.weights == "bf16":
+        for ok, reason in (GroupedBf16Experts.is_supported(problem), _device_supported(problem)):
+            if not ok:
+                return False, reason
+        return GroupedBf16Experts.is_supported(problem)
+    return fp8_is_supported(problem)
+
+
+def fp8_is_supported(problem: MoEProblem) -> tuple[bool, str]:
+    """:func:`is_supported` of the FP8 / FP4 weights' pair (:class:`StagedDispatchCombine`,
+    :class:`StagedExperts`)."""
+    if problem.weights not in ("fp8", "fp4"):
+        return False, f"the staged exchange and experts run FP8 or FP4 expert weights, got weights={problem.weights!r}"
+    if not problem.use_fp8_dispatch:
+        return False, "the staged backend dispatches FP8 activations (use_fp8_dispatch=True)"
+    if problem.dtype != torch.bfloat16:
+        return False, (f"the grouped GEMMs write bfloat16 expert outputs, and the numerics contract rounds them "
+                       f"to the layer dtype; got dtype={problem.dtype}")
+    for value, name in ((problem.hidden, "hidden"), (problem.intermediate, "intermediate")):
+        if value % kActGroup:
+            return False, f"{name}={value} must be a multiple of {kActGroup} (the FP8 GEMMs' K block)"
+    ok, reason = _device_supported(problem)
+    if not ok:
+        return False, reason
+    device = torch.device(problem.device)
+    if device.type == "cuda":
         if problem.num_experts > kernels.exchange.kExchangeMaxExperts:
             return False, (f"the CUDA exchange kernels lay out at most {kernels.exchange.kExchangeMaxExperts} experts, "
                            f"got {problem.num_experts}")
@@ -369,7 +395,7 @@ class StagedDispatchCombine(DispatchCombine):
 
     @classmethod
     def is_supported(cls, problem: MoEProblem) -> tuple[bool, str]:
-        return is_supported(problem)
+        return fp8_is_supported(problem)
 
     def _check(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> None:
         num_tokens, k = x.shape[0], self.problem.top_k
@@ -499,7 +525,7 @@ class StagedExperts(Experts):
 
     @classmethod
     def is_supported(cls, problem: MoEProblem) -> tuple[bool, str]:
-        return is_supported(problem)
+        return fp8_is_supported(problem)
 
     def apply(self, dispatched: DispatchResult) -> torch.Tensor:
         if not isinstance(dispatched, StagedDispatchResult) or (dispatched.m_indices is None
@@ -579,4 +605,6 @@ def create(problem: MoEProblem, experts: LocalExperts, group) -> tuple[DispatchC
     ok, reason = is_supported(problem)
     if not ok:
         raise NotImplementedError(f"backend='staged' cannot run this layer: {reason}")
+    if problem.weights == "bf16":
+        return ReferenceDispatchCombine(group, False), GroupedBf16Experts(experts, problem.dtype)
     return StagedDispatchCombine(problem, group, experts.first_expert), StagedExperts(experts)

@@ -102,6 +102,8 @@ def worker_main() -> None:
     parser.add_argument("--preset", choices=["small", "deepseek-v3"], default="small")
     parser.add_argument("--symm-backend", choices=["host", "torch", "nvshmem"], default=None)
     parser.add_argument("--backend", choices=["staged", "low_latency"], default="staged")
+    parser.add_argument("--weights", choices=["fp8", "bf16"], default="fp8",
+                        help="bf16: the staged backend's bf16 pair (the reference exchange, bf16 grouped GEMMs)")
     args = parser.parse_args()
     if args.symm_backend:
         os.environ["MOE_SYMM_BACKEND"] = args.symm_backend
@@ -124,9 +126,9 @@ def worker_main() -> None:
     for case, (router, skew) in enumerate(cases):
         ep, single = layer_pair(router, case, ctx.device, hidden, inter, num_experts, skew=skew,
                                  ep_group=ctx.ep_group, reference_group=alone, capacity=capacity,
-                                 shared_inter=shared_inter, backend=args.backend)
+                                 shared_inter=shared_inter, backend=args.backend, weights=args.weights)
         _worker_check(ep.backend_name == args.backend and ep.num_local_experts == num_experts // world, "placement")
-        if args.backend == "staged" and case == 0:
+        if args.backend == "staged" and args.weights != "bf16" and case == 0:
             _check_every_rank_raises_on_one_ranks_invalid_id(ep, ctx, hidden, num_experts)
             if args.preset == "small":
                 _check_every_rank_raises_on_an_oversized_layout(ctx, hidden)
@@ -147,8 +149,8 @@ def worker_main() -> None:
             torch.cuda.empty_cache()
     dist.barrier()
     backend = os.environ.get("MOE_SYMM_BACKEND", "default")
-    rank_print(f"staged worker ok: {world} ranks, {ctx.device.type}, {args.preset}, {backend} SymmBuffer",
-               only_rank=0)
+    rank_print(f"staged worker ok: {world} ranks, {ctx.device.type}, {args.preset}, {args.weights} weights, "
+               f"{backend} SymmBuffer", only_rank=0)
     exit_worker(ctx)
 
 

@@ -159,8 +159,9 @@ def test_backend_selection():
     assert MegaMoELayer(H, I, E, 2, backend="auto").backend_name == "reference"
     with pytest.raises(NotImplementedError, match="fused Mega MoE kernel is not implemented yet"):
         MegaMoELayer(H, I, E, 2, backend="fused")
-    with pytest.raises(NotImplementedError, match="bf16 grouped GEMMs"):
-        MegaMoELayer(H, I, E, 2, backend="staged", weights="bf16")
+    assert MegaMoELayer(H, I, E, 2, backend="staged", weights="bf16").backend_name == "staged"
+    with pytest.raises(NotImplementedError, match="bf16 grouped GEMMs read and write bfloat16"):
+        MegaMoELayer(H, I, E, 2, backend="staged", weights="bf16", dtype=torch.float32)
     with pytest.raises(ValueError, match="backend must be one of"):
         MegaMoELayer(H, I, E, 2, backend="triton")
 

@@ -264,7 +264,8 @@ def test_dispatch_rejects_bad_input(seed):
 
 @pytest.mark.parametrize("router,skew,weights", [("mixtral", False, "fp8"), ("deepseek", False, "fp8"),
                                                   ("deepseek", True, "fp8"), ("mixtral", False, "fp4"),
-                                                  ("deepseek", True, "fp4")])
+                                                  ("deepseek", True, "fp4"), ("mixtral", False, "bf16"),
+                                                  ("deepseek", True, "bf16")])
 def test_layer_staged_matches_reference(seed, router, skew, weights):
     staged_layer, reference_layer = layer_pair(router, seed, "cpu", skew=skew, weights=weights)
     assert staged_layer.backend_name == "staged" and reference_layer.backend_name == "reference"
@@ -313,7 +314,9 @@ def test_fused_swiglu_equals_the_staged_pair(seed, monkeypatch, device, num_toke
 
 
 @pytest.mark.parametrize("overrides,match", [
-    (dict(weights="bf16"), "FP8 or FP4 expert weights, got weights='bf16'"),
+    (dict(weights="int4"), "FP8 or FP4 expert weights, got weights='int4'"),
+    (dict(weights="bf16", dtype=torch.float32), "read and write bfloat16, got dtype=torch.float32"),
+    (dict(weights="bf16", hidden=160), "must be multiples of 64"),
     (dict(dtype=torch.float16), "dtype=torch.float16"),
     (dict(hidden=192), "hidden=192 must be a multiple of 128"),
     (dict(inter=64), "intermediate=64 must be a multiple of 128"),
@@ -330,8 +333,11 @@ def test_backend_selection(monkeypatch):
     assert MegaMoELayer(H, I, E, 2, backend="auto").backend_name == "reference"  # "auto" picks staged on CUDA only
     assert MegaMoELayer(H, I, E, 2, backend="staged").backend_name == "staged"
     assert MegaMoELayer(H, I, E, 2, backend="staged", weights="fp4").backend_name == "staged"
-    with pytest.raises(NotImplementedError, match="backend='staged' cannot run this layer: .*weights='bf16'"):
-        MegaMoELayer(H, I, E, 2, backend="staged", weights="bf16")
+    assert MegaMoELayer(H, I, E, 2, backend="staged", weights="bf16").backend_name == "staged"
+    with pytest.raises(NotImplementedError, match="backend='staged' cannot run this layer: .*bfloat16"):
+        MegaMoELayer(H, I, E, 2, backend="staged", weights="bf16", dtype=torch.float32)
+    with pytest.raises(NotImplementedError, match="backend='low_latency' cannot run this layer: .*FP8 or FP4"):
+        MegaMoELayer(H, I, E, 2, backend="low_latency", weights="bf16")
     with pytest.raises(NotImplementedError, match="backend='low_latency' cannot run this layer: .*CUDA only"):
         MegaMoELayer(H, I, E, 2, backend="low_latency")
     assert not low_latency.is_supported(_problem("cpu"))[0]
@@ -360,8 +366,9 @@ def _torchrun(nproc: int, device: str, *extra: str, timeout: int = 300) -> str:
 
 
 @pytest.mark.multirank
-def test_staged_expert_parallel_on_cpu_under_torchrun():
-    _torchrun(2, "cpu")
+@pytest.mark.parametrize("weights", ["fp8", "bf16"])
+def test_staged_expert_parallel_on_cpu_under_torchrun(weights):
+    _torchrun(2, "cpu", "--weights", weights)
 
 
 # ---- GPU -----------------------------------------------------------------------------------------------
@@ -373,7 +380,8 @@ _kNeedsCuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CU
 @_kNeedsCuda
 @pytest.mark.parametrize("router,skew,weights", [("mixtral", False, "fp8"), ("deepseek", False, "fp8"),
                                                   ("deepseek", True, "fp8"), ("mixtral", False, "fp4"),
-                                                  ("deepseek", True, "fp4")])
+                                                  ("deepseek", True, "fp4"), ("mixtral", False, "bf16"),
+                                                  ("deepseek", True, "bf16")])
 def test_gpu_layer_staged_matches_reference(seed, router, skew, weights):
     hidden, inter, num_experts = 1024, 512, 16
     staged_layer, reference_layer = layer_pair(router, seed, "cuda", hidden, inter, num_experts, skew=skew,
@@ -422,9 +430,9 @@ def test_gpu_decode_forward_in_a_cuda_graph(seed, router, weights):
 @pytest.mark.gpu
 @pytest.mark.multirank
 @_kNeedsCuda
-@pytest.mark.parametrize("nproc", [2, 4])
-def test_gpu_staged_expert_parallel_ranks_sharing_a_gpu(nproc):
-    _torchrun(nproc, "cuda")
+@pytest.mark.parametrize("nproc,weights", [(2, "fp8"), (4, "fp8"), (2, "bf16")])
+def test_gpu_staged_expert_parallel_ranks_sharing_a_gpu(nproc, weights):
+    _torchrun(nproc, "cuda", "--weights", weights)
 
 
 @pytest.mark.gpu
@@ -479,4 +487,4 @@ def test_gpu_staged_deepseek_v3_one_rank_per_gpu(backend):
     if backend == "nvshmem" and importlib.util.find_spec("nvshmem") is None:
         pytest.skip("nvshmem4py-cu13 is not installed")
     out = _torchrun(num_gpus, "cuda", "--preset", "deepseek-v3", "--symm-backend", backend, timeout=600)
-    assert f"deepseek-v3, {backend} SymmBuffer" in out
+    assert f"deepseek-v3, fp8 weights, {backend} SymmBuffer" in out

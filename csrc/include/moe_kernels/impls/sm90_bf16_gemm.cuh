@@ -1,5 +1,9 @@
 #pragma once
-// Dense BF16 GEMM for SM90, D[M, N] (bf16) = A[M, K] @ B[N, K]^T (+ C), FP32 accumulation.
+// BF16 GEMMs for SM90, FP32 accumulation: dense D[M, N] (bf16) = A[M, K] @ B[N, K]^T (+ C), and the
+// m-grouped forms of the MoE experts (common/scheduler.cuh's GEMM types) on B [G, N, K] stacked as
+// [G x N, K]: contiguous (A [M, K], each row block's group from grouped_layout = m_indices, padding
+// blocks skipped) and masked (A [G x max_m, K], grouped_layout = masked_m; D stored through a 3-D map
+// so rows from a group's count, rounded up to kMaskedStoreRows, stay untouched).
 //
 // Roles (one CTA per SM, persistent over tiles):
 //   warpgroups [0, kNumMathWG): math — 4 x wgmma 64xBNx16 per 64-deep K block, accumulating in
@@ -30,11 +34,14 @@ struct Bf16GemmSmem {
   static_assert(kD % 1024 == 0 && kA % 1024 == 0 && kB % 1024 == 0, "stage buffers must stay 1024-byte aligned");
 };
 
+// shape_m: M (kNormal, kGroupedContiguous) or max_m (kGroupedMasked); grouped_layout and num_groups as
+// TileScheduler takes them (unused by kNormal).
 template <uint32_t kShapeM, uint32_t kShapeN, uint32_t kShapeK, uint32_t kBlockM, uint32_t kBlockN,
-          uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes>
+          uint32_t kNumStages, uint32_t kGroupN, int kResidual, uint32_t kSwizzleDBytes, int kGemmType = 0>
 __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
-    sm90_bf16_gemm_nt(uint32_t shape_m, const void* c, uint32_t ldc, const __grid_constant__ TmaDescriptor map_a,
-                      const __grid_constant__ TmaDescriptor map_b, const __grid_constant__ TmaDescriptor map_d) {
+    sm90_bf16_gemm_nt(uint32_t shape_m, const void* c, uint32_t ldc, const int* grouped_layout, uint32_t num_groups,
+                      const __grid_constant__ TmaDescriptor map_a, const __grid_constant__ TmaDescriptor map_b,
+                      const __grid_constant__ TmaDescriptor map_d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Smem = Bf16GemmSmem<kBlockM, kBlockN, kNumStages>;
   using Wgmma = sm90::Bf16Wgmma<kBlockN>;
@@ -53,6 +60,10 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   static_assert(kBlockM == 64 || kBlockM == 128, "block M is 64 or 128");
   static_assert(kBlockN % 8 == 0 && kBlockN <= 256, "block N is a multiple of 8 up to 256");
   constexpr auto kResidualType = static_cast<ResidualType>(kResidual);
+  constexpr auto kType = static_cast<GemmType>(kGemmType);
+  constexpr bool kMasked = kType == GemmType::kGroupedMasked;
+  static_assert(kType == GemmType::kNormal || kResidualType == ResidualType::kNone, "grouped GEMMs add no C");
+  static_assert(!kMasked || kBlockM % kMaskedStoreRows == 0, "masked tiles are stored in whole boxes");
 
   const uint32_t m = kShapeM != 0 ? kShapeM : shape_m;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -70,9 +81,12 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
   }
   __syncthreads();
 
-  TileScheduler<GemmType::kNormal, kBlockM, kBlockN, kGroupN> scheduler(m, kShapeN, nullptr, 1);
+  TileScheduler<kType, kBlockM, kBlockN, kGroupN> scheduler(m, kShapeN, grouped_layout, num_groups);
   PipelineState<kNumStages> pipe;
   Tile t;
+  // A's first row of a tile (masked: groups of max_m rows stacked), B's (groups of N rows stacked).
+  const auto a_row0 = [&](const Tile& tile) { return (kMasked ? tile.group * m : 0) + tile.m_block * kBlockM; };
+  const auto b_row0 = [&](const Tile& tile) { return tile.group * kShapeN + tile.n_block * kBlockN; };
 
   if (threadIdx.x >= kNumMathThreads) {
     sm90::setmaxnreg_dec<kProducerRegisters>();
@@ -82,10 +96,8 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
           ring.producer_acquire(pipe);
           uint64_t* full = ring.full + pipe.stage;
           sm90::mbarrier_arrive_expect_tx(full, Smem::kA + Smem::kB);
-          sm90::tma_load_2d(smem + Smem::kOffsetA + pipe.stage * Smem::kA, &map_a, full, kb * kBlockK,
-                            t.m_block * kBlockM);
-          sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, &map_b, full, kb * kBlockK,
-                            t.n_block * kBlockN);
+          sm90::tma_load_2d(smem + Smem::kOffsetA + pipe.stage * Smem::kA, &map_a, full, kb * kBlockK, a_row0(t));
+          sm90::tma_load_2d(smem + Smem::kOffsetB + pipe.stage * Smem::kB, &map_b, full, kb * kBlockK, b_row0(t));
         }
       }
     }
@@ -116,9 +128,9 @@ __global__ void __launch_bounds__((kBlockM / 64 + 1) * 128, 1)
     Wgmma::template wait<0>(acc);
     if (lane == 0) ring.consumer_release(previous);
 
-    store_tile<kBlockM, kBlockN, kSwizzleDBytes, kResidualType, false, kNumMathThreads>(
-        &map_d, smem_d, acc, tile_row0, lane, c, ldc, t.m_block * kBlockM, t.n_block * kBlockN, m, kShapeN,
-        t.m_block * kBlockM, 0);
+    store_tile<kBlockM, kBlockN, kSwizzleDBytes, kResidualType, kMasked, kNumMathThreads>(
+        &map_d, smem_d, acc, tile_row0, lane, c, ldc, a_row0(t), t.n_block * kBlockN, m, kShapeN,
+        t.m_block * kBlockM, t.group, kMasked ? scheduler.masked_rows(t) : kBlockM);
   }
   if (threadIdx.x < 32) sm90::tma_store_wait_all<0>();  // warp 0 issued the stores (common/epilogue.cuh)
 #endif

@@ -1,0 +1,140 @@
+"""M-grouped BF16 GEMMs for MoE experts with bfloat16 weights, with DeepGEMM's signatures.
+
+``b`` [G, N, K] bfloat16, K-major, groups stacked without gaps; FP32 accumulation, bfloat16 ``d``.
+The layouts of the activations are those of :mod:`kernels.grouped`:
+
+* Contiguous (prefill): ``a`` [M, K], ``m_indices`` int32 [M] gives each row's group; every
+  aligned block of :func:`kernels.get_mk_alignment_for_contiguous_layout` rows belongs to one
+  group or is padding (-1). The GPU reads a block's group from its first row and does not check
+  the rest: a block that mixes groups is computed with the first row's weights. Rows of padding
+  blocks, and of blocks whose id is outside [0, G), are not written; padding rows inside a group's
+  last block are computed from whatever A holds there (the CPU reference writes no -1 row).
+* Masked (decode, CUDA graphs): ``a`` [G, max_m, K], ``masked_m`` int32 [G] on the device (values
+  clamped to [0, max_m]). On the GPU, rows of ``d[g]`` from ``masked_m[g]`` rounded up to a
+  multiple of 8 on are left untouched, and the up to 7 rows between hold unspecified values; the
+  CPU reference writes rows below ``masked_m[g]`` only. ``expected_m`` only steers the heuristic.
+
+CUDA tensors run the SM90 BF16 kernel (``impls/sm90_bf16_gemm.cuh``) on the current stream; CPU
+tensors run :mod:`kernels.reference.gemm`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks, _descriptors, jit
+from .reference import gemm as reference
+
+_BF16 = torch.bfloat16
+
+
+def _check_operand(fn: str, name: str, t: object, dims: int) -> torch.Tensor:
+    """A K-major bfloat16 tensor of ``dims`` dimensions, rows 16-byte aligned, groups (dims 3) stacked."""
+    _checks.check_dense_args(fn, **{name: t})
+    if not isinstance(t, torch.Tensor) or t.dtype != _BF16 or t.dim() != dims:
+        _checks.fail(fn, TypeError, f"{name} must be a {dims}-D bfloat16 tensor, got "
+                                    f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
+    stride = t.stride()
+    # K = 0 has no layout to check (torch gives such a tensor unit strides): the K check names it.
+    if t.shape[-1] and (stride[-1] != 1 or stride[-2] % 8 or stride[-2] < t.shape[-1]):
+        _checks.fail(fn, ValueError, f"{name} must be K-major with a row stride that is a multiple of 8, "
+                                     f"got strides {stride}")
+    if dims == 3 and t.shape[0] > 1 and t.shape[1] > 0 and stride[0] != t.shape[1] * stride[1]:
+        _checks.fail(fn, ValueError, f"{name} must stack its groups without gaps (stride[0] == "
+                                     f"{t.shape[1]} * stride[1]), got strides {stride}")
+    return t
+
+
+def _check_weights(fn: str, b: object, k: int) -> tuple[int, int]:
+    """``b`` [G, N, K]: returns ``(G, N)``."""
+    b = _check_operand(fn, "b", b, 3)
+    g, n, b_k = b.shape
+    if b_k != k:
+        _checks.fail(fn, ValueError, f"b must have shape [G, N, {k}] (K of a), got {list(b.shape)}")
+    if k == 0 or k % 64 or n == 0 or n % 8:
+        _checks.fail(fn, ValueError, f"N must be a positive multiple of 8 and K of 64, got N={n}, K={k}")
+    if g == 0:
+        _checks.fail(fn, ValueError, "b must hold at least one group, got G = 0")
+    return g, n
+
+
+def _check_index(fn: str, name: str, t: object, length: int) -> torch.Tensor:
+    _checks.check_dense_args(fn, **{name: t})
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != length:
+        _checks.fail(fn, ValueError, f"{name} must be an int32 tensor of shape [{length}], got "
+                                     f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
+    if length and t.stride(0) != 1:
+        _checks.fail(fn, ValueError, f"{name} must be contiguous, got stride {t.stride()}")
+    return t
+
+
+def _check_compiled_dims(fn: str, compiled_dims: object) -> None:
+    # Grouped kernels compile N and K; M (rows, or max_m) stays a run-time argument.
+    if not isinstance(compiled_dims, str) or not set(compiled_dims) <= set("mnk"):
+        _checks.fail(fn, ValueError, f"compiled_dims must be a string of 'm', 'n', 'k', got {compiled_dims!r}")
+
+
+def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, m_indices: torch.Tensor,
+                                      compiled_dims: str = "nk", use_psum_layout: bool = False,
+                                      ensure_zero_padding: bool = True,
+                                      expected_m_for_psum_layout: int | None = None) -> None:
+    """``d[r] = A[r] @ B[g]^T`` with ``g = m_indices[r]``, in place.
+
+    ``a`` [M, K] bf16, ``b`` [G, N, K] bf16, ``d`` [M, N] bf16, ``m_indices`` int32 [M]. N a
+    multiple of 8, K of 64. ``compiled_dims`` and ``ensure_zero_padding`` are accepted for DeepGEMM
+    compatibility (its SM90 kernels ignore the latter too: it concerns the psum layout).
+    ``use_psum_layout`` (``grouped_layout`` as per-group row prefix sums) is not implemented.
+    """
+    fn = "m_grouped_bf16_gemm_nt_contiguous"
+    if use_psum_layout is not False or expected_m_for_psum_layout is not None:
+        _checks.fail(fn, NotImplementedError, "the psum layout (grouped_layout as per-group row prefix sums) is "
+                                              "not implemented; pass m_indices (one group id per row, -1 for "
+                                              "padding) with use_psum_layout=False")
+    _checks.check_bool(fn, "ensure_zero_padding", ensure_zero_padding)
+    _check_compiled_dims(fn, compiled_dims)
+    a = _check_operand(fn, "a", a, 2)
+    m, k = a.shape
+    g, n = _check_weights(fn, b, k)
+    _checks.check_output(fn, d, (m, n))
+    m_indices = _check_index(fn, "m_indices", m_indices, m)
+    device = _checks.check_same_device(fn, [a, b, d, m_indices])
+    if device.type == "cpu":
+        reference.m_grouped_bf16_gemm_nt_contiguous(a, b, m_indices, d)
+        return
+    if m == 0:
+        return
+    jit.native_module().m_grouped_bf16_gemm_nt_contiguous(
+        a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(1), d.data_ptr(), d.stride(0), m_indices.data_ptr(),
+        m, n, k, g, device.index, _descriptors.current_stream(device))
+
+
+def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, masked_m: torch.Tensor,
+                                  expected_m: int, compiled_dims: str = "nk") -> None:
+    """``d[g, :masked_m[g]] = A[g, :masked_m[g]] @ B[g]^T`` for every group, in place.
+
+    ``a`` [G, max_m, K] bf16 and ``d`` [G, max_m, N] bf16 with groups stacked without gaps, ``b``
+    [G, N, K] bf16, ``masked_m`` int32 [G] (clamped to [0, max_m] on the GPU), ``expected_m`` a
+    positive int (the heuristic's rows per group). On the GPU, rows of ``d[g]`` from ``masked_m[g]``
+    rounded up to a multiple of 8 on are left untouched; the rows between hold unspecified values.
+    """
+    fn = "m_grouped_bf16_gemm_nt_masked"
+    # The launcher takes it as a 32-bit int.
+    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or not 0 < expected_m < 2 ** 31:
+        _checks.fail(fn, ValueError, f"expected_m must be a positive int below 2^31, got {expected_m!r}")
+    _check_compiled_dims(fn, compiled_dims)
+    a = _check_operand(fn, "a", a, 3)
+    groups, max_m, k = a.shape
+    g, n = _check_weights(fn, b, k)
+    if groups != g:
+        _checks.fail(fn, ValueError, f"a has {groups} groups but b has {g}")
+    _checks.check_output(fn, d, (g, max_m, n))
+    masked_m = _check_index(fn, "masked_m", masked_m, g)
+    device = _checks.check_same_device(fn, [a, b, d, masked_m])
+    if device.type == "cpu":
+        reference.m_grouped_bf16_gemm_nt_masked(a, b, masked_m, d)
+        return
+    if max_m == 0:
+        return
+    jit.native_module().m_grouped_bf16_gemm_nt_masked(
+        a.data_ptr(), a.stride(1), b.data_ptr(), b.stride(1), d.data_ptr(), d.stride(1), masked_m.data_ptr(),
+        max_m, expected_m, n, k, g, device.index, _descriptors.current_stream(device))
