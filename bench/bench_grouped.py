@@ -37,7 +37,7 @@ import torch
 
 import kernels
 from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, copy_ceiling_gbps,
-                             env_call, flush_mode, output_diff, parse_env_variants, per_call_us)
+                             env_call, flush_mode, output_diff, parse_env_variants, per_call_us, positive_ints)
 
 NK = [(4096, 7168), (7168, 2048)]
 # Profiler name counted for a call: every kernel of it ("" matches all). Large contiguous FP8 calls
@@ -300,8 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--weights", default="fp8,fp4", help="comma-separated: fp8, fp4 (default both)")
     parser.add_argument("--masked-only", action="store_true", help="skip the contiguous (prefill) table")
-    parser.add_argument("--groups", default="32,256", help="masked table: comma-separated expert counts")
-    parser.add_argument("--tokens", default="1,4,16,64,256", help="masked table: comma-separated tokens per expert")
+    parser.add_argument("--groups", type=positive_ints, default="32,256",
+                        help="masked table: comma-separated expert counts")
+    parser.add_argument("--tokens", type=positive_ints, default="1,4,16,64,256",
+                        help="masked table: comma-separated tokens per expert")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
                         help="also time the FP8 kernel with these environment switches set (repeatable); its "
                              "output is checked too")
@@ -317,13 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         fp4_variants = parse_env_variants(args.fp4_variant)
     except ValueError as exc:
         parser.error(str(exc))
-    try:
-        masked_groups = [int(g) for g in args.groups.split(",")]
-        masked_tokens = [int(t) for t in args.tokens.split(",")]
-    except ValueError:
-        parser.error(f"--groups and --tokens take comma-separated integers, got {args.groups!r}, {args.tokens!r}")
-    if min(masked_groups + masked_tokens) < 1:
-        parser.error(f"--groups and --tokens take integers >= 1, got {args.groups!r}, {args.tokens!r}")
+    masked_groups, masked_tokens = args.groups, args.tokens
     weights = set(args.weights.split(","))
     if not weights or weights - {"fp8", "fp4"}:
         parser.error(f"--weights: expected fp8 and/or fp4, got {args.weights!r}")

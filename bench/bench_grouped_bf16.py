@@ -23,7 +23,8 @@ from typing import Callable
 import torch
 
 import kernels
-from kernels.testing import bench_kineto_interleaved, calc_diff, copy_ceiling_gbps, flush_mode, per_call_us
+from kernels.testing import (bench_kineto_interleaved, calc_diff, copy_ceiling_gbps, flush_mode, per_call_us,
+                             positive_ints)
 
 NK = [(4096, 7168), (7168, 2048)]
 _ALL_KERNELS = ""  # the profiler counts every kernel of a call (the flush between runs never)
@@ -104,16 +105,11 @@ def measure(problem: Problem) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--masked-only", action="store_true", help="skip the contiguous (prefill) table")
-    parser.add_argument("--groups", default="32,256", help="masked table: comma-separated expert counts")
-    parser.add_argument("--tokens", default="1,4,16,64,256", help="masked table: comma-separated tokens per expert")
+    parser.add_argument("--groups", type=positive_ints, default="32,256",
+                        help="masked table: comma-separated expert counts")
+    parser.add_argument("--tokens", type=positive_ints, default="1,4,16,64,256",
+                        help="masked table: comma-separated tokens per expert")
     args = parser.parse_args(argv)
-    try:
-        groups_list = [int(g) for g in args.groups.split(",")]
-        tokens_list = [int(t) for t in args.tokens.split(",")]
-    except ValueError:
-        parser.error(f"--groups and --tokens take comma-separated integers, got {args.groups!r}, {args.tokens!r}")
-    if min(groups_list + tokens_list) < 1:
-        parser.error(f"--groups and --tokens take integers >= 1, got {args.groups!r}, {args.tokens!r}")
     if not torch.cuda.is_available():
         print("bench_grouped_bf16: needs a CUDA device", file=sys.stderr)
         return 1
@@ -134,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| masked | N x K | tokens | ours µs | ours weights GB/s | ours per call µs | torch.bmm µs "
           "| torch weights GB/s | ours vs torch | diff |")
     print("| --- " * 10 + "|")
-    for groups in groups_list:
+    for groups in args.groups:
         for n, k in NK:
-            for tokens in tokens_list:
+            for tokens in args.tokens:
                 r = measure(make_masked(groups, tokens, n, k))
                 print(f"| {groups} | {n} x {k} | {tokens} | {r['ours_us']:.1f} | {r['weight_gbps']:.0f} "
                       f"| {r['call_us']:.1f} | {r['peer_us']:.1f} | {r['peer_weight_gbps']:.0f} | {r['speedup']:.2f}x "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks, _descriptors, jit
+from .grouped import _check_index
 from .reference import gemm as reference
 
 _BF16 = torch.bfloat16
@@ -58,20 +59,23 @@ def _check_weights(fn: str, b: object, k: int) -> tuple[int, int]:
     return g, n
 
 
-def _check_index(fn: str, name: str, t: object, length: int) -> torch.Tensor:
-    _checks.check_dense_args(fn, **{name: t})
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != length:
-        _checks.fail(fn, ValueError, f"{name} must be an int32 tensor of shape [{length}], got "
-                                     f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', ()))}")
-    if length and t.stride(0) != 1:
-        _checks.fail(fn, ValueError, f"{name} must be contiguous, got stride {t.stride()}")
-    return t
-
-
 def _check_compiled_dims(fn: str, compiled_dims: object) -> None:
     # Grouped kernels compile N and K; M (rows, or max_m) stays a run-time argument.
     if not isinstance(compiled_dims, str) or not set(compiled_dims) <= set("mnk"):
         _checks.fail(fn, ValueError, f"compiled_dims must be a string of 'm', 'n', 'k', got {compiled_dims!r}")
+
+
+def _run(fn: str, tensors: tuple[torch.Tensor, ...], rows: int, sizes: tuple[int, ...]) -> None:
+    """The checked call ``fn`` on (A, B, D, index): the reference on CPU tensors, else (rows > 0) the
+    native entry point of the same name with the four pointers, then ``sizes`` (strides and shapes in
+    its argument order), the device and the current stream."""
+    device = _checks.check_same_device(fn, list(tensors))
+    a, b, d, index = tensors
+    if device.type == "cpu":
+        getattr(reference, fn)(a, b, index, d)
+    elif rows:
+        pointers = (a.data_ptr(), b.data_ptr(), d.data_ptr(), index.data_ptr())
+        getattr(jit.native_module(), fn)(*pointers, *sizes, device.index, _descriptors.current_stream(device))
 
 
 def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, m_indices: torch.Tensor,
@@ -97,15 +101,7 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     g, n = _check_weights(fn, b, k)
     _checks.check_output(fn, d, (m, n))
     m_indices = _check_index(fn, "m_indices", m_indices, m)
-    device = _checks.check_same_device(fn, [a, b, d, m_indices])
-    if device.type == "cpu":
-        reference.m_grouped_bf16_gemm_nt_contiguous(a, b, m_indices, d)
-        return
-    if m == 0:
-        return
-    jit.native_module().m_grouped_bf16_gemm_nt_contiguous(
-        a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(1), d.data_ptr(), d.stride(0), m_indices.data_ptr(),
-        m, n, k, g, device.index, _descriptors.current_stream(device))
+    _run(fn, (a, b, d, m_indices), m, (a.stride(0), b.stride(1), d.stride(0), m, n, k, g))
 
 
 def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, masked_m: torch.Tensor,
@@ -129,12 +125,4 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
         _checks.fail(fn, ValueError, f"a has {groups} groups but b has {g}")
     _checks.check_output(fn, d, (g, max_m, n))
     masked_m = _check_index(fn, "masked_m", masked_m, g)
-    device = _checks.check_same_device(fn, [a, b, d, masked_m])
-    if device.type == "cpu":
-        reference.m_grouped_bf16_gemm_nt_masked(a, b, masked_m, d)
-        return
-    if max_m == 0:
-        return
-    jit.native_module().m_grouped_bf16_gemm_nt_masked(
-        a.data_ptr(), a.stride(1), b.data_ptr(), b.stride(1), d.data_ptr(), d.stride(1), masked_m.data_ptr(),
-        max_m, expected_m, n, k, g, device.index, _descriptors.current_stream(device))
+    _run(fn, (a, b, d, masked_m), max_m, (a.stride(1), b.stride(1), d.stride(1), max_m, expected_m, n, k, g))

@@ -300,19 +300,18 @@ inline void bf16_gemm_nt(std::uint64_t a, long long lda, std::uint64_t b, long l
 // M-grouped BF16 GEMMs: B [G, N, K] with groups stacked (ldb between rows, N rows per group); contiguous
 // A [M, K] and D [M, N] with m_indices int32 [M]; masked A [G, max_m, K] and D [G, max_m, N] stacked
 // (lda / ldd between rows, max_m rows per group) with masked_m int32 [G].
-inline void m_grouped_bf16_gemm_nt_contiguous(std::uint64_t a, long long lda, std::uint64_t b, long long ldb,
-                                              std::uint64_t d, long long ldd, std::uint64_t m_indices, int m, int n,
-                                              int k, int num_groups, int device, std::uint64_t stream) {
+inline void m_grouped_bf16_gemm_nt_contiguous(std::uint64_t a, std::uint64_t b, std::uint64_t d,
+                                              std::uint64_t m_indices, long long lda, long long ldb, long long ldd,
+                                              int m, int n, int k, int num_groups, int device, std::uint64_t stream) {
   namespace L = moe_launchers::sm90_bf16_gemm;
   const auto config = L::get_config(m, n, k, moe_jit::get_num_sms(device), false, L::Residual::kNone,
                                     L::GemmType::kGroupedContiguous, num_groups);
   L::launch(config, L::Args{a, b, d, 0, lda, ldb, ldd, 0, m, device, stream, m_indices, num_groups});
 }
 
-inline void m_grouped_bf16_gemm_nt_masked(std::uint64_t a, long long lda, std::uint64_t b, long long ldb,
-                                          std::uint64_t d, long long ldd, std::uint64_t masked_m, int max_m,
-                                          int expected_m, int n, int k, int num_groups, int device,
-                                          std::uint64_t stream) {
+inline void m_grouped_bf16_gemm_nt_masked(std::uint64_t a, std::uint64_t b, std::uint64_t d, std::uint64_t masked_m,
+                                          long long lda, long long ldb, long long ldd, int max_m, int expected_m,
+                                          int n, int k, int num_groups, int device, std::uint64_t stream) {
   namespace L = moe_launchers::sm90_bf16_gemm;
   const auto config = L::get_config(std::min(expected_m, max_m), n, k, moe_jit::get_num_sms(device), false,
                                     L::Residual::kNone, L::GemmType::kGroupedMasked, num_groups);
@@ -362,12 +361,12 @@ inline void register_apis(pybind11::module_& m) {
       "the BF16 heuristic's tiles for a shape (no GPU needed); gemm_type as bf16_gemm_nt_code's",
       pybind11::arg("m"), pybind11::arg("n"), pybind11::arg("k"), pybind11::arg("num_sms"),
       pybind11::arg("gemm_type") = 0, pybind11::arg("num_groups") = 1);
-  m.def("m_grouped_bf16_gemm_nt_contiguous", &m_grouped_bf16_gemm_nt_contiguous,
-        pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "grouped D = A @ B[g]^T (bf16) over contiguous row blocks (m_indices); raw pointers, strides in elements");
-  m.def("m_grouped_bf16_gemm_nt_masked", &m_grouped_bf16_gemm_nt_masked,
-        pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "grouped D[g] = A[g] @ B[g]^T (bf16) over the first masked_m[g] rows; raw pointers, strides in elements");
+  // The m-grouped BF16 GEMMs: raw pointers (A, B, D, m_indices or masked_m), then strides in elements.
+  const auto gil_free = pybind11::call_guard<pybind11::gil_scoped_release>();
+  m.def("m_grouped_bf16_gemm_nt_contiguous", &m_grouped_bf16_gemm_nt_contiguous, gil_free,
+        "grouped D = A @ B[g]^T (bf16) over contiguous row blocks (m_indices)");
+  m.def("m_grouped_bf16_gemm_nt_masked", &m_grouped_bf16_gemm_nt_masked, gil_free,
+        "grouped D[g] = A[g] @ B[g]^T (bf16) over the first masked_m[g] rows");
   m.def("m_grouped_fp8_gemm_nt_contiguous", &m_grouped_fp8_gemm_nt_contiguous,
         pybind11::call_guard<pybind11::gil_scoped_release>(),
         "grouped D = A @ B[g]^T over contiguous row blocks (m_indices); raw pointers, strides in elements; "

@@ -22,6 +22,8 @@ the same time (DeepGEMM's Python call takes 20-40 µs to launch, ours 5-10).
 
 from __future__ import annotations
 
+import argparse
+
 import contextlib
 import os
 import statistics
@@ -343,6 +345,17 @@ def env_switches(**env: str):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argparse ``type``: comma-separated integers >= 1 (``--groups 32,256``)."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
 
 
 def parse_env_variants(values: list[str]) -> list[tuple[str, dict[str, str]]]:
