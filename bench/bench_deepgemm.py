@@ -13,7 +13,9 @@ puts it on the path. Cells:
   tokens (DESIGN.md's decode cells) in slots of 128 rows, the same N x K pairs;
 * fp4: the masked cells with our FP4 weights (``m_grouped_fp8_fp4_gemm_nt_masked`` on the decode
   layout) against DeepGEMM's FP8 masked kernel on FP8 weights of the same shape (issue 4's bar:
-  1.8x); rates count each side's own weight bytes.
+  1.8x); rates count each side's own weight bytes;
+* bf16_contiguous, bf16_masked (only when named in ``--parts``): ``m_grouped_bf16_gemm_nt_*`` against
+  DeepGEMM's, the contiguous and masked cells above on bf16 operands.
 
 ``--mn-scales`` also times our FP8 call (dense and contiguous cells) on DeepGEMM's own operands (A scales MN-major and TMA-aligned,
 which our kernels take as they are, and which ``per_token_cast_to_fp8(mn_major_sf=True)`` writes), so
@@ -68,8 +70,13 @@ from kernels.testing import (bench_kineto, bench_kineto_interleaved, calc_diff, 
 
 _OURS = OURS_KERNELS  # every kernel of our call, the copy of K-major A scales too (bench_gemm.py)
 _THEIRS = "sm90_fp8_gemm_1d2d"  # DeepGEMM's SM90 FP8 kernel (1x128 A scales, 128x128 B scales)
-PARTS = ("dense", "contiguous", "masked", "fp4")
-_MAX_DIFF = {"dense": 1e-3, "contiguous": 1e-3, "masked": 1e-3, "fp4": 2e-3}  # our output's bound per part
+_THEIRS_BF16 = "sm90_bf16_gemm"
+PARTS = ("dense", "contiguous", "masked", "fp4")  # the default
+BF16_PARTS = ("bf16_contiguous", "bf16_masked")
+# Our output's bound per part (DeepGEMM's: 1e-3, bf16 parts 1e-4).
+_MAX_DIFF = {"dense": 1e-3, "contiguous": 1e-3, "masked": 1e-3, "fp4": 2e-3, "bf16_contiguous": 1e-4,
+             "bf16_masked": 1e-4}
+_RATE_PARTS = ("masked", "fp4", "bf16_masked")  # decode cells: weight bytes per second
 MASKED = [(32, 4), (32, 16), (256, 1), (256, 8)]
 CONTIGUOUS = [(4, 8192), (8, 4096)]
 
@@ -96,6 +103,7 @@ class Cell:
     ours_mn: Callable[[], None] | None = None  # ours on DeepGEMM's MN-major A scales, writing ours_out
     theirs_k: Callable[[], None] | None = None  # DeepGEMM on our K-major A scales, writing theirs_out
     plan: Callable[[bool], object] | None = None  # our call's plans (True: on MN-major A scales); dense only
+    theirs_kernel: str = _THEIRS
 
 
 def cell_specs(ms: list[int], parts: list[str]) -> list[tuple]:
@@ -107,7 +115,47 @@ def cell_specs(ms: list[int], parts: list[str]) -> list[tuple]:
     for part in ("masked", "fp4"):
         if part in parts:
             specs += [(part, g, tokens, n, k) for g, tokens in MASKED for n, k in NK]
+    if "bf16_contiguous" in parts:
+        specs += [("bf16_contiguous", g, rows, n, k) for g, rows in CONTIGUOUS for n, k in NK]
+    if "bf16_masked" in parts:
+        specs += [("bf16_masked", g, tokens, n, k) for g, tokens in MASKED for n, k in NK]
     return specs
+
+
+def make_bf16_cell(spec: tuple) -> Cell:
+    """A bf16 grouped cell: the same bf16 operands on both sides (masked: slots of 128 rows, as the FP8
+    cells' for DeepGEMM's whole-tile stores), outputs checked against float32 math on the first and
+    last group."""
+    import deep_gemm
+
+    part, groups, rows, n, k = spec
+    masked = part == "bf16_masked"
+    b = torch.randn(groups, n, k, device="cuda", dtype=torch.bfloat16)
+    if masked:
+        a = torch.randn(groups, 128, k, device="cuda", dtype=torch.bfloat16)
+        index = torch.full((groups,), rows, device="cuda", dtype=torch.int32)
+        outs = [torch.empty(groups, 128, n, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        ours = lambda: kernels.m_grouped_bf16_gemm_nt_masked(a, b, outs[0], index, rows)  # noqa: E731
+        theirs = lambda: deep_gemm.m_grouped_bf16_gemm_nt_masked(a, b, outs[1], index, rows)  # noqa: E731
+        label = f"bf16 {groups} experts x {rows} tok, {n} x {k}"
+    else:
+        a = torch.randn(groups * rows, k, device="cuda", dtype=torch.bfloat16)
+        index = torch.arange(groups, device="cuda", dtype=torch.int32).repeat_interleave(rows)
+        outs = [torch.empty(groups * rows, n, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        ours = lambda: kernels.m_grouped_bf16_gemm_nt_contiguous(a, b, outs[0], index)  # noqa: E731
+        theirs = lambda: deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, outs[1], index)  # noqa: E731
+        label = f"bf16 {groups} x {rows}, {n} x {k}"
+
+    def check(out: torch.Tensor) -> float:
+        worst = 0.0
+        for g in sorted({0, groups - 1}):
+            lhs = a[g, :rows] if masked else a[g * rows:(g + 1) * rows]
+            got = out[g, :rows] if masked else out[g * rows:(g + 1) * rows]
+            worst = max(worst, calc_diff(got.float(), lhs.float() @ b[g].float().t()))
+        return worst
+
+    return Cell(part, label, ours, theirs, outs[0], outs[1], check, check, 2 * groups * rows * n * k,
+                2 * groups * n * k, 2 * groups * n * k, theirs_kernel=_THEIRS_BF16)
 
 
 def make_cell(spec: tuple) -> Cell:
@@ -115,6 +163,8 @@ def make_cell(spec: tuple) -> Cell:
 
     tma_sf = deep_gemm.get_mn_major_tma_aligned_tensor
     part = spec[0]
+    if part in BF16_PARTS:
+        return make_bf16_cell(spec)
     if part == "dense":
         _, m, n, k = spec
         a = kernels.per_token_cast_to_fp8(block_scaled(m, k, 1))
@@ -188,7 +238,7 @@ def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]], mn_scales: b
     on all columns alike), then the time per call of ours and DeepGEMM's, sampled in turn."""
     checked = []  # (key, call, kernel name, output, check)
     checked.append(("ours", cell.ours, cell.ours_kernel, cell.ours_out, cell.check_ours))
-    checked.append(("theirs", cell.theirs, _THEIRS, cell.theirs_out, cell.check_theirs))
+    checked.append(("theirs", cell.theirs, cell.theirs_kernel, cell.theirs_out, cell.check_theirs))
     on_mn = mn_scales and cell.ours_mn is not None  # FP4 cells have no FP8 twin: no column, as for variants
     if on_mn:
         checked.append(("MN-major scales", cell.ours_mn, cell.ours_kernel, cell.ours_out, cell.check_ours))
@@ -220,7 +270,7 @@ def measure(cell: Cell, variants: list[tuple[str, dict[str, str]]], mn_scales: b
     if write_flush:  # every call once more after the memset flush, for the record of the flush's cost
         with env_switches(MOE_BENCH_FLUSH="write"):
             row["write"] = [bench_kineto(call, kernel).median_s * 1e6 for call, kernel in
-                            ((cell.ours, cell.ours_kernel), (cell.theirs, _THEIRS))
+                            ((cell.ours, cell.ours_kernel), (cell.theirs, cell.theirs_kernel))
                             + (((cell.ours_mn, cell.ours_kernel),) if mn_scales and cell.ours_mn is not None else ())]
     return row
 
@@ -242,8 +292,8 @@ def main() -> int:
     parser.add_argument("--warm-index", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     parts = args.parts.split(",")
-    if any(p not in PARTS for p in parts):
-        parser.error(f"--parts takes {', '.join(PARTS)}; got {args.parts!r}")
+    if any(p not in PARTS + BF16_PARTS for p in parts):
+        parser.error(f"--parts takes {', '.join(PARTS + BF16_PARTS)}; got {args.parts!r}")
     try:
         variants = parse_env_variants(args.variant)
     except ValueError as exc:
@@ -297,7 +347,7 @@ def main() -> int:
         row = measure(cell, variants, args.mn_scales, args.write_flush_too, args.theirs_k_major)
         speedup = row["theirs_us"] / row["ours_us"]
         # A wrong output on either side keeps the cell out of the means (NaN fails the comparison too).
-        if not (row["ours_diff"] < _MAX_DIFF[cell.part] and row["theirs_diff"] < 1e-3
+        if not (row["ours_diff"] < _MAX_DIFF[cell.part] and row["theirs_diff"] < min(1e-3, _MAX_DIFF[cell.part])
                 and row.get("theirs_k_diff", 0.0) < 1e-3
                 and all(diff is None or diff < _MAX_DIFF[cell.part] for _, _, diff in row["variants"])):
             bad.append(cell.label)
@@ -314,7 +364,7 @@ def main() -> int:
                 write_ratios.setdefault(cell.part, []).append(row["write"][1] / row["write"][0])
                 if len(row["write"]) > 2:
                     write_mn_ratios.setdefault(cell.part, []).append(row["write"][1] / row["write"][2])
-        if cell.part in ("masked", "fp4"):
+        if cell.part in _RATE_PARTS:
             rates = [f"{nbytes / us / 1e3:>9.0f} GB/s" for nbytes, us in
                      ((cell.ours_weight_bytes, row["ours_us"]), (cell.theirs_weight_bytes, row["theirs_us"]))]
         else:

@@ -16,6 +16,10 @@ def test_cells_cover_every_part():
     assert counts == {"dense": 21, "contiguous": 4, "masked": 8, "fp4": 8}
     # FP4 cells are decode sizes (the decode layout takes at most 32 tokens per expert).
     assert all(s[2] <= 32 for s in specs if s[0] == "fp4")
+    # The bf16 cells run only when named.
+    bf16 = bench.cell_specs([64], list(bench.BF16_PARTS))
+    assert {part: sum(s[0] == part for s in bf16) for part in bench.BF16_PARTS} == {"bf16_contiguous": 4,
+                                                                                  "bf16_masked": 8}
 
 
 @pytest.mark.parametrize("argv", [["--parts", "dense,bogus"], ["--variant", "NOVALUE"]])
@@ -87,7 +91,8 @@ def test_measure_times_every_column_in_one_interleaved_profile(monkeypatch):
         return lambda: calls.append((name, os.environ.get("MOE_TEST_SWITCH")))
 
     cell = types.SimpleNamespace(part="dense", ours=call("ours"), theirs=call("theirs"), ours_mn=call("mn"),
-                                 theirs_k=call("theirs_k"), ours_kernel="", ours_out=torch.zeros(2),
+                                 theirs_k=call("theirs_k"), ours_kernel="", theirs_kernel=bench._THEIRS,
+                                 ours_out=torch.zeros(2),
                                  theirs_out=torch.zeros(2), check_ours=lambda out: 1e-4, check_theirs=lambda out: 2e-4,
                                  plan=None)
     timed = []
@@ -128,7 +133,8 @@ def test_variants_planning_a_repeated_kernel_are_not_timed(monkeypatch, capsys):
         return lambda: calls.append((name, os.environ.get("MOE_TEST_SWITCH")))
 
     cell = types.SimpleNamespace(part="dense", ours=call("ours"), theirs=call("theirs"), ours_mn=call("mn"),
-                                 theirs_k=None, ours_kernel="", ours_out=torch.zeros(2), theirs_out=torch.zeros(2),
+                                 theirs_k=None, ours_kernel="", theirs_kernel=bench._THEIRS, ours_out=torch.zeros(2),
+                                 theirs_out=torch.zeros(2),
                                  check_ours=lambda out: 1e-4, check_theirs=lambda out: 2e-4,
                                  plan=lambda mn: {"mn": mn, "switch": os.environ.get("MOE_TEST_SWITCH") == "1"})
     monkeypatch.setattr(bench, "bench_kineto_interleaved",
