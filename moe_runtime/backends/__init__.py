@@ -23,7 +23,8 @@ _kModules = {"reference": "moe_runtime.backends.reference", "staged": "moe_runti
 def resolve_backend(name: str, problem: MoEProblem) -> str:
     """Turn a user's backend name into the one that will run, or raise.
 
-    ``"auto"``: ``"staged"`` on CUDA when it supports ``problem``, else ``"reference"``.
+    ``"auto"``: ``"staged"`` on CUDA when it supports ``problem``, else ``"reference"``; bf16 weights
+    keep ``"reference"`` until the staged bf16 pair has run on a GPU (ask for ``"staged"`` to use it).
     ``"fused"``, and ``"staged"`` where it does not support ``problem``, raise
     NotImplementedError with the reason.
     """
@@ -38,7 +39,7 @@ def resolve_backend(name: str, problem: MoEProblem) -> str:
             raise NotImplementedError(f"backend={name!r} cannot run this layer: {reason}; use backend='reference' "
                                       "(or 'auto')")
     if name == "auto":
-        if problem.device.type == "cuda":
+        if problem.device.type == "cuda" and problem.weights != "bf16":
             module = importlib.import_module(_kModules["staged"])
             if module.is_supported(problem)[0]:
                 return "staged"

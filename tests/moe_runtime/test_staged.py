@@ -23,7 +23,7 @@ import torch
 import kernels
 from kernels.testing.numeric import calc_diff
 from moe_runtime import MegaMoELayer
-from moe_runtime.backends import LocalExperts, MoEProblem, create_backend
+from moe_runtime.backends import LocalExperts, MoEProblem, create_backend, resolve_backend
 from moe_runtime.backends.staged import StagedDispatchCombine
 from moe_runtime.backends import low_latency, staged
 from moe_runtime.quant_weights import quantize_expert_weight
@@ -338,6 +338,9 @@ def test_backend_selection(monkeypatch):
         MegaMoELayer(H, I, E, 2, backend="staged", weights="bf16", dtype=torch.float32)
     with pytest.raises(NotImplementedError, match="backend='low_latency' cannot run this layer: .*FP8 or FP4"):
         MegaMoELayer(H, I, E, 2, backend="low_latency", weights="bf16")
+    # Until the bf16 pair has run on a GPU, "auto" keeps the reference for bf16 weights (no device query).
+    bf16_on_cuda = MoEProblem(H, I, E, 2, "bf16", torch.bfloat16, torch.device("cuda"), 1, 512, False)
+    assert resolve_backend("auto", bf16_on_cuda) == "reference"
     with pytest.raises(NotImplementedError, match="backend='low_latency' cannot run this layer: .*CUDA only"):
         MegaMoELayer(H, I, E, 2, backend="low_latency")
     assert not low_latency.is_supported(_problem("cpu"))[0]
