@@ -95,6 +95,31 @@ def test_cpu_masked(seed):
     check_masked([3, 0, 17, 40], 20, 64, 128, 8, "cpu")
 
 
+def psum_layout(counts: list[int], align: int = 128) -> torch.Tensor:
+    """DeepGEMM's psum layout of ``counts`` (make_contiguous's rows): each group's end row."""
+    ends, start = [], 0
+    for c in counts:
+        ends.append(start + c)
+        start = (start + c + align - 1) // align * align
+    return torch.tensor(ends, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("counts", [[5, 0, 130, 1], [0, 0, 3], [128, 129]])
+def test_psum_layout_is_the_m_indices_layout(counts, seed):
+    """use_psum_layout=True reads the same rows as m_indices (padding between groups and past the last
+    left untouched)."""
+    a, m_indices = make_contiguous(counts, 128, "cpu", padding_blocks=1)
+    b = make_weights(len(counts), 64, 128, "cpu")
+    psum = psum_layout(counts)
+    from kernels.grouped_bf16 import _psum_to_m_indices
+
+    assert torch.equal(_psum_to_m_indices("t", psum, a.shape[0], a.device), m_indices)
+    d = torch.full((a.shape[0], 64), float("nan"), dtype=torch.bfloat16)
+    kernels.m_grouped_bf16_gemm_nt_contiguous(a, b, d, psum, use_psum_layout=True, expected_m_for_psum_layout=64)
+    assert_contiguous(d, a, b, m_indices)
+    assert torch.isnan(d[m_indices < 0]).all()
+
+
 def test_deepgemm_names():
     assert kernels.bf16_m_grouped_gemm_nt_masked is kernels.m_grouped_bf16_gemm_nt_masked
     assert kernels.fp8_m_grouped_gemm_nt_masked is kernels.m_grouped_fp8_gemm_nt_masked
@@ -104,7 +129,7 @@ def test_deepgemm_names():
 def _contiguous_args(m=256, g=2, n=64, k=128):
     a, m_indices = make_contiguous([m // g] * g, k, "cpu")
     return dict(a=a, b=make_weights(g, n, k, "cpu"), d=torch.empty(a.shape[0], n, dtype=torch.bfloat16),
-                m_indices=m_indices)
+                grouped_layout=m_indices)
 
 
 def _masked_args(g=3, max_m=16, n=64, k=128):
@@ -129,9 +154,12 @@ def _bad(args: dict, **changes) -> dict:
     (dict(b=lambda b: torch.empty(0, 64, 128, dtype=torch.bfloat16)), ValueError, "at least one group"),
     (dict(d=lambda d: d.float()), ValueError, "d must be a bfloat16 tensor"),
     (dict(d=lambda d: d[:-1]), ValueError, "d must be a bfloat16 tensor of shape"),
-    (dict(m_indices=lambda t: t.long()), ValueError, "m_indices must be an int32"),
-    (dict(m_indices=lambda t: t[:-1]), ValueError, "m_indices must be an int32"),
-    (dict(use_psum_layout=True), NotImplementedError, "psum layout"),
+    (dict(grouped_layout=lambda t: t.long()), ValueError, "grouped_layout must be an int32"),
+    (dict(grouped_layout=lambda t: t[:-1]), ValueError, "grouped_layout must be an int32"),
+    (dict(use_psum_layout=True), ValueError, r"grouped_layout \(use_psum_layout=True\) must hold one end per group"),
+    (dict(use_psum_layout=True, grouped_layout=lambda t: t[:2].long()), ValueError, "contiguous int32 tensor"),
+    (dict(expected_m_for_psum_layout=4), ValueError, "expected_m_for_psum_layout must be None"),
+    (dict(use_psum_layout=1), TypeError, "use_psum_layout must be a bool"),
     (dict(ensure_zero_padding=1), TypeError, "ensure_zero_padding must be a bool"),
     (dict(compiled_dims=3), ValueError, "compiled_dims"),
     (dict(b=lambda b: torch.randn(2, 64, 128, device="meta", dtype=torch.bfloat16)), ValueError, "one device"),
@@ -263,6 +291,17 @@ def test_gpu_row_strides_wider_than_the_rows(masked, seed):
         kernels.m_grouped_bf16_gemm_nt_contiguous(a, b, wide[:, :n], m_indices)
         assert_contiguous(wide[:, :n], a, b, m_indices)
     assert torch.isnan(wide[..., n:]).all(), "columns past N written"
+
+
+@pytest.mark.gpu
+def test_gpu_psum_layout(seed):
+    counts = [3000, 0, 129, 1, 0, 700]
+    a, m_indices = make_contiguous(counts, 512, "cuda", padding_blocks=2)
+    b = make_weights(len(counts), 256, 512, "cuda")
+    d = torch.full((a.shape[0], 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+    kernels.m_grouped_bf16_gemm_nt_contiguous(a, b, d, psum_layout(counts).cuda(), use_psum_layout=True)
+    assert_contiguous(d, a, b, m_indices)
+    assert torch.equal(d.nan_to_num(), run_contiguous(a, b, m_indices).nan_to_num())
 
 
 @pytest.mark.gpu
