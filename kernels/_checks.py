@@ -34,11 +34,17 @@ def check_dense_args(fn: str, negated_ok: bool = False, **tensors: object) -> No
             check_dense(fn, name, t, negated_ok)
 
 
-def check_recipe(fn: str, recipe: object) -> None:
-    """Only DeepSeek-V3's recipe exists: 1x128 activation scales, 128x128 weight scales."""
+def check_recipe(fn: str, recipe: object, recipe_a: object = None, recipe_b: object = None,
+                 weights: tuple[int, int] = (BLOCK, BLOCK)) -> None:
+    """Only DeepSeek-V3's recipe exists: 1x128 activation scales, 128x128 weight scales (``weights``:
+    (1, 32) for FP4 weights' 1x32). DeepGEMM's ``recipe_a`` / ``recipe_b`` name the same granularities
+    per operand."""
     if recipe is not None and (not isinstance(recipe, (tuple, list)) or tuple(recipe) != (1, BLOCK, BLOCK)):
         fail(fn, NotImplementedError, f"recipe {recipe!r} is not supported; only (1, 128, 128) "
                                       "(1x128 activation scales, 128x128 weight scales)")
+    for name, value, supported in (("recipe_a", recipe_a, (1, BLOCK)), ("recipe_b", recipe_b, weights)):
+        if value is not None and (not isinstance(value, (tuple, list)) or tuple(value) != supported):
+            fail(fn, NotImplementedError, f"{name} {value!r} is not supported; only {supported}")
 
 
 def unpack(fn: str, name: str, pair: object) -> tuple[torch.Tensor, torch.Tensor]:

@@ -166,9 +166,12 @@ def fp8_workspace(device: int, stream: int) -> tuple[int, int]:
 
 
 def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], d: torch.Tensor,
-                c: torch.Tensor | None = None, recipe=None, compiled_dims: str = "nk",
+                c: torch.Tensor | None = None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims: str = "nk",
                 disable_ue8m0_cast: bool = False) -> None:
     """``D = (A * SFA) @ (B * SFB)^T (+ C)`` in place; see the module docstring for layouts.
+
+    DeepGEMM's signature: ``recipe`` (1, 128, 128), ``recipe_a`` (1, 128) and ``recipe_b`` (128, 128)
+    are the only granularities (None: the same).
 
     ``compiled_dims`` containing ``"m"`` also compiles M into the kernel (N and K always are).
     ``disable_ue8m0_cast`` is accepted for DeepGEMM compatibility: SM90 kernels read float32
@@ -177,7 +180,8 @@ def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, tor
     # The common call (plain CUDA tensors, the default recipe) is checked and launched in C++:
     # the checks below read ~25 tensor attributes, 3-4 us of host time per call on the H200's host.
     # What the C++ checks decline (False, nothing done) goes through the Python path as before.
-    if jit.TENSOR_API and recipe is None and type(d) is torch.Tensor and type(compiled_dims) is str:
+    if jit.TENSOR_API and recipe is None and recipe_a is None and recipe_b is None and type(d) is torch.Tensor \
+            and type(compiled_dims) is str:
         device = d.get_device()
         compile_m = _COMPILED_DIMS.get(compiled_dims)
         if device >= 0 and compile_m is not None:
@@ -185,7 +189,7 @@ def fp8_gemm_nt(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, tor
             if jit.native_module().fp8_gemm_nt_tensors(a, b, d, c, compile_m, device, stream,
                                                        *fp8_workspace(device, stream)):
                 return
-    _checks.check_recipe(_FN, recipe)
+    _checks.check_recipe(_FN, recipe, recipe_a, recipe_b)
     compile_m = _COMPILED_DIMS.get(compiled_dims) if isinstance(compiled_dims, str) else None
     if compile_m is None:
         compile_m = _check_compiled_dims(compiled_dims)

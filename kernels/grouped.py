@@ -145,6 +145,53 @@ def _check_index(fn: str, name: str, t: object, length: int) -> torch.Tensor:
 _FP8, _F32, _BF16, _I32 = torch.float8_e4m3fn, torch.float32, torch.bfloat16, torch.int32
 
 
+def psum_to_m_indices(fn: str, psum: object, m: int, groups: int, device: torch.device) -> torch.Tensor:
+    """DeepGEMM's psum layout, ``psum`` int32 [G] (group g's rows end at psum[g] and start at psum[g - 1]
+    rounded up to the contiguous alignment, group 0's at 0), as m_indices int32 [M] (-1 between groups
+    and past the last), on the device without a host sync. Ends that decrease give ids in [0, G) that
+    do not follow them; nothing reads outside the tensors."""
+    _checks.check_dense_args(fn, grouped_layout=psum)
+    if not isinstance(psum, torch.Tensor) or psum.dtype != torch.int32 or tuple(psum.shape) != (groups,) \
+            or psum.stride(0) != 1:
+        got = f"{getattr(psum, 'dtype', type(psum).__name__)} {list(getattr(psum, 'shape', ()))}"
+        _checks.fail(fn, ValueError, f"grouped_layout (use_psum_layout=True) must be a contiguous int32 tensor "
+                                     f"[{groups}] (one row end per group), got {got}")
+    if psum.device != device:
+        _checks.fail(fn, ValueError, f"all tensors must be on one device, got "
+                                     f"{sorted({str(psum.device), str(device)})}")
+    ends = psum.long()
+    starts = torch.cat([ends.new_zeros(1), (ends[:-1] + _alignment - 1) // _alignment * _alignment])
+    rows = torch.arange(m, device=device)
+    group = torch.searchsorted(ends, rows, right=True)  # the first group whose rows end past r
+    last = group.clamp(max=groups - 1)
+    inside = (group < groups) & (rows >= starts[last])
+    return torch.where(inside, group, -1).to(torch.int32)
+
+
+def check_psum_flags(fn: str, use_psum_layout: object, ensure_zero_padding: object,
+                     expected_m_for_psum_layout: object) -> bool:
+    """DeepGEMM's contiguous-layout flags; returns ``use_psum_layout``. ``ensure_zero_padding`` and
+    ``expected_m_for_psum_layout`` change nothing here (SM90 kernels write no zeros into padding rows,
+    and M is planned from A's rows)."""
+    _checks.check_bool(fn, "use_psum_layout", use_psum_layout)
+    _checks.check_bool(fn, "ensure_zero_padding", ensure_zero_padding)
+    if expected_m_for_psum_layout is not None and (not use_psum_layout or isinstance(expected_m_for_psum_layout, bool)
+                                                   or not isinstance(expected_m_for_psum_layout, int)):
+        _checks.fail(fn, ValueError, f"expected_m_for_psum_layout must be None, or an int with use_psum_layout=True, "
+                                     f"got {expected_m_for_psum_layout!r}")
+    return use_psum_layout
+
+
+def _psum_indices(fn: str, a: object, b: object, grouped_layout: object) -> torch.Tensor:
+    """m_indices of a psum-layout call whose ``a`` and ``b`` are (tensor, scales) pairs: M from A's rows,
+    G from B's groups (their own checks come after)."""
+    a_t, _ = _checks.unpack(fn, "a", a)
+    b_t, _ = _checks.unpack(fn, "b", b)
+    if not isinstance(a_t, torch.Tensor) or a_t.dim() != 2 or not isinstance(b_t, torch.Tensor) or b_t.dim() != 3:
+        _checks.fail(fn, ValueError, "a[0] must be [M, K] and b[0] [G, N, K] (packed: K / 2) tensors")
+    return psum_to_m_indices(fn, grouped_layout, a_t.shape[0], b_t.shape[0], a_t.device)
+
+
 def _same_device_index(tensors: tuple[torch.Tensor, ...]) -> int | None:
     """The tensors' common device index (-1: CPU or meta, which the full checks tell apart), or None."""
     device = tensors[0].get_device()
@@ -350,25 +397,33 @@ def _staged_weights(fn: str, b_t: torch.Tensor, sfb_bytes: torch.Tensor, g0: int
 
 
 def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
-                                     d: torch.Tensor, m_indices: torch.Tensor, recipe=None,
-                                     compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
+                                     d: torch.Tensor, m_indices: torch.Tensor, recipe=None, recipe_a=None,
+                                     recipe_b=None, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False,
+                                     use_psum_layout: bool = False, ensure_zero_padding: bool = True,
+                                     expected_m_for_psum_layout: int | None = None) -> None:
     """``d[r] = (A[r] * SFA[r]) @ (B[g] * SFB[g])^T`` with ``g = m_indices[r]``, in place.
 
     ``a`` = (A [M, K] e4m3, SFA [M, K/128] f32), ``b`` as in the module docstring, ``d`` [M, N]
-    bf16, ``m_indices`` int32 [M]. ``recipe``, ``compiled_dims`` and ``disable_ue8m0_cast`` are
-    accepted for DeepGEMM compatibility (only the (1, 128, 128) recipe exists).
+    bf16, ``m_indices`` int32 [M]; with ``use_psum_layout`` DeepGEMM's int32 [G] of row prefix sums
+    (:func:`psum_to_m_indices` turns it into m_indices on the device). The recipes,
+    ``compiled_dims``, ``disable_ue8m0_cast``, ``ensure_zero_padding`` and
+    ``expected_m_for_psum_layout`` are accepted for DeepGEMM compatibility (only the (1, 128, 128)
+    recipe exists; :func:`check_psum_flags`).
     """
     fn = "m_grouped_fp8_gemm_nt_contiguous"
+    if use_psum_layout is not False or ensure_zero_padding is not True or expected_m_for_psum_layout is not None:
+        if check_psum_flags(fn, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout):
+            m_indices = _psum_indices(fn, a, b, m_indices)
     # Plain CUDA tensors and the default recipe: checked and launched in C++ (see fp8_gemm_nt).
     # The FP8 workspace: large layouts' K-major A scales are copied MN-major into it first.
-    if jit.TENSOR_API and recipe is None and type(d) is torch.Tensor:
+    if jit.TENSOR_API and recipe is None and recipe_a is None and recipe_b is None and type(d) is torch.Tensor:
         device = d.get_device()
         if device >= 0:
             stream = _descriptors.current_stream_of(device)
             if jit.native_module().m_grouped_fp8_gemm_nt_contiguous_tensors(
                     a, b, d, m_indices, _alignment, device, stream, *fp8_workspace(device, stream)):
                 return
-    _checks.check_recipe(fn, recipe)
+    _checks.check_recipe(fn, recipe, recipe_a, recipe_b)
     args = _contiguous_launch_args(a, b, d, m_indices)
     if args is not None and args[-1] >= 0:
         stream = _descriptors.current_stream_of(args[-1])
@@ -394,7 +449,8 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tu
 
 def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
                                  d: torch.Tensor, masked_m: torch.Tensor, expected_m: int, recipe=None,
-                                 compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
+                                 recipe_a=None, recipe_b=None, compiled_dims: str = "nk",
+                                 disable_ue8m0_cast: bool = False) -> None:
     """``d[g, :masked_m[g]] = (A[g] * SFA[g]) @ (B[g] * SFB[g])^T`` for every group, in place.
 
     ``a`` = (A [G, max_m, K] e4m3, SFA [G, max_m, K/128] f32 with groups stacked without gaps),
@@ -403,12 +459,12 @@ def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[
     up to a multiple of 8 on are left untouched; the rows between hold unspecified values.
     """
     fn = "m_grouped_fp8_gemm_nt_masked"
-    if jit.TENSOR_API and recipe is None and type(d) is torch.Tensor:
+    if jit.TENSOR_API and recipe is None and recipe_a is None and recipe_b is None and type(d) is torch.Tensor:
         device = d.get_device()
         if device >= 0 and jit.native_module().m_grouped_fp8_gemm_nt_masked_tensors(
                 a, b, d, masked_m, expected_m, device, _descriptors.current_stream_of(device)):
             return
-    _checks.check_recipe(fn, recipe)
+    _checks.check_recipe(fn, recipe, recipe_a, recipe_b)
     args = _masked_launch_args(a, b, d, masked_m, expected_m)
     if args is not None and args[-1] >= 0:
         jit.native_module().m_grouped_fp8_gemm_nt_masked(*args, _descriptors.current_stream_of(args[-1]))
@@ -434,8 +490,10 @@ def m_grouped_fp8_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[
 
 def m_grouped_fp8_fp4_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
                                          b: tuple[torch.Tensor, torch.Tensor], d: torch.Tensor,
-                                         m_indices: torch.Tensor, recipe=None, compiled_dims: str = "nk",
-                                         disable_ue8m0_cast: bool = False) -> None:
+                                         m_indices: torch.Tensor, recipe=None, recipe_a=None, recipe_b=None,
+                                         compiled_dims: str = "nk", disable_ue8m0_cast: bool = False,
+                                         use_psum_layout: bool = False, ensure_zero_padding: bool = True,
+                                         expected_m_for_psum_layout: int | None = None) -> None:
     """:func:`m_grouped_fp8_gemm_nt_contiguous` with FP4 weights, in place.
 
     ``a`` = (A [M, K] e4m3, SFA [M, K/128] f32), ``b`` = (B [G, N, K/2] int8/uint8, SFB [G, N,
@@ -443,7 +501,10 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
     ``m_indices`` int32 [M] (the contiguous layout of the FP8 function).
     """
     fn = "m_grouped_fp8_fp4_gemm_nt_contiguous"
-    _checks.check_recipe(fn, recipe)
+    _checks.check_recipe(fn, recipe, recipe_a, recipe_b, weights=(1, _fp4.GRAN_K))
+    if use_psum_layout is not False or ensure_zero_padding is not True or expected_m_for_psum_layout is not None:
+        if check_psum_flags(fn, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout):
+            m_indices = _psum_indices(fn, a, b, m_indices)
     # The C++ entry point leaves calls that may run staged to this function; so does the Python one.
     if _launch_fast(fn, d, (a, b, d, m_indices), lambda: None if _fp4_staged(fn, a, b) else
                     _contiguous_launch_args(a, b, d, m_indices, weights="fp4")):
@@ -477,8 +538,9 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
 
 def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
                                      b: tuple[torch.Tensor, torch.Tensor] | torch.Tensor, d: torch.Tensor,
-                                     masked_m: torch.Tensor, expected_m: int, recipe=None,
-                                     compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
+                                     masked_m: torch.Tensor, expected_m: int, recipe=None, recipe_a=None,
+                                     recipe_b=None, compiled_dims: str = "nk",
+                                     disable_ue8m0_cast: bool = False) -> None:
     """:func:`m_grouped_fp8_gemm_nt_masked` with FP4 weights, in place.
 
     ``a`` = (A [G, max_m, K] e4m3, SFA [G, max_m, K/128] f32), ``b`` = (B [G, N, K/2]
@@ -496,7 +558,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     pick one for A/B runs).
     """
     fn = "m_grouped_fp8_fp4_gemm_nt_masked"
-    _checks.check_recipe(fn, recipe)
+    _checks.check_recipe(fn, recipe, recipe_a, recipe_b, weights=(1, _fp4.GRAN_K))
     if isinstance(b, torch.Tensor):
         _fp4_fragment.m_grouped_fp8_fp4_gemm_nt_masked_fragment(a, b, d, masked_m, expected_m, fn)
         return

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks, _descriptors, jit
-from .grouped import _check_index, get_mk_alignment_for_contiguous_layout
+from .grouped import _check_index, check_psum_flags, psum_to_m_indices
 from .reference import gemm as reference
 
 _BF16 = torch.bfloat16
@@ -79,29 +79,6 @@ def _run(fn: str, tensors: tuple[torch.Tensor, ...], rows: int, sizes: tuple[int
         getattr(jit.native_module(), fn)(*pointers, *sizes, device.index, _descriptors.current_stream(device))
 
 
-def _psum_to_m_indices(fn: str, psum: object, m: int, device: torch.device) -> torch.Tensor:
-    """DeepGEMM's psum layout, ``psum`` int32 [G] (group g's rows end at psum[g] and start at psum[g - 1]
-    rounded up to the contiguous alignment, group 0's at 0), as m_indices int32 [M] (-1 between groups
-    and past the last), on the device without a host sync. Ends that decrease give ids in [0, G) that
-    do not follow them; nothing reads outside the tensors."""
-    if not isinstance(psum, torch.Tensor) or psum.dtype != torch.int32 or psum.dim() != 1 or psum.shape[0] == 0 \
-            or psum.stride(0) != 1:
-        _checks.fail(fn, ValueError, f"grouped_layout (use_psum_layout=True) must be a contiguous int32 tensor [G] "
-                                     f"of row prefix sums, got {getattr(psum, 'dtype', type(psum).__name__)} "
-                                     f"{list(getattr(psum, 'shape', ()))}")
-    if psum.device != device:
-        _checks.fail(fn, ValueError, f"all tensors must be on one device, got "
-                                     f"{sorted({str(psum.device), str(device)})}")
-    align = get_mk_alignment_for_contiguous_layout()
-    ends = psum.long()
-    starts = torch.cat([ends.new_zeros(1), (ends[:-1] + align - 1) // align * align])
-    rows = torch.arange(m, device=device)
-    group = torch.searchsorted(ends, rows, right=True)  # the first group whose rows end past r
-    last = group.clamp(max=ends.shape[0] - 1)
-    inside = (group < ends.shape[0]) & (rows >= starts[last])
-    return torch.where(inside, group, -1).to(torch.int32)
-
-
 def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
                                       grouped_layout: torch.Tensor, compiled_dims: str = "nk",
                                       use_psum_layout: bool = False, ensure_zero_padding: bool = True,
@@ -117,23 +94,14 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     the zero padding, which Blackwell's psum kernels write; M is planned from A's rows).
     """
     fn = "m_grouped_bf16_gemm_nt_contiguous"
-    _checks.check_bool(fn, "use_psum_layout", use_psum_layout)
-    _checks.check_bool(fn, "ensure_zero_padding", ensure_zero_padding)
-    if expected_m_for_psum_layout is not None and (not use_psum_layout or isinstance(expected_m_for_psum_layout, bool)
-                                                   or not isinstance(expected_m_for_psum_layout, int)):
-        _checks.fail(fn, ValueError, f"expected_m_for_psum_layout must be None, or an int with use_psum_layout=True, "
-                                     f"got {expected_m_for_psum_layout!r}")
+    check_psum_flags(fn, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout)
     _check_compiled_dims(fn, compiled_dims)
     a = _check_operand(fn, "a", a, 2)
     m, k = a.shape
     g, n = _check_weights(fn, b, k)
     _checks.check_output(fn, d, (m, n))
     if use_psum_layout:
-        _checks.check_dense_args(fn, grouped_layout=grouped_layout)
-        if isinstance(grouped_layout, torch.Tensor) and grouped_layout.dim() == 1 and grouped_layout.shape[0] != g:
-            _checks.fail(fn, ValueError, f"grouped_layout (use_psum_layout=True) must hold one end per group ({g}), "
-                                         f"got {grouped_layout.shape[0]}")
-        m_indices = _psum_to_m_indices(fn, grouped_layout, m, a.device)
+        m_indices = psum_to_m_indices(fn, grouped_layout, m, g, a.device)
     else:
         m_indices = _check_index(fn, "grouped_layout", grouped_layout, m)
     _run(fn, (a, b, d, m_indices), m, (a.stride(0), b.stride(1), d.stride(0), m, n, k, g))

@@ -121,3 +121,13 @@ def untouched_from(count: int, device: str) -> int:
     """The first row of a masked group that the call leaves as it was: the GPU stores its tiles in
     boxes of 8 rows up to masked_m, the CPU reference writes the rows below masked_m."""
     return count if device == "cpu" else -(-count // 8) * 8
+
+
+def psum_layout(counts: list[int], align: int = 128) -> torch.Tensor:
+    """DeepGEMM's psum layout of contiguous rows (``counts`` per group, each group's start rounded up to
+    ``align``): int32 [G] of each group's end row."""
+    ends, start = [], 0
+    for c in counts:
+        ends.append(start + c)
+        start = (start + c + align - 1) // align * align
+    return torch.tensor(ends, dtype=torch.int32)

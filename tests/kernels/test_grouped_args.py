@@ -223,3 +223,47 @@ def test_masked_bad_arguments(expected_m, masked_m, match):
     b = (torch.zeros(2, 16, 128, dtype=torch.float8_e4m3fn), torch.ones(2, 1, 1))
     with pytest.raises(ValueError, match=match):
         kernels.m_grouped_fp8_gemm_nt_masked(a, b, torch.empty(2, 8, 16, dtype=torch.bfloat16), masked_m, expected_m)
+
+
+# ---- DeepGEMM's other arguments: per-operand recipes, the psum contiguous layout ------------------
+
+
+@pytest.mark.parametrize("weights", ["fp8", "fp4"])
+def test_psum_layout_reads_the_rows_of_m_indices(weights, seed):
+    """use_psum_layout=True: the same output as the m_indices the psum stands for (CPU reference)."""
+    import grouped_cases
+    import grouped_fp4_cases
+
+    counts, n, k = [5, 0, 130, 1], 64, 256
+    a, m_indices = grouped_cases.make_contiguous(counts, k, "cpu")
+    if weights == "fp8":
+        b, fn = grouped_cases.make_weights(len(counts), n, k, "cpu"), kernels.m_grouped_fp8_gemm_nt_contiguous
+    else:
+        b, fn = grouped_fp4_cases.make_weights(len(counts), n, k, "cpu"), kernels.m_grouped_fp8_fp4_gemm_nt_contiguous
+    outs = [torch.full((m_indices.shape[0], n), float("nan"), dtype=torch.bfloat16) for _ in range(2)]
+    fn(a, b, outs[0], m_indices)
+    fn(a, b, outs[1], grouped_cases.psum_layout(counts), use_psum_layout=True, ensure_zero_padding=False, expected_m_for_psum_layout=64)
+    assert torch.equal(outs[0].isnan(), outs[1].isnan()) and torch.equal(outs[0].nan_to_num(), outs[1].nan_to_num())
+    assert torch.isfinite(outs[1][m_indices >= 0]).all()
+
+
+@pytest.mark.parametrize("kwargs,kind,match", [
+    (dict(recipe_a=(1, 64)), NotImplementedError, r"recipe_a \(1, 64\) is not supported; only \(1, 128\)"),
+    (dict(recipe_b=(1, 32)), NotImplementedError, r"recipe_b \(1, 32\) is not supported; only \(128, 128\)"),
+    (dict(use_psum_layout=1), TypeError, "use_psum_layout must be a bool"),
+    (dict(expected_m_for_psum_layout=8), ValueError, "expected_m_for_psum_layout must be None"),
+    (dict(use_psum_layout=True), ValueError, r"grouped_layout \(use_psum_layout=True\) must be a contiguous int32"),
+])
+def test_deepgemm_arguments_are_checked(kwargs, kind, match):
+    with pytest.raises(kind, match=f"m_grouped_fp8_gemm_nt_contiguous: {match}"):
+        kernels.m_grouped_fp8_gemm_nt_contiguous(**_contig_args(), **kwargs)
+
+
+def test_deepgemm_recipes_name_the_supported_granularities():
+    """recipe_a (1, 128) and recipe_b (128, 128) (FP4: (1, 32)) are DeepSeek-V3's and run."""
+    call = _contig_args()
+    kernels.m_grouped_fp8_gemm_nt_contiguous(**call, recipe_a=(1, 128), recipe_b=(128, 128))
+    kernels.fp8_gemm_nt(call["a"], (call["b"][0][0], call["b"][1][0]), call["d"], recipe_a=(1, 128),
+                        recipe_b=(128, 128))
+    with pytest.raises(NotImplementedError, match="fp8_gemm_nt: recipe_b"):
+        kernels.fp8_gemm_nt(call["a"], (call["b"][0][0], call["b"][1][0]), call["d"], recipe_b=(1, 32))

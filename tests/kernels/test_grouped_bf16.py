@@ -13,7 +13,7 @@ import kernels
 from kernels.testing import calc_diff
 
 from gemm_cases import H200_SMS
-from grouped_cases import untouched_from
+from grouped_cases import psum_layout, untouched_from
 from test_sass import sass
 
 _CONTIGUOUS, _MASKED = 1, 2
@@ -95,15 +95,6 @@ def test_cpu_masked(seed):
     check_masked([3, 0, 17, 40], 20, 64, 128, 8, "cpu")
 
 
-def psum_layout(counts: list[int], align: int = 128) -> torch.Tensor:
-    """DeepGEMM's psum layout of ``counts`` (make_contiguous's rows): each group's end row."""
-    ends, start = [], 0
-    for c in counts:
-        ends.append(start + c)
-        start = (start + c + align - 1) // align * align
-    return torch.tensor(ends, dtype=torch.int32)
-
-
 @pytest.mark.parametrize("counts", [[5, 0, 130, 1], [0, 0, 3], [128, 129]])
 def test_psum_layout_is_the_m_indices_layout(counts, seed):
     """use_psum_layout=True reads the same rows as m_indices (padding between groups and past the last
@@ -111,9 +102,7 @@ def test_psum_layout_is_the_m_indices_layout(counts, seed):
     a, m_indices = make_contiguous(counts, 128, "cpu", padding_blocks=1)
     b = make_weights(len(counts), 64, 128, "cpu")
     psum = psum_layout(counts)
-    from kernels.grouped_bf16 import _psum_to_m_indices
-
-    assert torch.equal(_psum_to_m_indices("t", psum, a.shape[0], a.device), m_indices)
+    assert torch.equal(kernels.grouped.psum_to_m_indices("t", psum, a.shape[0], len(counts), a.device), m_indices)
     d = torch.full((a.shape[0], 64), float("nan"), dtype=torch.bfloat16)
     kernels.m_grouped_bf16_gemm_nt_contiguous(a, b, d, psum, use_psum_layout=True, expected_m_for_psum_layout=64)
     assert_contiguous(d, a, b, m_indices)
@@ -156,7 +145,8 @@ def _bad(args: dict, **changes) -> dict:
     (dict(d=lambda d: d[:-1]), ValueError, "d must be a bfloat16 tensor of shape"),
     (dict(grouped_layout=lambda t: t.long()), ValueError, "grouped_layout must be an int32"),
     (dict(grouped_layout=lambda t: t[:-1]), ValueError, "grouped_layout must be an int32"),
-    (dict(use_psum_layout=True), ValueError, r"grouped_layout \(use_psum_layout=True\) must hold one end per group"),
+    (dict(use_psum_layout=True), ValueError, r"grouped_layout \(use_psum_layout=True\) must be a contiguous int32 "
+                                             r"tensor \[2\] \(one row end per group\)"),
     (dict(use_psum_layout=True, grouped_layout=lambda t: t[:2].long()), ValueError, "contiguous int32 tensor"),
     (dict(expected_m_for_psum_layout=4), ValueError, "expected_m_for_psum_layout must be None"),
     (dict(use_psum_layout=1), TypeError, "use_psum_layout must be a bool"),
