@@ -182,9 +182,15 @@ def check_psum_flags(fn: str, use_psum_layout: object, ensure_zero_padding: obje
     return use_psum_layout
 
 
-def _psum_indices(fn: str, a: object, b: object, grouped_layout: object) -> torch.Tensor:
-    """m_indices of a psum-layout call whose ``a`` and ``b`` are (tensor, scales) pairs: M from A's rows,
-    G from B's groups (their own checks come after)."""
+def _contiguous_indices(fn: str, a: object, b: object, grouped_layout: object, use_psum_layout: object,
+                        ensure_zero_padding: object, expected_m_for_psum_layout: object) -> object:
+    """The m_indices of an FP8 or FP8 x FP4 contiguous call: ``grouped_layout`` as it came, or with
+    ``use_psum_layout`` the psum layout's, where ``a`` and ``b`` are (tensor, scales) pairs: M from A's
+    rows, G from B's groups (their own checks come after). The common call compares three defaults."""
+    if use_psum_layout is False and ensure_zero_padding is True and expected_m_for_psum_layout is None:
+        return grouped_layout
+    if not check_psum_flags(fn, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout):
+        return grouped_layout
     a_t, _ = _checks.unpack(fn, "a", a)
     b_t, _ = _checks.unpack(fn, "b", b)
     if not isinstance(a_t, torch.Tensor) or a_t.dim() != 2 or not isinstance(b_t, torch.Tensor) or b_t.dim() != 3:
@@ -411,9 +417,8 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: tu
     recipe exists; :func:`check_psum_flags`).
     """
     fn = "m_grouped_fp8_gemm_nt_contiguous"
-    if use_psum_layout is not False or ensure_zero_padding is not True or expected_m_for_psum_layout is not None:
-        if check_psum_flags(fn, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout):
-            m_indices = _psum_indices(fn, a, b, m_indices)
+    m_indices = _contiguous_indices(fn, a, b, m_indices, use_psum_layout, ensure_zero_padding,
+                                    expected_m_for_psum_layout)
     # Plain CUDA tensors and the default recipe: checked and launched in C++ (see fp8_gemm_nt).
     # The FP8 workspace: large layouts' K-major A scales are copied MN-major into it first.
     if jit.TENSOR_API and recipe is None and recipe_a is None and recipe_b is None and type(d) is torch.Tensor:
@@ -502,9 +507,8 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
     """
     fn = "m_grouped_fp8_fp4_gemm_nt_contiguous"
     _checks.check_recipe(fn, recipe, recipe_a, recipe_b, weights=(1, _fp4.GRAN_K))
-    if use_psum_layout is not False or ensure_zero_padding is not True or expected_m_for_psum_layout is not None:
-        if check_psum_flags(fn, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout):
-            m_indices = _psum_indices(fn, a, b, m_indices)
+    m_indices = _contiguous_indices(fn, a, b, m_indices, use_psum_layout, ensure_zero_padding,
+                                    expected_m_for_psum_layout)
     # The C++ entry point leaves calls that may run staged to this function; so does the Python one.
     if _launch_fast(fn, d, (a, b, d, m_indices), lambda: None if _fp4_staged(fn, a, b) else
                     _contiguous_launch_args(a, b, d, m_indices, weights="fp4")):

@@ -16,7 +16,8 @@ The layouts of the activations are those of :mod:`kernels.grouped`:
   CPU reference writes rows below ``masked_m[g]`` only. ``expected_m`` only steers the heuristic.
 
 CUDA tensors run the SM90 BF16 kernel (``impls/sm90_bf16_gemm.cuh``) on the current stream; CPU
-tensors run :mod:`kernels.reference.gemm`.
+tensors run :mod:`kernels.reference.gemm`. ``compiled_dims`` is checked and otherwise ignored: the
+grouped kernels compile N and K and keep M (rows, or max_m) a run-time argument.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from __future__ import annotations
 import torch
 
 from . import _checks, _descriptors, jit
-from .grouped import _check_index, check_psum_flags, psum_to_m_indices
+from .gemm import _check_compiled_dims
+from .grouped import _check_expected_m, _check_index, check_psum_flags, psum_to_m_indices
 from .reference import gemm as reference
 
 _BF16 = torch.bfloat16
@@ -60,12 +62,6 @@ def _check_weights(fn: str, b: object, k: int) -> tuple[int, int]:
     return g, n
 
 
-def _check_compiled_dims(fn: str, compiled_dims: object) -> None:
-    # Grouped kernels compile N and K; M (rows, or max_m) stays a run-time argument.
-    if not isinstance(compiled_dims, str) or not set(compiled_dims) <= set("mnk"):
-        _checks.fail(fn, ValueError, f"compiled_dims must be a string of 'm', 'n', 'k', got {compiled_dims!r}")
-
-
 def _run(fn: str, tensors: tuple[torch.Tensor, ...], rows: int, sizes: tuple[int, ...]) -> None:
     """The checked call ``fn`` on (A, B, D, index): the reference on CPU tensors, else (rows > 0) the
     native entry point of the same name with the four pointers, then ``sizes`` (strides and shapes in
@@ -95,7 +91,7 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     """
     fn = "m_grouped_bf16_gemm_nt_contiguous"
     check_psum_flags(fn, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout)
-    _check_compiled_dims(fn, compiled_dims)
+    _check_compiled_dims(compiled_dims, fn)
     a = _check_operand(fn, "a", a, 2)
     m, k = a.shape
     g, n = _check_weights(fn, b, k)
@@ -117,10 +113,8 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     rounded up to a multiple of 8 on are left untouched; the rows between hold unspecified values.
     """
     fn = "m_grouped_bf16_gemm_nt_masked"
-    # The launcher takes it as a 32-bit int.
-    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or not 0 < expected_m < 2 ** 31:
-        _checks.fail(fn, ValueError, f"expected_m must be a positive int below 2^31, got {expected_m!r}")
-    _check_compiled_dims(fn, compiled_dims)
+    _check_expected_m(fn, expected_m)
+    _check_compiled_dims(compiled_dims, fn)
     a = _check_operand(fn, "a", a, 3)
     groups, max_m, k = a.shape
     g, n = _check_weights(fn, b, k)

@@ -96,10 +96,12 @@ def is_supported(problem: MoEProblem) -> tuple[bool, str]:
     """``(True, how)`` when the staged backend can run ``problem``, else ``(False, why)``. bf16 weights
     run :mod:`moe_runtime.backends.grouped_bf16` (the reference exchange around bf16 grouped GEMMs)."""
     if problem.weights == "bf16":
-        for ok, reason in (GroupedBf16Experts.is_supported(problem), _device_supported(problem)):
-            if not ok:
-                return False, reason
-        return GroupedBf16Experts.is_supported(problem)
+        ok, reason = GroupedBf16Experts.is_supported(problem)
+        if ok:
+            on_device, why_not = _device_supported(problem)
+            if not on_device:
+                return False, why_not
+        return ok, reason
     return fp8_is_supported(problem)
 
 
